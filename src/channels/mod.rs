@@ -1,0 +1,92 @@
+//! Channels: how a claimed message leaves Herald. Each returns a [`SendReport`]: the receiver's
+//! answer as classified data. A channel never touches the database.
+
+pub mod email;
+pub mod webhook;
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::domain::AttemptClass;
+
+/// What one send did, as the attempt row records it.
+#[derive(Debug, Clone)]
+pub struct SendReport {
+    pub class: AttemptClass,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+    /// HTTP status or SMTP reply code, when an answer came.
+    pub status: Option<u16>,
+    /// `connect`, `timeout`, `connection_lost`, `invalid_payload`, `unknown_endpoint` …
+    pub error_kind: Option<String>,
+    /// Raw Retry-After header value, as seen.
+    pub retry_after_raw: Option<String>,
+    /// Retry-After to honour (only for statuses that honour it).
+    pub retry_after: Option<Duration>,
+    pub provider_message_id: Option<String>,
+    /// A short, redacted excerpt of the answer.
+    pub excerpt: Option<String>,
+}
+
+impl SendReport {
+    /// A send that failed before any request left Herald.
+    pub fn refused(
+        class: AttemptClass,
+        kind: &str,
+        at: DateTime<Utc>,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            class,
+            started_at: at,
+            finished_at: at,
+            status: None,
+            error_kind: Some(kind.to_owned()),
+            retry_after_raw: None,
+            retry_after: None,
+            provider_message_id: None,
+            excerpt: Some(redact_excerpt(&detail.into())),
+        }
+    }
+}
+
+/// Installs ring as the process's rustls provider (once; later calls are no-ops).
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// At most 200 characters, control characters dropped, anything that looks like an address or a
+/// long number masked: the excerpt explains an answer without storing what it may echo back.
+pub fn redact_excerpt(text: &str) -> String {
+    let mut out = String::new();
+    for (i, word) in text.split_whitespace().enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        let digits = word.chars().filter(|c| c.is_ascii_digit()).count();
+        if word.contains('@') {
+            out.push_str("[address]");
+        } else if digits >= 8 {
+            out.push_str("[number]");
+        } else {
+            out.extend(word.chars().filter(|c| !c.is_control()));
+        }
+        if out.chars().count() >= 200 {
+            break;
+        }
+    }
+    out.chars().take(200).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn excerpts_hide_addresses_and_numbers() {
+        let e = redact_excerpt("rejected user@example.com card 4111111111111111\r\n ok");
+        assert_eq!(e, "rejected [address] card [number] ok");
+        assert_eq!(redact_excerpt(&"a".repeat(500)).len(), 200);
+    }
+}

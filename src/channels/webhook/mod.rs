@@ -1,0 +1,475 @@
+//! The webhook channel: signed POSTs per the Standard Webhooks spec over one pooled reqwest client.
+//!
+//! Every request carries `webhook-id: <event_id>`, `webhook-timestamp`, `webhook-signature`
+//! (one `v1,` entry per key) and `Idempotency-Key: <event_id>`. The body sent is exactly the
+//! serialized `payload.body`. Redirects are not followed.
+
+pub mod signing;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use serde_json::Value;
+use url::Url;
+
+use self::signing::{SigningKey, signature_header};
+use super::{SendReport, redact_excerpt};
+use crate::clock::Clock;
+use crate::config::{Endpoint, EndpointAuth};
+use crate::domain::{AttemptClass, InvalidField};
+use crate::sender::decide::{classify_http_status, honours_retry_after};
+use crate::sender::policy::parse_retry_after;
+use crate::storage::models::OutboxRow;
+
+/// Headers Herald sets itself; a message or endpoint may not override them.
+const RESERVED_HEADERS: &[&str] = &[
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+    "idempotency-key",
+    "content-type",
+    "content-length",
+    "host",
+    "transfer-encoding",
+    "connection",
+];
+
+/// At most this much of a response body is read (for the excerpt and the provider message id).
+const MAX_RESPONSE_BYTES: usize = 64 * 1024;
+
+/// Where a webhook goes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WebhookTarget {
+    Url(Url),
+    /// `endpoint:NAME`: a configured endpoint with its own URL, secrets and headers.
+    Endpoint(String),
+}
+
+impl WebhookTarget {
+    pub fn parse(destination: &str) -> Result<Self, InvalidField> {
+        if let Some(name) = destination.strip_prefix("endpoint:") {
+            let ok = !name.is_empty()
+                && name.len() <= 64
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            return if ok {
+                Ok(Self::Endpoint(name.to_owned()))
+            } else {
+                Err(InvalidField::new(
+                    "destination",
+                    "endpoint names are letters, digits, - and _",
+                ))
+            };
+        }
+        if destination.starts_with("type:") {
+            return Err(InvalidField::new(
+                "destination",
+                "type: fan-out destinations are not supported by this version; use a URL or endpoint:NAME",
+            ));
+        }
+        parse_webhook_url(destination)
+            .map(Self::Url)
+            .map_err(|m| InvalidField::new("destination", m))
+    }
+}
+
+/// An absolute `http(s)://` URL with a host and no credentials.
+pub fn parse_webhook_url(raw: &str) -> Result<Url, String> {
+    let url = Url::parse(raw).map_err(|e| format!("is not a valid URL ({e})"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err("must be an http:// or https:// URL, or endpoint:NAME".into());
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err("must name a host".into());
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("must not carry credentials; configure an endpoint with auth instead".into());
+    }
+    Ok(url)
+}
+
+/// A header a message or endpoint may add.
+pub fn check_custom_header(name: &str, value: &str) -> Result<(), String> {
+    let lower = name.to_ascii_lowercase();
+    if RESERVED_HEADERS.contains(&lower.as_str()) {
+        return Err(format!("header {name:?} is set by Herald"));
+    }
+    HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| format!("{name:?} is not a valid header name"))?;
+    HeaderValue::from_str(value)
+        .map_err(|_| format!("the value of {name:?} is not a valid header value"))?;
+    Ok(())
+}
+
+/// `{"body": <any JSON>, "headers"?: {"Name": "value"}}`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WebhookPayload {
+    pub body: Value,
+    pub headers: Vec<(String, String)>,
+}
+
+impl WebhookPayload {
+    pub fn parse(payload: &Value) -> Result<Self, InvalidField> {
+        let obj = payload
+            .as_object()
+            .ok_or_else(|| InvalidField::new("payload", "must be an object with a body"))?;
+        if let Some(k) = obj
+            .keys()
+            .find(|k| !matches!(k.as_str(), "body" | "headers"))
+        {
+            return Err(InvalidField::new(
+                "payload",
+                format!("unknown field {k:?} (expected body, headers)"),
+            ));
+        }
+        let body = obj
+            .get("body")
+            .cloned()
+            .ok_or_else(|| InvalidField::new("payload.body", "is required (any JSON)"))?;
+        let headers = match obj.get("headers") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Object(h)) => h
+                .iter()
+                .map(|(k, v)| {
+                    let v = v.as_str().ok_or_else(|| {
+                        InvalidField::new("payload.headers", format!("{k:?} must be a string"))
+                    })?;
+                    check_custom_header(k, v)
+                        .map_err(|m| InvalidField::new("payload.headers", m))?;
+                    Ok((k.clone(), v.to_owned()))
+                })
+                .collect::<Result<_, InvalidField>>()?,
+            Some(_) => {
+                return Err(InvalidField::new(
+                    "payload.headers",
+                    "must be an object of strings",
+                ));
+            }
+        };
+        Ok(Self { body, headers })
+    }
+
+    /// The exact request body: `body` serialized (compact, keys sorted).
+    pub fn body_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.body).unwrap_or_default()
+    }
+}
+
+/// Sends webhooks. Cheap to clone; one connection pool.
+#[derive(Clone)]
+pub struct WebhookChannel {
+    client: reqwest::Client,
+    endpoints: Arc<BTreeMap<String, Endpoint>>,
+    default_keys: Arc<Vec<SigningKey>>,
+    clock: Arc<dyn Clock>,
+}
+
+/// Timeouts of the webhook client.
+#[derive(Debug, Clone, Copy)]
+pub struct WebhookTimeouts {
+    pub connect: Duration,
+    pub total: Duration,
+}
+
+impl WebhookChannel {
+    pub fn new(
+        timeouts: WebhookTimeouts,
+        endpoints: BTreeMap<String, Endpoint>,
+        default_keys: Vec<SigningKey>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, reqwest::Error> {
+        super::install_crypto_provider();
+        let client = reqwest::Client::builder()
+            .connect_timeout(timeouts.connect)
+            .timeout(timeouts.total)
+            .redirect(reqwest::redirect::Policy::none())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .user_agent(concat!("Herald/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        Ok(Self {
+            client,
+            endpoints: Arc::new(endpoints),
+            default_keys: Arc::new(default_keys),
+            clock,
+        })
+    }
+
+    /// Sends one claimed message and classifies the answer. Never fails: every way it can go is
+    /// a [`SendReport`].
+    pub async fn send(&self, row: &OutboxRow) -> SendReport {
+        let now = self.clock.now();
+        let payload = match WebhookPayload::parse(&row.payload) {
+            Ok(p) => p,
+            Err(e) => {
+                return SendReport::refused(
+                    AttemptClass::Permanent,
+                    "invalid_payload",
+                    now,
+                    e.to_string(),
+                );
+            }
+        };
+        let (url, keys, endpoint) = match WebhookTarget::parse(&row.destination) {
+            Ok(WebhookTarget::Url(url)) => (url, self.default_keys.as_slice(), None),
+            Ok(WebhookTarget::Endpoint(name)) => match self.endpoints.get(&name) {
+                Some(e) if e.keys.is_empty() => {
+                    (e.url.clone(), self.default_keys.as_slice(), Some(e))
+                }
+                Some(e) => (e.url.clone(), e.keys.as_slice(), Some(e)),
+                None => {
+                    return SendReport::refused(
+                        AttemptClass::Permanent,
+                        "unknown_endpoint",
+                        now,
+                        format!("no endpoint named {name} is configured"),
+                    );
+                }
+            },
+            Err(e) => {
+                return SendReport::refused(
+                    AttemptClass::Permanent,
+                    "invalid_destination",
+                    now,
+                    e.to_string(),
+                );
+            }
+        };
+        let body = payload.body_bytes();
+        let headers = match build_headers(
+            &row.event_id,
+            now.timestamp(),
+            &body,
+            keys,
+            &payload,
+            endpoint,
+        ) {
+            Ok(h) => h,
+            Err(m) => {
+                return SendReport::refused(AttemptClass::Permanent, "invalid_header", now, m);
+            }
+        };
+        let started = std::time::Instant::now();
+        let result = self
+            .client
+            .post(url)
+            .headers(headers)
+            .body(body)
+            .send()
+            .await;
+        let mut report = match result {
+            Ok(resp) => self.read_response(resp, endpoint).await,
+            Err(e) => error_report(&e),
+        };
+        report.started_at = now;
+        report.finished_at =
+            now + chrono::Duration::from_std(started.elapsed()).unwrap_or_default();
+        report
+    }
+
+    async fn read_response(
+        &self,
+        mut resp: reqwest::Response,
+        endpoint: Option<&Endpoint>,
+    ) -> SendReport {
+        let status = resp.status().as_u16();
+        let class = classify_http_status(status);
+        let retry_after_raw = resp
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let retry_after = retry_after_raw
+            .as_deref()
+            .filter(|_| honours_retry_after(status))
+            .and_then(|v| parse_retry_after(v, self.clock.now()));
+        let mut body = Vec::new();
+        while body.len() < MAX_RESPONSE_BYTES {
+            match resp.chunk().await {
+                Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+                // The status decided the class; a body cut short only loses the excerpt.
+                Ok(None) | Err(_) => break,
+            }
+        }
+        body.truncate(MAX_RESPONSE_BYTES);
+        let provider_message_id = endpoint
+            .and_then(|e| e.provider_message_id_pointer.as_deref())
+            .filter(|_| class == AttemptClass::Accepted)
+            .and_then(|pointer| provider_id(&body, pointer));
+        let excerpt = (!body.is_empty()).then(|| redact_excerpt(&String::from_utf8_lossy(&body)));
+        SendReport {
+            class,
+            started_at: chrono::DateTime::UNIX_EPOCH,
+            finished_at: chrono::DateTime::UNIX_EPOCH,
+            status: Some(status),
+            error_kind: None,
+            retry_after_raw,
+            retry_after,
+            provider_message_id,
+            excerpt,
+        }
+    }
+}
+
+fn build_headers(
+    event_id: &str,
+    timestamp: i64,
+    body: &[u8],
+    keys: &[SigningKey],
+    payload: &WebhookPayload,
+    endpoint: Option<&Endpoint>,
+) -> Result<HeaderMap, String> {
+    let mut h = HeaderMap::new();
+    let value = |v: &str| HeaderValue::from_str(v).map_err(|_| "invalid header value".to_owned());
+    let mut extra: Vec<&(String, String)> = payload.headers.iter().collect();
+    if let Some(e) = endpoint {
+        extra.extend(e.headers.iter());
+    }
+    for (name, v) in extra {
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("invalid header name {name:?}"))?;
+        h.insert(name, value(v)?);
+    }
+    if let Some(auth) = endpoint.and_then(|e| e.auth.as_ref()) {
+        let mut v = match auth {
+            EndpointAuth::Bearer(token) => value(&format!("Bearer {}", token.expose()))?,
+            EndpointAuth::Basic { username, password } => {
+                use base64::Engine;
+                let raw = format!("{username}:{}", password.expose());
+                value(&format!(
+                    "Basic {}",
+                    base64::engine::general_purpose::STANDARD.encode(raw)
+                ))?
+            }
+        };
+        v.set_sensitive(true);
+        h.insert(reqwest::header::AUTHORIZATION, v);
+    }
+    h.insert(
+        reqwest::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert("webhook-id", value(event_id)?);
+    h.insert("webhook-timestamp", value(&timestamp.to_string())?);
+    h.insert(
+        "webhook-signature",
+        value(&signature_header(keys, event_id, timestamp, body))?,
+    );
+    h.insert("idempotency-key", value(event_id)?);
+    Ok(h)
+}
+
+/// The receiver's id for what it accepted, at a JSON pointer into its answer.
+fn provider_id(body: &[u8], pointer: &str) -> Option<String> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    match v.pointer(pointer)? {
+        Value::String(s) if !s.is_empty() && s.len() <= 255 => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// A request that got no HTTP answer: did it leave Herald?
+fn error_report(e: &reqwest::Error) -> SendReport {
+    let (class, kind) = if e.is_connect() {
+        // Refused, DNS, TLS handshake, connect timeout: the request never left.
+        (AttemptClass::NotSent, "connect")
+    } else if e.is_timeout() {
+        (AttemptClass::Ambiguous, "timeout")
+    } else if e.is_builder() {
+        (AttemptClass::Permanent, "invalid_request")
+    } else {
+        // Connection closed or reset after the request was written: it may have been received.
+        (AttemptClass::Ambiguous, "connection_lost")
+    };
+    SendReport {
+        class,
+        started_at: chrono::DateTime::UNIX_EPOCH,
+        finished_at: chrono::DateTime::UNIX_EPOCH,
+        status: None,
+        error_kind: Some(kind.to_owned()),
+        retry_after_raw: None,
+        retry_after: None,
+        provider_message_id: None,
+        excerpt: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn targets() {
+        assert!(matches!(
+            WebhookTarget::parse("https://a.example/h?x=1"),
+            Ok(WebhookTarget::Url(_))
+        ));
+        assert_eq!(
+            WebhookTarget::parse("endpoint:billing-1"),
+            Ok(WebhookTarget::Endpoint("billing-1".into()))
+        );
+        for bad in [
+            "endpoint:",
+            "endpoint:a b",
+            "ftp://a/b",
+            "not a url",
+            "https://u:p@a.example/",
+            "type:order.placed",
+        ] {
+            assert_eq!(
+                WebhookTarget::parse(bad).unwrap_err().field,
+                "destination",
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn payload_shapes() {
+        let p =
+            WebhookPayload::parse(&json!({"body": {"b": 1, "a": 2}, "headers": {"X-Team": "t"}}))
+                .unwrap();
+        assert_eq!(p.body_bytes(), br#"{"a":2,"b":1}"#);
+        assert_eq!(p.headers, [("X-Team".to_owned(), "t".to_owned())]);
+        let field = |v| WebhookPayload::parse(&v).unwrap_err().field;
+        assert_eq!(field(json!([])), "payload");
+        assert_eq!(field(json!({"body": 1, "extra": 2})), "payload");
+        assert_eq!(field(json!({"headers": {}})), "payload.body");
+        assert_eq!(
+            field(json!({"body": 1, "headers": {"webhook-id": "x"}})),
+            "payload.headers"
+        );
+        assert_eq!(
+            field(json!({"body": 1, "headers": {"X": "a\nb"}})),
+            "payload.headers"
+        );
+        assert_eq!(
+            field(json!({"body": 1, "headers": {"X": 1}})),
+            "payload.headers"
+        );
+        assert_eq!(
+            WebhookPayload::parse(&json!({"body": null}))
+                .unwrap()
+                .body_bytes(),
+            b"null"
+        );
+    }
+
+    #[test]
+    fn provider_ids_at_a_pointer() {
+        assert_eq!(
+            provider_id(br#"{"id":"msg_1"}"#, "/id").as_deref(),
+            Some("msg_1")
+        );
+        assert_eq!(
+            provider_id(br#"{"data":{"id":7}}"#, "/data/id").as_deref(),
+            Some("7")
+        );
+        assert_eq!(provider_id(br#"{"id":null}"#, "/id"), None);
+        assert_eq!(provider_id(b"not json", "/id"), None);
+    }
+}

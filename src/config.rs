@@ -1,0 +1,466 @@
+//! Configuration: one TOML file, then `HERALD_*` environment overrides, then `validate()`.
+//!
+//! Every environment variable of the interface contract is also a top-level key of the file,
+//! named without the prefix in lower case (`HERALD_LEASE_SECONDS` ↔ `lease_seconds`). Secrets are
+//! [`Secret`]s: redacted in `Debug`, never logged.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::channels::webhook::signing::SigningKey;
+use crate::secret::Secret;
+use crate::sender::policy::RetryPolicy;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: Box<toml::de::Error>,
+    },
+    #[error("{name}: {message}")]
+    Invalid { name: String, message: String },
+}
+
+fn invalid(name: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        name: name.into(),
+        message: message.into(),
+    }
+}
+
+/// The file's shape. Unknown keys are refused so a typo is an error, not a silent default.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    database_url: Option<Secret>,
+    database_pool_size: Option<u32>,
+    listen: Option<String>,
+    webhook_secret: Option<Secret>,
+    api_token: Option<Secret>,
+    poll_interval_ms: Option<u64>,
+    lease_seconds: Option<u64>,
+    webhook_timeout_ms: Option<u64>,
+    webhook_connect_timeout_ms: Option<u64>,
+    retry_policy_name: Option<String>,
+    retry_base_seconds: Option<f64>,
+    retry_cap_seconds: Option<f64>,
+    retry_max_attempts: Option<u32>,
+    retry_after_max_seconds: Option<f64>,
+    retry_jitter: Option<f64>,
+    sender_batch_size: Option<u32>,
+    sender_concurrency: Option<u32>,
+    sender_enabled: Option<bool>,
+    listen_notify: Option<bool>,
+    max_payload_bytes: Option<usize>,
+    smtp_url: Option<Secret>,
+    smtp_timeout_ms: Option<u64>,
+    mail_dir: Option<PathBuf>,
+    mail_from: Option<String>,
+    message_id_domain: Option<String>,
+    #[serde(default)]
+    endpoints: BTreeMap<String, EndpointConfig>,
+}
+
+/// `[endpoints.NAME]`: a named webhook destination (`destination = "endpoint:NAME"`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointConfig {
+    pub url: String,
+    /// One `whsec_…` secret; `secrets` lists several (rotation: one signature each).
+    #[serde(default)]
+    pub secret: Option<Secret>,
+    #[serde(default)]
+    pub secrets: Vec<Secret>,
+    /// Static headers added to every request (after the message's own).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub auth: Option<EndpointAuth>,
+    /// JSON pointer into a 2xx response body naming the receiver's message id (e.g. `/id`).
+    #[serde(default)]
+    pub provider_message_id_pointer: Option<String>,
+    /// Event types this endpoint subscribes to (`destination = "type:EVENT.TYPE"`).
+    #[serde(default)]
+    pub event_types: Vec<String>,
+}
+
+/// Authentication sent to an endpoint.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum EndpointAuth {
+    Bearer(Secret),
+    Basic { username: String, password: Secret },
+}
+
+/// The validated settings Herald runs with.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub database_url: Secret,
+    pub database_pool_size: u32,
+    pub listen: String,
+    /// `None`: generated on first start and stored in the database.
+    pub webhook_secret: Option<Vec<SigningKey>>,
+    pub api_token: Option<Secret>,
+    pub poll_interval: Duration,
+    pub lease: Duration,
+    pub webhook_timeout: Duration,
+    pub webhook_connect_timeout: Duration,
+    pub retry: RetryPolicy,
+    pub sender_batch_size: u32,
+    pub sender_concurrency: u32,
+    pub sender_enabled: bool,
+    pub listen_notify: bool,
+    pub max_payload_bytes: usize,
+    pub smtp_url: Option<Secret>,
+    pub smtp_timeout: Duration,
+    pub mail_dir: PathBuf,
+    pub mail_from: String,
+    pub message_id_domain: String,
+    pub endpoints: BTreeMap<String, Endpoint>,
+}
+
+/// A validated `[endpoints.NAME]`.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    pub name: String,
+    pub url: url::Url,
+    pub keys: Vec<SigningKey>,
+    pub headers: Vec<(String, String)>,
+    pub auth: Option<EndpointAuth>,
+    pub provider_message_id_pointer: Option<String>,
+    pub event_types: Vec<String>,
+}
+
+impl Settings {
+    /// Defaults, then `path` (or `herald.toml` when it exists), then the environment.
+    pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        let env: BTreeMap<String, String> = std::env::vars()
+            .filter(|(k, _)| k.starts_with("HERALD_"))
+            .collect();
+        Self::load_from(path, &env)
+    }
+
+    /// As [`Settings::load`] with an explicit environment (tests).
+    pub fn load_from(
+        path: Option<&Path>,
+        env: &BTreeMap<String, String>,
+    ) -> Result<Self, ConfigError> {
+        let default_path = Path::new("herald.toml");
+        let path = match path {
+            Some(p) => Some(p),
+            None if default_path.exists() => Some(default_path),
+            None => None,
+        };
+        let file = match path {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.to_owned(),
+                    source,
+                })?;
+                Self::parse_file(&text).map_err(|source| ConfigError::Parse {
+                    path: path.to_owned(),
+                    source: Box::new(source),
+                })?
+            }
+            None => FileConfig::default(),
+        };
+        Self::build(file, env)
+    }
+
+    /// Settings from TOML text alone (tests, examples).
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let file = Self::parse_file(text).map_err(|source| ConfigError::Parse {
+            path: PathBuf::from("<inline>"),
+            source: Box::new(source),
+        })?;
+        Self::build(file, &BTreeMap::new())
+    }
+
+    fn parse_file(text: &str) -> Result<FileConfig, toml::de::Error> {
+        toml::from_str(text)
+    }
+
+    fn build(mut f: FileConfig, env: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
+        let get = |name: &str| env.get(name).filter(|v| !v.is_empty()).cloned();
+        fn num<T: std::str::FromStr>(name: &str, v: String) -> Result<T, ConfigError> {
+            v.trim()
+                .parse()
+                .map_err(|_| invalid(name, format!("{v:?} is not a valid number")))
+        }
+        fn flag(name: &str, v: String) -> Result<bool, ConfigError> {
+            match v.trim() {
+                "1" | "true" | "yes" | "on" => Ok(true),
+                "0" | "false" | "no" | "off" => Ok(false),
+                _ => Err(invalid(name, format!("{v:?} is not true or false"))),
+            }
+        }
+        macro_rules! over {
+            ($field:ident, $var:literal, secret) => {
+                if let Some(v) = get($var) {
+                    f.$field = Some(Secret::new(v));
+                }
+            };
+            ($field:ident, $var:literal, string) => {
+                if let Some(v) = get($var) {
+                    f.$field = Some(v.into());
+                }
+            };
+            ($field:ident, $var:literal, num) => {
+                if let Some(v) = get($var) {
+                    f.$field = Some(num($var, v)?);
+                }
+            };
+            ($field:ident, $var:literal, flag) => {
+                if let Some(v) = get($var) {
+                    f.$field = Some(flag($var, v)?);
+                }
+            };
+        }
+        over!(database_url, "HERALD_DATABASE_URL", secret);
+        over!(database_pool_size, "HERALD_DATABASE_POOL_SIZE", num);
+        over!(listen, "HERALD_LISTEN", string);
+        over!(webhook_secret, "HERALD_WEBHOOK_SECRET", secret);
+        over!(api_token, "HERALD_API_TOKEN", secret);
+        over!(poll_interval_ms, "HERALD_POLL_INTERVAL_MS", num);
+        over!(lease_seconds, "HERALD_LEASE_SECONDS", num);
+        over!(webhook_timeout_ms, "HERALD_WEBHOOK_TIMEOUT_MS", num);
+        over!(
+            webhook_connect_timeout_ms,
+            "HERALD_WEBHOOK_CONNECT_TIMEOUT_MS",
+            num
+        );
+        over!(retry_policy_name, "HERALD_RETRY_POLICY_NAME", string);
+        over!(retry_base_seconds, "HERALD_RETRY_BASE_SECONDS", num);
+        over!(retry_cap_seconds, "HERALD_RETRY_CAP_SECONDS", num);
+        over!(retry_max_attempts, "HERALD_RETRY_MAX_ATTEMPTS", num);
+        over!(
+            retry_after_max_seconds,
+            "HERALD_RETRY_AFTER_MAX_SECONDS",
+            num
+        );
+        over!(retry_jitter, "HERALD_RETRY_JITTER", num);
+        over!(sender_batch_size, "HERALD_SENDER_BATCH_SIZE", num);
+        over!(sender_concurrency, "HERALD_SENDER_CONCURRENCY", num);
+        over!(sender_enabled, "HERALD_SENDER_ENABLED", flag);
+        over!(listen_notify, "HERALD_LISTEN_NOTIFY", flag);
+        over!(max_payload_bytes, "HERALD_MAX_PAYLOAD_BYTES", num);
+        over!(smtp_url, "HERALD_SMTP_URL", secret);
+        over!(smtp_timeout_ms, "HERALD_SMTP_TIMEOUT_MS", num);
+        over!(mail_dir, "HERALD_MAIL_DIR", string);
+        over!(mail_from, "HERALD_MAIL_FROM", string);
+        over!(message_id_domain, "HERALD_MESSAGE_ID_DOMAIN", string);
+
+        let positive = |name: &str, v: u64| {
+            if v == 0 {
+                Err(invalid(name, "must be greater than 0"))
+            } else {
+                Ok(v)
+            }
+        };
+        let poll_interval = Duration::from_millis(positive(
+            "poll_interval_ms",
+            f.poll_interval_ms.unwrap_or(1000),
+        )?);
+        let lease = Duration::from_secs(positive("lease_seconds", f.lease_seconds.unwrap_or(60))?);
+        let webhook_timeout = Duration::from_millis(positive(
+            "webhook_timeout_ms",
+            f.webhook_timeout_ms.unwrap_or(15_000),
+        )?);
+        let webhook_connect_timeout = Duration::from_millis(positive(
+            "webhook_connect_timeout_ms",
+            f.webhook_connect_timeout_ms.unwrap_or(5_000),
+        )?);
+        let smtp_timeout = Duration::from_millis(positive(
+            "smtp_timeout_ms",
+            f.smtp_timeout_ms.unwrap_or(30_000),
+        )?);
+        // A lease must outlive the longest send, or a slow send would be claimed twice.
+        let longest_send = webhook_timeout.max(smtp_timeout);
+        if lease < longest_send + Duration::from_secs(5) {
+            return Err(invalid(
+                "lease_seconds",
+                format!(
+                    "must exceed the longest send timeout ({} ms) by at least 5 s",
+                    longest_send.as_millis()
+                ),
+            ));
+        }
+
+        let retry = RetryPolicy::new(
+            f.retry_policy_name.unwrap_or_else(|| "default".into()),
+            f.retry_base_seconds.unwrap_or(5.0),
+            f.retry_cap_seconds.unwrap_or(21_600.0),
+            f.retry_max_attempts.unwrap_or(15),
+            f.retry_after_max_seconds.unwrap_or(3_600.0),
+            f.retry_jitter.unwrap_or(0.2),
+        )
+        .map_err(|e| invalid(e.field, e.message))?;
+
+        let webhook_secret = match f.webhook_secret {
+            Some(s) => {
+                Some(SigningKey::parse_list(s.expose()).map_err(|m| invalid("webhook_secret", m))?)
+            }
+            None => None,
+        };
+
+        let mut endpoints = BTreeMap::new();
+        for (name, e) in f.endpoints {
+            let key = format!("endpoints.{name}");
+            let url = crate::channels::webhook::parse_webhook_url(&e.url)
+                .map_err(|m| invalid(format!("{key}.url"), m))?;
+            let mut keys = Vec::new();
+            for s in e.secret.iter().chain(e.secrets.iter()) {
+                keys.extend(
+                    SigningKey::parse_list(s.expose())
+                        .map_err(|m| invalid(format!("{key}.secrets"), m))?,
+                );
+            }
+            if let Some(p) = &e.provider_message_id_pointer
+                && !(p.is_empty() || p.starts_with('/'))
+            {
+                return Err(invalid(
+                    format!("{key}.provider_message_id_pointer"),
+                    "must be a JSON pointer such as /id",
+                ));
+            }
+            for h in e.headers.keys() {
+                crate::channels::webhook::check_custom_header(h, "")
+                    .map_err(|m| invalid(format!("{key}.headers"), m))?;
+            }
+            endpoints.insert(
+                name.clone(),
+                Endpoint {
+                    name,
+                    url,
+                    keys,
+                    headers: e.headers.into_iter().collect(),
+                    auth: e.auth,
+                    provider_message_id_pointer: e.provider_message_id_pointer,
+                    event_types: e.event_types,
+                },
+            );
+        }
+
+        let sender_batch_size = f.sender_batch_size.unwrap_or(100).clamp(1, 1000);
+        let sender_concurrency = f.sender_concurrency.unwrap_or(64).clamp(1, 1024);
+        Ok(Settings {
+            database_url: f
+                .database_url
+                .unwrap_or_else(|| Secret::new("sqlite://herald.db")),
+            database_pool_size: f.database_pool_size.unwrap_or(10).max(2),
+            listen: f.listen.unwrap_or_else(|| "127.0.0.1:8080".into()),
+            webhook_secret,
+            api_token: f.api_token,
+            poll_interval,
+            lease,
+            webhook_timeout,
+            webhook_connect_timeout,
+            retry,
+            sender_batch_size,
+            sender_concurrency,
+            sender_enabled: f.sender_enabled.unwrap_or(true),
+            listen_notify: f.listen_notify.unwrap_or(true),
+            max_payload_bytes: f.max_payload_bytes.unwrap_or(256 * 1024),
+            smtp_url: f.smtp_url,
+            smtp_timeout,
+            mail_dir: f.mail_dir.unwrap_or_else(|| PathBuf::from("mail")),
+            mail_from: f
+                .mail_from
+                .unwrap_or_else(|| "Herald <herald@localhost>".into()),
+            message_id_domain: f
+                .message_id_domain
+                .unwrap_or_else(|| "herald.localhost".into()),
+            endpoints,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_match_the_interface_contract() {
+        let s = Settings::load_from(None, &BTreeMap::new()).unwrap();
+        assert_eq!(s.database_url.expose(), "sqlite://herald.db");
+        assert_eq!(s.listen, "127.0.0.1:8080");
+        assert_eq!(s.poll_interval, Duration::from_millis(1000));
+        assert_eq!(s.lease, Duration::from_secs(60));
+        assert_eq!(s.webhook_timeout, Duration::from_millis(15_000));
+        assert_eq!(s.mail_dir, PathBuf::from("mail"));
+        assert!(s.webhook_secret.is_none() && s.api_token.is_none());
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("herald.toml");
+        std::fs::write(
+            &path,
+            "lease_seconds = 120\npoll_interval_ms = 50\nlisten = \"127.0.0.1:9\"\n",
+        )
+        .unwrap();
+        let s = Settings::load_from(
+            Some(&path),
+            &env(&[
+                ("HERALD_POLL_INTERVAL_MS", "250"),
+                ("HERALD_RETRY_BASE_SECONDS", "0.5"),
+                ("HERALD_RETRY_MAX_ATTEMPTS", "3"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.lease, Duration::from_secs(120));
+        assert_eq!(s.poll_interval, Duration::from_millis(250));
+        assert_eq!(s.listen, "127.0.0.1:9");
+        assert_eq!(s.retry.max_attempts, 3);
+        assert_eq!(s.retry.base, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let err = Settings::load_from(None, &env(&[("HERALD_LEASE_SECONDS", "soon")])).unwrap_err();
+        assert!(err.to_string().starts_with("HERALD_LEASE_SECONDS"), "{err}");
+        let err = Settings::load_from(None, &env(&[("HERALD_LEASE_SECONDS", "10")])).unwrap_err();
+        assert!(err.to_string().starts_with("lease_seconds"), "{err}");
+        let err = Settings::from_toml("leese_seconds = 1").unwrap_err();
+        assert!(matches!(err, ConfigError::Parse { .. }), "{err}");
+        let err = Settings::from_toml("[endpoints.a]\nurl = \"ftp://x\"").unwrap_err();
+        assert!(err.to_string().starts_with("endpoints.a.url"), "{err}");
+        let err =
+            Settings::load_from(None, &env(&[("HERALD_WEBHOOK_SECRET", "whsec_!!")])).unwrap_err();
+        assert!(err.to_string().starts_with("webhook_secret"), "{err}");
+    }
+
+    #[test]
+    fn secrets_are_redacted_in_debug() {
+        let s = Settings::from_toml(
+            "database_url = \"postgres://u:hunter2@db/herald\"\napi_token = \"tok-hunter2\"\n\
+             [endpoints.a]\nurl = \"https://a.example/hook\"\nsecret = \"whsec_aHVudGVyMmh1bnRlcjJodW50ZXIy\"\n\
+             auth = { bearer = \"hunter2\" }\n",
+        )
+        .unwrap();
+        let shown = format!("{s:?}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("aHVudGVy"),
+            "{shown}"
+        );
+    }
+}

@@ -1,0 +1,217 @@
+//! Domain vocabulary: parsed identifiers and the state, class and semantics strings of the
+//! interface contract. Everything past the HTTP handler or the library API is one of these types,
+//! never a bare string.
+
+mod fingerprint;
+
+pub use fingerprint::{Fingerprint, FingerprintInput};
+
+use std::fmt;
+
+/// Why a value was refused; `field` names the offending input field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct InvalidField {
+    pub field: String,
+    pub message: String,
+}
+
+impl InvalidField {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// The stable operation key of a message: unique in the outbox, sent with every request.
+///
+/// 1 to 255 visible ASCII characters, so it can travel in an HTTP header and an email header.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EventId(String);
+
+impl EventId {
+    pub const MAX_LEN: usize = 255;
+
+    pub fn parse(raw: &str) -> Result<Self, InvalidField> {
+        if raw.is_empty() {
+            return Err(InvalidField::new("event_id", "must not be empty"));
+        }
+        if raw.len() > Self::MAX_LEN {
+            return Err(InvalidField::new(
+                "event_id",
+                format!("must be at most {} characters", Self::MAX_LEN),
+            ));
+        }
+        if !raw.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+            return Err(InvalidField::new(
+                "event_id",
+                "must be visible ASCII characters without spaces",
+            ));
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for EventId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Declares a closed set of contract strings with `as_str`, `parse` and `ALL`.
+macro_rules! contract_enum {
+    ($(#[$meta:meta])* $name:ident, $field:literal { $($variant:ident => $text:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name { $($variant),+ }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $text),+ }
+            }
+
+            pub fn parse(raw: &str) -> Result<Self, InvalidField> {
+                match raw {
+                    $($text => Ok($name::$variant),)+
+                    _ => Err(InvalidField::new(
+                        $field,
+                        format!("must be one of: {}", [$($text),+].join(", ")),
+                    )),
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+contract_enum!(
+    /// How a message travels.
+    Channel, "channel" { Email => "email", Webhook => "webhook" }
+);
+
+contract_enum!(
+    /// Where a message is in its life; see DESIGN.md "Outbox row and state machine".
+    State, "state" {
+        Scheduled => "scheduled",
+        Sending => "sending",
+        Retryable => "retryable",
+        Delivered => "delivered",
+        DeadLetter => "dead_letter",
+        Unconfirmed => "unconfirmed",
+        Canceled => "canceled",
+        Expired => "expired",
+    }
+);
+
+impl State {
+    /// States the sender never leaves on its own.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            State::Delivered
+                | State::DeadLetter
+                | State::Unconfirmed
+                | State::Canceled
+                | State::Expired
+        )
+    }
+
+    /// States an application may still cancel.
+    pub fn is_cancelable(self) -> bool {
+        matches!(self, State::Scheduled | State::Retryable)
+    }
+}
+
+contract_enum!(
+    /// How one attempt's outcome was classified (the control plane).
+    AttemptClass, "class" {
+        Accepted => "accepted",
+        Conflict => "conflict",
+        RateLimited => "rate_limited",
+        Transient => "transient",
+        NotSent => "not_sent",
+        Ambiguous => "ambiguous",
+        Permanent => "permanent",
+        Exhausted => "exhausted",
+    }
+);
+
+contract_enum!(
+    /// Whether an ambiguous attempt may be repeated automatically.
+    Semantics, "semantics" { AtLeastOnce => "at_least_once", AtMostOnce => "at_most_once" }
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_id_accepts_operation_keys_and_refuses_the_rest() {
+        assert!(EventId::parse("reservation-42:reminder:2026-11-30T10:00:00Z").is_ok());
+        for bad in ["", "has space", "tab\there", "ümlaut", &"x".repeat(256)] {
+            let err = EventId::parse(bad).unwrap_err();
+            assert_eq!(err.field, "event_id", "{bad:?}");
+        }
+        assert!(EventId::parse(&"x".repeat(255)).is_ok());
+    }
+
+    #[test]
+    fn contract_strings_round_trip() {
+        for s in State::ALL {
+            assert_eq!(State::parse(s.as_str()), Ok(*s));
+        }
+        for c in AttemptClass::ALL {
+            assert_eq!(AttemptClass::parse(c.as_str()), Ok(*c));
+        }
+        let names: Vec<_> = State::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "scheduled",
+                "sending",
+                "retryable",
+                "delivered",
+                "dead_letter",
+                "unconfirmed",
+                "canceled",
+                "expired"
+            ]
+        );
+        let classes: Vec<_> = AttemptClass::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(
+            classes,
+            [
+                "accepted",
+                "conflict",
+                "rate_limited",
+                "transient",
+                "not_sent",
+                "ambiguous",
+                "permanent",
+                "exhausted"
+            ]
+        );
+        assert_eq!(Channel::parse("sms").unwrap_err().field, "channel");
+    }
+
+    #[test]
+    fn terminal_and_cancelable_states() {
+        let terminal: Vec<_> = State::ALL.iter().filter(|s| s.is_terminal()).collect();
+        assert_eq!(terminal.len(), 5);
+        assert!(State::Scheduled.is_cancelable() && State::Retryable.is_cancelable());
+        assert!(!State::Sending.is_cancelable() && !State::Delivered.is_cancelable());
+    }
+}

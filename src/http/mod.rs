@@ -1,0 +1,394 @@
+//! HTTP: routes and thin handlers. Extract, parse, one service call, map the result; no SQL.
+
+pub mod problem;
+mod view;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use chrono::{DateTime, Utc};
+use futures_util::StreamExt;
+use serde_json::{Map, Value};
+use tokio::sync::Notify;
+
+use self::problem::Problem;
+use self::view::MessageView;
+use crate::clock::Clock;
+use crate::config::Endpoint;
+use crate::domain::{Channel, InvalidField, Semantics};
+use crate::outbox::{Limits, NewMessage};
+use crate::secret::Secret;
+use crate::storage::Db;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    pub db: Db,
+    pub clock: Arc<dyn Clock>,
+    pub wake: Arc<Notify>,
+    pub api_token: Option<Secret>,
+    pub max_payload_bytes: usize,
+    pub retry_policy: String,
+    pub default_max_attempts: u32,
+    pub endpoints: Arc<BTreeMap<String, Endpoint>>,
+}
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.route("/healthz", web::get().to(healthz))
+        .route("/readyz", web::get().to(readyz))
+        .route("/v1/messages", web::post().to(create_message))
+        .route("/v1/messages/{event_id}", web::get().to(show_message))
+        .route(
+            "/v1/messages/{event_id}/cancel",
+            web::post().to(cancel_message),
+        )
+        .default_service(web::to(|| async {
+            Err::<HttpResponse, _>(Problem::new(
+                StatusCode::NOT_FOUND,
+                "not-found",
+                "No such route",
+            ))
+        }));
+}
+
+async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().content_type("text/plain").body("ok\n")
+}
+
+async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
+    let db = state.db.clone();
+    web::block(move || db.ping()).await??;
+    Ok(HttpResponse::Ok()
+        .content_type("text/plain")
+        .body("ready\n"))
+}
+
+fn authorize(req: &HttpRequest, state: &AppState) -> Result<(), Problem> {
+    let Some(token) = &state.api_token else {
+        return Ok(());
+    };
+    let given = req
+        .headers()
+        .get(actix_web::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if constant_time_eq(given.as_bytes(), token.expose().as_bytes()) {
+        Ok(())
+    } else {
+        Err(Problem::unauthorized())
+    }
+}
+
+/// Compares without an early exit; a length mismatch is a mismatch.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Reads the body up to `limit` bytes; more is a 413 problem, never a partial read.
+async fn read_body(mut payload: web::Payload, limit: usize) -> Result<web::BytesMut, Problem> {
+    let mut body = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|_| Problem::malformed("the request body could not be read"))?;
+        if body.len() + chunk.len() > limit {
+            return Err(Problem::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too-large",
+                "The request body is too large",
+            )
+            .detail(format!("the limit is {limit} bytes")));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+async fn create_message(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    payload: web::Payload,
+) -> Result<HttpResponse, Problem> {
+    authorize(&req, &state)?;
+    // The payload limit applies to `payload`; the envelope gets some room on top.
+    let body = read_body(payload, state.max_payload_bytes + 16 * 1024).await?;
+    let idempotency_key = req
+        .headers()
+        .get("idempotency-key")
+        .map(|v| v.to_str().map(str::to_owned))
+        .transpose()
+        .map_err(|_| {
+            Problem::invalid(vec![InvalidField::new(
+                "Idempotency-Key",
+                "must be visible ASCII",
+            )])
+        })?;
+    let message = parse_new_message(&body, idempotency_key.as_deref()).map_err(Problem::invalid)?;
+    let now = state.clock.now();
+    let limits = Limits {
+        max_payload_bytes: state.max_payload_bytes,
+        retry_policy: state.retry_policy.clone(),
+        endpoints: Some(&state.endpoints),
+    };
+    let row = message.prepare(&limits, now).map_err(Problem::invalid)?;
+    let db = state.db.clone();
+    let (created, stored) = web::block(move || db.enqueue(&row)).await??;
+    // Committed: only now is it acknowledged.
+    let view = MessageView::new(&stored, state.default_max_attempts);
+    if created {
+        tracing::info!(event_id = %stored.event_id, channel = %stored.channel, "message enqueued");
+        state.wake.notify_one();
+        Ok(HttpResponse::Created().json(view))
+    } else {
+        Ok(HttpResponse::Ok().json(view))
+    }
+}
+
+async fn show_message(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, Problem> {
+    authorize(&req, &state)?;
+    let event_id = path.into_inner();
+    let db = state.db.clone();
+    let row = web::block(move || db.find_by_event_id(&event_id)).await??;
+    let row = row.ok_or_else(|| Problem::not_found("message"))?;
+    Ok(HttpResponse::Ok().json(MessageView::new(&row, state.default_max_attempts)))
+}
+
+async fn cancel_message(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, Problem> {
+    authorize(&req, &state)?;
+    let event_id = path.into_inner();
+    let db = state.db.clone();
+    let now = state.clock.now();
+    let (changed, row) = web::block(move || db.cancel(&event_id, now)).await??;
+    let row = row.ok_or_else(|| Problem::not_found("message"))?;
+    if changed {
+        tracing::info!(event_id = %row.event_id, "message canceled");
+        return Ok(HttpResponse::Ok().json(MessageView::new(&row, state.default_max_attempts)));
+    }
+    if row.state == "canceled" {
+        return Ok(HttpResponse::Ok().json(MessageView::new(&row, state.default_max_attempts)));
+    }
+    Err(Problem::new(
+        StatusCode::CONFLICT,
+        "not-cancelable",
+        "The message can no longer be canceled",
+    )
+    .detail(format!(
+        "it is {}; only scheduled or retryable messages can be canceled",
+        row.state
+    )))
+}
+
+/// Parses the `POST /v1/messages` body, naming every offending field.
+pub fn parse_new_message(
+    body: &[u8],
+    idempotency_key: Option<&str>,
+) -> Result<NewMessage, Vec<InvalidField>> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| vec![InvalidField::new("body", format!("is not valid JSON: {e}"))])?;
+    let Value::Object(obj) = value else {
+        return Err(vec![InvalidField::new("body", "must be a JSON object")]);
+    };
+    let mut errors = Vec::new();
+    const KNOWN: &[&str] = &[
+        "event_id",
+        "channel",
+        "destination",
+        "payload",
+        "scheduled_at",
+        "expires_at",
+        "semantics",
+        "max_attempts",
+    ];
+    for k in obj.keys().filter(|k| !KNOWN.contains(&k.as_str())) {
+        errors.push(InvalidField::new(k.clone(), "is not a known field"));
+    }
+    let mut string =
+        |obj: &Map<String, Value>, key: &'static str, required: bool| -> Option<String> {
+            match obj.get(key) {
+                Some(Value::String(s)) => Some(s.clone()),
+                None | Some(Value::Null) if !required => None,
+                None | Some(Value::Null) => {
+                    errors.push(InvalidField::new(key, "is required"));
+                    None
+                }
+                Some(_) => {
+                    errors.push(InvalidField::new(key, "must be a string"));
+                    None
+                }
+            }
+        };
+    let body_event_id = string(&obj, "event_id", false);
+    let channel = string(&obj, "channel", true);
+    let destination = string(&obj, "destination", true);
+    let scheduled_at = string(&obj, "scheduled_at", false);
+    let expires_at = string(&obj, "expires_at", false);
+    let semantics = string(&obj, "semantics", false);
+    let event_id = match (body_event_id, idempotency_key) {
+        (Some(a), Some(b)) if a != b => {
+            errors.push(InvalidField::new(
+                "event_id",
+                "differs from the Idempotency-Key header",
+            ));
+            None
+        }
+        (Some(a), _) => Some(a),
+        (None, Some(b)) => Some(b.to_owned()),
+        (None, None) => {
+            if !errors.iter().any(|e| e.field == "event_id") {
+                errors.push(InvalidField::new(
+                    "event_id",
+                    "is required (or send an Idempotency-Key header)",
+                ));
+            }
+            None
+        }
+    };
+    let channel = channel.and_then(|c| Channel::parse(&c).map_err(|e| errors.push(e)).ok());
+    let mut time = |key: &'static str, v: Option<String>| -> Option<DateTime<Utc>> {
+        let v = v?;
+        DateTime::parse_from_rfc3339(&v)
+            .map(|t| t.with_timezone(&Utc))
+            .map_err(|_| {
+                errors.push(InvalidField::new(
+                    key,
+                    "must be an RFC 3339 time such as 2026-11-30T12:00:00Z",
+                ))
+            })
+            .ok()
+    };
+    let scheduled_at = time("scheduled_at", scheduled_at);
+    let expires_at = time("expires_at", expires_at);
+    let semantics = match semantics {
+        Some(s) => Semantics::parse(&s).map_err(|e| errors.push(e)).ok(),
+        None => Some(Semantics::AtLeastOnce),
+    };
+    let max_attempts = match obj.get("max_attempts") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+            Some(n) => Some(n),
+            None => {
+                errors.push(InvalidField::new(
+                    "max_attempts",
+                    "must be a positive integer",
+                ));
+                None
+            }
+        },
+    };
+    let payload = match obj.get("payload") {
+        Some(p @ Value::Object(_)) => Some(p.clone()),
+        None | Some(Value::Null) => {
+            errors.push(InvalidField::new("payload", "is required"));
+            None
+        }
+        Some(_) => {
+            errors.push(InvalidField::new("payload", "must be an object"));
+            None
+        }
+    };
+    match (event_id, channel, destination, payload, semantics) {
+        (Some(event_id), Some(channel), Some(destination), Some(payload), Some(semantics))
+            if errors.is_empty() =>
+        {
+            Ok(NewMessage {
+                event_id,
+                channel,
+                destination,
+                payload,
+                scheduled_at,
+                expires_at,
+                semantics,
+                max_attempts,
+            })
+        }
+        _ => Err(errors),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(body: &str, key: Option<&str>) -> Vec<String> {
+        parse_new_message(body.as_bytes(), key)
+            .unwrap_err()
+            .into_iter()
+            .map(|e| e.field)
+            .collect()
+    }
+
+    #[test]
+    fn parses_a_full_request() {
+        let m = parse_new_message(
+            br#"{"event_id":"e1","channel":"webhook","destination":"https://a.example/h",
+                "payload":{"body":{"x":1}},"scheduled_at":"2026-11-30T12:00:00+01:00",
+                "semantics":"at_most_once","max_attempts":3}"#,
+            None,
+        )
+        .unwrap();
+        assert_eq!(m.event_id, "e1");
+        assert_eq!(m.semantics, Semantics::AtMostOnce);
+        assert_eq!(
+            m.scheduled_at.unwrap().to_rfc3339(),
+            "2026-11-30T11:00:00+00:00"
+        );
+        assert_eq!(m.max_attempts, Some(3));
+    }
+
+    #[test]
+    fn the_idempotency_key_can_carry_the_event_id() {
+        let body =
+            r#"{"channel":"webhook","destination":"https://a.example/h","payload":{"body":1}}"#;
+        assert_eq!(
+            parse_new_message(body.as_bytes(), Some("k1"))
+                .unwrap()
+                .event_id,
+            "k1"
+        );
+        assert_eq!(fields(body, None), ["event_id"]);
+        let both = r#"{"event_id":"a","channel":"webhook","destination":"https://a.example/h","payload":{"body":1}}"#;
+        assert_eq!(fields(both, Some("b")), ["event_id"]);
+        assert!(parse_new_message(both.as_bytes(), Some("a")).is_ok());
+    }
+
+    #[test]
+    fn every_offending_field_is_named() {
+        assert_eq!(fields("[1]", None), ["body"]);
+        assert_eq!(fields("{", None), ["body"]);
+        assert_eq!(
+            fields(
+                r#"{"event_id":1,"channel":"sms","payload":[],"schedule_at":"x","expires_at":"tomorrow","semantics":"maybe","max_attempts":-1}"#,
+                None
+            ),
+            [
+                "schedule_at",
+                "event_id",
+                "destination",
+                "channel",
+                "expires_at",
+                "semantics",
+                "max_attempts",
+                "payload"
+            ]
+        );
+    }
+
+    #[test]
+    fn token_comparison() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+    }
+}

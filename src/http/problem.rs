@@ -1,0 +1,162 @@
+//! Errors at the HTTP edge, all as `application/problem+json` (RFC 9457). 5xx bodies never show
+//! internals; storage unavailable is 503 with `Retry-After`.
+
+use actix_web::http::StatusCode;
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::{HttpResponse, ResponseError};
+use serde::Serialize;
+
+use crate::domain::InvalidField;
+use crate::storage::StorageError;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+/// A problem+json answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct Problem {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub title: String,
+    pub status: u16,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// The first offending field, for clients that look at one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<FieldError>,
+    #[serde(skip)]
+    retry_after: Option<u32>,
+}
+
+impl Problem {
+    pub fn new(status: StatusCode, kind: &str, title: &str) -> Self {
+        Self {
+            kind: format!("https://herald.dev/problems/{kind}"),
+            title: title.to_owned(),
+            status: status.as_u16(),
+            detail: None,
+            field: None,
+            errors: Vec::new(),
+            retry_after: None,
+        }
+    }
+
+    pub fn detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = Some(detail.into());
+        self
+    }
+
+    /// 422 naming every invalid field.
+    pub fn invalid(errors: Vec<InvalidField>) -> Self {
+        let mut p = Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "validation",
+            "The message is not valid",
+        );
+        p.field = errors.first().map(|e| e.field.to_owned());
+        p.detail = Some(
+            errors
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("; "),
+        );
+        p.errors = errors
+            .into_iter()
+            .map(|e| FieldError {
+                field: e.field.to_owned(),
+                message: e.message,
+            })
+            .collect();
+        p
+    }
+
+    /// 400: the body is not JSON at all.
+    pub fn malformed(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "malformed",
+            "The request body is not valid JSON",
+        )
+        .detail(detail)
+    }
+
+    pub fn not_found(what: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not-found", "Not found")
+            .detail(format!("no {what} with that id"))
+    }
+
+    pub fn unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "A valid bearer token is required",
+        )
+    }
+
+    pub fn unavailable() -> Self {
+        let mut p = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "Storage is unavailable; nothing was stored",
+        );
+        p.retry_after = Some(2);
+        p
+    }
+
+    pub fn internal() -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "Internal error; nothing was stored",
+        )
+    }
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.status, self.title)
+    }
+}
+
+impl ResponseError for Problem {
+    fn status_code(&self) -> StatusCode {
+        StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let mut r = HttpResponse::build(self.status_code());
+        r.insert_header((
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        ));
+        if let Some(s) = self.retry_after {
+            r.insert_header((header::RETRY_AFTER, s.to_string()));
+        }
+        r.json(self)
+    }
+}
+
+impl From<StorageError> for Problem {
+    fn from(e: StorageError) -> Self {
+        if e.is_unavailable() {
+            tracing::warn!(error = %e, "storage unavailable");
+            Problem::unavailable()
+        } else {
+            tracing::error!(error = ?e, "storage error");
+            Problem::internal()
+        }
+    }
+}
+
+impl From<actix_web::error::BlockingError> for Problem {
+    fn from(_: actix_web::error::BlockingError) -> Self {
+        // The blocking pool refused the task: overload, not a fault of the request.
+        Problem::unavailable()
+    }
+}

@@ -1,0 +1,61 @@
+//! The message view returned by `/v1/messages`.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+
+use crate::storage::models::OutboxRow;
+
+fn ts(t: &DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+/// `GET /v1/messages/{event_id}`.
+#[derive(Debug, Serialize)]
+pub struct MessageView {
+    pub event_id: String,
+    pub channel: String,
+    pub destination: String,
+    pub state: String,
+    pub attempts: i32,
+    pub max_attempts: i64,
+    pub semantics: String,
+    pub retry_policy: String,
+    pub fingerprint: Option<String>,
+    pub scheduled_at: String,
+    pub next_attempt_at: Option<String>,
+    pub expires_at: Option<String>,
+    pub last_error_class: Option<String>,
+    pub provider_message_id: Option<String>,
+    pub delivery_status: Option<String>,
+    pub delivery_status_at: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl MessageView {
+    pub fn new(row: &OutboxRow, default_max_attempts: u32) -> Self {
+        Self {
+            event_id: row.event_id.clone(),
+            channel: row.channel.clone(),
+            destination: row.destination.clone(),
+            state: row.state.clone(),
+            attempts: row.attempts,
+            max_attempts: row
+                .max_attempts
+                .map(i64::from)
+                .unwrap_or(i64::from(default_max_attempts)),
+            semantics: row.semantics.clone(),
+            retry_policy: row.retry_policy.clone(),
+            fingerprint: row.request_fingerprint.clone(),
+            scheduled_at: ts(&row.scheduled_at),
+            next_attempt_at: row.next_attempt_at.as_ref().map(ts),
+            expires_at: row.expires_at.as_ref().map(ts),
+            last_error_class: row.last_error_class.clone(),
+            provider_message_id: row.provider_message_id.clone(),
+            delivery_status: row.delivery_status.clone(),
+            delivery_status_at: row.delivery_status_at.as_ref().map(ts),
+            created_at: ts(&row.created_at),
+            updated_at: ts(&row.updated_at),
+        }
+    }
+}

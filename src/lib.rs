@@ -1,0 +1,18 @@
+//! Herald: a self-hosted webhook-ingest and notification gateway built on the transactional
+//! outbox pattern.
+//!
+//! Layout: [`http`] calls into [`outbox`]; [`sender`] claims, sends through [`channels`] and
+//! records; [`storage`] is the only place that speaks SQL; [`domain`] holds the contract's
+//! vocabulary; the pure decisions live in [`sender::decide`] and [`sender::policy`].
+
+pub mod app;
+pub mod channels;
+pub mod clock;
+pub mod config;
+pub mod domain;
+pub mod http;
+pub mod outbox;
+pub mod secret;
+pub mod sender;
+pub mod storage;
+pub mod telemetry;

@@ -1,0 +1,376 @@
+//! The way in: validate a notification intent and write it into `herald_outbox`.
+//!
+//! [`enqueue`] runs on the caller's own diesel connection, so inside the caller's transaction the
+//! message commits — or rolls back — with the business change that caused it. The HTTP API and
+//! the library share [`NewMessage::prepare`], so every way in produces the same row.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+
+use crate::channels::{email, webhook};
+use crate::config::Endpoint;
+use crate::domain::{Channel, EventId, Fingerprint, FingerprintInput, InvalidField, Semantics};
+use crate::storage::models::{NewOutboxRow, OutboxRow};
+use crate::storage::queries;
+
+/// A notification intent, as an application states it.
+#[derive(Debug, Clone)]
+pub struct NewMessage {
+    pub event_id: String,
+    pub channel: Channel,
+    /// A URL or `endpoint:NAME` (webhook), or the recipient address (email).
+    pub destination: String,
+    /// Webhook: `{"body": …, "headers"?: {…}}`. Email: `{"subject", "text"?, "html"?, …}`.
+    pub payload: Value,
+    /// Not before this time; default now.
+    pub scheduled_at: Option<DateTime<Utc>>,
+    /// Never send after this time.
+    pub expires_at: Option<DateTime<Utc>>,
+    pub semantics: Semantics,
+    /// Default: the retry policy's `max_attempts`.
+    pub max_attempts: Option<u32>,
+}
+
+impl NewMessage {
+    /// A webhook whose request body is exactly `body` serialized.
+    pub fn webhook(
+        event_id: impl Into<String>,
+        destination: impl Into<String>,
+        body: Value,
+    ) -> Self {
+        Self {
+            event_id: event_id.into(),
+            channel: Channel::Webhook,
+            destination: destination.into(),
+            payload: serde_json::json!({ "body": body }),
+            scheduled_at: None,
+            expires_at: None,
+            semantics: Semantics::AtLeastOnce,
+            max_attempts: None,
+        }
+    }
+
+    /// An email to `to` with a plain-text body.
+    pub fn email(
+        event_id: impl Into<String>,
+        to: impl Into<String>,
+        subject: impl Into<String>,
+        text: impl Into<String>,
+    ) -> Self {
+        Self {
+            event_id: event_id.into(),
+            channel: Channel::Email,
+            destination: to.into(),
+            payload: serde_json::json!({ "subject": subject.into(), "text": text.into() }),
+            scheduled_at: None,
+            expires_at: None,
+            semantics: Semantics::AtLeastOnce,
+            max_attempts: None,
+        }
+    }
+
+    /// Validates every field and resolves defaults; all problems at once, each naming its field.
+    pub fn prepare(
+        &self,
+        limits: &Limits,
+        now: DateTime<Utc>,
+    ) -> Result<NewOutboxRow, Vec<InvalidField>> {
+        let mut errors = Vec::new();
+        let event_id = EventId::parse(&self.event_id)
+            .map_err(|e| errors.push(e))
+            .ok();
+        match self.channel {
+            Channel::Webhook => {
+                match webhook::WebhookTarget::parse(&self.destination) {
+                    Ok(webhook::WebhookTarget::Endpoint(name)) => {
+                        if let Some(known) = limits.endpoints
+                            && !known.contains_key(&name)
+                        {
+                            errors.push(InvalidField::new(
+                                "destination",
+                                format!("no endpoint named {name:?} is configured"),
+                            ));
+                        }
+                    }
+                    Ok(webhook::WebhookTarget::Url(_)) => {}
+                    Err(e) => errors.push(e),
+                }
+                if let Err(e) = webhook::WebhookPayload::parse(&self.payload) {
+                    errors.push(e);
+                }
+            }
+            Channel::Email => {
+                if let Err(e) = email::parse_recipient(&self.destination) {
+                    errors.push(e);
+                }
+                if let Err(e) = email::EmailPayload::parse(&self.payload) {
+                    errors.push(e);
+                }
+            }
+        }
+        let size = serde_json::to_vec(&self.payload)
+            .map(|v| v.len())
+            .unwrap_or(usize::MAX);
+        if size > limits.max_payload_bytes {
+            errors.push(InvalidField::new(
+                "payload",
+                format!(
+                    "is {size} bytes; the limit is {} bytes",
+                    limits.max_payload_bytes
+                ),
+            ));
+        }
+        if let Some(n) = self.max_attempts
+            && !(1..=100).contains(&n)
+        {
+            errors.push(InvalidField::new(
+                "max_attempts",
+                "must be between 1 and 100",
+            ));
+        }
+        let scheduled_at = self.scheduled_at.unwrap_or(now);
+        if let Some(expires) = self.expires_at
+            && expires <= scheduled_at
+        {
+            errors.push(InvalidField::new(
+                "expires_at",
+                "must be later than scheduled_at",
+            ));
+        }
+        let Some(event_id) = event_id.filter(|_| errors.is_empty()) else {
+            return Err(errors);
+        };
+        let fingerprint = fingerprint_of(
+            self.channel,
+            &self.destination,
+            event_id.as_str(),
+            &self.payload,
+        );
+        Ok(NewOutboxRow {
+            event_id: event_id.as_str().to_owned(),
+            channel: self.channel.as_str().to_owned(),
+            destination: self.destination.clone(),
+            payload: self.payload.clone(),
+            scheduled_at: trunc(scheduled_at),
+            max_attempts: self.max_attempts.map(|n| n as i32),
+            retry_policy: limits.retry_policy.clone(),
+            semantics: self.semantics.as_str().to_owned(),
+            expires_at: self.expires_at.map(trunc),
+            request_fingerprint: fingerprint.map(|f| f.as_str().to_owned()),
+            now,
+        })
+    }
+}
+
+fn trunc(t: DateTime<Utc>) -> DateTime<Utc> {
+    use chrono::SubsecRound;
+    t.trunc_subsecs(6)
+}
+
+/// The request fingerprint of a message, from what the message itself defines (see
+/// [`crate::domain::Fingerprint`]); `None` when the payload does not parse.
+pub fn fingerprint_of(
+    channel: Channel,
+    destination: &str,
+    event_id: &str,
+    payload: &Value,
+) -> Option<Fingerprint> {
+    let (body, headers) = match channel {
+        Channel::Webhook => {
+            let p = webhook::WebhookPayload::parse(payload).ok()?;
+            (p.body_bytes(), p.headers)
+        }
+        Channel::Email => (serde_json::to_vec(payload).ok()?, Vec::new()),
+    };
+    Some(Fingerprint::compute(&FingerprintInput {
+        channel: channel.as_str(),
+        destination,
+        event_id,
+        body: &body,
+        headers: &headers,
+    }))
+}
+
+/// What validation needs from Herald's configuration.
+#[derive(Debug, Clone)]
+pub struct Limits<'a> {
+    pub max_payload_bytes: usize,
+    pub retry_policy: String,
+    /// Configured endpoints; `None` (the library) skips the name check: an unknown endpoint is
+    /// then dead-lettered at send time.
+    pub endpoints: Option<&'a BTreeMap<String, Endpoint>>,
+}
+
+impl Default for Limits<'_> {
+    fn default() -> Self {
+        Self {
+            max_payload_bytes: 256 * 1024,
+            retry_policy: "default".into(),
+            endpoints: None,
+        }
+    }
+}
+
+/// What [`enqueue`] did.
+#[derive(Debug, Clone)]
+pub struct Enqueued {
+    /// `false` when the event id was already in the outbox (nothing changed).
+    pub created: bool,
+    pub row: OutboxRow,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EnqueueError {
+    #[error("invalid message: {}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
+    Invalid(Vec<InvalidField>),
+    #[error("database error")]
+    Database(#[from] diesel::result::Error),
+}
+
+/// A diesel connection Herald can enqueue on: PostgreSQL or SQLite.
+pub trait OutboxConnection {
+    fn insert_outbox_row(&mut self, row: &NewOutboxRow) -> diesel::QueryResult<Option<i64>>;
+    fn find_outbox_row(&mut self, event_id: &str) -> diesel::QueryResult<Option<OutboxRow>>;
+}
+
+impl OutboxConnection for diesel::pg::PgConnection {
+    fn insert_outbox_row(&mut self, row: &NewOutboxRow) -> diesel::QueryResult<Option<i64>> {
+        queries::pg::insert_message(self, row)
+    }
+    fn find_outbox_row(&mut self, event_id: &str) -> diesel::QueryResult<Option<OutboxRow>> {
+        queries::pg::find_by_event_id(self, event_id)
+    }
+}
+
+impl OutboxConnection for diesel::sqlite::SqliteConnection {
+    fn insert_outbox_row(&mut self, row: &NewOutboxRow) -> diesel::QueryResult<Option<i64>> {
+        queries::sqlite::insert_message(self, row)
+    }
+    fn find_outbox_row(&mut self, event_id: &str) -> diesel::QueryResult<Option<OutboxRow>> {
+        queries::sqlite::find_by_event_id(self, event_id)
+    }
+}
+
+/// Writes `message` into the outbox on the caller's connection — inside the caller's
+/// transaction when there is one. A duplicate event id is a no-op that returns the existing row.
+///
+/// ```no_run
+/// # use diesel::Connection;
+/// # fn demo(conn: &mut diesel::pg::PgConnection) -> Result<(), herald::outbox::EnqueueError> {
+/// conn.transaction(|conn| {
+///     // … the business change …
+///     herald::outbox::enqueue(
+///         conn,
+///         herald::outbox::NewMessage::webhook(
+///             "order-42:placed",
+///             "https://example.com/hooks",
+///             serde_json::json!({"order": 42}),
+///         ),
+///     )
+/// })?;
+/// # Ok(()) }
+/// ```
+pub fn enqueue<C: OutboxConnection>(
+    conn: &mut C,
+    message: NewMessage,
+) -> Result<Enqueued, EnqueueError> {
+    let now = crate::clock::Clock::now(&crate::clock::SystemClock);
+    enqueue_with(conn, &message, &Limits::default(), now)
+}
+
+/// [`enqueue`] with explicit limits and time (Herald's own API uses this).
+pub fn enqueue_with<C: OutboxConnection>(
+    conn: &mut C,
+    message: &NewMessage,
+    limits: &Limits<'_>,
+    now: DateTime<Utc>,
+) -> Result<Enqueued, EnqueueError> {
+    let row = message
+        .prepare(limits, now)
+        .map_err(EnqueueError::Invalid)?;
+    let created = conn.insert_outbox_row(&row)?.is_some();
+    let stored = conn
+        .find_outbox_row(&row.event_id)?
+        .ok_or(diesel::result::Error::NotFound)?;
+    Ok(Enqueued {
+        created,
+        row: stored,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn now() -> DateTime<Utc> {
+        "2026-11-30T12:00:00Z".parse().unwrap()
+    }
+
+    fn fields(r: Result<NewOutboxRow, Vec<InvalidField>>) -> Vec<String> {
+        r.unwrap_err().into_iter().map(|e| e.field).collect()
+    }
+
+    #[test]
+    fn a_good_webhook_prepares_with_defaults_and_a_fingerprint() {
+        let m = NewMessage::webhook("e-1", "https://example.com/h", json!({"b": 1, "a": [1, 2]}));
+        let row = m.prepare(&Limits::default(), now()).unwrap();
+        assert_eq!(row.scheduled_at, now());
+        assert_eq!(row.semantics, "at_least_once");
+        assert_eq!(row.request_fingerprint.as_deref().map(str::len), Some(64));
+    }
+
+    #[test]
+    fn every_bad_field_is_named() {
+        let mut m = NewMessage::webhook("has space", "ftp://x", json!({"body": 1}));
+        m.payload = json!({"headers": {"a": "b"}});
+        m.max_attempts = Some(0);
+        assert_eq!(
+            fields(m.prepare(&Limits::default(), now())),
+            ["event_id", "destination", "payload.body", "max_attempts"]
+        );
+        let m = NewMessage::email("e", "not-an-address", "", "hi");
+        assert_eq!(
+            fields(m.prepare(&Limits::default(), now())),
+            ["destination", "payload.subject"]
+        );
+    }
+
+    #[test]
+    fn payload_size_and_expiry_are_checked() {
+        let m = NewMessage::webhook("e", "https://x.example/h", json!("x".repeat(100)));
+        let limits = Limits {
+            max_payload_bytes: 50,
+            ..Limits::default()
+        };
+        assert_eq!(fields(m.prepare(&limits, now())), ["payload"]);
+        let mut m = NewMessage::webhook("e", "https://x.example/h", json!({}));
+        m.expires_at = Some(now());
+        assert_eq!(fields(m.prepare(&Limits::default(), now())), ["expires_at"]);
+    }
+
+    #[test]
+    fn unknown_endpoints_are_refused_when_the_config_is_known() {
+        let endpoints = BTreeMap::new();
+        let limits = Limits {
+            endpoints: Some(&endpoints),
+            ..Limits::default()
+        };
+        let m = NewMessage::webhook("e", "endpoint:billing", json!({}));
+        assert_eq!(fields(m.prepare(&limits, now())), ["destination"]);
+        assert!(m.prepare(&Limits::default(), now()).is_ok());
+    }
+
+    #[test]
+    fn json_serialization_is_canonical() {
+        // Fingerprints depend on it: a dependency enabling serde_json's preserve_order would
+        // silently change the bytes sent and break this.
+        let a: Value = serde_json::from_str(r#"{"b":1,"a":{"d":2,"c":3}}"#).unwrap();
+        assert_eq!(
+            serde_json::to_string(&a).unwrap(),
+            r#"{"a":{"c":3,"d":2},"b":1}"#
+        );
+    }
+}

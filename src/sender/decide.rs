@@ -1,0 +1,314 @@
+//! Pure decisions of the control plane: classify a receiver's answer, then choose the next state
+//! and delay. No I/O here; see DESIGN.md "Response classification".
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::domain::{AttemptClass, Semantics, State};
+use crate::sender::policy::RetryPolicy;
+
+/// Class of an HTTP status code. 3xx counts as permanent: Herald does not follow redirects, a
+/// moved endpoint is a configuration error to fix, not to retry.
+pub fn classify_http_status(status: u16) -> AttemptClass {
+    match status {
+        200..=299 => AttemptClass::Accepted,
+        409 => AttemptClass::Conflict,
+        429 => AttemptClass::RateLimited,
+        408 | 425 | 500 | 502 | 503 | 504 => AttemptClass::Transient,
+        // Other server errors (507, 520-ish proxies …): the server's trouble, worth a retry.
+        500..=599 => AttemptClass::Transient,
+        _ => AttemptClass::Permanent,
+    }
+}
+
+/// Whether the receiver's Retry-After is honoured for this status.
+pub fn honours_retry_after(status: u16) -> bool {
+    matches!(status, 429 | 503)
+}
+
+/// Class of an SMTP reply code: 2xx accepted, 4xx transient, 5xx (and anything odd) permanent.
+pub fn classify_smtp_code(code: u16) -> AttemptClass {
+    match code {
+        200..=299 => AttemptClass::Accepted,
+        400..=499 => AttemptClass::Transient,
+        _ => AttemptClass::Permanent,
+    }
+}
+
+/// What happens to a message after an attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub state: State,
+    /// The class that decided the state (`exhausted` when the budget ran out); `None` on success.
+    pub error_class: Option<AttemptClass>,
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    pub delay: Option<Duration>,
+    pub reason: String,
+}
+
+/// The attempt just made, as far as the decision needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct AttemptFacts {
+    pub class: AttemptClass,
+    /// Retry-After the receiver asked for, when honoured for its status.
+    pub retry_after: Option<Duration>,
+    /// 1-based number of the attempt just made.
+    pub attempt: u32,
+    pub max_attempts: u32,
+    pub semantics: Semantics,
+}
+
+/// Next state for an attempt's outcome. `unit` in [0, 1) drives jitter (random in production,
+/// fixed in tests).
+pub fn decide(
+    facts: AttemptFacts,
+    policy: &RetryPolicy,
+    now: DateTime<Utc>,
+    unit: f64,
+) -> Decision {
+    let terminal = |state, class: Option<AttemptClass>, reason: &str| Decision {
+        state,
+        error_class: class,
+        next_attempt_at: None,
+        delay: None,
+        reason: reason.to_owned(),
+    };
+    match (facts.class, facts.semantics) {
+        (AttemptClass::Accepted, _) => {
+            return terminal(State::Delivered, None, "accepted by the receiver");
+        }
+        (AttemptClass::Conflict, _) => {
+            return terminal(
+                State::Unconfirmed,
+                Some(AttemptClass::Conflict),
+                "409 conflict: the receiver may already have this event; settle by event id, no blind retry",
+            );
+        }
+        (AttemptClass::Permanent, _) => {
+            return terminal(
+                State::DeadLetter,
+                Some(AttemptClass::Permanent),
+                "permanent refusal: dead-lettered at once",
+            );
+        }
+        (AttemptClass::Ambiguous, Semantics::AtMostOnce) => {
+            return terminal(
+                State::Unconfirmed,
+                Some(AttemptClass::Ambiguous),
+                "ambiguous outcome under at_most_once: never repeated automatically",
+            );
+        }
+        (AttemptClass::Exhausted, _) => {
+            return terminal(
+                State::DeadLetter,
+                Some(AttemptClass::Exhausted),
+                "attempt budget spent",
+            );
+        }
+        _ => {}
+    }
+    if facts.attempt >= facts.max_attempts {
+        return terminal(
+            State::DeadLetter,
+            Some(AttemptClass::Exhausted),
+            &format!(
+                "attempt budget spent ({} of {}); last attempt was {}",
+                facts.attempt, facts.max_attempts, facts.class
+            ),
+        );
+    }
+    let chosen = match (facts.class, facts.retry_after) {
+        (AttemptClass::RateLimited | AttemptClass::Transient, Some(asked)) => {
+            policy.after_retry_after(asked, unit)
+        }
+        _ => policy.backoff(facts.attempt, unit),
+    };
+    let next = now + chrono::Duration::from_std(chosen.delay).unwrap_or(chrono::Duration::MAX);
+    Decision {
+        state: State::Retryable,
+        error_class: Some(facts.class),
+        next_attempt_at: Some(next),
+        delay: Some(chosen.delay),
+        reason: format!("{}: {}", facts.class, chosen.reason),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> RetryPolicy {
+        RetryPolicy::new("default".into(), 1.0, 60.0, 5, 120.0, 0.2).unwrap()
+    }
+
+    fn now() -> DateTime<Utc> {
+        "2026-11-30T12:00:00Z".parse().unwrap()
+    }
+
+    fn facts(class: AttemptClass) -> AttemptFacts {
+        AttemptFacts {
+            class,
+            retry_after: None,
+            attempt: 1,
+            max_attempts: 5,
+            semantics: Semantics::AtLeastOnce,
+        }
+    }
+
+    #[test]
+    fn http_classification_table() {
+        for s in [200, 201, 202, 204, 299] {
+            assert_eq!(classify_http_status(s), AttemptClass::Accepted, "{s}");
+        }
+        assert_eq!(classify_http_status(409), AttemptClass::Conflict);
+        assert_eq!(classify_http_status(429), AttemptClass::RateLimited);
+        for s in [408, 425, 500, 502, 503, 504, 507] {
+            assert_eq!(classify_http_status(s), AttemptClass::Transient, "{s}");
+        }
+        for s in [
+            301, 302, 400, 401, 403, 404, 405, 410, 413, 415, 422, 451, 100,
+        ] {
+            assert_eq!(classify_http_status(s), AttemptClass::Permanent, "{s}");
+        }
+        assert!(honours_retry_after(429) && honours_retry_after(503));
+        assert!(!honours_retry_after(500) && !honours_retry_after(200));
+    }
+
+    #[test]
+    fn smtp_classification() {
+        assert_eq!(classify_smtp_code(250), AttemptClass::Accepted);
+        assert_eq!(classify_smtp_code(451), AttemptClass::Transient);
+        assert_eq!(classify_smtp_code(421), AttemptClass::Transient);
+        assert_eq!(classify_smtp_code(550), AttemptClass::Permanent);
+        assert_eq!(classify_smtp_code(554), AttemptClass::Permanent);
+    }
+
+    #[test]
+    fn every_class_under_both_semantics() {
+        use AttemptClass::*;
+        use Semantics::*;
+        let expect = [
+            (Accepted, AtLeastOnce, State::Delivered, None),
+            (Accepted, AtMostOnce, State::Delivered, None),
+            (Conflict, AtLeastOnce, State::Unconfirmed, Some(Conflict)),
+            (Conflict, AtMostOnce, State::Unconfirmed, Some(Conflict)),
+            (
+                RateLimited,
+                AtLeastOnce,
+                State::Retryable,
+                Some(RateLimited),
+            ),
+            (RateLimited, AtMostOnce, State::Retryable, Some(RateLimited)),
+            (Transient, AtLeastOnce, State::Retryable, Some(Transient)),
+            (Transient, AtMostOnce, State::Retryable, Some(Transient)),
+            (NotSent, AtLeastOnce, State::Retryable, Some(NotSent)),
+            (NotSent, AtMostOnce, State::Retryable, Some(NotSent)),
+            (Ambiguous, AtLeastOnce, State::Retryable, Some(Ambiguous)),
+            (Ambiguous, AtMostOnce, State::Unconfirmed, Some(Ambiguous)),
+            (Permanent, AtLeastOnce, State::DeadLetter, Some(Permanent)),
+            (Permanent, AtMostOnce, State::DeadLetter, Some(Permanent)),
+            (Exhausted, AtLeastOnce, State::DeadLetter, Some(Exhausted)),
+        ];
+        for (class, semantics, state, error_class) in expect {
+            let d = decide(
+                AttemptFacts {
+                    semantics,
+                    ..facts(class)
+                },
+                &policy(),
+                now(),
+                0.5,
+            );
+            assert_eq!(
+                (d.state, d.error_class),
+                (state, error_class),
+                "{class} {semantics}"
+            );
+            assert_eq!(
+                d.next_attempt_at.is_some(),
+                state == State::Retryable,
+                "{class}"
+            );
+            assert!(!d.reason.is_empty());
+        }
+    }
+
+    #[test]
+    fn budget_exhaustion_dead_letters_and_names_the_last_class() {
+        let d = decide(
+            AttemptFacts {
+                attempt: 5,
+                ..facts(AttemptClass::Transient)
+            },
+            &policy(),
+            now(),
+            0.5,
+        );
+        assert_eq!(d.state, State::DeadLetter);
+        assert_eq!(d.error_class, Some(AttemptClass::Exhausted));
+        assert!(
+            d.reason.contains("last attempt was transient"),
+            "{}",
+            d.reason
+        );
+        // A permanent answer on the last attempt stays permanent.
+        let d = decide(
+            AttemptFacts {
+                attempt: 5,
+                ..facts(AttemptClass::Permanent)
+            },
+            &policy(),
+            now(),
+            0.5,
+        );
+        assert_eq!(d.error_class, Some(AttemptClass::Permanent));
+    }
+
+    #[test]
+    fn retry_after_wins_over_backoff_for_429_and_503() {
+        let d = decide(
+            AttemptFacts {
+                retry_after: Some(Duration::from_secs(30)),
+                attempt: 1,
+                ..facts(AttemptClass::RateLimited)
+            },
+            &policy(),
+            now(),
+            0.0,
+        );
+        assert_eq!(d.delay, Some(Duration::from_secs(30)));
+        assert_eq!(
+            d.next_attempt_at,
+            Some(now() + chrono::Duration::seconds(30))
+        );
+        assert!(
+            d.reason.starts_with("rate_limited: Retry-After 30s"),
+            "{}",
+            d.reason
+        );
+        // Without Retry-After: backoff (base 1s at attempt 1, jitter at unit 0.5 is zero).
+        let d = decide(
+            AttemptFacts {
+                attempt: 3,
+                ..facts(AttemptClass::RateLimited)
+            },
+            &policy(),
+            now(),
+            0.5,
+        );
+        assert_eq!(d.delay, Some(Duration::from_secs(4)));
+        assert!(d.reason.contains("backoff after attempt 3"), "{}", d.reason);
+        // Retry-After is clamped to the policy's ceiling.
+        let d = decide(
+            AttemptFacts {
+                retry_after: Some(Duration::from_secs(10_000)),
+                ..facts(AttemptClass::Transient)
+            },
+            &policy(),
+            now(),
+            0.0,
+        );
+        assert_eq!(d.delay, Some(Duration::from_secs(120)));
+    }
+}

@@ -1,0 +1,75 @@
+//! PostgreSQL LISTEN/NOTIFY wake-up. A dedicated connection LISTENs on `herald_outbox`; the
+//! trigger on `herald_outbox` notifies once per inserting transaction, at commit. Notifications
+//! are drained every few milliseconds (no query is sent to do so) and folded into one wake-up
+//! (the debounce); polling remains the fallback, and a broken connection is re-opened.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use diesel::Connection;
+use diesel::connection::SimpleConnection;
+use diesel::pg::PgConnection;
+use tokio::sync::Notify;
+use tracing::{info, warn};
+
+/// How often pending notifications are drained.
+const DRAIN_EVERY: Duration = Duration::from_millis(20);
+/// How often the connection is checked with a query.
+const CHECK_EVERY: Duration = Duration::from_secs(10);
+
+/// Starts the listener thread; it ends when `stop` is set.
+pub fn spawn(url: String, wake: Arc<Notify>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("herald-listen".into())
+        .spawn(move || listen_loop(&url, &wake, &stop))
+        .unwrap_or_else(|e| panic!("cannot start the LISTEN thread: {e}"))
+}
+
+fn listen_loop(url: &str, wake: &Notify, stop: &AtomicBool) {
+    let mut backoff = Duration::from_millis(200);
+    while !stop.load(Ordering::Relaxed) {
+        let listening = PgConnection::establish(url)
+            .ok()
+            .and_then(|mut c| c.batch_execute("LISTEN herald_outbox").ok().map(|_| c));
+        let mut conn = match listening {
+            Some(c) => c,
+            None => {
+                warn!("LISTEN connection failed; polling only until it is back");
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+                continue;
+            }
+        };
+        info!("listening for herald_outbox notifications");
+        backoff = Duration::from_millis(200);
+        // Something may have been committed while we were not listening.
+        wake.notify_one();
+        let mut last_check = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            let mut got = false;
+            let mut broken = false;
+            for n in conn.notifications_iter() {
+                match n {
+                    Ok(_) => got = true,
+                    Err(_) => {
+                        broken = true;
+                        break;
+                    }
+                }
+            }
+            if got {
+                wake.notify_one();
+            }
+            if !broken && last_check.elapsed() >= CHECK_EVERY {
+                broken = conn.batch_execute("SELECT 1").is_err();
+                last_check = Instant::now();
+            }
+            if broken {
+                warn!("LISTEN connection lost; reconnecting");
+                break;
+            }
+            std::thread::sleep(DRAIN_EVERY);
+        }
+    }
+}

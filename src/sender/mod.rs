@@ -1,0 +1,401 @@
+//! The sender: claim due rows with a lease (committed before any network call), send them
+//! concurrently, classify, decide, and write the outcomes back in batches.
+//!
+//! Invariants: no database transaction is open while a request is in flight; an outcome is
+//! written only if the row is still leased to this sender for that attempt (a fence against a
+//! lease that expired and was claimed again); a lease that runs out is returned by the watchdog.
+
+pub mod decide;
+pub mod listener;
+pub mod policy;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use rand::Rng;
+use tokio::sync::{Notify, Semaphore, mpsc, watch};
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::channels::SendReport;
+use crate::channels::email::EmailChannel;
+use crate::channels::webhook::WebhookChannel;
+use crate::clock::Clock;
+use crate::domain::{AttemptClass, Channel, Semantics, State};
+use crate::storage::models::{Applied, LeaseSweep, NewAttempt, OutboxRow, OutcomeRecord};
+use crate::storage::{Db, StorageError};
+
+use self::decide::{AttemptFacts, decide};
+use self::policy::RetryPolicy;
+
+/// How the sender runs.
+#[derive(Debug, Clone)]
+pub struct SenderConfig {
+    pub owner: String,
+    pub lease: Duration,
+    pub batch_size: u32,
+    pub concurrency: u32,
+    pub poll_interval: Duration,
+    pub policy: RetryPolicy,
+}
+
+impl SenderConfig {
+    /// A lease owner unique to this process: `herald-<pid>-<random>`.
+    pub fn new_owner() -> String {
+        format!(
+            "herald-{}-{:08x}",
+            std::process::id(),
+            rand::rng().random::<u32>()
+        )
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SenderError {
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error("a blocking database task failed")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+/// Sends what is due. Cheap to clone.
+#[derive(Clone)]
+pub struct Sender {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: Db,
+    clock: Arc<dyn Clock>,
+    config: SenderConfig,
+    webhook: WebhookChannel,
+    email: EmailChannel,
+    wake: Arc<Notify>,
+}
+
+impl Sender {
+    pub fn new(
+        db: Db,
+        clock: Arc<dyn Clock>,
+        config: SenderConfig,
+        webhook: WebhookChannel,
+        email: EmailChannel,
+        wake: Arc<Notify>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                db,
+                clock,
+                config,
+                webhook,
+                email,
+                wake,
+            }),
+        }
+    }
+
+    pub fn owner(&self) -> &str {
+        &self.inner.config.owner
+    }
+
+    /// Notified when new rows may be due (HTTP enqueue, PostgreSQL NOTIFY).
+    pub fn wake_handle(&self) -> Arc<Notify> {
+        self.inner.wake.clone()
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Db) -> Result<T, StorageError> + Send + 'static,
+    ) -> Result<T, SenderError> {
+        let db = self.inner.db.clone();
+        let span = tracing::Span::current();
+        Ok(tokio::task::spawn_blocking(move || span.in_scope(|| f(&db))).await??)
+    }
+
+    /// The claim transaction: leases up to `limit` due rows and commits.
+    pub async fn claim(&self, limit: u32) -> Result<Vec<OutboxRow>, SenderError> {
+        let now = self.inner.clock.now();
+        let lease_until =
+            now + chrono::Duration::from_std(self.inner.config.lease).unwrap_or_default();
+        let owner = self.inner.config.owner.clone();
+        self.blocking(move |db| db.claim(now, limit, &owner, lease_until))
+            .await
+    }
+
+    /// Sends one claimed row and decides what happens next. Never touches the database.
+    pub async fn process(&self, row: OutboxRow) -> OutcomeRecord {
+        let span = info_span!("send", event_id = %row.event_id, attempt = row.attempts);
+        self.process_inner(row).instrument(span).await
+    }
+
+    async fn process_inner(&self, row: OutboxRow) -> OutcomeRecord {
+        let now = self.inner.clock.now();
+        let policy = &self.inner.config.policy;
+        let channel = Channel::parse(&row.channel);
+        let fingerprint = channel
+            .as_ref()
+            .ok()
+            .and_then(|&c| {
+                crate::outbox::fingerprint_of(c, &row.destination, &row.event_id, &row.payload)
+            })
+            .map(|f| f.as_str().to_owned());
+        let base = OutcomeRecord {
+            message_id: row.id,
+            event_id: row.event_id.clone(),
+            claimed_attempt: row.attempts,
+            attempts_after: row.attempts,
+            state: String::new(),
+            next_attempt_at: None,
+            error_class: None,
+            request_fingerprint: fingerprint,
+            provider_message_id: None,
+            attempt: None,
+        };
+        if row.expires_at.is_some_and(|e| e <= now) {
+            info!(class = "expired", "expired before sending; no request made");
+            return OutcomeRecord {
+                attempts_after: row.attempts - 1,
+                state: State::Expired.as_str().into(),
+                ..base
+            };
+        }
+        let report = match channel {
+            Ok(Channel::Webhook) => self.inner.webhook.send(&row).await,
+            Ok(Channel::Email) => self.inner.email.send(&row).await,
+            Err(e) => SendReport::refused(
+                AttemptClass::Permanent,
+                "invalid_channel",
+                now,
+                e.to_string(),
+            ),
+        };
+        // A message whose stored semantics is not valid is treated as the safer at_most_once.
+        let semantics = Semantics::parse(&row.semantics).unwrap_or(Semantics::AtMostOnce);
+        let max_attempts = row
+            .max_attempts
+            .and_then(|n| u32::try_from(n).ok())
+            .unwrap_or(policy.max_attempts);
+        let facts = AttemptFacts {
+            class: report.class,
+            retry_after: report.retry_after,
+            attempt: u32::try_from(row.attempts).unwrap_or(0),
+            max_attempts,
+            semantics,
+        };
+        let unit: f64 = rand::rng().random();
+        let decision = decide(facts, policy, report.finished_at.max(now), unit);
+        info!(
+            class = report.class.as_str(),
+            status = report.status,
+            next_state = decision.state.as_str(),
+            delay_ms = decision.delay.map(|d| d.as_millis() as u64),
+            "attempt classified"
+        );
+        OutcomeRecord {
+            state: decision.state.as_str().into(),
+            next_attempt_at: decision.next_attempt_at,
+            error_class: decision.error_class.map(|c| c.as_str().into()),
+            provider_message_id: report.provider_message_id.clone(),
+            attempt: Some(NewAttempt {
+                started_at: report.started_at,
+                finished_at: report.finished_at,
+                duration_ms: (report.finished_at - report.started_at).num_milliseconds(),
+                response_status: report.status.map(i32::from),
+                error_kind: report.error_kind,
+                class: report.class.as_str().into(),
+                retry_after: report.retry_after_raw,
+                delay_ms: decision.delay.map(|d| d.as_millis() as i64),
+                delay_reason: Some(decision.reason),
+                policy_version: policy.version.clone(),
+                response_excerpt: report.excerpt,
+            }),
+            ..base
+        }
+    }
+
+    /// Writes outcomes in one transaction.
+    pub async fn record(&self, outcomes: Vec<OutcomeRecord>) -> Result<Vec<Applied>, SenderError> {
+        let owner = self.inner.config.owner.clone();
+        let now = self.inner.clock.now();
+        let applied = self
+            .blocking(move |db| {
+                db.record_outcomes(&owner, now, &outcomes)
+                    .map(|a| (a, outcomes))
+            })
+            .await?;
+        for (a, o) in applied.0.iter().zip(&applied.1) {
+            if *a == Applied::LeaseLost {
+                warn!(event_id = %o.event_id, "lease lost before the outcome was written; attempt recorded only");
+            }
+        }
+        Ok(applied.0)
+    }
+
+    /// One claim, every send concurrently (bounded), one write: returns how many rows it handled.
+    pub async fn run_once(&self) -> Result<usize, SenderError> {
+        let rows = self.claim(self.inner.config.batch_size).await?;
+        let n = rows.len();
+        if n == 0 {
+            return Ok(0);
+        }
+        let limit = Arc::new(Semaphore::new(self.inner.config.concurrency as usize));
+        let mut tasks = tokio::task::JoinSet::new();
+        for row in rows {
+            let this = self.clone();
+            let limit = limit.clone();
+            tasks.spawn(async move {
+                let _permit = limit.acquire_owned().await;
+                this.process(row).await
+            });
+        }
+        let mut outcomes = Vec::with_capacity(n);
+        while let Some(done) = tasks.join_next().await {
+            outcomes.push(done?);
+        }
+        self.record(outcomes).await?;
+        Ok(n)
+    }
+
+    /// Runs [`Sender::run_once`] until nothing is due; returns the total handled (tests, CLI).
+    pub async fn run_until_idle(&self) -> Result<usize, SenderError> {
+        let mut total = 0;
+        loop {
+            let n = self.run_once().await?;
+            if n == 0 {
+                return Ok(total);
+            }
+            total += n;
+        }
+    }
+
+    /// The watchdog pass: expired leases back to `retryable` (or `unconfirmed`/`dead_letter`).
+    pub async fn sweep_leases(&self) -> Result<LeaseSweep, SenderError> {
+        let now = self.inner.clock.now();
+        let max = self.inner.config.policy.max_attempts;
+        let sweep = self
+            .blocking(move |db| db.sweep_expired_leases(now, max))
+            .await?;
+        if sweep.total() > 0 {
+            warn!(
+                to_retryable = sweep.to_retryable,
+                to_unconfirmed = sweep.to_unconfirmed,
+                to_dead_letter = sweep.to_dead_letter,
+                "expired leases returned"
+            );
+        }
+        Ok(sweep)
+    }
+
+    /// The production loop: claims as many rows as there are free send slots, sends each as soon
+    /// as it is claimed, and flushes outcomes in batches. Stops claiming when `shutdown` turns
+    /// true, lets in-flight sends finish (each is bounded by its timeout), flushes, and returns.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let cfg = &self.inner.config;
+        let slots = Arc::new(Semaphore::new(cfg.concurrency as usize));
+        let (tx, rx) = mpsc::channel::<OutcomeRecord>(cfg.concurrency as usize * 2);
+        let flusher = tokio::spawn(self.clone().flush_loop(rx));
+        let sweep_every = (cfg.lease / 2).max(Duration::from_secs(1));
+        let mut next_sweep = tokio::time::Instant::now();
+        let mut failures = 0u32;
+        info!(owner = %cfg.owner, "sender started");
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            if tokio::time::Instant::now() >= next_sweep {
+                if let Err(e) = self.sweep_leases().await {
+                    warn!(error = %e, "lease watchdog failed; will retry");
+                }
+                next_sweep = tokio::time::Instant::now() + sweep_every;
+            }
+            let free = slots.available_permits() as u32;
+            if free == 0 {
+                tokio::select! {
+                    p = slots.clone().acquire_owned() => drop(p),
+                    _ = shutdown.changed() => {}
+                }
+                continue;
+            }
+            let rows = match self.claim(free.min(cfg.batch_size)).await {
+                Ok(rows) => {
+                    failures = 0;
+                    rows
+                }
+                Err(e) => {
+                    failures += 1;
+                    warn!(error = %e, failures, "claim failed; backing off");
+                    let pause = cfg.poll_interval * failures.min(10);
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => {}
+                        _ = shutdown.changed() => {}
+                    }
+                    continue;
+                }
+            };
+            let full = rows.len() as u32 == free.min(cfg.batch_size);
+            for row in rows {
+                let Ok(permit) = slots.clone().acquire_owned().await else {
+                    break;
+                };
+                let this = self.clone();
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let outcome = this.process(row).await;
+                    // The flusher outlives every sender task: it stops when all senders drop tx.
+                    let _ = tx.send(outcome).await;
+                    drop(permit);
+                });
+            }
+            if !full {
+                tokio::select! {
+                    _ = self.inner.wake.notified() => debug!("woken"),
+                    _ = tokio::time::sleep(cfg.poll_interval) => {}
+                    _ = shutdown.changed() => {}
+                }
+            }
+        }
+        info!("sender stopping: waiting for in-flight sends");
+        let _all = slots.acquire_many(cfg.concurrency).await;
+        drop(tx);
+        if let Err(e) = flusher.await {
+            warn!(error = %e, "outcome flusher ended abnormally");
+        }
+        info!("sender stopped");
+    }
+
+    async fn flush_loop(self, mut rx: mpsc::Receiver<OutcomeRecord>) {
+        const MAX_BATCH: usize = 256;
+        while let Some(first) = rx.recv().await {
+            let mut batch = vec![first];
+            // Whatever else is ready joins this write.
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(o) => batch.push(o),
+                    Err(_) => break,
+                }
+            }
+            let mut tries = 0u32;
+            loop {
+                match self.record(batch.clone()).await {
+                    Ok(_) => break,
+                    Err(e) => {
+                        tries += 1;
+                        // Outcomes not written are not lost work: their leases expire and the
+                        // watchdog returns the rows. Keep trying for a while first.
+                        if tries >= 20 {
+                            warn!(error = %e, rows = batch.len(), "giving up on writing outcomes; leases will expire");
+                            break;
+                        }
+                        warn!(error = %e, tries, "writing outcomes failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(100 * u64::from(tries))).await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// When a retry is due, for display.
+pub fn due_in(next: Option<DateTime<Utc>>, now: DateTime<Utc>) -> Option<Duration> {
+    next.map(|n| (n - now).to_std().unwrap_or(Duration::ZERO))
+}

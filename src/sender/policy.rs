@@ -1,0 +1,265 @@
+//! The retry policy: versioned configuration and the pure backoff arithmetic.
+//!
+//! The version is derived from the parameters themselves (`NAME@<8 hex>`), so two different
+//! parameter sets can never record the same version on their attempts.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sha2::{Digest, Sha256};
+
+use crate::domain::InvalidField;
+
+/// Exponential backoff with jitter, a Retry-After ceiling and an attempt budget.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryPolicy {
+    pub name: String,
+    /// `NAME@hash-of-parameters`; recorded on every attempt.
+    pub version: String,
+    pub base: Duration,
+    pub cap: Duration,
+    pub max_attempts: u32,
+    pub retry_after_max: Duration,
+    /// Fraction in [0, 1): backoff delays move by ±jitter, Retry-After delays by +jitter.
+    pub jitter: f64,
+}
+
+/// A delay and the reason it was chosen, in words for the attempt timeline.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delay {
+    pub delay: Duration,
+    pub reason: String,
+}
+
+impl RetryPolicy {
+    pub fn new(
+        name: String,
+        base_seconds: f64,
+        cap_seconds: f64,
+        max_attempts: u32,
+        retry_after_max_seconds: f64,
+        jitter: f64,
+    ) -> Result<Self, InvalidField> {
+        let seconds = |field: &'static str, v: f64| {
+            if v.is_finite() && v > 0.0 && v <= 31_536_000.0 {
+                Ok(Duration::from_secs_f64(v))
+            } else {
+                Err(InvalidField::new(
+                    field,
+                    "must be a positive number of seconds up to a year",
+                ))
+            }
+        };
+        let base = seconds("retry_base_seconds", base_seconds)?;
+        let cap = seconds("retry_cap_seconds", cap_seconds)?;
+        let retry_after_max = seconds("retry_after_max_seconds", retry_after_max_seconds)?;
+        if cap < base {
+            return Err(InvalidField::new(
+                "retry_cap_seconds",
+                "must not be below retry_base_seconds",
+            ));
+        }
+        if !(1..=100).contains(&max_attempts) {
+            return Err(InvalidField::new(
+                "retry_max_attempts",
+                "must be between 1 and 100",
+            ));
+        }
+        if !(jitter.is_finite() && (0.0..1.0).contains(&jitter)) {
+            return Err(InvalidField::new("retry_jitter", "must be in [0, 1)"));
+        }
+        if name.is_empty()
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            return Err(InvalidField::new(
+                "retry_policy_name",
+                "must be letters, digits, - or _",
+            ));
+        }
+        let canonical = format!(
+            "base={};cap={};max={};ra_max={};jitter={}",
+            base.as_micros(),
+            cap.as_micros(),
+            max_attempts,
+            retry_after_max.as_micros(),
+            jitter
+        );
+        let hash = hex::encode(&Sha256::digest(canonical.as_bytes())[..4]);
+        Ok(Self {
+            version: format!("{name}@{hash}"),
+            name,
+            base,
+            cap,
+            max_attempts,
+            retry_after_max,
+            jitter,
+        })
+    }
+
+    /// Exponential backoff for the retry after attempt number `attempt` (1-based):
+    /// `min(cap, base · 2^(attempt-1))`, moved by ±jitter (`unit` in [0, 1) picks where), then
+    /// capped again.
+    pub fn backoff(&self, attempt: u32, unit: f64) -> Delay {
+        let exp = attempt.saturating_sub(1).min(62);
+        let raw = self.base.as_secs_f64() * 2f64.powi(exp as i32);
+        let nominal = raw.min(self.cap.as_secs_f64());
+        let factor = 1.0 + self.jitter * (2.0 * unit.clamp(0.0, 1.0) - 1.0);
+        let jittered = (nominal * factor).min(self.cap.as_secs_f64());
+        Delay {
+            delay: Duration::from_secs_f64(jittered.max(0.0)),
+            reason: format!(
+                "backoff after attempt {attempt}: min(cap {}s, base {}s × 2^{exp}) = {nominal:.3}s, jitter {:+.1}% → {jittered:.3}s",
+                self.cap.as_secs_f64(),
+                self.base.as_secs_f64(),
+                (factor - 1.0) * 100.0,
+            ),
+        }
+    }
+
+    /// The receiver's Retry-After, clamped to `retry_after_max`, plus up to `jitter` of it (never
+    /// earlier than asked).
+    pub fn after_retry_after(&self, asked: Duration, unit: f64) -> Delay {
+        let clamped = asked.min(self.retry_after_max);
+        let extra = clamped.as_secs_f64() * self.jitter * unit.clamp(0.0, 1.0);
+        let total = clamped.as_secs_f64() + extra;
+        let clamp_note = if asked > self.retry_after_max {
+            format!(" clamped to {}s", self.retry_after_max.as_secs_f64())
+        } else {
+            String::new()
+        };
+        Delay {
+            delay: Duration::from_secs_f64(total),
+            reason: format!(
+                "Retry-After {}s{clamp_note}, jitter +{extra:.3}s → {total:.3}s",
+                asked.as_secs_f64()
+            ),
+        }
+    }
+}
+
+/// Parses a Retry-After value: delta-seconds or an HTTP-date (relative to `now`; a past date
+/// means "now"). Anything else is ignored (`None`).
+pub fn parse_retry_after(value: &str, now: DateTime<Utc>) -> Option<Duration> {
+    let value = value.trim();
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(Duration::from_secs(
+            value
+                .parse::<u64>()
+                .unwrap_or(u64::MAX)
+                .min(u32::MAX as u64),
+        ));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    let at: DateTime<Utc> = at.into();
+    Some((at - now).to_std().unwrap_or(Duration::ZERO))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> RetryPolicy {
+        RetryPolicy::new("default".into(), 5.0, 3600.0, 10, 600.0, 0.2).unwrap()
+    }
+
+    #[test]
+    fn backoff_doubles_from_base_and_stops_at_cap() {
+        let p = policy();
+        let mid = |n| p.backoff(n, 0.5).delay;
+        assert_eq!(mid(1), Duration::from_secs(5));
+        assert_eq!(mid(2), Duration::from_secs(10));
+        assert_eq!(mid(4), Duration::from_secs(40));
+        assert_eq!(mid(10), Duration::from_secs(2560));
+        assert_eq!(mid(11), Duration::from_secs(3600));
+        assert_eq!(mid(4000), Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn jitter_is_bounded_and_never_exceeds_the_cap() {
+        let p = policy();
+        assert_eq!(p.backoff(3, 0.0).delay, Duration::from_secs(16));
+        assert_eq!(p.backoff(3, 1.0).delay, Duration::from_secs(24));
+        assert_eq!(p.backoff(20, 1.0).delay, Duration::from_secs(3600));
+        for i in 0..100 {
+            let d = p.backoff(3, i as f64 / 100.0).delay;
+            assert!(
+                d >= Duration::from_secs(16) && d <= Duration::from_secs(24),
+                "{d:?}"
+            );
+        }
+        assert!(p.backoff(3, 0.25).reason.contains("jitter -10.0%"));
+    }
+
+    #[test]
+    fn retry_after_is_clamped_and_only_ever_delayed() {
+        let p = policy();
+        let d = p.after_retry_after(Duration::from_secs(30), 0.0);
+        assert_eq!(d.delay, Duration::from_secs(30));
+        let d = p.after_retry_after(Duration::from_secs(30), 0.5);
+        assert_eq!(d.delay, Duration::from_secs(33));
+        let d = p.after_retry_after(Duration::from_secs(86_400), 0.0);
+        assert_eq!(d.delay, Duration::from_secs(600));
+        assert!(d.reason.contains("clamped to 600s"), "{}", d.reason);
+    }
+
+    #[test]
+    fn retry_after_parses_both_forms() {
+        let now: DateTime<Utc> = "2015-10-21T07:28:00Z".parse().unwrap();
+        assert_eq!(
+            parse_retry_after("120", now),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(parse_retry_after(" 0 ", now), Some(Duration::ZERO));
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:30:00 GMT", now),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:00:00 GMT", now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(parse_retry_after("-5", now), None);
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("", now), None);
+        assert_eq!(
+            parse_retry_after("99999999999999999999999", now),
+            Some(Duration::from_secs(u32::MAX as u64))
+        );
+    }
+
+    #[test]
+    fn version_follows_the_parameters() {
+        let a = policy();
+        let b = RetryPolicy::new("default".into(), 5.0, 3600.0, 11, 600.0, 0.2).unwrap();
+        assert!(a.version.starts_with("default@"));
+        assert_ne!(a.version, b.version);
+        assert_eq!(a.version, policy().version);
+    }
+
+    #[test]
+    fn nonsense_is_refused_with_the_key() {
+        let bad = |r: Result<RetryPolicy, InvalidField>| r.unwrap_err().field;
+        assert_eq!(
+            bad(RetryPolicy::new("d".into(), 0.0, 1.0, 3, 1.0, 0.1)),
+            "retry_base_seconds"
+        );
+        assert_eq!(
+            bad(RetryPolicy::new("d".into(), 5.0, 1.0, 3, 1.0, 0.1)),
+            "retry_cap_seconds"
+        );
+        assert_eq!(
+            bad(RetryPolicy::new("d".into(), 1.0, 1.0, 0, 1.0, 0.1)),
+            "retry_max_attempts"
+        );
+        assert_eq!(
+            bad(RetryPolicy::new("d".into(), 1.0, 1.0, 3, 1.0, 1.5)),
+            "retry_jitter"
+        );
+        assert_eq!(
+            bad(RetryPolicy::new("a b".into(), 1.0, 1.0, 3, 1.0, 0.1)),
+            "retry_policy_name"
+        );
+    }
+}

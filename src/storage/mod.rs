@@ -1,0 +1,311 @@
+//! Storage: the only module that speaks SQL.
+//!
+//! Two typed r2d2 pools (PostgreSQL, SQLite), chosen from the URL scheme. Query bodies that are
+//! the same on both backends are written once in [`queries`] and compiled once per backend
+//! against that backend's schema; where the SQL differs (the claim) each backend has its own arm.
+//!
+//! SQLite: WAL, `busy_timeout`, `synchronous=FULL` (an acknowledged write survives power loss),
+//! and every write transaction is `BEGIN IMMEDIATE` behind one in-process writer lock.
+
+pub mod models;
+pub mod queries;
+#[rustfmt::skip]
+pub mod schema_pg;
+#[rustfmt::skip]
+pub mod schema_sqlite;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use diesel::RunQueryDsl;
+use diesel::connection::SimpleConnection;
+use diesel::pg::PgConnection;
+use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool, PooledConnection};
+use diesel::result::{DatabaseErrorKind, Error as DieselError};
+use diesel::sqlite::SqliteConnection;
+use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
+
+pub const PG_MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
+pub const SQLITE_MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
+
+pub type PgPool = Pool<ConnectionManager<PgConnection>>;
+pub type SqlitePool = Pool<ConnectionManager<SqliteConnection>>;
+
+/// A storage failure. `Unavailable` means "try again later" (503 + Retry-After at the edge).
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("database unavailable")]
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("database query failed")]
+    Query(#[source] DieselError),
+    #[error("database migration failed: {0}")]
+    Migration(String),
+    #[error("unsupported database URL {0:?}: use sqlite://PATH or postgres://…")]
+    BadUrl(String),
+}
+
+impl StorageError {
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, StorageError::Unavailable(_))
+    }
+}
+
+impl From<DieselError> for StorageError {
+    fn from(e: DieselError) -> Self {
+        match &e {
+            DieselError::DatabaseError(
+                DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand,
+                _,
+            ) => StorageError::Unavailable(Box::new(e)),
+            DieselError::DatabaseError(_, info) if is_busy(info.message()) => {
+                StorageError::Unavailable(Box::new(e))
+            }
+            _ => StorageError::Query(e),
+        }
+    }
+}
+
+impl From<r2d2::Error> for StorageError {
+    fn from(e: r2d2::Error) -> Self {
+        StorageError::Unavailable(Box::new(e))
+    }
+}
+
+fn is_busy(message: &str) -> bool {
+    message.contains("database is locked") || message.contains("database is busy")
+}
+
+/// Which backend a [`Db`] talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+/// A handle on the database: cheap to clone.
+#[derive(Clone)]
+pub enum Db {
+    Pg(PgPool),
+    Sqlite(SqliteDb),
+}
+
+impl std::fmt::Debug for Db {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Db({:?})", self.backend())
+    }
+}
+
+/// SQLite pool plus the single-writer lock.
+#[derive(Clone)]
+pub struct SqliteDb {
+    pub pool: SqlitePool,
+    writer: Arc<Mutex<()>>,
+}
+
+#[derive(Debug)]
+struct SqlitePragmas;
+
+impl CustomizeConnection<SqliteConnection, diesel::r2d2::Error> for SqlitePragmas {
+    fn on_acquire(&self, conn: &mut SqliteConnection) -> Result<(), diesel::r2d2::Error> {
+        conn.batch_execute(
+            "PRAGMA busy_timeout = 5000; PRAGMA journal_mode = WAL; \
+             PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;",
+        )
+        .map_err(diesel::r2d2::Error::QueryError)
+    }
+}
+
+/// Pool options.
+#[derive(Debug, Clone)]
+pub struct PoolOptions {
+    pub max_size: u32,
+    /// How long a caller waits for a pooled connection before `Unavailable`.
+    pub connection_timeout: Duration,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        Self {
+            max_size: 10,
+            connection_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// `sqlite://PATH` → PATH (`sqlite:///abs` → `/abs`); `None` for other schemes.
+pub fn sqlite_path(url: &str) -> Option<&str> {
+    url.strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+}
+
+impl Db {
+    /// Opens a pool for `url` without touching the schema.
+    pub fn connect(url: &str, options: &PoolOptions) -> Result<Db, StorageError> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let pool = Pool::builder()
+                .max_size(options.max_size)
+                .min_idle(Some(1))
+                .connection_timeout(options.connection_timeout)
+                .build(ConnectionManager::<PgConnection>::new(url))?;
+            Ok(Db::Pg(pool))
+        } else if let Some(path) = sqlite_path(url) {
+            if path.is_empty() || path.contains(":memory:") {
+                return Err(StorageError::BadUrl(
+                    "sqlite needs a file path (an in-memory database is per connection)".into(),
+                ));
+            }
+            let pool = Pool::builder()
+                .max_size(options.max_size.min(8))
+                .connection_timeout(options.connection_timeout)
+                .connection_customizer(Box::new(SqlitePragmas))
+                .build(ConnectionManager::<SqliteConnection>::new(path))?;
+            Ok(Db::Sqlite(SqliteDb {
+                pool,
+                writer: Arc::new(Mutex::new(())),
+            }))
+        } else {
+            // Never echo the URL itself: it may carry a password.
+            let scheme = url.split("://").next().unwrap_or("").to_owned();
+            Err(StorageError::BadUrl(format!("{scheme}://…")))
+        }
+    }
+
+    pub fn backend(&self) -> Backend {
+        match self {
+            Db::Pg(_) => Backend::Postgres,
+            Db::Sqlite(_) => Backend::Sqlite,
+        }
+    }
+
+    /// Applies pending migrations; returns the versions applied.
+    pub fn migrate(&self) -> Result<Vec<String>, StorageError> {
+        let applied = match self {
+            Db::Pg(pool) => {
+                let mut conn = pool.get()?;
+                // One migrator at a time when several Herald processes start together.
+                diesel::sql_query("SELECT pg_advisory_lock(7244917)").execute(&mut conn)?;
+                let r = conn
+                    .run_pending_migrations(PG_MIGRATIONS)
+                    .map(|v| v.iter().map(|m| m.to_string()).collect());
+                diesel::sql_query("SELECT pg_advisory_unlock(7244917)").execute(&mut conn)?;
+                r
+            }
+            Db::Sqlite(db) => {
+                let _w = db.lock_writer();
+                let mut conn = db.pool.get()?;
+                conn.run_pending_migrations(SQLITE_MIGRATIONS)
+                    .map(|v| v.iter().map(|m| m.to_string()).collect())
+            }
+        };
+        applied.map_err(|e| StorageError::Migration(e.to_string()))
+    }
+
+    /// Reverts every migration (tests of down migrations).
+    pub fn revert_all(&self) -> Result<(), StorageError> {
+        let r = match self {
+            Db::Pg(pool) => pool.get()?.revert_all_migrations(PG_MIGRATIONS).map(|_| ()),
+            Db::Sqlite(db) => {
+                let _w = db.lock_writer();
+                db.pool
+                    .get()?
+                    .revert_all_migrations(SQLITE_MIGRATIONS)
+                    .map(|_| ())
+            }
+        };
+        r.map_err(|e| StorageError::Migration(e.to_string()))
+    }
+
+    /// A cheap liveness query (`/readyz`).
+    pub fn ping(&self) -> Result<(), StorageError> {
+        match self {
+            Db::Pg(pool) => pool.get()?.batch_execute("SELECT 1")?,
+            Db::Sqlite(db) => db.pool.get()?.batch_execute("SELECT 1")?,
+        }
+        Ok(())
+    }
+}
+
+impl SqliteDb {
+    fn lock_writer(&self) -> std::sync::MutexGuard<'_, ()> {
+        // A poisoned lock only means another writer panicked; the database itself is consistent.
+        self.writer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` in a `BEGIN IMMEDIATE` transaction, one writer at a time.
+    pub fn write<T>(
+        &self,
+        f: impl FnOnce(&mut SqliteConnection) -> Result<T, StorageError>,
+    ) -> Result<T, StorageError> {
+        let _w = self.lock_writer();
+        let mut conn = self.pool.get()?;
+        conn.immediate_transaction(f)
+    }
+
+    pub fn read(
+        &self,
+    ) -> Result<PooledConnection<ConnectionManager<SqliteConnection>>, StorageError> {
+        Ok(self.pool.get()?)
+    }
+}
+
+/// Runs a body once per backend, with `schema` bound to that backend's schema module and `q`
+/// to its compiled [`queries`] module. `read` runs on a pooled connection; `write` in a
+/// transaction (`BEGIN IMMEDIATE` behind the writer lock on SQLite).
+#[macro_export]
+#[doc(hidden)]
+macro_rules! db_run {
+    ($db:expr, read |$conn:ident, $q:ident| $body:expr) => {
+        match $db {
+            $crate::storage::Db::Pg(pool) => {
+                #[allow(unused_imports)]
+                use $crate::storage::queries::pg as $q;
+                let mut pooled = pool.get()?;
+                let $conn: &mut ::diesel::pg::PgConnection = &mut pooled;
+                $body
+            }
+            $crate::storage::Db::Sqlite(db) => {
+                #[allow(unused_imports)]
+                use $crate::storage::queries::sqlite as $q;
+                let mut pooled = db.read()?;
+                let $conn: &mut ::diesel::sqlite::SqliteConnection = &mut pooled;
+                $body
+            }
+        }
+    };
+    ($db:expr, write |$conn:ident, $q:ident| $body:expr) => {
+        match $db {
+            $crate::storage::Db::Pg(pool) => {
+                #[allow(unused_imports)]
+                use $crate::storage::queries::pg as $q;
+                let mut pooled = pool.get()?;
+                ::diesel::Connection::transaction(
+                    &mut *pooled,
+                    |$conn: &mut ::diesel::pg::PgConnection| -> Result<_, $crate::storage::StorageError> { $body },
+                )
+            }
+            $crate::storage::Db::Sqlite(db) => {
+                #[allow(unused_imports)]
+                use $crate::storage::queries::sqlite as $q;
+                db.write(|$conn: &mut ::diesel::sqlite::SqliteConnection| $body)
+            }
+        }
+    };
+}
+
+/// Retries a closure while it fails with `Unavailable`, up to `tries` times with a short pause:
+/// for background loops, never for HTTP answers (those say 503).
+pub fn with_retry<T>(
+    tries: u32,
+    mut f: impl FnMut() -> Result<T, StorageError>,
+) -> Result<T, StorageError> {
+    let mut n = 0;
+    loop {
+        match f() {
+            Err(e) if e.is_unavailable() && n + 1 < tries => {
+                n += 1;
+                std::thread::sleep(Duration::from_millis(50 * n as u64));
+            }
+            other => return other,
+        }
+    }
+}

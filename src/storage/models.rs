@@ -1,0 +1,129 @@
+//! Rows as Rust sees them. Field order is the column order of `schema_*.rs`; the same structs
+//! load from both backends (UTC timestamps and JSON map to the same Rust types on each).
+
+use chrono::{DateTime, Utc};
+use diesel::Queryable;
+
+/// One `herald_outbox` row.
+#[derive(Debug, Clone, PartialEq, Queryable)]
+pub struct OutboxRow {
+    pub id: i64,
+    pub event_id: String,
+    pub channel: String,
+    pub destination: String,
+    pub payload: serde_json::Value,
+    pub state: String,
+    pub scheduled_at: DateTime<Utc>,
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    pub attempts: i32,
+    pub max_attempts: Option<i32>,
+    pub retry_policy: String,
+    pub semantics: String,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub lease_until: Option<DateTime<Utc>>,
+    pub lease_owner: Option<String>,
+    pub request_fingerprint: Option<String>,
+    pub provider_message_id: Option<String>,
+    pub last_error_class: Option<String>,
+    pub delivery_status: Option<String>,
+    pub delivery_status_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// One `herald_attempts` row.
+#[derive(Debug, Clone, PartialEq, Queryable)]
+pub struct AttemptRow {
+    pub id: i64,
+    pub message_id: i64,
+    pub event_id: String,
+    pub attempt_number: i32,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+    pub duration_ms: i64,
+    pub request_fingerprint: Option<String>,
+    pub response_status: Option<i32>,
+    pub error_kind: Option<String>,
+    pub class: String,
+    pub retry_after: Option<String>,
+    pub delay_ms: Option<i64>,
+    pub delay_reason: Option<String>,
+    pub policy_version: String,
+    pub provider_message_id: Option<String>,
+    pub response_excerpt: Option<String>,
+    pub lease_owner: Option<String>,
+    pub next_state: String,
+}
+
+/// A message to insert; defaults already resolved.
+#[derive(Debug, Clone)]
+pub struct NewOutboxRow {
+    pub event_id: String,
+    pub channel: String,
+    pub destination: String,
+    pub payload: serde_json::Value,
+    pub scheduled_at: DateTime<Utc>,
+    pub max_attempts: Option<i32>,
+    pub retry_policy: String,
+    pub semantics: String,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub request_fingerprint: Option<String>,
+    pub now: DateTime<Utc>,
+}
+
+/// What one attempt (or a send that was skipped) did to one claimed message.
+#[derive(Debug, Clone)]
+pub struct OutcomeRecord {
+    pub message_id: i64,
+    pub event_id: String,
+    /// The attempt number the claim gave this send (`attempts` after the claim).
+    pub claimed_attempt: i32,
+    /// `attempts` to store: the claimed number, or one less when no request was made.
+    pub attempts_after: i32,
+    pub state: String,
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    pub error_class: Option<String>,
+    pub request_fingerprint: Option<String>,
+    pub provider_message_id: Option<String>,
+    /// `None` when no request was made (expired before sending): no attempt row.
+    pub attempt: Option<NewAttempt>,
+}
+
+/// An attempt row to insert.
+#[derive(Debug, Clone)]
+pub struct NewAttempt {
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+    pub duration_ms: i64,
+    pub response_status: Option<i32>,
+    pub error_kind: Option<String>,
+    pub class: String,
+    pub retry_after: Option<String>,
+    pub delay_ms: Option<i64>,
+    pub delay_reason: Option<String>,
+    pub policy_version: String,
+    pub response_excerpt: Option<String>,
+}
+
+/// Result of applying one outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// The row was still leased to us and now carries the outcome.
+    Yes,
+    /// The lease had been lost (expired and reclaimed, or canceled): only the attempt was recorded.
+    LeaseLost,
+}
+
+/// Counts from one watchdog pass over expired leases.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeaseSweep {
+    pub to_retryable: usize,
+    pub to_unconfirmed: usize,
+    pub to_dead_letter: usize,
+}
+
+impl LeaseSweep {
+    pub fn total(&self) -> usize {
+        self.to_retryable + self.to_unconfirmed + self.to_dead_letter
+    }
+}

@@ -1,0 +1,63 @@
+// @generated automatically by Diesel CLI.
+
+diesel::table! {
+    herald_attempts (id) {
+        id -> Int8,
+        message_id -> Int8,
+        event_id -> Text,
+        attempt_number -> Int4,
+        started_at -> Timestamptz,
+        finished_at -> Timestamptz,
+        duration_ms -> Int8,
+        request_fingerprint -> Nullable<Text>,
+        response_status -> Nullable<Int4>,
+        error_kind -> Nullable<Text>,
+        class -> Text,
+        retry_after -> Nullable<Text>,
+        delay_ms -> Nullable<Int8>,
+        delay_reason -> Nullable<Text>,
+        policy_version -> Text,
+        provider_message_id -> Nullable<Text>,
+        response_excerpt -> Nullable<Text>,
+        lease_owner -> Nullable<Text>,
+        next_state -> Text,
+    }
+}
+
+diesel::table! {
+    herald_outbox (id) {
+        id -> Int8,
+        event_id -> Text,
+        channel -> Text,
+        destination -> Text,
+        payload -> Jsonb,
+        state -> Text,
+        scheduled_at -> Timestamptz,
+        next_attempt_at -> Nullable<Timestamptz>,
+        attempts -> Int4,
+        max_attempts -> Nullable<Int4>,
+        retry_policy -> Text,
+        semantics -> Text,
+        expires_at -> Nullable<Timestamptz>,
+        lease_until -> Nullable<Timestamptz>,
+        lease_owner -> Nullable<Text>,
+        request_fingerprint -> Nullable<Text>,
+        provider_message_id -> Nullable<Text>,
+        last_error_class -> Nullable<Text>,
+        delivery_status -> Nullable<Text>,
+        delivery_status_at -> Nullable<Timestamptz>,
+        created_at -> Timestamptz,
+        updated_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
+    herald_settings (key) {
+        key -> Text,
+        value -> Text,
+    }
+}
+
+diesel::joinable!(herald_attempts -> herald_outbox (message_id));
+
+diesel::allow_tables_to_appear_in_same_query!(herald_attempts, herald_outbox, herald_settings,);

@@ -1,0 +1,63 @@
+// @generated automatically by Diesel CLI.
+
+diesel::table! {
+    herald_attempts (id) {
+        id -> BigInt,
+        message_id -> BigInt,
+        event_id -> Text,
+        attempt_number -> Integer,
+        started_at -> TimestamptzSqlite,
+        finished_at -> TimestamptzSqlite,
+        duration_ms -> BigInt,
+        request_fingerprint -> Nullable<Text>,
+        response_status -> Nullable<Integer>,
+        error_kind -> Nullable<Text>,
+        class -> Text,
+        retry_after -> Nullable<Text>,
+        delay_ms -> Nullable<BigInt>,
+        delay_reason -> Nullable<Text>,
+        policy_version -> Text,
+        provider_message_id -> Nullable<Text>,
+        response_excerpt -> Nullable<Text>,
+        lease_owner -> Nullable<Text>,
+        next_state -> Text,
+    }
+}
+
+diesel::table! {
+    herald_outbox (id) {
+        id -> BigInt,
+        event_id -> Text,
+        channel -> Text,
+        destination -> Text,
+        payload -> Json,
+        state -> Text,
+        scheduled_at -> TimestamptzSqlite,
+        next_attempt_at -> Nullable<TimestamptzSqlite>,
+        attempts -> Integer,
+        max_attempts -> Nullable<Integer>,
+        retry_policy -> Text,
+        semantics -> Text,
+        expires_at -> Nullable<TimestamptzSqlite>,
+        lease_until -> Nullable<TimestamptzSqlite>,
+        lease_owner -> Nullable<Text>,
+        request_fingerprint -> Nullable<Text>,
+        provider_message_id -> Nullable<Text>,
+        last_error_class -> Nullable<Text>,
+        delivery_status -> Nullable<Text>,
+        delivery_status_at -> Nullable<TimestamptzSqlite>,
+        created_at -> TimestamptzSqlite,
+        updated_at -> TimestamptzSqlite,
+    }
+}
+
+diesel::table! {
+    herald_settings (key) {
+        key -> Text,
+        value -> Text,
+    }
+}
+
+diesel::joinable!(herald_attempts -> herald_outbox (message_id));
+
+diesel::allow_tables_to_appear_in_same_query!(herald_attempts, herald_outbox, herald_settings,);
