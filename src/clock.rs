@@ -43,3 +43,26 @@ impl Clock for ManualClock {
         *self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
+
+/// The system clock shifted by an adjustable offset: time keeps moving (so rows inserted with the
+/// database's `now()` become due as usual), and a test can jump ahead to make retries due.
+#[derive(Debug, Default)]
+pub struct OffsetClock(Mutex<chrono::Duration>);
+
+impl OffsetClock {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn advance(&self, by: std::time::Duration) {
+        let mut o = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        *o += chrono::Duration::from_std(by).unwrap_or(chrono::Duration::MAX);
+    }
+}
+
+impl Clock for OffsetClock {
+    fn now(&self) -> DateTime<Utc> {
+        let offset = *self.0.lock().unwrap_or_else(|p| p.into_inner());
+        (Utc::now() + offset).trunc_subsecs(6)
+    }
+}

@@ -127,6 +127,11 @@ async fn create_message(
                 "must be visible ASCII",
             )])
         })?;
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
+        let mut p = Problem::malformed(format!("{e}"));
+        p.field = Some("body".into());
+        return Err(p);
+    }
     let message = parse_new_message(&body, idempotency_key.as_deref()).map_err(Problem::invalid)?;
     let now = state.clock.now();
     let limits = Limits {

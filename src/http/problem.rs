@@ -15,9 +15,26 @@ pub struct FieldError {
     pub message: String,
 }
 
-/// A problem+json answer.
+/// A problem+json answer (boxed: handlers return it by value in every `Err`).
+#[derive(Debug, Clone)]
+pub struct Problem(Box<ProblemBody>);
+
+impl std::ops::Deref for Problem {
+    type Target = ProblemBody;
+    fn deref(&self) -> &ProblemBody {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Problem {
+    fn deref_mut(&mut self) -> &mut ProblemBody {
+        &mut self.0
+    }
+}
+
+/// The body of a problem+json answer.
 #[derive(Debug, Clone, Serialize)]
-pub struct Problem {
+pub struct ProblemBody {
     #[serde(rename = "type")]
     pub kind: String,
     pub title: String,
@@ -35,7 +52,7 @@ pub struct Problem {
 
 impl Problem {
     pub fn new(status: StatusCode, kind: &str, title: &str) -> Self {
-        Self {
+        Self(Box::new(ProblemBody {
             kind: format!("https://herald.dev/problems/{kind}"),
             title: title.to_owned(),
             status: status.as_u16(),
@@ -43,7 +60,7 @@ impl Problem {
             field: None,
             errors: Vec::new(),
             retry_after: None,
-        }
+        }))
     }
 
     pub fn detail(mut self, detail: impl Into<String>) -> Self {
@@ -138,7 +155,7 @@ impl ResponseError for Problem {
         if let Some(s) = self.retry_after {
             r.insert_header((header::RETRY_AFTER, s.to_string()));
         }
-        r.json(self)
+        r.json(&*self.0)
     }
 }
 

@@ -146,7 +146,8 @@ impl Db {
                 .max_size(options.max_size)
                 .min_idle(Some(1))
                 .connection_timeout(options.connection_timeout)
-                .build(ConnectionManager::<PgConnection>::new(url))?;
+                // A database that is down now is an error at the first use, not at start-up.
+                .build_unchecked(ConnectionManager::<PgConnection>::new(url));
             Ok(Db::Pg(pool))
         } else if let Some(path) = sqlite_path(url) {
             if path.is_empty() || path.contains(":memory:") {

@@ -1,0 +1,281 @@
+//! The four ways in produce the same row; a rolled-back transaction sends nothing; a duplicate
+//! event id sends once.
+
+use diesel::connection::SimpleConnection;
+use diesel::pg::PgConnection;
+use diesel::sqlite::SqliteConnection;
+use diesel::{Connection, RunQueryDsl};
+use herald::outbox::{NewMessage, OutboxConnection, enqueue};
+use serde_json::json;
+
+use crate::both_backends;
+use crate::support::app::webhook;
+use crate::support::{Backend, Receiver, TestApp, spawn_app};
+
+/// Runs `f` on a plain diesel connection of the app's database, as an application would.
+fn with_app_conn<T>(
+    app: &TestApp,
+    pg: impl FnOnce(&mut PgConnection) -> T,
+    sqlite: impl FnOnce(&mut SqliteConnection) -> T,
+) -> T {
+    match app.test_db.backend {
+        Backend::Postgres => pg(&mut PgConnection::establish(&app.test_db.url).unwrap()),
+        Backend::Sqlite => {
+            let path = herald::storage::sqlite_path(&app.test_db.url).unwrap();
+            let mut c = SqliteConnection::establish(path).unwrap();
+            c.batch_execute("PRAGMA busy_timeout = 5000").unwrap();
+            sqlite(&mut c)
+        }
+    }
+}
+
+fn enqueue_in_tx<C: Connection + OutboxConnection>(
+    conn: &mut C,
+    message: NewMessage,
+    commit: bool,
+) {
+    let r: Result<(), diesel::result::Error> = conn.transaction(|c| {
+        // The business change would go here, in the same transaction.
+        enqueue(c, message).map_err(|e| match e {
+            herald::outbox::EnqueueError::Database(d) => d,
+            other => panic!("{other}"),
+        })?;
+        if commit {
+            Ok(())
+        } else {
+            Err(diesel::result::Error::RollbackTransaction)
+        }
+    });
+    assert_eq!(r.is_ok(), commit);
+}
+
+async fn rolled_back_rows_are_never_sent(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let rx = Receiver::start().await;
+    let msg = |id: &str| NewMessage::webhook(id, rx.url.clone(), json!({"order": id}));
+    let (a, b) = (msg("order-1:placed"), msg("order-2:placed"));
+    with_app_conn(
+        &app,
+        |c| {
+            enqueue_in_tx(c, a.clone(), false);
+            enqueue_in_tx(c, b.clone(), true)
+        },
+        |c| {
+            enqueue_in_tx(c, a.clone(), false);
+            enqueue_in_tx(c, b.clone(), true)
+        },
+    );
+    assert_eq!(app.run_until_idle().await, 1);
+    let ids: Vec<_> = rx
+        .requests()
+        .iter()
+        .map(|r| r.header("webhook-id").unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        ids,
+        ["order-2:placed"],
+        "only the committed message is sent"
+    );
+    assert!(app.db.find_by_event_id("order-1:placed").unwrap().is_none());
+    app.stop().await;
+}
+
+async fn plain_sql_insert_with_only_the_essentials(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let rx = Receiver::start().await;
+    let sql = format!(
+        "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+         VALUES ('sql-1', 'webhook', '{}', '{{\"body\": {{\"from\": \"sql\"}}}}')",
+        rx.url
+    );
+    with_app_conn(
+        &app,
+        |c| c.batch_execute(&sql).unwrap(),
+        |c| c.batch_execute(&sql).unwrap(),
+    );
+    let row = app.row("sql-1");
+    assert_eq!(row.state, "scheduled");
+    assert_eq!(row.semantics, "at_least_once");
+    assert_eq!(row.attempts, 0);
+    assert_eq!(
+        row.next_attempt_at,
+        Some(row.scheduled_at),
+        "next_attempt_at defaults to scheduled_at"
+    );
+    assert_eq!(
+        row.request_fingerprint, None,
+        "filled in at the first attempt"
+    );
+    assert_eq!(app.run_until_idle().await, 1);
+    let reqs = rx.requests();
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(reqs[0].body, br#"{"from":"sql"}"#);
+    let row = app.row("sql-1");
+    assert_eq!(row.state, "delivered");
+    assert_eq!(row.request_fingerprint.as_deref().map(str::len), Some(64));
+    // A duplicate plain INSERT is refused by the unique event id: nothing is sent twice.
+    let dup = with_app_conn(
+        &app,
+        |c| c.batch_execute(&sql).is_err(),
+        |c| c.batch_execute(&sql).is_err(),
+    );
+    assert!(dup);
+    // Bad rows are refused by the table's constraints, not stored.
+    let bad = "INSERT INTO herald_outbox (event_id, channel, destination, payload) VALUES ('x', 'sms', 'd', '{}')";
+    assert!(with_app_conn(
+        &app,
+        |c| c.batch_execute(bad).is_err(),
+        |c| c.batch_execute(bad).is_err()
+    ));
+    app.stop().await;
+}
+
+async fn every_way_in_gives_the_same_row(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let url = "https://receiver.example/hook";
+    let body = json!({"b": [1, 2], "a": "x"});
+    // HTTP API.
+    let r = app
+        .post_message(webhook("same-http", url, body.clone()))
+        .await;
+    assert_eq!(r.status(), 201);
+    // Library, on the application's connection.
+    with_app_conn(
+        &app,
+        |c| enqueue(c, NewMessage::webhook("same-lib", url, body.clone())).map(|_| ()),
+        |c| enqueue(c, NewMessage::webhook("same-lib", url, body.clone())).map(|_| ()),
+    )
+    .unwrap();
+    let (http, lib) = (app.row("same-http"), app.row("same-lib"));
+    let same = |r: &herald::storage::models::OutboxRow| {
+        (
+            r.channel.clone(),
+            r.destination.clone(),
+            r.payload.clone(),
+            r.state.clone(),
+            r.semantics.clone(),
+        )
+    };
+    assert_eq!(same(&http), same(&lib));
+    assert_eq!(
+        (&http.retry_policy, http.max_attempts),
+        (&lib.retry_policy, lib.max_attempts)
+    );
+    // The fingerprint covers the event id, so the two differ; each is the canonical one.
+    assert_ne!(http.request_fingerprint, lib.request_fingerprint);
+    let expected = herald::outbox::fingerprint_of(
+        herald::domain::Channel::Webhook,
+        url,
+        "same-lib",
+        &lib.payload,
+    )
+    .unwrap();
+    assert_eq!(lib.request_fingerprint.as_deref(), Some(expected.as_str()));
+    // A duplicate through the library is a no-op returning the existing row.
+    let again = with_app_conn(
+        &app,
+        |c| {
+            enqueue(
+                c,
+                NewMessage::webhook("same-lib", url, json!({"other": true})),
+            )
+        },
+        |c| {
+            enqueue(
+                c,
+                NewMessage::webhook("same-lib", url, json!({"other": true})),
+            )
+        },
+    )
+    .unwrap();
+    assert!(!again.created);
+    assert_eq!(again.row.payload, lib.payload);
+    app.stop().await;
+}
+
+async fn duplicate_event_id_sends_once(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let rx = Receiver::start().await;
+    let r1 = app
+        .post_message(webhook("dup-1", &rx.url, json!({"v": 1})))
+        .await;
+    assert_eq!(r1.status(), 201);
+    let v1: serde_json::Value = r1.json().await.unwrap();
+    let r2 = app
+        .post_message(webhook("dup-1", &rx.url, json!({"v": 2})))
+        .await;
+    assert_eq!(
+        r2.status(),
+        200,
+        "a duplicate answers 200 with the existing message"
+    );
+    let v2: serde_json::Value = r2.json().await.unwrap();
+    assert_eq!(v1["fingerprint"], v2["fingerprint"]);
+    // Idempotency-Key header as the event id.
+    let no_id = json!({"channel": "webhook", "destination": rx.url, "payload": {"body": {"v": 3}}});
+    for expected in [201, 200] {
+        let r = app
+            .http
+            .post(format!("{}/v1/messages", app.base))
+            .header("Idempotency-Key", "dup-2")
+            .json(&no_id)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), expected);
+    }
+    assert_eq!(app.run_until_idle().await, 2);
+    let reqs = rx.requests();
+    assert_eq!(reqs.len(), 2);
+    let first = reqs
+        .iter()
+        .find(|r| r.header("webhook-id") == Some("dup-1"))
+        .unwrap();
+    assert_eq!(first.body, br#"{"v":1}"#, "the first request wins");
+    app.stop().await;
+}
+
+async fn herald_enqueue_function_on_postgres() {
+    let app = spawn_app(Backend::Postgres).await;
+    let rx = Receiver::start().await;
+    let mut c = PgConnection::establish(&app.test_db.url).unwrap();
+    #[derive(diesel::QueryableByName)]
+    struct Id {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        id: i64,
+    }
+    let call = format!(
+        "SELECT herald_enqueue('fn-1', 'webhook', '{}', '{{\"body\": {{\"via\": \"fn\"}}}}'::jsonb) AS id",
+        rx.url
+    );
+    let first: Id = diesel::sql_query(&call).get_result(&mut c).unwrap();
+    let second: Id = diesel::sql_query(&call).get_result(&mut c).unwrap();
+    assert_eq!(first.id, second.id, "a duplicate returns the existing id");
+    let later = format!(
+        "SELECT herald_enqueue('fn-2', 'webhook', '{}', '{{\"body\": 1}}'::jsonb, now() + interval '1 hour', \
+         NULL, 'at_most_once', 3) AS id",
+        rx.url
+    );
+    diesel::sql_query(&later).get_result::<Id>(&mut c).unwrap();
+    let row = app.row("fn-2");
+    assert_eq!(
+        (row.semantics.as_str(), row.max_attempts),
+        ("at_most_once", Some(3))
+    );
+    assert!(row.next_attempt_at.unwrap() > app.clock_now());
+    assert_eq!(app.run_until_idle().await, 1, "only fn-1 is due");
+    assert_eq!(rx.requests()[0].body, br#"{"via":"fn"}"#);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn herald_enqueue_on_postgres() {
+    herald_enqueue_function_on_postgres().await
+}
+
+both_backends!(
+    rolled_back_rows_are_never_sent,
+    plain_sql_insert_with_only_the_essentials,
+    every_way_in_gives_the_same_row,
+    duplicate_event_id_sends_once,
+);

@@ -1,0 +1,360 @@
+//! Signatures, endpoints, email, the lease watchdog and its fence, and the production loop.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::sync::watch;
+
+use crate::both_backends;
+use crate::support::app::{SECRET, spawn_app_with, spawn_on, webhook};
+use crate::support::{Backend, Receiver, Reply, TestDb, spawn_app};
+
+fn header_map(r: &crate::support::receiver::Recorded) -> reqwest::header::HeaderMap {
+    let mut h = reqwest::header::HeaderMap::new();
+    for (n, v) in &r.headers {
+        h.append(
+            reqwest::header::HeaderName::from_bytes(n.as_bytes()).unwrap(),
+            reqwest::header::HeaderValue::from_str(v).unwrap(),
+        );
+    }
+    h
+}
+
+async fn requests_verify_with_the_standard_webhooks_library(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let rx = Receiver::start().await;
+    let body = json!({"type": "order.placed", "data": {"id": 42, "note": "ünïcode"}});
+    let mut msg = webhook("order-42:placed", &rx.url, body.clone());
+    msg["payload"]["headers"] = json!({"X-Tenant": "acme"});
+    assert_eq!(app.post_message(msg).await.status(), 201);
+    assert_eq!(app.run_until_idle().await, 1);
+    let req = &rx.requests()[0];
+    assert_eq!(req.method, "POST");
+    assert_eq!(
+        req.body,
+        serde_json::to_vec(&body).unwrap(),
+        "the body is exactly the serialized body"
+    );
+    assert_eq!(req.header("webhook-id"), Some("order-42:placed"));
+    assert_eq!(req.header("idempotency-key"), Some("order-42:placed"));
+    assert_eq!(req.header("content-type"), Some("application/json"));
+    assert_eq!(req.header("x-tenant"), Some("acme"));
+    let wh = standardwebhooks::Webhook::new(SECRET).unwrap();
+    wh.verify(&req.body, &header_map(req))
+        .expect("the official library verifies Herald's signature");
+    // A tampered body does not verify: the check above can fail.
+    let mut tampered = req.body.clone();
+    tampered[2] ^= 1;
+    assert!(wh.verify(&tampered, &header_map(req)).is_err());
+    // The fingerprint stored on the message and on the attempt is the canonical one.
+    let view = app.message("order-42:placed").await;
+    let attempt = &app.attempts("order-42:placed")[0];
+    assert_eq!(
+        view["fingerprint"].as_str(),
+        attempt.request_fingerprint.as_deref()
+    );
+    app.stop().await;
+}
+
+async fn named_endpoints_rotate_secrets_and_capture_provider_ids(backend: Backend) {
+    let rx = Receiver::start().await;
+    let old = "whsec_b2xkc2VjcmV0b2xkc2VjcmV0b2xkc2VjcmV0";
+    let new = "whsec_bmV3c2VjcmV0bmV3c2VjcmV0bmV3c2VjcmV0";
+    let toml = format!(
+        "[endpoints.billing]\nurl = \"{}\"\nsecrets = [\"{new}\", \"{old}\"]\n\
+         headers = {{ \"X-Team\" = \"billing\" }}\nauth = {{ bearer = \"tok-123\" }}\n\
+         provider_message_id_pointer = \"/data/id\"\n",
+        rx.url_for("/billing")
+    );
+    let app = spawn_app_with(backend, &toml).await;
+    rx.script_path(
+        "/billing",
+        [Reply::Full(
+            202,
+            vec![],
+            r#"{"data":{"id":"rcv_77"}}"#.into(),
+        )],
+    );
+    assert_eq!(
+        app.post_message(webhook("inv-1", "endpoint:billing", json!({"total": 10})))
+            .await
+            .status(),
+        201
+    );
+    // An unknown endpoint is refused at the door.
+    let r = app
+        .post_message(webhook("inv-2", "endpoint:nope", json!({})))
+        .await;
+    assert_eq!(r.status(), 422);
+    assert_eq!(app.run_until_idle().await, 1);
+    let req = &rx.requests_to("/billing")[0];
+    assert_eq!(req.header("x-team"), Some("billing"));
+    assert_eq!(req.header("authorization"), Some("Bearer tok-123"));
+    let sigs: Vec<_> = req
+        .header("webhook-signature")
+        .unwrap()
+        .split(' ')
+        .collect();
+    assert_eq!(sigs.len(), 2, "one signature per active secret");
+    for secret in [new, old] {
+        standardwebhooks::Webhook::new(secret)
+            .unwrap()
+            .verify(&req.body, &header_map(req))
+            .unwrap();
+    }
+    let view = app.message("inv-1").await;
+    assert_eq!(view["state"], "delivered");
+    assert_eq!(view["provider_message_id"], "rcv_77");
+    assert_eq!(
+        app.attempts("inv-1")[0].provider_message_id.as_deref(),
+        Some("rcv_77")
+    );
+    app.stop().await;
+}
+
+async fn email_goes_to_the_mail_directory(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_app_with(
+        backend,
+        &format!("mail_dir = \"{}\"\n", dir.path().display()),
+    )
+    .await;
+    let r = app
+        .post_message(json!({
+            "event_id": "welcome-7",
+            "channel": "email",
+            "destination": "Ada <ada@example.com>",
+            "payload": {"subject": "Welcome", "text": "Hello Ada", "html": "<p>Hello Ada</p>",
+                        "headers": {"X-Campaign": "onboarding"}},
+        }))
+        .await;
+    assert_eq!(r.status(), 201);
+    assert_eq!(app.run_until_idle().await, 1);
+    let files: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let eml = std::fs::read_to_string(&files[0]).unwrap();
+    let message_id = herald::channels::email::message_id("welcome-7", "herald.localhost");
+    assert!(eml.contains(&format!("Message-ID: {message_id}")), "{eml}");
+    assert!(eml.contains("X-Herald-Event-Id: welcome-7"));
+    assert!(eml.contains("X-Campaign: onboarding"));
+    assert!(eml.contains("To: Ada <ada@example.com>"));
+    assert!(eml.contains("Subject: Welcome"));
+    assert_eq!(app.message("welcome-7").await["state"], "delivered");
+    app.stop().await;
+}
+
+async fn cancel_only_before_sending(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let rx = Receiver::start().await;
+    let cancel = |id: &str| {
+        app.http
+            .post(format!("{}/v1/messages/{id}/cancel", app.base))
+            .send()
+    };
+    let mut later = webhook("later", &rx.url, json!({}));
+    later["scheduled_at"] = json!((chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339());
+    assert_eq!(app.post_message(later).await.status(), 201);
+    assert_eq!(
+        app.post_message(webhook("now", &rx.url, json!({})))
+            .await
+            .status(),
+        201
+    );
+    let r = cancel("later").await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap()["state"],
+        "canceled"
+    );
+    assert_eq!(
+        cancel("later").await.unwrap().status(),
+        200,
+        "canceling twice is harmless"
+    );
+    assert_eq!(app.run_until_idle().await, 1);
+    let r = cancel("now").await.unwrap();
+    assert_eq!(r.status(), 409, "a delivered message cannot be canceled");
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    assert_eq!(cancel("missing").await.unwrap().status(), 404);
+    app.advance(Duration::from_secs(7200));
+    assert_eq!(
+        app.run_until_idle().await,
+        0,
+        "a canceled message is never sent"
+    );
+    assert_eq!(rx.requests().len(), 1);
+    app.stop().await;
+}
+
+async fn expired_leases_return_and_the_fence_holds(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let rx = Receiver::start().await;
+    for id in ["lease-alo", "lease-amo"] {
+        let mut m = webhook(id, &rx.url, json!({}));
+        if id == "lease-amo" {
+            m["semantics"] = json!("at_most_once");
+        }
+        assert_eq!(app.post_message(m).await.status(), 201);
+    }
+    // A sender claims and then "crashes": nothing is sent, nothing is written back.
+    let claimed = app.herald.sender.claim(10).await.unwrap();
+    assert_eq!(claimed.len(), 2);
+    assert!(
+        claimed
+            .iter()
+            .all(|r| r.state == "sending" && r.attempts == 1)
+    );
+    let sweep = app.herald.sender.sweep_leases().await.unwrap();
+    assert_eq!(sweep.total(), 0, "leases still valid");
+    app.advance(Duration::from_secs(31));
+    let sweep = app.herald.sender.sweep_leases().await.unwrap();
+    assert_eq!((sweep.to_retryable, sweep.to_unconfirmed), (1, 1));
+    let alo = app.message("lease-alo").await;
+    assert_eq!(
+        (alo["state"].as_str(), alo["last_error_class"].as_str()),
+        (Some("retryable"), Some("ambiguous"))
+    );
+    assert_eq!(app.message("lease-amo").await["state"], "unconfirmed");
+    // The crashed sender comes back with its stale outcome: the fence refuses it.
+    let stale = app
+        .herald
+        .sender
+        .process(
+            claimed
+                .into_iter()
+                .find(|r| r.event_id == "lease-alo")
+                .unwrap(),
+        )
+        .await;
+    let applied = app.herald.sender.record(vec![stale]).await.unwrap();
+    assert_eq!(applied, [herald::storage::models::Applied::LeaseLost]);
+    assert_eq!(app.message("lease-alo").await["state"], "retryable");
+    // The returned row is sent again with the same event id.
+    assert_eq!(app.run_until_idle().await, 1);
+    assert_eq!(app.message("lease-alo").await["state"], "delivered");
+    let ids: Vec<_> = rx
+        .requests()
+        .iter()
+        .map(|r| r.header("webhook-id").unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        ids,
+        ["lease-alo", "lease-alo"],
+        "the stale send and the retry; never lease-amo"
+    );
+    app.stop().await;
+}
+
+async fn the_production_loop_delivers_and_shuts_down_cleanly(backend: Backend) {
+    let test_db = TestDb::new(backend);
+    let app = spawn_on(test_db, "").await;
+    let rx = Receiver::start().await;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stop_listen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let listener = (backend == Backend::Postgres).then(|| {
+        herald::sender::listener::spawn(
+            app.test_db.url.clone(),
+            app.herald.wake.clone(),
+            stop_listen.clone(),
+        )
+    });
+    let running = tokio::spawn(app.herald.sender.clone().run(stop_rx));
+    for i in 0..20 {
+        assert_eq!(
+            app.post_message(webhook(&format!("loop-{i}"), &rx.url, json!({"i": i})))
+                .await
+                .status(),
+            201
+        );
+    }
+    rx.wait_for(20, 30).await;
+    // In flight at shutdown: a slow answer still gets recorded.
+    rx.script([Reply::Hang]);
+    assert_eq!(
+        app.post_message(webhook("loop-slow", &rx.url, json!({})))
+            .await
+            .status(),
+        201
+    );
+    rx.wait_for(21, 30).await;
+    stop_tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(20), running)
+        .await
+        .expect("stops")
+        .unwrap();
+    stop_listen.store(true, std::sync::atomic::Ordering::Relaxed);
+    if let Some(t) = listener {
+        tokio::task::spawn_blocking(move || t.join().unwrap())
+            .await
+            .unwrap();
+    }
+    for i in 0..20 {
+        assert_eq!(
+            app.message(&format!("loop-{i}")).await["state"],
+            "delivered"
+        );
+    }
+    let slow = app.message("loop-slow").await;
+    assert_eq!(
+        (slow["state"].as_str(), slow["last_error_class"].as_str()),
+        (Some("retryable"), Some("ambiguous"))
+    );
+    assert!(
+        app.row("loop-slow").lease_owner.is_none(),
+        "no lease left behind"
+    );
+    app.stop().await;
+}
+
+async fn notify_wakes_the_sender_on_commit() {
+    use diesel::Connection;
+    use diesel::connection::SimpleConnection;
+    let app = spawn_app(Backend::Postgres).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let t = herald::sender::listener::spawn(app.test_db.url.clone(), wake.clone(), stop.clone());
+    // The listener wakes once when it (re)connects; take that one first.
+    tokio::time::timeout(Duration::from_secs(10), wake.notified())
+        .await
+        .expect("listener connected");
+    let mut c = diesel::pg::PgConnection::establish(&app.test_db.url).unwrap();
+    let insert = "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+                  VALUES ('{id}', 'webhook', 'https://x.example/h', '{\"body\": 1}')";
+    // A rolled-back insert notifies nobody.
+    c.batch_execute(&format!(
+        "BEGIN; {}; ROLLBACK;",
+        insert.replace("{id}", "rolled-back")
+    ))
+    .unwrap();
+    c.batch_execute(&format!(
+        "BEGIN; {}; COMMIT;",
+        insert.replace("{id}", "committed")
+    ))
+    .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), wake.notified())
+        .await
+        .expect("woken by NOTIFY after commit");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    tokio::task::spawn_blocking(move || t.join().unwrap())
+        .await
+        .unwrap();
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_wakes_on_postgres() {
+    notify_wakes_the_sender_on_commit().await
+}
+
+both_backends!(
+    requests_verify_with_the_standard_webhooks_library,
+    named_endpoints_rotate_secrets_and_capture_provider_ids,
+    email_goes_to_the_mail_directory,
+    cancel_only_before_sending,
+    expired_leases_return_and_the_fence_holds,
+    the_production_loop_delivers_and_shuts_down_cleanly,
+);

@@ -1,0 +1,10 @@
+//! Integration tests: one binary, real PostgreSQL and SQLite, a real HTTP receiver.
+
+mod support;
+
+mod classification;
+mod concurrency;
+mod enqueue;
+mod http_api;
+mod lifecycle;
+mod migrations;

@@ -1,0 +1,133 @@
+//! A running Herald for one test: its own database, an HTTP server on 127.0.0.1:0, a sender the
+//! test drives (`run_until_idle`) and a clock the test can move.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+use herald::app::Herald;
+use herald::clock::OffsetClock;
+use herald::config::Settings;
+use herald::storage::models::{AttemptRow, OutboxRow};
+use herald::storage::{Backend, Db};
+
+use super::db::TestDb;
+
+/// The signing secret tests verify with.
+pub const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+pub struct TestApp {
+    pub base: String,
+    pub db: Db,
+    pub herald: Herald,
+    pub clock: Arc<OffsetClock>,
+    pub http: reqwest::Client,
+    pub test_db: TestDb,
+    server: actix_web::dev::ServerHandle,
+}
+
+/// Settings every test starts from; `extra` TOML is appended (later keys may not repeat these).
+pub fn base_toml(db_url: &str, extra: &str) -> String {
+    format!(
+        "database_url = \"{db_url}\"\nwebhook_secret = \"{SECRET}\"\npoll_interval_ms = 50\n\
+         lease_seconds = 30\nwebhook_timeout_ms = 1000\nwebhook_connect_timeout_ms = 500\n\
+         smtp_timeout_ms = 2000\nretry_base_seconds = 1\nretry_cap_seconds = 60\n\
+         retry_max_attempts = 4\nretry_after_max_seconds = 120\nretry_jitter = 0.2\n{extra}"
+    )
+}
+
+pub async fn spawn_app(backend: Backend) -> TestApp {
+    spawn_app_with(backend, "").await
+}
+
+pub async fn spawn_app_with(backend: Backend, extra_toml: &str) -> TestApp {
+    let test_db = TestDb::new(backend);
+    spawn_on(test_db, extra_toml).await
+}
+
+pub async fn spawn_on(test_db: TestDb, extra_toml: &str) -> TestApp {
+    let settings =
+        Settings::from_toml(&base_toml(&test_db.url, extra_toml)).expect("test settings");
+    let clock = Arc::new(OffsetClock::new());
+    let c2 = clock.clone();
+    let herald = tokio::task::spawn_blocking(move || Herald::build(settings, c2, true))
+        .await
+        .unwrap()
+        .expect("build herald");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let server = herald.http_server(listener, 1).expect("http server");
+    let handle = server.handle();
+    tokio::spawn(server);
+    TestApp {
+        base,
+        db: herald.db.clone(),
+        herald,
+        clock,
+        http: reqwest::Client::new(),
+        test_db,
+        server: handle,
+    }
+}
+
+impl TestApp {
+    /// Drives the sender until nothing is due.
+    pub async fn run_until_idle(&self) -> usize {
+        self.herald.sender.run_until_idle().await.expect("sender")
+    }
+
+    pub fn clock_now(&self) -> chrono::DateTime<chrono::Utc> {
+        herald::clock::Clock::now(&*self.clock)
+    }
+
+    /// Moves Herald's clock forward (retries become due).
+    pub fn advance(&self, by: Duration) {
+        self.clock.advance(by);
+    }
+
+    pub async fn post_message(&self, body: serde_json::Value) -> reqwest::Response {
+        self.http
+            .post(format!("{}/v1/messages", self.base))
+            .json(&body)
+            .send()
+            .await
+            .expect("POST /v1/messages")
+    }
+
+    pub async fn message(&self, event_id: &str) -> serde_json::Value {
+        let r = self
+            .http
+            .get(format!("{}/v1/messages/{event_id}", self.base))
+            .send()
+            .await
+            .expect("GET message");
+        assert_eq!(r.status(), 200, "GET /v1/messages/{event_id}");
+        r.json().await.unwrap()
+    }
+
+    pub fn row(&self, event_id: &str) -> OutboxRow {
+        self.db
+            .find_by_event_id(event_id)
+            .unwrap()
+            .expect("row exists")
+    }
+
+    pub fn attempts(&self, event_id: &str) -> Vec<AttemptRow> {
+        let row = self.row(event_id);
+        self.db.attempts_of(row.id).unwrap()
+    }
+
+    pub async fn stop(self) {
+        self.server.stop(false).await;
+    }
+}
+
+/// A webhook message body for `POST /v1/messages`.
+pub fn webhook(event_id: &str, url: &str, body: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "event_id": event_id,
+        "channel": "webhook",
+        "destination": url,
+        "payload": {"body": body},
+    })
+}

@@ -1,0 +1,311 @@
+//! Databases for tests. PostgreSQL: `HERALD_TEST_DATABASE_URL` if given (a role that may
+//! CREATE DATABASE), else a throwaway cluster started once per test process (initdb on a free
+//! loopback port; it stops itself when the process exits). A template database is migrated once;
+//! each test gets its own database cloned from it. SQLite: a fresh file in a temp directory.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use diesel::connection::SimpleConnection;
+use diesel::pg::PgConnection;
+use diesel::{Connection, RunQueryDsl};
+use herald::storage::{Backend, Db, PoolOptions};
+
+const TEMPLATE: &str = "herald_test_template";
+
+/// A database for one test; dropped (PostgreSQL) or deleted (SQLite) with it.
+pub struct TestDb {
+    pub url: String,
+    pub backend: Backend,
+    pg_name: Option<String>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl TestDb {
+    pub fn new(backend: Backend) -> Self {
+        match backend {
+            Backend::Postgres => {
+                static N: AtomicU32 = AtomicU32::new(0);
+                let server = server();
+                let name = format!(
+                    "herald_t{}_{}",
+                    std::process::id(),
+                    N.fetch_add(1, Ordering::SeqCst)
+                );
+                let mut admin = server.admin();
+                admin
+                    .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {TEMPLATE}"))
+                    .unwrap_or_else(|e| panic!("cannot create test database {name}: {e}"));
+                TestDb {
+                    url: server.url_for(&name),
+                    backend,
+                    pg_name: Some(name),
+                    _dir: None,
+                }
+            }
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().expect("temp dir");
+                let url = format!("sqlite://{}", dir.path().join("herald.db").display());
+                let db = Db::connect(&url, &PoolOptions::default()).expect("open sqlite");
+                db.migrate().expect("migrate sqlite");
+                TestDb {
+                    url,
+                    backend,
+                    pg_name: None,
+                    _dir: Some(dir),
+                }
+            }
+        }
+    }
+
+    /// Another handle on an existing database; dropping it leaves the database alone.
+    pub fn attach(url: &str, backend: Backend) -> Self {
+        TestDb {
+            url: url.to_owned(),
+            backend,
+            pg_name: None,
+            _dir: None,
+        }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Some(name) = &self.pg_name {
+            let _ = server()
+                .admin()
+                .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+        }
+    }
+}
+
+/// An unmigrated, empty PostgreSQL database (migration tests).
+pub fn empty_pg_database() -> (String, impl Drop) {
+    struct Guard(String);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            let _ = server()
+                .admin()
+                .batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.0));
+        }
+    }
+    static N: AtomicU32 = AtomicU32::new(0);
+    let name = format!(
+        "herald_e{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    );
+    server()
+        .admin()
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .expect("create empty database");
+    (server().url_for(&name), Guard(name))
+}
+
+struct PgServer {
+    /// `postgres://user@host:port` (no database).
+    base: String,
+    /// Database used for CREATE/DROP DATABASE.
+    admin_db: String,
+}
+
+impl PgServer {
+    fn url_for(&self, db: &str) -> String {
+        format!("{}/{db}", self.base)
+    }
+
+    fn admin(&self) -> PgConnection {
+        PgConnection::establish(&self.url_for(&self.admin_db))
+            .expect("connect to the admin database")
+    }
+}
+
+fn server() -> &'static PgServer {
+    static SERVER: OnceLock<PgServer> = OnceLock::new();
+    SERVER.get_or_init(|| {
+        let server = match std::env::var("HERALD_TEST_DATABASE_URL") {
+            Ok(url) if !url.is_empty() => from_url(&url),
+            _ => start_cluster(),
+        };
+        let mut admin = server.admin();
+        // Left over by an earlier run against the same server.
+        let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {TEMPLATE} WITH (FORCE)"));
+        admin
+            .batch_execute(&format!("CREATE DATABASE {TEMPLATE}"))
+            .expect("create template database");
+        let db = Db::connect(
+            &server.url_for(TEMPLATE),
+            &PoolOptions {
+                max_size: 2,
+                ..PoolOptions::default()
+            },
+        )
+        .expect("connect to template");
+        db.migrate().expect("migrate template");
+        drop(db);
+        server
+    })
+}
+
+fn from_url(url: &str) -> PgServer {
+    let parsed = url::Url::parse(url).expect("HERALD_TEST_DATABASE_URL is not a URL");
+    let admin_db = parsed.path().trim_start_matches('/').to_owned();
+    let admin_db = if admin_db.is_empty() {
+        "postgres".to_owned()
+    } else {
+        admin_db
+    };
+    let mut base = parsed.clone();
+    base.set_path("");
+    PgServer {
+        base: base.as_str().trim_end_matches('/').to_owned(),
+        admin_db,
+    }
+}
+
+fn pg_bin_dir() -> Option<PathBuf> {
+    if let Ok(out) = Command::new("sh")
+        .args(["-c", "command -v initdb"])
+        .output()
+    {
+        let p = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        if !p.is_empty() {
+            return Path::new(&p).parent().map(Path::to_owned);
+        }
+    }
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("bin"))
+        .filter(|p| p.join("initdb").exists())
+        .collect();
+    dirs.sort_by_key(|p| {
+        p.parent()
+            .and_then(|v| v.file_name())
+            .and_then(|v| v.to_str())
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    dirs.pop()
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// Runs `script` with sh, as the `postgres` user when we are root (PostgreSQL refuses root).
+fn sh(script: &str, as_postgres: bool) -> Command {
+    let mut c = if as_postgres {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--", "sh", "-c", script]);
+        c
+    } else {
+        let mut c = Command::new("sh");
+        c.args(["-c", script]);
+        c
+    };
+    c.stdin(Stdio::null());
+    c
+}
+
+fn start_cluster() -> PgServer {
+    let bin = pg_bin_dir().expect(
+        "no PostgreSQL server binaries (initdb) on PATH or under /usr/lib/postgresql/*/bin; \
+         install postgresql or set HERALD_TEST_DATABASE_URL",
+    );
+    let root = is_root();
+    let dir = std::env::temp_dir().join(format!(
+        "herald-test-pg-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
+    std::fs::create_dir_all(&dir).expect("create cluster dir");
+    if root {
+        let ok = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(&dir)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(
+            ok,
+            "cannot chown the cluster directory to the postgres user"
+        );
+    }
+    let data = dir.join("data");
+    let init = sh(
+        &format!(
+            "'{}/initdb' -D '{}' -U herald --auth=trust -E UTF8 --no-sync >'{}/initdb.log' 2>&1",
+            bin.display(),
+            data.display(),
+            dir.display()
+        ),
+        root,
+    )
+    .status()
+    .expect("run initdb");
+    assert!(
+        init.success(),
+        "initdb failed; see {}/initdb.log",
+        dir.display()
+    );
+    let port = free_port();
+    // The server stops itself (and removes its files) once this test process is gone.
+    let script = format!(
+        "'{bin}/postgres' -D '{data}' -p {port} -c listen_addresses=127.0.0.1 -k '{dir}' \
+         -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300 \
+         >'{dir}/postgres.log' 2>&1 & pg=$!; \
+         while [ -d /proc/{parent} ] && kill -0 $pg 2>/dev/null; do sleep 1; done; \
+         kill -INT $pg 2>/dev/null; wait $pg; rm -rf '{dir}'",
+        bin = bin.display(),
+        data = data.display(),
+        dir = dir.display(),
+        parent = std::process::id(),
+    );
+    // Never waited on: the wrapper outlives this function and ends with the test process.
+    #[allow(clippy::zombie_processes)]
+    sh(&script, root)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start postgres");
+    let server = PgServer {
+        base: format!("postgres://herald@127.0.0.1:{port}"),
+        admin_db: "postgres".into(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match PgConnection::establish(&server.url_for("postgres")) {
+            Ok(mut c) => {
+                if diesel::sql_query("SELECT 1").execute(&mut c).is_ok() {
+                    break;
+                }
+            }
+            Err(e) if Instant::now() > deadline => {
+                panic!(
+                    "the test PostgreSQL did not start: {e}; see {}/postgres.log",
+                    dir.display()
+                )
+            }
+            Err(_) => {}
+        }
+        // Waiting for a server process to accept connections: there is no hook to wait on.
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    server
+}

@@ -1,0 +1,30 @@
+//! Test support: a throwaway PostgreSQL, SQLite files, a scripted HTTP receiver and a running
+//! Herald per test.
+
+pub mod app;
+pub mod db;
+pub mod receiver;
+
+pub use app::{TestApp, spawn_app};
+pub use db::TestDb;
+pub use herald::storage::Backend;
+pub use receiver::{Receiver, Reply};
+
+/// Generates one test per backend from `async fn NAME(backend: Backend)`.
+#[macro_export]
+macro_rules! both_backends {
+    ($($name:ident),+ $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn postgres() {
+                    super::$name($crate::support::Backend::Postgres).await
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn sqlite() {
+                    super::$name($crate::support::Backend::Sqlite).await
+                }
+            }
+        )+
+    };
+}
