@@ -206,6 +206,8 @@ pub enum EmailTransport {
 #[derive(Clone)]
 pub struct EmailChannel {
     transport: EmailTransport,
+    /// Bound on one whole SMTP send: lettre's own timeout does not cover every read.
+    timeout: Duration,
     from: Mailbox,
     domain: Arc<str>,
     clock: Arc<dyn Clock>,
@@ -236,6 +238,7 @@ impl EmailChannel {
             Mailbox::from_str(from).map_err(|_| "mail_from must be an email address".to_owned())?;
         Ok(Self {
             transport,
+            timeout,
             from,
             domain: domain.into(),
             clock,
@@ -260,21 +263,29 @@ impl EmailChannel {
             EmailTransport::Directory(dir) => {
                 write_eml(dir, &row.event_id, &self.domain, &message.formatted(), now).await
             }
-            EmailTransport::Smtp(t) => match t.send(message).await {
-                Ok(resp) => {
-                    let code = smtp_code(&resp.code().to_string());
-                    let mut r = SendReport::refused(
-                        classify_smtp_code(code),
-                        "",
+            EmailTransport::Smtp(t) => {
+                match tokio::time::timeout(self.timeout, t.send(message)).await {
+                    Err(_) => SendReport::refused(
+                        AttemptClass::Ambiguous,
+                        "timeout",
                         now,
-                        resp.message().collect::<Vec<_>>().join(" "),
-                    );
-                    r.error_kind = None;
-                    r.status = Some(code);
-                    r
+                        "no answer within the SMTP timeout",
+                    ),
+                    Ok(Ok(resp)) => {
+                        let code = smtp_code(&resp.code().to_string());
+                        let mut r = SendReport::refused(
+                            classify_smtp_code(code),
+                            "",
+                            now,
+                            resp.message().collect::<Vec<_>>().join(" "),
+                        );
+                        r.error_kind = None;
+                        r.status = Some(code);
+                        r
+                    }
+                    Ok(Err(e)) => smtp_error_report(&e, now),
                 }
-                Err(e) => smtp_error_report(&e, now),
-            },
+            }
         };
         report.started_at = now;
         report.finished_at =

@@ -162,10 +162,10 @@ impl ResponseError for Problem {
 impl From<StorageError> for Problem {
     fn from(e: StorageError) -> Self {
         if e.is_unavailable() {
-            tracing::warn!(error = %e, "storage unavailable");
+            tracing::warn!(error = %e.log_safe(), "storage unavailable");
             Problem::unavailable()
         } else {
-            tracing::error!(error = ?e, "storage error");
+            tracing::error!(error = %e.log_safe(), "storage error");
             Problem::internal()
         }
     }

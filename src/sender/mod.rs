@@ -52,7 +52,7 @@ impl SenderConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SenderError {
-    #[error(transparent)]
+    #[error("{}", .0.log_safe())]
     Storage(#[from] StorageError),
     #[error("a blocking database task failed")]
     Join(#[from] tokio::task::JoinError),

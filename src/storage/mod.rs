@@ -48,6 +48,27 @@ impl StorageError {
     pub fn is_unavailable(&self) -> bool {
         matches!(self, StorageError::Unavailable(_))
     }
+
+    /// What went wrong, safe to log: the kind, constraint and table — never the values (a
+    /// PostgreSQL error detail can quote a whole row, payload and addresses included).
+    pub fn log_safe(&self) -> String {
+        match self {
+            StorageError::Query(DieselError::DatabaseError(kind, info)) => format!(
+                "{kind:?} on {}.{}",
+                info.table_name().unwrap_or("?"),
+                info.constraint_name().unwrap_or("?")
+            ),
+            StorageError::Query(e) => match e {
+                DieselError::NotFound => "row not found".into(),
+                DieselError::DeserializationError(_) => "a stored value could not be read".into(),
+                DieselError::SerializationError(_) => "a value could not be written".into(),
+                _ => "query failed".into(),
+            },
+            StorageError::Unavailable(_) => "database unavailable".into(),
+            StorageError::Migration(m) => format!("migration failed: {m}"),
+            StorageError::BadUrl(u) => format!("bad database URL {u}"),
+        }
+    }
 }
 
 impl From<DieselError> for StorageError {

@@ -287,30 +287,6 @@ macro_rules! backend_queries {
                 })
             }
 
-            /// Releases this owner's leases on rows it claimed but never sent (shutdown).
-            pub fn release_unsent(
-                conn: &mut Conn,
-                owner: &str,
-                ids: &[i64],
-                now: DateTime<Utc>,
-            ) -> QueryResult<usize> {
-                diesel::update(
-                    o::table
-                        .filter(o::id.eq_any(ids))
-                        .filter(o::state.eq("sending"))
-                        .filter(o::lease_owner.eq(owner)),
-                )
-                .set((
-                    o::state.eq("retryable"),
-                    o::attempts.eq(o::attempts - 1),
-                    o::next_attempt_at.eq(Some(now)),
-                    o::lease_owner.eq(None::<String>),
-                    o::lease_until.eq(None::<DateTime<Utc>>),
-                    o::updated_at.eq(now),
-                ))
-                .execute(conn)
-            }
-
             pub fn get_setting(conn: &mut Conn, key: &str) -> QueryResult<Option<String>> {
                 s::table
                     .filter(s::key.eq(key))
@@ -423,19 +399,6 @@ impl Db {
             self,
             write | c,
             q | Ok(q::sweep_expired_leases(c, now, max)?)
-        )
-    }
-
-    pub fn release_unsent(
-        &self,
-        owner: &str,
-        ids: &[i64],
-        now: DateTime<Utc>,
-    ) -> Result<usize, StorageError> {
-        crate::db_run!(
-            self,
-            write | c,
-            q | Ok(q::release_unsent(c, owner, ids, now)?)
         )
     }
 

@@ -358,3 +358,45 @@ both_backends!(
     expired_leases_return_and_the_fence_holds,
     the_production_loop_delivers_and_shuts_down_cleanly,
 );
+
+async fn smtp_answers_are_classified(backend: Backend) {
+    let sink = crate::support::smtp_sink::SmtpSink::start().await;
+    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    for (id, to) in [
+        ("mail-250", "ada@example.com"),
+        ("mail-451", "t451@example.com"),
+        ("mail-550", "t550@example.com"),
+        ("mail-stall", "stall@example.com"),
+    ] {
+        let r = app
+            .post_message(json!({
+                "event_id": id, "channel": "email", "destination": to,
+                "payload": {"subject": "Hi", "text": "Hello"},
+            }))
+            .await;
+        assert_eq!(r.status(), 201);
+    }
+    // One pass: the stalled send takes the whole SMTP timeout, long enough for the 451's retry to
+    // fall due, which run_until_idle would then send.
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 4);
+    let expect = [
+        ("mail-250", "delivered", "accepted", Some(250)),
+        ("mail-451", "retryable", "transient", Some(451)),
+        ("mail-550", "dead_letter", "permanent", Some(550)),
+        ("mail-stall", "retryable", "ambiguous", None),
+    ];
+    for (id, state, class, code) in expect {
+        assert_eq!(app.message(id).await["state"], state, "{id}");
+        let a = &app.attempts(id)[0];
+        assert_eq!((a.class.as_str(), a.response_status), (class, code), "{id}");
+    }
+    let mails = sink.accepted();
+    assert_eq!(mails.len(), 1);
+    assert_eq!(mails[0].rcpt, "<ada@example.com>");
+    let id = herald::channels::email::message_id("mail-250", "herald.localhost");
+    assert!(mails[0].data.contains(&format!("Message-ID: {id}")));
+    assert!(mails[0].data.contains("X-Herald-Event-Id: mail-250"));
+    app.stop().await;
+}
+
+both_backends!(smtp_answers_are_classified);

@@ -26,14 +26,26 @@ pub struct TestApp {
     server: actix_web::dev::ServerHandle,
 }
 
-/// Settings every test starts from; `extra` TOML is appended (later keys may not repeat these).
+/// Settings every test starts from; keys set in `extra` (TOML) replace these.
 pub fn base_toml(db_url: &str, extra: &str) -> String {
-    format!(
+    let base = format!(
         "database_url = \"{db_url}\"\nwebhook_secret = \"{SECRET}\"\npoll_interval_ms = 50\n\
          lease_seconds = 30\nwebhook_timeout_ms = 1000\nwebhook_connect_timeout_ms = 500\n\
          smtp_timeout_ms = 2000\nretry_base_seconds = 1\nretry_cap_seconds = 60\n\
-         retry_max_attempts = 4\nretry_after_max_seconds = 120\nretry_jitter = 0.2\n{extra}"
-    )
+         retry_max_attempts = 4\nretry_after_max_seconds = 120\nretry_jitter = 0.2\n"
+    );
+    let overridden = |line: &str| {
+        let key = line.split('=').next().unwrap_or("").trim();
+        extra
+            .lines()
+            .any(|l| l.split('=').next().unwrap_or("").trim() == key)
+    };
+    let kept: String = base
+        .lines()
+        .filter(|l| !overridden(l))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    format!("{kept}{extra}")
 }
 
 pub async fn spawn_app(backend: Backend) -> TestApp {

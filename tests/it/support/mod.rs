@@ -4,6 +4,7 @@
 pub mod app;
 pub mod db;
 pub mod receiver;
+pub mod smtp_sink;
 
 pub use app::{TestApp, spawn_app};
 pub use db::TestDb;
