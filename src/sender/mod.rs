@@ -28,6 +28,9 @@ use crate::storage::{Db, StorageError};
 use self::decide::{AttemptFacts, decide};
 use self::policy::RetryPolicy;
 
+/// How long the loop waits for send slots to free up before claiming a smaller batch.
+const CLAIM_LINGER: Duration = Duration::from_millis(5);
+
 /// How the sender runs.
 #[derive(Debug, Clone)]
 pub struct SenderConfig {
@@ -308,6 +311,15 @@ impl Sender {
                 }
                 next_sweep = tokio::time::Instant::now() + sweep_every;
             }
+            // While many sends are in flight, let some finish so the next claim is a batch rather
+            // than a trickle of one-row transactions (waits at most CLAIM_LINGER).
+            let want = cfg.batch_size.min(cfg.concurrency).div_ceil(2);
+            if (slots.available_permits() as u32) < want {
+                tokio::select! {
+                    p = tokio::time::timeout(CLAIM_LINGER, slots.acquire_many(want)) => drop(p),
+                    _ = shutdown.changed() => {}
+                }
+            }
             let free = slots.available_permits() as u32;
             if free == 0 {
                 tokio::select! {
@@ -365,13 +377,16 @@ impl Sender {
 
     async fn flush_loop(self, mut rx: mpsc::Receiver<OutcomeRecord>) {
         const MAX_BATCH: usize = 256;
+        const LINGER: Duration = Duration::from_millis(2);
         while let Some(first) = rx.recv().await {
             let mut batch = vec![first];
-            // Whatever else is ready joins this write.
+            // Whatever else finishes within a moment joins this write: fewer, larger
+            // transactions (the outcome of a send is delayed by at most LINGER).
+            let deadline = tokio::time::Instant::now() + LINGER;
             while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(o) => batch.push(o),
-                    Err(_) => break,
+                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Ok(Some(o)) => batch.push(o),
+                    _ => break,
                 }
             }
             let mut tries = 0u32;

@@ -54,7 +54,7 @@ WHERE id IN (
 RETURNING id";
 
 macro_rules! backend_queries {
-    ($name:ident, $conn:ty, $schema:ident, $ts:ty, $claim_sql:expr) => {
+    ($name:ident, $conn:ty, $schema:ident, $ts:ty, $claim_sql:expr, $update_outcomes:path) => {
         pub mod $name {
             use chrono::{DateTime, Utc};
             use diesel::prelude::*;
@@ -167,6 +167,19 @@ macro_rules! backend_queries {
                 now: DateTime<Utc>,
                 outcomes: &[OutcomeRecord],
             ) -> QueryResult<Vec<Applied>> {
+                let applied = $update_outcomes(conn, owner, now, outcomes)?;
+                insert_attempts(conn, owner, outcomes)?;
+                Ok(applied)
+            }
+
+            /// The fenced outcome update, one statement per row.
+            #[allow(dead_code)]
+            pub fn update_outcomes_each(
+                conn: &mut Conn,
+                owner: &str,
+                now: DateTime<Utc>,
+                outcomes: &[OutcomeRecord],
+            ) -> QueryResult<Vec<Applied>> {
                 let mut applied = Vec::with_capacity(outcomes.len());
                 for x in outcomes {
                     let n = diesel::update(
@@ -200,6 +213,14 @@ macro_rules! backend_queries {
                         Applied::LeaseLost
                     });
                 }
+                Ok(applied)
+            }
+
+            fn insert_attempts(
+                conn: &mut Conn,
+                owner: &str,
+                outcomes: &[OutcomeRecord],
+            ) -> QueryResult<()> {
                 let rows: Vec<_> = outcomes
                     .iter()
                     .filter_map(|x| x.attempt.as_ref().map(|t| (x, t)))
@@ -231,7 +252,7 @@ macro_rules! backend_queries {
                 if !rows.is_empty() {
                     diesel::insert_into(a::table).values(rows).execute(conn)?;
                 }
-                Ok(applied)
+                Ok(())
             }
 
             /// The watchdog: `sending` rows whose lease ran out go back to `retryable`
@@ -317,15 +338,79 @@ backend_queries!(
     diesel::pg::PgConnection,
     schema_pg,
     diesel::sql_types::Timestamptz,
-    super::PG_CLAIM_SQL
+    super::PG_CLAIM_SQL,
+    super::pg_update_outcomes
 );
 backend_queries!(
     sqlite,
     diesel::sqlite::SqliteConnection,
     schema_sqlite,
     diesel::sql_types::TimestamptzSqlite,
-    super::SQLITE_CLAIM_SQL
+    super::SQLITE_CLAIM_SQL,
+    self::update_outcomes_each
 );
+
+/// The PostgreSQL outcome update: the whole batch in one statement over `unnest`ed arrays, with
+/// the same fence as [`sqlite::update_outcomes_each`] (one round trip instead of one per row).
+pub const PG_UPDATE_OUTCOMES_SQL: &str = "\
+UPDATE herald_outbox AS o
+SET state = v.state, attempts = v.attempts_after, next_attempt_at = v.next_attempt_at,
+    lease_owner = NULL, lease_until = NULL, last_error_class = v.error_class,
+    provider_message_id = COALESCE(v.provider_message_id, o.provider_message_id),
+    request_fingerprint = COALESCE(o.request_fingerprint, v.fingerprint), updated_at = $2
+FROM unnest($3::bigint[], $4::int[], $5::int[], $6::text[], $7::timestamptz[], $8::text[], $9::text[], $10::text[])
+    AS v(id, claimed, attempts_after, state, next_attempt_at, error_class, fingerprint, provider_message_id)
+WHERE o.id = v.id AND o.state = 'sending' AND o.lease_owner = $1 AND o.attempts = v.claimed
+RETURNING o.id";
+
+fn pg_update_outcomes(
+    conn: &mut diesel::pg::PgConnection,
+    owner: &str,
+    now: DateTime<Utc>,
+    outcomes: &[OutcomeRecord],
+) -> diesel::QueryResult<Vec<Applied>> {
+    use diesel::RunQueryDsl;
+    use diesel::sql_types::{Array, Timestamptz};
+    let col = |f: fn(&OutcomeRecord) -> Option<String>| outcomes.iter().map(f).collect::<Vec<_>>();
+    let updated: Vec<IdRow> = diesel::sql_query(PG_UPDATE_OUTCOMES_SQL)
+        .bind::<Text, _>(owner)
+        .bind::<Timestamptz, _>(now)
+        .bind::<Array<BigInt>, _>(outcomes.iter().map(|x| x.message_id).collect::<Vec<_>>())
+        .bind::<Array<Integer>, _>(
+            outcomes
+                .iter()
+                .map(|x| x.claimed_attempt)
+                .collect::<Vec<_>>(),
+        )
+        .bind::<Array<Integer>, _>(
+            outcomes
+                .iter()
+                .map(|x| x.attempts_after)
+                .collect::<Vec<_>>(),
+        )
+        .bind::<Array<Text>, _>(outcomes.iter().map(|x| x.state.clone()).collect::<Vec<_>>())
+        .bind::<Array<Nullable<Timestamptz>>, _>(
+            outcomes
+                .iter()
+                .map(|x| x.next_attempt_at)
+                .collect::<Vec<_>>(),
+        )
+        .bind::<Array<Nullable<Text>>, _>(col(|x| x.error_class.clone()))
+        .bind::<Array<Nullable<Text>>, _>(col(|x| x.request_fingerprint.clone()))
+        .bind::<Array<Nullable<Text>>, _>(col(|x| x.provider_message_id.clone()))
+        .load(conn)?;
+    let done: std::collections::HashSet<i64> = updated.into_iter().map(|r| r.id).collect();
+    Ok(outcomes
+        .iter()
+        .map(|x| {
+            if done.contains(&x.message_id) {
+                Applied::Yes
+            } else {
+                Applied::LeaseLost
+            }
+        })
+        .collect())
+}
 
 /// Storage operations Herald itself performs, on whichever backend it runs.
 impl Db {
