@@ -29,6 +29,7 @@ pub struct Herald {
     pub clock: Arc<dyn Clock>,
     pub sender: Sender,
     pub wake: Arc<Notify>,
+    pub duplicate_receipts: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Opens the database (and migrates it unless told not to). Blocking.
@@ -115,6 +116,7 @@ impl Herald {
             clock,
             sender,
             wake,
+            duplicate_receipts: Arc::default(),
         })
     }
 
@@ -128,6 +130,9 @@ impl Herald {
             retry_policy: self.settings.retry.name.clone(),
             default_max_attempts: self.settings.retry.max_attempts,
             endpoints: Arc::new(self.settings.endpoints.clone()),
+            sources: Arc::new(self.settings.sources.clone()),
+            ingest_max_body_bytes: self.settings.ingest_max_body_bytes,
+            duplicate_receipts: self.duplicate_receipts.clone(),
         }
     }
 

@@ -66,3 +66,11 @@ impl Clock for OffsetClock {
         (Utc::now() + offset).trunc_subsecs(6)
     }
 }
+
+impl OffsetClock {
+    /// Moves the clock so that it reads `at` now (and keeps running from there): published
+    /// examples carry old timestamps.
+    pub fn set_to(&self, at: DateTime<Utc>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = at - Utc::now();
+    }
+}

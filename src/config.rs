@@ -11,6 +11,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::channels::webhook::signing::SigningKey;
+use crate::ingest::Source;
+use crate::ingest::schemes::SourceConfig;
 use crate::secret::Secret;
 use crate::sender::policy::RetryPolicy;
 
@@ -68,8 +70,11 @@ struct FileConfig {
     mail_dir: Option<PathBuf>,
     mail_from: Option<String>,
     message_id_domain: Option<String>,
+    ingest_max_body_bytes: Option<usize>,
     #[serde(default)]
     endpoints: BTreeMap<String, EndpointConfig>,
+    #[serde(default)]
+    sources: BTreeMap<String, SourceConfig>,
 }
 
 /// `[endpoints.NAME]`: a named webhook destination (`destination = "endpoint:NAME"`).
@@ -128,6 +133,26 @@ pub struct Settings {
     pub mail_from: String,
     pub message_id_domain: String,
     pub endpoints: BTreeMap<String, Endpoint>,
+    pub ingest_max_body_bytes: usize,
+    pub sources: BTreeMap<String, ConfiguredSource>,
+}
+
+/// A validated `[sources.NAME]`: its verifier.
+#[derive(Clone)]
+pub struct ConfiguredSource {
+    pub name: String,
+    pub source: std::sync::Arc<dyn Source>,
+}
+
+impl std::fmt::Debug for ConfiguredSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Source({}: {}, secrets redacted)",
+            self.name,
+            self.source.scheme()
+        )
+    }
 }
 
 /// A validated `[endpoints.NAME]`.
@@ -260,6 +285,7 @@ impl Settings {
         over!(mail_dir, "HERALD_MAIL_DIR", string);
         over!(mail_from, "HERALD_MAIL_FROM", string);
         over!(message_id_domain, "HERALD_MESSAGE_ID_DOMAIN", string);
+        over!(ingest_max_body_bytes, "HERALD_INGEST_MAX_BODY_BYTES", num);
 
         let positive = |name: &str, v: u64| {
             if v == 0 {
@@ -352,6 +378,23 @@ impl Settings {
             );
         }
 
+        let mut sources = BTreeMap::new();
+        for (name, c) in f.sources {
+            if name.is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            {
+                return Err(invalid(
+                    format!("sources.{name}"),
+                    "source names are letters, digits, - and _",
+                ));
+            }
+            let source = crate::ingest::schemes::build(&format!("sources.{name}"), &c)
+                .map_err(|e| invalid(e.field, e.message))?;
+            sources.insert(name.clone(), ConfiguredSource { name, source });
+        }
+
         let sender_batch_size = f.sender_batch_size.unwrap_or(100).clamp(1, 1000);
         let sender_concurrency = f.sender_concurrency.unwrap_or(64).clamp(1, 1024);
         Ok(Settings {
@@ -382,6 +425,8 @@ impl Settings {
                 .message_id_domain
                 .unwrap_or_else(|| "herald.localhost".into()),
             endpoints,
+            ingest_max_body_bytes: f.ingest_max_body_bytes.unwrap_or(1024 * 1024),
+            sources,
         })
     }
 }
@@ -447,6 +492,24 @@ mod tests {
         let err =
             Settings::load_from(None, &env(&[("HERALD_WEBHOOK_SECRET", "whsec_!!")])).unwrap_err();
         assert!(err.to_string().starts_with("webhook_secret"), "{err}");
+    }
+
+    #[test]
+    fn sources_are_built_and_checked() {
+        let s = Settings::from_toml(
+            "[sources.resend]\nscheme = \"standard-webhooks\"\nsecrets = [\"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"]\n\
+             [sources.pm]\nscheme = \"postmark\"\nusername = \"u\"\npassword = \"hunter2\"\n",
+        )
+        .unwrap();
+        assert_eq!(s.sources["resend"].source.scheme(), "standard-webhooks");
+        assert!(!format!("{s:?}").contains("hunter2"));
+        let err = Settings::from_toml("[sources.x]\nscheme = \"carrier-pigeon\"\n").unwrap_err();
+        assert!(err.to_string().starts_with("sources.x.scheme"), "{err}");
+        let err = Settings::from_toml("[sources.x]\nscheme = \"stripe\"\n").unwrap_err();
+        assert!(err.to_string().starts_with("sources.x.secrets"), "{err}");
+        let err = Settings::from_toml("[sources.x]\nscheme = \"twilio\"\nsecrets = [\"t\"]\n")
+            .unwrap_err();
+        assert!(err.to_string().starts_with("sources.x.public_url"), "{err}");
     }
 
     #[test]

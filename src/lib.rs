@@ -11,6 +11,7 @@ pub mod clock;
 pub mod config;
 pub mod domain;
 pub mod http;
+pub mod ingest;
 pub mod outbox;
 pub mod secret;
 pub mod sender;

@@ -16,8 +16,9 @@ use tokio::sync::Notify;
 use self::problem::Problem;
 use self::view::MessageView;
 use crate::clock::Clock;
-use crate::config::Endpoint;
+use crate::config::{ConfiguredSource, Endpoint};
 use crate::domain::{Channel, InvalidField, Semantics};
+use crate::ingest::RawRequest;
 use crate::outbox::{Limits, NewMessage};
 use crate::secret::Secret;
 use crate::storage::Db;
@@ -33,6 +34,10 @@ pub struct AppState {
     pub retry_policy: String,
     pub default_max_attempts: u32,
     pub endpoints: Arc<BTreeMap<String, Endpoint>>,
+    pub sources: Arc<BTreeMap<String, ConfiguredSource>>,
+    pub ingest_max_body_bytes: usize,
+    /// Receipts that arrived again (already stored), since start.
+    pub duplicate_receipts: Arc<std::sync::atomic::AtomicU64>,
 }
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
@@ -44,6 +49,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             "/v1/messages/{event_id}/cancel",
             web::post().to(cancel_message),
         )
+        .route("/v1/ingest/{source}", web::post().to(ingest_receipts))
         .default_service(web::to(|| async {
             Err::<HttpResponse, _>(Problem::new(
                 StatusCode::NOT_FOUND,
@@ -193,6 +199,48 @@ async fn cancel_message(
         "it is {}; only scheduled or retryable messages can be canceled",
         row.state
     )))
+}
+
+/// `POST /v1/ingest/{source}`: verify over the raw bytes, store every event of the request in one
+/// transaction, and only then answer 200. Authenticated by the provider's signature, not a token.
+async fn ingest_receipts(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, Problem> {
+    let name = path.into_inner();
+    let source = state.sources.get(&name).cloned().ok_or_else(|| {
+        Problem::new(StatusCode::NOT_FOUND, "not-found", "No such receipt source")
+    })?;
+    let body = read_body(payload, state.ingest_max_body_bytes).await?;
+    let headers: Vec<(String, String)> = req
+        .headers()
+        .iter()
+        .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+        .collect();
+    let now = state.clock.now();
+    let raw = RawRequest {
+        headers: &headers,
+        body: &body,
+        query: req.uri().query(),
+    };
+    let events = source.source.verify(&raw, now).map_err(|e| {
+        tracing::info!(source = %name, scheme = source.source.scheme(), reason = %e, "receipt refused");
+        let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::UNAUTHORIZED);
+        let kind = if e.status() == 400 { "unparsable" } else { "unauthenticated" };
+        Problem::new(status, kind, "The receipt was refused; nothing was stored").detail(e.to_string())
+    })?;
+    let db = state.db.clone();
+    let source_name = name.clone();
+    let (stored, duplicates) =
+        web::block(move || db.store_receipts(&source_name, &events, now)).await??;
+    // Committed: only now is it acknowledged.
+    state
+        .duplicate_receipts
+        .fetch_add(duplicates as u64, std::sync::atomic::Ordering::Relaxed);
+    tracing::info!(source = %name, scheme = source.source.scheme(), stored, duplicates, "receipts stored");
+    Ok(HttpResponse::Ok().json(serde_json::json!({"stored": stored, "duplicates": duplicates})))
 }
 
 /// Parses the `POST /v1/messages` body, naming every offending field.

@@ -3,6 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use diesel::Queryable;
+use serde::Serialize;
 
 /// One `herald_outbox` row.
 #[derive(Debug, Clone, PartialEq, Queryable)]
@@ -126,4 +127,38 @@ impl LeaseSweep {
     pub fn total(&self) -> usize {
         self.to_retryable + self.to_unconfirmed + self.to_dead_letter
     }
+}
+
+/// One verified, normalized provider event, ready to store.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NewReceipt {
+    /// The provider's event id, or the composite key PROVIDERS.md names where it has none.
+    pub provider_event_id: String,
+    /// Herald's vocabulary (`delivered`, `bounced`, …), or `other`.
+    pub event_type: String,
+    /// The provider's own type string.
+    pub provider_type: String,
+    /// When the provider says it happened (never the arrival time); `None` where it gives none.
+    pub event_time: Option<DateTime<Utc>>,
+    /// Herald's event id, when the provider echoes it (custom args, metadata, tags, headers).
+    pub herald_event_id: Option<String>,
+    pub provider_message_id: Option<String>,
+    /// The event as the provider sent it.
+    pub raw: serde_json::Value,
+}
+
+/// One `herald_receipts` row.
+#[derive(Debug, Clone, PartialEq, Queryable)]
+pub struct ReceiptRow {
+    pub id: i64,
+    pub source: String,
+    pub provider_event_id: String,
+    pub event_type: String,
+    pub provider_type: String,
+    pub event_time: Option<DateTime<Utc>>,
+    pub received_at: DateTime<Utc>,
+    pub herald_event_id: Option<String>,
+    pub provider_message_id: Option<String>,
+    pub raw: serde_json::Value,
+    pub reconciled_at: Option<DateTime<Utc>>,
 }

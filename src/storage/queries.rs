@@ -4,7 +4,9 @@
 use chrono::{DateTime, Utc};
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 
-use super::models::{Applied, LeaseSweep, NewOutboxRow, OutboxRow, OutcomeRecord};
+use super::models::{
+    Applied, LeaseSweep, NewOutboxRow, NewReceipt, OutboxRow, OutcomeRecord, ReceiptRow,
+};
 use super::{Db, StorageError};
 
 diesel::define_sql_function! {
@@ -63,7 +65,8 @@ macro_rules! backend_queries {
             use super::{IdRow, coalesce_int, coalesce_text};
             use crate::storage::models::*;
             use crate::storage::$schema::{
-                herald_attempts as a, herald_outbox as o, herald_settings as s,
+                herald_attempts as a, herald_outbox as o, herald_receipts as r,
+                herald_settings as s,
             };
 
             pub type Conn = $conn;
@@ -308,6 +311,45 @@ macro_rules! backend_queries {
                 })
             }
 
+            /// Stores receipts, ignoring those whose (source, provider_event_id) exists; returns
+            /// how many were new.
+            pub fn insert_receipts(
+                conn: &mut Conn,
+                source: &str,
+                receipts: &[NewReceipt],
+                now: DateTime<Utc>,
+            ) -> QueryResult<usize> {
+                let mut inserted = 0;
+                for x in receipts {
+                    inserted += diesel::insert_into(r::table)
+                        .values((
+                            r::source.eq(source),
+                            r::provider_event_id.eq(&x.provider_event_id),
+                            r::event_type.eq(&x.event_type),
+                            r::provider_type.eq(&x.provider_type),
+                            r::event_time.eq(x.event_time),
+                            r::received_at.eq(now),
+                            r::herald_event_id.eq(&x.herald_event_id),
+                            r::provider_message_id.eq(&x.provider_message_id),
+                            r::raw.eq(&x.raw),
+                        ))
+                        .on_conflict((r::source, r::provider_event_id))
+                        .do_nothing()
+                        .execute(conn)?;
+                }
+                Ok(inserted)
+            }
+
+            pub fn receipts_of_source(
+                conn: &mut Conn,
+                source: &str,
+            ) -> QueryResult<Vec<ReceiptRow>> {
+                r::table
+                    .filter(r::source.eq(source))
+                    .order(r::id)
+                    .load(conn)
+            }
+
             pub fn get_setting(conn: &mut Conn, key: &str) -> QueryResult<Option<String>> {
                 s::table
                     .filter(s::key.eq(key))
@@ -514,5 +556,29 @@ impl Db {
                 Ok((created, row))
             }
         )
+    }
+}
+
+impl Db {
+    /// Stores a request's receipts in one transaction; returns (new, duplicates). Committed
+    /// when this returns: only then may the request be acknowledged.
+    pub fn store_receipts(
+        &self,
+        source: &str,
+        receipts: &[NewReceipt],
+        now: DateTime<Utc>,
+    ) -> Result<(usize, usize), StorageError> {
+        crate::db_run!(
+            self,
+            write | c,
+            q | {
+                let inserted = q::insert_receipts(c, source, receipts, now)?;
+                Ok((inserted, receipts.len() - inserted))
+            }
+        )
+    }
+
+    pub fn receipts_of_source(&self, source: &str) -> Result<Vec<ReceiptRow>, StorageError> {
+        crate::db_run!(self, read | c, q | Ok(q::receipts_of_source(c, source)?))
     }
 }

@@ -52,6 +52,22 @@ diesel::table! {
 }
 
 diesel::table! {
+    herald_receipts (id) {
+        id -> Int8,
+        source -> Text,
+        provider_event_id -> Text,
+        event_type -> Text,
+        provider_type -> Text,
+        event_time -> Nullable<Timestamptz>,
+        received_at -> Timestamptz,
+        herald_event_id -> Nullable<Text>,
+        provider_message_id -> Nullable<Text>,
+        raw -> Jsonb,
+        reconciled_at -> Nullable<Timestamptz>,
+    }
+}
+
+diesel::table! {
     herald_settings (key) {
         key -> Text,
         value -> Text,
@@ -60,4 +76,9 @@ diesel::table! {
 
 diesel::joinable!(herald_attempts -> herald_outbox (message_id));
 
-diesel::allow_tables_to_appear_in_same_query!(herald_attempts, herald_outbox, herald_settings,);
+diesel::allow_tables_to_appear_in_same_query!(
+    herald_attempts,
+    herald_outbox,
+    herald_receipts,
+    herald_settings,
+);

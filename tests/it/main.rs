@@ -6,5 +6,6 @@ mod classification;
 mod concurrency;
 mod enqueue;
 mod http_api;
+mod ingest;
 mod lifecycle;
 mod migrations;

@@ -21,10 +21,21 @@ async fn migrations_run_up_down_up(backend: Backend) {
     };
     tokio::task::spawn_blocking(move || {
         let db = Db::connect(&url, &PoolOptions::default()).unwrap();
-        assert_eq!(db.migrate().unwrap().len(), 1);
+        use diesel::migration::MigrationSource;
+        let all = MigrationSource::<diesel::pg::Pg>::migrations(&herald::storage::PG_MIGRATIONS)
+            .unwrap()
+            .len();
+        let sqlite = MigrationSource::<diesel::sqlite::Sqlite>::migrations(
+            &herald::storage::SQLITE_MIGRATIONS,
+        )
+        .unwrap()
+        .len();
+        assert_eq!(all, sqlite, "the same migrations on both backends");
+        assert!(all >= 2);
+        assert_eq!(db.migrate().unwrap().len(), all);
         assert!(db.migrate().unwrap().is_empty(), "idempotent");
         db.revert_all().unwrap();
-        assert_eq!(db.migrate().unwrap().len(), 1);
+        assert_eq!(db.migrate().unwrap().len(), all);
         assert!(db.get_setting("nothing").unwrap().is_none());
     })
     .await

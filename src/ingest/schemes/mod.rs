@@ -1,0 +1,171 @@
+//! One file per provider scheme, each a [`Source`](super::Source) built from `[sources.NAME]`.
+
+pub mod hmac_generic;
+pub mod mailgun;
+pub mod postmark;
+pub mod standard_webhooks;
+pub mod stripe;
+pub mod twilio;
+
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use super::Source;
+use crate::domain::InvalidField;
+use crate::secret::Secret;
+
+/// The scheme names of the interface contract that this version implements.
+pub const SCHEMES: &[&str] = &[
+    "standard-webhooks",
+    "mailgun",
+    "twilio",
+    "postmark",
+    "stripe",
+    "hmac",
+];
+
+/// Default timestamp tolerance, seconds.
+pub const DEFAULT_TOLERANCE: u64 = 300;
+
+/// `[sources.NAME]` as written in the file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    pub scheme: String,
+    /// Several at once, for rotation; each is tried.
+    #[serde(default)]
+    pub secrets: Vec<Secret>,
+    #[serde(default)]
+    pub secret: Option<Secret>,
+    /// URL-signing schemes (twilio): the public URL exactly as the provider calls it.
+    #[serde(default)]
+    pub public_url: Option<String>,
+    #[serde(default)]
+    pub tolerance_seconds: Option<u64>,
+    /// postmark: basic-auth credentials in the webhook URL.
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub password: Option<Secret>,
+    /// ses: allowed TopicArns.
+    #[serde(default)]
+    pub topic_arns: Vec<String>,
+    /// hmac: the signature header (default `x-signature`).
+    #[serde(default)]
+    pub header: Option<String>,
+    /// hmac: `hex` (default) or `base64`.
+    #[serde(default)]
+    pub encoding: Option<String>,
+    /// hmac: `body` (default) or `timestamp.body`.
+    #[serde(default)]
+    pub signed: Option<String>,
+    /// hmac with `timestamp.body`: the timestamp header (default `x-timestamp`).
+    #[serde(default)]
+    pub timestamp_header: Option<String>,
+    /// hmac: a prefix before the signature value, e.g. `sha256=`.
+    #[serde(default)]
+    pub prefix: Option<String>,
+    /// hmac: JSON pointers to the event id, type and time (unix seconds or RFC 3339).
+    #[serde(default)]
+    pub event_id_pointer: Option<String>,
+    #[serde(default)]
+    pub event_type_pointer: Option<String>,
+    #[serde(default)]
+    pub event_time_pointer: Option<String>,
+}
+
+impl SourceConfig {
+    /// `secret` and `secrets` together, in order.
+    pub fn all_secrets(&self) -> Vec<String> {
+        self.secret
+            .iter()
+            .chain(self.secrets.iter())
+            .map(|s| s.expose().to_owned())
+            .collect()
+    }
+
+    fn tolerance(&self) -> u64 {
+        self.tolerance_seconds.unwrap_or(DEFAULT_TOLERANCE)
+    }
+}
+
+/// Builds the verifier for a configured source; `field` prefixes error names (`sources.NAME`).
+pub fn build(field: &str, c: &SourceConfig) -> Result<Arc<dyn Source>, InvalidField> {
+    let need_secrets = |secrets: Vec<String>| {
+        if secrets.is_empty() {
+            Err(InvalidField::new(
+                format!("{field}.secrets"),
+                "at least one secret is required",
+            ))
+        } else {
+            Ok(secrets)
+        }
+    };
+    let source: Arc<dyn Source> = match c.scheme.as_str() {
+        "standard-webhooks" => Arc::new(
+            standard_webhooks::StandardWebhooks::new(
+                &need_secrets(c.all_secrets())?,
+                c.tolerance(),
+            )
+            .map_err(|m| InvalidField::new(format!("{field}.secrets"), m))?,
+        ),
+        "stripe" => Arc::new(stripe::Stripe::new(
+            need_secrets(c.all_secrets())?,
+            c.tolerance(),
+        )),
+        "mailgun" => Arc::new(mailgun::Mailgun::new(
+            need_secrets(c.all_secrets())?,
+            c.tolerance(),
+        )),
+        "twilio" => {
+            let url = c.public_url.clone().ok_or_else(|| {
+                InvalidField::new(format!("{field}.public_url"), "is required for twilio")
+            })?;
+            Arc::new(
+                twilio::Twilio::new(need_secrets(c.all_secrets())?, &url)
+                    .map_err(|m| InvalidField::new(format!("{field}.public_url"), m))?,
+            )
+        }
+        "postmark" => {
+            let (Some(user), Some(pass)) = (&c.username, &c.password) else {
+                return Err(InvalidField::new(
+                    format!("{field}.username"),
+                    "postmark needs username and password (the basic-auth credentials in its webhook URL)",
+                ));
+            };
+            Arc::new(postmark::Postmark::new(user, pass.expose()))
+        }
+        "hmac" => Arc::new(
+            hmac_generic::GenericHmac::new(need_secrets(c.all_secrets())?, c)
+                .map_err(|m| InvalidField::new(field.to_owned(), m))?,
+        ),
+        "sendgrid" | "ses" => {
+            return Err(InvalidField::new(
+                format!("{field}.scheme"),
+                format!(
+                    "{:?} is not implemented by this version of Herald",
+                    c.scheme
+                ),
+            ));
+        }
+        other => {
+            return Err(InvalidField::new(
+                format!("{field}.scheme"),
+                format!("unknown scheme {other:?}; one of: {}", SCHEMES.join(", ")),
+            ));
+        }
+    };
+    Ok(source)
+}
+
+/// HMAC-SHA256 of `parts` under `key`.
+pub fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    use hmac::{Hmac, Mac};
+    let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(key)
+        .unwrap_or_else(|_| unreachable!("HMAC accepts every key length"));
+    for p in parts {
+        mac.update(p);
+    }
+    mac.finalize().into_bytes().into()
+}

@@ -1,0 +1,188 @@
+//! Receipt ingest through `POST /v1/ingest/{source}` on both backends: verify, persist before
+//! acknowledging, deduplicate, refuse what does not verify.
+
+use chrono::{TimeZone, Utc};
+use herald::channels::webhook::signing::SigningKey;
+use serde_json::{Value, json};
+
+use crate::both_backends;
+use crate::support::Backend;
+use crate::support::app::{TestApp, spawn_app_with};
+
+const RESEND: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+fn sources() -> String {
+    format!(
+        "ingest_max_body_bytes = 4096\n\
+         [sources.resend]\nscheme = \"standard-webhooks\"\nsecrets = [\"whsec_b2xkc2VjcmV0b2xkc2VjcmV0b2xkc2VjcmV0\", \"{RESEND}\"]\n\
+         [sources.pm]\nscheme = \"postmark\"\nusername = \"hook\"\npassword = \"s3cret\"\n"
+    )
+}
+
+async fn post(
+    app: &TestApp,
+    source: &str,
+    headers: &[(&str, String)],
+    body: &[u8],
+) -> reqwest::Response {
+    let mut r = app
+        .http
+        .post(format!("{}/v1/ingest/{source}", app.base))
+        .body(body.to_vec());
+    for (n, v) in headers {
+        r = r.header(*n, v);
+    }
+    r.send().await.expect("POST /v1/ingest")
+}
+
+fn resend_headers(id: &str, t: i64, body: &[u8]) -> Vec<(&'static str, String)> {
+    let sig = SigningKey::parse(RESEND).unwrap().sign(id, t, body);
+    vec![
+        ("svix-id", id.to_owned()),
+        ("svix-timestamp", t.to_string()),
+        ("svix-signature", sig),
+    ]
+}
+
+async fn receipts_are_stored_before_the_answer_and_deduplicated(backend: Backend) {
+    let app = spawn_app_with(backend, &sources()).await;
+    let body = serde_json::to_vec(&json!({
+        "type": "email.delivered", "created_at": "2026-11-30T10:00:00.000Z",
+        "data": {"email_id": "em_1", "tags": {"herald_event_id": "order-1:placed"}}
+    }))
+    .unwrap();
+    let now = Utc::now().timestamp();
+    let r = post(&app, "resend", &resend_headers("msg_1", now, &body), &body).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"stored": 1, "duplicates": 0})
+    );
+    // The provider retries the same event: acknowledged again, stored once, counted.
+    let r = post(&app, "resend", &resend_headers("msg_1", now, &body), &body).await;
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"stored": 0, "duplicates": 1})
+    );
+    let rows = app.db.receipts_of_source("resend").unwrap();
+    assert_eq!(rows.len(), 1);
+    let row = &rows[0];
+    assert_eq!(
+        (row.provider_event_id.as_str(), row.event_type.as_str()),
+        ("msg_1", "delivered")
+    );
+    assert_eq!(row.provider_type, "email.delivered");
+    assert_eq!(
+        row.event_time,
+        Some(Utc.with_ymd_and_hms(2026, 11, 30, 10, 0, 0).unwrap())
+    );
+    assert_eq!(row.herald_event_id.as_deref(), Some("order-1:placed"));
+    assert_eq!(row.provider_message_id.as_deref(), Some("em_1"));
+    assert_eq!(row.raw["data"]["email_id"], "em_1");
+    assert_eq!(
+        app.herald
+            .duplicate_receipts
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    app.stop().await;
+}
+
+async fn what_does_not_verify_is_refused_and_not_stored(backend: Backend) {
+    let app = spawn_app_with(backend, &sources()).await;
+    let body = br#"{"type":"email.bounced","created_at":"2026-11-30T10:00:00Z","data":{}}"#;
+    let now = Utc::now().timestamp();
+    // Wrong signature.
+    let mut h = resend_headers("msg_bad", now, body);
+    h[2].1 = SigningKey::parse(&SigningKey::generate())
+        .unwrap()
+        .sign("msg_bad", now, body);
+    assert_eq!(post(&app, "resend", &h, body).await.status(), 401);
+    // No signature at all.
+    assert_eq!(post(&app, "resend", &[], body).await.status(), 401);
+    // Stale, and from the future.
+    for t in [now - 301, now + 301] {
+        assert_eq!(
+            post(&app, "resend", &resend_headers("msg_old", t, body), body)
+                .await
+                .status(),
+            401
+        );
+    }
+    // A valid signature over a body that is not JSON: 400, nothing stored.
+    let junk = b"definitely not json";
+    let r = post(&app, "resend", &resend_headers("msg_junk", now, junk), junk).await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    // Over the body limit (4096 here): 413.
+    let big = vec![b'x'; 5000];
+    assert_eq!(
+        post(&app, "resend", &resend_headers("msg_big", now, &big), &big)
+            .await
+            .status(),
+        413
+    );
+    // Unknown source: 404.
+    assert_eq!(
+        post(&app, "nope", &resend_headers("msg_1", now, body), body)
+            .await
+            .status(),
+        404
+    );
+    // Postmark: basic auth only.
+    let pm = br#"{"RecordType":"Delivery","MessageID":"m1","Recipient":"a@b.example","DeliveredAt":"2026-11-30T10:00:00Z"}"#;
+    let bad = [("authorization", "Basic aG9vazp3cm9uZw==".to_owned())];
+    assert_eq!(post(&app, "pm", &bad, pm).await.status(), 401);
+    let good = [("authorization", "Basic aG9vazpzM2NyZXQ=".to_owned())];
+    assert_eq!(post(&app, "pm", &good, pm).await.status(), 200);
+    assert!(
+        app.db.receipts_of_source("resend").unwrap().is_empty(),
+        "nothing refused was stored"
+    );
+    assert_eq!(app.db.receipts_of_source("pm").unwrap().len(), 1);
+    app.stop().await;
+}
+
+async fn ingest_with_storage_down_is_503_never_2xx() {
+    let app = crate::support::app::spawn_app_with(Backend::Sqlite, &sources()).await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut state = app.herald.app_state();
+    state.db = herald::storage::Db::connect(
+        &format!("postgres://herald@{closed}/none"),
+        &herald::storage::PoolOptions {
+            max_size: 2,
+            connection_timeout: std::time::Duration::from_millis(300),
+        },
+    )
+    .unwrap();
+    let srv = actix_web::test::init_service(
+        actix_web::App::new()
+            .app_data(actix_web::web::Data::new(state))
+            .configure(herald::http::configure),
+    )
+    .await;
+    let body = br#"{"type":"email.sent","data":{}}"#;
+    let mut req = actix_web::test::TestRequest::post()
+        .uri("/v1/ingest/resend")
+        .set_payload(body.to_vec());
+    for (n, v) in resend_headers("msg_down", Utc::now().timestamp(), body) {
+        req = req.insert_header((n, v));
+    }
+    let resp = actix_web::test::call_service(&srv, req.to_request()).await;
+    assert_eq!(resp.status(), 503);
+    assert!(resp.headers().contains_key("retry-after"));
+    app.stop().await;
+}
+
+#[actix_web::test]
+async fn ingest_storage_down() {
+    ingest_with_storage_down_is_503_never_2xx().await
+}
+
+both_backends!(
+    receipts_are_stored_before_the_answer_and_deduplicated,
+    what_does_not_verify_is_refused_and_not_stored,
+);
