@@ -24,14 +24,28 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
-    #[error("config file {path} is not valid")]
+    /// The file does not parse. The message names the line but never quotes it: the line may
+    /// hold a secret.
+    #[error("config file {path} is not valid: line {line}: {message}")]
     Parse {
         path: PathBuf,
-        #[source]
-        source: Box<toml::de::Error>,
+        line: usize,
+        message: String,
     },
     #[error("{name}: {message}")]
     Invalid { name: String, message: String },
+}
+
+fn parse_error(path: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
+    let line = e
+        .span()
+        .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
+        .unwrap_or(0);
+    ConfigError::Parse {
+        path: path.to_owned(),
+        line,
+        message: e.message().to_owned(),
+    }
 }
 
 fn invalid(name: impl Into<String>, message: impl Into<String>) -> ConfigError {
@@ -155,8 +169,9 @@ impl std::fmt::Debug for ConfiguredSource {
     }
 }
 
-/// A validated `[endpoints.NAME]`.
-#[derive(Debug, Clone)]
+/// A validated `[endpoints.NAME]`. `Debug` shows the URL without its query and header names
+/// without values (both may carry credentials).
+#[derive(Clone)]
 pub struct Endpoint {
     pub name: String,
     pub url: url::Url,
@@ -165,6 +180,23 @@ pub struct Endpoint {
     pub auth: Option<EndpointAuth>,
     pub provider_message_id_pointer: Option<String>,
     pub event_types: Vec<String>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut url = self.url.clone();
+        url.set_query(None);
+        f.debug_struct("Endpoint")
+            .field("name", &self.name)
+            .field("url", &url.as_str())
+            .field("keys", &self.keys.len())
+            .field(
+                "headers",
+                &self.headers.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            )
+            .field("auth", &self.auth.as_ref().map(|_| "[redacted]"))
+            .finish()
+    }
 }
 
 impl Settings {
@@ -193,10 +225,7 @@ impl Settings {
                     path: path.to_owned(),
                     source,
                 })?;
-                Self::parse_file(&text).map_err(|source| ConfigError::Parse {
-                    path: path.to_owned(),
-                    source: Box::new(source),
-                })?
+                Self::parse_file(&text).map_err(|e| parse_error(path, &text, &e))?
             }
             None => FileConfig::default(),
         };
@@ -205,10 +234,8 @@ impl Settings {
 
     /// Settings from TOML text alone (tests, examples).
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        let file = Self::parse_file(text).map_err(|source| ConfigError::Parse {
-            path: PathBuf::from("<inline>"),
-            source: Box::new(source),
-        })?;
+        let file =
+            Self::parse_file(text).map_err(|e| parse_error(Path::new("<inline>"), text, &e))?;
         Self::build(file, &BTreeMap::new())
     }
 
@@ -311,6 +338,14 @@ impl Settings {
             "smtp_timeout_ms",
             f.smtp_timeout_ms.unwrap_or(30_000),
         )?);
+        if webhook_connect_timeout >= webhook_timeout {
+            // Otherwise a request still connecting when the total timeout fires would count as
+            // ambiguous (maybe sent) although it never left.
+            return Err(invalid(
+                "webhook_connect_timeout_ms",
+                "must be shorter than webhook_timeout_ms",
+            ));
+        }
         // A lease must outlive the longest send, or a slow send would be claimed twice.
         let longest_send = webhook_timeout.max(smtp_timeout);
         if lease < longest_send + Duration::from_secs(5) {
@@ -444,7 +479,7 @@ mod tests {
 
     #[test]
     fn defaults_match_the_interface_contract() {
-        let s = Settings::load_from(None, &BTreeMap::new()).unwrap();
+        let s = Settings::build(FileConfig::default(), &BTreeMap::new()).unwrap();
         assert_eq!(s.database_url.expose(), "sqlite://herald.db");
         assert_eq!(s.listen, "127.0.0.1:8080");
         assert_eq!(s.poll_interval, Duration::from_millis(1000));
@@ -481,12 +516,28 @@ mod tests {
 
     #[test]
     fn bad_values_name_the_key() {
-        let err = Settings::load_from(None, &env(&[("HERALD_LEASE_SECONDS", "soon")])).unwrap_err();
+        let none = || FileConfig::default();
+        let err = Settings::build(none(), &env(&[("HERALD_LEASE_SECONDS", "soon")])).unwrap_err();
         assert!(err.to_string().starts_with("HERALD_LEASE_SECONDS"), "{err}");
-        let err = Settings::load_from(None, &env(&[("HERALD_LEASE_SECONDS", "10")])).unwrap_err();
+        let err = Settings::build(none(), &env(&[("HERALD_LEASE_SECONDS", "10")])).unwrap_err();
         assert!(err.to_string().starts_with("lease_seconds"), "{err}");
         let err = Settings::from_toml("leese_seconds = 1").unwrap_err();
-        assert!(matches!(err, ConfigError::Parse { .. }), "{err}");
+        assert!(matches!(err, ConfigError::Parse { line: 1, .. }), "{err}");
+        // A parse error never quotes the line: it may hold a secret.
+        let err =
+            Settings::from_toml("listen = \"x\"\ndatabse_url = \"postgres://u:hunter2@db/h\"")
+                .unwrap_err();
+        assert!(matches!(err, ConfigError::Parse { line: 2, .. }), "{err}");
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+        let err = Settings::build(
+            none(),
+            &env(&[("HERALD_WEBHOOK_CONNECT_TIMEOUT_MS", "20000")]),
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().starts_with("webhook_connect_timeout_ms"),
+            "{err}"
+        );
         let err = Settings::from_toml("[endpoints.a]\nurl = \"ftp://x\"").unwrap_err();
         assert!(err.to_string().starts_with("endpoints.a.url"), "{err}");
         let err =

@@ -86,10 +86,13 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve { no_migrate } => {
             let herald = Herald::build(settings, Arc::new(SystemClock), !no_migrate)?;
-            actix_web::rt::System::new().block_on(async move {
-                // Diesel is synchronous: database calls run on the blocking pool.
-                herald.serve().await
-            })
+            // A multi-threaded runtime: the sender's sends use every core (the HTTP workers have
+            // threads of their own). Diesel is synchronous: database calls run on the blocking pool.
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the async runtime")?
+                .block_on(herald.serve())
         }
         Command::Migrate => {
             open_db(&settings, true)?;

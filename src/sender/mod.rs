@@ -21,7 +21,7 @@ use crate::channels::SendReport;
 use crate::channels::email::EmailChannel;
 use crate::channels::webhook::WebhookChannel;
 use crate::clock::Clock;
-use crate::domain::{AttemptClass, Channel, Semantics, State};
+use crate::domain::{AttemptClass, Channel, Semantics};
 use crate::storage::models::{Applied, LeaseSweep, NewAttempt, OutboxRow, OutcomeRecord};
 use crate::storage::{Db, StorageError};
 
@@ -121,8 +121,16 @@ impl Sender {
         let lease_until =
             now + chrono::Duration::from_std(self.inner.config.lease).unwrap_or_default();
         let owner = self.inner.config.owner.clone();
-        self.blocking(move |db| db.claim(now, limit, &owner, lease_until))
-            .await
+        let (rows, expired) = self
+            .blocking(move |db| db.claim(now, limit, &owner, lease_until))
+            .await?;
+        if expired > 0 {
+            info!(
+                expired,
+                "due messages past their expires_at marked expired; no request made"
+            );
+        }
+        Ok(rows)
     }
 
     /// Sends one claimed row and decides what happens next. Never touches the database.
@@ -154,14 +162,6 @@ impl Sender {
             provider_message_id: None,
             attempt: None,
         };
-        if row.expires_at.is_some_and(|e| e <= now) {
-            info!(class = "expired", "expired before sending; no request made");
-            return OutcomeRecord {
-                attempts_after: row.attempts - 1,
-                state: State::Expired.as_str().into(),
-                ..base
-            };
-        }
         let report = match channel {
             Ok(Channel::Webhook) => self.inner.webhook.send(&row).await,
             Ok(Channel::Email) => self.inner.email.send(&row).await,
@@ -236,7 +236,10 @@ impl Sender {
 
     /// One claim, every send concurrently (bounded), one write: returns how many rows it handled.
     pub async fn run_once(&self) -> Result<usize, SenderError> {
-        let rows = self.claim(self.inner.config.batch_size).await?;
+        // No more than can be in flight at once: a claimed row waiting for a slot would burn
+        // its lease.
+        let cfg = &self.inner.config;
+        let rows = self.claim(cfg.batch_size.min(cfg.concurrency)).await?;
         let n = rows.len();
         if n == 0 {
             return Ok(0);

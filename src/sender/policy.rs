@@ -118,14 +118,18 @@ impl RetryPolicy {
         }
     }
 
-    /// The receiver's Retry-After, clamped to `retry_after_max`, plus up to `jitter` of it (never
-    /// earlier than asked).
+    /// The receiver's Retry-After, clamped to [`base`, `retry_after_max`], plus up to `jitter` of
+    /// it (never earlier than asked). The floor keeps `Retry-After: 0` (or a past date) from
+    /// spending the whole budget in a burst.
     pub fn after_retry_after(&self, asked: Duration, unit: f64) -> Delay {
-        let clamped = asked.min(self.retry_after_max);
+        let floor = self.base.min(self.retry_after_max);
+        let clamped = asked.clamp(floor, self.retry_after_max);
         let extra = clamped.as_secs_f64() * self.jitter * unit.clamp(0.0, 1.0);
         let total = clamped.as_secs_f64() + extra;
         let clamp_note = if asked > self.retry_after_max {
             format!(" clamped to {}s", self.retry_after_max.as_secs_f64())
+        } else if asked < floor {
+            format!(" raised to the base {}s", floor.as_secs_f64())
         } else {
             String::new()
         };
@@ -202,6 +206,13 @@ mod tests {
         let d = p.after_retry_after(Duration::from_secs(86_400), 0.0);
         assert_eq!(d.delay, Duration::from_secs(600));
         assert!(d.reason.contains("clamped to 600s"), "{}", d.reason);
+        let d = p.after_retry_after(Duration::ZERO, 0.0);
+        assert_eq!(
+            d.delay,
+            Duration::from_secs(5),
+            "Retry-After: 0 waits at least the base"
+        );
+        assert!(d.reason.contains("raised to the base 5s"), "{}", d.reason);
     }
 
     #[test]

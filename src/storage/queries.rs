@@ -26,6 +26,8 @@ struct IdRow {
 
 /// The PostgreSQL claim: lock due rows with SKIP LOCKED in a CTE (never `id IN (subquery)`,
 /// which can lock more rows than its LIMIT), lease them, count the attempt, return their ids.
+/// A due row whose `expires_at` has passed becomes `expired` in the same statement: no lease, no
+/// attempt, no request.
 /// The predicate and order match the partial index `herald_outbox_due` exactly; the state list is
 /// literal SQL, not bound parameters, so the planner can match the index.
 pub const PG_CLAIM_SQL: &str = "\
@@ -37,7 +39,12 @@ WITH due AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE herald_outbox AS o
-SET state = 'sending', attempts = o.attempts + 1, lease_owner = $3, lease_until = $4, updated_at = $1
+SET state = CASE WHEN o.expires_at <= $1 THEN 'expired' ELSE 'sending' END,
+    attempts = CASE WHEN o.expires_at <= $1 THEN o.attempts ELSE o.attempts + 1 END,
+    lease_owner = CASE WHEN o.expires_at <= $1 THEN NULL ELSE $3 END,
+    lease_until = CASE WHEN o.expires_at <= $1 THEN NULL ELSE $4 END,
+    next_attempt_at = CASE WHEN o.expires_at <= $1 THEN NULL ELSE o.next_attempt_at END,
+    updated_at = $1
 FROM due
 WHERE o.id = due.id
 RETURNING o.id";
@@ -46,7 +53,12 @@ RETURNING o.id";
 /// `BEGIN IMMEDIATE` behind the writer lock, which is what makes it exclusive.
 pub const SQLITE_CLAIM_SQL: &str = "\
 UPDATE herald_outbox
-SET state = 'sending', attempts = attempts + 1, lease_owner = ?3, lease_until = ?4, updated_at = ?1
+SET state = CASE WHEN expires_at <= ?1 THEN 'expired' ELSE 'sending' END,
+    attempts = CASE WHEN expires_at <= ?1 THEN attempts ELSE attempts + 1 END,
+    lease_owner = CASE WHEN expires_at <= ?1 THEN NULL ELSE ?3 END,
+    lease_until = CASE WHEN expires_at <= ?1 THEN NULL ELSE ?4 END,
+    next_attempt_at = CASE WHEN expires_at <= ?1 THEN NULL ELSE next_attempt_at END,
+    updated_at = ?1
 WHERE id IN (
     SELECT id FROM herald_outbox
     WHERE state IN ('scheduled', 'retryable') AND next_attempt_at <= ?1
@@ -140,14 +152,15 @@ macro_rules! backend_queries {
                 Ok(n == 1)
             }
 
-            /// Leases up to `limit` due rows to `owner` and returns them (the claim transaction).
+            /// Leases up to `limit` due rows to `owner` and returns them, with how many due rows
+            /// expired instead (the claim transaction).
             pub fn claim(
                 conn: &mut Conn,
                 now: DateTime<Utc>,
                 limit: i64,
                 owner: &str,
                 lease_until: DateTime<Utc>,
-            ) -> QueryResult<Vec<OutboxRow>> {
+            ) -> QueryResult<(Vec<OutboxRow>, usize)> {
                 let ids: Vec<IdRow> = diesel::sql_query($claim_sql)
                     .bind::<$ts, _>(now)
                     .bind::<BigInt, _>(limit)
@@ -155,10 +168,13 @@ macro_rules! backend_queries {
                     .bind::<$ts, _>(lease_until)
                     .load(conn)?;
                 if ids.is_empty() {
-                    return Ok(Vec::new());
+                    return Ok((Vec::new(), 0));
                 }
                 let ids: Vec<i64> = ids.into_iter().map(|r| r.id).collect();
-                find_by_ids(conn, &ids)
+                let mut rows = find_by_ids(conn, &ids)?;
+                rows.retain(|r| r.state == "sending");
+                let expired = ids.len() - rows.len();
+                Ok((rows, expired))
             }
 
             /// Writes a batch of outcomes: each row only if still leased to `owner` for that
@@ -494,7 +510,7 @@ impl Db {
         limit: u32,
         owner: &str,
         lease_until: DateTime<Utc>,
-    ) -> Result<Vec<OutboxRow>, StorageError> {
+    ) -> Result<(Vec<OutboxRow>, usize), StorageError> {
         let limit = i64::from(limit);
         crate::db_run!(
             self,

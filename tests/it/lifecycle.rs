@@ -191,18 +191,23 @@ async fn cancel_only_before_sending(backend: Backend) {
 }
 
 async fn expired_leases_return_and_the_fence_holds(backend: Backend) {
+    use herald::storage::models::Applied;
     let app = spawn_app(backend).await;
     let rx = Receiver::start().await;
-    for id in ["lease-alo", "lease-amo"] {
+    for (id, extra) in [
+        ("lease-alo", json!({})),
+        ("lease-amo", json!({"semantics": "at_most_once"})),
+        ("lease-last", json!({"max_attempts": 1})),
+    ] {
         let mut m = webhook(id, &rx.url, json!({}));
-        if id == "lease-amo" {
-            m["semantics"] = json!("at_most_once");
-        }
+        m.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
         assert_eq!(app.post_message(m).await.status(), 201);
     }
     // A sender claims and then "crashes": nothing is sent, nothing is written back.
     let claimed = app.herald.sender.claim(10).await.unwrap();
-    assert_eq!(claimed.len(), 2);
+    assert_eq!(claimed.len(), 3);
     assert!(
         claimed
             .iter()
@@ -212,30 +217,58 @@ async fn expired_leases_return_and_the_fence_holds(backend: Backend) {
     assert_eq!(sweep.total(), 0, "leases still valid");
     app.advance(Duration::from_secs(31));
     let sweep = app.herald.sender.sweep_leases().await.unwrap();
-    assert_eq!((sweep.to_retryable, sweep.to_unconfirmed), (1, 1));
+    assert_eq!(
+        (
+            sweep.to_retryable,
+            sweep.to_unconfirmed,
+            sweep.to_dead_letter
+        ),
+        (1, 1, 1)
+    );
     let alo = app.message("lease-alo").await;
     assert_eq!(
         (alo["state"].as_str(), alo["last_error_class"].as_str()),
         (Some("retryable"), Some("ambiguous"))
     );
     assert_eq!(app.message("lease-amo").await["state"], "unconfirmed");
-    // The crashed sender comes back with its stale outcome: the fence refuses it.
-    let stale = app
+    let last = app.message("lease-last").await;
+    assert_eq!(
+        (last["state"].as_str(), last["last_error_class"].as_str()),
+        (Some("dead_letter"), Some("exhausted"))
+    );
+    // The crashed sender comes back with its stale outcome: refused, the row is no longer sending.
+    let stale_row = claimed
+        .into_iter()
+        .find(|r| r.event_id == "lease-alo")
+        .unwrap();
+    let stale = app.herald.sender.process(stale_row).await;
+    assert_eq!(
+        app.herald.sender.record(vec![stale.clone()]).await.unwrap(),
+        [Applied::LeaseLost]
+    );
+    assert_eq!(app.message("lease-alo").await["state"], "retryable");
+    // The same owner claims the row again (attempt 2): the attempt-1 outcome is still refused.
+    let again = app.herald.sender.claim(10).await.unwrap();
+    assert_eq!((again.len(), again[0].attempts), (1, 2));
+    assert_eq!(
+        app.herald.sender.record(vec![stale]).await.unwrap(),
+        [Applied::LeaseLost]
+    );
+    assert_eq!(app.message("lease-alo").await["state"], "sending");
+    let fresh = app
         .herald
         .sender
-        .process(
-            claimed
-                .into_iter()
-                .find(|r| r.event_id == "lease-alo")
-                .unwrap(),
-        )
+        .process(again.into_iter().next().unwrap())
         .await;
-    let applied = app.herald.sender.record(vec![stale]).await.unwrap();
-    assert_eq!(applied, [herald::storage::models::Applied::LeaseLost]);
-    assert_eq!(app.message("lease-alo").await["state"], "retryable");
-    // The returned row is sent again with the same event id.
-    assert_eq!(app.run_until_idle().await, 1);
-    assert_eq!(app.message("lease-alo").await["state"], "delivered");
+    assert_eq!(
+        app.herald.sender.record(vec![fresh]).await.unwrap(),
+        [Applied::Yes]
+    );
+    let alo = app.message("lease-alo").await;
+    assert_eq!(
+        (alo["state"].as_str(), alo["attempts"].as_i64()),
+        (Some("delivered"), Some(2))
+    );
     let ids: Vec<_> = rx
         .requests()
         .iter()
@@ -244,7 +277,7 @@ async fn expired_leases_return_and_the_fence_holds(backend: Backend) {
     assert_eq!(
         ids,
         ["lease-alo", "lease-alo"],
-        "the stale send and the retry; never lease-amo"
+        "the stale send and the retry; never the others"
     );
     app.stop().await;
 }
@@ -324,7 +357,8 @@ async fn notify_wakes_the_sender_on_commit() {
     let mut c = diesel::pg::PgConnection::establish(&app.test_db.url).unwrap();
     let insert = "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
                   VALUES ('{id}', 'webhook', 'https://x.example/h', '{\"body\": 1}')";
-    // A rolled-back insert notifies nobody.
+    // PostgreSQL delivers notifications at commit only (a rolled-back insert wakes nobody; not
+    // asserted here: a negative would need a wait).
     c.batch_execute(&format!(
         "BEGIN; {}; ROLLBACK;",
         insert.replace("{id}", "rolled-back")
