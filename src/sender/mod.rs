@@ -278,8 +278,9 @@ impl Sender {
     pub async fn sweep_leases(&self) -> Result<LeaseSweep, SenderError> {
         let now = self.inner.clock.now();
         let max = self.inner.config.policy.max_attempts;
+        let version = self.inner.config.policy.version.clone();
         let sweep = self
-            .blocking(move |db| db.sweep_expired_leases(now, max))
+            .blocking(move |db| db.sweep_expired_leases(now, max, &version))
             .await?;
         if sweep.total() > 0 {
             warn!(

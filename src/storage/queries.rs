@@ -67,8 +67,28 @@ WHERE id IN (
 )
 RETURNING id";
 
+/// One `lease_expired` attempt row for every `sending` row whose lease ran out, written by the
+/// watchdog before it moves the rows on. Placeholders: 1 now, 2 policy version, 3 default
+/// max attempts (`$n` on PostgreSQL, `?n` on SQLite).
+fn sweep_attempts_sql(placeholder: char) -> &'static str {
+    const SQL: &str = "\
+INSERT INTO herald_attempts (message_id, event_id, attempt_number, started_at, finished_at, duration_ms,
+    request_fingerprint, class, error_kind, delay_reason, policy_version, lease_owner, next_state)
+SELECT id, event_id, attempts, updated_at, #1, 0, request_fingerprint, 'ambiguous', 'lease_expired',
+    'the lease of ' || COALESCE(lease_owner, '?') || ' expired before it recorded an outcome', #2, NULL,
+    CASE WHEN semantics = 'at_most_once' THEN 'unconfirmed'
+         WHEN attempts >= COALESCE(max_attempts, #3) THEN 'dead_letter'
+         ELSE 'retryable' END
+FROM herald_outbox
+WHERE state = 'sending' AND lease_until < #1";
+    static PG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    static SQLITE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let cell = if placeholder == '$' { &PG } else { &SQLITE };
+    cell.get_or_init(|| SQL.replace('#', &placeholder.to_string()))
+}
+
 macro_rules! backend_queries {
-    ($name:ident, $conn:ty, $schema:ident, $ts:ty, $claim_sql:expr, $update_outcomes:path) => {
+    ($name:ident, $conn:ty, $schema:ident, $ts:ty, $placeholder:literal, $claim_sql:expr, $update_outcomes:path) => {
         pub mod $name {
             use chrono::{DateTime, Utc};
             use diesel::prelude::*;
@@ -269,7 +289,10 @@ macro_rules! backend_queries {
                     })
                     .collect();
                 if !rows.is_empty() {
-                    diesel::insert_into(a::table).values(rows).execute(conn)?;
+                    diesel::insert_into(a::table)
+                        .values(rows)
+                        .on_conflict_do_nothing()
+                        .execute(conn)?;
                 }
                 Ok(())
             }
@@ -280,7 +303,14 @@ macro_rules! backend_queries {
                 conn: &mut Conn,
                 now: DateTime<Utc>,
                 default_max_attempts: i32,
+                policy_version: &str,
             ) -> QueryResult<LeaseSweep> {
+                // The attempt that never reported back gets its row in the timeline first.
+                diesel::sql_query(super::sweep_attempts_sql($placeholder))
+                    .bind::<$ts, _>(now)
+                    .bind::<Text, _>(policy_version)
+                    .bind::<diesel::sql_types::Integer, _>(default_max_attempts)
+                    .execute(conn)?;
                 let expired = || {
                     o::table
                         .filter(o::state.eq("sending"))
@@ -396,6 +426,7 @@ backend_queries!(
     diesel::pg::PgConnection,
     schema_pg,
     diesel::sql_types::Timestamptz,
+    '$',
     super::PG_CLAIM_SQL,
     super::pg_update_outcomes
 );
@@ -404,6 +435,7 @@ backend_queries!(
     diesel::sqlite::SqliteConnection,
     schema_sqlite,
     diesel::sql_types::TimestamptzSqlite,
+    '?',
     super::SQLITE_CLAIM_SQL,
     self::update_outcomes_each
 );
@@ -473,18 +505,18 @@ fn pg_update_outcomes(
 /// Storage operations Herald itself performs, on whichever backend it runs.
 impl Db {
     pub fn insert_message(&self, m: &NewOutboxRow) -> Result<Option<i64>, StorageError> {
-        crate::db_run!(self, write | c, q | Ok(q::insert_message(c, m)?))
+        crate::db_run! { self, write |c, q| Ok(q::insert_message(c, m)?) }
     }
 
     pub fn find_by_event_id(&self, event_id: &str) -> Result<Option<OutboxRow>, StorageError> {
-        crate::db_run!(self, read | c, q | Ok(q::find_by_event_id(c, event_id)?))
+        crate::db_run! { self, read |c, q| Ok(q::find_by_event_id(c, event_id)?) }
     }
 
     pub fn attempts_of(
         &self,
         message_id: i64,
     ) -> Result<Vec<super::models::AttemptRow>, StorageError> {
-        crate::db_run!(self, read | c, q | Ok(q::attempts_of(c, message_id)?))
+        crate::db_run! { self, read |c, q| Ok(q::attempts_of(c, message_id)?) }
     }
 
     /// Cancels a not-yet-sent message; returns the row as it now is.
@@ -493,14 +525,10 @@ impl Db {
         event_id: &str,
         now: DateTime<Utc>,
     ) -> Result<(bool, Option<OutboxRow>), StorageError> {
-        crate::db_run!(
-            self,
-            write | c,
-            q | {
-                let changed = q::cancel(c, event_id, now)?;
-                Ok((changed, q::find_by_event_id(c, event_id)?))
-            }
-        )
+        crate::db_run! { self, write |c, q| {
+            let changed = q::cancel(c, event_id, now)?;
+            Ok((changed, q::find_by_event_id(c, event_id)?))
+        }}
     }
 
     /// The claim transaction: committed when this returns, before any network call.
@@ -512,11 +540,7 @@ impl Db {
         lease_until: DateTime<Utc>,
     ) -> Result<(Vec<OutboxRow>, usize), StorageError> {
         let limit = i64::from(limit);
-        crate::db_run!(
-            self,
-            write | c,
-            q | Ok(q::claim(c, now, limit, owner, lease_until)?)
-        )
+        crate::db_run! { self, write |c, q| Ok(q::claim(c, now, limit, owner, lease_until)?) }
     }
 
     pub fn record_outcomes(
@@ -525,36 +549,25 @@ impl Db {
         now: DateTime<Utc>,
         outcomes: &[OutcomeRecord],
     ) -> Result<Vec<Applied>, StorageError> {
-        crate::db_run!(
-            self,
-            write | c,
-            q | Ok(q::record_outcomes(c, owner, now, outcomes)?)
-        )
+        crate::db_run! { self, write |c, q| Ok(q::record_outcomes(c, owner, now, outcomes)?) }
     }
 
     pub fn sweep_expired_leases(
         &self,
         now: DateTime<Utc>,
         default_max_attempts: u32,
+        policy_version: &str,
     ) -> Result<LeaseSweep, StorageError> {
         let max = i32::try_from(default_max_attempts).unwrap_or(i32::MAX);
-        crate::db_run!(
-            self,
-            write | c,
-            q | Ok(q::sweep_expired_leases(c, now, max)?)
-        )
+        crate::db_run! { self, write |c, q| Ok(q::sweep_expired_leases(c, now, max, policy_version)?) }
     }
 
     pub fn get_setting(&self, key: &str) -> Result<Option<String>, StorageError> {
-        crate::db_run!(self, read | c, q | Ok(q::get_setting(c, key)?))
+        crate::db_run! { self, read |c, q| Ok(q::get_setting(c, key)?) }
     }
 
     pub fn setting_or_insert(&self, key: &str, value: &str) -> Result<String, StorageError> {
-        crate::db_run!(
-            self,
-            write | c,
-            q | Ok(q::setting_or_insert(c, key, value)?)
-        )
+        crate::db_run! { self, write |c, q| Ok(q::setting_or_insert(c, key, value)?) }
     }
 }
 
@@ -562,16 +575,11 @@ impl Db {
     /// Inserts a prepared message unless its event id exists; returns whether it was created and
     /// the stored row, in one transaction.
     pub fn enqueue(&self, m: &NewOutboxRow) -> Result<(bool, OutboxRow), StorageError> {
-        crate::db_run!(
-            self,
-            write | c,
-            q | {
-                let created = q::insert_message(c, m)?.is_some();
-                let row =
-                    q::find_by_event_id(c, &m.event_id)?.ok_or(diesel::result::Error::NotFound)?;
-                Ok((created, row))
-            }
-        )
+        crate::db_run! { self, write |c, q| {
+            let created = q::insert_message(c, m)?.is_some();
+            let row = q::find_by_event_id(c, &m.event_id)?.ok_or(diesel::result::Error::NotFound)?;
+            Ok((created, row))
+        }}
     }
 }
 
@@ -584,17 +592,13 @@ impl Db {
         receipts: &[NewReceipt],
         now: DateTime<Utc>,
     ) -> Result<(usize, usize), StorageError> {
-        crate::db_run!(
-            self,
-            write | c,
-            q | {
-                let inserted = q::insert_receipts(c, source, receipts, now)?;
-                Ok((inserted, receipts.len() - inserted))
-            }
-        )
+        crate::db_run! { self, write |c, q| {
+            let inserted = q::insert_receipts(c, source, receipts, now)?;
+            Ok((inserted, receipts.len() - inserted))
+        }}
     }
 
     pub fn receipts_of_source(&self, source: &str) -> Result<Vec<ReceiptRow>, StorageError> {
-        crate::db_run!(self, read | c, q | Ok(q::receipts_of_source(c, source)?))
+        crate::db_run! { self, read |c, q| Ok(q::receipts_of_source(c, source)?) }
     }
 }

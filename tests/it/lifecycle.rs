@@ -231,6 +231,18 @@ async fn expired_leases_return_and_the_fence_holds(backend: Backend) {
         (Some("retryable"), Some("ambiguous"))
     );
     assert_eq!(app.message("lease-amo").await["state"], "unconfirmed");
+    // Each expired lease has its attempt in the timeline.
+    let a = app.attempts("lease-amo");
+    assert_eq!(a.len(), 1);
+    assert_eq!(
+        (
+            a[0].class.as_str(),
+            a[0].error_kind.as_deref(),
+            a[0].next_state.as_str()
+        ),
+        ("ambiguous", Some("lease_expired"), "unconfirmed")
+    );
+    assert_eq!(app.attempts("lease-last")[0].next_state, "dead_letter");
     let last = app.message("lease-last").await;
     assert_eq!(
         (last["state"].as_str(), last["last_error_class"].as_str()),

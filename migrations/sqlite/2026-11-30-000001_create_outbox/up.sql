@@ -77,7 +77,9 @@ CREATE TABLE herald_attempts (
     lease_owner          TEXT,
     next_state           TEXT NOT NULL
 );
-CREATE INDEX herald_attempts_message ON herald_attempts (message_id, attempt_number);
+-- One row per attempt and sender: a retried outcome flush cannot record an attempt twice. The
+-- watchdog's rows (an expired lease) have no lease_owner and never collide.
+CREATE UNIQUE INDEX herald_attempts_once ON herald_attempts (message_id, attempt_number, lease_owner);
 
 CREATE TABLE herald_settings (
     key   TEXT PRIMARY KEY NOT NULL,
