@@ -5,6 +5,7 @@ mod support;
 mod classification;
 mod concurrency;
 mod enqueue;
+mod fixtures;
 mod http_api;
 mod ingest;
 mod lifecycle;

@@ -61,7 +61,10 @@ impl Source for Postmark {
         }
         let body: Value =
             serde_json::from_slice(r.body).map_err(|e| VerifyError::Unparsable(e.to_string()))?;
+        // Older payloads (and Postmark's own bounce example) have no RecordType: a BouncedAt
+        // marks a bounce.
         let record = str_at(&body, "/RecordType")
+            .or_else(|| body.get("BouncedAt").map(|_| "Bounce".to_owned()))
             .ok_or_else(|| VerifyError::Unparsable("no RecordType".into()))?;
         let time = ["/DeliveredAt", "/BouncedAt", "/ReceivedAt", "/ChangedAt"]
             .iter()

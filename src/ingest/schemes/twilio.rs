@@ -131,11 +131,14 @@ impl Source for Twilio {
                 .collect()
         };
         let get = |k: &str| fields.get(k).and_then(|v| v.as_str()).map(str::to_owned);
+        // SMS status callbacks carry MessageSid/MessageStatus; voice callbacks CallSid/CallStatus.
         let sid = get("MessageSid")
             .or_else(|| get("SmsSid"))
-            .ok_or_else(|| VerifyError::Unparsable("no MessageSid".into()))?;
+            .or_else(|| get("CallSid"))
+            .ok_or_else(|| VerifyError::Unparsable("no MessageSid or CallSid".into()))?;
         let status = get("MessageStatus")
             .or_else(|| get("SmsStatus"))
+            .or_else(|| get("CallStatus"))
             .unwrap_or_else(|| "unknown".into());
         Ok(vec![ReceiptEvent {
             provider_event_id: format!("{sid}:{status}"),
