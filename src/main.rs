@@ -45,11 +45,12 @@ enum Command {
     /// verifier and normalizer and prints the verdict and the normalized events as JSON.
     /// Exit status 0 when valid, 1 when refused.
     VerifyReceipt {
-        /// standard-webhooks, mailgun, twilio, postmark, stripe or hmac.
+        /// standard-webhooks, mailgun, sendgrid, twilio, postmark, ses, stripe or hmac.
         #[arg(long)]
         scheme: String,
-        /// A secret of the source (repeat for several; postmark: username:password).
-        #[arg(long = "secret", required = true)]
+        /// A secret of the source (repeat for several; postmark: username:password; sendgrid:
+        /// the base64 verification key; ses: not needed, give --cert-file).
+        #[arg(long = "secret")]
         secrets: Vec<String>,
         /// A request header, 'Name: value' (repeat for several).
         #[arg(long = "header", value_name = "'Name: value'")]
@@ -63,6 +64,9 @@ enum Command {
         /// Verify as if now were this Unix time (published examples are old).
         #[arg(long, value_name = "UNIX_SECONDS")]
         at: Option<i64>,
+        /// ses: the PEM certificate the message's SigningCertURL would give.
+        #[arg(long, value_name = "PEM")]
+        cert_file: Option<PathBuf>,
     },
 }
 
@@ -75,10 +79,25 @@ fn main() -> anyhow::Result<()> {
         body_file,
         url,
         at,
+        cert_file,
     } = &cli.command
     {
         // Offline: no configuration, no database, no logging set-up needed.
-        let valid = verify_receipt(scheme, secrets, headers, body_file, url.as_deref(), *at)?;
+        let cert = match cert_file {
+            Some(p) => {
+                Some(std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?)
+            }
+            None => None,
+        };
+        let valid = verify_receipt(
+            scheme,
+            secrets,
+            headers,
+            body_file,
+            url.as_deref(),
+            cert,
+            *at,
+        )?;
         std::process::exit(if valid { 0 } else { 1 });
     }
     herald::telemetry::init();
@@ -118,6 +137,7 @@ fn verify_receipt(
     headers: &[String],
     body_file: &std::path::Path,
     url: Option<&str>,
+    cert: Option<Vec<u8>>,
     at: Option<i64>,
 ) -> anyhow::Result<bool> {
     let body =
@@ -136,7 +156,7 @@ fn verify_receipt(
         }
         None => chrono::Utc::now(),
     };
-    let verdict = herald::ingest::verify_offline(scheme, secrets, &headers, &body, url, at)
+    let verdict = herald::ingest::verify_offline(scheme, secrets, &headers, &body, url, cert, at)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     println!("{}", serde_json::to_string_pretty(&verdict)?);
     Ok(verdict.valid)

@@ -220,12 +220,19 @@ async fn ingest_receipts(
         .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
         .collect();
     let now = state.clock.now();
-    let raw = RawRequest {
-        headers: &headers,
-        body: &body,
-        query: req.uri().query(),
-    };
-    let events = source.source.verify(&raw, now).map_err(|e| {
+    let query = req.uri().query().map(str::to_owned);
+    let verifier = source.source.clone();
+    // Signature checks (RSA, ECDSA) and an occasional certificate fetch run off the executor.
+    let verdict = web::block(move || {
+        let raw = RawRequest {
+            headers: &headers,
+            body: &body,
+            query: query.as_deref(),
+        };
+        verifier.verify(&raw, now)
+    })
+    .await?;
+    let events = verdict.map_err(|e| {
         tracing::info!(source = %name, scheme = source.source.scheme(), reason = %e, "receipt refused");
         let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::UNAUTHORIZED);
         let kind = if e.status() == 400 { "unparsable" } else { "unauthenticated" };

@@ -182,6 +182,7 @@ pub fn verify_offline(
     headers: &[(String, String)],
     body: &[u8],
     url: Option<&str>,
+    cert_pem: Option<Vec<u8>>,
     at: DateTime<Utc>,
 ) -> Result<Verdict, InvalidField> {
     let mut c = schemes::SourceConfig {
@@ -201,7 +202,26 @@ pub fn verify_offline(
         c.username = Some(u.to_owned());
         c.password = Some(crate::secret::Secret::new(p));
     }
-    let source = schemes::build("scheme", &c)?;
+    let source: std::sync::Arc<dyn Source> = if scheme == "ses" {
+        // Offline: the certificate comes from --cert-file, for the URL the message names; a
+        // subscription is never confirmed.
+        let cert_url = serde_json::from_slice::<Value>(body)
+            .ok()
+            .and_then(|v| str_at(&v, "/SigningCertURL"))
+            .unwrap_or_default();
+        let mut store = schemes::ses::StaticCertStore::default();
+        if let Some(pem) = cert_pem {
+            store.0.insert(cert_url, pem);
+        }
+        std::sync::Arc::new(schemes::ses::Ses::new(
+            Vec::new(),
+            std::sync::Arc::new(store),
+            false,
+            None,
+        ))
+    } else {
+        schemes::build("scheme", &c)?
+    };
     let query = url.and_then(|u| u.split_once('?')).map(|(_, q)| q);
     let request = RawRequest {
         headers,

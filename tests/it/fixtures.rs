@@ -11,13 +11,15 @@ use crate::both_backends;
 use crate::support::Backend;
 use crate::support::app::spawn_app_with;
 
-/// Schemes this version implements; the fixtures of the others (sendgrid, ses) wait for them.
+/// Every scheme of the interface contract that has published examples.
 const SCHEMES: &[&str] = &[
     "standard-webhooks",
     "stripe",
     "twilio",
     "mailgun",
     "postmark",
+    "sendgrid",
+    "ses",
 ];
 
 struct Case {
@@ -67,6 +69,16 @@ fn source_toml(i: usize, c: &Case) -> String {
     }
     if let Some(url) = s["url"].as_str() {
         t += &format!("public_url = {url:?}\n");
+    }
+    if let Some(arns) = s.get("allowed_topic_arns") {
+        t += &format!("topic_arns = {arns}\nconfirm_subscriptions = false\n");
+    }
+    if let (Some(url), Some(file)) = (s["cert_url"].as_str(), s["cert_file"].as_str()) {
+        // The injectable certificate store: the published certificate pinned for its URL.
+        t += &format!(
+            "certificates = {{ {url:?} = {:?} }}\n",
+            c.dir.join(file).display().to_string()
+        );
     }
     if let Some(auth) = s.get("basic_auth") {
         t += &format!(
@@ -151,10 +163,11 @@ async fn published_examples_get_the_documented_verdict(backend: Backend) {
         [
             "twilio/sdk-valid-duplicate-params",
             "twilio/sdk-valid-json-bodysha256",
-            "mailgun/sdk-valid-1"
+            "mailgun/sdk-valid-1",
+            "ses/sdk-valid-sns-v1"
         ]
     );
-    assert_eq!((stored, refused), (11, 23));
+    assert_eq!((stored, refused), (13, 31));
 
     // What the published events normalize to.
     let find = |name: &str| cases.iter().position(|c| c.name == name).unwrap();
@@ -178,6 +191,23 @@ async fn published_examples_get_the_documented_verdict(backend: Backend) {
         (pm.event_type.as_str(), pm.event_time.unwrap().timestamp()),
         ("bounced", 1406914090)
     );
+    let sg = &app
+        .db
+        .receipts_of_source(&format!("f{}", find("sendgrid/sdk-valid-1")))
+        .unwrap()[0];
+    assert_eq!(
+        (
+            sg.provider_event_id.as_str(),
+            sg.event_type.as_str(),
+            sg.provider_message_id.as_deref()
+        ),
+        (
+            "ZHJvcC0xMDk5NDkxOS1MUnpYbF9OSFN0T0doUTRrb2ZTbV9BLTA",
+            "dropped",
+            Some("LRzXl_NHStOGhQ4kofSm_A")
+        )
+    );
+    assert_eq!(sg.event_time.unwrap().timestamp(), 1600112492);
     let sw = &app
         .db
         .receipts_of_source(&format!("f{}", find("standard-webhooks/sdk-valid-1")))

@@ -3,6 +3,8 @@
 pub mod hmac_generic;
 pub mod mailgun;
 pub mod postmark;
+pub mod sendgrid;
+pub mod ses;
 pub mod standard_webhooks;
 pub mod stripe;
 pub mod twilio;
@@ -19,8 +21,10 @@ use crate::secret::Secret;
 pub const SCHEMES: &[&str] = &[
     "standard-webhooks",
     "mailgun",
+    "sendgrid",
     "twilio",
     "postmark",
+    "ses",
     "stripe",
     "hmac",
 ];
@@ -51,6 +55,12 @@ pub struct SourceConfig {
     /// ses: allowed TopicArns.
     #[serde(default)]
     pub topic_arns: Vec<String>,
+    /// ses: confirm SubscriptionConfirmations by GETting their SubscribeURL (default true).
+    #[serde(default)]
+    pub confirm_subscriptions: Option<bool>,
+    /// ses: pinned signing certificates, `"https://sns…pem" = "/path/cert.pem"` (else fetched).
+    #[serde(default)]
+    pub certificates: std::collections::BTreeMap<String, std::path::PathBuf>,
     /// hmac: the signature header (default `x-signature`).
     #[serde(default)]
     pub header: Option<String>,
@@ -140,14 +150,27 @@ pub fn build(field: &str, c: &SourceConfig) -> Result<Arc<dyn Source>, InvalidFi
             hmac_generic::GenericHmac::new(need_secrets(c.all_secrets())?, c)
                 .map_err(|m| InvalidField::new(field.to_owned(), m))?,
         ),
-        "sendgrid" | "ses" => {
-            return Err(InvalidField::new(
-                format!("{field}.scheme"),
-                format!(
-                    "{:?} is not implemented by this version of Herald",
-                    c.scheme
-                ),
-            ));
+        "sendgrid" => Arc::new(
+            sendgrid::SendGrid::new(&need_secrets(c.all_secrets())?, c.tolerance_seconds)
+                .map_err(|m| InvalidField::new(format!("{field}.secrets"), m))?,
+        ),
+        "ses" => {
+            let mut pinned = ses::StaticCertStore::default();
+            for (url, path) in &c.certificates {
+                let pem = std::fs::read(path).map_err(|e| {
+                    InvalidField::new(
+                        format!("{field}.certificates"),
+                        format!("cannot read {}: {e}", path.display()),
+                    )
+                })?;
+                pinned.0.insert(url.clone(), pem);
+            }
+            Arc::new(ses::Ses::new(
+                c.topic_arns.clone(),
+                Arc::new(ses::HttpsCertStore::new(pinned)),
+                c.confirm_subscriptions.unwrap_or(true),
+                c.tolerance_seconds,
+            ))
         }
         other => {
             return Err(InvalidField::new(

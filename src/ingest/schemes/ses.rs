@@ -1,0 +1,430 @@
+//! Amazon SES via SNS: the SNS envelope is signed with RSA PKCS#1 v1.5 — SHA1 for
+//! `SignatureVersion` 1, SHA256 for 2 — over `key\nvalue\n` of its fields in a fixed order, with
+//! the certificate at `SigningCertURL`. That URL must be `https://sns.<region>.amazonaws.com[.cn]/…
+//! .pem`; certificates are fetched over HTTPS once and cached (or pinned in configuration).
+//! `TopicArn` must be one of `topic_arns` when that list is set. A `SubscriptionConfirmation` is
+//! confirmed by an explicit, logged GET of its `SubscribeURL` (same host policy) unless
+//! `confirm_subscriptions = false`. Dedup on the SNS `MessageId` (kept across SNS retries).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine;
+use chrono::{DateTime, Utc};
+use rsa::RsaPublicKey;
+use rsa::pkcs1v15::{Signature, VerifyingKey};
+use rsa::pkcs8::DecodePublicKey;
+use rsa::signature::Verifier;
+use serde_json::Value;
+use x509_cert::der::{DecodePem, Encode};
+
+use crate::ingest::{RawRequest, ReceiptEvent, Source, VerifyError, iso_time, str_at, within};
+
+/// Where signing certificates come from: fetched and cached, or given (tests, pinning, offline).
+pub trait CertStore: Send + Sync {
+    /// The PEM certificate at `url` (already checked against the URL policy).
+    fn get(&self, url: &str) -> Result<Vec<u8>, String>;
+}
+
+/// Certificates given up front, keyed by URL.
+#[derive(Debug, Default, Clone)]
+pub struct StaticCertStore(pub HashMap<String, Vec<u8>>);
+
+impl CertStore for StaticCertStore {
+    fn get(&self, url: &str) -> Result<Vec<u8>, String> {
+        self.0
+            .get(url)
+            .cloned()
+            .ok_or_else(|| "no pinned certificate for that URL".into())
+    }
+}
+
+/// Fetches over HTTPS (TLS-verified by the system's web PKI) and caches by URL. Called from a
+/// blocking thread, never from the async executor.
+pub struct HttpsCertStore {
+    pinned: StaticCertStore,
+    cache: Mutex<HashMap<String, Vec<u8>>>,
+}
+
+impl HttpsCertStore {
+    pub fn new(pinned: StaticCertStore) -> Self {
+        Self {
+            pinned,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+/// One blocking HTTPS GET (certificates, subscription confirmations): rare, cached, bounded.
+fn https_get(url: &str) -> Result<Vec<u8>, String> {
+    crate::channels::install_crypto_provider();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| e.to_string())?;
+        let resp = client.get(url).send().await.map_err(|e| e.to_string())?;
+        if !resp.status().is_success() {
+            return Err(format!("HTTP {}", resp.status()));
+        }
+        resp.bytes()
+            .await
+            .map(|b| b.to_vec())
+            .map_err(|e| e.to_string())
+    })
+}
+
+impl CertStore for HttpsCertStore {
+    fn get(&self, url: &str) -> Result<Vec<u8>, String> {
+        if let Ok(pem) = self.pinned.get(url) {
+            return Ok(pem);
+        }
+        if let Some(pem) = self
+            .cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(url)
+        {
+            return Ok(pem.clone());
+        }
+        let pem = https_get(url)?;
+        tracing::info!(host = %crate::telemetry::mask_url(url), "SNS signing certificate fetched and cached");
+        self.cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(url.to_owned(), pem.clone());
+        Ok(pem)
+    }
+}
+
+/// `https://sns.<region>.amazonaws.com[.cn]/…` (and `.pem` for certificates).
+pub fn sns_url_allowed(raw: &str, pem: bool) -> bool {
+    let Ok(u) = url::Url::parse(raw) else {
+        return false;
+    };
+    let host = u.host_str().unwrap_or("");
+    let region_ok = |r: &str| {
+        !r.is_empty()
+            && r.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    };
+    let host_ok = host
+        .strip_prefix("sns.")
+        .and_then(|h| {
+            h.strip_suffix(".amazonaws.com")
+                .or_else(|| h.strip_suffix(".amazonaws.com.cn"))
+        })
+        .is_some_and(region_ok);
+    u.scheme() == "https" && host_ok && u.port().is_none() && (!pem || u.path().ends_with(".pem"))
+}
+
+/// The canonical string SNS signs.
+pub fn canonical(envelope: &Value) -> Option<String> {
+    let kind = envelope.get("Type")?.as_str()?;
+    let keys: &[&str] = match kind {
+        "Notification" => &[
+            "Message",
+            "MessageId",
+            "Subject",
+            "Timestamp",
+            "TopicArn",
+            "Type",
+        ],
+        "SubscriptionConfirmation" | "UnsubscribeConfirmation" => &[
+            "Message",
+            "MessageId",
+            "SubscribeURL",
+            "Timestamp",
+            "Token",
+            "TopicArn",
+            "Type",
+        ],
+        _ => return None,
+    };
+    let mut out = String::new();
+    for k in keys {
+        match envelope.get(*k) {
+            Some(Value::String(v)) => {
+                out.push_str(k);
+                out.push('\n');
+                out.push_str(v);
+                out.push('\n');
+            }
+            // Subject is optional on notifications; every other field is required.
+            None | Some(Value::Null) if *k == "Subject" => {}
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+pub struct Ses {
+    topic_arns: Vec<String>,
+    certs: Arc<dyn CertStore>,
+    confirm: bool,
+    tolerance: Option<u64>,
+}
+
+impl Ses {
+    pub fn new(
+        topic_arns: Vec<String>,
+        certs: Arc<dyn CertStore>,
+        confirm: bool,
+        tolerance: Option<u64>,
+    ) -> Self {
+        Self {
+            topic_arns,
+            certs,
+            confirm,
+            tolerance,
+        }
+    }
+
+    fn verify_signature(&self, env: &Value) -> Result<(), VerifyError> {
+        let text = canonical(env).ok_or(VerifyError::Missing("SNS envelope fields"))?;
+        let cert_url =
+            str_at(env, "/SigningCertURL").ok_or(VerifyError::Missing("SigningCertURL"))?;
+        if !sns_url_allowed(&cert_url, true) {
+            return Err(VerifyError::Mismatch);
+        }
+        let sig = str_at(env, "/Signature").ok_or(VerifyError::Missing("Signature"))?;
+        let sig = base64::engine::general_purpose::STANDARD
+            .decode(sig)
+            .map_err(|_| VerifyError::Mismatch)?;
+        let sig = Signature::try_from(sig.as_slice()).map_err(|_| VerifyError::Mismatch)?;
+        let pem = self.certs.get(&cert_url).map_err(|e| {
+            tracing::warn!(error = %e, "SNS signing certificate unavailable");
+            VerifyError::Mismatch
+        })?;
+        let cert = x509_cert::Certificate::from_pem(&pem).map_err(|_| VerifyError::Mismatch)?;
+        let spki = cert
+            .tbs_certificate
+            .subject_public_key_info
+            .to_der()
+            .map_err(|_| VerifyError::Mismatch)?;
+        let key = RsaPublicKey::from_public_key_der(&spki).map_err(|_| VerifyError::Mismatch)?;
+        let ok = match str_at(env, "/SignatureVersion").as_deref() {
+            Some("1") => VerifyingKey::<sha1::Sha1>::new(key)
+                .verify(text.as_bytes(), &sig)
+                .is_ok(),
+            Some("2") => VerifyingKey::<sha2::Sha256>::new(key)
+                .verify(text.as_bytes(), &sig)
+                .is_ok(),
+            _ => false,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(VerifyError::Mismatch)
+        }
+    }
+}
+
+fn vocabulary(event: &str, bounce_type: Option<&str>) -> &'static str {
+    match (event, bounce_type) {
+        ("Send", _) => "sent",
+        ("Delivery", _) => "delivered",
+        ("DeliveryDelay", _) => "deferred",
+        ("Bounce", Some("Permanent")) => "bounced",
+        ("Bounce", _) => "deferred",
+        ("Reject", _) => "dropped",
+        ("Rendering Failure", _) => "failed",
+        ("Open", _) => "opened",
+        ("Click", _) => "clicked",
+        ("Complaint", _) => "complained",
+        ("Subscription", _) => "unsubscribed",
+        _ => "other",
+    }
+}
+
+/// The object holding an SES event's own time: `Bounce` → `bounce`, `Rendering Failure` →
+/// `failure`, `DeliveryDelay` → `deliveryDelay`.
+fn detail_key(event: &str) -> String {
+    match event {
+        "Rendering Failure" => "failure".into(),
+        other => {
+            let mut c = other.chars();
+            c.next()
+                .map(|f| f.to_ascii_lowercase().to_string() + c.as_str())
+                .unwrap_or_default()
+        }
+    }
+}
+
+fn normalize(message_id: String, ses: Value) -> ReceiptEvent {
+    let event = str_at(&ses, "/eventType")
+        .or_else(|| str_at(&ses, "/notificationType"))
+        .unwrap_or_else(|| "unknown".into());
+    let detail = ses.get(detail_key(&event));
+    let event_time = detail
+        .and_then(|d| d.get("timestamp"))
+        .and_then(iso_time)
+        .or_else(|| {
+            if event == "Send" {
+                ses.pointer("/mail/timestamp").and_then(iso_time)
+            } else {
+                None
+            }
+        });
+    let bounce_type = str_at(&ses, "/bounce/bounceType");
+    let tags = ses
+        .pointer("/mail/tags/herald_event_id")
+        .and_then(|v| match v {
+            Value::Array(a) => a.first().and_then(|x| x.as_str()).map(str::to_owned),
+            Value::String(s) => Some(s.clone()),
+            _ => None,
+        });
+    let header = ses
+        .pointer("/mail/headers")
+        .and_then(|h| h.as_array())
+        .and_then(|items| {
+            items.iter().find_map(|x| {
+                (x.get("name")?
+                    .as_str()?
+                    .eq_ignore_ascii_case("x-herald-event-id"))
+                .then(|| x.get("value")?.as_str().map(str::to_owned))
+                .flatten()
+            })
+        });
+    ReceiptEvent {
+        provider_event_id: message_id,
+        event_type: vocabulary(&event, bounce_type.as_deref()).into(),
+        provider_type: event,
+        event_time,
+        herald_event_id: tags.or(header),
+        provider_message_id: str_at(&ses, "/mail/messageId"),
+        raw: ses,
+    }
+}
+
+impl Source for Ses {
+    fn scheme(&self) -> &'static str {
+        "ses"
+    }
+
+    fn verify(
+        &self,
+        r: &RawRequest<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<ReceiptEvent>, VerifyError> {
+        // The signature lives inside the JSON envelope: without one there is nothing to verify.
+        let env: Value =
+            serde_json::from_slice(r.body).map_err(|_| VerifyError::Missing("SNS envelope"))?;
+        self.verify_signature(&env)?;
+        let topic = str_at(&env, "/TopicArn").unwrap_or_default();
+        if !self.topic_arns.is_empty() && !self.topic_arns.contains(&topic) {
+            tracing::warn!("SNS message from a TopicArn that is not configured; refused");
+            return Err(VerifyError::Mismatch);
+        }
+        if let Some(tol) = self.tolerance {
+            let t = env
+                .get("Timestamp")
+                .and_then(iso_time)
+                .ok_or(VerifyError::Mismatch)?;
+            if !within(t.timestamp(), now, tol, true) {
+                return Err(VerifyError::Stale(tol));
+            }
+        }
+        match str_at(&env, "/Type").as_deref() {
+            Some("SubscriptionConfirmation") => {
+                let url = str_at(&env, "/SubscribeURL").unwrap_or_default();
+                if !self.confirm {
+                    tracing::warn!(topic = %topic, "SNS subscription confirmation received; confirm_subscriptions is off, not confirmed");
+                } else if !sns_url_allowed(&url, false) {
+                    tracing::warn!(topic = %topic, "SNS SubscribeURL outside the SNS host policy; not confirmed");
+                } else {
+                    match https_get(&url) {
+                        Ok(_) => tracing::info!(topic = %topic, "SNS subscription confirmed"),
+                        Err(e) => {
+                            tracing::warn!(topic = %topic, error = %e, "SNS subscription confirmation failed");
+                            return Err(VerifyError::Unparsable(
+                                "subscription confirmation failed".into(),
+                            ));
+                        }
+                    }
+                }
+                Ok(Vec::new())
+            }
+            Some("UnsubscribeConfirmation") => {
+                tracing::warn!(topic = %topic, "SNS unsubscribe confirmation received");
+                Ok(Vec::new())
+            }
+            _ => {
+                let id = str_at(&env, "/MessageId").ok_or(VerifyError::Missing("MessageId"))?;
+                let message = str_at(&env, "/Message").unwrap_or_default();
+                let ses: Value = serde_json::from_str(&message)
+                    .ok()
+                    .filter(Value::is_object)
+                    .ok_or_else(|| VerifyError::Unparsable("Message is not an SES event".into()))?;
+                Ok(vec![normalize(id, ses)])
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn cert_url_policy() {
+        assert!(sns_url_allowed(
+            "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-x.pem",
+            true
+        ));
+        assert!(sns_url_allowed(
+            "https://sns.cn-north-1.amazonaws.com.cn/x.pem",
+            true
+        ));
+        for bad in [
+            "http://sns.us-east-1.amazonaws.com/x.pem",
+            "https://sns.us-east-1.amazonaws.com.evil.com/x.pem",
+            "https://evil.com/sns.us-east-1.amazonaws.com/x.pem",
+            "https://sns.us-east-1.amazonaws.com:8443/x.pem",
+            "https://sns..amazonaws.com/x.pem",
+            "https://sns.us-east-1.amazonaws.com/x.txt",
+            "not a url",
+        ] {
+            assert!(!sns_url_allowed(bad, true), "{bad}");
+        }
+    }
+
+    #[test]
+    fn canonical_strings() {
+        let n = json!({"Type": "Notification", "Message": "m", "MessageId": "i", "Timestamp": "t", "TopicArn": "a"});
+        assert_eq!(
+            canonical(&n).unwrap(),
+            "Message\nm\nMessageId\ni\nTimestamp\nt\nTopicArn\na\nType\nNotification\n"
+        );
+        let c = json!({"Type": "SubscriptionConfirmation", "Message": "m", "MessageId": "i", "Timestamp": "t", "TopicArn": "a"});
+        assert_eq!(canonical(&c), None, "SubscribeURL and Token are required");
+        assert_eq!(canonical(&json!({"Type": "Other"})), None);
+    }
+
+    #[test]
+    fn ses_events_normalize_by_their_own_time() {
+        let ses = json!({"eventType": "Bounce", "bounce": {"bounceType": "Permanent", "timestamp": "2017-08-05T00:41:02.669Z"},
+            "mail": {"timestamp": "2017-08-05T00:40:01.123Z", "messageId": "0100015dad", "tags": {"herald_event_id": ["order-1"]}}});
+        let e = normalize("sns-1".into(), ses);
+        assert_eq!(
+            (e.event_type.as_str(), e.provider_type.as_str()),
+            ("bounced", "Bounce")
+        );
+        assert_eq!(
+            e.event_time.unwrap().timestamp(),
+            1501893662,
+            "bounce.timestamp, not mail.timestamp"
+        );
+        assert_eq!(e.herald_event_id.as_deref(), Some("order-1"));
+        assert_eq!(e.provider_message_id.as_deref(), Some("0100015dad"));
+        assert_eq!(detail_key("DeliveryDelay"), "deliveryDelay");
+        assert_eq!(detail_key("Rendering Failure"), "failure");
+    }
+}
