@@ -186,3 +186,138 @@ both_backends!(
     receipts_are_stored_before_the_answer_and_deduplicated,
     what_does_not_verify_is_refused_and_not_stored,
 );
+
+/// PostgreSQL stops answering for this database mid-run: ingest says 503 (never 2xx), stores
+/// nothing, and accepts again once the database is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingest_answers_503_while_postgres_is_unreachable() {
+    use diesel::Connection;
+    use diesel::connection::SimpleConnection;
+    let app = spawn_app_with(Backend::Postgres, &sources()).await;
+    let body = br#"{"type":"email.delivered","data":{"email_id":"em_9"}}"#;
+    let now = Utc::now().timestamp();
+    let name = url::Url::parse(&app.test_db.url)
+        .unwrap()
+        .path()
+        .trim_start_matches('/')
+        .to_owned();
+    let admin_url = app.test_db.url.replace(&format!("/{name}"), "/postgres");
+    let mut admin = diesel::pg::PgConnection::establish(&admin_url).unwrap();
+    let stop = format!(
+        "ALTER DATABASE {name} ALLOW_CONNECTIONS false; \
+         SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}';"
+    );
+    admin.batch_execute(&stop).unwrap();
+    let r = post(&app, "resend", &resend_headers("msg_down", now, body), body).await;
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    admin
+        .batch_execute(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true"))
+        .unwrap();
+    // The provider retries: now it is stored, once.
+    let r = post(&app, "resend", &resend_headers("msg_down", now, body), body).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(app.db.receipts_of_source("resend").unwrap().len(), 1);
+    app.stop().await;
+}
+
+/// A few thousand random and malformed requests against every scheme: never a 5xx, never a
+/// stored receipt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_and_malformed_requests_never_get_a_5xx() {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/providers");
+    let sendgrid_key = serde_json::from_slice::<Value>(
+        &std::fs::read(fixtures.join("sendgrid/sdk-valid-1/case.json")).unwrap(),
+    )
+    .unwrap()["secret"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let cert = fixtures.join("ses/sdk-valid-sns-v1/cert.pem");
+    let toml = format!(
+        "{}[sources.sg]\nscheme = \"sendgrid\"\nsecrets = [\"{sendgrid_key}\"]\n\
+         [sources.st]\nscheme = \"stripe\"\nsecrets = [\"whsec_x\"]\n\
+         [sources.mg]\nscheme = \"mailgun\"\nsecrets = [\"key\"]\n\
+         [sources.tw]\nscheme = \"twilio\"\nsecrets = [\"tok\"]\npublic_url = \"https://h.example/tw\"\n\
+         [sources.ses]\nscheme = \"ses\"\nconfirm_subscriptions = false\n\
+         certificates = {{ \"https://sns.us-east-1.amazonaws.com/SimpleNotificationService-bb750dd426d95ee9390147a5624348ee.pem\" = {:?} }}\n\
+         [sources.hm]\nscheme = \"hmac\"\nsecrets = [\"k\"]\nsigned = \"timestamp.body\"\n",
+        sources(),
+        cert.display().to_string()
+    );
+    let app = spawn_app_with(Backend::Sqlite, &toml).await;
+    let names = [
+        "resend", "pm", "sg", "st", "mg", "tw", "ses", "hm", "nope", "%2e%2e",
+    ];
+    let header_names = [
+        "webhook-id",
+        "webhook-timestamp",
+        "webhook-signature",
+        "svix-signature",
+        "stripe-signature",
+        "x-twilio-signature",
+        "x-twilio-email-event-webhook-signature",
+        "x-twilio-email-event-webhook-timestamp",
+        "authorization",
+        "x-signature",
+        "x-timestamp",
+        "content-type",
+    ];
+    let bodies: Vec<Vec<u8>> = vec![
+        b"".to_vec(),
+        b"{".to_vec(),
+        b"[]".to_vec(),
+        b"[{\"event\":1}]\r\n".to_vec(),
+        b"{\"Type\":\"Notification\",\"SigningCertURL\":\"https://sns.us-east-1.amazonaws.com/x.pem\",\"Signature\":\"AAAA\",\"SignatureVersion\":\"1\",\"Message\":\"m\",\"MessageId\":\"i\",\"Timestamp\":\"t\",\"TopicArn\":\"a\"}".to_vec(),
+        b"{\"signature\":{\"timestamp\":\"1\",\"token\":\"t\",\"signature\":\"00\"},\"event-data\":{}}".to_vec(),
+        std::fs::read(fixtures.join("ses/sdk-valid-sns-v1/body")).unwrap(),
+        vec![0xff, 0xfe, 0x00, 0x80],
+        vec![b'x'; 5000],
+    ];
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut seen = std::collections::BTreeMap::new();
+    for i in 0..2_000 {
+        let name = names[rng.random_range(0..names.len())];
+        let mut req = app.http.post(format!("{}/v1/ingest/{name}", app.base));
+        for h in header_names {
+            if rng.random_bool(0.4) {
+                let v: String = match rng.random_range(0..4) {
+                    0 => format!("{}", rng.random::<i64>()),
+                    1 => format!("t={},v1={:x}", rng.random::<u32>(), rng.random::<u128>()),
+                    2 => format!("v1,{}", "QUJD".repeat(rng.random_range(0..20))),
+                    _ => (0..rng.random_range(0..40))
+                        .map(|_| char::from(rng.random_range(32u8..127)))
+                        .collect(),
+                };
+                req = req.header(h, v);
+            }
+        }
+        let mut body = bodies[rng.random_range(0..bodies.len())].clone();
+        if rng.random_bool(0.3) && !body.is_empty() {
+            let at = rng.random_range(0..body.len());
+            body[at] = rng.random();
+        }
+        let r = req
+            .body(body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("request {i}: {e}"));
+        let status = r.status().as_u16();
+        assert!(status < 500, "request {i} to {name}: {status}");
+        *seen.entry(status).or_insert(0) += 1;
+    }
+    // Only refusals: 401 (unverified), 404 (unknown source), 413 (too large), and 400 for the one
+    // genuinely signed SNS body when it arrives intact at the ses source (its Message is no SES
+    // event). Nothing is ever stored.
+    assert!(
+        seen.keys().all(|s| [400, 401, 404, 413].contains(s)),
+        "{seen:?}"
+    );
+    assert!(seen[&401] > 1000, "{seen:?}");
+    for n in names {
+        assert!(app.db.receipts_of_source(n).unwrap().is_empty());
+    }
+    app.stop().await;
+}
