@@ -58,6 +58,11 @@ pub async fn spawn_app_with(backend: Backend, extra_toml: &str) -> TestApp {
 }
 
 pub async fn spawn_on(test_db: TestDb, extra_toml: &str) -> TestApp {
+    spawn_with_workers(test_db, extra_toml, 1).await
+}
+
+/// As [`spawn_on`] with `workers` HTTP worker threads (benchmarks).
+pub async fn spawn_with_workers(test_db: TestDb, extra_toml: &str, workers: usize) -> TestApp {
     let settings =
         Settings::from_toml(&base_toml(&test_db.url, extra_toml)).expect("test settings");
     let clock = Arc::new(OffsetClock::new());
@@ -68,7 +73,7 @@ pub async fn spawn_on(test_db: TestDb, extra_toml: &str) -> TestApp {
         .expect("build herald");
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let server = herald.http_server(listener, 1).expect("http server");
+    let server = herald.http_server(listener, workers).expect("http server");
     let handle = server.handle();
     tokio::spawn(server);
     TestApp {

@@ -167,14 +167,16 @@ fn from_url(url: &str) -> PgServer {
     }
 }
 
-fn pg_bin_dir() -> Option<PathBuf> {
+pub fn pg_bin_dir() -> Option<PathBuf> {
     if let Ok(out) = Command::new("sh")
         .args(["-c", "command -v initdb"])
         .output()
     {
         let p = String::from_utf8_lossy(&out.stdout).trim().to_owned();
         if !p.is_empty() {
-            return Path::new(&p).parent().map(Path::to_owned);
+            // Follow a symlink (e.g. /usr/local/bin/initdb) to the real bin directory.
+            let real = std::fs::canonicalize(&p).unwrap_or_else(|_| PathBuf::from(&p));
+            return real.parent().map(Path::to_owned);
         }
     }
     let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
@@ -265,10 +267,16 @@ fn start_cluster() -> PgServer {
         dir.display()
     );
     let port = free_port();
+    // Tests trade durability for speed; benchmarks (HERALD_TEST_PG_DURABLE=1) keep every fsync.
+    let durability = if std::env::var_os("HERALD_TEST_PG_DURABLE").is_some() {
+        ""
+    } else {
+        "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+    };
     // The server stops itself (and removes its files) once this test process is gone.
     let script = format!(
         "'{bin}/postgres' -D '{data}' -p {port} -c listen_addresses=127.0.0.1 -k '{dir}' \
-         -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300 \
+         {durability} -c max_connections=300 \
          >'{dir}/postgres.log' 2>&1 & pg=$!; \
          while [ -d /proc/{parent} ] && kill -0 $pg 2>/dev/null; do sleep 1; done; \
          kill -INT $pg 2>/dev/null; wait $pg; rm -rf '{dir}'",
