@@ -1,5 +1,6 @@
 //! The `herald` command: CLI parsing and wiring only; the logic lives in the library.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -158,6 +159,11 @@ fn verify_receipt(
     };
     let verdict = herald::ingest::verify_offline(scheme, secrets, &headers, &body, url, cert, at)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    println!("{}", serde_json::to_string_pretty(&verdict)?);
+    // A closed pipe (`| head`) is not an error worth a panic.
+    let _ = writeln!(
+        std::io::stdout(),
+        "{}",
+        serde_json::to_string_pretty(&verdict)?
+    );
     Ok(verdict.valid)
 }

@@ -164,7 +164,10 @@ pub fn herald_event_id_in(v: Option<&Value>) -> Option<String> {
 /// The verdict of [`verify_offline`], as `herald verify-receipt` prints it.
 #[derive(Debug, serde::Serialize)]
 pub struct Verdict {
+    /// Whether ingest would accept (store) this request.
     pub valid: bool,
+    /// Whether the signature (or credentials) checked out, even if the body then did not parse.
+    pub signature_valid: bool,
     pub scheme: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -231,6 +234,7 @@ pub fn verify_offline(
     Ok(match source.verify(&request, at) {
         Ok(events) => Verdict {
             valid: true,
+            signature_valid: true,
             scheme: scheme.to_owned(),
             error: None,
             status: 200,
@@ -238,6 +242,7 @@ pub fn verify_offline(
         },
         Err(e) => Verdict {
             valid: false,
+            signature_valid: e.status() == 400,
             scheme: scheme.to_owned(),
             error: Some(e.to_string()),
             status: e.status(),
