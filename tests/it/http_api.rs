@@ -174,20 +174,8 @@ async fn the_api_token_guards_v1(backend: Backend) {
 
 async fn storage_down_is_503_never_2xx() {
     // A PostgreSQL URL nobody answers: the pool cannot connect.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
     let app = crate::support::app::spawn_app(Backend::Sqlite).await;
-    let mut state = app.herald.app_state();
-    state.db = herald::storage::Db::connect(
-        &format!("postgres://herald@{closed}/none"),
-        &herald::storage::PoolOptions {
-            max_size: 2,
-            connection_timeout: std::time::Duration::from_millis(300),
-        },
-    )
-    .unwrap();
+    let state = crate::support::app::state_with_storage_down(&app);
     let srv = actix_web::test::init_service(
         actix_web::App::new()
             .app_data(actix_web::web::Data::new(state))

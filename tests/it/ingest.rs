@@ -145,19 +145,7 @@ async fn what_does_not_verify_is_refused_and_not_stored(backend: Backend) {
 
 async fn ingest_with_storage_down_is_503_never_2xx() {
     let app = crate::support::app::spawn_app_with(Backend::Sqlite, &sources()).await;
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let mut state = app.herald.app_state();
-    state.db = herald::storage::Db::connect(
-        &format!("postgres://herald@{closed}/none"),
-        &herald::storage::PoolOptions {
-            max_size: 2,
-            connection_timeout: std::time::Duration::from_millis(300),
-        },
-    )
-    .unwrap();
+    let state = crate::support::app::state_with_storage_down(&app);
     let srv = actix_web::test::init_service(
         actix_web::App::new()
             .app_data(actix_web::web::Data::new(state))

@@ -281,11 +281,7 @@ async fn expired_leases_return_and_the_fence_holds(backend: Backend) {
         (alo["state"].as_str(), alo["attempts"].as_i64()),
         (Some("delivered"), Some(2))
     );
-    let ids: Vec<_> = rx
-        .requests()
-        .iter()
-        .map(|r| r.header("webhook-id").unwrap().to_owned())
-        .collect();
+    let ids = rx.event_ids();
     assert_eq!(
         ids,
         ["lease-alo", "lease-alo"],

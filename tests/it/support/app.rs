@@ -148,3 +148,21 @@ pub fn webhook(event_id: &str, url: &str, body: serde_json::Value) -> serde_json
         "payload": {"body": body},
     })
 }
+
+/// The app's HTTP state with a database nobody answers (storage down).
+pub fn state_with_storage_down(app: &TestApp) -> herald::http::AppState {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut state = app.herald.app_state();
+    state.db = Db::connect(
+        &format!("postgres://herald@{closed}/none"),
+        &herald::storage::PoolOptions {
+            max_size: 2,
+            connection_timeout: Duration::from_millis(300),
+        },
+    )
+    .unwrap();
+    state
+}

@@ -102,6 +102,14 @@ impl Receiver {
             .collect()
     }
 
+    /// The `webhook-id` of every request received, in arrival order.
+    pub fn event_ids(&self) -> Vec<String> {
+        self.requests()
+            .iter()
+            .map(|r| r.header("webhook-id").unwrap_or_default().to_owned())
+            .collect()
+    }
+
     pub fn requests(&self) -> Vec<Recorded> {
         self.state.lock().unwrap().requests.clone()
     }
