@@ -233,9 +233,18 @@ async fn ingest_receipts(
     })
     .await?;
     let events = verdict.map_err(|e| {
-        tracing::info!(source = %name, scheme = source.source.scheme(), reason = %e, "receipt refused");
+        // Per request and unauthenticated: debug, not info, so junk traffic cannot flood logs.
+        tracing::debug!(source = %name, scheme = source.source.scheme(), reason = %e, "receipt refused");
+        if e.status() == 503 {
+            tracing::warn!(source = %name, reason = %e, "receipt not verifiable now; asked to retry");
+            return Problem::unavailable();
+        }
         let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::UNAUTHORIZED);
-        let kind = if e.status() == 400 { "unparsable" } else { "unauthenticated" };
+        let kind = if e.status() == 400 {
+            "unparsable"
+        } else {
+            "unauthenticated"
+        };
         Problem::new(status, kind, "The receipt was refused; nothing was stored").detail(e.to_string())
     })?;
     let db = state.db.clone();

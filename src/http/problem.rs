@@ -173,7 +173,9 @@ impl From<StorageError> for Problem {
 
 impl From<actix_web::error::BlockingError> for Problem {
     fn from(_: actix_web::error::BlockingError) -> Self {
-        // The blocking pool refused the task: overload, not a fault of the request.
+        // The blocking task panicked or the pool is shutting down: say so loudly, and let the
+        // client retry rather than lose what it sent.
+        tracing::error!("a blocking task failed (panic or shutdown)");
         Problem::unavailable()
     }
 }

@@ -64,13 +64,19 @@ pub enum VerifyError {
     /// 400: the signature is valid but the body is not what the scheme defines.
     #[error("unparsable body: {0}")]
     Unparsable(String),
+    /// 503: something verification needs is unreachable right now (a signing certificate); the
+    /// provider should retry — a 4xx would make it give up and lose the receipt.
+    #[error("verification temporarily impossible: {0}")]
+    Unavailable(&'static str),
 }
 
 impl VerifyError {
-    /// 401 for authentication failures, 400 for a verified but unparsable body.
+    /// 401 for authentication failures, 400 for a verified but unparsable body, 503 when the
+    /// verifier cannot decide now.
     pub fn status(&self) -> u16 {
         match self {
             VerifyError::Unparsable(_) => 400,
+            VerifyError::Unavailable(_) => 503,
             _ => 401,
         }
     }
@@ -386,7 +392,8 @@ mod arbitrary_input {
         for _ in 0..5_000 {
             let h = junk(&mut rng);
             let _ = schemes::stripe::parse_header(&h);
-            let _ = schemes::ses::sns_url_allowed(&h, true);
+            let _ = schemes::ses::sns_url_allowed(&h, true, "us-east-1");
+            let _ = schemes::ses::topic_region(&h);
             if let Ok(u) = url::Url::parse(&h) {
                 let _ = schemes::twilio::url_variants(&u);
             }

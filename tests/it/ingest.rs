@@ -202,9 +202,13 @@ async fn ingest_answers_503_while_postgres_is_unreachable() {
     admin
         .batch_execute(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true"))
         .unwrap();
-    // The provider retries: now it is stored, once.
+    // The provider retries: stored now — and not a duplicate, so nothing was stored before.
     let r = post(&app, "resend", &resend_headers("msg_down", now, body), body).await;
     assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"stored": 1, "duplicates": 0})
+    );
     assert_eq!(app.db.receipts_of_source("resend").unwrap().len(), 1);
     app.stop().await;
 }
@@ -230,6 +234,7 @@ async fn random_and_malformed_requests_never_get_a_5xx() {
          [sources.mg]\nscheme = \"mailgun\"\nsecrets = [\"key\"]\n\
          [sources.tw]\nscheme = \"twilio\"\nsecrets = [\"tok\"]\npublic_url = \"https://h.example/tw\"\n\
          [sources.ses]\nscheme = \"ses\"\nconfirm_subscriptions = false\n\
+         topic_arns = [\"arn:aws:sns:us-east-1:810605503585:just_testing\"]\n\
          certificates = {{ \"https://sns.us-east-1.amazonaws.com/SimpleNotificationService-bb750dd426d95ee9390147a5624348ee.pem\" = {:?} }}\n\
          [sources.hm]\nscheme = \"hmac\"\nsecrets = [\"k\"]\nsigned = \"timestamp.body\"\n",
         sources(),
@@ -307,5 +312,42 @@ async fn random_and_malformed_requests_never_get_a_5xx() {
     for n in names {
         assert!(app.db.receipts_of_source(n).unwrap().is_empty());
     }
+    app.stop().await;
+}
+
+/// SQLite held by another writer past the busy timeout: 503, and the retry stores it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingest_answers_503_while_sqlite_is_locked() {
+    use diesel::Connection;
+    use diesel::connection::SimpleConnection;
+    let app = spawn_app_with(Backend::Sqlite, &sources()).await;
+    let path = herald::storage::sqlite_path(&app.test_db.url)
+        .unwrap()
+        .to_owned();
+    let mut holder = diesel::sqlite::SqliteConnection::establish(&path).unwrap();
+    holder.batch_execute("BEGIN IMMEDIATE").unwrap();
+    let body = br#"{"type":"email.delivered","data":{"email_id":"em_7"}}"#;
+    let now = Utc::now().timestamp();
+    let r = post(
+        &app,
+        "resend",
+        &resend_headers("msg_locked", now, body),
+        body,
+    )
+    .await;
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    holder.batch_execute("ROLLBACK").unwrap();
+    let r = post(
+        &app,
+        "resend",
+        &resend_headers("msg_locked", now, body),
+        body,
+    )
+    .await;
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"stored": 1, "duplicates": 0})
+    );
     app.stop().await;
 }

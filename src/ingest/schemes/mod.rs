@@ -155,6 +155,19 @@ pub fn build(field: &str, c: &SourceConfig) -> Result<Arc<dyn Source>, InvalidFi
                 .map_err(|m| InvalidField::new(format!("{field}.secrets"), m))?,
         ),
         "ses" => {
+            if c.topic_arns.is_empty() {
+                // Any AWS account can point its own topic at Herald: pinning is not optional.
+                return Err(InvalidField::new(
+                    format!("{field}.topic_arns"),
+                    "is required for ses: the SNS topic ARN(s) that publish your SES events",
+                ));
+            }
+            if let Some(bad) = c.topic_arns.iter().find(|a| ses::topic_region(a).is_none()) {
+                return Err(InvalidField::new(
+                    format!("{field}.topic_arns"),
+                    format!("{bad:?} is not an SNS topic ARN"),
+                ));
+            }
             let mut pinned = ses::StaticCertStore::default();
             for (url, path) in &c.certificates {
                 let pem = std::fs::read(path).map_err(|e| {

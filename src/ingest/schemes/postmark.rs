@@ -23,15 +23,23 @@ impl Postmark {
     }
 }
 
-fn vocabulary(record: &str, bounce_type: Option<&str>) -> &'static str {
+fn vocabulary(record: &str, bounce_type: Option<&str>, suppress: Option<bool>) -> &'static str {
     match (record, bounce_type) {
         ("Delivery", _) => "delivered",
-        ("Bounce", Some("SoftBounce" | "Transient" | "DnsError" | "AutoResponder")) => "deferred",
+        ("Bounce", Some("SoftBounce" | "Transient" | "DnsError")) => "deferred",
+        ("Bounce", Some("Unsubscribe")) => "unsubscribed",
+        ("Bounce", Some("SpamNotification" | "SpamComplaint")) => "complained",
+        // Auto-replies, challenge-responses and the like say nothing about delivery.
+        (
+            "Bounce",
+            Some("AutoResponder" | "ChallengeVerification" | "Subscribe" | "OpenRelayTest"),
+        ) => "other",
         ("Bounce", _) => "bounced",
         ("SpamComplaint", _) => "complained",
         ("Open", _) => "opened",
         ("Click", _) => "clicked",
-        ("SubscriptionChange", _) => "unsubscribed",
+        // SuppressSending false is a re-subscription, not an unsubscribe.
+        ("SubscriptionChange", _) if suppress == Some(true) => "unsubscribed",
         _ => "other",
     }
 }
@@ -86,7 +94,12 @@ impl Source for Postmark {
         let bounce_type = str_at(&body, "/Type");
         Ok(vec![ReceiptEvent {
             provider_event_id: id,
-            event_type: vocabulary(&record, bounce_type.as_deref()).into(),
+            event_type: vocabulary(
+                &record,
+                bounce_type.as_deref(),
+                body.get("SuppressSending").and_then(Value::as_bool),
+            )
+            .into(),
             provider_type: record,
             event_time: time,
             herald_event_id: herald_event_id_in(body.get("Metadata")),

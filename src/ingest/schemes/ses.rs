@@ -69,14 +69,23 @@ fn https_get(url: &str) -> Result<Vec<u8>, String> {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| e.to_string())?;
-        let resp = client.get(url).send().await.map_err(|e| e.to_string())?;
+        // Errors are reduced to their kind: a SubscribeURL carries a token.
+        let mut resp = client
+            .get(url)
+            .send()
+            .await
+            .map_err(|_| "request failed".to_owned())?;
         if !resp.status().is_success() {
             return Err(format!("HTTP {}", resp.status()));
         }
-        resp.bytes()
-            .await
-            .map(|b| b.to_vec())
-            .map_err(|e| e.to_string())
+        let mut body = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(|_| "body failed".to_owned())? {
+            body.extend_from_slice(&chunk);
+            if body.len() > 64 * 1024 {
+                return Err("response over 64 KiB".into());
+            }
+        }
+        Ok(body)
     })
 }
 
@@ -103,25 +112,43 @@ impl CertStore for HttpsCertStore {
     }
 }
 
-/// `https://sns.<region>.amazonaws.com[.cn]/…` (and `.pem` for certificates).
-pub fn sns_url_allowed(raw: &str, pem: bool) -> bool {
+/// The region of an SNS topic ARN: `arn:aws:sns:us-east-1:123456789012:name` → `us-east-1`.
+pub fn topic_region(arn: &str) -> Option<&str> {
+    let mut parts = arn.split(':');
+    let (tag, partition, service, region) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let ok = tag == "arn"
+        && partition.starts_with("aws")
+        && service == "sns"
+        && region.len() >= 3
+        && region.contains('-')
+        && region
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    ok.then_some(region)
+}
+
+/// Whether `raw` is an SNS URL of the topic's own region: `https://sns.<region>.amazonaws.com/…`
+/// (`.com.cn` for `cn-` regions), default port; for certificates the path must be
+/// `/SimpleNotificationService-<hex>.pem` without a query. A bucket or host merely *named* like
+/// SNS does not pass.
+pub fn sns_url_allowed(raw: &str, certificate: bool, region: &str) -> bool {
     let Ok(u) = url::Url::parse(raw) else {
         return false;
     };
-    let host = u.host_str().unwrap_or("");
-    let region_ok = |r: &str| {
-        !r.is_empty()
-            && r.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    let domain = if region.starts_with("cn-") {
+        "amazonaws.com.cn"
+    } else {
+        "amazonaws.com"
     };
-    let host_ok = host
-        .strip_prefix("sns.")
-        .and_then(|h| {
-            h.strip_suffix(".amazonaws.com")
-                .or_else(|| h.strip_suffix(".amazonaws.com.cn"))
-        })
-        .is_some_and(region_ok);
-    u.scheme() == "https" && host_ok && u.port().is_none() && (!pem || u.path().ends_with(".pem"))
+    let host_ok = u.host_str() == Some(format!("sns.{region}.{domain}").as_str());
+    let cert_ok = !certificate
+        || (u.query().is_none()
+            && u.path()
+                .strip_prefix("/SimpleNotificationService-")
+                .and_then(|p| p.strip_suffix(".pem"))
+                .is_some_and(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit())));
+    u.scheme() == "https" && host_ok && u.port().is_none() && cert_ok
 }
 
 /// The canonical string SNS signs.
@@ -186,11 +213,11 @@ impl Ses {
         }
     }
 
-    fn verify_signature(&self, env: &Value) -> Result<(), VerifyError> {
+    fn verify_signature(&self, env: &Value, region: &str) -> Result<(), VerifyError> {
         let text = canonical(env).ok_or(VerifyError::Missing("SNS envelope fields"))?;
         let cert_url =
             str_at(env, "/SigningCertURL").ok_or(VerifyError::Missing("SigningCertURL"))?;
-        if !sns_url_allowed(&cert_url, true) {
+        if !sns_url_allowed(&cert_url, true, region) {
             return Err(VerifyError::Mismatch);
         }
         let sig = str_at(env, "/Signature").ok_or(VerifyError::Missing("Signature"))?;
@@ -200,7 +227,7 @@ impl Ses {
         let sig = Signature::try_from(sig.as_slice()).map_err(|_| VerifyError::Mismatch)?;
         let pem = self.certs.get(&cert_url).map_err(|e| {
             tracing::warn!(error = %e, "SNS signing certificate unavailable");
-            VerifyError::Mismatch
+            VerifyError::Unavailable("SNS signing certificate")
         })?;
         let cert = x509_cert::Certificate::from_pem(&pem).map_err(|_| VerifyError::Mismatch)?;
         let spki = cert
@@ -316,12 +343,14 @@ impl Source for Ses {
         // The signature lives inside the JSON envelope: without one there is nothing to verify.
         let env: Value =
             serde_json::from_slice(r.body).map_err(|_| VerifyError::Missing("SNS envelope"))?;
-        self.verify_signature(&env)?;
+        // The topic first: an SNS signature only proves SNS sent it, not that it is our topic;
+        // nothing is fetched or confirmed for a stranger's topic.
         let topic = str_at(&env, "/TopicArn").unwrap_or_default();
         if !self.topic_arns.is_empty() && !self.topic_arns.contains(&topic) {
-            tracing::warn!("SNS message from a TopicArn that is not configured; refused");
             return Err(VerifyError::Mismatch);
         }
+        let region = topic_region(&topic).ok_or(VerifyError::Mismatch)?;
+        self.verify_signature(&env, region)?;
         if let Some(tol) = self.tolerance {
             let t = env
                 .get("Timestamp")
@@ -336,16 +365,14 @@ impl Source for Ses {
                 let url = str_at(&env, "/SubscribeURL").unwrap_or_default();
                 if !self.confirm {
                     tracing::warn!(topic = %topic, "SNS subscription confirmation received; confirm_subscriptions is off, not confirmed");
-                } else if !sns_url_allowed(&url, false) {
+                } else if !sns_url_allowed(&url, false, region) {
                     tracing::warn!(topic = %topic, "SNS SubscribeURL outside the SNS host policy; not confirmed");
                 } else {
                     match https_get(&url) {
                         Ok(_) => tracing::info!(topic = %topic, "SNS subscription confirmed"),
                         Err(e) => {
-                            tracing::warn!(topic = %topic, error = %e, "SNS subscription confirmation failed");
-                            return Err(VerifyError::Unparsable(
-                                "subscription confirmation failed".into(),
-                            ));
+                            tracing::warn!(topic = %topic, error = %e, "SNS subscription confirmation failed; SNS will retry");
+                            return Err(VerifyError::Unavailable("SNS subscription confirmation"));
                         }
                     }
                 }
@@ -375,25 +402,41 @@ mod tests {
 
     #[test]
     fn cert_url_policy() {
+        let r = "us-east-1";
+        let ok = "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-bb750dd4.pem";
+        assert!(sns_url_allowed(ok, true, r));
+        let cn = "https://sns.cn-north-1.amazonaws.com.cn/SimpleNotificationService-0a.pem";
+        assert!(sns_url_allowed(cn, true, "cn-north-1"));
         assert!(sns_url_allowed(
-            "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-x.pem",
-            true
-        ));
-        assert!(sns_url_allowed(
-            "https://sns.cn-north-1.amazonaws.com.cn/x.pem",
-            true
+            "https://sns.us-east-1.amazonaws.com/?Action=Confirm",
+            false,
+            r
         ));
         for bad in [
-            "http://sns.us-east-1.amazonaws.com/x.pem",
-            "https://sns.us-east-1.amazonaws.com.evil.com/x.pem",
-            "https://evil.com/sns.us-east-1.amazonaws.com/x.pem",
-            "https://sns.us-east-1.amazonaws.com:8443/x.pem",
-            "https://sns..amazonaws.com/x.pem",
-            "https://sns.us-east-1.amazonaws.com/x.txt",
+            "http://sns.us-east-1.amazonaws.com/SimpleNotificationService-ab.pem",
+            "https://sns.us-east-1.amazonaws.com.evil.com/SimpleNotificationService-ab.pem",
+            "https://evil.com/sns.us-east-1.amazonaws.com/SimpleNotificationService-ab.pem",
+            "https://sns.us-east-1.amazonaws.com:8443/SimpleNotificationService-ab.pem",
+            "https://sns.s3.amazonaws.com/SimpleNotificationService-ab.pem",
+            "https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-ab.pem",
+            "https://sns.us-east-1.amazonaws.com/x.pem",
+            "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-zz.pem",
+            "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-ab.pem?x=1",
             "not a url",
         ] {
-            assert!(!sns_url_allowed(bad, true), "{bad}");
+            assert!(!sns_url_allowed(bad, true, r), "{bad}");
         }
+        assert_eq!(
+            topic_region("arn:aws:sns:us-east-1:810605503585:just_testing"),
+            Some("us-east-1")
+        );
+        assert_eq!(
+            topic_region("arn:aws-cn:sns:cn-north-1:1:t"),
+            Some("cn-north-1")
+        );
+        assert_eq!(topic_region("arn:aws:sqs:us-east-1:1:t"), None);
+        assert_eq!(topic_region("arn:aws:sns:s3:1:t"), None, "not a region");
+        assert_eq!(topic_region("garbage"), None);
     }
 
     #[test]

@@ -185,14 +185,17 @@ mod tests {
     fn svix_headers_are_preferred_and_bodies_must_be_json_after_verification() {
         let v = StandardWebhooks::new(&[SECRET.into()], 300).unwrap();
         let key = SigningKey::parse(SECRET).unwrap();
-        let body = b"not json";
-        let sig = key.sign("msg_1", 1000, body);
+        let now = Utc.timestamp_opt(1000, 0).unwrap();
+        let body = br#"{"type":"email.sent"}"#;
+        // Both families complete and valid, for different ids: the svix-* one wins.
         let (h, b) = req(
             &[
-                ("svix-id", "msg_1"),
+                ("webhook-id", "msg_webhook"),
+                ("webhook-timestamp", "1000"),
+                ("webhook-signature", &key.sign("msg_webhook", 1000, body)),
+                ("svix-id", "msg_svix"),
                 ("svix-timestamp", "1000"),
-                ("svix-signature", &sig),
-                ("webhook-id", "other"),
+                ("svix-signature", &key.sign("msg_svix", 1000, body)),
             ],
             body,
         );
@@ -201,7 +204,22 @@ mod tests {
             body: &b,
             query: None,
         };
-        let now = Utc.timestamp_opt(1000, 0).unwrap();
+        assert_eq!(v.verify(&r, now).unwrap()[0].provider_event_id, "msg_svix");
+        // A valid signature over a body that is not JSON: 400, not 401.
+        let junk = b"not json";
+        let (h, b) = req(
+            &[
+                ("svix-id", "msg_1"),
+                ("svix-timestamp", "1000"),
+                ("svix-signature", &key.sign("msg_1", 1000, junk)),
+            ],
+            junk,
+        );
+        let r = RawRequest {
+            headers: &h,
+            body: &b,
+            query: None,
+        };
         assert!(matches!(v.verify(&r, now), Err(VerifyError::Unparsable(_))));
     }
 

@@ -24,14 +24,23 @@ impl Twilio {
         Ok(Self { tokens, public_url })
     }
 
-    /// The URL as Twilio called it: the configured public URL, plus the request's query when the
-    /// configured URL has none.
-    fn called_url(&self, query: Option<&str>) -> Url {
-        let mut u = self.public_url.clone();
-        if u.query().is_none() && query.is_some_and(|q| !q.is_empty()) {
-            u.set_query(query);
-        }
-        u
+    /// The URL as Twilio called it: the configured public URL, plus the request's query string
+    /// (verbatim, never re-encoded) when the configured URL has none; a `bodySHA256` the request
+    /// carries is appended to a configured query that lacks it.
+    fn called_url(&self, query: Option<&str>) -> Option<Url> {
+        let base = self.public_url.as_str();
+        let query = query.filter(|q| !q.is_empty());
+        let full = match (self.public_url.query(), query) {
+            (None, Some(q)) => format!("{base}?{q}"),
+            (Some(own), Some(q)) if !own.contains("bodySHA256=") => {
+                match q.split('&').find(|p| p.starts_with("bodySHA256=")) {
+                    Some(sha) => format!("{base}&{sha}"),
+                    None => base.to_owned(),
+                }
+            }
+            _ => base.to_owned(),
+        };
+        Url::parse(&full).ok()
     }
 }
 
@@ -66,8 +75,9 @@ fn sign(token: &str, data: &str) -> String {
 
 fn vocabulary(status: &str) -> &'static str {
     match status {
-        "accepted" | "queued" | "scheduled" => "queued",
-        "sending" | "sent" => "sent",
+        // PROVIDERS.md: queued, sending and sent all mean "handed on" (its lattice orders them).
+        "accepted" | "scheduled" => "queued",
+        "queued" | "sending" | "sent" => "sent",
         "delivered" => "delivered",
         "undelivered" | "failed" => "failed",
         "canceled" => "dropped",
@@ -89,7 +99,7 @@ impl Source for Twilio {
         let given = r
             .header("x-twilio-signature")
             .ok_or(VerifyError::Missing("X-Twilio-Signature"))?;
-        let url = self.called_url(r.query);
+        let url = self.called_url(r.query).ok_or(VerifyError::Mismatch)?;
         let body_sha = url
             .query_pairs()
             .find(|(k, _)| k == "bodySHA256")
