@@ -92,8 +92,19 @@ impl From<r2d2::Error> for StorageError {
     }
 }
 
+/// Errors that mean "the database is not there right now", not "this query is wrong".
 fn is_busy(message: &str) -> bool {
-    message.contains("database is locked") || message.contains("database is busy")
+    const GONE: &[&str] = &[
+        "database is locked",
+        "database is busy",
+        "terminating connection",
+        "the database system is",
+        "too many connections",
+        "server closed the connection",
+        "could not connect",
+        "connection refused",
+    ];
+    GONE.iter().any(|m| message.contains(m))
 }
 
 /// Which backend a [`Db`] talks to.

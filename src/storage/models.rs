@@ -147,6 +147,36 @@ pub struct NewReceipt {
     pub raw: serde_json::Value,
 }
 
+impl NewReceipt {
+    /// The receipt with every NUL character replaced by U+FFFD (PostgreSQL text and JSONB refuse
+    /// NUL; the rest of the value is kept as sent).
+    pub fn without_nul(&self) -> Self {
+        fn clean(s: &str) -> String {
+            s.replace('\0', "\u{FFFD}")
+        }
+        fn clean_json(v: &serde_json::Value) -> serde_json::Value {
+            use serde_json::Value;
+            match v {
+                Value::String(s) => Value::String(clean(s)),
+                Value::Array(a) => Value::Array(a.iter().map(clean_json).collect()),
+                Value::Object(m) => {
+                    Value::Object(m.iter().map(|(k, v)| (clean(k), clean_json(v))).collect())
+                }
+                other => other.clone(),
+            }
+        }
+        Self {
+            provider_event_id: clean(&self.provider_event_id),
+            event_type: clean(&self.event_type),
+            provider_type: clean(&self.provider_type),
+            event_time: self.event_time,
+            herald_event_id: self.herald_event_id.as_deref().map(clean),
+            provider_message_id: self.provider_message_id.as_deref().map(clean),
+            raw: clean_json(&self.raw),
+        }
+    }
+}
+
 /// One `herald_receipts` row.
 #[derive(Debug, Clone, PartialEq, Queryable)]
 pub struct ReceiptRow {

@@ -365,22 +365,28 @@ macro_rules! backend_queries {
                 receipts: &[NewReceipt],
                 now: DateTime<Utc>,
             ) -> QueryResult<usize> {
+                // Multi-row statements, in chunks well under every bind-parameter limit.
                 let mut inserted = 0;
-                for x in receipts {
+                for chunk in receipts.chunks(500) {
+                    let rows: Vec<_> = chunk
+                        .iter()
+                        .map(|x| {
+                            (
+                                r::source.eq(source),
+                                r::provider_event_id.eq(&x.provider_event_id),
+                                r::event_type.eq(&x.event_type),
+                                r::provider_type.eq(&x.provider_type),
+                                r::event_time.eq(x.event_time),
+                                r::received_at.eq(now),
+                                r::herald_event_id.eq(&x.herald_event_id),
+                                r::provider_message_id.eq(&x.provider_message_id),
+                                r::raw.eq(&x.raw),
+                            )
+                        })
+                        .collect();
                     inserted += diesel::insert_into(r::table)
-                        .values((
-                            r::source.eq(source),
-                            r::provider_event_id.eq(&x.provider_event_id),
-                            r::event_type.eq(&x.event_type),
-                            r::provider_type.eq(&x.provider_type),
-                            r::event_time.eq(x.event_time),
-                            r::received_at.eq(now),
-                            r::herald_event_id.eq(&x.herald_event_id),
-                            r::provider_message_id.eq(&x.provider_message_id),
-                            r::raw.eq(&x.raw),
-                        ))
-                        .on_conflict((r::source, r::provider_event_id))
-                        .do_nothing()
+                        .values(rows)
+                        .on_conflict_do_nothing()
                         .execute(conn)?;
                 }
                 Ok(inserted)
@@ -592,6 +598,9 @@ impl Db {
         receipts: &[NewReceipt],
         now: DateTime<Utc>,
     ) -> Result<(usize, usize), StorageError> {
+        // PostgreSQL text cannot hold NUL; a provider's free text (an SMTP diagnostic) may.
+        let receipts: Vec<NewReceipt> = receipts.iter().map(NewReceipt::without_nul).collect();
+        let receipts = receipts.as_slice();
         crate::db_run! { self, write |c, q| {
             let inserted = q::insert_receipts(c, source, receipts, now)?;
             Ok((inserted, receipts.len() - inserted))

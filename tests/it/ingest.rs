@@ -85,6 +85,14 @@ async fn receipts_are_stored_before_the_answer_and_deduplicated(backend: Backend
             .load(std::sync::atomic::Ordering::Relaxed),
         1
     );
+    // A NUL in a provider's free text (PostgreSQL refuses it in text and JSONB) is still stored.
+    let nul =
+        br#"{"type":"email.bounced","data":{"email_id":"em_2","diagnostic":"550 \u0000 no"}}"#;
+    let r = post(&app, "resend", &resend_headers("msg_nul", now, nul), nul).await;
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"stored": 1, "duplicates": 0})
+    );
     app.stop().await;
 }
 
