@@ -10,3 +10,4 @@ mod http_api;
 mod ingest;
 mod lifecycle;
 mod migrations;
+mod sns;
