@@ -145,6 +145,10 @@ pub struct NewReceipt {
     pub provider_message_id: Option<String>,
     /// The event as the provider sent it.
     pub raw: serde_json::Value,
+    /// A one-time value covered by the signature where the body is not (Mailgun's token): a
+    /// second, different event under it is a replay and is not stored.
+    #[serde(skip)]
+    pub replay_key: Option<String>,
 }
 
 impl NewReceipt {
@@ -173,6 +177,7 @@ impl NewReceipt {
             herald_event_id: self.herald_event_id.as_deref().map(clean),
             provider_message_id: self.provider_message_id.as_deref().map(clean),
             raw: clean_json(&self.raw),
+            replay_key: self.replay_key.as_deref().map(clean),
         }
     }
 }
@@ -191,4 +196,5 @@ pub struct ReceiptRow {
     pub provider_message_id: Option<String>,
     pub raw: serde_json::Value,
     pub reconciled_at: Option<DateTime<Utc>>,
+    pub replay_key: Option<String>,
 }

@@ -381,6 +381,7 @@ macro_rules! backend_queries {
                                 r::herald_event_id.eq(&x.herald_event_id),
                                 r::provider_message_id.eq(&x.provider_message_id),
                                 r::raw.eq(&x.raw),
+                                r::replay_key.eq(&x.replay_key),
                             )
                         })
                         .collect();

@@ -64,6 +64,7 @@ diesel::table! {
         provider_message_id -> Nullable<Text>,
         raw -> Jsonb,
         reconciled_at -> Nullable<Timestamptz>,
+        replay_key -> Nullable<Text>,
     }
 }
 

@@ -64,6 +64,7 @@ diesel::table! {
         provider_message_id -> Nullable<Text>,
         raw -> Json,
         reconciled_at -> Nullable<TimestamptzSqlite>,
+        replay_key -> Nullable<Text>,
     }
 }
 

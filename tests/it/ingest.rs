@@ -359,3 +359,54 @@ async fn ingest_answers_503_while_sqlite_is_locked() {
     );
     app.stop().await;
 }
+
+/// Mailgun signs only `timestamp + token`, not the body: a second event under the same signature
+/// is a replay and is never stored.
+async fn a_replayed_mailgun_signature_stores_nothing(backend: Backend) {
+    use hmac::{Hmac, Mac};
+    let app = spawn_app_with(
+        backend,
+        "[sources.mg]\nscheme = \"mailgun\"\nsecrets = [\"key-1\"]\n",
+    )
+    .await;
+    let t = Utc::now().timestamp().to_string();
+    let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(b"key-1").unwrap();
+    mac.update(format!("{t}tok-1").as_bytes());
+    let signature = hex::encode(mac.finalize().into_bytes());
+    let body = |id: &str| {
+        serde_json::to_vec(&json!({
+            "signature": {"timestamp": t, "token": "tok-1", "signature": signature},
+            "event-data": {"id": id, "event": "delivered", "timestamp": 1_700_000_000.5}
+        }))
+        .unwrap()
+    };
+    let r = post(&app, "mg", &[], &body("ev-1")).await;
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"stored": 1, "duplicates": 0})
+    );
+    // Mailgun retrying the same event: a duplicate.
+    let r = post(&app, "mg", &[], &body("ev-1")).await;
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"stored": 0, "duplicates": 1})
+    );
+    // Someone reusing the signature for an event of their own: not stored.
+    let r = post(&app, "mg", &[], &body("ev-forged")).await;
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"stored": 0, "duplicates": 1})
+    );
+    let rows = app.db.receipts_of_source("mg").unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(
+        (
+            rows[0].provider_event_id.as_str(),
+            rows[0].replay_key.as_deref()
+        ),
+        ("ev-1", Some("tok-1"))
+    );
+    app.stop().await;
+}
+
+both_backends!(a_replayed_mailgun_signature_stores_nothing);

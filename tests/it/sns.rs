@@ -17,19 +17,34 @@ const TOPIC: &str = "arn:aws:sns:us-east-1:123456789012:ses-events";
 const CERT_URL: &str = "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-0123abcd.pem";
 
 fn openssl(dir: &Path, args: &[&str]) {
-    let ok = Command::new("openssl").current_dir(dir).args(args).output().expect("openssl");
-    assert!(ok.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&ok.stderr));
+    let ok = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("openssl");
+    assert!(
+        ok.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
 }
 
 /// Signs an envelope as SNS does: the canonical string, RSA PKCS#1 v1.5, SHA1 (v1) or SHA256 (v2).
 fn sign(dir: &Path, mut env: Value, version: &str) -> Vec<u8> {
     env["SignatureVersion"] = json!(version);
-    env["SigningCertURL"] = env.get("SigningCertURL").cloned().unwrap_or(json!(CERT_URL));
+    env["SigningCertURL"] = env
+        .get("SigningCertURL")
+        .cloned()
+        .unwrap_or(json!(CERT_URL));
     let text = herald::ingest::schemes::ses::canonical(&env).expect("canonical");
     std::fs::write(dir.join("msg"), text).unwrap();
     let digest = if version == "1" { "-sha1" } else { "-sha256" };
-    openssl(dir, &["dgst", digest, "-sign", "key.pem", "-out", "sig", "msg"]);
-    let sig = base64::engine::general_purpose::STANDARD.encode(std::fs::read(dir.join("sig")).unwrap());
+    openssl(
+        dir,
+        &["dgst", digest, "-sign", "key.pem", "-out", "sig", "msg"],
+    );
+    let sig =
+        base64::engine::general_purpose::STANDARD.encode(std::fs::read(dir.join("sig")).unwrap());
     env["Signature"] = json!(sig);
     serde_json::to_vec(&env).unwrap()
 }
@@ -55,8 +70,21 @@ async fn ses_events_through_sns(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     openssl(
         dir.path(),
-        &["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "key.pem", "-out", "cert.pem",
-          "-days", "2", "-subj", "/CN=sns.amazonaws.com"],
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "key.pem",
+            "-out",
+            "cert.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=sns.amazonaws.com",
+        ],
     );
     let toml = format!(
         "[sources.ses]\nscheme = \"ses\"\ntopic_arns = [\"{TOPIC}\"]\nconfirm_subscriptions = false\n\
@@ -72,15 +100,39 @@ async fn ses_events_through_sns(backend: Backend) {
     });
     let d = dir.path();
     // SignatureVersion 2 (SHA256) and 1 (SHA1).
-    assert_eq!(post(&app, sign(d, notification("sns-1", &bounce), "2")).await, (200, json!({"stored": 1, "duplicates": 0})));
-    assert_eq!(post(&app, sign(d, notification("sns-2", &bounce), "1")).await.0, 200);
+    assert_eq!(
+        post(&app, sign(d, notification("sns-1", &bounce), "2")).await,
+        (200, json!({"stored": 1, "duplicates": 0}))
+    );
+    assert_eq!(
+        post(&app, sign(d, notification("sns-2", &bounce), "1"))
+            .await
+            .0,
+        200
+    );
     // SNS retries keep the MessageId: a duplicate.
-    assert_eq!(post(&app, sign(d, notification("sns-1", &bounce), "2")).await.1, json!({"stored": 0, "duplicates": 1}));
+    assert_eq!(
+        post(&app, sign(d, notification("sns-1", &bounce), "2"))
+            .await
+            .1,
+        json!({"stored": 0, "duplicates": 1})
+    );
     let rows = app.db.receipts_of_source("ses").unwrap();
     assert_eq!(rows.len(), 2);
     let r = &rows[0];
-    assert_eq!((r.provider_event_id.as_str(), r.event_type.as_str(), r.provider_type.as_str()), ("sns-1", "bounced", "Bounce"));
-    assert_eq!(r.event_time.unwrap().to_rfc3339(), "2026-11-30T10:00:05+00:00", "bounce.timestamp, not mail.timestamp");
+    assert_eq!(
+        (
+            r.provider_event_id.as_str(),
+            r.event_type.as_str(),
+            r.provider_type.as_str()
+        ),
+        ("sns-1", "bounced", "Bounce")
+    );
+    assert_eq!(
+        r.event_time.unwrap().to_rfc3339(),
+        "2026-11-30T10:00:05+00:00",
+        "bounce.timestamp, not mail.timestamp"
+    );
     assert_eq!(r.herald_event_id.as_deref(), Some("order-9:placed"));
     assert_eq!(r.provider_message_id.as_deref(), Some("0100019abc"));
 
@@ -88,7 +140,10 @@ async fn ses_events_through_sns(backend: Backend) {
     let confirm = json!({"Type": "SubscriptionConfirmation", "MessageId": "sub-1", "TopicArn": TOPIC,
         "Message": "You have chosen to subscribe", "Token": "tok", "Timestamp": Utc::now().to_rfc3339(),
         "SubscribeURL": "https://sns.us-east-1.amazonaws.com/?Action=ConfirmSubscription&Token=tok"});
-    assert_eq!(post(&app, sign(d, confirm, "2")).await, (200, json!({"stored": 0, "duplicates": 0})));
+    assert_eq!(
+        post(&app, sign(d, confirm, "2")).await,
+        (200, json!({"stored": 0, "duplicates": 0}))
+    );
 
     // Refused: another topic (even correctly signed), a certificate URL of another region or
     // host, a tampered message, an unknown signature version.
@@ -105,10 +160,27 @@ async fn ses_events_through_sns(backend: Backend) {
     }
     let signed = sign(d, notification("sns-5", &bounce), "2");
     let mut tampered: Value = serde_json::from_slice(&signed).unwrap();
-    tampered["Message"] = json!(tampered["Message"].as_str().unwrap().replace("Permanent", "Transient"));
-    assert_eq!(post(&app, serde_json::to_vec(&tampered).unwrap()).await.0, 401);
-    assert_eq!(post(&app, sign(d, notification("sns-6", &bounce), "3")).await.0, 401);
-    assert_eq!(app.db.receipts_of_source("ses").unwrap().len(), 2, "nothing refused was stored");
+    tampered["Message"] = json!(
+        tampered["Message"]
+            .as_str()
+            .unwrap()
+            .replace("Permanent", "Transient")
+    );
+    assert_eq!(
+        post(&app, serde_json::to_vec(&tampered).unwrap()).await.0,
+        401
+    );
+    assert_eq!(
+        post(&app, sign(d, notification("sns-6", &bounce), "3"))
+            .await
+            .0,
+        401
+    );
+    assert_eq!(
+        app.db.receipts_of_source("ses").unwrap().len(),
+        2,
+        "nothing refused was stored"
+    );
     app.stop().await;
 }
 

@@ -12,8 +12,13 @@ CREATE TABLE herald_receipts (
     provider_message_id  TEXT,
     raw                  JSONB NOT NULL,
     reconciled_at        TIMESTAMPTZ,
+    -- A one-time value the signature covers where the body is not signed (Mailgun's token): a
+    -- second event under the same signature is a replay and is never stored.
+    replay_key           TEXT,
     CONSTRAINT herald_receipts_source_event_key UNIQUE (source, provider_event_id)
 );
+CREATE UNIQUE INDEX herald_receipts_replay ON herald_receipts (source, replay_key)
+    WHERE replay_key IS NOT NULL;
 CREATE INDEX herald_receipts_herald_event_id ON herald_receipts (herald_event_id);
 CREATE INDEX herald_receipts_provider_message_id ON herald_receipts (provider_message_id);
 CREATE INDEX herald_receipts_pending ON herald_receipts (event_time, id) WHERE reconciled_at IS NULL;

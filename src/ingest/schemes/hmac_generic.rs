@@ -129,6 +129,7 @@ impl Source for GenericHmac {
             herald_event_id: str_at(&body, "/herald_event_id"),
             provider_message_id: str_at(&body, "/message_id"),
             raw: body,
+            replay_key: None,
         }])
     }
 }

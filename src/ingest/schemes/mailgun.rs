@@ -89,6 +89,7 @@ impl Source for Mailgun {
             provider_message_id: str_at(&data, "/message/headers/message-id")
                 .map(|m| m.trim_start_matches('<').trim_end_matches('>').to_owned()),
             raw: data,
+            replay_key: Some(token),
         }])
     }
 }

@@ -105,6 +105,7 @@ impl Source for Postmark {
             herald_event_id: herald_event_id_in(body.get("Metadata")),
             provider_message_id: message_id,
             raw: body,
+            replay_key: None,
         }])
     }
 }

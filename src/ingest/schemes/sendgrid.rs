@@ -117,6 +117,7 @@ impl Source for SendGrid {
                     provider_message_id: str_at(&e, "/sg_message_id")
                         .map(|m| m.split('.').next().unwrap_or_default().to_owned()),
                     raw: e,
+                    replay_key: None,
                 })
             })
             .collect()

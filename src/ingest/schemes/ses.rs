@@ -327,6 +327,7 @@ fn normalize(message_id: String, ses: Value) -> ReceiptEvent {
         herald_event_id: tags.or(header),
         provider_message_id: str_at(&ses, "/mail/messageId"),
         raw: ses,
+        replay_key: None,
     }
 }
 

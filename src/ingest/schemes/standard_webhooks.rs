@@ -119,6 +119,7 @@ fn normalize(id: &str, body: Value) -> ReceiptEvent {
         herald_event_id,
         provider_message_id: str_at(&body, "/data/email_id"),
         raw: body,
+        replay_key: None,
     }
 }
 

@@ -79,6 +79,7 @@ impl Source for Stripe {
             herald_event_id: str_at(&body, "/data/object/metadata/herald_event_id"),
             provider_message_id: str_at(&body, "/data/object/id"),
             raw: body,
+            replay_key: None,
         }])
     }
 }

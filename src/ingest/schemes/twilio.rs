@@ -158,6 +158,7 @@ impl Source for Twilio {
             herald_event_id: None,
             provider_message_id: Some(sid),
             raw: Value::Object(fields),
+            replay_key: None,
         }])
     }
 }
