@@ -169,50 +169,100 @@ async fn published_examples_get_the_documented_verdict(backend: Backend) {
     );
     assert_eq!((stored, refused), (13, 31));
 
-    // What the published events normalize to.
-    let find = |name: &str| cases.iter().position(|c| c.name == name).unwrap();
-    let stripe = &app
-        .db
-        .receipts_of_source(&format!("f{}", find("stripe/sdk-valid-1")))
-        .unwrap()[0];
-    assert_eq!(
+    // What every stored example normalizes to: (event id, type, provider type, event time,
+    // provider message id). None of the published examples carries a herald_event_id.
+    let sw = (
+        "msg_p5jXN8AQM9LWM0D4loKWxJek",
+        "other",
+        "unknown",
+        None,
+        None,
+    );
+    let tw = (
+        "CA1234567890ABCDE:unknown",
+        "other",
+        "unknown",
+        None,
+        Some("CA1234567890ABCDE"),
+    );
+    let expected: Vec<(&str, (&str, &str, &str, Option<i64>, Option<&str>))> = vec![
+        ("standard-webhooks/sdk-valid-1", sw),
+        ("standard-webhooks/sdk-valid-multi-sig", sw),
+        ("standard-webhooks/sdk-valid-unprefixed-secret", sw),
+        ("standard-webhooks/svix-docs-valid-1", sw),
         (
-            stripe.provider_event_id.as_str(),
-            stripe.provider_type.as_str()
+            "stripe/sdk-valid-1",
+            (
+                "evt_123",
+                "other",
+                "customer.created",
+                Some(1533204620),
+                Some("cus_123"),
+            ),
         ),
-        ("evt_123", "customer.created")
-    );
-    assert_eq!(stripe.event_time.unwrap().timestamp(), 1533204620);
-    let pm = &app
-        .db
-        .receipts_of_source(&format!("f{}", find("postmark/docs-bounce-valid")))
-        .unwrap()[0];
-    assert_eq!(
-        (pm.event_type.as_str(), pm.event_time.unwrap().timestamp()),
-        ("bounced", 1406914090)
-    );
-    let sg = &app
-        .db
-        .receipts_of_source(&format!("f{}", find("sendgrid/sdk-valid-1")))
-        .unwrap()[0];
-    assert_eq!(
+        ("twilio/sdk-valid-1", tw),
+        ("twilio/sdk-valid-port-added-http", tw),
+        ("twilio/sdk-valid-port-added-https", tw),
+        ("twilio/sdk-valid-port-removed-http", tw),
+        ("twilio/sdk-valid-port-removed-https", tw),
         (
-            sg.provider_event_id.as_str(),
-            sg.event_type.as_str(),
-            sg.provider_message_id.as_deref()
+            "postmark/docs-bounce-valid",
+            (
+                "42",
+                "bounced",
+                "Bounce",
+                Some(1406914090),
+                Some("883953f4-6105-42a2-a16a-77a8eac79483"),
+            ),
         ),
         (
-            "ZHJvcC0xMDk5NDkxOS1MUnpYbF9OSFN0T0doUTRrb2ZTbV9BLTA",
-            "dropped",
-            Some("LRzXl_NHStOGhQ4kofSm_A")
-        )
-    );
-    assert_eq!(sg.event_time.unwrap().timestamp(), 1600112492);
-    let sw = &app
-        .db
-        .receipts_of_source(&format!("f{}", find("standard-webhooks/sdk-valid-1")))
-        .unwrap()[0];
-    assert_eq!(sw.provider_event_id, "msg_p5jXN8AQM9LWM0D4loKWxJek");
+            "sendgrid/sdk-valid-1",
+            (
+                "ZHJvcC0xMDk5NDkxOS1MUnpYbF9OSFN0T0doUTRrb2ZTbV9BLTA",
+                "dropped",
+                "dropped",
+                Some(1600112492),
+                Some("LRzXl_NHStOGhQ4kofSm_A"),
+            ),
+        ),
+        (
+            "sendgrid/sdk-valid-2-object-body",
+            // No sg_event_id: the event's own bytes are its identity.
+            (
+                "eea38441e385d441f79d7ee2d875d19793e70ef3bbb439ca2431bb6d6ca4b475",
+                "other",
+                "test_event",
+                None,
+                None,
+            ),
+        ),
+    ];
+    let mut normalized = Vec::new();
+    for (i, c) in cases.iter().enumerate() {
+        for r in app.db.receipts_of_source(&format!("f{i}")).unwrap() {
+            assert_eq!(r.herald_event_id, None, "{}", c.name);
+            normalized.push((
+                c.name.clone(),
+                (
+                    r.provider_event_id,
+                    r.event_type,
+                    r.provider_type,
+                    r.event_time.map(|t| t.timestamp()),
+                    r.provider_message_id,
+                ),
+            ));
+        }
+    }
+    let normalized: Vec<(&str, (&str, &str, &str, Option<i64>, Option<&str>))> = normalized
+        .iter()
+        .map(|(n, (a, b, c, d, e))| {
+            (
+                n.as_str(),
+                (a.as_str(), b.as_str(), c.as_str(), *d, e.as_deref()),
+            )
+        })
+        .collect();
+    assert_eq!(normalized, expected);
     app.stop().await;
 }
 
