@@ -22,6 +22,9 @@ const SCHEMES: &[&str] = &[
     "ses",
 ];
 
+/// (event id, normalized type, provider type, event time, provider message id).
+type Normalized<'a> = (&'a str, &'a str, &'a str, Option<i64>, Option<&'a str>);
+
 struct Case {
     name: String,
     scheme: &'static str,
@@ -185,7 +188,7 @@ async fn published_examples_get_the_documented_verdict(backend: Backend) {
         None,
         Some("CA1234567890ABCDE"),
     );
-    let expected: Vec<(&str, (&str, &str, &str, Option<i64>, Option<&str>))> = vec![
+    let expected: Vec<(&str, Normalized<'_>)> = vec![
         ("standard-webhooks/sdk-valid-1", sw),
         ("standard-webhooks/sdk-valid-multi-sig", sw),
         ("standard-webhooks/sdk-valid-unprefixed-secret", sw),
@@ -253,7 +256,7 @@ async fn published_examples_get_the_documented_verdict(backend: Backend) {
             ));
         }
     }
-    let normalized: Vec<(&str, (&str, &str, &str, Option<i64>, Option<&str>))> = normalized
+    let normalized: Vec<(&str, Normalized<'_>)> = normalized
         .iter()
         .map(|(n, (a, b, c, d, e))| {
             (
