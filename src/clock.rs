@@ -1,4 +1,4 @@
-//! Time, injectable: production reads the system clock, tests move a manual one.
+//! Time, injectable: production reads the system clock, tests shift it.
 //! Every timestamp is truncated to microseconds, the precision both backends store.
 
 use std::sync::Mutex;
@@ -16,31 +16,6 @@ pub struct SystemClock;
 impl Clock for SystemClock {
     fn now(&self) -> DateTime<Utc> {
         Utc::now().trunc_subsecs(6)
-    }
-}
-
-/// A clock that only moves when told to.
-#[derive(Debug)]
-pub struct ManualClock(Mutex<DateTime<Utc>>);
-
-impl ManualClock {
-    pub fn new(start: DateTime<Utc>) -> Self {
-        Self(Mutex::new(start.trunc_subsecs(6)))
-    }
-
-    pub fn advance(&self, by: std::time::Duration) {
-        let mut t = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        *t += chrono::Duration::from_std(by).unwrap_or(chrono::Duration::MAX);
-    }
-
-    pub fn set(&self, to: DateTime<Utc>) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = to.trunc_subsecs(6);
-    }
-}
-
-impl Clock for ManualClock {
-    fn now(&self) -> DateTime<Utc> {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

@@ -12,7 +12,6 @@ pub mod policy;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use rand::Rng;
 use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -412,9 +411,4 @@ impl Sender {
             }
         }
     }
-}
-
-/// When a retry is due, for display.
-pub fn due_in(next: Option<DateTime<Utc>>, now: DateTime<Utc>) -> Option<Duration> {
-    next.map(|n| (n - now).to_std().unwrap_or(Duration::ZERO))
 }

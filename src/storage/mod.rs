@@ -324,21 +324,3 @@ macro_rules! db_run {
         }
     };
 }
-
-/// Retries a closure while it fails with `Unavailable`, up to `tries` times with a short pause:
-/// for background loops, never for HTTP answers (those say 503).
-pub fn with_retry<T>(
-    tries: u32,
-    mut f: impl FnMut() -> Result<T, StorageError>,
-) -> Result<T, StorageError> {
-    let mut n = 0;
-    loop {
-        match f() {
-            Err(e) if e.is_unavailable() && n + 1 < tries => {
-                n += 1;
-                std::thread::sleep(Duration::from_millis(50 * n as u64));
-            }
-            other => return other,
-        }
-    }
-}
