@@ -26,6 +26,14 @@ impl fmt::Debug for Secret {
     }
 }
 
+/// Compares without an early exit, for secrets and signatures; a length mismatch is a mismatch.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

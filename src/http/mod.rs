@@ -21,6 +21,7 @@ use crate::domain::{Channel, InvalidField, Semantics};
 use crate::ingest::RawRequest;
 use crate::outbox::{Limits, NewMessage};
 use crate::secret::Secret;
+use crate::secret::constant_time_eq;
 use crate::storage::Db;
 
 /// What the handlers share.
@@ -86,14 +87,6 @@ fn authorize(req: &HttpRequest, state: &AppState) -> Result<(), Problem> {
     } else {
         Err(Problem::unauthorized())
     }
-}
-
-/// Compares without an early exit; a length mismatch is a mismatch.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Reads the body up to `limit` bytes; more is a 413 problem, never a partial read.

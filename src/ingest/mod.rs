@@ -94,13 +94,7 @@ pub trait Source: Send + Sync {
     ) -> Result<Vec<ReceiptEvent>, VerifyError>;
 }
 
-/// Compares without an early exit; a length mismatch is a mismatch.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
+pub use crate::secret::constant_time_eq;
 
 /// Whether `t` (unix seconds) is within `tolerance` of `now`: both ways, or only the age.
 pub fn within(t: i64, now: DateTime<Utc>, tolerance: u64, future_too: bool) -> bool {
