@@ -20,9 +20,13 @@ impl Clock for SystemClock {
 }
 
 /// The system clock shifted by an adjustable offset: time keeps moving (so rows inserted with the
-/// database's `now()` become due as usual), and a test can jump ahead to make retries due.
+/// database's `now()` become due as usual), and a test can jump ahead to make retries due, or
+/// freeze it at an instant (published examples are checked at their own second).
 #[derive(Debug, Default)]
-pub struct OffsetClock(Mutex<chrono::Duration>);
+pub struct OffsetClock {
+    offset: Mutex<chrono::Duration>,
+    frozen: Mutex<Option<DateTime<Utc>>>,
+}
 
 impl OffsetClock {
     pub fn new() -> Self {
@@ -30,22 +34,22 @@ impl OffsetClock {
     }
 
     pub fn advance(&self, by: std::time::Duration) {
-        let mut o = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut o = self.offset.lock().unwrap_or_else(|p| p.into_inner());
         *o += chrono::Duration::from_std(by).unwrap_or(chrono::Duration::MAX);
+    }
+
+    /// Stops the clock at `at`.
+    pub fn freeze(&self, at: DateTime<Utc>) {
+        *self.frozen.lock().unwrap_or_else(|p| p.into_inner()) = Some(at.trunc_subsecs(6));
     }
 }
 
 impl Clock for OffsetClock {
     fn now(&self) -> DateTime<Utc> {
-        let offset = *self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(at) = *self.frozen.lock().unwrap_or_else(|p| p.into_inner()) {
+            return at;
+        }
+        let offset = *self.offset.lock().unwrap_or_else(|p| p.into_inner());
         (Utc::now() + offset).trunc_subsecs(6)
-    }
-}
-
-impl OffsetClock {
-    /// Moves the clock so that it reads `at` now (and keeps running from there): published
-    /// examples carry old timestamps.
-    pub fn set_to(&self, at: DateTime<Utc>) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = at - Utc::now();
     }
 }

@@ -164,12 +164,15 @@ async fn classification_table(backend: Backend) {
 
     // Retry-After: delta-seconds and HTTP-date are honoured (plus at most 20 % jitter); without
     // it, backoff from base 1 s (±20 %).
+    // Delays count from each send's own end; allow for a slow, shared machine between `before`
+    // and that end.
+    const SLACK: f64 = 3.0;
     let delay = |id: &str| {
         let row = app.row(id);
         (row.next_attempt_at.unwrap() - before).num_milliseconds() as f64 / 1000.0
     };
     let d = delay("limited-429-seconds");
-    assert!((7.0..=8.4 + 1.0).contains(&d), "429 delta-seconds: {d}");
+    assert!((7.0..=8.4 + SLACK).contains(&d), "429 delta-seconds: {d}");
     assert_eq!(
         app.attempts("limited-429-seconds")[0]
             .retry_after
@@ -185,12 +188,15 @@ async fn classification_table(backend: Backend) {
     );
     let d = delay("limited-429-date");
     // The date was fixed before the 21 POSTs and has whole-second precision.
-    assert!((80.0..=90.0 * 1.2 + 1.0).contains(&d), "429 HTTP-date: {d}");
+    assert!(
+        (80.0..=90.0 * 1.2 + SLACK).contains(&d),
+        "429 HTTP-date: {d}"
+    );
     let d = delay("unavailable-503");
-    assert!((11.0..=13.2 + 1.0).contains(&d), "503 Retry-After: {d}");
+    assert!((11.0..=13.2 + SLACK).contains(&d), "503 Retry-After: {d}");
     for id in ["limited-429-bare", "error-500", "refused"] {
         let d = delay(id);
-        assert!((0.8..=1.2 + 1.0).contains(&d), "{id} backoff: {d}");
+        assert!((0.8..=1.2 + SLACK).contains(&d), "{id} backoff: {d}");
         assert!(
             app.attempts(id)[0]
                 .delay_reason

@@ -105,7 +105,7 @@ async fn published_examples_get_the_documented_verdict(backend: Backend) {
     let (mut stored, mut refused) = (0, 0);
     for (i, c) in cases.iter().enumerate() {
         let at = c.spec["at"].as_i64().unwrap_or(0);
-        app.clock.set_to(Utc.timestamp_opt(at, 0).unwrap());
+        app.clock.freeze(Utc.timestamp_opt(at, 0).unwrap());
         let mut req = app
             .http
             .post(format!("{}/v1/ingest/f{i}", app.base))
