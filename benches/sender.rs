@@ -109,17 +109,8 @@ async fn sender(backend: Backend, n: usize) -> (f64, (f64, f64)) {
     })
     .await
     .unwrap();
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stop_listen = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let listener = (backend == Backend::Postgres).then(|| {
-        herald::sender::listener::spawn(
-            app.test_db.url.clone(),
-            app.herald.wake.clone(),
-            stop_listen.clone(),
-        )
-    });
     let start = Instant::now();
-    let running = tokio::spawn(app.herald.sender.clone().run(stop_rx));
+    let sender = app.start_sender();
     rx.wait_for(n, 300).await;
     // Outcomes are flushed in batches right after the sends: wait for the last to be recorded.
     let db = app.db.clone();
@@ -169,14 +160,7 @@ async fn sender(backend: Backend, n: usize) -> (f64, (f64, f64)) {
         lat.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     lat.sort_by(f64::total_cmp);
-    stop_tx.send(true).unwrap();
-    running.await.unwrap();
-    stop_listen.store(true, std::sync::atomic::Ordering::Relaxed);
-    if let Some(t) = listener {
-        tokio::task::spawn_blocking(move || t.join().unwrap())
-            .await
-            .unwrap();
-    }
+    sender.stop().await;
     assert_eq!(
         rx.requests().len(),
         n + 30,

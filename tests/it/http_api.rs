@@ -175,24 +175,19 @@ async fn the_api_token_guards_v1(backend: Backend) {
 async fn storage_down_is_503_never_2xx() {
     // A PostgreSQL URL nobody answers: the pool cannot connect.
     let app = crate::support::app::spawn_app(Backend::Sqlite).await;
-    let state = crate::support::app::state_with_storage_down(&app);
-    let srv = actix_web::test::init_service(
-        actix_web::App::new()
-            .app_data(actix_web::web::Data::new(state))
-            .configure(herald::http::configure),
+    let responses = crate::support::app::call_with_storage_down(
+        &app,
+        vec![
+            actix_web::test::TestRequest::post()
+                .uri("/v1/messages")
+                .set_json(webhook("down-1", "https://x.example/h", json!({}))),
+            actix_web::test::TestRequest::get().uri("/readyz"),
+        ],
     )
     .await;
-    let req = actix_web::test::TestRequest::post()
-        .uri("/v1/messages")
-        .set_json(webhook("down-1", "https://x.example/h", json!({})))
-        .to_request();
-    let resp = actix_web::test::call_service(&srv, req).await;
-    assert_eq!(resp.status(), 503);
-    assert!(resp.headers().contains_key("retry-after"));
-    let req = actix_web::test::TestRequest::get()
-        .uri("/readyz")
-        .to_request();
-    assert_eq!(actix_web::test::call_service(&srv, req).await.status(), 503);
+    assert_eq!(responses[0].status(), 503);
+    assert!(responses[0].headers().contains_key("retry-after"));
+    assert_eq!(responses[1].status(), 503);
     app.stop().await;
 }
 

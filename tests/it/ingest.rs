@@ -154,13 +154,6 @@ async fn what_does_not_verify_is_refused_and_not_stored(backend: Backend) {
 
 async fn ingest_with_storage_down_is_503_never_2xx() {
     let app = crate::support::app::spawn_app_with(Backend::Sqlite, &sources()).await;
-    let state = crate::support::app::state_with_storage_down(&app);
-    let srv = actix_web::test::init_service(
-        actix_web::App::new()
-            .app_data(actix_web::web::Data::new(state))
-            .configure(herald::http::configure),
-    )
-    .await;
     let body = br#"{"type":"email.sent","data":{}}"#;
     let mut req = actix_web::test::TestRequest::post()
         .uri("/v1/ingest/resend")
@@ -168,9 +161,9 @@ async fn ingest_with_storage_down_is_503_never_2xx() {
     for (n, v) in resend_headers("msg_down", Utc::now().timestamp(), body) {
         req = req.insert_header((n, v));
     }
-    let resp = actix_web::test::call_service(&srv, req.to_request()).await;
-    assert_eq!(resp.status(), 503);
-    assert!(resp.headers().contains_key("retry-after"));
+    let resp = crate::support::app::call_with_storage_down(&app, vec![req]).await;
+    assert_eq!(resp[0].status(), 503);
+    assert!(resp[0].headers().contains_key("retry-after"));
     app.stop().await;
 }
 
@@ -336,24 +329,12 @@ async fn ingest_answers_503_while_sqlite_is_locked() {
     let mut holder = diesel::sqlite::SqliteConnection::establish(&path).unwrap();
     holder.batch_execute("BEGIN IMMEDIATE").unwrap();
     let body = br#"{"type":"email.delivered","data":{"email_id":"em_7"}}"#;
-    let now = Utc::now().timestamp();
-    let r = post(
-        &app,
-        "resend",
-        &resend_headers("msg_locked", now, body),
-        body,
-    )
-    .await;
+    let headers = resend_headers("msg_locked", Utc::now().timestamp(), body);
+    let r = post(&app, "resend", &headers, body).await;
     assert_eq!(r.status(), 503);
     assert!(r.headers().contains_key("retry-after"));
     holder.batch_execute("ROLLBACK").unwrap();
-    let r = post(
-        &app,
-        "resend",
-        &resend_headers("msg_locked", now, body),
-        body,
-    )
-    .await;
+    let r = post(&app, "resend", &headers, body).await;
     assert_eq!(
         r.json::<Value>().await.unwrap(),
         json!({"stored": 1, "duplicates": 0})

@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use tokio::sync::watch;
 
 use crate::both_backends;
 use crate::support::app::{SECRET, spawn_app_with, spawn_on, webhook};
@@ -294,16 +293,7 @@ async fn the_production_loop_delivers_and_shuts_down_cleanly(backend: Backend) {
     let test_db = TestDb::new(backend);
     let app = spawn_on(test_db, "").await;
     let rx = Receiver::start().await;
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stop_listen = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let listener = (backend == Backend::Postgres).then(|| {
-        herald::sender::listener::spawn(
-            app.test_db.url.clone(),
-            app.herald.wake.clone(),
-            stop_listen.clone(),
-        )
-    });
-    let running = tokio::spawn(app.herald.sender.clone().run(stop_rx));
+    let sender = app.start_sender();
     for i in 0..20 {
         assert_eq!(
             app.post_message(webhook(&format!("loop-{i}"), &rx.url, json!({"i": i})))
@@ -322,17 +312,7 @@ async fn the_production_loop_delivers_and_shuts_down_cleanly(backend: Backend) {
         201
     );
     rx.wait_for(21, 30).await;
-    stop_tx.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(20), running)
-        .await
-        .expect("stops")
-        .unwrap();
-    stop_listen.store(true, std::sync::atomic::Ordering::Relaxed);
-    if let Some(t) = listener {
-        tokio::task::spawn_blocking(move || t.join().unwrap())
-            .await
-            .unwrap();
-    }
+    sender.stop().await;
     for i in 0..20 {
         assert_eq!(
             app.message(&format!("loop-{i}")).await["state"],

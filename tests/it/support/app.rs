@@ -149,8 +149,11 @@ pub fn webhook(event_id: &str, url: &str, body: serde_json::Value) -> serde_json
     })
 }
 
-/// The app's HTTP state with a database nobody answers (storage down).
-pub fn state_with_storage_down(app: &TestApp) -> herald::http::AppState {
+/// Sends `requests` through the app's routes with a database nobody answers (storage down).
+pub async fn call_with_storage_down(
+    app: &TestApp,
+    requests: Vec<actix_web::test::TestRequest>,
+) -> Vec<actix_web::dev::ServiceResponse> {
     let closed = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -164,5 +167,62 @@ pub fn state_with_storage_down(app: &TestApp) -> herald::http::AppState {
         },
     )
     .unwrap();
-    state
+    let srv = actix_web::test::init_service(
+        actix_web::App::new()
+            .app_data(actix_web::web::Data::new(state))
+            .configure(herald::http::configure),
+    )
+    .await;
+    let mut out = Vec::new();
+    for r in requests {
+        out.push(actix_web::test::call_service(&srv, r.to_request()).await);
+    }
+    out
+}
+
+/// The production sender loop (with LISTEN/NOTIFY on PostgreSQL), running until [`RunningSender::stop`].
+pub struct RunningSender {
+    stop: tokio::sync::watch::Sender<bool>,
+    stop_listen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    listener: Option<std::thread::JoinHandle<()>>,
+    running: tokio::task::JoinHandle<()>,
+}
+
+impl TestApp {
+    pub fn start_sender(&self) -> RunningSender {
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let stop_listen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let listener = (self.test_db.backend == Backend::Postgres).then(|| {
+            herald::sender::listener::spawn(
+                self.test_db.url.clone(),
+                self.herald.wake.clone(),
+                stop_listen.clone(),
+            )
+        });
+        let running = tokio::spawn(self.herald.sender.clone().run(stop_rx));
+        RunningSender {
+            stop,
+            stop_listen,
+            listener,
+            running,
+        }
+    }
+}
+
+impl RunningSender {
+    /// Stops claiming, waits for in-flight sends and their outcomes (bounded), stops listening.
+    pub async fn stop(self) {
+        self.stop.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(20), self.running)
+            .await
+            .expect("the sender stops")
+            .unwrap();
+        self.stop_listen
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.listener {
+            tokio::task::spawn_blocking(move || t.join().unwrap())
+                .await
+                .unwrap();
+        }
+    }
 }
