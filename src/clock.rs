@@ -6,7 +6,24 @@ use std::sync::Mutex;
 use chrono::{DateTime, SubsecRound, Utc};
 
 pub trait Clock: Send + Sync + 'static {
+    /// This process's reading of the time (it may be skewed).
     fn now(&self) -> DateTime<Utc>;
+
+    /// How far this clock has been moved from real time *on purpose*: a test letting time pass.
+    /// On PostgreSQL lease and due times come from the database's clock, moved by this shift, so
+    /// moving the clock moves time for every process at once while a skewed clock (whose `now`
+    /// is wrong but whose shift is zero) changes nothing. Zero in production.
+    fn shift(&self) -> chrono::Duration {
+        chrono::Duration::zero()
+    }
+
+    /// "Now" for the storage layer: this reading and the shift.
+    fn storage_now(&self) -> crate::storage::models::Now {
+        crate::storage::models::Now {
+            local: self.now(),
+            shift: self.shift(),
+        }
+    }
 }
 
 /// The system clock.
@@ -51,5 +68,10 @@ impl Clock for OffsetClock {
         }
         let offset = *self.offset.lock().unwrap_or_else(|p| p.into_inner());
         (Utc::now() + offset).trunc_subsecs(6)
+    }
+
+    /// Every move of this clock is deliberate: the database's time moves with it.
+    fn shift(&self) -> chrono::Duration {
+        self.now() - Utc::now()
     }
 }

@@ -2,6 +2,7 @@
 //! interface contract. Everything past the HTTP handler or the library API is one of these types,
 //! never a bare string.
 
+pub mod classify;
 mod fingerprint;
 
 pub use fingerprint::{Fingerprint, FingerprintInput};

@@ -33,6 +33,8 @@ pub struct AppState {
     pub api_token: Option<Secret>,
     pub max_payload_bytes: usize,
     pub retry_policy: String,
+    /// The policy's version, recorded on every message enqueued here.
+    pub retry_policy_version: String,
     pub default_max_attempts: u32,
     pub endpoints: Arc<BTreeMap<String, Endpoint>>,
     pub sources: Arc<BTreeMap<String, ConfiguredSource>>,
@@ -136,6 +138,7 @@ async fn create_message(
     let limits = Limits {
         max_payload_bytes: state.max_payload_bytes,
         retry_policy: state.retry_policy.clone(),
+        retry_policy_version: Some(state.retry_policy_version.clone()),
         endpoints: Some(&state.endpoints),
     };
     let row = message.prepare(&limits, now).map_err(Problem::invalid)?;

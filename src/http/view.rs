@@ -20,6 +20,8 @@ pub struct MessageView {
     pub max_attempts: i64,
     pub semantics: String,
     pub retry_policy: String,
+    /// The policy version it was enqueued under (set at the first claim for a plain SQL insert).
+    pub retry_policy_version: Option<String>,
     pub fingerprint: Option<String>,
     pub scheduled_at: String,
     pub next_attempt_at: Option<String>,
@@ -46,6 +48,7 @@ impl MessageView {
                 .unwrap_or(i64::from(default_max_attempts)),
             semantics: row.semantics.clone(),
             retry_policy: row.retry_policy.clone(),
+            retry_policy_version: row.retry_policy_version.clone(),
             fingerprint: row.request_fingerprint.clone(),
             scheduled_at: ts(&row.scheduled_at),
             next_attempt_at: row.next_attempt_at.as_ref().map(ts),

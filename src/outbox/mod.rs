@@ -110,6 +110,17 @@ impl NewMessage {
                 }
             }
         }
+        // PostgreSQL's text and jsonb cannot hold NUL: refuse it here, on every way in and on
+        // both backends alike, naming where it is.
+        if self.destination.contains('\0') {
+            errors.push(InvalidField::new(
+                "destination",
+                "must not contain a NUL character",
+            ));
+        }
+        if let Some(path) = nul_path(&self.payload, "payload") {
+            errors.push(InvalidField::new(path, "must not contain a NUL character"));
+        }
         let size = serde_json::to_vec(&self.payload)
             .map(|v| v.len())
             .unwrap_or(usize::MAX);
@@ -156,11 +167,32 @@ impl NewMessage {
             scheduled_at: trunc(scheduled_at),
             max_attempts: self.max_attempts.map(|n| n as i32),
             retry_policy: limits.retry_policy.clone(),
+            retry_policy_version: limits.retry_policy_version.clone(),
             semantics: self.semantics.as_str().to_owned(),
             expires_at: self.expires_at.map(trunc),
             request_fingerprint: fingerprint.map(|f| f.as_str().to_owned()),
             now,
         })
+    }
+}
+
+/// Where in `value` the first NUL character is (in a key or a string), as a dotted path.
+fn nul_path(value: &Value, at: &str) -> Option<String> {
+    match value {
+        Value::String(s) => s.contains('\0').then(|| at.to_owned()),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, v)| nul_path(v, &format!("{at}[{i}]"))),
+        Value::Object(map) => map.iter().find_map(|(k, v)| {
+            let path = format!("{at}.{}", k.replace('\0', "\\u0000"));
+            if k.contains('\0') {
+                Some(path)
+            } else {
+                nul_path(v, &path)
+            }
+        }),
+        _ => None,
     }
 }
 
@@ -198,6 +230,8 @@ pub fn fingerprint_of(
 pub struct Limits<'a> {
     pub max_payload_bytes: usize,
     pub retry_policy: String,
+    /// Recorded on the row; `None` lets the first claim record the version in force then.
+    pub retry_policy_version: Option<String>,
     /// Configured endpoints; `None` (the library) skips the name check: an unknown endpoint is
     /// then dead-lettered at send time.
     pub endpoints: Option<&'a BTreeMap<String, Endpoint>>,
@@ -208,6 +242,7 @@ impl Default for Limits<'_> {
         Self {
             max_payload_bytes: 256 * 1024,
             retry_policy: "default".into(),
+            retry_policy_version: None,
             endpoints: None,
         }
     }
@@ -336,6 +371,28 @@ mod tests {
             fields(m.prepare(&Limits::default(), now())),
             ["destination", "payload.subject"]
         );
+    }
+
+    #[test]
+    fn a_nul_anywhere_is_refused_with_its_path() {
+        let m = NewMessage::webhook("e", "https://x.example/h", json!({"a": ["ok", "b\u{0}d"]}));
+        assert_eq!(
+            fields(m.prepare(&Limits::default(), now())),
+            ["payload.body.a[1]"]
+        );
+        let mut m = NewMessage::email("e", "a@example.com", "hi", "text");
+        m.payload["headers"] = json!({"X-Tag": "v\u{0}"});
+        assert_eq!(
+            fields(m.prepare(&Limits::default(), now())),
+            ["payload.headers.X-Tag"]
+        );
+        let m = NewMessage::webhook("e", "https://x.example/h", json!({"k\u{0}": 1}));
+        assert_eq!(
+            fields(m.prepare(&Limits::default(), now())),
+            ["payload.body.k\\u0000"]
+        );
+        let m = NewMessage::webhook("e", "https://x.example/\u{0}", json!({}));
+        assert!(fields(m.prepare(&Limits::default(), now())).contains(&"destination".to_owned()));
     }
 
     #[test]

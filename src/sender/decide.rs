@@ -8,33 +8,7 @@ use chrono::{DateTime, Utc};
 use crate::domain::{AttemptClass, Semantics, State};
 use crate::sender::policy::RetryPolicy;
 
-/// Class of an HTTP status code. 3xx counts as permanent: Herald does not follow redirects, a
-/// moved endpoint is a configuration error to fix, not to retry.
-pub fn classify_http_status(status: u16) -> AttemptClass {
-    match status {
-        200..=299 => AttemptClass::Accepted,
-        409 => AttemptClass::Conflict,
-        429 => AttemptClass::RateLimited,
-        408 | 425 | 500 | 502 | 503 | 504 => AttemptClass::Transient,
-        // Other server errors (507, 520-ish proxies …): the server's trouble, worth a retry.
-        500..=599 => AttemptClass::Transient,
-        _ => AttemptClass::Permanent,
-    }
-}
-
-/// Whether the receiver's Retry-After is honoured for this status.
-pub fn honours_retry_after(status: u16) -> bool {
-    matches!(status, 429 | 503)
-}
-
-/// Class of an SMTP reply code: 2xx accepted, 4xx transient, 5xx (and anything odd) permanent.
-pub fn classify_smtp_code(code: u16) -> AttemptClass {
-    match code {
-        200..=299 => AttemptClass::Accepted,
-        400..=499 => AttemptClass::Transient,
-        _ => AttemptClass::Permanent,
-    }
-}
+pub use crate::domain::classify::{classify_http_status, classify_smtp_code, honours_retry_after};
 
 /// What happens to a message after an attempt.
 #[derive(Debug, Clone, PartialEq)]
@@ -154,34 +128,6 @@ mod tests {
             max_attempts: 5,
             semantics: Semantics::AtLeastOnce,
         }
-    }
-
-    #[test]
-    fn http_classification_table() {
-        for s in [200, 201, 202, 204, 299] {
-            assert_eq!(classify_http_status(s), AttemptClass::Accepted, "{s}");
-        }
-        assert_eq!(classify_http_status(409), AttemptClass::Conflict);
-        assert_eq!(classify_http_status(429), AttemptClass::RateLimited);
-        for s in [408, 425, 500, 502, 503, 504, 507] {
-            assert_eq!(classify_http_status(s), AttemptClass::Transient, "{s}");
-        }
-        for s in [
-            301, 302, 400, 401, 403, 404, 405, 410, 413, 415, 422, 451, 100,
-        ] {
-            assert_eq!(classify_http_status(s), AttemptClass::Permanent, "{s}");
-        }
-        assert!(honours_retry_after(429) && honours_retry_after(503));
-        assert!(!honours_retry_after(500) && !honours_retry_after(200));
-    }
-
-    #[test]
-    fn smtp_classification() {
-        assert_eq!(classify_smtp_code(250), AttemptClass::Accepted);
-        assert_eq!(classify_smtp_code(451), AttemptClass::Transient);
-        assert_eq!(classify_smtp_code(421), AttemptClass::Transient);
-        assert_eq!(classify_smtp_code(550), AttemptClass::Permanent);
-        assert_eq!(classify_smtp_code(554), AttemptClass::Permanent);
     }
 
     #[test]

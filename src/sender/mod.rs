@@ -21,7 +21,9 @@ use crate::channels::email::EmailChannel;
 use crate::channels::webhook::WebhookChannel;
 use crate::clock::Clock;
 use crate::domain::{AttemptClass, Channel, Semantics};
-use crate::storage::models::{Applied, LeaseSweep, NewAttempt, OutboxRow, OutcomeRecord};
+use crate::storage::models::{
+    Applied, LeaseDecision, LeaseSweep, NewAttempt, OutboxRow, OutcomeRecord,
+};
 use crate::storage::{Db, StorageError};
 
 use self::decide::{AttemptFacts, decide};
@@ -116,12 +118,12 @@ impl Sender {
 
     /// The claim transaction: leases up to `limit` due rows and commits.
     pub async fn claim(&self, limit: u32) -> Result<Vec<OutboxRow>, SenderError> {
-        let now = self.inner.clock.now();
-        let lease_until =
-            now + chrono::Duration::from_std(self.inner.config.lease).unwrap_or_default();
+        let now = self.inner.clock.storage_now();
+        let lease = self.inner.config.lease;
         let owner = self.inner.config.owner.clone();
+        let version = self.inner.config.policy.version.clone();
         let (rows, expired) = self
-            .blocking(move |db| db.claim(now, limit, &owner, lease_until))
+            .blocking(move |db| db.claim(now, limit, &owner, lease, &version))
             .await?;
         if expired > 0 {
             info!(
@@ -156,6 +158,7 @@ impl Sender {
             attempts_after: row.attempts,
             state: String::new(),
             next_attempt_at: None,
+            retry_delay_ms: None,
             error_class: None,
             request_fingerprint: fingerprint,
             provider_message_id: None,
@@ -196,6 +199,7 @@ impl Sender {
         OutcomeRecord {
             state: decision.state.as_str().into(),
             next_attempt_at: decision.next_attempt_at,
+            retry_delay_ms: decision.delay.map(|d| d.as_millis() as i64),
             error_class: decision.error_class.map(|c| c.as_str().into()),
             provider_message_id: report.provider_message_id.clone(),
             attempt: Some(NewAttempt {
@@ -218,7 +222,7 @@ impl Sender {
     /// Writes outcomes in one transaction.
     pub async fn record(&self, outcomes: Vec<OutcomeRecord>) -> Result<Vec<Applied>, SenderError> {
         let owner = self.inner.config.owner.clone();
-        let now = self.inner.clock.now();
+        let now = self.inner.clock.storage_now();
         let applied = self
             .blocking(move |db| {
                 db.record_outcomes(&owner, now, &outcomes)
@@ -226,8 +230,14 @@ impl Sender {
             })
             .await?;
         for (a, o) in applied.0.iter().zip(&applied.1) {
-            if *a == Applied::LeaseLost {
-                warn!(event_id = %o.event_id, "lease lost before the outcome was written; attempt recorded only");
+            match a {
+                Applied::LeaseLost => {
+                    warn!(event_id = %o.event_id, "lease lost before the outcome was written; attempt recorded as lease_lost")
+                }
+                Applied::Settled => {
+                    info!(event_id = %o.event_id, "a late 2xx settled a message the watchdog had left unconfirmed")
+                }
+                Applied::Yes => {}
             }
         }
         Ok(applied.0)
@@ -275,11 +285,12 @@ impl Sender {
 
     /// The watchdog pass: expired leases back to `retryable` (or `unconfirmed`/`dead_letter`).
     pub async fn sweep_leases(&self) -> Result<LeaseSweep, SenderError> {
-        let now = self.inner.clock.now();
-        let max = self.inner.config.policy.max_attempts;
-        let version = self.inner.config.policy.version.clone();
+        let now = self.inner.clock.storage_now();
+        let policy = self.inner.config.policy.clone();
         let sweep = self
-            .blocking(move |db| db.sweep_expired_leases(now, max, &version))
+            .blocking(move |db| {
+                db.sweep_expired_leases(now, &|row, at| lease_expired_decision(&policy, row, at))
+            })
             .await?;
         if sweep.total() > 0 {
             warn!(
@@ -410,5 +421,34 @@ impl Sender {
                 }
             }
         }
+    }
+}
+
+/// What becomes of a message whose lease ran out: the same [`decide`] as for any ambiguous
+/// attempt (`unconfirmed` under at_most_once, `dead_letter` when the budget is spent, else
+/// `retryable` after the policy's backoff for that attempt number — so a message whose sends keep
+/// killing their process backs off instead of crash-looping the fleet).
+pub fn lease_expired_decision(
+    policy: &RetryPolicy,
+    row: &OutboxRow,
+    at: chrono::DateTime<chrono::Utc>,
+) -> LeaseDecision {
+    let facts = AttemptFacts {
+        class: AttemptClass::Ambiguous,
+        retry_after: None,
+        attempt: u32::try_from(row.attempts).unwrap_or(0),
+        max_attempts: row
+            .max_attempts
+            .and_then(|n| u32::try_from(n).ok())
+            .unwrap_or(policy.max_attempts),
+        semantics: Semantics::parse(&row.semantics).unwrap_or(Semantics::AtMostOnce),
+    };
+    let d = decide(facts, policy, at, rand::rng().random());
+    LeaseDecision {
+        state: d.state.as_str().into(),
+        error_class: d.error_class.map(|c| c.as_str().into()),
+        delay_ms: d.delay.map(|d| d.as_millis() as i64),
+        reason: d.reason,
+        policy_version: policy.version.clone(),
     }
 }

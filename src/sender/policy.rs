@@ -1,11 +1,11 @@
 //! The retry policy: versioned configuration and the pure backoff arithmetic.
 //!
-//! The version is derived from the parameters themselves (`NAME@<8 hex>`), so two different
-//! parameter sets can never record the same version on their attempts.
+//! The version is derived from the parameters themselves and from the classification table
+//! (`NAME@<8 hex>`), so two different parameter sets, or the same parameters under a changed
+//! table, can never record the same version on their attempts.
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 
 use crate::domain::InvalidField;
@@ -14,7 +14,8 @@ use crate::domain::InvalidField;
 #[derive(Debug, Clone, PartialEq)]
 pub struct RetryPolicy {
     pub name: String,
-    /// `NAME@hash-of-parameters`; recorded on every attempt.
+    /// `NAME@hash-of-parameters-and-classification-table`; recorded on every attempt and on
+    /// every message Herald enqueues (`retry_policy_version`).
     pub version: String,
     pub base: Duration,
     pub cap: Duration,
@@ -79,12 +80,13 @@ impl RetryPolicy {
             ));
         }
         let canonical = format!(
-            "base={};cap={};max={};ra_max={};jitter={}",
+            "base={};cap={};max={};ra_max={};jitter={};table={}",
             base.as_micros(),
             cap.as_micros(),
             max_attempts,
             retry_after_max.as_micros(),
-            jitter
+            jitter,
+            crate::domain::classify::table_digest()
         );
         let hash = hex::encode(&Sha256::digest(canonical.as_bytes())[..4]);
         Ok(Self {
@@ -143,22 +145,7 @@ impl RetryPolicy {
     }
 }
 
-/// Parses a Retry-After value: delta-seconds or an HTTP-date (relative to `now`; a past date
-/// means "now"). Anything else is ignored (`None`).
-pub fn parse_retry_after(value: &str, now: DateTime<Utc>) -> Option<Duration> {
-    let value = value.trim();
-    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
-        return Some(Duration::from_secs(
-            value
-                .parse::<u64>()
-                .unwrap_or(u64::MAX)
-                .min(u32::MAX as u64),
-        ));
-    }
-    let at = httpdate::parse_http_date(value).ok()?;
-    let at: DateTime<Utc> = at.into();
-    Some((at - now).to_std().unwrap_or(Duration::ZERO))
-}
+pub use crate::domain::classify::parse_retry_after;
 
 #[cfg(test)]
 mod tests {
@@ -213,31 +200,6 @@ mod tests {
             "Retry-After: 0 waits at least the base"
         );
         assert!(d.reason.contains("raised to the base 5s"), "{}", d.reason);
-    }
-
-    #[test]
-    fn retry_after_parses_both_forms() {
-        let now: DateTime<Utc> = "2015-10-21T07:28:00Z".parse().unwrap();
-        assert_eq!(
-            parse_retry_after("120", now),
-            Some(Duration::from_secs(120))
-        );
-        assert_eq!(parse_retry_after(" 0 ", now), Some(Duration::ZERO));
-        assert_eq!(
-            parse_retry_after("Wed, 21 Oct 2015 07:30:00 GMT", now),
-            Some(Duration::from_secs(120))
-        );
-        assert_eq!(
-            parse_retry_after("Wed, 21 Oct 2015 07:00:00 GMT", now),
-            Some(Duration::ZERO)
-        );
-        assert_eq!(parse_retry_after("-5", now), None);
-        assert_eq!(parse_retry_after("soon", now), None);
-        assert_eq!(parse_retry_after("", now), None);
-        assert_eq!(
-            parse_retry_after("99999999999999999999999", now),
-            Some(Duration::from_secs(u32::MAX as u64))
-        );
     }
 
     #[test]

@@ -73,38 +73,50 @@ impl StorageError {
 
 impl From<DieselError> for StorageError {
     fn from(e: DieselError) -> Self {
-        match &e {
-            DieselError::DatabaseError(
-                DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand,
-                _,
-            ) => StorageError::Unavailable(Box::new(e)),
-            DieselError::DatabaseError(_, info) if is_busy(info.message()) => {
-                StorageError::Unavailable(Box::new(e))
-            }
-            _ => StorageError::Query(e),
+        if is_unavailable(&e) {
+            StorageError::Unavailable(Box::new(e))
+        } else {
+            StorageError::Query(e)
         }
     }
 }
 
 impl From<r2d2::Error> for StorageError {
     fn from(e: r2d2::Error) -> Self {
+        // No connection could be had: refused, too many connections (53300), starting up or
+        // shutting down (57P03), timed out waiting for the pool.
         StorageError::Unavailable(Box::new(e))
     }
 }
 
-/// Errors that mean "the database is not there right now", not "this query is wrong".
-fn is_busy(message: &str) -> bool {
-    const GONE: &[&str] = &[
-        "database is locked",
-        "database is busy",
-        "terminating connection",
-        "the database system is",
-        "too many connections",
-        "server closed the connection",
-        "could not connect",
-        "connection refused",
-    ];
-    GONE.iter().any(|m| message.contains(m))
+/// Whether an error means "the database is not usable right now, try again" rather than "this
+/// query is wrong". PostgreSQL: by the error's kind, which diesel derives from the SQLSTATE —
+/// class 08 (connection exception) and any error after which the connection is gone (57P01
+/// admin shutdown, 57P02 crash shutdown: the server ends the session) are `ClosedConnection` or
+/// `UnableToSendCommand`; 40001 is `SerializationFailure` (retryable); 25006 is
+/// `ReadOnlyTransaction` (a standby after a failover). Never by message text, which follows the
+/// server's `lc_messages`. SQLite has no SQLSTATE: its fixed (never translated) result strings for
+/// SQLITE_BUSY and SQLITE_LOCKED are what it gives.
+fn is_unavailable(e: &DieselError) -> bool {
+    match e {
+        DieselError::DatabaseError(kind, info) => match kind {
+            DatabaseErrorKind::ClosedConnection
+            | DatabaseErrorKind::UnableToSendCommand
+            | DatabaseErrorKind::SerializationFailure
+            | DatabaseErrorKind::ReadOnlyTransaction => true,
+            DatabaseErrorKind::Unknown => is_sqlite_busy(info.message()),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// SQLite's own strings for SQLITE_BUSY and SQLITE_LOCKED (`sqlite3_errstr`).
+fn is_sqlite_busy(message: &str) -> bool {
+    matches!(
+        message,
+        "database is locked" | "database table is locked" | "database is busy"
+    )
 }
 
 /// Which backend a [`Db`] talks to.
@@ -323,4 +335,43 @@ macro_rules! db_run {
             }
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn db_error(kind: DatabaseErrorKind, message: &str) -> DieselError {
+        DieselError::DatabaseError(kind, Box::new(message.to_owned()))
+    }
+
+    #[test]
+    fn unavailability_follows_the_error_kind_not_its_text() {
+        use DatabaseErrorKind::*;
+        for kind in [
+            ClosedConnection,
+            UnableToSendCommand,
+            SerializationFailure,
+            ReadOnlyTransaction,
+        ] {
+            assert!(
+                StorageError::from(db_error(kind, "anything")).is_unavailable(),
+                "{kind:?}"
+            );
+        }
+        // The old text list: a translated or unexpected text no longer decides anything.
+        for (kind, text) in [
+            (Unknown, "could not connect to server"),
+            (Unknown, "terminating connection"),
+            (UniqueViolation, "database is locked"),
+            (CheckViolation, "connection refused"),
+        ] {
+            assert!(
+                !StorageError::from(db_error(kind, text)).is_unavailable(),
+                "{kind:?} {text}"
+            );
+        }
+        assert!(StorageError::from(db_error(Unknown, "database is locked")).is_unavailable());
+        assert!(!StorageError::from(DieselError::NotFound).is_unavailable());
+    }
 }

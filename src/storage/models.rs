@@ -30,6 +30,9 @@ pub struct OutboxRow {
     pub delivery_status_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// The retry policy version it was enqueued under (filled by the first claim for a plain
+    /// SQL insert).
+    pub retry_policy_version: Option<String>,
 }
 
 /// One `herald_attempts` row.
@@ -66,10 +69,31 @@ pub struct NewOutboxRow {
     pub scheduled_at: DateTime<Utc>,
     pub max_attempts: Option<i32>,
     pub retry_policy: String,
+    /// `None` from the library (the first claim fills in the version in force then).
+    pub retry_policy_version: Option<String>,
     pub semantics: String,
     pub expires_at: Option<DateTime<Utc>>,
     pub request_fingerprint: Option<String>,
     pub now: DateTime<Utc>,
+}
+
+/// "Now" for a statement that compares or sets lease and due times.
+///
+/// SQLite (one process) uses `local`, the process's clock. PostgreSQL, shared by several
+/// processes whose clocks may disagree, uses the database's own `now()` moved by `shift`: a
+/// process with a skewed clock can then neither claim early, steal a live lease, nor keep a dead
+/// one. `shift` is zero in production; tests move it to let time pass for everyone at once.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Now {
+    pub local: DateTime<Utc>,
+    pub shift: chrono::Duration,
+}
+
+impl Now {
+    /// The shift in microseconds, as the PostgreSQL statements take it.
+    pub fn shift_micros(&self) -> f64 {
+        self.shift.num_microseconds().unwrap_or(0) as f64
+    }
 }
 
 /// What one attempt (or a send that was skipped) did to one claimed message.
@@ -82,7 +106,10 @@ pub struct OutcomeRecord {
     /// `attempts` to store: the claimed number, or one less when no request was made.
     pub attempts_after: i32,
     pub state: String,
+    /// When to try again, by the process's clock (SQLite stores this).
     pub next_attempt_at: Option<DateTime<Utc>>,
+    /// The same as a delay from "now" (PostgreSQL adds it to the database's clock).
+    pub retry_delay_ms: Option<i64>,
     pub error_class: Option<String>,
     pub request_fingerprint: Option<String>,
     pub provider_message_id: Option<String>,
@@ -111,8 +138,34 @@ pub struct NewAttempt {
 pub enum Applied {
     /// The row was still leased to us and now carries the outcome.
     Yes,
-    /// The lease had been lost (expired and reclaimed, or canceled): only the attempt was recorded.
+    /// The lease had been lost (expired and reclaimed, or canceled): only the attempt was
+    /// recorded, with `next_state = 'lease_lost'`.
     LeaseLost,
+    /// The lease had been lost, but the answer was a definite 2xx for an `at_most_once` message
+    /// the watchdog had moved to `unconfirmed` at this very attempt: the message is `delivered`.
+    Settled,
+}
+
+impl Applied {
+    /// What the attempt row records as the state the outcome led to.
+    pub fn next_state<'a>(&self, decided: &'a str) -> &'a str {
+        match self {
+            Applied::Yes | Applied::Settled => decided,
+            Applied::LeaseLost => "lease_lost",
+        }
+    }
+}
+
+/// What the watchdog does with one expired lease (the sender's pure decision, as storage
+/// writes it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseDecision {
+    pub state: String,
+    pub error_class: Option<String>,
+    /// From the sweep's "now"; `None` for a final state.
+    pub delay_ms: Option<i64>,
+    pub reason: String,
+    pub policy_version: String,
 }
 
 /// Counts from one watchdog pass over expired leases.
@@ -126,6 +179,52 @@ pub struct LeaseSweep {
 impl LeaseSweep {
     pub fn total(&self) -> usize {
         self.to_retryable + self.to_unconfirmed + self.to_dead_letter
+    }
+
+    /// Counts one row moved to `state`.
+    pub fn count(&mut self, state: &str) {
+        match state {
+            "unconfirmed" => self.to_unconfirmed += 1,
+            "dead_letter" => self.to_dead_letter += 1,
+            _ => self.to_retryable += 1,
+        }
+    }
+}
+
+impl OutcomeRecord {
+    /// The watchdog's record of an attempt whose lease ran out at `at` before its sender wrote
+    /// an outcome: class `ambiguous`, error kind `lease_expired`, no lease owner.
+    pub fn lease_expired(row: &OutboxRow, d: &LeaseDecision, at: DateTime<Utc>) -> Self {
+        let owner = row.lease_owner.as_deref().unwrap_or("?");
+        Self {
+            message_id: row.id,
+            event_id: row.event_id.clone(),
+            claimed_attempt: row.attempts,
+            attempts_after: row.attempts,
+            state: d.state.clone(),
+            next_attempt_at: d.delay_ms.map(|ms| at + chrono::Duration::milliseconds(ms)),
+            retry_delay_ms: d.delay_ms,
+            error_class: d.error_class.clone(),
+            request_fingerprint: row.request_fingerprint.clone(),
+            provider_message_id: None,
+            attempt: Some(NewAttempt {
+                // The claim set updated_at: the attempt started then.
+                started_at: row.updated_at,
+                finished_at: at,
+                duration_ms: (at - row.updated_at).num_milliseconds().max(0),
+                response_status: None,
+                error_kind: Some("lease_expired".into()),
+                class: "ambiguous".into(),
+                retry_after: None,
+                delay_ms: d.delay_ms,
+                delay_reason: Some(format!(
+                    "the lease of {owner} expired before it recorded an outcome; {}",
+                    d.reason
+                )),
+                policy_version: d.policy_version.clone(),
+                response_excerpt: None,
+            }),
+        }
     }
 }
 

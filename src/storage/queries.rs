@@ -5,17 +5,14 @@ use chrono::{DateTime, Utc};
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 
 use super::models::{
-    Applied, LeaseSweep, NewOutboxRow, NewReceipt, OutboxRow, OutcomeRecord, ReceiptRow,
+    Applied, LeaseDecision, LeaseSweep, NewOutboxRow, NewReceipt, Now, OutboxRow, OutcomeRecord,
+    ReceiptRow,
 };
 use super::{Db, StorageError};
 
 diesel::define_sql_function! {
     #[sql_name = "COALESCE"]
     fn coalesce_text(x: Nullable<Text>, y: Nullable<Text>) -> Nullable<Text>;
-}
-diesel::define_sql_function! {
-    #[sql_name = "COALESCE"]
-    fn coalesce_int(x: Nullable<Integer>, y: Integer) -> Integer;
 }
 
 #[derive(diesel::QueryableByName)]
@@ -24,33 +21,51 @@ struct IdRow {
     id: i64,
 }
 
+/// "Now" on PostgreSQL: the database's clock, moved by the caller's shift (`$1`, microseconds).
+/// `now()` is fixed for the transaction, so the planner evaluates this once and can still use the
+/// due index.
+macro_rules! pg_now {
+    () => {
+        "(now() + $1::float8 * interval '1 microsecond')"
+    };
+}
+
 /// The PostgreSQL claim: lock due rows with SKIP LOCKED in a CTE (never `id IN (subquery)`,
 /// which can lock more rows than its LIMIT), lease them, count the attempt, return their ids.
 /// A due row whose `expires_at` has passed becomes `expired` in the same statement: no lease, no
-/// attempt, no request.
+/// attempt, no request. Every time is the database's ([`pg_now!`]); the lease is `$4` µs long.
+/// A row inserted by plain SQL gets the policy version in force (`$5`) at its first claim.
 /// The predicate and order match the partial index `herald_outbox_due` exactly; the state list is
 /// literal SQL, not bound parameters, so the planner can match the index.
-pub const PG_CLAIM_SQL: &str = "\
-WITH due AS (
+pub const PG_CLAIM_SQL: &str = concat!(
+    "WITH due AS (
     SELECT id FROM herald_outbox
-    WHERE state IN ('scheduled', 'retryable') AND next_attempt_at <= $1
+    WHERE state IN ('scheduled', 'retryable') AND next_attempt_at <= ",
+    pg_now!(),
+    "
     ORDER BY next_attempt_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-)
+), t AS (SELECT ",
+    pg_now!(),
+    " AS now)
 UPDATE herald_outbox AS o
-SET state = CASE WHEN o.expires_at <= $1 THEN 'expired' ELSE 'sending' END,
-    attempts = CASE WHEN o.expires_at <= $1 THEN o.attempts ELSE o.attempts + 1 END,
-    lease_owner = CASE WHEN o.expires_at <= $1 THEN NULL ELSE $3 END,
-    lease_until = CASE WHEN o.expires_at <= $1 THEN NULL ELSE $4 END,
-    next_attempt_at = CASE WHEN o.expires_at <= $1 THEN NULL ELSE o.next_attempt_at END,
-    updated_at = $1
-FROM due
+SET state = CASE WHEN o.expires_at <= t.now THEN 'expired' ELSE 'sending' END,
+    attempts = CASE WHEN o.expires_at <= t.now THEN o.attempts ELSE o.attempts + 1 END,
+    lease_owner = CASE WHEN o.expires_at <= t.now THEN NULL ELSE $3 END,
+    lease_until = CASE WHEN o.expires_at <= t.now THEN NULL
+                       ELSE t.now + $4::float8 * interval '1 microsecond' END,
+    next_attempt_at = CASE WHEN o.expires_at <= t.now THEN NULL ELSE o.next_attempt_at END,
+    retry_policy_version = COALESCE(o.retry_policy_version, $5),
+    updated_at = t.now
+FROM due, t
 WHERE o.id = due.id
-RETURNING o.id";
+RETURNING o.id"
+);
 
 /// The SQLite claim: the same predicate, order and lease in one statement; it runs inside
-/// `BEGIN IMMEDIATE` behind the writer lock, which is what makes it exclusive.
+/// `BEGIN IMMEDIATE` behind the writer lock, which is what makes it exclusive. One process, so
+/// its clock is the only one: `?1` now, `?4` the lease's end.
 pub const SQLITE_CLAIM_SQL: &str = "\
 UPDATE herald_outbox
 SET state = CASE WHEN expires_at <= ?1 THEN 'expired' ELSE 'sending' END,
@@ -58,6 +73,7 @@ SET state = CASE WHEN expires_at <= ?1 THEN 'expired' ELSE 'sending' END,
     lease_owner = CASE WHEN expires_at <= ?1 THEN NULL ELSE ?3 END,
     lease_until = CASE WHEN expires_at <= ?1 THEN NULL ELSE ?4 END,
     next_attempt_at = CASE WHEN expires_at <= ?1 THEN NULL ELSE next_attempt_at END,
+    retry_policy_version = COALESCE(retry_policy_version, ?5),
     updated_at = ?1
 WHERE id IN (
     SELECT id FROM herald_outbox
@@ -67,34 +83,112 @@ WHERE id IN (
 )
 RETURNING id";
 
-/// One `lease_expired` attempt row for every `sending` row whose lease ran out, written by the
-/// watchdog before it moves the rows on. Placeholders: 1 now, 2 policy version, 3 default
-/// max attempts (`$n` on PostgreSQL, `?n` on SQLite).
-fn sweep_attempts_sql(placeholder: char) -> &'static str {
-    const SQL: &str = "\
-INSERT INTO herald_attempts (message_id, event_id, attempt_number, started_at, finished_at, duration_ms,
-    request_fingerprint, class, error_kind, delay_reason, policy_version, lease_owner, next_state)
-SELECT id, event_id, attempts, updated_at, #1, 0, request_fingerprint, 'ambiguous', 'lease_expired',
-    'the lease of ' || COALESCE(lease_owner, '?') || ' expired before it recorded an outcome', #2, NULL,
-    CASE WHEN semantics = 'at_most_once' THEN 'unconfirmed'
-         WHEN attempts >= COALESCE(max_attempts, #3) THEN 'dead_letter'
-         ELSE 'retryable' END
-FROM herald_outbox
-WHERE state = 'sending' AND lease_until < #1";
-    static PG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    static SQLITE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let cell = if placeholder == '$' { &PG } else { &SQLITE };
-    cell.get_or_init(|| SQL.replace('#', &placeholder.to_string()))
+fn pg_claim_ids(
+    conn: &mut diesel::pg::PgConnection,
+    now: &Now,
+    limit: i64,
+    owner: &str,
+    lease: std::time::Duration,
+    policy_version: &str,
+) -> diesel::QueryResult<Vec<i64>> {
+    use diesel::RunQueryDsl;
+    use diesel::sql_types::Double;
+    let rows: Vec<IdRow> = diesel::sql_query(PG_CLAIM_SQL)
+        .bind::<Double, _>(now.shift_micros())
+        .bind::<BigInt, _>(limit)
+        .bind::<Text, _>(owner)
+        .bind::<Double, _>(lease.as_micros() as f64)
+        .bind::<Text, _>(policy_version)
+        .load(conn)?;
+    Ok(rows.into_iter().map(|r| r.id).collect())
+}
+
+fn sqlite_claim_ids(
+    conn: &mut diesel::sqlite::SqliteConnection,
+    now: &Now,
+    limit: i64,
+    owner: &str,
+    lease: std::time::Duration,
+    policy_version: &str,
+) -> diesel::QueryResult<Vec<i64>> {
+    use diesel::RunQueryDsl;
+    use diesel::sql_types::TimestamptzSqlite;
+    let lease_until = now.local + chrono::Duration::from_std(lease).unwrap_or_default();
+    let rows: Vec<IdRow> = diesel::sql_query(SQLITE_CLAIM_SQL)
+        .bind::<TimestamptzSqlite, _>(now.local)
+        .bind::<BigInt, _>(limit)
+        .bind::<Text, _>(owner)
+        .bind::<TimestamptzSqlite, _>(lease_until)
+        .bind::<Text, _>(policy_version)
+        .load(conn)?;
+    Ok(rows.into_iter().map(|r| r.id).collect())
+}
+
+#[derive(diesel::QueryableByName)]
+struct PgTime {
+    #[diesel(sql_type = diesel::sql_types::Timestamptz)]
+    now: DateTime<Utc>,
+}
+
+/// The database's "now" (moved by the shift), for statements built with the query builder.
+fn pg_now(conn: &mut diesel::pg::PgConnection, now: &Now) -> diesel::QueryResult<DateTime<Utc>> {
+    use diesel::RunQueryDsl;
+    let t: PgTime = diesel::sql_query(concat!("SELECT ", pg_now!(), " AS now"))
+        .bind::<diesel::sql_types::Double, _>(now.shift_micros())
+        .get_result(conn)?;
+    Ok(t.now)
+}
+
+fn sqlite_now(
+    _conn: &mut diesel::sqlite::SqliteConnection,
+    now: &Now,
+) -> diesel::QueryResult<DateTime<Utc>> {
+    Ok(now.local)
+}
+
+/// How many expired leases one watchdog pass handles at most (the next pass takes the rest).
+const SWEEP_BATCH: i64 = 500;
+
+/// Expired leases, locked: a second watchdog skips them, and an outcome arriving meanwhile waits
+/// for the sweep to commit and then fails its fence.
+fn pg_expired_leases(
+    conn: &mut diesel::pg::PgConnection,
+    at: DateTime<Utc>,
+) -> diesel::QueryResult<Vec<OutboxRow>> {
+    use super::schema_pg::herald_outbox as o;
+    use diesel::prelude::*;
+    o::table
+        .filter(o::state.eq("sending"))
+        .filter(o::lease_until.lt(at))
+        .order(o::id)
+        .limit(SWEEP_BATCH)
+        .for_update()
+        .skip_locked()
+        .load(conn)
+}
+
+/// SQLite: the sweep runs in `BEGIN IMMEDIATE` behind the writer lock, exclusive already.
+fn sqlite_expired_leases(
+    conn: &mut diesel::sqlite::SqliteConnection,
+    at: DateTime<Utc>,
+) -> diesel::QueryResult<Vec<OutboxRow>> {
+    use super::schema_sqlite::herald_outbox as o;
+    use diesel::prelude::*;
+    o::table
+        .filter(o::state.eq("sending"))
+        .filter(o::lease_until.lt(at))
+        .order(o::id)
+        .limit(SWEEP_BATCH)
+        .load(conn)
 }
 
 macro_rules! backend_queries {
-    ($name:ident, $conn:ty, $schema:ident, $ts:ty, $placeholder:literal, $claim_sql:expr, $update_outcomes:path) => {
+    ($name:ident, $conn:ty, $schema:ident, $claim_ids:path, $db_now:path, $expired_leases:path, $update_outcomes:path) => {
         pub mod $name {
             use chrono::{DateTime, Utc};
             use diesel::prelude::*;
-            use diesel::sql_types::{BigInt, Text};
 
-            use super::{IdRow, coalesce_int, coalesce_text};
+            use super::coalesce_text;
             use crate::storage::models::*;
             use crate::storage::$schema::{
                 herald_attempts as a, herald_outbox as o, herald_receipts as r,
@@ -115,6 +209,7 @@ macro_rules! backend_queries {
                         o::next_attempt_at.eq(Some(m.scheduled_at)),
                         o::max_attempts.eq(m.max_attempts),
                         o::retry_policy.eq(&m.retry_policy),
+                        o::retry_policy_version.eq(&m.retry_policy_version),
                         o::semantics.eq(&m.semantics),
                         o::expires_at.eq(m.expires_at),
                         o::request_fingerprint.eq(&m.request_fingerprint),
@@ -172,25 +267,20 @@ macro_rules! backend_queries {
                 Ok(n == 1)
             }
 
-            /// Leases up to `limit` due rows to `owner` and returns them, with how many due rows
-            /// expired instead (the claim transaction).
+            /// Leases up to `limit` due rows to `owner` for `lease` and returns them, with how
+            /// many due rows expired instead (the claim transaction).
             pub fn claim(
                 conn: &mut Conn,
-                now: DateTime<Utc>,
+                now: &Now,
                 limit: i64,
                 owner: &str,
-                lease_until: DateTime<Utc>,
+                lease: std::time::Duration,
+                policy_version: &str,
             ) -> QueryResult<(Vec<OutboxRow>, usize)> {
-                let ids: Vec<IdRow> = diesel::sql_query($claim_sql)
-                    .bind::<$ts, _>(now)
-                    .bind::<BigInt, _>(limit)
-                    .bind::<Text, _>(owner)
-                    .bind::<$ts, _>(lease_until)
-                    .load(conn)?;
+                let ids = $claim_ids(conn, now, limit, owner, lease, policy_version)?;
                 if ids.is_empty() {
                     return Ok((Vec::new(), 0));
                 }
-                let ids: Vec<i64> = ids.into_iter().map(|r| r.id).collect();
                 let mut rows = find_by_ids(conn, &ids)?;
                 rows.retain(|r| r.state == "sending");
                 let expired = ids.len() - rows.len();
@@ -199,16 +289,56 @@ macro_rules! backend_queries {
 
             /// Writes a batch of outcomes: each row only if still leased to `owner` for that
             /// attempt (a fence against a lease that expired and was claimed again), and one
-            /// attempt row per request made.
+            /// attempt row per request made, saying what really became of it (`lease_lost`
+            /// when the fence refused it).
             pub fn record_outcomes(
                 conn: &mut Conn,
                 owner: &str,
-                now: DateTime<Utc>,
+                now: &Now,
                 outcomes: &[OutcomeRecord],
             ) -> QueryResult<Vec<Applied>> {
-                let applied = $update_outcomes(conn, owner, now, outcomes)?;
-                insert_attempts(conn, owner, outcomes)?;
+                let at = $db_now(conn, now)?;
+                let mut applied = $update_outcomes(conn, owner, now, at, outcomes)?;
+                for (a, x) in applied.iter_mut().zip(outcomes) {
+                    if *a == Applied::LeaseLost
+                        && x.state == "delivered"
+                        && settle_late(conn, at, x)?
+                    {
+                        *a = Applied::Settled;
+                    }
+                }
+                insert_attempts(conn, Some(owner), outcomes, &applied)?;
                 Ok(applied)
+            }
+
+            /// A definite 2xx that comes back after the watchdog moved its `at_most_once`
+            /// message to `unconfirmed` at this same attempt: nothing was sent since, so the
+            /// answer settles the message.
+            fn settle_late(
+                conn: &mut Conn,
+                at: DateTime<Utc>,
+                x: &OutcomeRecord,
+            ) -> QueryResult<bool> {
+                let n = diesel::update(
+                    o::table
+                        .filter(o::id.eq(x.message_id))
+                        .filter(o::state.eq("unconfirmed"))
+                        .filter(o::semantics.eq("at_most_once"))
+                        .filter(o::attempts.eq(x.claimed_attempt))
+                        .filter(o::lease_owner.is_null()),
+                )
+                .set((
+                    o::state.eq("delivered"),
+                    o::last_error_class.eq(None::<String>),
+                    o::next_attempt_at.eq(None::<DateTime<Utc>>),
+                    o::provider_message_id.eq(coalesce_text(
+                        x.provider_message_id.as_deref(),
+                        o::provider_message_id,
+                    )),
+                    o::updated_at.eq(at),
+                ))
+                .execute(conn)?;
+                Ok(n == 1)
             }
 
             /// The fenced outcome update, one statement per row.
@@ -216,7 +346,8 @@ macro_rules! backend_queries {
             pub fn update_outcomes_each(
                 conn: &mut Conn,
                 owner: &str,
-                now: DateTime<Utc>,
+                _now: &Now,
+                at: DateTime<Utc>,
                 outcomes: &[OutcomeRecord],
             ) -> QueryResult<Vec<Applied>> {
                 let mut applied = Vec::with_capacity(outcomes.len());
@@ -243,7 +374,7 @@ macro_rules! backend_queries {
                             o::request_fingerprint,
                             x.request_fingerprint.as_deref(),
                         )),
-                        o::updated_at.eq(now),
+                        o::updated_at.eq(at),
                     ))
                     .execute(conn)?;
                     applied.push(if n == 1 {
@@ -257,13 +388,15 @@ macro_rules! backend_queries {
 
             fn insert_attempts(
                 conn: &mut Conn,
-                owner: &str,
+                owner: Option<&str>,
                 outcomes: &[OutcomeRecord],
+                applied: &[Applied],
             ) -> QueryResult<()> {
                 let rows: Vec<_> = outcomes
                     .iter()
-                    .filter_map(|x| x.attempt.as_ref().map(|t| (x, t)))
-                    .map(|(x, t)| {
+                    .zip(applied)
+                    .filter_map(|(x, a)| x.attempt.as_ref().map(|t| (x, t, a)))
+                    .map(|(x, t, applied)| {
                         (
                             a::message_id.eq(x.message_id),
                             a::event_id.eq(&x.event_id),
@@ -282,8 +415,8 @@ macro_rules! backend_queries {
                             (
                                 a::provider_message_id.eq(&x.provider_message_id),
                                 a::response_excerpt.eq(&t.response_excerpt),
-                                a::lease_owner.eq(Some(owner)),
-                                a::next_state.eq(&x.state),
+                                a::lease_owner.eq(owner),
+                                a::next_state.eq(applied.next_state(&x.state)),
                             ),
                         )
                     })
@@ -297,64 +430,46 @@ macro_rules! backend_queries {
                 Ok(())
             }
 
-            /// The watchdog: `sending` rows whose lease ran out go back to `retryable`
-            /// (`unconfirmed` under at_most_once, `dead_letter` when the budget is spent).
+            /// The watchdog: each `sending` row whose lease ran out (by the database's clock on
+            /// PostgreSQL) moves to the state `decide` chooses — the sender's own decision for
+            /// an ambiguous attempt, with its backoff — and gets its `lease_expired` attempt
+            /// row, in one transaction with the rows locked: two watchdogs never both move a
+            /// row, and an outcome committed first leaves nothing to move.
             pub fn sweep_expired_leases(
                 conn: &mut Conn,
-                now: DateTime<Utc>,
-                default_max_attempts: i32,
-                policy_version: &str,
+                now: &Now,
+                decide: &dyn Fn(&OutboxRow, DateTime<Utc>) -> LeaseDecision,
             ) -> QueryResult<LeaseSweep> {
-                // The attempt that never reported back gets its row in the timeline first.
-                diesel::sql_query(super::sweep_attempts_sql($placeholder))
-                    .bind::<$ts, _>(now)
-                    .bind::<Text, _>(policy_version)
-                    .bind::<diesel::sql_types::Integer, _>(default_max_attempts)
-                    .execute(conn)?;
-                let expired = || {
-                    o::table
-                        .filter(o::state.eq("sending"))
-                        .filter(o::lease_until.lt(now))
-                };
-                let to_unconfirmed =
-                    diesel::update(expired().filter(o::semantics.eq("at_most_once")))
-                        .set((
-                            o::state.eq("unconfirmed"),
-                            o::last_error_class.eq("ambiguous"),
-                            o::next_attempt_at.eq(None::<DateTime<Utc>>),
-                            o::lease_owner.eq(None::<String>),
-                            o::lease_until.eq(None::<DateTime<Utc>>),
-                            o::updated_at.eq(now),
-                        ))
-                        .execute(conn)?;
-                let to_dead_letter =
-                    diesel::update(expired().filter(
-                        o::attempts.ge(coalesce_int(o::max_attempts, default_max_attempts)),
-                    ))
+                let at = $db_now(conn, now)?;
+                let mut sweep = LeaseSweep::default();
+                let mut outcomes = Vec::new();
+                for row in $expired_leases(conn, at)? {
+                    let d = decide(&row, at);
+                    let next = d.delay_ms.map(|ms| at + chrono::Duration::milliseconds(ms));
+                    let n = diesel::update(
+                        o::table
+                            .filter(o::id.eq(row.id))
+                            .filter(o::state.eq("sending"))
+                            .filter(o::attempts.eq(row.attempts))
+                            .filter(o::lease_until.lt(at)),
+                    )
                     .set((
-                        o::state.eq("dead_letter"),
-                        o::last_error_class.eq("exhausted"),
-                        o::next_attempt_at.eq(None::<DateTime<Utc>>),
+                        o::state.eq(&d.state),
+                        o::last_error_class.eq(&d.error_class),
+                        o::next_attempt_at.eq(next),
                         o::lease_owner.eq(None::<String>),
                         o::lease_until.eq(None::<DateTime<Utc>>),
-                        o::updated_at.eq(now),
+                        o::updated_at.eq(at),
                     ))
                     .execute(conn)?;
-                let to_retryable = diesel::update(expired())
-                    .set((
-                        o::state.eq("retryable"),
-                        o::last_error_class.eq("ambiguous"),
-                        o::next_attempt_at.eq(Some(now)),
-                        o::lease_owner.eq(None::<String>),
-                        o::lease_until.eq(None::<DateTime<Utc>>),
-                        o::updated_at.eq(now),
-                    ))
-                    .execute(conn)?;
-                Ok(LeaseSweep {
-                    to_retryable,
-                    to_unconfirmed,
-                    to_dead_letter,
-                })
+                    if n == 1 {
+                        sweep.count(&d.state);
+                        outcomes.push(OutcomeRecord::lease_expired(&row, &d, at));
+                    }
+                }
+                let applied = vec![Applied::Yes; outcomes.len()];
+                insert_attempts(conn, None, &outcomes, &applied)?;
+                Ok(sweep)
             }
 
             /// Stores receipts, ignoring those whose (source, provider_event_id) exists; returns
@@ -411,6 +526,16 @@ macro_rules! backend_queries {
                     .optional()
             }
 
+            pub fn put_setting(conn: &mut Conn, key: &str, value: &str) -> QueryResult<()> {
+                diesel::insert_into(s::table)
+                    .values((s::key.eq(key), s::value.eq(value)))
+                    .on_conflict(s::key)
+                    .do_update()
+                    .set(s::value.eq(value))
+                    .execute(conn)?;
+                Ok(())
+            }
+
             /// Stores `value` unless the key exists; returns the stored value either way.
             pub fn setting_or_insert(
                 conn: &mut Conn,
@@ -432,46 +557,53 @@ backend_queries!(
     pg,
     diesel::pg::PgConnection,
     schema_pg,
-    diesel::sql_types::Timestamptz,
-    '$',
-    super::PG_CLAIM_SQL,
+    super::pg_claim_ids,
+    super::pg_now,
+    super::pg_expired_leases,
     super::pg_update_outcomes
 );
 backend_queries!(
     sqlite,
     diesel::sqlite::SqliteConnection,
     schema_sqlite,
-    diesel::sql_types::TimestamptzSqlite,
-    '?',
-    super::SQLITE_CLAIM_SQL,
+    super::sqlite_claim_ids,
+    super::sqlite_now,
+    super::sqlite_expired_leases,
     self::update_outcomes_each
 );
 
 /// The PostgreSQL outcome update: the whole batch in one statement over `unnest`ed arrays, with
 /// the same fence as [`sqlite::update_outcomes_each`] (one round trip instead of one per row).
-pub const PG_UPDATE_OUTCOMES_SQL: &str = "\
+/// Retries are due after their delay by the database's clock ([`pg_now!`]).
+pub const PG_UPDATE_OUTCOMES_SQL: &str = concat!(
+    "WITH t AS (SELECT ",
+    pg_now!(),
+    " AS now)
 UPDATE herald_outbox AS o
-SET state = v.state, attempts = v.attempts_after, next_attempt_at = v.next_attempt_at,
+SET state = v.state, attempts = v.attempts_after,
+    next_attempt_at = t.now + v.delay_ms * interval '1 millisecond',
     lease_owner = NULL, lease_until = NULL, last_error_class = v.error_class,
     provider_message_id = COALESCE(v.provider_message_id, o.provider_message_id),
-    request_fingerprint = COALESCE(o.request_fingerprint, v.fingerprint), updated_at = $2
-FROM unnest($3::bigint[], $4::int[], $5::int[], $6::text[], $7::timestamptz[], $8::text[], $9::text[], $10::text[])
-    AS v(id, claimed, attempts_after, state, next_attempt_at, error_class, fingerprint, provider_message_id)
-WHERE o.id = v.id AND o.state = 'sending' AND o.lease_owner = $1 AND o.attempts = v.claimed
-RETURNING o.id";
+    request_fingerprint = COALESCE(o.request_fingerprint, v.fingerprint), updated_at = t.now
+FROM t, unnest($3::bigint[], $4::int[], $5::int[], $6::text[], $7::bigint[], $8::text[], $9::text[], $10::text[])
+    AS v(id, claimed, attempts_after, state, delay_ms, error_class, fingerprint, provider_message_id)
+WHERE o.id = v.id AND o.state = 'sending' AND o.lease_owner = $2 AND o.attempts = v.claimed
+RETURNING o.id"
+);
 
 fn pg_update_outcomes(
     conn: &mut diesel::pg::PgConnection,
     owner: &str,
-    now: DateTime<Utc>,
+    now: &Now,
+    _at: DateTime<Utc>,
     outcomes: &[OutcomeRecord],
 ) -> diesel::QueryResult<Vec<Applied>> {
     use diesel::RunQueryDsl;
-    use diesel::sql_types::{Array, Timestamptz};
+    use diesel::sql_types::{Array, Double};
     let col = |f: fn(&OutcomeRecord) -> Option<String>| outcomes.iter().map(f).collect::<Vec<_>>();
     let updated: Vec<IdRow> = diesel::sql_query(PG_UPDATE_OUTCOMES_SQL)
+        .bind::<Double, _>(now.shift_micros())
         .bind::<Text, _>(owner)
-        .bind::<Timestamptz, _>(now)
         .bind::<Array<BigInt>, _>(outcomes.iter().map(|x| x.message_id).collect::<Vec<_>>())
         .bind::<Array<Integer>, _>(
             outcomes
@@ -486,10 +618,10 @@ fn pg_update_outcomes(
                 .collect::<Vec<_>>(),
         )
         .bind::<Array<Text>, _>(outcomes.iter().map(|x| x.state.clone()).collect::<Vec<_>>())
-        .bind::<Array<Nullable<Timestamptz>>, _>(
+        .bind::<Array<Nullable<BigInt>>, _>(
             outcomes
                 .iter()
-                .map(|x| x.next_attempt_at)
+                .map(|x| x.retry_delay_ms)
                 .collect::<Vec<_>>(),
         )
         .bind::<Array<Nullable<Text>>, _>(col(|x| x.error_class.clone()))
@@ -515,7 +647,12 @@ impl Db {
         crate::db_run! { self, write |c, q| Ok(q::insert_message(c, m)?) }
     }
 
+    /// The message with this event id. An id with a NUL character cannot be stored on either
+    /// backend's text columns as Herald writes them: it is simply not there.
     pub fn find_by_event_id(&self, event_id: &str) -> Result<Option<OutboxRow>, StorageError> {
+        if event_id.contains('\0') {
+            return Ok(None);
+        }
         crate::db_run! { self, read |c, q| Ok(q::find_by_event_id(c, event_id)?) }
     }
 
@@ -532,6 +669,9 @@ impl Db {
         event_id: &str,
         now: DateTime<Utc>,
     ) -> Result<(bool, Option<OutboxRow>), StorageError> {
+        if event_id.contains('\0') {
+            return Ok((false, None));
+        }
         crate::db_run! { self, write |c, q| {
             let changed = q::cancel(c, event_id, now)?;
             Ok((changed, q::find_by_event_id(c, event_id)?))
@@ -541,32 +681,37 @@ impl Db {
     /// The claim transaction: committed when this returns, before any network call.
     pub fn claim(
         &self,
-        now: DateTime<Utc>,
+        now: Now,
         limit: u32,
         owner: &str,
-        lease_until: DateTime<Utc>,
+        lease: std::time::Duration,
+        policy_version: &str,
     ) -> Result<(Vec<OutboxRow>, usize), StorageError> {
         let limit = i64::from(limit);
-        crate::db_run! { self, write |c, q| Ok(q::claim(c, now, limit, owner, lease_until)?) }
+        crate::db_run! { self, write |c, q| Ok(q::claim(c, &now, limit, owner, lease, policy_version)?) }
     }
 
     pub fn record_outcomes(
         &self,
         owner: &str,
-        now: DateTime<Utc>,
+        now: Now,
         outcomes: &[OutcomeRecord],
     ) -> Result<Vec<Applied>, StorageError> {
-        crate::db_run! { self, write |c, q| Ok(q::record_outcomes(c, owner, now, outcomes)?) }
+        crate::db_run! { self, write |c, q| Ok(q::record_outcomes(c, owner, &now, outcomes)?) }
     }
 
+    /// One watchdog pass; `decide` is the sender's decision for an expired lease.
     pub fn sweep_expired_leases(
         &self,
-        now: DateTime<Utc>,
-        default_max_attempts: u32,
-        policy_version: &str,
+        now: Now,
+        decide: &dyn Fn(&OutboxRow, DateTime<Utc>) -> LeaseDecision,
     ) -> Result<LeaseSweep, StorageError> {
-        let max = i32::try_from(default_max_attempts).unwrap_or(i32::MAX);
-        crate::db_run! { self, write |c, q| Ok(q::sweep_expired_leases(c, now, max, policy_version)?) }
+        crate::db_run! { self, write |c, q| Ok(q::sweep_expired_leases(c, &now, decide)?) }
+    }
+
+    /// Stores (or replaces) a setting.
+    pub fn put_setting(&self, key: &str, value: &str) -> Result<(), StorageError> {
+        crate::db_run! { self, write |c, q| Ok(q::put_setting(c, key, value)?) }
     }
 
     pub fn get_setting(&self, key: &str) -> Result<Option<String>, StorageError> {

@@ -48,6 +48,7 @@ diesel::table! {
         delivery_status_at -> Nullable<Timestamptz>,
         created_at -> Timestamptz,
         updated_at -> Timestamptz,
+        retry_policy_version -> Nullable<Text>,
     }
 }
 

@@ -48,6 +48,7 @@ diesel::table! {
         delivery_status_at -> Nullable<TimestamptzSqlite>,
         created_at -> TimestamptzSqlite,
         updated_at -> TimestamptzSqlite,
+        retry_policy_version -> Nullable<Text>,
     }
 }
 

@@ -258,6 +258,16 @@ async fn expired_leases_return_and_the_fence_holds(backend: Backend) {
         [Applied::LeaseLost]
     );
     assert_eq!(app.message("lease-alo").await["state"], "retryable");
+    // An expired lease backs off like any ambiguous attempt (a poison message cannot
+    // crash-loop the fleet): not due at once.
+    assert!(app.herald.sender.claim(10).await.unwrap().is_empty());
+    let row = app.row("lease-alo");
+    let backoff = row.next_attempt_at.unwrap() - row.updated_at;
+    assert!(
+        (800..=1200).contains(&backoff.num_milliseconds()),
+        "base 1 s ± 20 %: {backoff}"
+    );
+    app.advance(Duration::from_secs(2));
     // The same owner claims the row again (attempt 2): the attempt-1 outcome is still refused.
     let again = app.herald.sender.claim(10).await.unwrap();
     assert_eq!((again.len(), again[0].attempts), (1, 2));

@@ -6,6 +6,7 @@ mod classification;
 mod concurrency;
 mod enqueue;
 mod fixtures;
+mod foundation;
 mod http_api;
 mod ingest;
 mod lifecycle;

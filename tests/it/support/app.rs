@@ -158,8 +158,7 @@ pub async fn call_with_storage_down(
         .unwrap()
         .local_addr()
         .unwrap();
-    let mut state = app.herald.app_state();
-    state.db = Db::connect(
+    let db = Db::connect(
         &format!("postgres://herald@{closed}/none"),
         &herald::storage::PoolOptions {
             max_size: 2,
@@ -167,6 +166,17 @@ pub async fn call_with_storage_down(
         },
     )
     .unwrap();
+    call_with_db(app, db, requests).await
+}
+
+/// Sends `requests` through the app's routes, with `db` in place of the app's database.
+pub async fn call_with_db(
+    app: &TestApp,
+    db: Db,
+    requests: Vec<actix_web::test::TestRequest>,
+) -> Vec<actix_web::dev::ServiceResponse> {
+    let mut state = app.herald.app_state();
+    state.db = db;
     let srv = actix_web::test::init_service(
         actix_web::App::new()
             .app_data(actix_web::web::Data::new(state))
@@ -178,6 +188,26 @@ pub async fn call_with_storage_down(
         out.push(actix_web::test::call_service(&srv, r.to_request()).await);
     }
     out
+}
+
+impl TestApp {
+    /// Runs SQL on a plain connection of the app's database, as an application would.
+    pub fn raw_sql(&self, sql: &str) {
+        use diesel::Connection;
+        use diesel::connection::SimpleConnection;
+        match self.test_db.backend {
+            Backend::Postgres => diesel::pg::PgConnection::establish(&self.test_db.url)
+                .unwrap()
+                .batch_execute(sql)
+                .unwrap(),
+            Backend::Sqlite => {
+                let path = herald::storage::sqlite_path(&self.test_db.url).unwrap();
+                let mut c = diesel::sqlite::SqliteConnection::establish(path).unwrap();
+                c.batch_execute("PRAGMA busy_timeout = 5000").unwrap();
+                c.batch_execute(sql).unwrap();
+            }
+        }
+    }
 }
 
 /// The production sender loop (with LISTEN/NOTIFY on PostgreSQL), running until [`RunningSender::stop`].

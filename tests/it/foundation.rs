@@ -1,0 +1,565 @@
+//! The foundation fixes: the watchdog moves each expired lease once and by the sender's own
+//! decision, a refused outcome says `lease_lost`, a late 2xx settles an unconfirmed message,
+//! leases run on the database's clock on PostgreSQL, the policy version is recorded, the wake-up
+//! follows `listen_notify`, storage errors map by kind, and NUL never reaches the database.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use diesel::Connection;
+use diesel::connection::SimpleConnection;
+use diesel::pg::PgConnection;
+use herald::app::Herald;
+use herald::clock::Clock;
+use herald::config::Settings;
+use herald::storage::models::Applied;
+use serde_json::json;
+
+use crate::both_backends;
+use crate::support::app::{base_toml, call_with_db, spawn_app_with, webhook};
+use crate::support::{Backend, Receiver, TestApp, spawn_app};
+
+async fn post_all(app: &TestApp, url: &str, ids: &[(String, serde_json::Value)]) {
+    for (id, extra) in ids {
+        let mut m = webhook(id, url, json!({"id": id}));
+        m.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let r = app.post_message(m).await;
+        assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    }
+}
+
+fn lease_expired_attempts(app: &TestApp, id: &str) -> usize {
+    app.attempts(id)
+        .iter()
+        .filter(|a| a.error_kind.as_deref() == Some("lease_expired"))
+        .count()
+}
+
+async fn concurrent_watchdogs_move_each_lease_once(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let rx = Receiver::start().await;
+    let ids: Vec<_> = (0..40).map(|i| (format!("sweep-{i}"), json!({}))).collect();
+    post_all(&app, &rx.url, &ids).await;
+    assert_eq!(app.herald.sender.claim(64).await.unwrap().len(), 40);
+    app.advance(Duration::from_secs(31));
+    // Four watchdogs at once (four pooled connections on PostgreSQL).
+    let sweeps = futures_util::future::join_all((0..4).map(|_| {
+        let s = app.herald.sender.clone();
+        async move { s.sweep_leases().await.unwrap() }
+    }))
+    .await;
+    let moved: usize = sweeps.iter().map(|s| s.total()).sum();
+    assert_eq!(moved, 40, "{sweeps:?}");
+    for (id, _) in &ids {
+        assert_eq!(lease_expired_attempts(&app, id), 1, "{id}");
+        assert_eq!(app.row(id).state, "retryable");
+    }
+    app.stop().await;
+}
+
+/// An outcome being committed while the watchdog runs: the sweep leaves the row alone (it is
+/// locked), and no false `lease_expired` attempt is written for a message that was delivered.
+async fn an_outcome_committed_during_a_sweep_leaves_no_false_attempt() {
+    let app = spawn_app(Backend::Postgres).await;
+    let rx = Receiver::start().await;
+    post_all(&app, &rx.url, &[("racing".into(), json!({}))]).await;
+    let claimed = app.herald.sender.claim(1).await.unwrap();
+    app.advance(Duration::from_secs(31));
+    // The "outcome": a transaction that holds the row and will mark it delivered.
+    let mut outcome = PgConnection::establish(&app.test_db.url).unwrap();
+    outcome
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM herald_outbox WHERE id = {} FOR UPDATE",
+            claimed[0].id
+        ))
+        .unwrap();
+    let sender = app.herald.sender.clone();
+    let sweep = tokio::spawn(async move { sender.sweep_leases().await.unwrap() });
+    // Let the sweep either finish or block on the row lock, whichever it does (bounded).
+    let mut probe = PgConnection::establish(&app.test_db.url).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !sweep.is_finished() && !lock_waiter(&mut probe) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sweep neither ran nor waited"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    outcome
+        .batch_execute(&format!(
+            "UPDATE herald_outbox SET state = 'delivered', lease_owner = NULL, lease_until = NULL \
+             WHERE id = {}; COMMIT",
+            claimed[0].id
+        ))
+        .unwrap();
+    let swept = tokio::time::timeout(Duration::from_secs(10), sweep)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(swept.total(), 0);
+    assert_eq!(app.row("racing").state, "delivered");
+    assert_eq!(
+        lease_expired_attempts(&app, "racing"),
+        0,
+        "no false attempt"
+    );
+    app.stop().await;
+}
+
+fn lock_waiter(c: &mut PgConnection) -> bool {
+    #[derive(diesel::QueryableByName)]
+    struct N {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let n: N = diesel::RunQueryDsl::get_result(
+        diesel::sql_query(
+            "SELECT count(*) AS n FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        ),
+        c,
+    )
+    .unwrap();
+    n.n > 0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_committed_during_a_sweep_leaves_no_false_attempt_postgres() {
+    an_outcome_committed_during_a_sweep_leaves_no_false_attempt().await
+}
+
+async fn a_refused_outcome_says_lease_lost_and_a_late_2xx_settles(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let rx = Receiver::start().await;
+    post_all(
+        &app,
+        &rx.url,
+        &[
+            ("late-amo".into(), json!({"semantics": "at_most_once"})),
+            ("late-alo".into(), json!({})),
+        ],
+    )
+    .await;
+    let claimed = app.herald.sender.claim(10).await.unwrap();
+    app.advance(Duration::from_secs(31));
+    let sweep = app.herald.sender.sweep_leases().await.unwrap();
+    assert_eq!((sweep.to_unconfirmed, sweep.to_retryable), (1, 1));
+    // The "crashed" sender was only slow: its sends come back with a 200.
+    let mut outcomes = Vec::new();
+    for row in claimed {
+        outcomes.push(app.herald.sender.process(row).await);
+    }
+    outcomes.sort_by(|a, b| a.event_id.cmp(&b.event_id));
+    assert_eq!(
+        app.herald.sender.record(outcomes).await.unwrap(),
+        [Applied::LeaseLost, Applied::Settled],
+        "late-alo, late-amo"
+    );
+    let amo = app.message("late-amo").await;
+    assert_eq!(
+        (amo["state"].as_str(), amo["last_error_class"].as_str()),
+        (Some("delivered"), None)
+    );
+    let states = |id| {
+        app.attempts(id)
+            .into_iter()
+            .map(|a| (a.class, a.next_state))
+            .collect::<Vec<_>>()
+    };
+    let s = |a: &str, b: &str| (a.to_owned(), b.to_owned());
+    assert_eq!(
+        states("late-amo"),
+        [s("ambiguous", "unconfirmed"), s("accepted", "delivered")]
+    );
+    // An at_least_once row back in the queue is not settled (it may be claimed again at any
+    // moment); its attempt says what really happened.
+    assert_eq!(app.message("late-alo").await["state"], "retryable");
+    assert_eq!(
+        states("late-alo"),
+        [s("ambiguous", "retryable"), s("accepted", "lease_lost")]
+    );
+    app.stop().await;
+}
+
+/// A message whose sends keep killing their sender is re-queued with growing backoff.
+async fn a_poison_message_backs_off(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let rx = Receiver::start().await;
+    post_all(&app, &rx.url, &[("poison".into(), json!({}))]).await;
+    let mut delays = Vec::new();
+    for _ in 0..3 {
+        assert_eq!(app.herald.sender.claim(1).await.unwrap().len(), 1);
+        app.advance(Duration::from_secs(31));
+        assert_eq!(
+            app.herald.sender.sweep_leases().await.unwrap().to_retryable,
+            1
+        );
+        let row = app.row("poison");
+        assert!(
+            app.herald.sender.claim(1).await.unwrap().is_empty(),
+            "not due at once"
+        );
+        delays.push((row.next_attempt_at.unwrap() - row.updated_at).num_milliseconds());
+        app.advance(Duration::from_secs(5));
+    }
+    // Base 1 s doubling, ±20 % jitter.
+    for (d, nominal) in delays.iter().zip([1000, 2000, 4000]) {
+        assert!(
+            (nominal * 8 / 10..=nominal * 12 / 10).contains(d),
+            "{delays:?}"
+        );
+    }
+    let a = app.attempts("poison");
+    assert_eq!(a.len(), 3);
+    assert!(
+        a.iter().all(|a| a
+            .delay_reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("backoff after attempt")),
+        "{a:?}"
+    );
+    app.stop().await;
+}
+
+/// A clock that reads wrong by `skew`, moved on purpose by `shift` (what tests do to let time
+/// pass for everyone).
+struct SkewedClock {
+    skew: chrono::Duration,
+    shift: chrono::Duration,
+}
+
+impl Clock for SkewedClock {
+    fn now(&self) -> DateTime<Utc> {
+        use chrono::SubsecRound;
+        (Utc::now() + self.skew + self.shift).trunc_subsecs(6)
+    }
+    fn shift(&self) -> chrono::Duration {
+        self.shift
+    }
+}
+
+async fn herald_with_clock(app: &TestApp, clock: SkewedClock) -> Herald {
+    let settings = Settings::from_toml(&base_toml(&app.test_db.url, "")).unwrap();
+    tokio::task::spawn_blocking(move || Herald::build(settings, Arc::new(clock), false))
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// PostgreSQL, several processes: a process whose clock is an hour off can neither claim early,
+/// steal a live lease, nor keep a dead one — lease and due times are the database's.
+async fn a_skewed_clock_cannot_claim_early_or_steal_a_lease() {
+    let app = spawn_app(Backend::Postgres).await;
+    let rx = Receiver::start().await;
+    let later = (Utc::now() + chrono::Duration::minutes(10)).to_rfc3339();
+    post_all(
+        &app,
+        &rx.url,
+        &[
+            ("skew-later".into(), json!({"scheduled_at": later})),
+            ("skew-now".into(), json!({})),
+        ],
+    )
+    .await;
+    let ahead = herald_with_clock(
+        &app,
+        SkewedClock {
+            skew: chrono::Duration::hours(1),
+            shift: chrono::Duration::zero(),
+        },
+    )
+    .await;
+    // The honest process claims what is due now (a 30 s lease).
+    let claimed = app.herald.sender.claim(10).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].event_id, "skew-now");
+    // An hour ahead: nothing is due early, and the live lease is not "expired".
+    assert!(ahead.sender.claim(10).await.unwrap().is_empty());
+    assert_eq!(ahead.sender.sweep_leases().await.unwrap().total(), 0);
+    assert_eq!(app.row("skew-now").state, "sending");
+    // An hour behind, once the lease really ran out (31 s pass for everyone): it is returned.
+    let behind = herald_with_clock(
+        &app,
+        SkewedClock {
+            skew: chrono::Duration::hours(-1),
+            shift: chrono::Duration::seconds(31),
+        },
+    )
+    .await;
+    assert_eq!(behind.sender.sweep_leases().await.unwrap().to_retryable, 1);
+    let row = app.row("skew-now");
+    assert_eq!(row.state, "retryable");
+    // Its retry is due by the database's clock, not an hour early or late.
+    let due_in = row.next_attempt_at.unwrap() - Utc::now();
+    assert!(
+        due_in > chrono::Duration::seconds(25) && due_in < chrono::Duration::seconds(40),
+        "{due_in}"
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skewed_clock_cannot_claim_early_or_steal_a_lease_postgres() {
+    a_skewed_clock_cannot_claim_early_or_steal_a_lease().await
+}
+
+async fn the_policy_version_is_recorded_on_the_row(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let rx = Receiver::start().await;
+    let version = app.herald.settings.retry.version.clone();
+    assert!(version.starts_with("default@"), "{version}");
+    post_all(&app, &rx.url, &[("versioned".into(), json!({}))]).await;
+    assert_eq!(
+        app.message("versioned").await["retry_policy_version"],
+        version.as_str()
+    );
+    // A plain SQL insert gets the version in force at its first claim.
+    let insert = format!(
+        "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+         VALUES ('plain-sql', 'webhook', '{}', '{{\"body\": 1}}')",
+        rx.url
+    );
+    app.raw_sql(&insert);
+    assert_eq!(app.row("plain-sql").retry_policy_version, None);
+    assert_eq!(app.run_until_idle().await, 2);
+    assert_eq!(
+        app.row("plain-sql").retry_policy_version.as_deref(),
+        Some(version.as_str())
+    );
+    assert_eq!(app.attempts("plain-sql")[0].policy_version, version);
+    app.stop().await;
+}
+
+/// Which of `channels` notified, in order, up to and including the sentinel that the test sends
+/// last (notifications arrive in commit order, so the sentinel closes the window: no waiting
+/// for something not to happen).
+fn notifications_until_sentinel(listener: &mut PgConnection) -> Vec<String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut seen = Vec::new();
+    loop {
+        for n in listener.notifications_iter() {
+            let n = n.unwrap();
+            seen.push(n.channel.clone());
+            if n.channel == "herald_test_sentinel" {
+                return seen;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no sentinel: {seen:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+async fn notify_follows_listen_notify(listen: bool) -> Vec<String> {
+    let app = spawn_app_with(Backend::Postgres, &format!("listen_notify = {listen}\n")).await;
+    let mut listener = PgConnection::establish(&app.test_db.url).unwrap();
+    listener
+        .batch_execute("LISTEN herald_outbox; LISTEN herald_test_sentinel")
+        .unwrap();
+    let mut c = PgConnection::establish(&app.test_db.url).unwrap();
+    let insert = "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+                  VALUES ('{id}', 'webhook', 'https://x.example/h', '{\"body\": 1}')";
+    c.batch_execute(&format!(
+        "BEGIN; {}; ROLLBACK; BEGIN; {}; COMMIT; NOTIFY herald_test_sentinel;",
+        insert.replace("{id}", "rolled-back"),
+        insert.replace("{id}", "committed"),
+    ))
+    .unwrap();
+    let seen = tokio::task::spawn_blocking(move || notifications_until_sentinel(&mut listener))
+        .await
+        .unwrap();
+    app.stop().await;
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_follows_listen_notify_postgres() {
+    // Listening: one notification, for the committed insert only (never the rolled-back one).
+    assert_eq!(
+        notify_follows_listen_notify(true).await,
+        ["herald_outbox", "herald_test_sentinel"]
+    );
+    // Polling only: no insert takes the notify-queue lock.
+    assert_eq!(
+        notify_follows_listen_notify(false).await,
+        ["herald_test_sentinel"]
+    );
+}
+
+/// A standby after failover answers every write with SQLSTATE 25006: 503 with Retry-After, and
+/// nothing half-written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_database_answers_503_postgres() {
+    let app = spawn_app(Backend::Postgres).await;
+    let mut admin = PgConnection::establish(&app.test_db.url).unwrap();
+    admin
+        .batch_execute(
+            "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET default_transaction_read_only = on', \
+             current_database()); END $$",
+        )
+        .unwrap();
+    // New connections are read-only now.
+    let read_only =
+        herald::storage::Db::connect(&app.test_db.url, &herald::storage::PoolOptions::default())
+            .unwrap();
+    let post = |id: &str| {
+        actix_web::test::TestRequest::post()
+            .uri("/v1/messages")
+            .set_json(webhook(id, "https://x.example/h", json!({})))
+    };
+    let answers = call_with_db(&app, read_only, vec![post("ro-1")]).await;
+    assert_eq!(answers[0].status(), 503);
+    assert!(answers[0].headers().contains_key("retry-after"));
+    admin
+        .batch_execute(
+            "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I RESET default_transaction_read_only', \
+             current_database()); END $$",
+        )
+        .unwrap();
+    assert!(app.db.find_by_event_id("ro-1").unwrap().is_none());
+    app.stop().await;
+}
+
+async fn nul_is_refused_at_the_edge(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let problem = |r: serde_json::Value| r["field"].as_str().map(str::to_owned);
+    let cases = [
+        (
+            webhook("nul-body", "https://x.example/h", json!({"t": "a\u{0}b"})),
+            "payload.body.t",
+        ),
+        (
+            json!({"event_id": "nul-mail", "channel": "email", "destination": "a@example.com",
+                   "payload": {"subject": "hi", "text": "t", "headers": {"X-Tag": "v\u{0}"}}}),
+            "payload.headers.X-Tag",
+        ),
+        (
+            json!({"event_id": "nul-subject", "channel": "email", "destination": "a@example.com",
+                   "payload": {"subject": "h\u{0}i", "text": "t"}}),
+            "payload.subject",
+        ),
+    ];
+    for (body, field) in cases {
+        let r = app.post_message(body).await;
+        assert_eq!(r.status(), 422, "{field}");
+        assert_eq!(problem(r.json().await.unwrap()).as_deref(), Some(field));
+    }
+    let get = app
+        .http
+        .get(format!("{}/v1/messages/%00", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(get.status(), 404);
+    let cancel = app
+        .http
+        .post(format!("{}/v1/messages/a%00b/cancel", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancel.status(), 404);
+    // The library refuses it too, before any SQL.
+    let m = herald::outbox::NewMessage::webhook("lib-nul", "https://x.example/h", json!("\u{0}"));
+    let limits = herald::outbox::Limits::default();
+    let err = m.prepare(&limits, Utc::now()).unwrap_err();
+    assert_eq!(err[0].field, "payload.body");
+    app.stop().await;
+}
+
+/// ~500 malformed and hostile requests to the message API: never a 5xx.
+async fn hostile_requests_never_get_a_5xx(backend: Backend) {
+    use rand::{Rng, SeedableRng};
+    let app = spawn_app(backend).await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x6e75_6c6c);
+    let nasty = [
+        "\u{0}",
+        "\u{0}\u{0}",
+        "%00",
+        "\\u0000",
+        "\u{feff}",
+        "\u{fffd}",
+        "\u{1F4A9}",
+        "'",
+        "\"",
+        "--",
+        "; DROP TABLE herald_outbox; --",
+        "\r\n",
+        "\n",
+        " ",
+        "",
+        "%",
+        "/",
+        "..",
+        "../..",
+        "\u{7f}",
+        "\u{202e}",
+        "a\u{0}b",
+        "endpoint:",
+        "type:",
+        "http://",
+        "mailto:",
+        "\t",
+    ];
+    let pick = |rng: &mut rand::rngs::StdRng| nasty[rng.random_range(0..nasty.len())].to_owned();
+    let mut statuses = std::collections::BTreeMap::new();
+    for i in 0..500 {
+        let s = pick(&mut rng);
+        let request = match i % 5 {
+            0 => app
+                .http
+                .post(format!("{}/v1/messages", app.base))
+                .header("content-type", "application/json")
+                .body(format!("{{\"event_id\": \"h{i}\", \"channel\": \"webhook\", \"destination\": {}, \"payload\": {{\"body\": {}}}}}",
+                    serde_json::to_string(&format!("https://x.example/{s}")).unwrap(),
+                    serde_json::to_string(&s).unwrap())),
+            1 => app
+                .http
+                .post(format!("{}/v1/messages", app.base))
+                .json(&json!({"event_id": format!("h{i}{s}"), "channel": s, "destination": s,
+                              "payload": {"subject": s, "text": s, "headers": {s.clone(): s}}})),
+            2 => app
+                .http
+                .post(format!("{}/v1/messages", app.base))
+                .header("content-type", "application/json")
+                .header("Idempotency-Key", format!("k{i}").as_str())
+                .body(
+                    (0..rng.random_range(0..64))
+                        .map(|_| rng.random::<u8>())
+                        .collect::<Vec<u8>>(),
+                ),
+            3 => app.http.get(format!(
+                "{}/v1/messages/{}",
+                app.base,
+                url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>()
+            )),
+            _ => app.http.post(format!(
+                "{}/v1/messages/{}x/cancel",
+                app.base,
+                url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>()
+            )),
+        };
+        let status = request.send().await.unwrap().status().as_u16();
+        *statuses.entry(status).or_insert(0) += 1;
+    }
+    assert!(statuses.keys().all(|s| *s < 500), "{statuses:?}");
+    assert!(
+        statuses.contains_key(&422) && statuses.contains_key(&404),
+        "{statuses:?}"
+    );
+    app.stop().await;
+}
+
+both_backends!(
+    concurrent_watchdogs_move_each_lease_once,
+    a_refused_outcome_says_lease_lost_and_a_late_2xx_settles,
+    a_poison_message_backs_off,
+    the_policy_version_is_recorded_on_the_row,
+    nul_is_refused_at_the_edge,
+    hostile_requests_never_get_a_5xx,
+);
