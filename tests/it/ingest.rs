@@ -343,8 +343,9 @@ async fn ingest_answers_503_while_sqlite_is_locked() {
 }
 
 /// Mailgun signs only `timestamp + token`, not the body: a second event under the same signature
-/// is a replay and is never stored.
-async fn a_replayed_mailgun_signature_stores_nothing(backend: Backend) {
+/// is a replay — refused with 401, never stored, counted apart from duplicates — while the same
+/// event again is a duplicate (200).
+async fn a_replayed_mailgun_signature_is_refused_and_stores_nothing(backend: Backend) {
     use hmac::{Hmac, Mac};
     let app = spawn_app_with(
         backend,
@@ -373,11 +374,35 @@ async fn a_replayed_mailgun_signature_stores_nothing(backend: Backend) {
         r.json::<Value>().await.unwrap(),
         json!({"stored": 0, "duplicates": 1})
     );
-    // Someone reusing the signature for an event of their own: not stored.
+    // Someone reusing the signature for an event of their own: refused, not stored.
     let r = post(&app, "mg", &[], &body("ev-forged")).await;
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    let problem = r.json::<Value>().await.unwrap();
+    assert!(
+        problem["detail"].as_str().unwrap().contains("replay"),
+        "{problem}"
+    );
+    // And again: still a replay, never a duplicate.
+    assert_eq!(
+        post(&app, "mg", &[], &body("ev-forged-2")).await.status(),
+        401
+    );
+    // The genuine event once more: still a duplicate.
+    let r = post(&app, "mg", &[], &body("ev-1")).await;
+    assert_eq!(r.status(), 200);
     assert_eq!(
         r.json::<Value>().await.unwrap(),
         json!({"stored": 0, "duplicates": 1})
+    );
+    let count = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        (
+            count(&app.herald.duplicate_receipts),
+            count(&app.herald.replayed_receipts)
+        ),
+        (2, 2),
+        "(duplicates, replays)"
     );
     let rows = app.db.receipts_of_source("mg").unwrap();
     assert_eq!(rows.len(), 1);
@@ -391,4 +416,44 @@ async fn a_replayed_mailgun_signature_stores_nothing(backend: Backend) {
     app.stop().await;
 }
 
-both_backends!(a_replayed_mailgun_signature_stores_nothing);
+/// Several requests racing with one Mailgun signature, each with its own event: exactly one is
+/// stored, every other is refused as a replay.
+async fn racing_replays_store_exactly_one(backend: Backend) {
+    use hmac::{Hmac, Mac};
+    let app = spawn_app_with(
+        backend,
+        "[sources.mg]\nscheme = \"mailgun\"\nsecrets = [\"key-1\"]\n",
+    )
+    .await;
+    let t = Utc::now().timestamp().to_string();
+    let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(b"key-1").unwrap();
+    mac.update(format!("{t}tok-race").as_bytes());
+    let signature = hex::encode(mac.finalize().into_bytes());
+    let bodies: Vec<Vec<u8>> = (0..8)
+        .map(|i| {
+            serde_json::to_vec(&json!({
+                "signature": {"timestamp": t, "token": "tok-race", "signature": signature},
+                "event-data": {"id": format!("ev-{i}"), "event": "delivered"}
+            }))
+            .unwrap()
+        })
+        .collect();
+    let answers =
+        futures_util::future::join_all(bodies.iter().map(|b| post(&app, "mg", &[], b))).await;
+    let mut statuses: Vec<u16> = answers.iter().map(|r| r.status().as_u16()).collect();
+    statuses.sort();
+    assert_eq!(statuses, [200, 401, 401, 401, 401, 401, 401, 401]);
+    assert_eq!(app.db.receipts_of_source("mg").unwrap().len(), 1);
+    assert_eq!(
+        app.herald
+            .replayed_receipts
+            .load(std::sync::atomic::Ordering::Relaxed),
+        7
+    );
+    app.stop().await;
+}
+
+both_backends!(
+    a_replayed_mailgun_signature_is_refused_and_stores_nothing,
+    racing_replays_store_exactly_one,
+);
