@@ -220,7 +220,7 @@ pub fn verify_offline(
             Vec::new(),
             std::sync::Arc::new(store),
             false,
-            None,
+            schemes::DEFAULT_TOLERANCE,
         ))
     } else {
         schemes::build("scheme", &c)?
@@ -380,7 +380,7 @@ mod arbitrary_input {
             vec![],
             std::sync::Arc::new(schemes::ses::StaticCertStore::default()),
             false,
-            None,
+            schemes::DEFAULT_TOLERANCE,
         );
         let sources: Vec<&dyn Source> = vec![&sw, &stripe, &twilio, &mailgun, &ses];
         for _ in 0..5_000 {

@@ -342,6 +342,53 @@ async fn ingest_answers_503_while_sqlite_is_locked() {
     app.stop().await;
 }
 
+/// SendGrid's signed timestamp is held to `tolerance_seconds` (default 300) although nothing in
+/// the source's configuration asks for it: sendgrid-python's published example, stale by one
+/// second, is refused and not stored; at its own time it is stored.
+async fn a_stale_sendgrid_timestamp_is_refused_by_default(backend: Backend) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/providers/sendgrid/sdk-valid-1");
+    let case: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("case.json")).unwrap()).unwrap();
+    let body = std::fs::read(dir.join("body")).unwrap();
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "[sources.sg]\nscheme = \"sendgrid\"\nsecrets = [{:?}]\n",
+            case["secret"].as_str().unwrap()
+        ),
+    )
+    .await;
+    let headers: Vec<(&str, String)> = case["headers"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str().unwrap().to_owned()))
+        .collect();
+    let signed_at = case["at"].as_i64().unwrap();
+    for at in [signed_at + 301, signed_at - 301] {
+        app.clock.freeze(Utc.timestamp_opt(at, 0).unwrap());
+        let r = post(&app, "sg", &headers, &body).await;
+        assert_eq!(r.status(), 401, "at {at}");
+        let problem = r.json::<Value>().await.unwrap();
+        assert!(
+            problem["detail"].as_str().unwrap().contains("tolerance"),
+            "{problem}"
+        );
+    }
+    assert!(app.db.receipts_of_source("sg").unwrap().is_empty());
+    app.clock
+        .freeze(Utc.timestamp_opt(signed_at + 300, 0).unwrap());
+    let r = post(&app, "sg", &headers, &body).await;
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"stored": 1, "duplicates": 0})
+    );
+    app.stop().await;
+}
+
+both_backends!(a_stale_sendgrid_timestamp_is_refused_by_default);
+
 /// Mailgun signs only `timestamp + token`, not the body: a second event under the same signature
 /// is a replay — refused with 401, never stored, counted apart from duplicates — while the same
 /// event again is a duplicate (200).

@@ -45,6 +45,7 @@ pub struct SourceConfig {
     /// URL-signing schemes (twilio): the public URL exactly as the provider calls it.
     #[serde(default)]
     pub public_url: Option<String>,
+    /// Timestamp window, seconds, for every scheme that has a timestamp (default 300).
     #[serde(default)]
     pub tolerance_seconds: Option<u64>,
     /// postmark: basic-auth credentials in the webhook URL.
@@ -151,7 +152,7 @@ pub fn build(field: &str, c: &SourceConfig) -> Result<Arc<dyn Source>, InvalidFi
                 .map_err(|m| InvalidField::new(field.to_owned(), m))?,
         ),
         "sendgrid" => Arc::new(
-            sendgrid::SendGrid::new(&need_secrets(c.all_secrets())?, c.tolerance_seconds)
+            sendgrid::SendGrid::new(&need_secrets(c.all_secrets())?, c.tolerance())
                 .map_err(|m| InvalidField::new(format!("{field}.secrets"), m))?,
         ),
         "ses" => {
@@ -182,7 +183,7 @@ pub fn build(field: &str, c: &SourceConfig) -> Result<Arc<dyn Source>, InvalidFi
                 c.topic_arns.clone(),
                 Arc::new(ses::HttpsCertStore::new(pinned)),
                 c.confirm_subscriptions.unwrap_or(true),
-                c.tolerance_seconds,
+                c.tolerance(),
             ))
         }
         other => {
