@@ -342,6 +342,58 @@ async fn ingest_answers_503_while_sqlite_is_locked() {
     app.stop().await;
 }
 
+/// Postmark credential rotation: during the switch both pairs are configured (the single-pair keys
+/// and the `credentials` list together) and either one's requests are stored; anything else is
+/// refused and stores nothing.
+async fn postmark_accepts_any_configured_credential_pair(backend: Backend) {
+    use base64::Engine;
+    let app = spawn_app_with(
+        backend,
+        "[sources.pm]\nscheme = \"postmark\"\nusername = \"hook\"\npassword = \"old-s3cret\"\n\
+         credentials = [{ username = \"hook\", password = \"new-s3cret\" }, { username = \"hook-2\", password = \"third\" }]\n\
+         [sources.listed]\nscheme = \"postmark\"\n\
+         credentials = [{ username = \"a\", password = \"1\" }, { username = \"b\", password = \"2\" }]\n",
+    )
+    .await;
+    let auth = |pair: &str| {
+        [(
+            "authorization",
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(pair)
+            ),
+        )]
+    };
+    let delivery = |n: usize| {
+        format!(
+            r#"{{"RecordType":"Delivery","MessageID":"m{n}","Recipient":"a@b.example","DeliveredAt":"2026-11-30T10:00:00Z"}}"#
+        )
+        .into_bytes()
+    };
+    for (i, (source, pair, status)) in [
+        ("pm", "hook:old-s3cret", 200),
+        ("pm", "hook:new-s3cret", 200),
+        ("pm", "hook-2:third", 200),
+        ("pm", "hook:third", 401),
+        ("pm", "hook-2:new-s3cret", 401),
+        ("pm", "hook:", 401),
+        ("listed", "a:1", 200),
+        ("listed", "b:2", 200),
+        ("listed", "a:2", 401),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let r = post(&app, source, &auth(pair), &delivery(i)).await;
+        assert_eq!(r.status(), status, "{source} {pair}");
+    }
+    assert_eq!(app.db.receipts_of_source("pm").unwrap().len(), 3);
+    assert_eq!(app.db.receipts_of_source("listed").unwrap().len(), 2);
+    app.stop().await;
+}
+
+both_backends!(postmark_accepts_any_configured_credential_pair);
+
 /// SendGrid's signed timestamp is held to `tolerance_seconds` (default 300) although nothing in
 /// the source's configuration asks for it: sendgrid-python's published example, stale by one
 /// second, is refused and not stored; at its own time it is stored.
