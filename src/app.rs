@@ -33,6 +33,8 @@ pub struct Herald {
     pub sender: Sender,
     pub wake: Arc<Notify>,
     pub duplicate_receipts: Arc<std::sync::atomic::AtomicU64>,
+    /// Receipts refused as replays, since start (see [`AppState::replayed_receipts`]).
+    pub replayed_receipts: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Opens the database (and migrates it unless told not to). Blocking.
@@ -128,6 +130,7 @@ impl Herald {
             sender,
             wake,
             duplicate_receipts: Arc::default(),
+            replayed_receipts: Arc::default(),
         })
     }
 
@@ -145,6 +148,7 @@ impl Herald {
             sources: Arc::new(self.settings.sources.clone()),
             ingest_max_body_bytes: self.settings.ingest_max_body_bytes,
             duplicate_receipts: self.duplicate_receipts.clone(),
+            replayed_receipts: self.replayed_receipts.clone(),
         }
     }
 

@@ -26,17 +26,36 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// Compares without an early exit, for secrets and signatures; a length mismatch is a mismatch.
+/// Compares in constant time (`subtle`), for secrets and signatures: the time taken depends on
+/// the lengths only, never on where the bytes differ; a length mismatch is a mismatch.
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    use subtle::ConstantTimeEq;
+    a.ct_eq(b).into()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn constant_time_eq_is_equality() {
+        assert!(constant_time_eq(b"", b""));
+        assert!(constant_time_eq(b"whsec_abc", b"whsec_abc"));
+        assert!(!constant_time_eq(b"whsec_abc", b"whsec_abd"));
+        assert!(!constant_time_eq(b"xhsec_abc", b"whsec_abc"));
+        assert!(!constant_time_eq(b"whsec_ab", b"whsec_abc"), "a prefix");
+        assert!(!constant_time_eq(b"whsec_abc", b"whsec_ab"));
+        assert!(!constant_time_eq(b"", b"a"));
+        // Every single-bit difference is seen.
+        let a = [0u8; 32];
+        for i in 0..32 {
+            for bit in 0..8 {
+                let mut b = a;
+                b[i] ^= 1 << bit;
+                assert!(!constant_time_eq(&a, &b), "byte {i} bit {bit}");
+            }
+        }
+    }
 
     #[test]
     fn debug_never_shows_the_value() {

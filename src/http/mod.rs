@@ -23,6 +23,7 @@ use crate::outbox::{Limits, NewMessage};
 use crate::secret::Secret;
 use crate::secret::constant_time_eq;
 use crate::storage::Db;
+use crate::storage::receipts::Stored;
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -41,6 +42,9 @@ pub struct AppState {
     pub ingest_max_body_bytes: usize,
     /// Receipts that arrived again (already stored), since start.
     pub duplicate_receipts: Arc<std::sync::atomic::AtomicU64>,
+    /// Receipts refused as replays (a one-time signature value already used by a different
+    /// event), since start; never counted as duplicates.
+    pub replayed_receipts: Arc<std::sync::atomic::AtomicU64>,
 }
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
@@ -245,8 +249,19 @@ async fn ingest_receipts(
     })?;
     let db = state.db.clone();
     let source_name = name.clone();
-    let (stored, duplicates) =
-        web::block(move || db.store_receipts(&source_name, &events, now)).await??;
+    let outcome =
+        web::block(move || db.store_unless_replayed(&source_name, &events, now)).await??;
+    let (stored, duplicates) = match outcome {
+        Stored::Receipts { new, duplicates } => (new, duplicates),
+        Stored::Replayed(n) => {
+            state
+                .replayed_receipts
+                .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+            // A valid signature used again for another event: an attack or a leak, worth a warning.
+            tracing::warn!(source = %name, scheme = source.source.scheme(), replayed = n, "receipt refused as a replay; nothing stored");
+            return Err(Problem::replayed());
+        }
+    };
     // Committed: only now is it acknowledged.
     state
         .duplicate_receipts

@@ -116,6 +116,17 @@ impl Problem {
         )
     }
 
+    /// 401: a receipt whose one-time signature value (Mailgun's token) was already used for a
+    /// different event.
+    pub fn replayed() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+            "The receipt was refused; nothing was stored",
+        )
+        .detail("replay: its signature was already used for a different event")
+    }
+
     pub fn unavailable() -> Self {
         let mut p = Self::new(
             StatusCode::SERVICE_UNAVAILABLE,

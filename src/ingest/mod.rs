@@ -198,12 +198,20 @@ pub fn verify_offline(
         ..Default::default()
     };
     if scheme == "postmark" {
-        let (u, p) = secrets
-            .first()
-            .and_then(|s| s.split_once(':'))
-            .ok_or_else(|| InvalidField::new("secret", "postmark takes username:password"))?;
-        c.username = Some(u.to_owned());
-        c.password = Some(crate::secret::Secret::new(p));
+        // Each --secret is one accepted pair.
+        c.credentials = secrets
+            .iter()
+            .map(|s| {
+                let (u, p) = s.split_once(':').ok_or_else(|| {
+                    InvalidField::new("secret", "postmark takes username:password")
+                })?;
+                Ok(schemes::postmark::Credentials {
+                    username: u.to_owned(),
+                    password: crate::secret::Secret::new(p),
+                })
+            })
+            .collect::<Result<_, InvalidField>>()?;
+        c.secrets.clear();
     }
     let source: std::sync::Arc<dyn Source> = if scheme == "ses" {
         // Offline: the certificate comes from --cert-file, for the URL the message names; a
@@ -220,7 +228,7 @@ pub fn verify_offline(
             Vec::new(),
             std::sync::Arc::new(store),
             false,
-            None,
+            schemes::DEFAULT_TOLERANCE,
         ))
     } else {
         schemes::build("scheme", &c)?
@@ -285,6 +293,39 @@ mod tests {
         assert!(within(700, now, 300, true) && !within(699, now, 300, true));
         assert!(within(1300, now, 300, true) && !within(1301, now, 300, true));
         assert!(within(5000, now, 300, false), "age-only accepts the future");
+    }
+
+    #[test]
+    fn verify_offline_takes_several_postmark_pairs() {
+        let body = br#"{"RecordType":"Delivery","MessageID":"m1","Recipient":"a@b.example"}"#;
+        let secrets = ["hook:old".to_owned(), "hook:new".to_owned()];
+        let verdict = |auth: &str| {
+            let headers = [("authorization".to_owned(), format!("Basic {auth}"))];
+            verify_offline("postmark", &secrets, &headers, body, None, None, Utc::now())
+                .unwrap()
+                .status
+        };
+        // base64("hook:old"), base64("hook:new"), base64("hook:bad")
+        assert_eq!(
+            (
+                verdict("aG9vazpvbGQ="),
+                verdict("aG9vazpuZXc="),
+                verdict("aG9vazpiYWQ=")
+            ),
+            (200, 200, 401)
+        );
+        assert!(
+            verify_offline(
+                "postmark",
+                &["nocolon".into()],
+                &[],
+                body,
+                None,
+                None,
+                Utc::now()
+            )
+            .is_err()
+        );
     }
 
     #[test]
@@ -380,7 +421,7 @@ mod arbitrary_input {
             vec![],
             std::sync::Arc::new(schemes::ses::StaticCertStore::default()),
             false,
-            None,
+            schemes::DEFAULT_TOLERANCE,
         );
         let sources: Vec<&dyn Source> = vec![&sw, &stripe, &twilio, &mailgun, &ses];
         for _ in 0..5_000 {

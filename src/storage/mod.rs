@@ -9,6 +9,7 @@
 
 pub mod models;
 pub mod queries;
+pub mod receipts;
 #[rustfmt::skip]
 pub mod schema_pg;
 #[rustfmt::skip]

@@ -164,7 +164,9 @@ async fn published_examples_get_the_documented_verdict(backend: Backend) {
     assert_eq!(
         accepted_only,
         [
+            "twilio/sdk-valid-array-param",
             "twilio/sdk-valid-duplicate-params",
+            "twilio/sdk-valid-duplicate-values",
             "twilio/sdk-valid-json-bodysha256",
             "mailgun/sdk-valid-1",
             "ses/sdk-valid-sns-v1"

@@ -342,9 +342,109 @@ async fn ingest_answers_503_while_sqlite_is_locked() {
     app.stop().await;
 }
 
+/// Postmark credential rotation: during the switch both pairs are configured (the single-pair keys
+/// and the `credentials` list together) and either one's requests are stored; anything else is
+/// refused and stores nothing.
+async fn postmark_accepts_any_configured_credential_pair(backend: Backend) {
+    use base64::Engine;
+    let app = spawn_app_with(
+        backend,
+        "[sources.pm]\nscheme = \"postmark\"\nusername = \"hook\"\npassword = \"old-s3cret\"\n\
+         credentials = [{ username = \"hook\", password = \"new-s3cret\" }, { username = \"hook-2\", password = \"third\" }]\n\
+         [sources.listed]\nscheme = \"postmark\"\n\
+         credentials = [{ username = \"a\", password = \"1\" }, { username = \"b\", password = \"2\" }]\n",
+    )
+    .await;
+    let auth = |pair: &str| {
+        [(
+            "authorization",
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(pair)
+            ),
+        )]
+    };
+    let delivery = |n: usize| {
+        format!(
+            r#"{{"RecordType":"Delivery","MessageID":"m{n}","Recipient":"a@b.example","DeliveredAt":"2026-11-30T10:00:00Z"}}"#
+        )
+        .into_bytes()
+    };
+    for (i, (source, pair, status)) in [
+        ("pm", "hook:old-s3cret", 200),
+        ("pm", "hook:new-s3cret", 200),
+        ("pm", "hook-2:third", 200),
+        ("pm", "hook:third", 401),
+        ("pm", "hook-2:new-s3cret", 401),
+        ("pm", "hook:", 401),
+        ("listed", "a:1", 200),
+        ("listed", "b:2", 200),
+        ("listed", "a:2", 401),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let r = post(&app, source, &auth(pair), &delivery(i)).await;
+        assert_eq!(r.status(), status, "{source} {pair}");
+    }
+    assert_eq!(app.db.receipts_of_source("pm").unwrap().len(), 3);
+    assert_eq!(app.db.receipts_of_source("listed").unwrap().len(), 2);
+    app.stop().await;
+}
+
+both_backends!(postmark_accepts_any_configured_credential_pair);
+
+/// SendGrid's signed timestamp is held to `tolerance_seconds` (default 300) although nothing in
+/// the source's configuration asks for it: sendgrid-python's published example, stale by one
+/// second, is refused and not stored; at its own time it is stored.
+async fn a_stale_sendgrid_timestamp_is_refused_by_default(backend: Backend) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/providers/sendgrid/sdk-valid-1");
+    let case: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("case.json")).unwrap()).unwrap();
+    let body = std::fs::read(dir.join("body")).unwrap();
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "[sources.sg]\nscheme = \"sendgrid\"\nsecrets = [{:?}]\n",
+            case["secret"].as_str().unwrap()
+        ),
+    )
+    .await;
+    let headers: Vec<(&str, String)> = case["headers"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str().unwrap().to_owned()))
+        .collect();
+    let signed_at = case["at"].as_i64().unwrap();
+    for at in [signed_at + 301, signed_at - 301] {
+        app.clock.freeze(Utc.timestamp_opt(at, 0).unwrap());
+        let r = post(&app, "sg", &headers, &body).await;
+        assert_eq!(r.status(), 401, "at {at}");
+        let problem = r.json::<Value>().await.unwrap();
+        assert!(
+            problem["detail"].as_str().unwrap().contains("tolerance"),
+            "{problem}"
+        );
+    }
+    assert!(app.db.receipts_of_source("sg").unwrap().is_empty());
+    app.clock
+        .freeze(Utc.timestamp_opt(signed_at + 300, 0).unwrap());
+    let r = post(&app, "sg", &headers, &body).await;
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"stored": 1, "duplicates": 0})
+    );
+    app.stop().await;
+}
+
+both_backends!(a_stale_sendgrid_timestamp_is_refused_by_default);
+
 /// Mailgun signs only `timestamp + token`, not the body: a second event under the same signature
-/// is a replay and is never stored.
-async fn a_replayed_mailgun_signature_stores_nothing(backend: Backend) {
+/// is a replay — refused with 401, never stored, counted apart from duplicates — while the same
+/// event again is a duplicate (200).
+async fn a_replayed_mailgun_signature_is_refused_and_stores_nothing(backend: Backend) {
     use hmac::{Hmac, Mac};
     let app = spawn_app_with(
         backend,
@@ -373,11 +473,35 @@ async fn a_replayed_mailgun_signature_stores_nothing(backend: Backend) {
         r.json::<Value>().await.unwrap(),
         json!({"stored": 0, "duplicates": 1})
     );
-    // Someone reusing the signature for an event of their own: not stored.
+    // Someone reusing the signature for an event of their own: refused, not stored.
     let r = post(&app, "mg", &[], &body("ev-forged")).await;
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    let problem = r.json::<Value>().await.unwrap();
+    assert!(
+        problem["detail"].as_str().unwrap().contains("replay"),
+        "{problem}"
+    );
+    // And again: still a replay, never a duplicate.
+    assert_eq!(
+        post(&app, "mg", &[], &body("ev-forged-2")).await.status(),
+        401
+    );
+    // The genuine event once more: still a duplicate.
+    let r = post(&app, "mg", &[], &body("ev-1")).await;
+    assert_eq!(r.status(), 200);
     assert_eq!(
         r.json::<Value>().await.unwrap(),
         json!({"stored": 0, "duplicates": 1})
+    );
+    let count = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        (
+            count(&app.herald.duplicate_receipts),
+            count(&app.herald.replayed_receipts)
+        ),
+        (2, 2),
+        "(duplicates, replays)"
     );
     let rows = app.db.receipts_of_source("mg").unwrap();
     assert_eq!(rows.len(), 1);
@@ -391,4 +515,44 @@ async fn a_replayed_mailgun_signature_stores_nothing(backend: Backend) {
     app.stop().await;
 }
 
-both_backends!(a_replayed_mailgun_signature_stores_nothing);
+/// Several requests racing with one Mailgun signature, each with its own event: exactly one is
+/// stored, every other is refused as a replay.
+async fn racing_replays_store_exactly_one(backend: Backend) {
+    use hmac::{Hmac, Mac};
+    let app = spawn_app_with(
+        backend,
+        "[sources.mg]\nscheme = \"mailgun\"\nsecrets = [\"key-1\"]\n",
+    )
+    .await;
+    let t = Utc::now().timestamp().to_string();
+    let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(b"key-1").unwrap();
+    mac.update(format!("{t}tok-race").as_bytes());
+    let signature = hex::encode(mac.finalize().into_bytes());
+    let bodies: Vec<Vec<u8>> = (0..8)
+        .map(|i| {
+            serde_json::to_vec(&json!({
+                "signature": {"timestamp": t, "token": "tok-race", "signature": signature},
+                "event-data": {"id": format!("ev-{i}"), "event": "delivered"}
+            }))
+            .unwrap()
+        })
+        .collect();
+    let answers =
+        futures_util::future::join_all(bodies.iter().map(|b| post(&app, "mg", &[], b))).await;
+    let mut statuses: Vec<u16> = answers.iter().map(|r| r.status().as_u16()).collect();
+    statuses.sort();
+    assert_eq!(statuses, [200, 401, 401, 401, 401, 401, 401, 401]);
+    assert_eq!(app.db.receipts_of_source("mg").unwrap().len(), 1);
+    assert_eq!(
+        app.herald
+            .replayed_receipts
+            .load(std::sync::atomic::Ordering::Relaxed),
+        7
+    );
+    app.stop().await;
+}
+
+both_backends!(
+    a_replayed_mailgun_signature_is_refused_and_stores_nothing,
+    racing_replays_store_exactly_one,
+);

@@ -176,6 +176,12 @@ async fn ses_events_through_sns(backend: Backend) {
             .0,
         401
     );
+    // Correctly signed, but published outside the default ±300 s: stale, in both directions.
+    for shift in [-400, 400] {
+        let mut env = notification("sns-7", &bounce);
+        env["Timestamp"] = json!((Utc::now() + chrono::Duration::seconds(shift)).to_rfc3339());
+        assert_eq!(post(&app, sign(d, env, "2")).await.0, 401, "{shift} s");
+    }
     assert_eq!(
         app.db.receipts_of_source("ses").unwrap().len(),
         2,

@@ -1,6 +1,8 @@
 //! Mailgun: hex HMAC-SHA256 of `timestamp + token` (no separator) with the webhook signing key,
 //! carried inside the JSON body (`signature{timestamp,token,signature}` beside `event-data`); the
-//! body itself is not signed. Dedup on `event-data.id`.
+//! body itself is not signed, so the token is the receipt's replay key: a token already used by a
+//! different event is a replay, refused with 401 and never stored (see `storage::receipts`).
+//! Dedup on `event-data.id`.
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;

@@ -45,6 +45,7 @@ pub struct SourceConfig {
     /// URL-signing schemes (twilio): the public URL exactly as the provider calls it.
     #[serde(default)]
     pub public_url: Option<String>,
+    /// Timestamp window, seconds, for every scheme that has a timestamp (default 300).
     #[serde(default)]
     pub tolerance_seconds: Option<u64>,
     /// postmark: basic-auth credentials in the webhook URL.
@@ -52,6 +53,9 @@ pub struct SourceConfig {
     pub username: Option<String>,
     #[serde(default)]
     pub password: Option<Secret>,
+    /// postmark: several accepted pairs (rotation), with or instead of `username` + `password`.
+    #[serde(default)]
+    pub credentials: Vec<postmark::Credentials>,
     /// ses: allowed TopicArns.
     #[serde(default)]
     pub topic_arns: Vec<String>,
@@ -137,21 +141,13 @@ pub fn build(field: &str, c: &SourceConfig) -> Result<Arc<dyn Source>, InvalidFi
                     .map_err(|m| InvalidField::new(format!("{field}.public_url"), m))?,
             )
         }
-        "postmark" => {
-            let (Some(user), Some(pass)) = (&c.username, &c.password) else {
-                return Err(InvalidField::new(
-                    format!("{field}.username"),
-                    "postmark needs username and password (the basic-auth credentials in its webhook URL)",
-                ));
-            };
-            Arc::new(postmark::Postmark::new(user, pass.expose()))
-        }
+        "postmark" => Arc::new(postmark_source(field, c)?),
         "hmac" => Arc::new(
             hmac_generic::GenericHmac::new(need_secrets(c.all_secrets())?, c)
                 .map_err(|m| InvalidField::new(field.to_owned(), m))?,
         ),
         "sendgrid" => Arc::new(
-            sendgrid::SendGrid::new(&need_secrets(c.all_secrets())?, c.tolerance_seconds)
+            sendgrid::SendGrid::new(&need_secrets(c.all_secrets())?, c.tolerance())
                 .map_err(|m| InvalidField::new(format!("{field}.secrets"), m))?,
         ),
         "ses" => {
@@ -182,7 +178,7 @@ pub fn build(field: &str, c: &SourceConfig) -> Result<Arc<dyn Source>, InvalidFi
                 c.topic_arns.clone(),
                 Arc::new(ses::HttpsCertStore::new(pinned)),
                 c.confirm_subscriptions.unwrap_or(true),
-                c.tolerance_seconds,
+                c.tolerance(),
             ))
         }
         other => {
@@ -193,6 +189,46 @@ pub fn build(field: &str, c: &SourceConfig) -> Result<Arc<dyn Source>, InvalidFi
         }
     };
     Ok(source)
+}
+
+/// Postmark's accepted basic-auth pairs: `username` + `password`, then each of `credentials`.
+fn postmark_source(field: &str, c: &SourceConfig) -> Result<postmark::Postmark, InvalidField> {
+    let mut pairs: Vec<(&str, &str)> = Vec::new();
+    match (&c.username, &c.password) {
+        (Some(user), Some(pass)) => pairs.push((user, pass.expose())),
+        (None, None) => {}
+        (Some(_), None) => {
+            return Err(InvalidField::new(
+                format!("{field}.password"),
+                "is required with username",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(InvalidField::new(
+                format!("{field}.username"),
+                "is required with password",
+            ));
+        }
+    }
+    pairs.extend(
+        c.credentials
+            .iter()
+            .map(|p| (p.username.as_str(), p.password.expose())),
+    );
+    if pairs.is_empty() {
+        return Err(InvalidField::new(
+            format!("{field}.username"),
+            "postmark needs username and password, or credentials = [{ username, password }, …] \
+             (the basic-auth credentials in its webhook URL)",
+        ));
+    }
+    if pairs.iter().any(|(_, p)| p.is_empty()) {
+        return Err(InvalidField::new(
+            format!("{field}.password"),
+            "must not be empty",
+        ));
+    }
+    Ok(postmark::Postmark::with_credentials(&pairs))
 }
 
 /// HMAC-SHA256 of `parts` under `key`.

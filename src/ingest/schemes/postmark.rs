@@ -1,24 +1,45 @@
-//! Postmark: no signature exists. The webhook URL carries basic-auth credentials, compared in
+//! Postmark: no signature exists. The webhook URL carries basic-auth credentials; several pairs
+//! can be active at once (rotation), and the request's is compared with every one of them in
 //! constant time. Dedup on the bounce `ID`, else the composite (RecordType, MessageID,
 //! recipient, time).
 
 use base64::Engine;
 use chrono::{DateTime, Utc};
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::ingest::{
     RawRequest, ReceiptEvent, Source, VerifyError, constant_time_eq, herald_event_id_in, iso_time,
     str_at,
 };
+use crate::secret::Secret;
+
+/// One basic-auth pair of `credentials = [{ username = "…", password = "…" }, …]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Credentials {
+    pub username: String,
+    pub password: Secret,
+}
 
 pub struct Postmark {
-    expected: Vec<u8>,
+    /// `username:password` of each accepted pair, as the `Authorization: Basic` header carries it.
+    expected: Vec<Vec<u8>>,
 }
 
 impl Postmark {
+    /// One accepted pair.
     pub fn new(username: &str, password: &str) -> Self {
+        Self::with_credentials(&[(username, password)])
+    }
+
+    /// Several accepted pairs (rotation): any one of them authenticates a request.
+    pub fn with_credentials(pairs: &[(&str, &str)]) -> Self {
         Self {
-            expected: format!("{username}:{password}").into_bytes(),
+            expected: pairs
+                .iter()
+                .map(|(u, p)| format!("{u}:{p}").into_bytes())
+                .collect(),
         }
     }
 }
@@ -64,7 +85,12 @@ impl Source for Postmark {
         let given = base64::engine::general_purpose::STANDARD
             .decode(encoded.trim())
             .map_err(|_| VerifyError::Mismatch)?;
-        if !constant_time_eq(&given, &self.expected) {
+        // Every pair is compared (no early exit), each in constant time.
+        let ok = self
+            .expected
+            .iter()
+            .fold(false, |ok, e| ok | constant_time_eq(&given, e));
+        if !ok {
             return Err(VerifyError::Mismatch);
         }
         let body: Value =
@@ -114,6 +140,125 @@ impl Source for Postmark {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn basic(user_pass: &str) -> Vec<(String, String)> {
+        vec![(
+            "authorization".to_owned(),
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(user_pass)
+            ),
+        )]
+    }
+
+    fn answer(v: &dyn Source, headers: &[(String, String)]) -> Result<(), VerifyError> {
+        let body = br#"{"RecordType":"Delivery","MessageID":"m1","Recipient":"a@b.example","DeliveredAt":"2026-11-30T10:00:00Z"}"#;
+        v.verify(
+            &RawRequest {
+                headers,
+                body,
+                query: None,
+            },
+            Utc::now(),
+        )
+        .map(|_| ())
+    }
+
+    fn configured(toml_text: &str) -> Result<std::sync::Arc<dyn Source>, String> {
+        let c: crate::ingest::schemes::SourceConfig =
+            toml::from_str(toml_text).map_err(|e| e.to_string())?;
+        crate::ingest::schemes::build("sources.pm", &c).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn several_credential_pairs_rotate() {
+        // The list form alone, and beside the single pair: any configured pair is accepted.
+        let listed = configured(
+            r#"scheme = "postmark"
+               credentials = [{ username = "hook", password = "new-pass" }, { username = "hook-old", password = "old-pass" }]"#,
+        )
+        .unwrap();
+        let both = configured(
+            r#"scheme = "postmark"
+               username = "hook"
+               password = "s3cret"
+               credentials = [{ username = "hook2", password = "n3w" }]"#,
+        )
+        .unwrap();
+        for (v, good, bad) in [
+            (
+                &listed,
+                &["hook:new-pass", "hook-old:old-pass"][..],
+                &[
+                    "hook:old-pass",
+                    "hook-old:new-pass",
+                    "hook:new-pas",
+                    "hook:new-passs",
+                    ":",
+                    "hook",
+                ][..],
+            ),
+            (
+                &both,
+                &["hook:s3cret", "hook2:n3w"][..],
+                &["hook:n3w", "hook2:s3cret", "hook2:"][..],
+            ),
+        ] {
+            for g in good {
+                assert_eq!(answer(&**v, &basic(g)), Ok(()), "{g}");
+            }
+            for b in bad {
+                assert_eq!(answer(&**v, &basic(b)), Err(VerifyError::Mismatch), "{b}");
+            }
+        }
+        let multi = Postmark::with_credentials(&[("a", "1"), ("b", "2")]);
+        assert_eq!(answer(&multi, &basic("b:2")), Ok(()));
+        assert_eq!(answer(&multi, &basic("a:2")), Err(VerifyError::Mismatch));
+    }
+
+    #[test]
+    fn credential_configuration_is_checked() {
+        for (toml_text, field) in [
+            (r#"scheme = "postmark""#, "sources.pm.username"),
+            (
+                r#"scheme = "postmark"
+                username = "hook""#,
+                "sources.pm.password",
+            ),
+            (
+                r#"scheme = "postmark"
+                password = "p""#,
+                "sources.pm.username",
+            ),
+            (
+                r#"scheme = "postmark"
+                credentials = []"#,
+                "sources.pm.username",
+            ),
+            (
+                r#"scheme = "postmark"
+                credentials = [{ username = "hook", password = "" }]"#,
+                "sources.pm.password",
+            ),
+        ] {
+            let err = configured(toml_text).err().unwrap_or_default();
+            assert!(err.starts_with(field), "{toml_text}: {err}");
+        }
+        let err = configured(
+            r#"scheme = "postmark"
+            credentials = [{ username = "hook", password = "p", realm = "x" }]"#,
+        )
+        .err()
+        .unwrap_or_default();
+        assert!(err.contains("realm"), "{err}");
+        // Passwords never show in Debug.
+        let c: crate::ingest::schemes::SourceConfig = toml::from_str(
+            r#"scheme = "postmark"
+               credentials = [{ username = "hook", password = "hunter2" }]"#,
+        )
+        .unwrap();
+        assert!(!format!("{c:?}").contains("hunter2"));
+    }
 
     #[test]
     fn basic_auth_and_normalization() {

@@ -1,7 +1,9 @@
 //! SendGrid Event Webhook: ECDSA P-256 / SHA-256 over `timestamp header ‖ raw body`; the
 //! signature is base64 DER, the verification key base64 DER SubjectPublicKeyInfo. The body is a
-//! JSON array of events (ending in `\r\n`); each is deduplicated on `sg_event_id`. SendGrid's own
-//! libraries check no timestamp age; Herald checks it only when `tolerance_seconds` is set.
+//! JSON array of events (ending in `\r\n`); each is deduplicated on `sg_event_id`. The signed
+//! timestamp header must be within ±`tolerance_seconds` (default 300) of now, as in every scheme
+//! with a timestamp (SendGrid's own libraries check no age; a signature without a window could be
+//! replayed forever).
 
 use base64::Engine;
 use chrono::{DateTime, Utc};
@@ -15,12 +17,12 @@ use crate::ingest::{RawRequest, ReceiptEvent, Source, VerifyError, str_at, unix_
 
 pub struct SendGrid {
     keys: Vec<VerifyingKey>,
-    tolerance: Option<u64>,
+    tolerance: u64,
 }
 
 impl SendGrid {
     /// `keys`: base64 DER public keys, as SendGrid shows them.
-    pub fn new(keys: &[String], tolerance: Option<u64>) -> Result<Self, String> {
+    pub fn new(keys: &[String], tolerance: u64) -> Result<Self, String> {
         let keys = keys
             .iter()
             .map(|k| {
@@ -72,6 +74,11 @@ impl Source for SendGrid {
             .ok_or(VerifyError::Missing(
                 "X-Twilio-Email-Event-Webhook-Timestamp",
             ))?;
+        // The window first: cheaper than the ECDSA check it spares a stale request.
+        let t: i64 = ts.trim().parse().map_err(|_| VerifyError::Mismatch)?;
+        if !within(t, now, self.tolerance, true) {
+            return Err(VerifyError::Stale(self.tolerance));
+        }
         let der = base64::engine::general_purpose::STANDARD
             .decode(sig.trim())
             .map_err(|_| VerifyError::Mismatch)?;
@@ -85,12 +92,6 @@ impl Source for SendGrid {
             .any(|k| k.verify(&signed, &signature).is_ok())
         {
             return Err(VerifyError::Mismatch);
-        }
-        if let Some(tol) = self.tolerance {
-            let t: i64 = ts.trim().parse().map_err(|_| VerifyError::Mismatch)?;
-            if !within(t, now, tol, true) {
-                return Err(VerifyError::Stale(tol));
-            }
         }
         let events = match serde_json::from_slice::<Value>(r.body) {
             Ok(Value::Array(events)) => events,
@@ -121,5 +122,67 @@ impl Source for SendGrid {
                 })
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ingest::schemes::{SourceConfig, build};
+    use crate::secret::Secret;
+    use chrono::TimeZone;
+
+    /// sendgrid-python `test_verify_valid_signature` (fixtures/providers/sendgrid/sdk-valid-1).
+    const CASE: &str = include_str!("../../../fixtures/providers/sendgrid/sdk-valid-1/case.json");
+    const BODY: &[u8] = include_bytes!("../../../fixtures/providers/sendgrid/sdk-valid-1/body");
+
+    fn source(tolerance: Option<u64>) -> std::sync::Arc<dyn Source> {
+        let case: Value = serde_json::from_str(CASE).unwrap();
+        build(
+            "sources.sg",
+            &SourceConfig {
+                scheme: "sendgrid".into(),
+                secrets: vec![Secret::new(case["secret"].as_str().unwrap())],
+                tolerance_seconds: tolerance,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    }
+
+    fn verify_at(s: &dyn Source, at: i64) -> Result<Vec<ReceiptEvent>, VerifyError> {
+        let case: Value = serde_json::from_str(CASE).unwrap();
+        let headers: Vec<(String, String)> = case["headers"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(n, v)| (n.to_ascii_lowercase(), v.as_str().unwrap().to_owned()))
+            .collect();
+        let r = RawRequest {
+            headers: &headers,
+            body: BODY,
+            query: None,
+        };
+        s.verify(&r, Utc.timestamp_opt(at, 0).unwrap())
+    }
+
+    #[test]
+    fn the_signed_timestamp_is_checked_by_default() {
+        const TS: i64 = 1600112502; // the example's X-Twilio-Email-Event-Webhook-Timestamp
+        let default = source(None);
+        for at in [TS - 300, TS, TS + 300] {
+            assert_eq!(verify_at(&*default, at).map(|e| e.len()), Ok(1), "at {at}");
+        }
+        for at in [TS - 301, TS + 301, TS + 86_400] {
+            assert_eq!(
+                verify_at(&*default, at),
+                Err(VerifyError::Stale(300)),
+                "at {at}"
+            );
+        }
+        // A configured window replaces the default.
+        let wide = source(Some(3600));
+        assert!(verify_at(&*wide, TS + 3600).is_ok());
+        assert_eq!(verify_at(&*wide, TS + 3601), Err(VerifyError::Stale(3600)));
     }
 }

@@ -2,7 +2,8 @@
 //! `SignatureVersion` 1, SHA256 for 2 — over `key\nvalue\n` of its fields in a fixed order, with
 //! the certificate at `SigningCertURL`. That URL must be `https://sns.<region>.amazonaws.com[.cn]/…
 //! .pem`; certificates are fetched over HTTPS once and cached (or pinned in configuration).
-//! `TopicArn` must be one of `topic_arns` when that list is set. A `SubscriptionConfirmation` is
+//! `TopicArn` must be one of `topic_arns` when that list is set. The envelope's signed `Timestamp`
+//! must be within ±`tolerance_seconds` (default 300) of now. A `SubscriptionConfirmation` is
 //! confirmed by an explicit, logged GET of its `SubscribeURL` (same host policy) unless
 //! `confirm_subscriptions = false`. Dedup on the SNS `MessageId` (kept across SNS retries).
 
@@ -195,7 +196,7 @@ pub struct Ses {
     topic_arns: Vec<String>,
     certs: Arc<dyn CertStore>,
     confirm: bool,
-    tolerance: Option<u64>,
+    tolerance: u64,
 }
 
 impl Ses {
@@ -203,7 +204,7 @@ impl Ses {
         topic_arns: Vec<String>,
         certs: Arc<dyn CertStore>,
         confirm: bool,
-        tolerance: Option<u64>,
+        tolerance: u64,
     ) -> Self {
         Self {
             topic_arns,
@@ -351,16 +352,16 @@ impl Source for Ses {
             return Err(VerifyError::Mismatch);
         }
         let region = topic_region(&topic).ok_or(VerifyError::Mismatch)?;
-        self.verify_signature(&env, region)?;
-        if let Some(tol) = self.tolerance {
-            let t = env
-                .get("Timestamp")
-                .and_then(iso_time)
-                .ok_or(VerifyError::Mismatch)?;
-            if !within(t.timestamp(), now, tol, true) {
-                return Err(VerifyError::Stale(tol));
-            }
+        // The window before the signature: a stale envelope never costs a certificate fetch.
+        // `Timestamp` is one of the signed fields, so the signature check below covers it.
+        let t = env
+            .get("Timestamp")
+            .and_then(iso_time)
+            .ok_or(VerifyError::Mismatch)?;
+        if !within(t.timestamp(), now, self.tolerance, true) {
+            return Err(VerifyError::Stale(self.tolerance));
         }
+        self.verify_signature(&env, region)?;
         match str_at(&env, "/Type").as_deref() {
             Some("SubscriptionConfirmation") => {
                 let url = str_at(&env, "/SubscribeURL").unwrap_or_default();
@@ -400,6 +401,60 @@ impl Source for Ses {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// aws-sdk-java-v2's `validateMessageTest` (fixtures/providers/ses/sdk-valid-sns-v1): a
+    /// genuine SignatureVersion 1 envelope, published 2015-09-20T01:22:14.001Z.
+    fn published_at(at: i64, tolerance: Option<u64>) -> Result<Vec<ReceiptEvent>, VerifyError> {
+        use chrono::TimeZone;
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/providers/ses/sdk-valid-sns-v1");
+        let case: Value =
+            serde_json::from_slice(&std::fs::read(dir.join("case.json")).unwrap()).unwrap();
+        let body = std::fs::read(dir.join("body")).unwrap();
+        let config = crate::ingest::schemes::SourceConfig {
+            scheme: "ses".into(),
+            topic_arns: serde_json::from_value(case["allowed_topic_arns"].clone()).unwrap(),
+            confirm_subscriptions: Some(false),
+            certificates: [(
+                case["cert_url"].as_str().unwrap().to_owned(),
+                dir.join(case["cert_file"].as_str().unwrap()),
+            )]
+            .into(),
+            tolerance_seconds: tolerance,
+            ..Default::default()
+        };
+        let ses = crate::ingest::schemes::build("sources.ses", &config).unwrap();
+        let r = RawRequest {
+            headers: &[],
+            body: &body,
+            query: None,
+        };
+        ses.verify(&r, Utc.timestamp_opt(at, 0).unwrap())
+    }
+
+    #[test]
+    fn the_envelope_timestamp_is_checked_by_default() {
+        const PUBLISHED: i64 = 1442712134; // 2015-09-20T01:22:14Z
+        // Its Message ("boo") is no SES event: a verified envelope answers Unparsable (400).
+        let verified = |r: Result<Vec<ReceiptEvent>, VerifyError>| {
+            matches!(r, Err(VerifyError::Unparsable(_)))
+        };
+        for at in [PUBLISHED - 299, PUBLISHED, PUBLISHED + 300] {
+            assert!(verified(published_at(at, None)), "at {at}");
+        }
+        for at in [PUBLISHED - 301, PUBLISHED + 301, PUBLISHED + 86_400] {
+            assert_eq!(
+                published_at(at, None),
+                Err(VerifyError::Stale(300)),
+                "at {at}"
+            );
+        }
+        assert!(verified(published_at(PUBLISHED + 3600, Some(3600))));
+        assert_eq!(
+            published_at(PUBLISHED + 3601, Some(3600)),
+            Err(VerifyError::Stale(3600))
+        );
+    }
 
     #[test]
     fn cert_url_policy() {

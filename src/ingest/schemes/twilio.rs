@@ -1,6 +1,7 @@
 //! Twilio: `X-Twilio-Signature` = base64 HMAC-SHA1 (auth token) of the full public URL followed,
-//! for form bodies, by every parameter name and value (names sorted, each name's values sorted).
-//! URL variants are tried: as configured, without an explicit port, with the default port. For
+//! for form bodies, by `name + value` for every parameter: names sorted, and a name sent several
+//! times (array parameters such as `MessagingBinding.Address`) once per distinct value, the
+//! values sorted — as Twilio's own validators (twilio-python, twilio-node) compute it. URL variants are tried: as configured, without an explicit port, with the default port. For
 //! JSON bodies the URL carries `bodySHA256`, which must equal the body's SHA-256, and only the
 //! URL is signed. Twilio gives no event id or time: dedup on (MessageSid, MessageStatus).
 
@@ -66,6 +67,39 @@ pub fn url_variants(u: &Url) -> Vec<String> {
     out
 }
 
+/// What Twilio appends to the URL for a form body: `name + value` for each parameter, names
+/// sorted and, for a name sent several times, each distinct value once, the values sorted (byte
+/// order, which for UTF-8 is code-point order). Arrival order never matters.
+pub fn signed_params(params: &[(String, String)]) -> String {
+    let mut sorted: Vec<(&str, &str)> = params
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    sorted.sort_unstable();
+    // A value repeated under one name is signed once.
+    sorted.dedup();
+    sorted.iter().map(|(k, v)| format!("{k}{v}")).collect()
+}
+
+/// Form parameters as a JSON object: a name sent once keeps its string, a name sent several
+/// times (an array parameter) keeps every value, in arrival order.
+fn form_fields(params: Vec<(String, String)>) -> Map<String, Value> {
+    let mut fields = Map::new();
+    for (k, v) in params {
+        match fields.get_mut(&k) {
+            None => {
+                fields.insert(k, Value::String(v));
+            }
+            Some(Value::Array(values)) => values.push(Value::String(v)),
+            Some(first) => {
+                let first = first.take();
+                fields.insert(k, Value::Array(vec![first, Value::String(v)]));
+            }
+        }
+    }
+    fields
+}
+
 fn sign(token: &str, data: &str) -> String {
     let mut mac = <Hmac<sha1::Sha1> as Mac>::new_from_slice(token.as_bytes())
         .unwrap_or_else(|_| unreachable!("HMAC accepts every key length"));
@@ -107,13 +141,11 @@ impl Source for Twilio {
         let params: Vec<(String, String)> = if body_sha.is_some() {
             Vec::new()
         } else {
-            let mut p: Vec<(String, String)> = url::form_urlencoded::parse(r.body)
+            url::form_urlencoded::parse(r.body)
                 .map(|(k, v)| (k.into_owned(), v.into_owned()))
-                .collect();
-            p.sort();
-            p
+                .collect()
         };
-        let suffix: String = params.iter().map(|(k, v)| format!("{k}{v}")).collect();
+        let suffix = signed_params(&params);
         let ok = url_variants(&url).iter().any(|u| {
             let data = format!("{u}{suffix}");
             self.tokens
@@ -135,10 +167,7 @@ impl Source for Twilio {
                 _ => return Err(VerifyError::Unparsable("JSON body is not an object".into())),
             }
         } else {
-            params
-                .into_iter()
-                .map(|(k, v)| (k, Value::String(v)))
-                .collect()
+            form_fields(params)
         };
         let get = |k: &str| fields.get(k).and_then(|v| v.as_str()).map(str::to_owned);
         // SMS status callbacks carry MessageSid/MessageStatus; voice callbacks CallSid/CallStatus.
@@ -218,6 +247,258 @@ mod tests {
                     query: None
                 },
                 Utc::now()
+            ),
+            Err(VerifyError::Mismatch)
+        );
+    }
+
+    /// The validators' published test vectors: auth token `12345`, and (URL as configured, query
+    /// the request arrived with, body, `X-Twilio-Signature`). Where a test gives its parameters
+    /// as a dict or object, the body is that dict form-encoded (`+` as `%2B`); the signature does
+    /// not depend on the body's order.
+    const PY: &str = "twilio/twilio-python tests/unit/test_request_validator.py @ 306691e7";
+    const NODE: &str = "twilio/twilio-node spec/validation.spec.js @ 45d3d65a";
+    const URI: &str = "https://mycompany.com/myapp.php?foo=1&bar=2";
+    const PARAMS: &str = "CallSid=CA1234567890ABCDE&Digits=1234&From=%2B14158675309&To=%2B18005551212&Caller=%2B14158675309";
+    const BODY: &str = r#"{"property": "value", "boolean": true}"#;
+    const BODY_SHA: &str = "0a1ff7634d9ab3b95db5c9a2dfe9416e41502b283a80c7cf19632632f96e6620";
+    const EMPTY_SHA: &str = "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a";
+
+    fn published() -> Vec<(String, String, Option<String>, &'static str, &'static str)> {
+        let q = |s: &str| Some(s.to_owned());
+        vec![
+            // (origin and test, public_url, request query, body, signature)
+            (
+                format!("{PY} test_validation"),
+                URI.into(),
+                None,
+                PARAMS,
+                "RSOYDt4T1cUTdK1PDd93/VVr8B8=",
+            ),
+            (
+                format!("{PY} test_compute_signature_duplicate_query_dict (body verbatim)"),
+                URI.into(),
+                None,
+                "Sid=CA123&SidAccount=AC123&Digits=5678&Digits=1234&Digits=1234",
+                "IK+Dwps556ElfBT0I3Rgjkr1wJU=",
+            ),
+            (
+                format!("{PY} test_compute_signature_duplicate_multi_dict"),
+                URI.into(),
+                None,
+                "Sid=CA123&SidAccount=AC123&Digits=5678&Digits=1234&Digits=1234",
+                "IK+Dwps556ElfBT0I3Rgjkr1wJU=",
+            ),
+            (
+                format!("{PY} test_validation_removes_port_on_https"),
+                URI.replace(".com", ".com:1234"),
+                None,
+                PARAMS,
+                "RSOYDt4T1cUTdK1PDd93/VVr8B8=",
+            ),
+            (
+                format!("{PY} test_validation_removes_port_on_http"),
+                URI.replace(".com", ".com:1234").replace("https", "http"),
+                None,
+                PARAMS,
+                "Zmvh+3yNM1Phv2jhDCwEM3q5ebU=",
+            ),
+            (
+                format!("{PY} test_validation_adds_port_on_https"),
+                URI.into(),
+                None,
+                PARAMS,
+                "kvajT1Ptam85bY51eRf/AJRuM3w=",
+            ),
+            (
+                format!("{PY} test_validation_adds_port_on_http"),
+                URI.replace("https", "http"),
+                None,
+                PARAMS,
+                "0ZXoZLH/DfblKGATFgpif+LLRf4=",
+            ),
+            (
+                format!("{PY} test_validation_of_body_succeeds"),
+                URI.into(),
+                q(&format!("foo=1&bar=2&bodySHA256={BODY_SHA}")),
+                BODY,
+                "a9nBmqA0ju/hNViExpshrM61xv4=",
+            ),
+            (
+                format!("{NODE} should succeed with the correct signature"),
+                URI.into(),
+                None,
+                PARAMS,
+                "RSOYDt4T1cUTdK1PDd93/VVr8B8=",
+            ),
+            (
+                format!("{NODE} should validate request body with an array parameter"),
+                URI.into(),
+                None,
+                "MessagingBinding.Address=%2B1325xxxxxxx&MessagingBinding.Address=%2B1415xxxxxxx",
+                "83O6e2vORAoJHUNzJjDWN1jz+BA=",
+            ),
+            (
+                format!("{NODE} … regardless of the position of values in the array"),
+                URI.into(),
+                None,
+                "MessagingBinding.Address=%2B1415xxxxxxx&MessagingBinding.Address=%2B1325xxxxxxx",
+                "83O6e2vORAoJHUNzJjDWN1jz+BA=",
+            ),
+            (
+                format!("{NODE} should validate request body with multiple params and values"),
+                URI.into(),
+                None,
+                "Sid=CA123&SidAccount=AC123&Digits=5678&Digits=1234&Digits=1234",
+                "IK+Dwps556ElfBT0I3Rgjkr1wJU=",
+            ),
+            (
+                format!("{NODE} should validate request body when given"),
+                URI.into(),
+                q(&format!("foo=1&bar=2&bodySHA256={BODY_SHA}")),
+                BODY,
+                "a9nBmqA0ju/hNViExpshrM61xv4=",
+            ),
+            (
+                format!("{NODE} should validate request body when empty"),
+                URI.into(),
+                q(&format!("foo=1&bar=2&bodySHA256={EMPTY_SHA}")),
+                "{}",
+                "Ldidvp12m26NI7eqEvxnEpkd9Hc=",
+            ),
+            (
+                format!("{NODE} should validate request body with only sha param"),
+                "https://mycompany.com/myapp.php".into(),
+                q(&format!("bodySHA256={BODY_SHA}")),
+                BODY,
+                "y77kIzt2vzLz71DgmJGsen2scGs=",
+            ),
+            (
+                format!("{NODE} should validate https urls with ports by stripping them"),
+                URI.replace(".com", ".com:1234"),
+                None,
+                PARAMS,
+                "RSOYDt4T1cUTdK1PDd93/VVr8B8=",
+            ),
+            (
+                format!("{NODE} should validate urls with credentials"),
+                "https://user:pass@mycompany.com/myapp.php?foo=1&bar=2".into(),
+                None,
+                PARAMS,
+                "CukzLTc1tT5dXEDIHm/tKBanW10=",
+            ),
+            (
+                format!("{NODE} should validate urls with just username"),
+                "https://user@mycompany.com/myapp.php?foo=1&bar=2".into(),
+                None,
+                PARAMS,
+                "2YRLlVAflCqxaNicjMpJcSTgzSs=",
+            ),
+            (
+                format!("{NODE} should validate urls with credentials by adding port"),
+                "https://user:pass@mycompany.com/myapp.php?foo=1&bar=2".into(),
+                None,
+                PARAMS,
+                "ZQFR1PTIZXF2MXB8ZnKCvnnA+rI=",
+            ),
+            (
+                format!("{NODE} should validate urls with special characters"),
+                format!("{URI}&Body=It's+amazing"),
+                None,
+                PARAMS,
+                "TfZzewPq8wqrGlMfyAud8+/IvJ0=",
+            ),
+        ]
+    }
+
+    /// Whether the signature held: stored (`Ok`) or verified but not a status callback
+    /// (`Unparsable`, a 400) — never `Mismatch`/`Missing` (a 401).
+    fn check(
+        public_url: &str,
+        query: Option<&str>,
+        body: &[u8],
+        sig: &str,
+    ) -> Result<(), VerifyError> {
+        let h = vec![("x-twilio-signature".to_owned(), sig.to_owned())];
+        let v = Twilio::new(vec!["12345".into()], public_url).unwrap();
+        match v.verify(
+            &RawRequest {
+                headers: &h,
+                body,
+                query,
+            },
+            Utc::now(),
+        ) {
+            Ok(_) | Err(VerifyError::Unparsable(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    #[test]
+    fn published_vectors_of_twilios_validators() {
+        let failed: Vec<String> = published()
+            .into_iter()
+            .filter_map(|(origin, url, query, body, sig)| {
+                check(&url, query.as_deref(), body.as_bytes(), sig)
+                    .err()
+                    .map(|e| format!("{origin}: {e}"))
+            })
+            .collect();
+        assert!(failed.is_empty(), "refused: {failed:#?}");
+        // twilio-node "should fail when given the wrong signature", and "should fail validation
+        // if given body but no bodySHA256 param".
+        assert_eq!(
+            check(URI, None, PARAMS.as_bytes(), "WRONG_SIGNATURE"),
+            Err(VerifyError::Mismatch)
+        );
+        assert_eq!(
+            check(URI, None, BODY.as_bytes(), "RSOYDt4T1cUTdK1PDd93/VVr8B8="),
+            Err(VerifyError::Mismatch)
+        );
+    }
+
+    #[test]
+    fn repeated_names_sign_each_distinct_value_once_in_order() {
+        let p = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(
+            signed_params(&p(&[
+                ("Sid", "CA123"),
+                ("SidAccount", "AC123"),
+                ("Digits", "5678"),
+                ("Digits", "1234"),
+                ("Digits", "1234")
+            ])),
+            "Digits1234Digits5678SidCA123SidAccountAC123"
+        );
+        // A value repeated under another name is its own parameter.
+        assert_eq!(
+            signed_params(&p(&[("B", "x"), ("A", "x"), ("B", "x")])),
+            "AxBx"
+        );
+        assert_eq!(signed_params(&[]), "");
+        // The stored event keeps every value of an array parameter.
+        let f = form_fields(p(&[
+            ("To", "+1"),
+            ("MessagingBinding.Address", "+2"),
+            ("MessagingBinding.Address", "+3"),
+        ]));
+        assert_eq!(f["To"], "+1");
+        assert_eq!(
+            f["MessagingBinding.Address"],
+            serde_json::json!(["+2", "+3"])
+        );
+        // Tampering with one value of an array parameter breaks the signature.
+        assert_eq!(
+            check(
+                URI,
+                None,
+                b"MessagingBinding.Address=%2B1325xxxxxxx&MessagingBinding.Address=%2B1415xxxxxxy",
+                "83O6e2vORAoJHUNzJjDWN1jz+BA="
             ),
             Err(VerifyError::Mismatch)
         );
