@@ -74,7 +74,7 @@ async fn run(window: Duration) {
                 let body = format!(r#"{{"type":"email.delivered","created_at":"2026-11-30T10:00:00Z","data":{{"email_id":"em_{n}"}}}}"#)
                     .into_bytes();
                 let t = chrono::Utc::now().timestamp();
-                let sig = herald::channels::webhook::signing::SigningKey::parse(RESEND)
+                let sig = herald::crypto::signing::SigningKey::parse(RESEND)
                     .unwrap()
                     .sign(&id, t, &body);
                 (

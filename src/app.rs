@@ -11,7 +11,7 @@ use tokio::sync::{Notify, watch};
 use tracing::info;
 
 use crate::channels::email::EmailChannel;
-use crate::channels::webhook::signing::SigningKey;
+use crate::crypto::signing::SigningKey;
 use crate::channels::webhook::{WebhookChannel, WebhookTimeouts};
 use crate::clock::Clock;
 use crate::config::Settings;

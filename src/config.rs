@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::channels::webhook::signing::SigningKey;
+use crate::crypto::signing::SigningKey;
 use crate::ingest::Source;
 use crate::ingest::schemes::SourceConfig;
 use crate::secret::Secret;

@@ -9,6 +9,7 @@ pub mod app;
 pub mod channels;
 pub mod clock;
 pub mod config;
+pub mod crypto;
 pub mod domain;
 pub mod http;
 pub mod ingest;

@@ -51,10 +51,7 @@ impl SendReport {
     }
 }
 
-/// Installs ring as the process's rustls provider (once; later calls are no-ops).
-pub fn install_crypto_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
+pub use crate::crypto::install_crypto_provider;
 
 /// At most 200 characters, control characters dropped, anything that looks like an address or a
 /// long number masked: the excerpt explains an answer without storing what it may echo back.

@@ -2,7 +2,7 @@
 //! acknowledging, deduplicate, refuse what does not verify.
 
 use chrono::{TimeZone, Utc};
-use herald::channels::webhook::signing::SigningKey;
+use herald::crypto::signing::SigningKey;
 use serde_json::{Value, json};
 
 use crate::both_backends;

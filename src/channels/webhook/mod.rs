@@ -4,7 +4,7 @@
 //! (one `v1,` entry per key) and `Idempotency-Key: <event_id>`. The body sent is exactly the
 //! serialized `payload.body`. Redirects are not followed.
 
-pub mod signing;
+use crate::crypto::signing;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -19,8 +19,7 @@ use super::{SendReport, redact_excerpt};
 use crate::clock::Clock;
 use crate::config::{Endpoint, EndpointAuth};
 use crate::domain::{AttemptClass, InvalidField};
-use crate::sender::decide::{classify_http_status, honours_retry_after};
-use crate::sender::policy::parse_retry_after;
+use crate::domain::classify::{classify_http_status, honours_retry_after, parse_retry_after};
 use crate::storage::models::OutboxRow;
 
 /// Headers Herald sets itself; a message or endpoint may not override them.

@@ -59,7 +59,7 @@ impl HttpsCertStore {
 
 /// One blocking HTTPS GET (certificates, subscription confirmations): rare, cached, bounded.
 fn https_get(url: &str) -> Result<Vec<u8>, String> {
-    crate::channels::install_crypto_provider();
+    crate::crypto::install_crypto_provider();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-use crate::channels::webhook::signing::SigningKey;
+use crate::crypto::signing::SigningKey;
 use crate::ingest::{
     RawRequest, ReceiptEvent, Source, VerifyError, constant_time_eq, herald_event_id_in, iso_time,
     str_at, within,
