@@ -2,6 +2,7 @@
 
 mod support;
 
+mod binary;
 mod classification;
 mod concurrency;
 mod enqueue;
