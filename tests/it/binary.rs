@@ -1,5 +1,6 @@
 //! The real `herald` binary as a child process, configured only through `HERALD_*` environment
-//! variables as an operator would.
+//! variables as an operator would: start-up with SMTP, dependent defaults, and
+//! the one-line refusals of settings that cannot work.
 
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -119,6 +120,24 @@ impl Drop for Herald {
     }
 }
 
+/// Runs `herald serve` with `env`, expecting a refusal: returns the exit status and stderr.
+async fn refusal(env: &[(&str, &str)]) -> (ExitStatus, String) {
+    let mut h = Herald::spawn(&["serve"], env);
+    let status = h.wait_exit(EXIT_WITHIN).await;
+    (status, h.stderr())
+}
+
+/// One line `herald: …` naming `setting`, exit status 2, no backtrace even when asked for one.
+fn assert_one_line_refusal(status: ExitStatus, stderr: &str, setting: &str) {
+    assert_eq!(status.code(), Some(2), "{status}; stderr:\n{stderr}");
+    let text = stderr.trim_end();
+    assert!(!text.contains('\n'), "more than one line:\n{stderr}");
+    assert!(text.starts_with("herald: "), "{stderr}");
+    assert!(text.contains(setting), "does not name {setting}: {stderr}");
+    assert!(!text.contains("stack backtrace"), "{stderr}");
+    assert!(!text.contains("panicked"), "{stderr}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_with_smtp_delivers_and_stops_on_sigterm() {
     let sink = SmtpSink::start().await;
@@ -163,4 +182,32 @@ async fn serve_with_smtp_delivers_and_stops_on_sigterm() {
         !log.contains(token) && !log.contains("ada@example.com"),
         "{log}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_timeout_alone_starts() {
+    let listen = free_addr();
+    let mut herald = Herald::spawn(
+        &["serve"],
+        &[
+            ("HERALD_LISTEN", &listen),
+            ("HERALD_WEBHOOK_TIMEOUT_MS", "1500"),
+        ],
+    );
+    herald.wait_healthy(&format!("http://{listen}")).await;
+    let status = herald.terminate().await;
+    assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_explicit_connect_timeout_above_the_total_is_refused_in_one_line() {
+    let listen = free_addr();
+    let (status, stderr) = refusal(&[
+        ("HERALD_LISTEN", &listen),
+        ("HERALD_WEBHOOK_TIMEOUT_MS", "1000"),
+        ("HERALD_WEBHOOK_CONNECT_TIMEOUT_MS", "2000"),
+        ("RUST_BACKTRACE", "1"),
+    ])
+    .await;
+    assert_one_line_refusal(status, &stderr, "HERALD_WEBHOOK_CONNECT_TIMEOUT_MS");
 }
