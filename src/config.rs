@@ -232,6 +232,23 @@ impl Settings {
         Self::build(file, env)
     }
 
+    /// What `herald serve` refuses beyond [`Settings::load`]: without an API token `/v1/*` is
+    /// open, so it may only listen on a loopback address (other commands do not listen).
+    pub fn check_serve(&self) -> Result<(), ConfigError> {
+        if self.api_token.is_none() && !is_loopback_listen(&self.listen) {
+            return Err(invalid(
+                "listen",
+                format!(
+                    "{} is not a loopback address and no API token is set, so /v1/* would be \
+                     open to the network; set HERALD_API_TOKEN, or set HERALD_LISTEN to a \
+                     loopback address such as 127.0.0.1:8080",
+                    self.listen
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Settings from TOML text alone (tests, examples).
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         let file =
@@ -433,6 +450,17 @@ impl Settings {
             sources,
         })
     }
+}
+
+/// `127.0.0.0/8`, `[::1]` or `localhost` (which always resolves to loopback, RFC 6761), with a
+/// port. Anything else — `0.0.0.0`, a LAN address, another host name — is reachable from outside.
+fn is_loopback_listen(listen: &str) -> bool {
+    if let Ok(addr) = listen.parse::<std::net::SocketAddr>() {
+        return addr.ip().is_loopback();
+    }
+    listen
+        .rsplit_once(':')
+        .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost"))
 }
 
 /// The environment variable of a file key: `lease_seconds` → `HERALD_LEASE_SECONDS`.
@@ -735,6 +763,38 @@ mod tests {
         one_line(&err, "retry_cap_seconds", &[]);
         let err = build(&[("HERALD_WEBHOOK_TIMEOUT_MS", "0")]).unwrap_err();
         one_line(&err, "webhook_timeout_ms", &["HERALD_WEBHOOK_TIMEOUT_MS"]);
+    }
+
+    #[test]
+    fn without_a_token_serve_listens_only_on_loopback() {
+        for l in [
+            "127.0.0.1:8080",
+            "127.0.0.2:1",
+            "[::1]:8080",
+            "localhost:8080",
+        ] {
+            assert!(is_loopback_listen(l), "{l}");
+        }
+        for l in [
+            "0.0.0.0:8080",
+            "[::]:8080",
+            "10.1.2.3:80",
+            "herald.example:80",
+            "x",
+        ] {
+            assert!(!is_loopback_listen(l), "{l}");
+        }
+        let serve = |pairs: &[(&str, &str)]| {
+            Settings::build(FileConfig::default(), &env(pairs))
+                .unwrap()
+                .check_serve()
+        };
+        assert!(serve(&[]).is_ok());
+        let err = serve(&[("HERALD_LISTEN", "0.0.0.0:8080")]).unwrap_err();
+        let m = err.to_string();
+        assert!(m.starts_with("listen: 0.0.0.0:8080"), "{m}");
+        assert!(m.contains("HERALD_API_TOKEN") && !m.contains('\n'), "{m}");
+        assert!(serve(&[("HERALD_LISTEN", "0.0.0.0:8080"), ("HERALD_API_TOKEN", "t")]).is_ok());
     }
 
     #[test]

@@ -128,6 +128,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let settings = Settings::load(cli.config.as_deref()).context("invalid configuration")?;
     match cli.command {
         Command::Serve { no_migrate } => {
+            settings.check_serve().context("invalid configuration")?;
             // A multi-threaded runtime: the sender's sends use every core (the HTTP workers have
             // threads of their own). Herald is built inside it — its parts (the SMTP transport,
             // the HTTP client) may need a running reactor — and on the blocking pool, because

@@ -1,6 +1,6 @@
 //! The real `herald` binary as a child process, configured only through `HERALD_*` environment
-//! variables as an operator would: start-up with SMTP, dependent defaults, and
-//! the one-line refusals of settings that cannot work.
+//! variables as an operator would: start-up with SMTP, dependent defaults, and the one-line
+//! refusals of settings that cannot work.
 
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -210,4 +210,12 @@ async fn an_explicit_connect_timeout_above_the_total_is_refused_in_one_line() {
     ])
     .await;
     assert_one_line_refusal(status, &stderr, "HERALD_WEBHOOK_CONNECT_TIMEOUT_MS");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_loopback_listen_without_a_token_is_refused_in_one_line() {
+    let (status, stderr) =
+        refusal(&[("HERALD_LISTEN", "0.0.0.0:0"), ("RUST_BACKTRACE", "1")]).await;
+    assert_one_line_refusal(status, &stderr, "HERALD_API_TOKEN");
+    assert!(stderr.contains("HERALD_LISTEN"), "{stderr}");
 }
