@@ -11,4 +11,5 @@ mod http_api;
 mod ingest;
 mod lifecycle;
 mod migrations;
+mod smtp;
 mod sns;

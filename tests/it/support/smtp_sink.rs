@@ -1,8 +1,11 @@
 //! A small SMTP server on 127.0.0.1:0. It answers by recipient: `t451@…` gets 451 after DATA,
-//! `t550@…` 550, `stall@…` no answer after DATA, `drop@…` a closed connection after DATA;
+//! `t550@…` 550, `stall@…` no answer after DATA, `drop@…` a closed connection after DATA,
+//! `bye@…` 250 and then a closed connection (a server ending an idle session);
 //! a `MAIL FROM` of `drop-at-mail@…` closes the connection before the envelope; everyone else
 //! gets 250. Accepted messages are kept, and [`SmtpSink::wait_for_mail`] waits for them.
+//! [`SmtpSink::start_silent`] accepts TCP connections but never sends a greeting.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,11 +26,17 @@ pub struct SmtpSink {
     accepted: Arc<Mutex<Vec<Mail>>>,
     /// The number of accepted messages, for waiting on arrivals.
     count: watch::Receiver<usize>,
+    connections: Arc<AtomicUsize>,
 }
 
 impl SmtpSink {
     pub async fn start() -> Self {
         Self::start_mode(false).await
+    }
+
+    /// A server that accepts connections and reads what comes, but never greets.
+    pub async fn start_silent() -> Self {
+        Self::start_mode(true).await
     }
 
     async fn start_mode(silent: bool) -> Self {
@@ -37,8 +46,11 @@ impl SmtpSink {
         let (count_tx, count) = watch::channel(0usize);
         let count_tx = Arc::new(count_tx);
         let a = accepted.clone();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let c = connections.clone();
         tokio::spawn(async move {
             while let Ok((sock, _)) = listener.accept().await {
+                c.fetch_add(1, Ordering::SeqCst);
                 if silent {
                     tokio::spawn(silent_session(sock));
                 } else {
@@ -50,7 +62,13 @@ impl SmtpSink {
             url,
             accepted,
             count,
+            connections,
         }
+    }
+
+    /// TCP connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
     }
 
     pub fn accepted(&self) -> Vec<Mail> {
@@ -66,6 +84,14 @@ impl SmtpSink {
             .expect("the sink is running");
         self.accepted()
     }
+}
+
+/// `smtp://127.0.0.1:PORT` with nothing listening on PORT (connection refused).
+pub fn refused_url() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    drop(l);
+    format!("smtp://{addr}")
 }
 
 async fn silent_session(mut sock: TcpStream) {
@@ -137,8 +163,13 @@ async fn session(
             } else if first.contains("t550@") {
                 b"550 5.1.1 no such user\r\n"
             } else {
+                let bye = first.contains("bye@");
                 accepted.lock().unwrap().push(Mail { rcpt: first, data });
                 count.send_modify(|c| *c += 1);
+                if bye {
+                    let _ = w.write_all(b"250 2.0.0 queued as sink-1\r\n").await;
+                    return;
+                }
                 b"250 2.0.0 queued as sink-1\r\n"
             }
         } else if upper.starts_with("QUIT") {
