@@ -1,6 +1,8 @@
 # Herald: multi-stage build, runs as a non-root user.
 #   docker build -t herald .
-#   docker run --rm -p 8080:8080 -v herald-data:/data herald
+#   docker run --rm -p 8080:8080 -e HERALD_API_TOKEN=change-me -v herald-data:/data herald
+# It listens on 0.0.0.0:8080, so HERALD_API_TOKEN is required (herald serve refuses to open /v1/*
+# without a token on a non-loopback address).
 FROM rust:1.95-bookworm AS build
 RUN apt-get update && apt-get install -y --no-install-recommends libpq-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /src

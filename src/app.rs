@@ -174,6 +174,9 @@ impl Herald {
     /// Serves until SIGINT or SIGTERM: HTTP, the sender (unless disabled) and, on PostgreSQL, the
     /// LISTEN wake-up. Shutdown stops claiming, lets in-flight sends finish and flushes them.
     pub async fn serve(self) -> anyhow::Result<()> {
+        self.settings
+            .check_serve()
+            .context("invalid configuration")?;
         let listener = TcpListener::bind(&self.settings.listen)
             .with_context(|| format!("cannot listen on {}", self.settings.listen))?;
         let workers = std::thread::available_parallelism()
@@ -182,8 +185,9 @@ impl Herald {
         let server = self.http_server(listener, workers)?;
         let handle = server.handle();
         if self.settings.api_token.is_none() {
+            // Only on a loopback address (check_serve refuses the others).
             tracing::warn!(
-                "no api_token configured: /v1 is open to anyone who can reach {}",
+                "no api_token configured: /v1 is open to every local process that can reach {}",
                 self.settings.listen
             );
         }

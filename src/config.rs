@@ -232,6 +232,23 @@ impl Settings {
         Self::build(file, env)
     }
 
+    /// What `herald serve` refuses beyond [`Settings::load`]: without an API token `/v1/*` is
+    /// open, so it may only listen on a loopback address (other commands do not listen).
+    pub fn check_serve(&self) -> Result<(), ConfigError> {
+        if self.api_token.is_none() && !is_loopback_listen(&self.listen) {
+            return Err(invalid(
+                "listen",
+                format!(
+                    "{} is not a loopback address and no API token is set, so /v1/* would be \
+                     open to the network; set HERALD_API_TOKEN, or set HERALD_LISTEN to a \
+                     loopback address such as 127.0.0.1:8080",
+                    self.listen
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Settings from TOML text alone (tests, examples).
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         let file =
@@ -314,54 +331,23 @@ impl Settings {
         over!(message_id_domain, "HERALD_MESSAGE_ID_DOMAIN", string);
         over!(ingest_max_body_bytes, "HERALD_INGEST_MAX_BODY_BYTES", num);
 
-        let positive = |name: &str, v: u64| {
-            if v == 0 {
-                Err(invalid(name, "must be greater than 0"))
-            } else {
-                Ok(v)
-            }
-        };
+        let timings = Timings::resolve(
+            f.lease_seconds,
+            f.webhook_timeout_ms,
+            f.webhook_connect_timeout_ms,
+            f.smtp_timeout_ms,
+            f.smtp_url.is_some(),
+        )?;
         let poll_interval = Duration::from_millis(positive(
             "poll_interval_ms",
             f.poll_interval_ms.unwrap_or(1000),
         )?);
-        let lease = Duration::from_secs(positive("lease_seconds", f.lease_seconds.unwrap_or(60))?);
-        let webhook_timeout = Duration::from_millis(positive(
-            "webhook_timeout_ms",
-            f.webhook_timeout_ms.unwrap_or(15_000),
-        )?);
-        let webhook_connect_timeout = Duration::from_millis(positive(
-            "webhook_connect_timeout_ms",
-            f.webhook_connect_timeout_ms.unwrap_or(5_000),
-        )?);
-        let smtp_timeout = Duration::from_millis(positive(
-            "smtp_timeout_ms",
-            f.smtp_timeout_ms.unwrap_or(30_000),
-        )?);
-        if webhook_connect_timeout >= webhook_timeout {
-            // Otherwise a request still connecting when the total timeout fires would count as
-            // ambiguous (maybe sent) although it never left.
-            return Err(invalid(
-                "webhook_connect_timeout_ms",
-                "must be shorter than webhook_timeout_ms",
-            ));
-        }
-        // A lease must outlive the longest send, or a slow send would be claimed twice.
-        let longest_send = webhook_timeout.max(smtp_timeout);
-        if lease < longest_send + Duration::from_secs(5) {
-            return Err(invalid(
-                "lease_seconds",
-                format!(
-                    "must exceed the longest send timeout ({} ms) by at least 5 s",
-                    longest_send.as_millis()
-                ),
-            ));
-        }
 
+        let (retry_base, retry_cap) = retry_defaults(f.retry_base_seconds, f.retry_cap_seconds);
         let retry = RetryPolicy::new(
             f.retry_policy_name.unwrap_or_else(|| "default".into()),
-            f.retry_base_seconds.unwrap_or(5.0),
-            f.retry_cap_seconds.unwrap_or(21_600.0),
+            retry_base,
+            retry_cap,
             f.retry_max_attempts.unwrap_or(15),
             f.retry_after_max_seconds.unwrap_or(3_600.0),
             f.retry_jitter.unwrap_or(0.2),
@@ -441,9 +427,9 @@ impl Settings {
             webhook_secret,
             api_token: f.api_token,
             poll_interval,
-            lease,
-            webhook_timeout,
-            webhook_connect_timeout,
+            lease: timings.lease,
+            webhook_timeout: timings.webhook_timeout,
+            webhook_connect_timeout: timings.webhook_connect_timeout,
             retry,
             sender_batch_size,
             sender_concurrency,
@@ -451,7 +437,7 @@ impl Settings {
             listen_notify: f.listen_notify.unwrap_or(true),
             max_payload_bytes: f.max_payload_bytes.unwrap_or(256 * 1024),
             smtp_url: f.smtp_url,
-            smtp_timeout,
+            smtp_timeout: timings.smtp_timeout,
             mail_dir: f.mail_dir.unwrap_or_else(|| PathBuf::from("mail")),
             mail_from: f
                 .mail_from
@@ -463,6 +449,142 @@ impl Settings {
             ingest_max_body_bytes: f.ingest_max_body_bytes.unwrap_or(1024 * 1024),
             sources,
         })
+    }
+}
+
+/// `127.0.0.0/8`, `[::1]` or `localhost` (which always resolves to loopback, RFC 6761), with a
+/// port. Anything else — `0.0.0.0`, a LAN address, another host name — is reachable from outside.
+fn is_loopback_listen(listen: &str) -> bool {
+    if let Ok(addr) = listen.parse::<std::net::SocketAddr>() {
+        return addr.ip().is_loopback();
+    }
+    listen
+        .rsplit_once(':')
+        .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost"))
+}
+
+/// The environment variable of a file key: `lease_seconds` → `HERALD_LEASE_SECONDS`.
+fn env_name(key: &str) -> String {
+    format!("HERALD_{}", key.to_ascii_uppercase())
+}
+
+fn positive(name: &str, v: u64) -> Result<u64, ConfigError> {
+    if v == 0 {
+        Err(invalid(
+            name,
+            format!(
+                "must be greater than 0; set {} to a positive value",
+                env_name(name)
+            ),
+        ))
+    } else {
+        Ok(v)
+    }
+}
+
+/// Defaults of the send and lease timings.
+const DEFAULT_WEBHOOK_TIMEOUT_MS: u64 = 15_000;
+const DEFAULT_CONNECT_TIMEOUT_MS_MAX: u64 = 5_000;
+const DEFAULT_SMTP_TIMEOUT_MS: u64 = 30_000;
+const DEFAULT_LEASE_SECONDS: u64 = 60;
+/// How much longer than the longest send a lease lasts at least.
+const LEASE_MARGIN_MS: u64 = 5_000;
+
+/// The send timeouts and the lease, resolved together: a default that depends on another setting
+/// follows it, and only values set explicitly are refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Timings {
+    lease: Duration,
+    webhook_timeout: Duration,
+    webhook_connect_timeout: Duration,
+    smtp_timeout: Duration,
+}
+
+impl Timings {
+    /// - connect timeout: default `min(5000, webhook_timeout_ms / 2)`; an explicit value must be
+    ///   below `webhook_timeout_ms` (a request still connecting when the total fires would count
+    ///   as ambiguous although it never left).
+    /// - lease: default `max(60 s, longest send timeout + 5 s)`, where the longest send timeout
+    ///   counts `smtp_timeout_ms` only when SMTP is configured (`.eml` files have none); an
+    ///   explicit lease must exceed it by 5 s, or a slow send would be claimed twice.
+    fn resolve(
+        lease_seconds: Option<u64>,
+        webhook_timeout_ms: Option<u64>,
+        connect_timeout_ms: Option<u64>,
+        smtp_timeout_ms: Option<u64>,
+        smtp_configured: bool,
+    ) -> Result<Self, ConfigError> {
+        let total_ms = positive(
+            "webhook_timeout_ms",
+            webhook_timeout_ms.unwrap_or(DEFAULT_WEBHOOK_TIMEOUT_MS),
+        )?;
+        let default_connect_ms = (total_ms / 2).clamp(1, DEFAULT_CONNECT_TIMEOUT_MS_MAX);
+        let connect_ms = match connect_timeout_ms {
+            None => default_connect_ms,
+            Some(ms) => {
+                let ms = positive("webhook_connect_timeout_ms", ms)?;
+                if ms >= total_ms {
+                    return Err(invalid(
+                        "webhook_connect_timeout_ms",
+                        format!(
+                            "{ms} ms must be shorter than webhook_timeout_ms ({total_ms} ms); \
+                             set HERALD_WEBHOOK_CONNECT_TIMEOUT_MS below {total_ms} or unset it \
+                             (default min(5000, webhook_timeout_ms / 2) = {default_connect_ms})"
+                        ),
+                    ));
+                }
+                ms
+            }
+        };
+        let smtp_ms = positive(
+            "smtp_timeout_ms",
+            smtp_timeout_ms.unwrap_or(DEFAULT_SMTP_TIMEOUT_MS),
+        )?;
+        let (longest_key, longest_ms) = if smtp_configured && smtp_ms > total_ms {
+            ("smtp_timeout_ms", smtp_ms)
+        } else {
+            ("webhook_timeout_ms", total_ms)
+        };
+        let needed_s = (longest_ms + LEASE_MARGIN_MS).div_ceil(1000);
+        let lease_s = match lease_seconds {
+            None => DEFAULT_LEASE_SECONDS.max(needed_s),
+            Some(s) => {
+                let s = positive("lease_seconds", s)?;
+                if s.saturating_mul(1000) < longest_ms + LEASE_MARGIN_MS {
+                    return Err(invalid(
+                        "lease_seconds",
+                        format!(
+                            "{s} s must exceed the longest send timeout ({longest_key} = \
+                             {longest_ms} ms) by at least 5 s; set HERALD_LEASE_SECONDS to \
+                             {needed_s} or more, lower {}, or unset it (default \
+                             max(60, longest send timeout + 5 s))",
+                            env_name(longest_key)
+                        ),
+                    ));
+                }
+                s
+            }
+        };
+        Ok(Self {
+            lease: Duration::from_secs(lease_s),
+            webhook_timeout: Duration::from_millis(total_ms),
+            webhook_connect_timeout: Duration::from_millis(connect_ms),
+            smtp_timeout: Duration::from_millis(smtp_ms),
+        })
+    }
+}
+
+/// Backoff base and cap: each default follows the other setting when that one is set, so
+/// setting only one never makes `cap < base` (an explicit pair is still checked).
+fn retry_defaults(base: Option<f64>, cap: Option<f64>) -> (f64, f64) {
+    const BASE: f64 = 5.0;
+    const CAP: f64 = 21_600.0;
+    let usable = |v: f64| v.is_finite() && v > 0.0;
+    match (base, cap) {
+        (Some(b), Some(c)) => (b, c),
+        (Some(b), None) => (b, if usable(b) { CAP.max(b) } else { CAP }),
+        (None, Some(c)) => (if usable(c) { BASE.min(c) } else { BASE }, c),
+        (None, None) => (BASE, CAP),
     }
 }
 
@@ -543,6 +665,136 @@ mod tests {
         let err =
             Settings::load_from(None, &env(&[("HERALD_WEBHOOK_SECRET", "whsec_!!")])).unwrap_err();
         assert!(err.to_string().starts_with("webhook_secret"), "{err}");
+    }
+
+    #[test]
+    fn dependent_defaults_follow_the_settings_they_depend_on() {
+        let build = |pairs: &[(&str, &str)]| Settings::build(FileConfig::default(), &env(pairs));
+        let ms = Duration::from_millis;
+        // The connect timeout default is min(5 s, total / 2).
+        let s = build(&[("HERALD_WEBHOOK_TIMEOUT_MS", "1500")]).unwrap();
+        assert_eq!(
+            (s.webhook_timeout, s.webhook_connect_timeout),
+            (ms(1500), ms(750))
+        );
+        let s = build(&[]).unwrap();
+        assert_eq!(s.webhook_connect_timeout, ms(5000));
+        let s = build(&[("HERALD_WEBHOOK_TIMEOUT_MS", "1")]).unwrap();
+        assert_eq!(s.webhook_connect_timeout, ms(1));
+        // An explicit connect timeout below the total is kept.
+        let s = build(&[
+            ("HERALD_WEBHOOK_TIMEOUT_MS", "1500"),
+            ("HERALD_WEBHOOK_CONNECT_TIMEOUT_MS", "1400"),
+        ])
+        .unwrap();
+        assert_eq!(s.webhook_connect_timeout, ms(1400));
+        // The lease default is max(60 s, longest send + 5 s) ...
+        let s = build(&[("HERALD_WEBHOOK_TIMEOUT_MS", "120000")]).unwrap();
+        assert_eq!(s.lease, Duration::from_secs(125));
+        let s = build(&[("HERALD_WEBHOOK_TIMEOUT_MS", "55500")]).unwrap();
+        assert_eq!(s.lease, Duration::from_secs(61));
+        // ... where the SMTP timeout counts only when SMTP is configured.
+        let s = build(&[("HERALD_SMTP_TIMEOUT_MS", "90000")]).unwrap();
+        assert_eq!(s.lease, Duration::from_secs(60));
+        let s = build(&[("HERALD_LEASE_SECONDS", "25")]).unwrap();
+        assert_eq!(
+            s.lease,
+            Duration::from_secs(25),
+            "no SMTP: 15 s + 5 s is enough"
+        );
+        let smtp = ("HERALD_SMTP_URL", "smtp://127.0.0.1:2525");
+        let s = build(&[smtp, ("HERALD_SMTP_TIMEOUT_MS", "90000")]).unwrap();
+        assert_eq!(s.lease, Duration::from_secs(95));
+        let s = build(&[smtp]).unwrap();
+        assert_eq!(s.lease, Duration::from_secs(60));
+        // Backoff base and cap follow each other when only one is set.
+        let s = build(&[("HERALD_RETRY_CAP_SECONDS", "2")]).unwrap();
+        assert_eq!((s.retry.base, s.retry.cap), (ms(2000), ms(2000)));
+        let s = build(&[("HERALD_RETRY_BASE_SECONDS", "30000")]).unwrap();
+        assert_eq!(s.retry.cap, Duration::from_secs(30_000));
+        let s = build(&[]).unwrap();
+        assert_eq!(
+            (s.retry.base, s.retry.cap),
+            (Duration::from_secs(5), Duration::from_secs(21_600))
+        );
+    }
+
+    #[test]
+    fn explicit_values_that_cannot_work_are_refused_in_one_line() {
+        let build = |pairs: &[(&str, &str)]| Settings::build(FileConfig::default(), &env(pairs));
+        let one_line = |e: &ConfigError, starts: &str, names: &[&str]| {
+            let m = e.to_string();
+            assert!(m.starts_with(starts), "{m}");
+            assert!(!m.contains('\n'), "{m}");
+            for n in names {
+                assert!(m.contains(n), "{m} does not name {n}");
+            }
+        };
+        let err = build(&[
+            ("HERALD_WEBHOOK_TIMEOUT_MS", "1000"),
+            ("HERALD_WEBHOOK_CONNECT_TIMEOUT_MS", "2000"),
+        ])
+        .unwrap_err();
+        one_line(
+            &err,
+            "webhook_connect_timeout_ms",
+            &["HERALD_WEBHOOK_CONNECT_TIMEOUT_MS", "1000"],
+        );
+        let err = build(&[
+            ("HERALD_WEBHOOK_TIMEOUT_MS", "1000"),
+            ("HERALD_WEBHOOK_CONNECT_TIMEOUT_MS", "1000"),
+        ])
+        .unwrap_err();
+        one_line(&err, "webhook_connect_timeout_ms", &[]);
+        let smtp = ("HERALD_SMTP_URL", "smtp://127.0.0.1:2525");
+        let err = build(&[smtp, ("HERALD_LEASE_SECONDS", "30")]).unwrap_err();
+        one_line(
+            &err,
+            "lease_seconds",
+            &["smtp_timeout_ms", "HERALD_LEASE_SECONDS", "35"],
+        );
+        let err = build(&[("HERALD_LEASE_SECONDS", "19")]).unwrap_err();
+        one_line(&err, "lease_seconds", &["webhook_timeout_ms", "20"]);
+        let err = build(&[
+            ("HERALD_RETRY_BASE_SECONDS", "10"),
+            ("HERALD_RETRY_CAP_SECONDS", "5"),
+        ])
+        .unwrap_err();
+        one_line(&err, "retry_cap_seconds", &[]);
+        let err = build(&[("HERALD_WEBHOOK_TIMEOUT_MS", "0")]).unwrap_err();
+        one_line(&err, "webhook_timeout_ms", &["HERALD_WEBHOOK_TIMEOUT_MS"]);
+    }
+
+    #[test]
+    fn without_a_token_serve_listens_only_on_loopback() {
+        for l in [
+            "127.0.0.1:8080",
+            "127.0.0.2:1",
+            "[::1]:8080",
+            "localhost:8080",
+        ] {
+            assert!(is_loopback_listen(l), "{l}");
+        }
+        for l in [
+            "0.0.0.0:8080",
+            "[::]:8080",
+            "10.1.2.3:80",
+            "herald.example:80",
+            "x",
+        ] {
+            assert!(!is_loopback_listen(l), "{l}");
+        }
+        let serve = |pairs: &[(&str, &str)]| {
+            Settings::build(FileConfig::default(), &env(pairs))
+                .unwrap()
+                .check_serve()
+        };
+        assert!(serve(&[]).is_ok());
+        let err = serve(&[("HERALD_LISTEN", "0.0.0.0:8080")]).unwrap_err();
+        let m = err.to_string();
+        assert!(m.starts_with("listen: 0.0.0.0:8080"), "{m}");
+        assert!(m.contains("HERALD_API_TOKEN") && !m.contains('\n'), "{m}");
+        assert!(serve(&[("HERALD_LISTEN", "0.0.0.0:8080"), ("HERALD_API_TOKEN", "t")]).is_ok());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -9,7 +10,7 @@ use clap::{Parser, Subcommand};
 
 use herald::app::{Herald, open_db, webhook_secret};
 use herald::clock::SystemClock;
-use herald::config::Settings;
+use herald::config::{ConfigError, Settings};
 
 /// Herald: a webhook and email notification gateway built on the transactional outbox pattern.
 ///
@@ -71,8 +72,26 @@ enum Command {
     },
 }
 
-fn main() -> anyhow::Result<()> {
+/// Exit status of a refused configuration (a setting that cannot work as given).
+const EXIT_CONFIG: u8 = 2;
+
+fn main() -> ExitCode {
     let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            // One line, the whole cause chain, no backtrace: `herald: invalid configuration: …`.
+            eprintln!("herald: {e:#}");
+            if e.chain().any(|c| c.downcast_ref::<ConfigError>().is_some()) {
+                ExitCode::from(EXIT_CONFIG)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Command::VerifyReceipt {
         scheme,
         secrets,
@@ -99,25 +118,39 @@ fn main() -> anyhow::Result<()> {
             cert,
             *at,
         )?;
-        std::process::exit(if valid { 0 } else { 1 });
+        return Ok(if valid {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
     }
     herald::telemetry::init();
     let settings = Settings::load(cli.config.as_deref()).context("invalid configuration")?;
     match cli.command {
         Command::Serve { no_migrate } => {
-            let herald = Herald::build(settings, Arc::new(SystemClock), !no_migrate)?;
+            settings.check_serve().context("invalid configuration")?;
             // A multi-threaded runtime: the sender's sends use every core (the HTTP workers have
-            // threads of their own). Diesel is synchronous: database calls run on the blocking pool.
-            tokio::runtime::Builder::new_multi_thread()
+            // threads of their own). Herald is built inside it — its parts (the SMTP transport,
+            // the HTTP client) may need a running reactor — and on the blocking pool, because
+            // opening and migrating the database is synchronous, as every diesel call is.
+            let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
-                .context("cannot start the async runtime")?
-                .block_on(herald.serve())
+                .context("cannot start the async runtime")?;
+            runtime.block_on(async move {
+                let herald = tokio::task::spawn_blocking(move || {
+                    Herald::build(settings, Arc::new(SystemClock), !no_migrate)
+                })
+                .await
+                .context("start-up failed")??;
+                herald.serve().await
+            })?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Migrate => {
             open_db(&settings, true)?;
             println!("migrations applied");
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         Command::VerifyReceipt { .. } => unreachable!("handled before configuration is loaded"),
         Command::WebhookSecret => {
@@ -127,7 +160,7 @@ fn main() -> anyhow::Result<()> {
                     "HERALD_WEBHOOK_SECRET (or webhook_secret in the config file) is set; that value is used"
                 ),
             }
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

@@ -1,15 +1,28 @@
-//! The email channel: SMTP through lettre's pooled async transport, or — by default — a
-//! directory of `.eml` files. Every message has a deterministic `Message-ID` derived from the
-//! event id and an `X-Herald-Event-Id` header, so a receiver can drop duplicates.
+//! The email channel: SMTP over pooled lettre connections, or — by default — a directory of
+//! `.eml` files. Every message has a deterministic `Message-ID` derived from the event id and an
+//! `X-Herald-Event-Id` header, so a receiver can drop duplicates.
+//!
+//! An SMTP attempt knows how far it got ([`Stage`]): a failure while connecting (DNS, refused,
+//! TLS, greeting, EHLO, AUTH) or in the envelope (MAIL FROM, RCPT TO, DATA) is `not_sent` — the
+//! server cannot have accepted content it never received — and only a timeout or a lost
+//! connection once the content is on its way is `ambiguous`. The whole attempt, connecting
+//! included, is bounded by the SMTP timeout.
 
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use lettre::Message;
+use lettre::address::Envelope;
 use lettre::message::header::{HeaderName, HeaderValue};
 use lettre::message::{Mailbox, MultiPart, SinglePart};
-use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
+use lettre::transport::smtp::authentication::{Credentials, DEFAULT_MECHANISMS};
+use lettre::transport::smtp::client::{AsyncSmtpConnection, Tls, TlsParameters};
+use lettre::transport::smtp::commands::{Data, Mail, Rcpt};
+use lettre::transport::smtp::extension::{ClientId, Extension, MailBodyParameter, MailParameter};
+use lettre::transport::smtp::response::Response;
+use lettre::transport::smtp::{SMTP_PORT, SUBMISSION_PORT, SUBMISSIONS_PORT};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -199,15 +212,13 @@ pub fn build_message(
 pub enum EmailTransport {
     /// One `.eml` file per message, named after its Message-ID hash (a resend overwrites it).
     Directory(PathBuf),
-    Smtp(AsyncSmtpTransport<Tokio1Executor>),
+    Smtp(Arc<SmtpPool>),
 }
 
 /// Sends email. Cheap to clone.
 #[derive(Clone)]
 pub struct EmailChannel {
     transport: EmailTransport,
-    /// Bound on one whole SMTP send: lettre's own timeout does not cover every read.
-    timeout: Duration,
     from: Mailbox,
     domain: Arc<str>,
     clock: Arc<dyn Clock>,
@@ -215,7 +226,8 @@ pub struct EmailChannel {
 
 impl EmailChannel {
     /// `smtp_url`: `smtp://host:port` (plain), `smtp://…?tls=required`, `smtps://…`; `None`: the
-    /// `.eml` directory.
+    /// `.eml` directory. `timeout` bounds one whole SMTP attempt, connecting included. Needs no
+    /// async runtime: connections are opened by the first sends.
     pub fn new(
         smtp_url: Option<&str>,
         timeout: Duration,
@@ -226,19 +238,15 @@ impl EmailChannel {
     ) -> Result<Self, String> {
         super::install_crypto_provider();
         let transport = match smtp_url {
-            Some(url) => EmailTransport::Smtp(
-                AsyncSmtpTransport::<Tokio1Executor>::from_url(url)
-                    .map_err(|_| "smtp_url is not a valid smtp:// or smtps:// URL".to_owned())?
-                    .timeout(Some(timeout))
-                    .build(),
-            ),
+            Some(url) => {
+                EmailTransport::Smtp(Arc::new(SmtpPool::new(SmtpRelay::parse(url)?, timeout)))
+            }
             None => EmailTransport::Directory(mail_dir),
         };
         let from =
             Mailbox::from_str(from).map_err(|_| "mail_from must be an email address".to_owned())?;
         Ok(Self {
             transport,
-            timeout,
             from,
             domain: domain.into(),
             clock,
@@ -263,15 +271,9 @@ impl EmailChannel {
             EmailTransport::Directory(dir) => {
                 write_eml(dir, &row.event_id, &self.domain, &message.formatted(), now).await
             }
-            EmailTransport::Smtp(t) => {
-                match tokio::time::timeout(self.timeout, t.send(message)).await {
-                    Err(_) => SendReport::refused(
-                        AttemptClass::Ambiguous,
-                        "timeout",
-                        now,
-                        "no answer within the SMTP timeout",
-                    ),
-                    Ok(Ok(resp)) => {
+            EmailTransport::Smtp(pool) => {
+                match pool.send(message.envelope(), &message.formatted()).await {
+                    Ok(resp) => {
                         let code = smtp_code(&resp.code().to_string());
                         let mut r = SendReport::refused(
                             classify_smtp_code(code),
@@ -283,7 +285,7 @@ impl EmailChannel {
                         r.status = Some(code);
                         r
                     }
-                    Ok(Err(e)) => smtp_error_report(&e, now),
+                    Err(failure) => failure.report(now),
                 }
             }
         };
@@ -292,6 +294,329 @@ impl EmailChannel {
             now + chrono::Duration::from_std(started.elapsed()).unwrap_or_default();
         report
     }
+}
+
+/// The SMTP server as `smtp_url` names it (the same URL forms lettre's `from_url` accepts).
+struct SmtpRelay {
+    host: String,
+    port: u16,
+    tls: Tls,
+    hello: ClientId,
+    credentials: Option<Credentials>,
+}
+
+impl SmtpRelay {
+    /// `smtp://[user:pass@]host[:port][/ehlo-name][?tls=required|opportunistic]`,
+    /// `smtps://…`. The error never quotes the URL: it may carry a password.
+    fn parse(text: &str) -> Result<Self, String> {
+        let bad = || "smtp_url is not a valid smtp:// or smtps:// URL".to_owned();
+        let url = url::Url::parse(text).map_err(|_| bad())?;
+        let host = match url.host().ok_or_else(bad)? {
+            url::Host::Domain(d) => d.to_owned(),
+            url::Host::Ipv4(ip) => ip.to_string(),
+            url::Host::Ipv6(ip) => ip.to_string(),
+        };
+        let tls_param = url
+            .query_pairs()
+            .find(|(k, _)| k == "tls")
+            .map(|(_, v)| v.into_owned());
+        let params = || {
+            TlsParameters::new(host.clone())
+                .map_err(|_| "smtp_url: the host is not valid for TLS".to_owned())
+        };
+        let (default_port, tls) = match (url.scheme(), tls_param.as_deref()) {
+            ("smtp", None) => (SMTP_PORT, Tls::None),
+            ("smtp", Some("required")) => (SUBMISSION_PORT, Tls::Required(params()?)),
+            ("smtp", Some("opportunistic")) => (SUBMISSION_PORT, Tls::Opportunistic(params()?)),
+            ("smtps", _) => (SUBMISSIONS_PORT, Tls::Wrapper(params()?)),
+            _ => return Err(bad()),
+        };
+        let hello = match url.path().trim_matches('/') {
+            "" => ClientId::default(),
+            name => ClientId::Domain(name.to_owned()),
+        };
+        let credentials = match url.password() {
+            Some(password) => Some(Credentials::new(
+                percent_decode(url.username()).ok_or_else(bad)?,
+                percent_decode(password).ok_or_else(bad)?,
+            )),
+            None => None,
+        };
+        Ok(Self {
+            port: url.port().unwrap_or(default_port),
+            host,
+            tls,
+            hello,
+            credentials,
+        })
+    }
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// How far an SMTP attempt got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// TCP connect, TLS, greeting, EHLO, STARTTLS, AUTH, or the NOOP check of a pooled
+    /// connection: nothing of the message has left Herald.
+    Connect,
+    /// MAIL FROM, RCPT TO, DATA up to the server's 354: only the envelope has left, and a server
+    /// cannot accept a message whose content it has not received.
+    Envelope,
+    /// The content and its final dot are being written, or the final reply is awaited: the
+    /// server may have accepted the message.
+    Content,
+}
+
+/// Why an SMTP attempt did not end with a reply to the content.
+#[derive(Debug)]
+pub enum SmtpFailure {
+    /// The attempt's deadline (the SMTP timeout) passed at this stage.
+    Timeout(Stage),
+    /// lettre reported an error at this stage: a negative reply, or a network, TLS or protocol
+    /// failure.
+    Smtp(Stage, lettre::transport::smtp::Error),
+    /// The message needs an extension the server does not offer (8BITMIME, SMTPUTF8).
+    Unsupported(&'static str),
+}
+
+impl SmtpFailure {
+    /// The class and error kind: a reply code decides when there is one; otherwise the stage.
+    pub fn classify(&self) -> (AttemptClass, &'static str, Option<u16>) {
+        match self {
+            SmtpFailure::Smtp(_, e) if e.status().is_some() => {
+                let code = e.status().map(|c| smtp_code(&c.to_string())).unwrap_or(0);
+                (classify_smtp_code(code), "smtp_reply", Some(code))
+            }
+            SmtpFailure::Unsupported(_) => (AttemptClass::Permanent, "unsupported_by_server", None),
+            SmtpFailure::Timeout(Stage::Connect) => {
+                (AttemptClass::NotSent, "connect_timeout", None)
+            }
+            SmtpFailure::Smtp(Stage::Connect, e) if e.is_timeout() => {
+                (AttemptClass::NotSent, "connect_timeout", None)
+            }
+            SmtpFailure::Smtp(Stage::Connect, e) if e.is_tls() => {
+                (AttemptClass::NotSent, "tls", None)
+            }
+            SmtpFailure::Smtp(Stage::Connect, _) => (AttemptClass::NotSent, "connect", None),
+            SmtpFailure::Timeout(Stage::Envelope) => {
+                (AttemptClass::NotSent, "timeout_before_data", None)
+            }
+            SmtpFailure::Smtp(Stage::Envelope, _) => {
+                (AttemptClass::NotSent, "connection_lost_before_data", None)
+            }
+            SmtpFailure::Timeout(Stage::Content) => (AttemptClass::Ambiguous, "timeout", None),
+            SmtpFailure::Smtp(Stage::Content, _) => {
+                (AttemptClass::Ambiguous, "connection_lost", None)
+            }
+        }
+    }
+
+    fn report(&self, now: chrono::DateTime<chrono::Utc>) -> SendReport {
+        let (class, kind, status) = self.classify();
+        let detail = match self {
+            SmtpFailure::Timeout(stage) => format!("no answer within the SMTP timeout ({stage:?})"),
+            SmtpFailure::Smtp(_, e) => e.to_string(),
+            SmtpFailure::Unsupported(what) => (*what).to_owned(),
+        };
+        let mut r = SendReport::refused(class, kind, now, detail);
+        r.status = status;
+        r
+    }
+}
+
+/// Idle connections kept at most, and how long one may stay idle (lettre's pool defaults).
+const POOL_MAX_IDLE: usize = 10;
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Bound on the polite QUIT when a connection is retired.
+const QUIT_WITHIN: Duration = Duration::from_secs(5);
+
+/// Pooled SMTP connections to one relay: opened on demand, parked after a successful send,
+/// checked with NOOP before reuse, closed after a failure and retired after an idle minute.
+pub struct SmtpPool {
+    relay: SmtpRelay,
+    timeout: Duration,
+    idle: Mutex<Vec<(AsyncSmtpConnection, Instant)>>,
+}
+
+impl SmtpPool {
+    fn new(relay: SmtpRelay, timeout: Duration) -> Self {
+        Self {
+            relay,
+            timeout,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// One attempt, bounded by the SMTP timeout as a whole.
+    pub async fn send(&self, envelope: &Envelope, content: &[u8]) -> Result<Response, SmtpFailure> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut conn = self.checkout(deadline).await?;
+        let mut stage = Stage::Envelope;
+        let result =
+            tokio::time::timeout_at(deadline, transmit(&mut conn, envelope, content, &mut stage))
+                .await;
+        match result {
+            Ok(Ok(resp)) => {
+                self.checkin(conn);
+                Ok(resp)
+            }
+            // A failed dialogue is closed without QUIT: mid-content, a QUIT would be read as
+            // more of the message.
+            Ok(Err(e)) => {
+                drop(conn);
+                Err(e)
+            }
+            Err(_) => {
+                drop(conn);
+                Err(SmtpFailure::Timeout(stage))
+            }
+        }
+    }
+
+    /// A parked connection that answers NOOP, else a new one.
+    async fn checkout(
+        &self,
+        deadline: tokio::time::Instant,
+    ) -> Result<AsyncSmtpConnection, SmtpFailure> {
+        loop {
+            let parked = {
+                let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+                let (fresh, stale): (Vec<_>, Vec<_>) = idle
+                    .drain(..)
+                    .partition(|(_, since)| since.elapsed() < POOL_IDLE_TIMEOUT);
+                *idle = fresh;
+                for (conn, _) in stale {
+                    retire(conn);
+                }
+                idle.pop()
+            };
+            let Some((mut conn, _)) = parked else { break };
+            match tokio::time::timeout_at(deadline, conn.test_connected()).await {
+                Ok(true) => return Ok(conn),
+                // Closed by the server while parked: try the next one, or a new connection.
+                Ok(false) => drop(conn),
+                Err(_) => return Err(SmtpFailure::Timeout(Stage::Connect)),
+            }
+        }
+        match tokio::time::timeout_at(deadline, self.connect()).await {
+            Ok(Ok(conn)) => Ok(conn),
+            Ok(Err(e)) => Err(SmtpFailure::Smtp(Stage::Connect, e)),
+            Err(_) => Err(SmtpFailure::Timeout(Stage::Connect)),
+        }
+    }
+
+    /// TCP (and TLS for smtps), greeting, EHLO, STARTTLS when asked for, AUTH when configured.
+    async fn connect(&self) -> Result<AsyncSmtpConnection, lettre::transport::smtp::Error> {
+        let r = &self.relay;
+        let wrapper = match &r.tls {
+            Tls::Wrapper(p) => Some(p.clone()),
+            _ => None,
+        };
+        let mut conn = AsyncSmtpConnection::connect_tokio1(
+            (r.host.as_str(), r.port),
+            Some(self.timeout),
+            &r.hello,
+            wrapper,
+            None,
+        )
+        .await?;
+        match &r.tls {
+            Tls::Opportunistic(p) if conn.can_starttls() => {
+                conn.starttls(p.clone(), &r.hello).await?
+            }
+            Tls::Required(p) => conn.starttls(p.clone(), &r.hello).await?,
+            _ => {}
+        }
+        if let Some(c) = &r.credentials {
+            conn.auth(DEFAULT_MECHANISMS, c).await?;
+        }
+        Ok(conn)
+    }
+
+    fn checkin(&self, conn: AsyncSmtpConnection) {
+        if conn.has_broken() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < POOL_MAX_IDLE {
+            idle.push((conn, Instant::now()));
+        } else {
+            drop(idle);
+            retire(conn);
+        }
+    }
+}
+
+/// A healthy connection no longer needed (idle too long, or the pool is full): QUIT (bounded)
+/// and close, in the background.
+fn retire(mut conn: AsyncSmtpConnection) {
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        rt.spawn(async move {
+            let _ = tokio::time::timeout(QUIT_WITHIN, conn.abort()).await;
+        });
+    }
+}
+
+/// MAIL FROM, RCPT TO, DATA, then the content; `stage` says how far it got.
+async fn transmit(
+    conn: &mut AsyncSmtpConnection,
+    envelope: &Envelope,
+    content: &[u8],
+    stage: &mut Stage,
+) -> Result<Response, SmtpFailure> {
+    *stage = Stage::Envelope;
+    let envelope_err = |e| SmtpFailure::Smtp(Stage::Envelope, e);
+    let mut mail_options = Vec::new();
+    let non_ascii = envelope
+        .to()
+        .iter()
+        .chain(envelope.from())
+        .any(|a| !AsRef::<str>::as_ref(a).is_ascii());
+    if non_ascii {
+        if !conn.server_info().supports_feature(Extension::SmtpUtfEight) {
+            return Err(SmtpFailure::Unsupported(
+                "non-ASCII addresses need SMTPUTF8, which the server does not offer",
+            ));
+        }
+        mail_options.push(MailParameter::SmtpUtfEight);
+    }
+    if !content.is_ascii() {
+        if !conn.server_info().supports_feature(Extension::EightBitMime) {
+            return Err(SmtpFailure::Unsupported(
+                "8-bit content needs 8BITMIME, which the server does not offer",
+            ));
+        }
+        mail_options.push(MailParameter::Body(MailBodyParameter::EightBitMime));
+    }
+    conn.command(Mail::new(envelope.from().cloned(), mail_options))
+        .await
+        .map_err(envelope_err)?;
+    for to in envelope.to() {
+        conn.command(Rcpt::new(to.clone(), vec![]))
+            .await
+            .map_err(envelope_err)?;
+    }
+    conn.command(Data).await.map_err(envelope_err)?;
+    *stage = Stage::Content;
+    conn.message(content)
+        .await
+        .map_err(|e| SmtpFailure::Smtp(Stage::Content, e))
 }
 
 fn smtp_code(code: &str) -> u16 {
@@ -342,47 +667,6 @@ async fn write_eml(
     }
 }
 
-fn smtp_error_report(
-    e: &lettre::transport::smtp::Error,
-    now: chrono::DateTime<chrono::Utc>,
-) -> SendReport {
-    let code = e.status().map(|c| smtp_code(&c.to_string()));
-    let (class, kind) = if let Some(code) = code {
-        (classify_smtp_code(code), "smtp_reply")
-    } else if e.is_timeout() {
-        (AttemptClass::Ambiguous, "timeout")
-    } else if never_connected(e) {
-        (AttemptClass::NotSent, "connect")
-    } else if e.is_tls() {
-        (AttemptClass::NotSent, "tls")
-    } else {
-        // The connection broke somewhere in the dialogue: the message may have been accepted.
-        (AttemptClass::Ambiguous, "connection_lost")
-    };
-    let mut r = SendReport::refused(class, kind, now, e.to_string());
-    r.status = code;
-    r
-}
-
-fn never_connected(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = cur {
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            use std::io::ErrorKind::*;
-            return matches!(
-                io.kind(),
-                ConnectionRefused
-                    | AddrNotAvailable
-                    | HostUnreachable
-                    | NetworkUnreachable
-                    | NotFound
-            );
-        }
-        cur = err.source();
-    }
-    false
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -415,6 +699,59 @@ mod tests {
             )
             .is_ok()
         );
+    }
+
+    #[test]
+    fn only_a_failure_after_the_content_left_is_ambiguous() {
+        let class = |f: SmtpFailure| f.classify();
+        assert_eq!(
+            class(SmtpFailure::Timeout(Stage::Connect)),
+            (AttemptClass::NotSent, "connect_timeout", None)
+        );
+        assert_eq!(
+            class(SmtpFailure::Timeout(Stage::Envelope)),
+            (AttemptClass::NotSent, "timeout_before_data", None)
+        );
+        assert_eq!(
+            class(SmtpFailure::Timeout(Stage::Content)),
+            (AttemptClass::Ambiguous, "timeout", None)
+        );
+        assert_eq!(
+            class(SmtpFailure::Unsupported("8BITMIME")),
+            (AttemptClass::Permanent, "unsupported_by_server", None)
+        );
+    }
+
+    #[test]
+    fn smtp_urls_parse_like_lettre() {
+        super::super::install_crypto_provider();
+        let r = SmtpRelay::parse("smtp://127.0.0.1:2525").unwrap();
+        assert_eq!((r.host.as_str(), r.port), ("127.0.0.1", 2525));
+        assert!(matches!(r.tls, Tls::None) && r.credentials.is_none());
+        let r = SmtpRelay::parse("smtp://mail.example?tls=required").unwrap();
+        assert!(matches!(r.tls, Tls::Required(_)) && r.port == 587);
+        let r = SmtpRelay::parse("smtp://mail.example?tls=opportunistic").unwrap();
+        assert!(matches!(r.tls, Tls::Opportunistic(_)) && r.port == 587);
+        let r = SmtpRelay::parse("smtps://u%40x:p%2Fw@mail.example/herald.example").unwrap();
+        assert!(matches!(r.tls, Tls::Wrapper(_)) && r.port == 465);
+        assert!(r.credentials.is_some());
+        assert!(matches!(&r.hello, ClientId::Domain(d) if d == "herald.example"));
+        let r = SmtpRelay::parse("smtp://[::1]:25").unwrap();
+        assert_eq!(r.host, "::1");
+        assert_eq!(percent_decode("u%40x").as_deref(), Some("u@x"));
+        assert_eq!(percent_decode("bad%4"), None);
+        for bad in [
+            "http://mail.example",
+            "smtp://x?tls=maybe",
+            "smtp:///nohost",
+            "nope",
+        ] {
+            assert!(SmtpRelay::parse(bad).is_err(), "{bad}");
+        }
+        let err = SmtpRelay::parse("ftp://u:hunter2@mail.example")
+            .err()
+            .unwrap();
+        assert!(!err.contains("hunter2"), "{err}");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 mod support;
 
+mod binary;
 mod classification;
 mod concurrency;
 mod enqueue;
@@ -11,4 +12,5 @@ mod http_api;
 mod ingest;
 mod lifecycle;
 mod migrations;
+mod smtp;
 mod sns;

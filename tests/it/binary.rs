@@ -1,0 +1,221 @@
+//! The real `herald` binary as a child process, configured only through `HERALD_*` environment
+//! variables as an operator would: start-up with SMTP, dependent defaults, and the one-line
+//! refusals of settings that cannot work.
+
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::support::smtp_sink::SmtpSink;
+
+/// Generous bounds for a loaded machine; every wait below ends as soon as its condition holds.
+const START_WITHIN: Duration = Duration::from_secs(60);
+const EXIT_WITHIN: Duration = Duration::from_secs(30);
+
+/// A free loopback address (bound, read, released).
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+/// `herald ARGS` in its own temp directory (no `herald.toml`, `.eml` files stay inside), with no
+/// inherited `HERALD_*` variable, a SQLite database in that directory and `env` on top.
+struct Herald {
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Herald {
+    fn spawn(args: &[&str], env: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
+        for (k, _) in std::env::vars() {
+            if k.starts_with("HERALD_") || k == "RUST_LOG" {
+                cmd.env_remove(k);
+            }
+        }
+        let stderr = std::fs::File::create(dir.path().join("stderr")).unwrap();
+        cmd.args(args)
+            .current_dir(dir.path())
+            .env(
+                "HERALD_DATABASE_URL",
+                format!("sqlite://{}", dir.path().join("herald.db").display()),
+            )
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr);
+        let child = cmd.spawn().expect("spawn herald");
+        Herald { child, dir }
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stderr")).unwrap_or_default()
+    }
+
+    /// Polls `GET /healthz` until it answers 200; fails at once if the process exits.
+    async fn wait_healthy(&mut self, base: &str) {
+        herald::channels::install_crypto_provider();
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + START_WITHIN;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!(
+                    "herald exited during start-up ({status}); stderr:\n{}",
+                    self.stderr()
+                );
+            }
+            if let Ok(r) = http.get(format!("{base}/healthz")).send().await
+                && r.status() == 200
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "herald not healthy within {START_WITHIN:?}; stderr:\n{}",
+                self.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits (bounded) for the process to exit by itself; kills it and fails if it does not.
+    async fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "herald did not exit within {within:?}; stderr:\n{}",
+                    self.stderr()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGTERM, then the exit status (bounded).
+    async fn terminate(&mut self) -> ExitStatus {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -TERM failed");
+        self.wait_exit(EXIT_WITHIN).await
+    }
+}
+
+impl Drop for Herald {
+    fn drop(&mut self) {
+        // A failed assertion must not leave the child running.
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Runs `herald serve` with `env`, expecting a refusal: returns the exit status and stderr.
+async fn refusal(env: &[(&str, &str)]) -> (ExitStatus, String) {
+    let mut h = Herald::spawn(&["serve"], env);
+    let status = h.wait_exit(EXIT_WITHIN).await;
+    (status, h.stderr())
+}
+
+/// One line `herald: …` naming `setting`, exit status 2, no backtrace even when asked for one.
+fn assert_one_line_refusal(status: ExitStatus, stderr: &str, setting: &str) {
+    assert_eq!(status.code(), Some(2), "{status}; stderr:\n{stderr}");
+    let text = stderr.trim_end();
+    assert!(!text.contains('\n'), "more than one line:\n{stderr}");
+    assert!(text.starts_with("herald: "), "{stderr}");
+    assert!(text.contains(setting), "does not name {setting}: {stderr}");
+    assert!(!text.contains("stack backtrace"), "{stderr}");
+    assert!(!text.contains("panicked"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_with_smtp_delivers_and_stops_on_sigterm() {
+    let sink = SmtpSink::start().await;
+    let listen = free_addr();
+    let base = format!("http://{listen}");
+    let token = "tok-binary-test-7f3a";
+    let mut herald = Herald::spawn(
+        &["serve"],
+        &[
+            ("HERALD_LISTEN", &listen),
+            ("HERALD_SMTP_URL", &sink.url),
+            ("HERALD_API_TOKEN", token),
+            ("HERALD_POLL_INTERVAL_MS", "100"),
+        ],
+    );
+    herald.wait_healthy(&base).await;
+
+    let http = reqwest::Client::new();
+    let r = http
+        .post(format!("{base}/v1/messages"))
+        .bearer_auth(token)
+        .json(&json!({
+            "event_id": "bin-mail-1", "channel": "email", "destination": "ada@example.com",
+            "payload": {"subject": "From the binary", "text": "Hello from a child process"},
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap_or_default());
+    drop(http);
+
+    let mails = sink.wait_for_mail(1, Duration::from_secs(30)).await;
+    assert_eq!(mails[0].rcpt, "<ada@example.com>");
+    assert!(mails[0].data.contains("X-Herald-Event-Id: bin-mail-1"));
+
+    let status = herald.terminate().await;
+    let log = herald.stderr();
+    assert!(status.success(), "{status}; stderr:\n{log}");
+    assert!(!log.contains("panicked"), "{log}");
+    // Logs carry identifiers, never the token or the recipient's address.
+    assert!(
+        !log.contains(token) && !log.contains("ada@example.com"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_timeout_alone_starts() {
+    let listen = free_addr();
+    let mut herald = Herald::spawn(
+        &["serve"],
+        &[
+            ("HERALD_LISTEN", &listen),
+            ("HERALD_WEBHOOK_TIMEOUT_MS", "1500"),
+        ],
+    );
+    herald.wait_healthy(&format!("http://{listen}")).await;
+    let status = herald.terminate().await;
+    assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_explicit_connect_timeout_above_the_total_is_refused_in_one_line() {
+    let listen = free_addr();
+    let (status, stderr) = refusal(&[
+        ("HERALD_LISTEN", &listen),
+        ("HERALD_WEBHOOK_TIMEOUT_MS", "1000"),
+        ("HERALD_WEBHOOK_CONNECT_TIMEOUT_MS", "2000"),
+        ("RUST_BACKTRACE", "1"),
+    ])
+    .await;
+    assert_one_line_refusal(status, &stderr, "HERALD_WEBHOOK_CONNECT_TIMEOUT_MS");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_loopback_listen_without_a_token_is_refused_in_one_line() {
+    let (status, stderr) =
+        refusal(&[("HERALD_LISTEN", "0.0.0.0:0"), ("RUST_BACKTRACE", "1")]).await;
+    assert_one_line_refusal(status, &stderr, "HERALD_API_TOKEN");
+    assert!(stderr.contains("HERALD_LISTEN"), "{stderr}");
+}

@@ -1,0 +1,189 @@
+//! SMTP failures against real peers: a failure before the message content left Herald is
+//! `not_sent` (so `at_most_once` mail is retried, never left `unconfirmed`); a stall or drop after
+//! the content was sent is `ambiguous`.
+
+use serde_json::json;
+
+use crate::both_backends;
+use crate::support::app::spawn_app_with;
+use crate::support::smtp_sink::{SmtpSink, refused_url};
+use crate::support::{Backend, TestApp};
+
+async fn post_mail(app: &TestApp, id: &str, to: &str, from: Option<&str>, semantics: &str) {
+    let mut payload = json!({"subject": "Hi", "text": "Hello"});
+    if let Some(from) = from {
+        payload["from"] = json!(from);
+    }
+    let r = app
+        .post_message(json!({
+            "event_id": id, "channel": "email", "destination": to,
+            "semantics": semantics, "payload": payload,
+        }))
+        .await;
+    assert_eq!(r.status(), 201, "{id}");
+}
+
+/// State, the message's last_error_class, and the first attempt's class and error kind.
+async fn outcome(app: &TestApp, id: &str) -> (String, String, String, Option<String>) {
+    let view = app.message(id).await;
+    let a = &app.attempts(id)[0];
+    (
+        view["state"].as_str().unwrap_or_default().to_owned(),
+        view["last_error_class"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        a.class.clone(),
+        a.error_kind.clone(),
+    )
+}
+
+async fn smtp_connection_refused_is_not_sent(backend: Backend) {
+    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", refused_url())).await;
+    post_mail(&app, "refused-amo", "ada@example.com", None, "at_most_once").await;
+    post_mail(
+        &app,
+        "refused-alo",
+        "bob@example.com",
+        None,
+        "at_least_once",
+    )
+    .await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 2);
+    for id in ["refused-amo", "refused-alo"] {
+        let (state, last, class, kind) = outcome(&app, id).await;
+        assert_eq!(
+            (state.as_str(), last.as_str(), class.as_str()),
+            ("retryable", "not_sent", "not_sent"),
+            "{id}"
+        );
+        assert_eq!(kind.as_deref(), Some("connect"), "{id}");
+    }
+    app.stop().await;
+}
+
+async fn smtp_unresolvable_host_is_not_sent(backend: Backend) {
+    // `.invalid` never resolves (RFC 2606): a DNS failure, bounded by the SMTP timeout.
+    let app = spawn_app_with(
+        backend,
+        "smtp_url = \"smtp://herald-test.invalid:2525\"\nsmtp_timeout_ms = 1500\n",
+    )
+    .await;
+    post_mail(&app, "dns-amo", "ada@example.com", None, "at_most_once").await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    let (state, last, class, kind) = outcome(&app, "dns-amo").await;
+    assert_eq!(
+        (state.as_str(), last.as_str(), class.as_str()),
+        ("retryable", "not_sent", "not_sent")
+    );
+    // `connect` when the resolver answers, `connect_timeout` when it does not in time.
+    assert!(
+        matches!(kind.as_deref(), Some("connect" | "connect_timeout")),
+        "{kind:?}"
+    );
+    app.stop().await;
+}
+
+async fn smtp_server_that_never_greets_is_not_sent(backend: Backend) {
+    let sink = SmtpSink::start_silent().await;
+    let app = spawn_app_with(
+        backend,
+        &format!("smtp_url = \"{}\"\nsmtp_timeout_ms = 800\n", sink.url),
+    )
+    .await;
+    post_mail(&app, "silent-amo", "ada@example.com", None, "at_most_once").await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    let (state, last, class, kind) = outcome(&app, "silent-amo").await;
+    assert_eq!(
+        (state.as_str(), last.as_str(), class.as_str()),
+        ("retryable", "not_sent", "not_sent")
+    );
+    assert_eq!(kind.as_deref(), Some("connect_timeout"));
+    app.stop().await;
+}
+
+async fn smtp_drop_before_the_envelope_is_not_sent(backend: Backend) {
+    let sink = SmtpSink::start().await;
+    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    post_mail(
+        &app,
+        "mailfrom-drop",
+        "ada@example.com",
+        Some("drop-at-mail@example.com"),
+        "at_most_once",
+    )
+    .await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    let (state, last, class, _) = outcome(&app, "mailfrom-drop").await;
+    assert_eq!(
+        (state.as_str(), last.as_str(), class.as_str()),
+        ("retryable", "not_sent", "not_sent")
+    );
+    assert!(sink.accepted().is_empty());
+    app.stop().await;
+}
+
+async fn smtp_stall_or_drop_after_data_is_ambiguous(backend: Backend) {
+    let sink = SmtpSink::start().await;
+    let app = spawn_app_with(
+        backend,
+        &format!("smtp_url = \"{}\"\nsmtp_timeout_ms = 800\n", sink.url),
+    )
+    .await;
+    post_mail(&app, "drop-amo", "drop@example.com", None, "at_most_once").await;
+    post_mail(&app, "stall-amo", "stall@example.com", None, "at_most_once").await;
+    post_mail(
+        &app,
+        "stall-alo",
+        "stall@example.com",
+        None,
+        "at_least_once",
+    )
+    .await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 3);
+    let expect = [
+        ("drop-amo", "unconfirmed", "connection_lost"),
+        ("stall-amo", "unconfirmed", "timeout"),
+        ("stall-alo", "retryable", "timeout"),
+    ];
+    for (id, want_state, want_kind) in expect {
+        let (state, last, class, kind) = outcome(&app, id).await;
+        assert_eq!(
+            (state.as_str(), last.as_str(), class.as_str()),
+            (want_state, "ambiguous", "ambiguous"),
+            "{id}"
+        );
+        assert_eq!(kind.as_deref(), Some(want_kind), "{id}");
+    }
+    app.stop().await;
+}
+
+async fn smtp_connections_are_reused_and_a_closed_one_is_replaced(backend: Backend) {
+    let sink = SmtpSink::start().await;
+    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    // One at a time: the second send finds the first one's parked connection.
+    for (id, to) in [("pool-1", "ada@example.com"), ("pool-2", "bye@example.com")] {
+        post_mail(&app, id, to, None, "at_most_once").await;
+        assert_eq!(app.herald.sender.run_once().await.unwrap(), 1, "{id}");
+        assert_eq!(app.message(id).await["state"], "delivered", "{id}");
+    }
+    assert_eq!(sink.connections(), 1, "the parked connection was reused");
+    // The server closed that connection after pool-2: the NOOP check finds out, and a new
+    // connection carries the next message; nothing is misread as a failed send.
+    post_mail(&app, "pool-3", "bob@example.com", None, "at_most_once").await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    assert_eq!(app.message("pool-3").await["state"], "delivered");
+    assert_eq!(app.attempts("pool-3").len(), 1);
+    assert_eq!(sink.connections(), 2);
+    assert_eq!(sink.accepted().len(), 3);
+    app.stop().await;
+}
+
+both_backends!(
+    smtp_connection_refused_is_not_sent,
+    smtp_unresolvable_host_is_not_sent,
+    smtp_server_that_never_greets_is_not_sent,
+    smtp_drop_before_the_envelope_is_not_sent,
+    smtp_stall_or_drop_after_data_is_ambiguous,
+    smtp_connections_are_reused_and_a_closed_one_is_replaced,
+);
