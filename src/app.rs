@@ -11,10 +11,10 @@ use tokio::sync::{Notify, watch};
 use tracing::info;
 
 use crate::channels::email::EmailChannel;
-use crate::crypto::signing::SigningKey;
 use crate::channels::webhook::{WebhookChannel, WebhookTimeouts};
 use crate::clock::Clock;
 use crate::config::Settings;
+use crate::crypto::signing::SigningKey;
 use crate::http::{self, AppState};
 use crate::sender::{Sender, SenderConfig};
 use crate::storage::{Backend, Db, PoolOptions};

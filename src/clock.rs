@@ -18,8 +18,8 @@ pub trait Clock: Send + Sync + 'static {
     }
 
     /// "Now" for the storage layer: this reading and the shift.
-    fn storage_now(&self) -> crate::storage::models::Now {
-        crate::storage::models::Now {
+    fn storage_now(&self) -> Now {
+        Now {
             local: self.now(),
             shift: self.shift(),
         }
@@ -73,5 +73,24 @@ impl Clock for OffsetClock {
     /// Every move of this clock is deliberate: the database's time moves with it.
     fn shift(&self) -> chrono::Duration {
         self.now() - Utc::now()
+    }
+}
+
+/// "Now" for a statement that compares or sets lease and due times.
+///
+/// SQLite (one process) uses `local`, the process's clock. PostgreSQL, shared by several
+/// processes whose clocks may disagree, uses the database's own `now()` moved by `shift`: a
+/// process with a skewed clock can then neither claim early, steal a live lease, nor keep a dead
+/// one. `shift` is zero in production; tests move it to let time pass for everyone at once.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Now {
+    pub local: DateTime<Utc>,
+    pub shift: chrono::Duration,
+}
+
+impl Now {
+    /// The shift in microseconds, as the PostgreSQL statements take it.
+    pub fn shift_micros(&self) -> f64 {
+        self.shift.num_microseconds().unwrap_or(0) as f64
     }
 }

@@ -26,11 +26,10 @@ use lettre::transport::smtp::{SMTP_PORT, SUBMISSION_PORT, SUBMISSIONS_PORT};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::SendReport;
+use super::{Outgoing, SendReport};
 use crate::clock::Clock;
+use crate::domain::classify::classify_smtp_code;
 use crate::domain::{AttemptClass, InvalidField};
-use crate::sender::decide::classify_smtp_code;
-use crate::storage::models::OutboxRow;
 
 /// The recipient (`destination`) of an email: `a@b.example` or `Name <a@b.example>`.
 pub fn parse_recipient(destination: &str) -> Result<Mailbox, InvalidField> {
@@ -159,17 +158,17 @@ pub fn message_id(event_id: &str, domain: &str) -> String {
 
 /// Builds the RFC 5322 message for a claimed row.
 pub fn build_message(
-    row: &OutboxRow,
+    row: &Outgoing<'_>,
     default_from: &Mailbox,
     domain: &str,
 ) -> Result<Message, InvalidField> {
-    let p = EmailPayload::parse(&row.payload)?;
-    let to = parse_recipient(&row.destination)?;
+    let p = EmailPayload::parse(row.payload)?;
+    let to = parse_recipient(row.destination)?;
     let mut b = Message::builder()
         .from(p.from.clone().unwrap_or_else(|| default_from.clone()))
         .to(to)
         .subject(p.subject.clone())
-        .message_id(Some(message_id(&row.event_id, domain)));
+        .message_id(Some(message_id(row.event_id, domain)));
     for m in p.to {
         b = b.to(m);
     }
@@ -202,7 +201,7 @@ pub fn build_message(
         }
     }
     if let Ok(name) = HeaderName::new_from_ascii("X-Herald-Event-Id".to_owned()) {
-        headers.insert_raw(HeaderValue::new(name, row.event_id.clone()));
+        headers.insert_raw(HeaderValue::new(name, row.event_id.to_owned()));
     }
     Ok(message)
 }
@@ -253,7 +252,7 @@ impl EmailChannel {
         })
     }
 
-    pub async fn send(&self, row: &OutboxRow) -> SendReport {
+    pub async fn send(&self, row: &Outgoing<'_>) -> SendReport {
         let now = self.clock.now();
         let message = match build_message(row, &self.from, &self.domain) {
             Ok(m) => m,
@@ -269,7 +268,7 @@ impl EmailChannel {
         let started = std::time::Instant::now();
         let mut report = match &self.transport {
             EmailTransport::Directory(dir) => {
-                write_eml(dir, &row.event_id, &self.domain, &message.formatted(), now).await
+                write_eml(dir, row.event_id, &self.domain, &message.formatted(), now).await
             }
             EmailTransport::Smtp(pool) => {
                 match pool.send(message.envelope(), &message.formatted()).await {

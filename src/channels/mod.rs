@@ -10,6 +10,16 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::AttemptClass;
 
+/// A claimed message as a channel sends it: what goes out, nothing of how it is stored.
+#[derive(Debug, Clone, Copy)]
+pub struct Outgoing<'a> {
+    pub event_id: &'a str,
+    /// A URL or `endpoint:NAME` (webhook), or the recipient address (email).
+    pub destination: &'a str,
+    /// The message's payload as enqueued; each channel parses its own shape.
+    pub payload: &'a serde_json::Value,
+}
+
 /// What one send did, as the attempt row records it.
 #[derive(Debug, Clone)]
 pub struct SendReport {

@@ -15,8 +15,9 @@ use tokio::sync::Notify;
 
 use self::problem::Problem;
 use self::view::MessageView;
+use crate::channels::webhook::Endpoint;
 use crate::clock::Clock;
-use crate::config::{ConfiguredSource, Endpoint};
+use crate::config::ConfiguredSource;
 use crate::domain::{Channel, InvalidField, Semantics};
 use crate::ingest::RawRequest;
 use crate::outbox::{Limits, NewMessage};

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
+use crate::channels::webhook::Endpoint;
 use crate::channels::{email, webhook};
-use crate::config::Endpoint;
 use crate::domain::{Channel, EventId, Fingerprint, FingerprintInput, InvalidField, Semantics};
 use crate::storage::models::{NewOutboxRow, OutboxRow};
 use crate::storage::queries;

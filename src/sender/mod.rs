@@ -16,9 +16,9 @@ use rand::Rng;
 use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::channels::SendReport;
 use crate::channels::email::EmailChannel;
 use crate::channels::webhook::WebhookChannel;
+use crate::channels::{Outgoing, SendReport};
 use crate::clock::Clock;
 use crate::domain::{AttemptClass, Channel, Semantics};
 use crate::storage::models::{
@@ -164,9 +164,14 @@ impl Sender {
             provider_message_id: None,
             attempt: None,
         };
+        let outgoing = Outgoing {
+            event_id: &row.event_id,
+            destination: &row.destination,
+            payload: &row.payload,
+        };
         let report = match channel {
-            Ok(Channel::Webhook) => self.inner.webhook.send(&row).await,
-            Ok(Channel::Email) => self.inner.email.send(&row).await,
+            Ok(Channel::Webhook) => self.inner.webhook.send(&outgoing).await,
+            Ok(Channel::Email) => self.inner.email.send(&outgoing).await,
             Err(e) => SendReport::refused(
                 AttemptClass::Permanent,
                 "invalid_channel",

@@ -77,24 +77,7 @@ pub struct NewOutboxRow {
     pub now: DateTime<Utc>,
 }
 
-/// "Now" for a statement that compares or sets lease and due times.
-///
-/// SQLite (one process) uses `local`, the process's clock. PostgreSQL, shared by several
-/// processes whose clocks may disagree, uses the database's own `now()` moved by `shift`: a
-/// process with a skewed clock can then neither claim early, steal a live lease, nor keep a dead
-/// one. `shift` is zero in production; tests move it to let time pass for everyone at once.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Now {
-    pub local: DateTime<Utc>,
-    pub shift: chrono::Duration,
-}
-
-impl Now {
-    /// The shift in microseconds, as the PostgreSQL statements take it.
-    pub fn shift_micros(&self) -> f64 {
-        self.shift.num_microseconds().unwrap_or(0) as f64
-    }
-}
+pub use crate::clock::Now;
 
 /// What one attempt (or a send that was skipped) did to one claimed message.
 #[derive(Debug, Clone)]

@@ -4,6 +4,9 @@
 //! (one `v1,` entry per key) and `Idempotency-Key: <event_id>`. The body sent is exactly the
 //! serialized `payload.body`. Redirects are not followed.
 
+mod endpoint;
+
+pub use self::endpoint::{Endpoint, EndpointAuth, EndpointConfig};
 use crate::crypto::signing;
 
 use std::collections::BTreeMap;
@@ -15,12 +18,10 @@ use serde_json::Value;
 use url::Url;
 
 use self::signing::{SigningKey, signature_header};
-use super::{SendReport, redact_excerpt};
+use super::{Outgoing, SendReport, redact_excerpt};
 use crate::clock::Clock;
-use crate::config::{Endpoint, EndpointAuth};
-use crate::domain::{AttemptClass, InvalidField};
 use crate::domain::classify::{classify_http_status, honours_retry_after, parse_retry_after};
-use crate::storage::models::OutboxRow;
+use crate::domain::{AttemptClass, InvalidField};
 
 /// Headers Herald sets itself; a message or endpoint may not override them.
 const RESERVED_HEADERS: &[&str] = &[
@@ -198,9 +199,9 @@ impl WebhookChannel {
 
     /// Sends one claimed message and classifies the answer. Never fails: every way it can go is
     /// a [`SendReport`].
-    pub async fn send(&self, row: &OutboxRow) -> SendReport {
+    pub async fn send(&self, row: &Outgoing<'_>) -> SendReport {
         let now = self.clock.now();
-        let payload = match WebhookPayload::parse(&row.payload) {
+        let payload = match WebhookPayload::parse(row.payload) {
             Ok(p) => p,
             Err(e) => {
                 return SendReport::refused(
@@ -211,7 +212,7 @@ impl WebhookChannel {
                 );
             }
         };
-        let (url, keys, endpoint) = match WebhookTarget::parse(&row.destination) {
+        let (url, keys, endpoint) = match WebhookTarget::parse(row.destination) {
             Ok(WebhookTarget::Url(url)) => (url, self.default_keys.as_slice(), None),
             Ok(WebhookTarget::Endpoint(name)) => match self.endpoints.get(&name) {
                 Some(e) if e.keys.is_empty() => {
@@ -238,7 +239,7 @@ impl WebhookChannel {
         };
         let body = payload.body_bytes();
         let headers = match build_headers(
-            &row.event_id,
+            row.event_id,
             now.timestamp(),
             &body,
             keys,

@@ -1,0 +1,108 @@
+//! Named webhook endpoints (`[endpoints.NAME]`): their configuration as written, and the
+//! validated [`Endpoint`] the channel sends with. Validation lives here, next to the channel that
+//! uses it; `config` only reads the file and calls [`Endpoint::from_config`].
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use crate::crypto::signing::SigningKey;
+use crate::domain::InvalidField;
+use crate::secret::Secret;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointConfig {
+    pub url: String,
+    /// One `whsec_…` secret; `secrets` lists several (rotation: one signature each).
+    #[serde(default)]
+    pub secret: Option<Secret>,
+    #[serde(default)]
+    pub secrets: Vec<Secret>,
+    /// Static headers added to every request (after the message's own).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub auth: Option<EndpointAuth>,
+    /// JSON pointer into a 2xx response body naming the receiver's message id (e.g. `/id`).
+    #[serde(default)]
+    pub provider_message_id_pointer: Option<String>,
+    /// Event types this endpoint subscribes to (`destination = "type:EVENT.TYPE"`).
+    #[serde(default)]
+    pub event_types: Vec<String>,
+}
+
+/// Authentication sent to an endpoint.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum EndpointAuth {
+    Bearer(Secret),
+    Basic { username: String, password: Secret },
+}
+
+/// A validated `[endpoints.NAME]`. `Debug` shows the URL without its query and header names
+/// without values (both may carry credentials).
+#[derive(Clone)]
+pub struct Endpoint {
+    pub name: String,
+    pub url: url::Url,
+    pub keys: Vec<SigningKey>,
+    pub headers: Vec<(String, String)>,
+    pub auth: Option<EndpointAuth>,
+    pub provider_message_id_pointer: Option<String>,
+    pub event_types: Vec<String>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut url = self.url.clone();
+        url.set_query(None);
+        f.debug_struct("Endpoint")
+            .field("name", &self.name)
+            .field("url", &url.as_str())
+            .field("keys", &self.keys.len())
+            .field(
+                "headers",
+                &self.headers.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            )
+            .field("auth", &self.auth.as_ref().map(|_| "[redacted]"))
+            .finish()
+    }
+}
+
+impl Endpoint {
+    /// Validates `[endpoints.NAME]`; a refusal names the offending key (`endpoints.NAME.url` …).
+    pub fn from_config(name: String, e: EndpointConfig) -> Result<Self, InvalidField> {
+        let key = format!("endpoints.{name}");
+        let url = super::parse_webhook_url(&e.url)
+            .map_err(|m| InvalidField::new(format!("{key}.url"), m))?;
+        let mut keys = Vec::new();
+        for s in e.secret.iter().chain(e.secrets.iter()) {
+            keys.extend(
+                SigningKey::parse_list(s.expose())
+                    .map_err(|m| InvalidField::new(format!("{key}.secrets"), m))?,
+            );
+        }
+        if let Some(p) = &e.provider_message_id_pointer
+            && !(p.is_empty() || p.starts_with('/'))
+        {
+            return Err(InvalidField::new(
+                format!("{key}.provider_message_id_pointer"),
+                "must be a JSON pointer such as /id",
+            ));
+        }
+        for h in e.headers.keys() {
+            super::check_custom_header(h, "")
+                .map_err(|m| InvalidField::new(format!("{key}.headers"), m))?;
+        }
+        Ok(Endpoint {
+            name,
+            url,
+            keys,
+            headers: e.headers.into_iter().collect(),
+            auth: e.auth,
+            provider_message_id_pointer: e.provider_message_id_pointer,
+            event_types: e.event_types,
+        })
+    }
+}
