@@ -188,7 +188,7 @@ async fn cancel_message(
         tracing::info!(event_id = %row.event_id, "message canceled");
         return Ok(HttpResponse::Ok().json(MessageView::new(&row, state.default_max_attempts)));
     }
-    if row.state == "canceled" {
+    if row.state == crate::domain::State::Canceled {
         return Ok(HttpResponse::Ok().json(MessageView::new(&row, state.default_max_attempts)));
     }
     Err(Problem::new(

@@ -3,6 +3,7 @@
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 
+use crate::domain::{AttemptClass, Channel, Semantics, State};
 use crate::storage::models::OutboxRow;
 
 fn ts(t: &DateTime<Utc>) -> String {
@@ -13,12 +14,12 @@ fn ts(t: &DateTime<Utc>) -> String {
 #[derive(Debug, Serialize)]
 pub struct MessageView {
     pub event_id: String,
-    pub channel: String,
+    pub channel: Channel,
     pub destination: String,
-    pub state: String,
+    pub state: State,
     pub attempts: i32,
     pub max_attempts: i64,
-    pub semantics: String,
+    pub semantics: Semantics,
     pub retry_policy: String,
     /// The policy version it was enqueued under (set at the first claim for a plain SQL insert).
     pub retry_policy_version: Option<String>,
@@ -26,7 +27,7 @@ pub struct MessageView {
     pub scheduled_at: String,
     pub next_attempt_at: Option<String>,
     pub expires_at: Option<String>,
-    pub last_error_class: Option<String>,
+    pub last_error_class: Option<AttemptClass>,
     pub provider_message_id: Option<String>,
     pub delivery_status: Option<String>,
     pub delivery_status_at: Option<String>,
@@ -38,22 +39,22 @@ impl MessageView {
     pub fn new(row: &OutboxRow, default_max_attempts: u32) -> Self {
         Self {
             event_id: row.event_id.clone(),
-            channel: row.channel.clone(),
+            channel: row.channel,
             destination: row.destination.clone(),
-            state: row.state.clone(),
+            state: row.state,
             attempts: row.attempts,
             max_attempts: row
                 .max_attempts
                 .map(i64::from)
                 .unwrap_or(i64::from(default_max_attempts)),
-            semantics: row.semantics.clone(),
+            semantics: row.semantics,
             retry_policy: row.retry_policy.clone(),
             retry_policy_version: row.retry_policy_version.clone(),
             fingerprint: row.request_fingerprint.clone(),
             scheduled_at: ts(&row.scheduled_at),
             next_attempt_at: row.next_attempt_at.as_ref().map(ts),
             expires_at: row.expires_at.as_ref().map(ts),
-            last_error_class: row.last_error_class.clone(),
+            last_error_class: row.last_error_class,
             provider_message_id: row.provider_message_id.clone(),
             delivery_status: row.delivery_status.clone(),
             delivery_status_at: row.delivery_status_at.as_ref().map(ts),

@@ -161,14 +161,14 @@ impl NewMessage {
         );
         Ok(NewOutboxRow {
             event_id: event_id.as_str().to_owned(),
-            channel: self.channel.as_str().to_owned(),
+            channel: self.channel,
             destination: self.destination.clone(),
             payload: self.payload.clone(),
             scheduled_at: trunc(scheduled_at),
             max_attempts: self.max_attempts.map(|n| n as i32),
             retry_policy: limits.retry_policy.clone(),
             retry_policy_version: limits.retry_policy_version.clone(),
-            semantics: self.semantics.as_str().to_owned(),
+            semantics: self.semantics,
             expires_at: self.expires_at.map(trunc),
             request_fingerprint: fingerprint.map(|f| f.as_str().to_owned()),
             now,

@@ -16,11 +16,11 @@ use rand::Rng;
 use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use crate::channels::Outgoing;
 use crate::channels::email::EmailChannel;
 use crate::channels::webhook::WebhookChannel;
-use crate::channels::{Outgoing, SendReport};
 use crate::clock::Clock;
-use crate::domain::{AttemptClass, Channel, Semantics};
+use crate::domain::{AttemptClass, Channel, State};
 use crate::storage::models::{
     Applied, LeaseDecision, LeaseSweep, NewAttempt, OutboxRow, OutcomeRecord,
 };
@@ -143,20 +143,19 @@ impl Sender {
     async fn process_inner(&self, row: OutboxRow) -> OutcomeRecord {
         let now = self.inner.clock.now();
         let policy = &self.inner.config.policy;
-        let channel = Channel::parse(&row.channel);
-        let fingerprint = channel
-            .as_ref()
-            .ok()
-            .and_then(|&c| {
-                crate::outbox::fingerprint_of(c, &row.destination, &row.event_id, &row.payload)
-            })
-            .map(|f| f.as_str().to_owned());
+        let fingerprint = crate::outbox::fingerprint_of(
+            row.channel,
+            &row.destination,
+            &row.event_id,
+            &row.payload,
+        )
+        .map(|f| f.as_str().to_owned());
         let base = OutcomeRecord {
             message_id: row.id,
             event_id: row.event_id.clone(),
             claimed_attempt: row.attempts,
             attempts_after: row.attempts,
-            state: String::new(),
+            state: State::Sending,
             next_attempt_at: None,
             retry_delay_ms: None,
             error_class: None,
@@ -169,18 +168,11 @@ impl Sender {
             destination: &row.destination,
             payload: &row.payload,
         };
-        let report = match channel {
-            Ok(Channel::Webhook) => self.inner.webhook.send(&outgoing).await,
-            Ok(Channel::Email) => self.inner.email.send(&outgoing).await,
-            Err(e) => SendReport::refused(
-                AttemptClass::Permanent,
-                "invalid_channel",
-                now,
-                e.to_string(),
-            ),
+        let report = match row.channel {
+            Channel::Webhook => self.inner.webhook.send(&outgoing).await,
+            Channel::Email => self.inner.email.send(&outgoing).await,
         };
-        // A message whose stored semantics is not valid is treated as the safer at_most_once.
-        let semantics = Semantics::parse(&row.semantics).unwrap_or(Semantics::AtMostOnce);
+        let semantics = row.semantics;
         let max_attempts = row
             .max_attempts
             .and_then(|n| u32::try_from(n).ok())
@@ -202,10 +194,10 @@ impl Sender {
             "attempt classified"
         );
         OutcomeRecord {
-            state: decision.state.as_str().into(),
+            state: decision.state,
             next_attempt_at: decision.next_attempt_at,
             retry_delay_ms: decision.delay.map(|d| d.as_millis() as i64),
-            error_class: decision.error_class.map(|c| c.as_str().into()),
+            error_class: decision.error_class,
             provider_message_id: report.provider_message_id.clone(),
             attempt: Some(NewAttempt {
                 started_at: report.started_at,
@@ -213,7 +205,7 @@ impl Sender {
                 duration_ms: (report.finished_at - report.started_at).num_milliseconds(),
                 response_status: report.status.map(i32::from),
                 error_kind: report.error_kind,
-                class: report.class.as_str().into(),
+                class: report.class,
                 retry_after: report.retry_after_raw,
                 delay_ms: decision.delay.map(|d| d.as_millis() as i64),
                 delay_reason: Some(decision.reason),
@@ -446,12 +438,12 @@ pub fn lease_expired_decision(
             .max_attempts
             .and_then(|n| u32::try_from(n).ok())
             .unwrap_or(policy.max_attempts),
-        semantics: Semantics::parse(&row.semantics).unwrap_or(Semantics::AtMostOnce),
+        semantics: row.semantics,
     };
     let d = decide(facts, policy, at, rand::rng().random());
     LeaseDecision {
-        state: d.state.as_str().into(),
-        error_class: d.error_class.map(|c| c.as_str().into()),
+        state: d.state,
+        error_class: d.error_class,
         delay_ms: d.delay.map(|d| d.as_millis() as i64),
         reason: d.reason,
         policy_version: policy.version.clone(),

@@ -5,27 +5,29 @@ use chrono::{DateTime, Utc};
 use diesel::Queryable;
 use serde::Serialize;
 
+use crate::domain::{AttemptClass, Channel, Semantics, State};
+
 /// One `herald_outbox` row.
 #[derive(Debug, Clone, PartialEq, Queryable)]
 pub struct OutboxRow {
     pub id: i64,
     pub event_id: String,
-    pub channel: String,
+    pub channel: Channel,
     pub destination: String,
     pub payload: serde_json::Value,
-    pub state: String,
+    pub state: State,
     pub scheduled_at: DateTime<Utc>,
     pub next_attempt_at: Option<DateTime<Utc>>,
     pub attempts: i32,
     pub max_attempts: Option<i32>,
     pub retry_policy: String,
-    pub semantics: String,
+    pub semantics: Semantics,
     pub expires_at: Option<DateTime<Utc>>,
     pub lease_until: Option<DateTime<Utc>>,
     pub lease_owner: Option<String>,
     pub request_fingerprint: Option<String>,
     pub provider_message_id: Option<String>,
-    pub last_error_class: Option<String>,
+    pub last_error_class: Option<AttemptClass>,
     pub delivery_status: Option<String>,
     pub delivery_status_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
@@ -48,7 +50,7 @@ pub struct AttemptRow {
     pub request_fingerprint: Option<String>,
     pub response_status: Option<i32>,
     pub error_kind: Option<String>,
-    pub class: String,
+    pub class: AttemptClass,
     pub retry_after: Option<String>,
     pub delay_ms: Option<i64>,
     pub delay_reason: Option<String>,
@@ -56,6 +58,7 @@ pub struct AttemptRow {
     pub provider_message_id: Option<String>,
     pub response_excerpt: Option<String>,
     pub lease_owner: Option<String>,
+    /// The state the attempt led to, or `lease_lost` when the fence refused its outcome.
     pub next_state: String,
 }
 
@@ -63,7 +66,7 @@ pub struct AttemptRow {
 #[derive(Debug, Clone)]
 pub struct NewOutboxRow {
     pub event_id: String,
-    pub channel: String,
+    pub channel: Channel,
     pub destination: String,
     pub payload: serde_json::Value,
     pub scheduled_at: DateTime<Utc>,
@@ -71,7 +74,7 @@ pub struct NewOutboxRow {
     pub retry_policy: String,
     /// `None` from the library (the first claim fills in the version in force then).
     pub retry_policy_version: Option<String>,
-    pub semantics: String,
+    pub semantics: Semantics,
     pub expires_at: Option<DateTime<Utc>>,
     pub request_fingerprint: Option<String>,
     pub now: DateTime<Utc>,
@@ -88,12 +91,12 @@ pub struct OutcomeRecord {
     pub claimed_attempt: i32,
     /// `attempts` to store: the claimed number, or one less when no request was made.
     pub attempts_after: i32,
-    pub state: String,
+    pub state: State,
     /// When to try again, by the process's clock (SQLite stores this).
     pub next_attempt_at: Option<DateTime<Utc>>,
     /// The same as a delay from "now" (PostgreSQL adds it to the database's clock).
     pub retry_delay_ms: Option<i64>,
-    pub error_class: Option<String>,
+    pub error_class: Option<AttemptClass>,
     pub request_fingerprint: Option<String>,
     pub provider_message_id: Option<String>,
     /// `None` when no request was made (expired before sending): no attempt row.
@@ -108,7 +111,7 @@ pub struct NewAttempt {
     pub duration_ms: i64,
     pub response_status: Option<i32>,
     pub error_kind: Option<String>,
-    pub class: String,
+    pub class: AttemptClass,
     pub retry_after: Option<String>,
     pub delay_ms: Option<i64>,
     pub delay_reason: Option<String>,
@@ -131,9 +134,9 @@ pub enum Applied {
 
 impl Applied {
     /// What the attempt row records as the state the outcome led to.
-    pub fn next_state<'a>(&self, decided: &'a str) -> &'a str {
+    pub fn next_state(&self, decided: State) -> &'static str {
         match self {
-            Applied::Yes | Applied::Settled => decided,
+            Applied::Yes | Applied::Settled => decided.as_str(),
             Applied::LeaseLost => "lease_lost",
         }
     }
@@ -143,8 +146,8 @@ impl Applied {
 /// writes it).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LeaseDecision {
-    pub state: String,
-    pub error_class: Option<String>,
+    pub state: State,
+    pub error_class: Option<AttemptClass>,
     /// From the sweep's "now"; `None` for a final state.
     pub delay_ms: Option<i64>,
     pub reason: String,
@@ -165,10 +168,10 @@ impl LeaseSweep {
     }
 
     /// Counts one row moved to `state`.
-    pub fn count(&mut self, state: &str) {
+    pub fn count(&mut self, state: State) {
         match state {
-            "unconfirmed" => self.to_unconfirmed += 1,
-            "dead_letter" => self.to_dead_letter += 1,
+            State::Unconfirmed => self.to_unconfirmed += 1,
+            State::DeadLetter => self.to_dead_letter += 1,
             _ => self.to_retryable += 1,
         }
     }
@@ -184,10 +187,10 @@ impl OutcomeRecord {
             event_id: row.event_id.clone(),
             claimed_attempt: row.attempts,
             attempts_after: row.attempts,
-            state: d.state.clone(),
+            state: d.state,
             next_attempt_at: d.delay_ms.map(|ms| at + chrono::Duration::milliseconds(ms)),
             retry_delay_ms: d.delay_ms,
-            error_class: d.error_class.clone(),
+            error_class: d.error_class,
             request_fingerprint: row.request_fingerprint.clone(),
             provider_message_id: None,
             attempt: Some(NewAttempt {
@@ -197,7 +200,7 @@ impl OutcomeRecord {
                 duration_ms: (at - row.updated_at).num_milliseconds().max(0),
                 response_status: None,
                 error_kind: Some("lease_expired".into()),
-                class: "ambiguous".into(),
+                class: AttemptClass::Ambiguous,
                 retry_after: None,
                 delay_ms: d.delay_ms,
                 delay_reason: Some(format!(

@@ -4,6 +4,8 @@
 use chrono::{DateTime, Utc};
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 
+use crate::domain::State;
+
 use super::models::{
     Applied, LeaseDecision, LeaseSweep, NewOutboxRow, NewReceipt, Now, OutboxRow, OutcomeRecord,
     ReceiptRow,
@@ -158,7 +160,7 @@ fn pg_expired_leases(
     use super::schema_pg::herald_outbox as o;
     use diesel::prelude::*;
     o::table
-        .filter(o::state.eq("sending"))
+        .filter(o::state.eq(State::Sending))
         .filter(o::lease_until.lt(at))
         .order(o::id)
         .limit(SWEEP_BATCH)
@@ -175,7 +177,7 @@ fn sqlite_expired_leases(
     use super::schema_sqlite::herald_outbox as o;
     use diesel::prelude::*;
     o::table
-        .filter(o::state.eq("sending"))
+        .filter(o::state.eq(State::Sending))
         .filter(o::lease_until.lt(at))
         .order(o::id)
         .limit(SWEEP_BATCH)
@@ -189,6 +191,7 @@ macro_rules! backend_queries {
             use diesel::prelude::*;
 
             use super::coalesce_text;
+            use crate::domain::{AttemptClass, Semantics, State};
             use crate::storage::models::*;
             use crate::storage::$schema::{
                 herald_attempts as a, herald_outbox as o, herald_receipts as r,
@@ -202,7 +205,7 @@ macro_rules! backend_queries {
                 diesel::insert_into(o::table)
                     .values((
                         o::event_id.eq(&m.event_id),
-                        o::channel.eq(&m.channel),
+                        o::channel.eq(m.channel),
                         o::destination.eq(&m.destination),
                         o::payload.eq(&m.payload),
                         o::scheduled_at.eq(m.scheduled_at),
@@ -210,7 +213,7 @@ macro_rules! backend_queries {
                         o::max_attempts.eq(m.max_attempts),
                         o::retry_policy.eq(&m.retry_policy),
                         o::retry_policy_version.eq(&m.retry_policy_version),
-                        o::semantics.eq(&m.semantics),
+                        o::semantics.eq(m.semantics),
                         o::expires_at.eq(m.expires_at),
                         o::request_fingerprint.eq(&m.request_fingerprint),
                         o::created_at.eq(m.now),
@@ -256,10 +259,10 @@ macro_rules! backend_queries {
                 let n = diesel::update(
                     o::table
                         .filter(o::event_id.eq(event_id))
-                        .filter(o::state.eq_any(["scheduled", "retryable"])),
+                        .filter(o::state.eq_any([State::Scheduled, State::Retryable])),
                 )
                 .set((
-                    o::state.eq("canceled"),
+                    o::state.eq(State::Canceled),
                     o::next_attempt_at.eq(None::<DateTime<Utc>>),
                     o::updated_at.eq(now),
                 ))
@@ -282,7 +285,7 @@ macro_rules! backend_queries {
                     return Ok((Vec::new(), 0));
                 }
                 let mut rows = find_by_ids(conn, &ids)?;
-                rows.retain(|r| r.state == "sending");
+                rows.retain(|r| r.state == State::Sending);
                 let expired = ids.len() - rows.len();
                 Ok((rows, expired))
             }
@@ -301,7 +304,7 @@ macro_rules! backend_queries {
                 let mut applied = $update_outcomes(conn, owner, now, at, outcomes)?;
                 for (a, x) in applied.iter_mut().zip(outcomes) {
                     if *a == Applied::LeaseLost
-                        && x.state == "delivered"
+                        && x.state == State::Delivered
                         && settle_late(conn, at, x)?
                     {
                         *a = Applied::Settled;
@@ -322,14 +325,14 @@ macro_rules! backend_queries {
                 let n = diesel::update(
                     o::table
                         .filter(o::id.eq(x.message_id))
-                        .filter(o::state.eq("unconfirmed"))
-                        .filter(o::semantics.eq("at_most_once"))
+                        .filter(o::state.eq(State::Unconfirmed))
+                        .filter(o::semantics.eq(Semantics::AtMostOnce))
                         .filter(o::attempts.eq(x.claimed_attempt))
                         .filter(o::lease_owner.is_null()),
                 )
                 .set((
-                    o::state.eq("delivered"),
-                    o::last_error_class.eq(None::<String>),
+                    o::state.eq(State::Delivered),
+                    o::last_error_class.eq(None::<AttemptClass>),
                     o::next_attempt_at.eq(None::<DateTime<Utc>>),
                     o::provider_message_id.eq(coalesce_text(
                         x.provider_message_id.as_deref(),
@@ -355,17 +358,17 @@ macro_rules! backend_queries {
                     let n = diesel::update(
                         o::table
                             .filter(o::id.eq(x.message_id))
-                            .filter(o::state.eq("sending"))
+                            .filter(o::state.eq(State::Sending))
                             .filter(o::lease_owner.eq(owner))
                             .filter(o::attempts.eq(x.claimed_attempt)),
                     )
                     .set((
-                        o::state.eq(&x.state),
+                        o::state.eq(x.state),
                         o::attempts.eq(x.attempts_after),
                         o::next_attempt_at.eq(x.next_attempt_at),
                         o::lease_owner.eq(None::<String>),
                         o::lease_until.eq(None::<DateTime<Utc>>),
-                        o::last_error_class.eq(&x.error_class),
+                        o::last_error_class.eq(x.error_class),
                         o::provider_message_id.eq(coalesce_text(
                             x.provider_message_id.as_deref(),
                             o::provider_message_id,
@@ -407,7 +410,7 @@ macro_rules! backend_queries {
                             a::request_fingerprint.eq(&x.request_fingerprint),
                             a::response_status.eq(t.response_status),
                             a::error_kind.eq(&t.error_kind),
-                            a::class.eq(&t.class),
+                            a::class.eq(t.class),
                             a::retry_after.eq(&t.retry_after),
                             a::delay_ms.eq(t.delay_ms),
                             a::delay_reason.eq(&t.delay_reason),
@@ -416,7 +419,7 @@ macro_rules! backend_queries {
                                 a::provider_message_id.eq(&x.provider_message_id),
                                 a::response_excerpt.eq(&t.response_excerpt),
                                 a::lease_owner.eq(owner),
-                                a::next_state.eq(applied.next_state(&x.state)),
+                                a::next_state.eq(applied.next_state(x.state)),
                             ),
                         )
                     })
@@ -449,13 +452,13 @@ macro_rules! backend_queries {
                     let n = diesel::update(
                         o::table
                             .filter(o::id.eq(row.id))
-                            .filter(o::state.eq("sending"))
+                            .filter(o::state.eq(State::Sending))
                             .filter(o::attempts.eq(row.attempts))
                             .filter(o::lease_until.lt(at)),
                     )
                     .set((
-                        o::state.eq(&d.state),
-                        o::last_error_class.eq(&d.error_class),
+                        o::state.eq(d.state),
+                        o::last_error_class.eq(d.error_class),
                         o::next_attempt_at.eq(next),
                         o::lease_owner.eq(None::<String>),
                         o::lease_until.eq(None::<DateTime<Utc>>),
@@ -463,7 +466,7 @@ macro_rules! backend_queries {
                     ))
                     .execute(conn)?;
                     if n == 1 {
-                        sweep.count(&d.state);
+                        sweep.count(d.state);
                         outcomes.push(OutcomeRecord::lease_expired(&row, &d, at));
                     }
                 }
@@ -624,7 +627,7 @@ fn pg_update_outcomes(
                 .map(|x| x.retry_delay_ms)
                 .collect::<Vec<_>>(),
         )
-        .bind::<Array<Nullable<Text>>, _>(col(|x| x.error_class.clone()))
+        .bind::<Array<Nullable<Text>>, _>(col(|x| x.error_class.map(|c| c.as_str().to_owned())))
         .bind::<Array<Nullable<Text>>, _>(col(|x| x.request_fingerprint.clone()))
         .bind::<Array<Nullable<Text>>, _>(col(|x| x.provider_message_id.clone()))
         .load(conn)?;

@@ -166,7 +166,7 @@ async fn a_refused_outcome_says_lease_lost_and_a_late_2xx_settles(backend: Backe
     let states = |id| {
         app.attempts(id)
             .into_iter()
-            .map(|a| (a.class, a.next_state))
+            .map(|a| (a.class.to_string(), a.next_state))
             .collect::<Vec<_>>()
     };
     let s = |a: &str, b: &str| (a.to_owned(), b.to_owned());

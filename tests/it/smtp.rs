@@ -33,7 +33,7 @@ async fn outcome(app: &TestApp, id: &str) -> (String, String, String, Option<Str
             .as_str()
             .unwrap_or_default()
             .to_owned(),
-        a.class.clone(),
+        a.class.to_string(),
         a.error_kind.clone(),
     )
 }
