@@ -138,7 +138,7 @@ async fn create_message(
         p.field = Some("body".into());
         return Err(p);
     }
-    let message = parse_new_message(&body, idempotency_key.as_deref()).map_err(Problem::invalid)?;
+    let message = parse_new_message(&body, idempotency_key.as_deref())?;
     let now = state.clock.now();
     let limits = Limits {
         max_payload_bytes: state.max_payload_bytes,
@@ -146,7 +146,7 @@ async fn create_message(
         retry_policy_version: Some(state.retry_policy_version.clone()),
         endpoints: Some(&state.endpoints),
     };
-    let row = message.prepare(&limits, now).map_err(Problem::invalid)?;
+    let row = message.prepare(&limits, now)?;
     let db = state.db.clone();
     let (created, stored) = web::block(move || db.enqueue(&row)).await??;
     // Committed: only now is it acknowledged.
@@ -182,24 +182,11 @@ async fn cancel_message(
     let event_id = path.into_inner();
     let db = state.db.clone();
     let now = state.clock.now();
-    let (changed, row) = web::block(move || db.cancel(&event_id, now)).await??;
-    let row = row.ok_or_else(|| Problem::not_found("message"))?;
+    let (changed, row) = web::block(move || crate::outbox::cancel(&db, &event_id, now)).await??;
     if changed {
         tracing::info!(event_id = %row.event_id, "message canceled");
-        return Ok(HttpResponse::Ok().json(MessageView::new(&row, state.default_max_attempts)));
     }
-    if row.state == crate::domain::State::Canceled {
-        return Ok(HttpResponse::Ok().json(MessageView::new(&row, state.default_max_attempts)));
-    }
-    Err(Problem::new(
-        StatusCode::CONFLICT,
-        "not-cancelable",
-        "The message can no longer be canceled",
-    )
-    .detail(format!(
-        "it is {}; only scheduled or retryable messages can be canceled",
-        row.state
-    )))
+    Ok(HttpResponse::Ok().json(MessageView::new(&row, state.default_max_attempts)))
 }
 
 /// `POST /v1/ingest/{source}`: verify over the raw bytes, store every event of the request in one
@@ -234,19 +221,13 @@ async fn ingest_receipts(
     })
     .await?;
     let events = verdict.map_err(|e| {
-        // Per request and unauthenticated: debug, not info, so junk traffic cannot flood logs.
-        tracing::debug!(source = %name, scheme = source.source.scheme(), reason = %e, "receipt refused");
         if e.status() == 503 {
             tracing::warn!(source = %name, reason = %e, "receipt not verifiable now; asked to retry");
-            return Problem::unavailable();
-        }
-        let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::UNAUTHORIZED);
-        let kind = if e.status() == 400 {
-            "unparsable"
         } else {
-            "unauthenticated"
-        };
-        Problem::new(status, kind, "The receipt was refused; nothing was stored").detail(e.to_string())
+            // Per request and unauthenticated: debug, not info, so junk traffic cannot flood logs.
+            tracing::debug!(source = %name, scheme = source.source.scheme(), reason = %e, "receipt refused");
+        }
+        Problem::from(e)
     })?;
     let db = state.db.clone();
     let source_name = name.clone();

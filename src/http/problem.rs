@@ -7,6 +7,8 @@ use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
 
 use crate::domain::InvalidField;
+use crate::ingest::VerifyError;
+use crate::outbox::CancelError;
 use crate::storage::StorageError;
 
 #[derive(Debug, Clone, Serialize)]
@@ -167,6 +169,50 @@ impl ResponseError for Problem {
             r.insert_header((header::RETRY_AFTER, s.to_string()));
         }
         r.json(&*self.0)
+    }
+}
+
+impl From<Vec<InvalidField>> for Problem {
+    fn from(errors: Vec<InvalidField>) -> Self {
+        Problem::invalid(errors)
+    }
+}
+
+impl From<CancelError> for Problem {
+    fn from(e: CancelError) -> Self {
+        match e {
+            CancelError::NotFound => Problem::not_found("message"),
+            CancelError::NotCancelable(_) => Problem::new(
+                StatusCode::CONFLICT,
+                "not-cancelable",
+                "The message can no longer be canceled",
+            )
+            .detail(e.to_string()),
+            CancelError::Storage(s) => s.into(),
+        }
+    }
+}
+
+/// A refused receipt: 401 for authentication failures, 400 for a verified but unparsable body,
+/// 503 (with Retry-After) when the verifier cannot decide now — a 4xx would make the provider
+/// give up and lose the receipt.
+impl From<VerifyError> for Problem {
+    fn from(e: VerifyError) -> Self {
+        match e.status() {
+            503 => Problem::unavailable(),
+            400 => Problem::new(
+                StatusCode::BAD_REQUEST,
+                "unparsable",
+                "The receipt was refused; nothing was stored",
+            )
+            .detail(e.to_string()),
+            _ => Problem::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthenticated",
+                "The receipt was refused; nothing was stored",
+            )
+            .detail(e.to_string()),
+        }
     }
 }
 

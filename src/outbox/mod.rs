@@ -11,9 +11,11 @@ use serde_json::Value;
 
 use crate::channels::webhook::Endpoint;
 use crate::channels::{email, webhook};
-use crate::domain::{Channel, EventId, Fingerprint, FingerprintInput, InvalidField, Semantics};
+use crate::domain::{
+    Channel, EventId, Fingerprint, FingerprintInput, InvalidField, Semantics, State,
+};
 use crate::storage::models::{NewOutboxRow, OutboxRow};
-use crate::storage::queries;
+use crate::storage::{Db, StorageError, queries};
 
 /// A notification intent, as an application states it.
 #[derive(Debug, Clone)]
@@ -245,6 +247,39 @@ impl Default for Limits<'_> {
             retry_policy_version: None,
             endpoints: None,
         }
+    }
+}
+
+/// Why a cancel request did not cancel.
+#[derive(Debug, thiserror::Error)]
+pub enum CancelError {
+    #[error("no message with that event id")]
+    NotFound,
+    /// Already sending or finished: only `scheduled` and `retryable` messages can be canceled.
+    #[error("it is {0}; only scheduled or retryable messages can be canceled")]
+    NotCancelable(State),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+/// `scheduled|retryable → canceled`, in one transaction. A message already `canceled` is
+/// returned as it is (canceling twice is not an error); `changed` says whether this call did it.
+pub fn cancel(
+    db: &Db,
+    event_id: &str,
+    now: DateTime<Utc>,
+) -> Result<(bool, OutboxRow), CancelError> {
+    let (changed, row) = db.cancel(event_id, now)?;
+    decide_cancel(changed, row)
+}
+
+/// The cancel decision over what storage reports: changed now, already canceled, or refused.
+fn decide_cancel(changed: bool, row: Option<OutboxRow>) -> Result<(bool, OutboxRow), CancelError> {
+    let row = row.ok_or(CancelError::NotFound)?;
+    if changed || row.state == State::Canceled {
+        Ok((changed, row))
+    } else {
+        Err(CancelError::NotCancelable(row.state))
     }
 }
 

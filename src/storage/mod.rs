@@ -7,9 +7,13 @@
 //! SQLite: WAL, `busy_timeout`, `synchronous=FULL` (an acknowledged write survives power loss),
 //! and every write transaction is `BEGIN IMMEDIATE` behind one in-process writer lock.
 
+pub mod attempts;
 pub mod models;
+pub mod outbox;
 pub mod queries;
 pub mod receipts;
+pub mod settings;
+pub(crate) mod sql;
 #[rustfmt::skip]
 pub mod schema_pg;
 #[rustfmt::skip]
@@ -297,8 +301,6 @@ impl SqliteDb {
 /// Runs a body once per backend, with `schema` bound to that backend's schema module and `q`
 /// to its compiled [`queries`] module. `read` runs on a pooled connection; `write` in a
 /// transaction (`BEGIN IMMEDIATE` behind the writer lock on SQLite).
-#[macro_export]
-#[doc(hidden)]
 macro_rules! db_run {
     ($db:expr, read |$conn:ident, $q:ident| $body:expr) => {
         match $db {
@@ -337,6 +339,29 @@ macro_rules! db_run {
         }
     };
 }
+
+pub(crate) use db_run;
+
+/// Compiles the items given once per backend, as `pub mod pg` and `pub mod sqlite`. In each,
+/// `Conn` is that backend's connection, `schema` its diesel schema, `sql` its arm of [`sql`]
+/// (the statements that differ) and `q` all of its [`queries`] (to call another table's).
+macro_rules! per_backend {
+    ($($items:item)*) => {
+        pub mod pg {
+            #[allow(unused_imports)]
+            use $crate::storage::{queries::pg as q, schema_pg as schema, sql::pg as sql};
+            type Conn = ::diesel::pg::PgConnection;
+            $($items)*
+        }
+        pub mod sqlite {
+            #[allow(unused_imports)]
+            use $crate::storage::{queries::sqlite as q, schema_sqlite as schema, sql::sqlite as sql};
+            type Conn = ::diesel::sqlite::SqliteConnection;
+            $($items)*
+        }
+    };
+}
+pub(crate) use per_backend;
 
 #[cfg(test)]
 mod tests {

@@ -10,8 +10,62 @@
 
 use chrono::{DateTime, Utc};
 
-use super::models::NewReceipt;
-use super::{Db, StorageError};
+use super::models::{NewReceipt, ReceiptRow};
+use super::{Db, StorageError, per_backend};
+
+per_backend! {
+    use chrono::{DateTime, Utc};
+    use diesel::prelude::*;
+
+    use crate::storage::models::*;
+    use self::schema::herald_receipts as r;
+
+    /// Stores receipts, ignoring those whose (source, provider_event_id) exists; returns
+    /// how many were new.
+    pub fn insert_receipts(
+        conn: &mut Conn,
+        source: &str,
+        receipts: &[NewReceipt],
+        now: DateTime<Utc>,
+    ) -> QueryResult<usize> {
+        // Multi-row statements, in chunks well under every bind-parameter limit.
+        let mut inserted = 0;
+        for chunk in receipts.chunks(500) {
+            let rows: Vec<_> = chunk
+                .iter()
+                .map(|x| {
+                    (
+                        r::source.eq(source),
+                        r::provider_event_id.eq(&x.provider_event_id),
+                        r::event_type.eq(&x.event_type),
+                        r::provider_type.eq(&x.provider_type),
+                        r::event_time.eq(x.event_time),
+                        r::received_at.eq(now),
+                        r::herald_event_id.eq(&x.herald_event_id),
+                        r::provider_message_id.eq(&x.provider_message_id),
+                        r::raw.eq(&x.raw),
+                        r::replay_key.eq(&x.replay_key),
+                    )
+                })
+                .collect();
+            inserted += diesel::insert_into(r::table)
+                .values(rows)
+                .on_conflict_do_nothing()
+                .execute(conn)?;
+        }
+        Ok(inserted)
+    }
+
+    pub fn receipts_of_source(
+        conn: &mut Conn,
+        source: &str,
+    ) -> QueryResult<Vec<ReceiptRow>> {
+        r::table
+            .filter(r::source.eq(source))
+            .order(r::id)
+            .load(conn)
+    }
+}
 
 /// What storing a request's receipts came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,5 +156,11 @@ impl Db {
             Err(Abort::Replayed(n)) => Ok(Stored::Replayed(n)),
             Err(Abort::Storage(e)) => Err(e),
         }
+    }
+}
+
+impl Db {
+    pub fn receipts_of_source(&self, source: &str) -> Result<Vec<ReceiptRow>, StorageError> {
+        crate::storage::db_run! { self, read |c, q| Ok(q::receipts_of_source(c, source)?) }
     }
 }

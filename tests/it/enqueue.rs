@@ -145,11 +145,11 @@ async fn every_way_in_gives_the_same_row(backend: Backend) {
     let (http, lib) = (app.row("same-http"), app.row("same-lib"));
     let same = |r: &herald::storage::models::OutboxRow| {
         (
-            r.channel.clone(),
+            r.channel,
             r.destination.clone(),
             r.payload.clone(),
-            r.state.clone(),
-            r.semantics.clone(),
+            r.state,
+            r.semantics,
         )
     };
     assert_eq!(same(&http), same(&lib));

@@ -1,0 +1,269 @@
+//! `herald_outbox`: the way in, the claim, outcomes and the watchdog. Every write that moves a
+//! message is fenced on the state (and lease) it expects, so a stale writer changes nothing.
+
+use chrono::{DateTime, Utc};
+
+use super::models::{
+    Applied, LeaseDecision, LeaseSweep, NewOutboxRow, Now, OutboxRow, OutcomeRecord,
+};
+use super::{Db, StorageError, per_backend};
+
+per_backend! {
+    use chrono::{DateTime, Utc};
+    use diesel::prelude::*;
+
+    use crate::storage::models::*;
+    use crate::domain::{AttemptClass, Semantics, State};
+    use crate::storage::sql::coalesce_text;
+    use self::schema::herald_outbox as o;
+
+    /// Inserts a message; `None` when its event id is already there.
+    pub fn insert_message(conn: &mut Conn, m: &NewOutboxRow) -> QueryResult<Option<i64>> {
+        diesel::insert_into(o::table)
+            .values((
+                o::event_id.eq(&m.event_id),
+                o::channel.eq(m.channel),
+                o::destination.eq(&m.destination),
+                o::payload.eq(&m.payload),
+                o::scheduled_at.eq(m.scheduled_at),
+                o::next_attempt_at.eq(Some(m.scheduled_at)),
+                o::max_attempts.eq(m.max_attempts),
+                o::retry_policy.eq(&m.retry_policy),
+                o::retry_policy_version.eq(&m.retry_policy_version),
+                o::semantics.eq(m.semantics),
+                o::expires_at.eq(m.expires_at),
+                o::request_fingerprint.eq(&m.request_fingerprint),
+                o::created_at.eq(m.now),
+                o::updated_at.eq(m.now),
+            ))
+            .on_conflict(o::event_id)
+            .do_nothing()
+            .returning(o::id)
+            .get_result(conn)
+            .optional()
+    }
+
+    pub fn find_by_event_id(
+        conn: &mut Conn,
+        event_id: &str,
+    ) -> QueryResult<Option<OutboxRow>> {
+        o::table
+            .filter(o::event_id.eq(event_id))
+            .first(conn)
+            .optional()
+    }
+
+    pub fn find_by_ids(conn: &mut Conn, ids: &[i64]) -> QueryResult<Vec<OutboxRow>> {
+        o::table
+            .filter(o::id.eq_any(ids))
+            .order((o::next_attempt_at, o::id))
+            .load(conn)
+    }
+
+    /// `scheduled|retryable → canceled`; returns whether the row changed.
+    pub fn cancel(
+        conn: &mut Conn,
+        event_id: &str,
+        now: DateTime<Utc>,
+    ) -> QueryResult<bool> {
+        let n = diesel::update(
+            o::table
+                .filter(o::event_id.eq(event_id))
+                .filter(o::state.eq_any([State::Scheduled, State::Retryable])),
+        )
+        .set((
+            o::state.eq(State::Canceled),
+            o::next_attempt_at.eq(None::<DateTime<Utc>>),
+            o::updated_at.eq(now),
+        ))
+        .execute(conn)?;
+        Ok(n == 1)
+    }
+
+    /// Leases up to `limit` due rows to `owner` for `lease` and returns them, with how
+    /// many due rows expired instead (the claim transaction).
+    pub fn claim(
+        conn: &mut Conn,
+        now: &Now,
+        limit: i64,
+        owner: &str,
+        lease: std::time::Duration,
+        policy_version: &str,
+    ) -> QueryResult<(Vec<OutboxRow>, usize)> {
+        let ids = sql::claim_ids(conn, now, limit, owner, lease, policy_version)?;
+        if ids.is_empty() {
+            return Ok((Vec::new(), 0));
+        }
+        let mut rows = find_by_ids(conn, &ids)?;
+        rows.retain(|r| r.state == State::Sending);
+        let expired = ids.len() - rows.len();
+        Ok((rows, expired))
+    }
+
+    /// Writes a batch of outcomes: each row only if still leased to `owner` for that
+    /// attempt (a fence against a lease that expired and was claimed again), and one
+    /// attempt row per request made, saying what really became of it (`lease_lost`
+    /// when the fence refused it).
+    pub fn record_outcomes(
+        conn: &mut Conn,
+        owner: &str,
+        now: &Now,
+        outcomes: &[OutcomeRecord],
+    ) -> QueryResult<Vec<Applied>> {
+        let at = sql::now(conn, now)?;
+        let mut applied = sql::update_outcomes(conn, owner, now, at, outcomes)?;
+        for (a, x) in applied.iter_mut().zip(outcomes) {
+            if *a == Applied::LeaseLost
+                && x.state == State::Delivered
+                && settle_late(conn, at, x)?
+            {
+                *a = Applied::Settled;
+            }
+        }
+        q::insert_attempts(conn, Some(owner), outcomes, &applied)?;
+        Ok(applied)
+    }
+
+    /// A definite 2xx that comes back after the watchdog moved its `at_most_once`
+    /// message to `unconfirmed` at this same attempt: nothing was sent since, so the
+    /// answer settles the message.
+    fn settle_late(
+        conn: &mut Conn,
+        at: DateTime<Utc>,
+        x: &OutcomeRecord,
+    ) -> QueryResult<bool> {
+        let n = diesel::update(
+            o::table
+                .filter(o::id.eq(x.message_id))
+                .filter(o::state.eq(State::Unconfirmed))
+                .filter(o::semantics.eq(Semantics::AtMostOnce))
+                .filter(o::attempts.eq(x.claimed_attempt))
+                .filter(o::lease_owner.is_null()),
+        )
+        .set((
+            o::state.eq(State::Delivered),
+            o::last_error_class.eq(None::<AttemptClass>),
+            o::next_attempt_at.eq(None::<DateTime<Utc>>),
+            o::provider_message_id.eq(coalesce_text(
+                x.provider_message_id.as_deref(),
+                o::provider_message_id,
+            )),
+            o::updated_at.eq(at),
+        ))
+        .execute(conn)?;
+        Ok(n == 1)
+    }
+
+    /// The watchdog: each `sending` row whose lease ran out (by the database's clock on
+    /// PostgreSQL) moves to the state `decide` chooses — the sender's own decision for
+    /// an ambiguous attempt, with its backoff — and gets its `lease_expired` attempt
+    /// row, in one transaction with the rows locked: two watchdogs never both move a
+    /// row, and an outcome committed first leaves nothing to move.
+    pub fn sweep_expired_leases(
+        conn: &mut Conn,
+        now: &Now,
+        decide: &dyn Fn(&OutboxRow, DateTime<Utc>) -> LeaseDecision,
+    ) -> QueryResult<LeaseSweep> {
+        let at = sql::now(conn, now)?;
+        let mut sweep = LeaseSweep::default();
+        let mut outcomes = Vec::new();
+        for row in sql::expired_leases(conn, at)? {
+            let d = decide(&row, at);
+            let next = d.delay_ms.map(|ms| at + chrono::Duration::milliseconds(ms));
+            let n = diesel::update(
+                o::table
+                    .filter(o::id.eq(row.id))
+                    .filter(o::state.eq(State::Sending))
+                    .filter(o::attempts.eq(row.attempts))
+                    .filter(o::lease_until.lt(at)),
+            )
+            .set((
+                o::state.eq(d.state),
+                o::last_error_class.eq(d.error_class),
+                o::next_attempt_at.eq(next),
+                o::lease_owner.eq(None::<String>),
+                o::lease_until.eq(None::<DateTime<Utc>>),
+                o::updated_at.eq(at),
+            ))
+            .execute(conn)?;
+            if n == 1 {
+                sweep.count(d.state);
+                outcomes.push(OutcomeRecord::lease_expired(&row, &d, at));
+            }
+        }
+        let applied = vec![Applied::Yes; outcomes.len()];
+        q::insert_attempts(conn, None, &outcomes, &applied)?;
+        Ok(sweep)
+    }
+}
+
+impl Db {
+    pub fn insert_message(&self, m: &NewOutboxRow) -> Result<Option<i64>, StorageError> {
+        crate::storage::db_run! { self, write |c, q| Ok(q::insert_message(c, m)?) }
+    }
+
+    /// The message with this event id. An id with a NUL character cannot be stored on either
+    /// backend's text columns as Herald writes them: it is simply not there.
+    pub fn find_by_event_id(&self, event_id: &str) -> Result<Option<OutboxRow>, StorageError> {
+        if event_id.contains('\0') {
+            return Ok(None);
+        }
+        crate::storage::db_run! { self, read |c, q| Ok(q::find_by_event_id(c, event_id)?) }
+    }
+
+    /// Cancels a not-yet-sent message; returns the row as it now is.
+    pub fn cancel(
+        &self,
+        event_id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(bool, Option<OutboxRow>), StorageError> {
+        if event_id.contains('\0') {
+            return Ok((false, None));
+        }
+        crate::storage::db_run! { self, write |c, q| {
+            let changed = q::cancel(c, event_id, now)?;
+            Ok((changed, q::find_by_event_id(c, event_id)?))
+        }}
+    }
+
+    /// The claim transaction: committed when this returns, before any network call.
+    pub fn claim(
+        &self,
+        now: Now,
+        limit: u32,
+        owner: &str,
+        lease: std::time::Duration,
+        policy_version: &str,
+    ) -> Result<(Vec<OutboxRow>, usize), StorageError> {
+        let limit = i64::from(limit);
+        crate::storage::db_run! { self, write |c, q| Ok(q::claim(c, &now, limit, owner, lease, policy_version)?) }
+    }
+
+    pub fn record_outcomes(
+        &self,
+        owner: &str,
+        now: Now,
+        outcomes: &[OutcomeRecord],
+    ) -> Result<Vec<Applied>, StorageError> {
+        crate::storage::db_run! { self, write |c, q| Ok(q::record_outcomes(c, owner, &now, outcomes)?) }
+    }
+
+    /// One watchdog pass; `decide` is the sender's decision for an expired lease.
+    pub fn sweep_expired_leases(
+        &self,
+        now: Now,
+        decide: &dyn Fn(&OutboxRow, DateTime<Utc>) -> LeaseDecision,
+    ) -> Result<LeaseSweep, StorageError> {
+        crate::storage::db_run! { self, write |c, q| Ok(q::sweep_expired_leases(c, &now, decide)?) }
+    }
+
+    /// Inserts a prepared message unless its event id exists; returns whether it was created and
+    /// the stored row, in one transaction.
+    pub fn enqueue(&self, m: &NewOutboxRow) -> Result<(bool, OutboxRow), StorageError> {
+        crate::storage::db_run! { self, write |c, q| {
+            let created = q::insert_message(c, m)?.is_some();
+            let row = q::find_by_event_id(c, &m.event_id)?.ok_or(diesel::result::Error::NotFound)?;
+            Ok((created, row))
+        }}
+    }
+}

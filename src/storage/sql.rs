@@ -1,0 +1,323 @@
+//! The SQL that differs between the backends: the claim, the database's clock, the locked read
+//! of expired leases and the batched outcome update. [`pg`] and [`sqlite`] give each the same
+//! name, so the per-table query bodies (compiled once per backend by `per_backend!`) call
+//! `sql::claim_ids(…)` and get their backend's arm.
+
+use chrono::{DateTime, Utc};
+use diesel::sql_types::{BigInt, Integer, Nullable, Text};
+
+use crate::domain::State;
+
+use super::models::{Applied, Now, OutboxRow, OutcomeRecord};
+
+diesel::define_sql_function! {
+    #[sql_name = "COALESCE"]
+    fn coalesce_text(x: Nullable<Text>, y: Nullable<Text>) -> Nullable<Text>;
+}
+
+#[derive(diesel::QueryableByName)]
+struct IdRow {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+}
+
+/// "Now" on PostgreSQL: the database's clock, moved by the caller's shift (`$1`, microseconds).
+/// `now()` is fixed for the transaction, so the planner evaluates this once and can still use the
+/// due index.
+macro_rules! pg_now {
+    () => {
+        "(now() + $1::float8 * interval '1 microsecond')"
+    };
+}
+
+/// The PostgreSQL claim: lock due rows with SKIP LOCKED in a CTE (never `id IN (subquery)`,
+/// which can lock more rows than its LIMIT), lease them, count the attempt, return their ids.
+/// A due row whose `expires_at` has passed becomes `expired` in the same statement: no lease, no
+/// attempt, no request. Every time is the database's ([`pg_now!`]); the lease is `$4` µs long.
+/// A row inserted by plain SQL gets the policy version in force (`$5`) at its first claim.
+/// The predicate and order match the partial index `herald_outbox_due` exactly; the state list is
+/// literal SQL, not bound parameters, so the planner can match the index.
+pub const PG_CLAIM_SQL: &str = concat!(
+    "WITH due AS (
+    SELECT id FROM herald_outbox
+    WHERE state IN ('scheduled', 'retryable') AND next_attempt_at <= ",
+    pg_now!(),
+    "
+    ORDER BY next_attempt_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), t AS (SELECT ",
+    pg_now!(),
+    " AS now)
+UPDATE herald_outbox AS o
+SET state = CASE WHEN o.expires_at <= t.now THEN 'expired' ELSE 'sending' END,
+    attempts = CASE WHEN o.expires_at <= t.now THEN o.attempts ELSE o.attempts + 1 END,
+    lease_owner = CASE WHEN o.expires_at <= t.now THEN NULL ELSE $3 END,
+    lease_until = CASE WHEN o.expires_at <= t.now THEN NULL
+                       ELSE t.now + $4::float8 * interval '1 microsecond' END,
+    next_attempt_at = CASE WHEN o.expires_at <= t.now THEN NULL ELSE o.next_attempt_at END,
+    retry_policy_version = COALESCE(o.retry_policy_version, $5),
+    updated_at = t.now
+FROM due, t
+WHERE o.id = due.id
+RETURNING o.id"
+);
+
+/// The SQLite claim: the same predicate, order and lease in one statement; it runs inside
+/// `BEGIN IMMEDIATE` behind the writer lock, which is what makes it exclusive. One process, so
+/// its clock is the only one: `?1` now, `?4` the lease's end.
+pub const SQLITE_CLAIM_SQL: &str = "\
+UPDATE herald_outbox
+SET state = CASE WHEN expires_at <= ?1 THEN 'expired' ELSE 'sending' END,
+    attempts = CASE WHEN expires_at <= ?1 THEN attempts ELSE attempts + 1 END,
+    lease_owner = CASE WHEN expires_at <= ?1 THEN NULL ELSE ?3 END,
+    lease_until = CASE WHEN expires_at <= ?1 THEN NULL ELSE ?4 END,
+    next_attempt_at = CASE WHEN expires_at <= ?1 THEN NULL ELSE next_attempt_at END,
+    retry_policy_version = COALESCE(retry_policy_version, ?5),
+    updated_at = ?1
+WHERE id IN (
+    SELECT id FROM herald_outbox
+    WHERE state IN ('scheduled', 'retryable') AND next_attempt_at <= ?1
+    ORDER BY next_attempt_at, id
+    LIMIT ?2
+)
+RETURNING id";
+
+pub fn pg_claim_ids(
+    conn: &mut diesel::pg::PgConnection,
+    now: &Now,
+    limit: i64,
+    owner: &str,
+    lease: std::time::Duration,
+    policy_version: &str,
+) -> diesel::QueryResult<Vec<i64>> {
+    use diesel::RunQueryDsl;
+    use diesel::sql_types::Double;
+    let rows: Vec<IdRow> = diesel::sql_query(PG_CLAIM_SQL)
+        .bind::<Double, _>(now.shift_micros())
+        .bind::<BigInt, _>(limit)
+        .bind::<Text, _>(owner)
+        .bind::<Double, _>(lease.as_micros() as f64)
+        .bind::<Text, _>(policy_version)
+        .load(conn)?;
+    Ok(rows.into_iter().map(|r| r.id).collect())
+}
+
+pub fn sqlite_claim_ids(
+    conn: &mut diesel::sqlite::SqliteConnection,
+    now: &Now,
+    limit: i64,
+    owner: &str,
+    lease: std::time::Duration,
+    policy_version: &str,
+) -> diesel::QueryResult<Vec<i64>> {
+    use diesel::RunQueryDsl;
+    use diesel::sql_types::TimestamptzSqlite;
+    let lease_until = now.local + chrono::Duration::from_std(lease).unwrap_or_default();
+    let rows: Vec<IdRow> = diesel::sql_query(SQLITE_CLAIM_SQL)
+        .bind::<TimestamptzSqlite, _>(now.local)
+        .bind::<BigInt, _>(limit)
+        .bind::<Text, _>(owner)
+        .bind::<TimestamptzSqlite, _>(lease_until)
+        .bind::<Text, _>(policy_version)
+        .load(conn)?;
+    Ok(rows.into_iter().map(|r| r.id).collect())
+}
+
+#[derive(diesel::QueryableByName)]
+struct PgTime {
+    #[diesel(sql_type = diesel::sql_types::Timestamptz)]
+    now: DateTime<Utc>,
+}
+
+/// The database's "now" (moved by the shift), for statements built with the query builder.
+pub fn pg_now(
+    conn: &mut diesel::pg::PgConnection,
+    now: &Now,
+) -> diesel::QueryResult<DateTime<Utc>> {
+    use diesel::RunQueryDsl;
+    let t: PgTime = diesel::sql_query(concat!("SELECT ", pg_now!(), " AS now"))
+        .bind::<diesel::sql_types::Double, _>(now.shift_micros())
+        .get_result(conn)?;
+    Ok(t.now)
+}
+
+pub fn sqlite_now(
+    _conn: &mut diesel::sqlite::SqliteConnection,
+    now: &Now,
+) -> diesel::QueryResult<DateTime<Utc>> {
+    Ok(now.local)
+}
+
+/// How many expired leases one watchdog pass handles at most (the next pass takes the rest).
+const SWEEP_BATCH: i64 = 500;
+
+/// Expired leases, locked: a second watchdog skips them, and an outcome arriving meanwhile waits
+/// for the sweep to commit and then fails its fence.
+pub fn pg_expired_leases(
+    conn: &mut diesel::pg::PgConnection,
+    at: DateTime<Utc>,
+) -> diesel::QueryResult<Vec<OutboxRow>> {
+    use super::schema_pg::herald_outbox as o;
+    use diesel::prelude::*;
+    o::table
+        .filter(o::state.eq(State::Sending))
+        .filter(o::lease_until.lt(at))
+        .order(o::id)
+        .limit(SWEEP_BATCH)
+        .for_update()
+        .skip_locked()
+        .load(conn)
+}
+
+/// SQLite: the sweep runs in `BEGIN IMMEDIATE` behind the writer lock, exclusive already.
+pub fn sqlite_expired_leases(
+    conn: &mut diesel::sqlite::SqliteConnection,
+    at: DateTime<Utc>,
+) -> diesel::QueryResult<Vec<OutboxRow>> {
+    use super::schema_sqlite::herald_outbox as o;
+    use diesel::prelude::*;
+    o::table
+        .filter(o::state.eq(State::Sending))
+        .filter(o::lease_until.lt(at))
+        .order(o::id)
+        .limit(SWEEP_BATCH)
+        .load(conn)
+}
+
+/// The PostgreSQL outcome update: the whole batch in one statement over `unnest`ed arrays, with
+/// the same fence as [`sqlite::update_outcomes`] (one round trip instead of one per row).
+/// Retries are due after their delay by the database's clock ([`pg_now!`]).
+pub const PG_UPDATE_OUTCOMES_SQL: &str = concat!(
+    "WITH t AS (SELECT ",
+    pg_now!(),
+    " AS now)
+UPDATE herald_outbox AS o
+SET state = v.state, attempts = v.attempts_after,
+    next_attempt_at = t.now + v.delay_ms * interval '1 millisecond',
+    lease_owner = NULL, lease_until = NULL, last_error_class = v.error_class,
+    provider_message_id = COALESCE(v.provider_message_id, o.provider_message_id),
+    request_fingerprint = COALESCE(o.request_fingerprint, v.fingerprint), updated_at = t.now
+FROM t, unnest($3::bigint[], $4::int[], $5::int[], $6::text[], $7::bigint[], $8::text[], $9::text[], $10::text[])
+    AS v(id, claimed, attempts_after, state, delay_ms, error_class, fingerprint, provider_message_id)
+WHERE o.id = v.id AND o.state = 'sending' AND o.lease_owner = $2 AND o.attempts = v.claimed
+RETURNING o.id"
+);
+
+pub fn pg_update_outcomes(
+    conn: &mut diesel::pg::PgConnection,
+    owner: &str,
+    now: &Now,
+    _at: DateTime<Utc>,
+    outcomes: &[OutcomeRecord],
+) -> diesel::QueryResult<Vec<Applied>> {
+    use diesel::RunQueryDsl;
+    use diesel::sql_types::{Array, Double};
+    let col = |f: fn(&OutcomeRecord) -> Option<String>| outcomes.iter().map(f).collect::<Vec<_>>();
+    let updated: Vec<IdRow> = diesel::sql_query(PG_UPDATE_OUTCOMES_SQL)
+        .bind::<Double, _>(now.shift_micros())
+        .bind::<Text, _>(owner)
+        .bind::<Array<BigInt>, _>(outcomes.iter().map(|x| x.message_id).collect::<Vec<_>>())
+        .bind::<Array<Integer>, _>(
+            outcomes
+                .iter()
+                .map(|x| x.claimed_attempt)
+                .collect::<Vec<_>>(),
+        )
+        .bind::<Array<Integer>, _>(
+            outcomes
+                .iter()
+                .map(|x| x.attempts_after)
+                .collect::<Vec<_>>(),
+        )
+        .bind::<Array<Text>, _>(outcomes.iter().map(|x| x.state).collect::<Vec<_>>())
+        .bind::<Array<Nullable<BigInt>>, _>(
+            outcomes
+                .iter()
+                .map(|x| x.retry_delay_ms)
+                .collect::<Vec<_>>(),
+        )
+        .bind::<Array<Nullable<Text>>, _>(col(|x| x.error_class.map(|c| c.as_str().to_owned())))
+        .bind::<Array<Nullable<Text>>, _>(col(|x| x.request_fingerprint.clone()))
+        .bind::<Array<Nullable<Text>>, _>(col(|x| x.provider_message_id.clone()))
+        .load(conn)?;
+    let done: std::collections::HashSet<i64> = updated.into_iter().map(|r| r.id).collect();
+    Ok(outcomes
+        .iter()
+        .map(|x| {
+            if done.contains(&x.message_id) {
+                Applied::Yes
+            } else {
+                Applied::LeaseLost
+            }
+        })
+        .collect())
+}
+
+/// The PostgreSQL arm of each backend-specific query.
+pub mod pg {
+    pub use super::{
+        pg_claim_ids as claim_ids, pg_expired_leases as expired_leases, pg_now as now,
+        pg_update_outcomes as update_outcomes,
+    };
+}
+
+/// The SQLite arm of each backend-specific query.
+pub mod sqlite {
+    use chrono::{DateTime, Utc};
+    use diesel::prelude::*;
+
+    use super::coalesce_text;
+    pub use super::{
+        sqlite_claim_ids as claim_ids, sqlite_expired_leases as expired_leases, sqlite_now as now,
+    };
+    use crate::domain::State;
+    use crate::storage::models::{Applied, Now, OutcomeRecord};
+    use crate::storage::schema_sqlite::herald_outbox as o;
+
+    type Conn = diesel::sqlite::SqliteConnection;
+
+    /// The fenced outcome update, one statement per row.
+    pub fn update_outcomes(
+        conn: &mut Conn,
+        owner: &str,
+        _now: &Now,
+        at: DateTime<Utc>,
+        outcomes: &[OutcomeRecord],
+    ) -> QueryResult<Vec<Applied>> {
+        let mut applied = Vec::with_capacity(outcomes.len());
+        for x in outcomes {
+            let n = diesel::update(
+                o::table
+                    .filter(o::id.eq(x.message_id))
+                    .filter(o::state.eq(State::Sending))
+                    .filter(o::lease_owner.eq(owner))
+                    .filter(o::attempts.eq(x.claimed_attempt)),
+            )
+            .set((
+                o::state.eq(x.state),
+                o::attempts.eq(x.attempts_after),
+                o::next_attempt_at.eq(x.next_attempt_at),
+                o::lease_owner.eq(None::<String>),
+                o::lease_until.eq(None::<DateTime<Utc>>),
+                o::last_error_class.eq(x.error_class),
+                o::provider_message_id.eq(coalesce_text(
+                    x.provider_message_id.as_deref(),
+                    o::provider_message_id,
+                )),
+                o::request_fingerprint.eq(coalesce_text(
+                    o::request_fingerprint,
+                    x.request_fingerprint.as_deref(),
+                )),
+                o::updated_at.eq(at),
+            ))
+            .execute(conn)?;
+            applied.push(if n == 1 {
+                Applied::Yes
+            } else {
+                Applied::LeaseLost
+            });
+        }
+        Ok(applied)
+    }
+}
