@@ -5,6 +5,7 @@
 //! `cargo bench --bench ingest` (optionally `-- SECONDS` per measurement, default 5).
 //! Two shapes: one event per request (Standard Webhooks: Resend, Svix) and 50 events per request
 //! (a SendGrid Event Webhook batch, ECDSA-signed).
+#![allow(clippy::unwrap_used)] // tests and benchmarks fail loudly; src/ may not unwrap
 
 #[path = "../tests/it/support/mod.rs"]
 #[allow(dead_code, unused_imports)]

@@ -8,6 +8,7 @@
 //!   and its ratio to that ceiling;
 //! - insert-to-send latency while the loop idles (poll interval 1 s): on PostgreSQL a commit on
 //!   another connection, woken by LISTEN/NOTIFY; on SQLite POST /v1/messages, woken in-process.
+#![allow(clippy::unwrap_used)] // tests and benchmarks fail loudly; src/ may not unwrap
 
 #[path = "../tests/it/support/mod.rs"]
 #[allow(dead_code, unused_imports)]

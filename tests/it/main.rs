@@ -1,4 +1,5 @@
 //! Integration tests: one binary, real PostgreSQL and SQLite, a real HTTP receiver.
+#![allow(clippy::unwrap_used)] // tests and benchmarks fail loudly; src/ may not unwrap
 
 mod support;
 
