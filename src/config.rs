@@ -510,6 +510,13 @@ mod tests {
     }
 
     #[test]
+    fn the_example_config_is_valid() {
+        let example = include_str!("../herald.example.toml");
+        let s = Settings::from_toml(example).expect("herald.example.toml parses and validates");
+        assert_eq!(s.webhook_connect_timeout, std::time::Duration::from_millis(5000));
+    }
+
+    #[test]
     fn defaults_match_the_interface_contract() {
         let s = Settings::build(FileConfig::default(), &BTreeMap::new()).unwrap();
         assert_eq!(s.database_url.expose(), "sqlite://herald.db");
