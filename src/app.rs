@@ -106,7 +106,7 @@ impl Herald {
             &settings.message_id_domain,
             clock.clone(),
         )
-        .map_err(|m| anyhow::anyhow!(m))?;
+        .map_err(|m| anyhow::anyhow!("{m}"))?;
         let wake = Arc::new(Notify::new());
         let sender = Sender::new(
             db.clone(),

@@ -296,9 +296,10 @@ impl Settings {
         .map_err(|e| invalid(e.field, e.message))?;
 
         let webhook_secret = match f.webhook_secret {
-            Some(s) => {
-                Some(SigningKey::parse_list(s.expose()).map_err(|m| invalid("webhook_secret", m))?)
-            }
+            Some(s) => Some(
+                SigningKey::parse_list(s.expose())
+                    .map_err(|m| invalid("webhook_secret", m.to_string()))?,
+            ),
             None => None,
         };
 

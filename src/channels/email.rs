@@ -206,6 +206,19 @@ pub fn build_message(
     Ok(message)
 }
 
+/// Why the email channel cannot be built from its settings. The text never quotes `smtp_url`: it
+/// may carry a password.
+#[derive(Debug, thiserror::Error)]
+pub enum EmailConfigError {
+    /// Not a URL at all (the parser's cause), or not one of the accepted forms (no cause).
+    #[error("smtp_url is not a valid smtp:// or smtps:// URL")]
+    SmtpUrl(#[source] Option<url::ParseError>),
+    #[error("smtp_url: the host is not valid for TLS")]
+    TlsHost(#[source] lettre::transport::smtp::Error),
+    #[error("mail_from must be an email address")]
+    MailFrom(#[source] lettre::address::AddressError),
+}
+
 /// Where email goes.
 #[derive(Clone)]
 pub enum EmailTransport {
@@ -234,7 +247,7 @@ impl EmailChannel {
         from: &str,
         domain: &str,
         clock: Arc<dyn Clock>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, EmailConfigError> {
         super::install_crypto_provider();
         let transport = match smtp_url {
             Some(url) => {
@@ -242,8 +255,7 @@ impl EmailChannel {
             }
             None => EmailTransport::Directory(mail_dir),
         };
-        let from =
-            Mailbox::from_str(from).map_err(|_| "mail_from must be an email address".to_owned())?;
+        let from = Mailbox::from_str(from).map_err(EmailConfigError::MailFrom)?;
         Ok(Self {
             transport,
             from,
@@ -307,9 +319,9 @@ struct SmtpRelay {
 impl SmtpRelay {
     /// `smtp://[user:pass@]host[:port][/ehlo-name][?tls=required|opportunistic]`,
     /// `smtps://…`. The error never quotes the URL: it may carry a password.
-    fn parse(text: &str) -> Result<Self, String> {
-        let bad = || "smtp_url is not a valid smtp:// or smtps:// URL".to_owned();
-        let url = url::Url::parse(text).map_err(|_| bad())?;
+    fn parse(text: &str) -> Result<Self, EmailConfigError> {
+        let bad = || EmailConfigError::SmtpUrl(None);
+        let url = url::Url::parse(text).map_err(|e| EmailConfigError::SmtpUrl(Some(e)))?;
         let host = match url.host().ok_or_else(bad)? {
             url::Host::Domain(d) => d.to_owned(),
             url::Host::Ipv4(ip) => ip.to_string(),
@@ -319,10 +331,7 @@ impl SmtpRelay {
             .query_pairs()
             .find(|(k, _)| k == "tls")
             .map(|(_, v)| v.into_owned());
-        let params = || {
-            TlsParameters::new(host.clone())
-                .map_err(|_| "smtp_url: the host is not valid for TLS".to_owned())
-        };
+        let params = || TlsParameters::new(host.clone()).map_err(EmailConfigError::TlsHost);
         let (default_port, tls) = match (url.scheme(), tls_param.as_deref()) {
             ("smtp", None) => (SMTP_PORT, Tls::None),
             ("smtp", Some("required")) => (SUBMISSION_PORT, Tls::Required(params()?)),
@@ -747,10 +756,43 @@ mod tests {
         ] {
             assert!(SmtpRelay::parse(bad).is_err(), "{bad}");
         }
-        let err = SmtpRelay::parse("ftp://u:hunter2@mail.example")
-            .err()
-            .unwrap();
-        assert!(!err.contains("hunter2"), "{err}");
+        // The message and every cause behind it.
+        let chain = |e: &dyn std::error::Error| {
+            std::iter::successors(Some(e), |e| e.source())
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join(": ")
+        };
+        for url in [
+            "ftp://u:hunter2@mail.example",
+            "smtp://u:hunter2@mail.example:99999",
+        ] {
+            let err = chain(&SmtpRelay::parse(url).err().unwrap());
+            assert!(!err.contains("hunter2"), "{err}");
+        }
+    }
+
+    #[test]
+    fn refusals_read_as_they_always_have() {
+        let smtp = |url| SmtpRelay::parse(url).err().unwrap().to_string();
+        for url in ["nope", "http://mail.example", "smtp://x?tls=maybe"] {
+            assert_eq!(
+                smtp(url),
+                "smtp_url is not a valid smtp:// or smtps:// URL",
+                "{url}"
+            );
+        }
+        let from = EmailChannel::new(
+            None,
+            Duration::from_secs(1),
+            PathBuf::from("unused"),
+            "not an address",
+            "h.example",
+            Arc::new(crate::clock::SystemClock),
+        )
+        .err()
+        .unwrap();
+        assert_eq!(from.to_string(), "mail_from must be an email address");
     }
 
     #[test]

@@ -24,29 +24,39 @@ const LENIENT: GeneralPurpose = GeneralPurpose::new(
     GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
 );
 
+/// Why a signing secret was refused. The text never quotes the secret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    /// base64's own error is not kept: it names the offending byte and offset of the secret.
+    #[error("must be whsec_ followed by base64")]
+    NotBase64,
+    #[error("must decode to at least 16 bytes")]
+    TooShort,
+    #[error("must not be empty")]
+    Empty,
+}
+
 impl SigningKey {
     /// `whsec_<base64>` (the prefix is optional; padding is lenient).
-    pub fn parse(secret: &str) -> Result<Self, String> {
+    pub fn parse(secret: &str) -> Result<Self, KeyError> {
         let raw = secret.trim();
         let b64 = raw.strip_prefix("whsec_").unwrap_or(raw);
-        let key = LENIENT
-            .decode(b64)
-            .map_err(|_| "must be whsec_ followed by base64".to_owned())?;
+        let key = LENIENT.decode(b64).map_err(|_| KeyError::NotBase64)?;
         if key.len() < 16 {
-            return Err("must decode to at least 16 bytes".into());
+            return Err(KeyError::TooShort);
         }
         Ok(Self(key))
     }
 
     /// Several secrets separated by commas or spaces (rotation).
-    pub fn parse_list(secrets: &str) -> Result<Vec<Self>, String> {
+    pub fn parse_list(secrets: &str) -> Result<Vec<Self>, KeyError> {
         let keys: Vec<Self> = secrets
             .split([',', ' '])
             .filter(|s| !s.is_empty())
             .map(Self::parse)
             .collect::<Result<_, _>>()?;
         if keys.is_empty() {
-            return Err("must not be empty".into());
+            return Err(KeyError::Empty);
         }
         Ok(keys)
     }
@@ -123,6 +133,17 @@ mod tests {
         assert!(SigningKey::parse_list(" , ").is_err());
         assert!(
             !format!("{:?}", SigningKey::parse(&SigningKey::generate()).unwrap()).contains('=')
+        );
+    }
+
+    #[test]
+    fn refusals_read_as_they_always_have() {
+        let parse = |s| SigningKey::parse(s).unwrap_err().to_string();
+        assert_eq!(parse("whsec_!!!"), "must be whsec_ followed by base64");
+        assert_eq!(parse("whsec_c2hvcnQ="), "must decode to at least 16 bytes");
+        assert_eq!(
+            SigningKey::parse_list(" , ").unwrap_err().to_string(),
+            "must not be empty"
         );
     }
 }

@@ -75,12 +75,12 @@ impl Endpoint {
     pub fn from_config(name: String, e: EndpointConfig) -> Result<Self, InvalidField> {
         let key = format!("endpoints.{name}");
         let url = super::parse_webhook_url(&e.url)
-            .map_err(|m| InvalidField::new(format!("{key}.url"), m))?;
+            .map_err(|m| InvalidField::new(format!("{key}.url"), m.to_string()))?;
         let mut keys = Vec::new();
         for s in e.secret.iter().chain(e.secrets.iter()) {
             keys.extend(
                 SigningKey::parse_list(s.expose())
-                    .map_err(|m| InvalidField::new(format!("{key}.secrets"), m))?,
+                    .map_err(|m| InvalidField::new(format!("{key}.secrets"), m.to_string()))?,
             );
         }
         if let Some(p) = &e.provider_message_id_pointer
@@ -93,7 +93,7 @@ impl Endpoint {
         }
         for h in e.headers.keys() {
             super::check_custom_header(h, "")
-                .map_err(|m| InvalidField::new(format!("{key}.headers"), m))?;
+                .map_err(|m| InvalidField::new(format!("{key}.headers"), m.to_string()))?;
         }
         Ok(Endpoint {
             name,

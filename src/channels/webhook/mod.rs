@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, InvalidHeaderName, InvalidHeaderValue};
 use serde_json::Value;
 use url::Url;
 
@@ -38,6 +38,44 @@ const RESERVED_HEADERS: &[&str] = &[
 
 /// At most this much of a response body is read (for the excerpt and the provider message id).
 const MAX_RESPONSE_BYTES: usize = 64 * 1024;
+
+/// A webhook URL or header Herald refuses. The text is what a config or API error shows after the
+/// field name.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookConfigError {
+    #[error("is not a valid URL ({0})")]
+    InvalidUrl(#[source] url::ParseError),
+    #[error("must be an http:// or https:// URL, or endpoint:NAME")]
+    UnsupportedScheme,
+    #[error("must name a host")]
+    NoHost,
+    #[error("must not carry credentials; configure an endpoint with auth instead")]
+    Credentials,
+    #[error("header {0:?} is set by Herald")]
+    ReservedHeader(String),
+    #[error("{name:?} is not a valid header name")]
+    HeaderName {
+        name: String,
+        #[source]
+        source: InvalidHeaderName,
+    },
+    #[error("the value of {name:?} is not a valid header value")]
+    HeaderValue {
+        name: String,
+        #[source]
+        source: InvalidHeaderValue,
+    },
+    /// A header of the request being built (message, endpoint or Herald's own) is not sendable.
+    #[error("invalid header name {name:?}")]
+    RequestHeaderName {
+        name: String,
+        #[source]
+        source: InvalidHeaderName,
+    },
+    /// The value is never quoted: it may be a credential.
+    #[error("invalid header value")]
+    RequestHeaderValue(#[source] InvalidHeaderValue),
+}
 
 /// Where a webhook goes.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,35 +110,39 @@ impl WebhookTarget {
         }
         parse_webhook_url(destination)
             .map(Self::Url)
-            .map_err(|m| InvalidField::new("destination", m))
+            .map_err(|e| InvalidField::new("destination", e.to_string()))
     }
 }
 
 /// An absolute `http(s)://` URL with a host and no credentials.
-pub fn parse_webhook_url(raw: &str) -> Result<Url, String> {
-    let url = Url::parse(raw).map_err(|e| format!("is not a valid URL ({e})"))?;
+pub fn parse_webhook_url(raw: &str) -> Result<Url, WebhookConfigError> {
+    let url = Url::parse(raw).map_err(WebhookConfigError::InvalidUrl)?;
     if !matches!(url.scheme(), "http" | "https") {
-        return Err("must be an http:// or https:// URL, or endpoint:NAME".into());
+        return Err(WebhookConfigError::UnsupportedScheme);
     }
     if url.host_str().is_none_or(str::is_empty) {
-        return Err("must name a host".into());
+        return Err(WebhookConfigError::NoHost);
     }
     if !url.username().is_empty() || url.password().is_some() {
-        return Err("must not carry credentials; configure an endpoint with auth instead".into());
+        return Err(WebhookConfigError::Credentials);
     }
     Ok(url)
 }
 
 /// A header a message or endpoint may add.
-pub fn check_custom_header(name: &str, value: &str) -> Result<(), String> {
+pub fn check_custom_header(name: &str, value: &str) -> Result<(), WebhookConfigError> {
     let lower = name.to_ascii_lowercase();
     if RESERVED_HEADERS.contains(&lower.as_str()) {
-        return Err(format!("header {name:?} is set by Herald"));
+        return Err(WebhookConfigError::ReservedHeader(name.to_owned()));
     }
-    HeaderName::from_bytes(name.as_bytes())
-        .map_err(|_| format!("{name:?} is not a valid header name"))?;
-    HeaderValue::from_str(value)
-        .map_err(|_| format!("the value of {name:?} is not a valid header value"))?;
+    HeaderName::from_bytes(name.as_bytes()).map_err(|source| WebhookConfigError::HeaderName {
+        name: name.to_owned(),
+        source,
+    })?;
+    HeaderValue::from_str(value).map_err(|source| WebhookConfigError::HeaderValue {
+        name: name.to_owned(),
+        source,
+    })?;
     Ok(())
 }
 
@@ -138,7 +180,7 @@ impl WebhookPayload {
                         InvalidField::new("payload.headers", format!("{k:?} must be a string"))
                     })?;
                     check_custom_header(k, v)
-                        .map_err(|m| InvalidField::new("payload.headers", m))?;
+                        .map_err(|e| InvalidField::new("payload.headers", e.to_string()))?;
                     Ok((k.clone(), v.to_owned()))
                 })
                 .collect::<Result<_, InvalidField>>()?,
@@ -247,8 +289,13 @@ impl WebhookChannel {
             endpoint,
         ) {
             Ok(h) => h,
-            Err(m) => {
-                return SendReport::refused(AttemptClass::Permanent, "invalid_header", now, m);
+            Err(e) => {
+                return SendReport::refused(
+                    AttemptClass::Permanent,
+                    "invalid_header",
+                    now,
+                    e.to_string(),
+                );
             }
         };
         let started = std::time::Instant::now();
@@ -320,16 +367,20 @@ fn build_headers(
     keys: &[SigningKey],
     payload: &WebhookPayload,
     endpoint: Option<&Endpoint>,
-) -> Result<HeaderMap, String> {
+) -> Result<HeaderMap, WebhookConfigError> {
     let mut h = HeaderMap::new();
-    let value = |v: &str| HeaderValue::from_str(v).map_err(|_| "invalid header value".to_owned());
+    let value = |v: &str| HeaderValue::from_str(v).map_err(WebhookConfigError::RequestHeaderValue);
     let mut extra: Vec<&(String, String)> = payload.headers.iter().collect();
     if let Some(e) = endpoint {
         extra.extend(e.headers.iter());
     }
     for (name, v) in extra {
-        let name = HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| format!("invalid header name {name:?}"))?;
+        let name = HeaderName::from_bytes(name.as_bytes()).map_err(|source| {
+            WebhookConfigError::RequestHeaderName {
+                name: name.clone(),
+                source,
+            }
+        })?;
         h.insert(name, value(v)?);
     }
     if let Some(auth) = endpoint.and_then(|e| e.auth.as_ref()) {
@@ -471,5 +522,43 @@ mod tests {
         );
         assert_eq!(provider_id(br#"{"id":null}"#, "/id"), None);
         assert_eq!(provider_id(b"not json", "/id"), None);
+    }
+
+    #[test]
+    fn refusals_read_as_they_always_have() {
+        let url = |raw| parse_webhook_url(raw).unwrap_err().to_string();
+        assert_eq!(
+            url("not a url"),
+            "is not a valid URL (relative URL without a base)"
+        );
+        assert_eq!(
+            url("ftp://a/b"),
+            "must be an http:// or https:// URL, or endpoint:NAME"
+        );
+        assert_eq!(
+            url("https://u:p@a.example/"),
+            "must not carry credentials; configure an endpoint with auth instead"
+        );
+        let header = |n, v| check_custom_header(n, v).unwrap_err().to_string();
+        assert_eq!(
+            header("Webhook-Id", "x"),
+            r#"header "Webhook-Id" is set by Herald"#
+        );
+        assert_eq!(header("a b", "x"), r#""a b" is not a valid header name"#);
+        assert_eq!(
+            header("X-A", "a\nb"),
+            r#"the value of "X-A" is not a valid header value"#
+        );
+        let request = |name: &str, value: &str| {
+            let payload = WebhookPayload {
+                body: json!({}),
+                headers: vec![(name.to_owned(), value.to_owned())],
+            };
+            build_headers("e-1", 1, b"{}", &[], &payload, None)
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(request("a b", "x"), r#"invalid header name "a b""#);
+        assert_eq!(request("X-A", "a\nb"), "invalid header value");
     }
 }

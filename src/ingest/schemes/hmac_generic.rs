@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::{SourceConfig, hmac_sha256};
+use super::{SchemeConfigError, SourceConfig, hmac_sha256};
 use crate::ingest::{
     RawRequest, ReceiptEvent, Source, VerifyError, constant_time_eq, iso_time, str_at, unix_time,
     within,
@@ -27,11 +27,11 @@ pub struct GenericHmac {
 }
 
 impl GenericHmac {
-    pub fn new(secrets: Vec<String>, c: &SourceConfig) -> Result<Self, String> {
+    pub fn new(secrets: Vec<String>, c: &SourceConfig) -> Result<Self, SchemeConfigError> {
         let base64 = match c.encoding.as_deref().unwrap_or("hex") {
             "hex" => false,
             "base64" => true,
-            other => return Err(format!("encoding {other:?} must be hex or base64")),
+            other => return Err(SchemeConfigError::Encoding(other.to_owned())),
         };
         let timestamp_header = match c.signed.as_deref().unwrap_or("body") {
             "body" => None,
@@ -40,7 +40,7 @@ impl GenericHmac {
                     .clone()
                     .unwrap_or_else(|| "x-timestamp".into()),
             ),
-            other => return Err(format!("signed {other:?} must be body or timestamp.body")),
+            other => return Err(SchemeConfigError::Signed(other.to_owned())),
         };
         Ok(Self {
             secrets,

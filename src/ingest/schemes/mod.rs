@@ -14,6 +14,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use super::Source;
+use crate::crypto::signing::KeyError;
 use crate::domain::InvalidField;
 use crate::secret::Secret;
 
@@ -28,6 +29,28 @@ pub const SCHEMES: &[&str] = &[
     "stripe",
     "hmac",
 ];
+
+/// Why a scheme refuses its `[sources.NAME]` settings; [`build`] names the field.
+#[derive(Debug, thiserror::Error)]
+pub enum SchemeConfigError {
+    /// twilio: `public_url`.
+    #[error("is not a valid URL ({0})")]
+    InvalidUrl(#[source] url::ParseError),
+    /// hmac: `encoding`.
+    #[error("encoding {0:?} must be hex or base64")]
+    Encoding(String),
+    /// hmac: `signed`.
+    #[error("signed {0:?} must be body or timestamp.body")]
+    Signed(String),
+    /// standard-webhooks: a secret.
+    #[error(transparent)]
+    SigningKey(#[from] KeyError),
+    /// sendgrid: a verification key (public, so base64's cause is kept).
+    #[error("must be base64 (the verification key SendGrid shows)")]
+    NotBase64(#[source] base64::DecodeError),
+    #[error("is not a P-256 public key")]
+    NotP256(#[source] p256::pkcs8::spki::Error),
+}
 
 /// Default timestamp tolerance, seconds.
 pub const DEFAULT_TOLERANCE: u64 = 300;
@@ -122,7 +145,7 @@ pub fn build(field: &str, c: &SourceConfig) -> Result<Arc<dyn Source>, InvalidFi
                 &need_secrets(c.all_secrets())?,
                 c.tolerance(),
             )
-            .map_err(|m| InvalidField::new(format!("{field}.secrets"), m))?,
+            .map_err(|e| InvalidField::new(format!("{field}.secrets"), e.to_string()))?,
         ),
         "stripe" => Arc::new(stripe::Stripe::new(
             need_secrets(c.all_secrets())?,
@@ -138,17 +161,17 @@ pub fn build(field: &str, c: &SourceConfig) -> Result<Arc<dyn Source>, InvalidFi
             })?;
             Arc::new(
                 twilio::Twilio::new(need_secrets(c.all_secrets())?, &url)
-                    .map_err(|m| InvalidField::new(format!("{field}.public_url"), m))?,
+                    .map_err(|e| InvalidField::new(format!("{field}.public_url"), e.to_string()))?,
             )
         }
         "postmark" => Arc::new(postmark_source(field, c)?),
         "hmac" => Arc::new(
             hmac_generic::GenericHmac::new(need_secrets(c.all_secrets())?, c)
-                .map_err(|m| InvalidField::new(field.to_owned(), m))?,
+                .map_err(|e| InvalidField::new(field.to_owned(), e.to_string()))?,
         ),
         "sendgrid" => Arc::new(
             sendgrid::SendGrid::new(&need_secrets(c.all_secrets())?, c.tolerance())
-                .map_err(|m| InvalidField::new(format!("{field}.secrets"), m))?,
+                .map_err(|e| InvalidField::new(format!("{field}.secrets"), e.to_string()))?,
         ),
         "ses" => {
             if c.topic_arns.is_empty() {
@@ -240,4 +263,52 @@ pub fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
         mac.update(p);
     }
     mac.finalize().into_bytes().into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_read_as_they_always_have() {
+        let refusal = |c: SourceConfig| build("sources.s", &c).err().unwrap().to_string();
+        let with = |scheme: &str, secret: &str| SourceConfig {
+            scheme: scheme.into(),
+            secrets: vec![Secret::new(secret)],
+            ..Default::default()
+        };
+        assert_eq!(
+            refusal(SourceConfig {
+                public_url: Some("not a url".into()),
+                ..with("twilio", "t")
+            }),
+            "sources.s.public_url: is not a valid URL (relative URL without a base)"
+        );
+        assert_eq!(
+            refusal(SourceConfig {
+                encoding: Some("b32".into()),
+                ..with("hmac", "k")
+            }),
+            r#"sources.s: encoding "b32" must be hex or base64"#
+        );
+        assert_eq!(
+            refusal(SourceConfig {
+                signed: Some("all".into()),
+                ..with("hmac", "k")
+            }),
+            r#"sources.s: signed "all" must be body or timestamp.body"#
+        );
+        assert_eq!(
+            refusal(with("standard-webhooks", "whsec_!!!")),
+            "sources.s.secrets: must be whsec_ followed by base64"
+        );
+        assert_eq!(
+            refusal(with("sendgrid", "!!!")),
+            "sources.s.secrets: must be base64 (the verification key SendGrid shows)"
+        );
+        assert_eq!(
+            refusal(with("sendgrid", "c2hvcnQ=")),
+            "sources.s.secrets: is not a P-256 public key"
+        );
+    }
 }

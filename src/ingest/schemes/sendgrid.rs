@@ -13,6 +13,7 @@ use p256::pkcs8::DecodePublicKey;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::SchemeConfigError;
 use crate::ingest::{RawRequest, ReceiptEvent, Source, VerifyError, str_at, unix_time, within};
 
 pub struct SendGrid {
@@ -22,17 +23,14 @@ pub struct SendGrid {
 
 impl SendGrid {
     /// `keys`: base64 DER public keys, as SendGrid shows them.
-    pub fn new(keys: &[String], tolerance: u64) -> Result<Self, String> {
+    pub fn new(keys: &[String], tolerance: u64) -> Result<Self, SchemeConfigError> {
         let keys = keys
             .iter()
             .map(|k| {
                 let der = base64::engine::general_purpose::STANDARD
                     .decode(k.trim())
-                    .map_err(|_| {
-                        "must be base64 (the verification key SendGrid shows)".to_owned()
-                    })?;
-                VerifyingKey::from_public_key_der(&der)
-                    .map_err(|_| "is not a P-256 public key".to_owned())
+                    .map_err(SchemeConfigError::NotBase64)?;
+                VerifyingKey::from_public_key_der(&der).map_err(SchemeConfigError::NotP256)
             })
             .collect::<Result<_, _>>()?;
         Ok(Self { keys, tolerance })

@@ -22,10 +22,34 @@ use x509_cert::der::{DecodePem, Encode};
 
 use crate::ingest::{RawRequest, ReceiptEvent, Source, VerifyError, iso_time, str_at, within};
 
+/// Why an HTTPS GET to SNS (a signing certificate, a subscription confirmation) gave nothing.
+/// Neither the text nor a cause names the URL: a SubscribeURL carries a token.
+#[derive(Debug, thiserror::Error)]
+pub enum CertFetchError {
+    #[error("no pinned certificate for that URL")]
+    NotPinned,
+    /// The blocking runtime for the request could not start.
+    #[error(transparent)]
+    Runtime(std::io::Error),
+    /// The HTTP client could not be built.
+    #[error(transparent)]
+    Client(reqwest::Error),
+    /// The cause has its URL removed.
+    #[error("request failed")]
+    Request(#[source] reqwest::Error),
+    #[error("HTTP {0}")]
+    Status(reqwest::StatusCode),
+    /// The cause has its URL removed.
+    #[error("body failed")]
+    Body(#[source] reqwest::Error),
+    #[error("response over 64 KiB")]
+    TooLarge,
+}
+
 /// Where signing certificates come from: fetched and cached, or given (tests, pinning, offline).
 pub trait CertStore: Send + Sync {
     /// The PEM certificate at `url` (already checked against the URL policy).
-    fn get(&self, url: &str) -> Result<Vec<u8>, String>;
+    fn get(&self, url: &str) -> Result<Vec<u8>, CertFetchError>;
 }
 
 /// Certificates given up front, keyed by URL.
@@ -33,11 +57,8 @@ pub trait CertStore: Send + Sync {
 pub struct StaticCertStore(pub HashMap<String, Vec<u8>>);
 
 impl CertStore for StaticCertStore {
-    fn get(&self, url: &str) -> Result<Vec<u8>, String> {
-        self.0
-            .get(url)
-            .cloned()
-            .ok_or_else(|| "no pinned certificate for that URL".into())
+    fn get(&self, url: &str) -> Result<Vec<u8>, CertFetchError> {
+        self.0.get(url).cloned().ok_or(CertFetchError::NotPinned)
     }
 }
 
@@ -58,32 +79,37 @@ impl HttpsCertStore {
 }
 
 /// One blocking HTTPS GET (certificates, subscription confirmations): rare, cached, bounded.
-fn https_get(url: &str) -> Result<Vec<u8>, String> {
+fn https_get(url: &str) -> Result<Vec<u8>, CertFetchError> {
     crate::crypto::install_crypto_provider();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| e.to_string())?;
+        .map_err(CertFetchError::Runtime)?;
     rt.block_on(async {
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .redirect(reqwest::redirect::Policy::none())
             .build()
-            .map_err(|e| e.to_string())?;
-        // Errors are reduced to their kind: a SubscribeURL carries a token.
+            .map_err(CertFetchError::Client)?;
+        // Errors are reduced to their kind, their causes stripped of the URL: a SubscribeURL
+        // carries a token.
         let mut resp = client
             .get(url)
             .send()
             .await
-            .map_err(|_| "request failed".to_owned())?;
+            .map_err(|e| CertFetchError::Request(e.without_url()))?;
         if !resp.status().is_success() {
-            return Err(format!("HTTP {}", resp.status()));
+            return Err(CertFetchError::Status(resp.status()));
         }
         let mut body = Vec::new();
-        while let Some(chunk) = resp.chunk().await.map_err(|_| "body failed".to_owned())? {
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|e| CertFetchError::Body(e.without_url()))?
+        {
             body.extend_from_slice(&chunk);
             if body.len() > 64 * 1024 {
-                return Err("response over 64 KiB".into());
+                return Err(CertFetchError::TooLarge);
             }
         }
         Ok(body)
@@ -91,7 +117,7 @@ fn https_get(url: &str) -> Result<Vec<u8>, String> {
 }
 
 impl CertStore for HttpsCertStore {
-    fn get(&self, url: &str) -> Result<Vec<u8>, String> {
+    fn get(&self, url: &str) -> Result<Vec<u8>, CertFetchError> {
         if let Ok(pem) = self.pinned.get(url) {
             return Ok(pem);
         }
@@ -454,6 +480,12 @@ mod tests {
             published_at(PUBLISHED + 3601, Some(3600)),
             Err(VerifyError::Stale(3600))
         );
+    }
+
+    #[test]
+    fn an_unpinned_certificate_reads_as_it_always_has() {
+        let err = StaticCertStore::default().get("https://x").unwrap_err();
+        assert_eq!(err.to_string(), "no pinned certificate for that URL");
     }
 
     #[test]

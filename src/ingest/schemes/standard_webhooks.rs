@@ -5,6 +5,7 @@
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
+use super::SchemeConfigError;
 use crate::crypto::signing::SigningKey;
 use crate::ingest::{
     RawRequest, ReceiptEvent, Source, VerifyError, constant_time_eq, herald_event_id_in, iso_time,
@@ -17,7 +18,7 @@ pub struct StandardWebhooks {
 }
 
 impl StandardWebhooks {
-    pub fn new(secrets: &[String], tolerance: u64) -> Result<Self, String> {
+    pub fn new(secrets: &[String], tolerance: u64) -> Result<Self, SchemeConfigError> {
         let keys = secrets
             .iter()
             .map(|s| SigningKey::parse(s))

@@ -12,6 +12,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use url::Url;
 
+use super::SchemeConfigError;
 use crate::ingest::{RawRequest, ReceiptEvent, Source, VerifyError, constant_time_eq};
 
 pub struct Twilio {
@@ -20,8 +21,8 @@ pub struct Twilio {
 }
 
 impl Twilio {
-    pub fn new(tokens: Vec<String>, public_url: &str) -> Result<Self, String> {
-        let public_url = Url::parse(public_url).map_err(|e| format!("is not a valid URL ({e})"))?;
+    pub fn new(tokens: Vec<String>, public_url: &str) -> Result<Self, SchemeConfigError> {
+        let public_url = Url::parse(public_url).map_err(SchemeConfigError::InvalidUrl)?;
         Ok(Self { tokens, public_url })
     }
 
