@@ -22,9 +22,6 @@ use crate::storage::{Backend, Db, PoolOptions};
 /// The key under which a generated webhook secret is stored in `herald_settings`.
 pub const WEBHOOK_SECRET_KEY: &str = "webhook_secret";
 
-/// The `herald_settings` key the PostgreSQL insert trigger reads: `off` means no NOTIFY.
-pub const LISTEN_NOTIFY_KEY: &str = "listen_notify";
-
 /// A built Herald: everything but the running loops.
 pub struct Herald {
     pub settings: Settings,
@@ -72,14 +69,6 @@ impl Herald {
     /// Builds every part from settings. Blocking (database set-up); call before serving.
     pub fn build(settings: Settings, clock: Arc<dyn Clock>, migrate: bool) -> anyhow::Result<Self> {
         let db = open_db(&settings, migrate)?;
-        if db.backend() == Backend::Postgres && settings.sender_enabled {
-            // The insert trigger notifies only while senders listen (see the migration
-            // `policy_version_and_notify`): polling-only senders spare every application commit
-            // the notify-queue lock. Database-wide: the sender started last decides.
-            let value = if settings.listen_notify { "on" } else { "off" };
-            db.put_setting(LISTEN_NOTIFY_KEY, value)
-                .context("cannot store the listen_notify setting")?;
-        }
         let keys = match &settings.webhook_secret {
             Some(keys) => keys.clone(),
             None => {

@@ -514,7 +514,10 @@ mod tests {
     fn the_example_config_is_valid() {
         let example = include_str!("../herald.example.toml");
         let s = Settings::from_toml(example).expect("herald.example.toml parses and validates");
-        assert_eq!(s.webhook_connect_timeout, std::time::Duration::from_millis(5000));
+        assert_eq!(
+            s.webhook_connect_timeout,
+            std::time::Duration::from_millis(5000)
+        );
     }
 
     #[test]

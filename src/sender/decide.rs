@@ -8,8 +8,6 @@ use chrono::{DateTime, Utc};
 use crate::domain::{AttemptClass, Semantics, State};
 use crate::sender::policy::RetryPolicy;
 
-pub use crate::domain::classify::{classify_http_status, classify_smtp_code, honours_retry_after};
-
 /// What happens to a message after an attempt.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {

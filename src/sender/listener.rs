@@ -1,5 +1,7 @@
-//! PostgreSQL LISTEN/NOTIFY wake-up. A dedicated connection LISTENs on `herald_outbox`; the
-//! trigger on `herald_outbox` notifies once per inserting transaction, at commit. Notifications
+//! PostgreSQL LISTEN/NOTIFY wake-up. A dedicated connection (application_name
+//! [`APPLICATION_NAME`]) LISTENs on `herald_outbox`; the trigger on `herald_outbox` notifies once
+//! per inserting transaction, at commit — and only while such a connection exists, so polling-only
+//! deployments pay nothing for it. Notifications
 //! are drained every few milliseconds (no query is sent to do so) and folded into one wake-up
 //! (the debounce); polling remains the fallback, and a broken connection is re-opened.
 
@@ -12,6 +14,10 @@ use diesel::connection::SimpleConnection;
 use diesel::pg::PgConnection;
 use tokio::sync::Notify;
 use tracing::{info, warn};
+
+/// The application_name of the LISTEN connection: the insert trigger notifies only while a
+/// session with this name is connected to the database.
+pub const APPLICATION_NAME: &str = "herald-listen";
 
 /// How often pending notifications are drained.
 const DRAIN_EVERY: Duration = Duration::from_millis(20);
@@ -29,9 +35,13 @@ pub fn spawn(url: String, wake: Arc<Notify>, stop: Arc<AtomicBool>) -> std::thre
 fn listen_loop(url: &str, wake: &Notify, stop: &AtomicBool) {
     let mut backoff = Duration::from_millis(200);
     while !stop.load(Ordering::Relaxed) {
-        let listening = PgConnection::establish(url)
+        let listening = PgConnection::establish(url).ok().and_then(|mut c| {
+            c.batch_execute(&format!(
+                "SET application_name = '{APPLICATION_NAME}'; LISTEN herald_outbox"
+            ))
             .ok()
-            .and_then(|mut c| c.batch_execute("LISTEN herald_outbox").ok().map(|_| c));
+            .map(|_| c)
+        });
         let mut conn = match listening {
             Some(c) => c,
             None => {

@@ -22,7 +22,7 @@ use crate::channels::webhook::WebhookChannel;
 use crate::clock::Clock;
 use crate::domain::{AttemptClass, Channel, State};
 use crate::storage::models::{
-    Applied, LeaseDecision, LeaseSweep, NewAttempt, OutboxRow, OutcomeRecord,
+    Applied, ExpiredLease, LeaseDecision, LeaseSweep, NewAttempt, OutboxRow, OutcomeRecord,
 };
 use crate::storage::{Db, StorageError};
 
@@ -427,7 +427,7 @@ impl Sender {
 /// killing their process backs off instead of crash-looping the fleet).
 pub fn lease_expired_decision(
     policy: &RetryPolicy,
-    row: &OutboxRow,
+    row: &ExpiredLease,
     at: chrono::DateTime<chrono::Utc>,
 ) -> LeaseDecision {
     let facts = AttemptFacts {

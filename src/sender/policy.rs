@@ -145,8 +145,6 @@ impl RetryPolicy {
     }
 }
 
-pub use crate::domain::classify::parse_retry_after;
-
 #[cfg(test)]
 mod tests {
     use super::*;

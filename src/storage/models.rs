@@ -37,6 +37,21 @@ pub struct OutboxRow {
     pub retry_policy_version: Option<String>,
 }
 
+/// What the watchdog reads of a `sending` row whose lease ran out: what the decision and the
+/// attempt row need, never the payload.
+#[derive(Debug, Clone, PartialEq, Queryable)]
+pub struct ExpiredLease {
+    pub id: i64,
+    pub event_id: String,
+    pub attempts: i32,
+    pub max_attempts: Option<i32>,
+    pub semantics: Semantics,
+    pub lease_owner: Option<String>,
+    pub request_fingerprint: Option<String>,
+    /// Set by the claim: when the attempt started.
+    pub updated_at: DateTime<Utc>,
+}
+
 /// One `herald_attempts` row.
 #[derive(Debug, Clone, PartialEq, Queryable)]
 pub struct AttemptRow {
@@ -69,7 +84,9 @@ pub struct NewOutboxRow {
     pub channel: Channel,
     pub destination: String,
     pub payload: serde_json::Value,
-    pub scheduled_at: DateTime<Utc>,
+    /// Not before; `None` = now: the database's `now()` on PostgreSQL (one clock for every
+    /// process), `now` on SQLite.
+    pub scheduled_at: Option<DateTime<Utc>>,
     pub max_attempts: Option<i32>,
     pub retry_policy: String,
     /// `None` from the library (the first claim fills in the version in force then).
@@ -180,7 +197,7 @@ impl LeaseSweep {
 impl OutcomeRecord {
     /// The watchdog's record of an attempt whose lease ran out at `at` before its sender wrote
     /// an outcome: class `ambiguous`, error kind `lease_expired`, no lease owner.
-    pub fn lease_expired(row: &OutboxRow, d: &LeaseDecision, at: DateTime<Utc>) -> Self {
+    pub fn lease_expired(row: &ExpiredLease, d: &LeaseDecision, at: DateTime<Utc>) -> Self {
         let owner = row.lease_owner.as_deref().unwrap_or("?");
         Self {
             message_id: row.id,

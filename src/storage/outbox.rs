@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 
 use super::models::{
-    Applied, LeaseDecision, LeaseSweep, NewOutboxRow, Now, OutboxRow, OutcomeRecord,
+    Applied, ExpiredLease, LeaseDecision, LeaseSweep, NewOutboxRow, Now, OutboxRow, OutcomeRecord,
 };
 use super::{Db, StorageError, per_backend};
 
@@ -25,8 +25,10 @@ per_backend! {
                 o::channel.eq(m.channel),
                 o::destination.eq(&m.destination),
                 o::payload.eq(&m.payload),
-                o::scheduled_at.eq(m.scheduled_at),
-                o::next_attempt_at.eq(Some(m.scheduled_at)),
+                // None: the column default (`now()`), and the insert trigger copies it to
+                // next_attempt_at.
+                sql::scheduled_at(m).map(|t| o::scheduled_at.eq(t)),
+                sql::scheduled_at(m).map(|t| o::next_attempt_at.eq(Some(t))),
                 o::max_attempts.eq(m.max_attempts),
                 o::retry_policy.eq(&m.retry_policy),
                 o::retry_policy_version.eq(&m.retry_policy_version),
@@ -162,7 +164,7 @@ per_backend! {
     pub fn sweep_expired_leases(
         conn: &mut Conn,
         now: &Now,
-        decide: &dyn Fn(&OutboxRow, DateTime<Utc>) -> LeaseDecision,
+        decide: &dyn Fn(&ExpiredLease, DateTime<Utc>) -> LeaseDecision,
     ) -> QueryResult<LeaseSweep> {
         let at = sql::now(conn, now)?;
         let mut sweep = LeaseSweep::default();
@@ -252,7 +254,7 @@ impl Db {
     pub fn sweep_expired_leases(
         &self,
         now: Now,
-        decide: &dyn Fn(&OutboxRow, DateTime<Utc>) -> LeaseDecision,
+        decide: &dyn Fn(&ExpiredLease, DateTime<Utc>) -> LeaseDecision,
     ) -> Result<LeaseSweep, StorageError> {
         crate::storage::db_run! { self, write |c, q| Ok(q::sweep_expired_leases(c, &now, decide)?) }
     }

@@ -1,5 +1,5 @@
 //! `herald_settings`: small key-value facts shared by every Herald process on one database (the
-//! generated webhook secret, whether senders listen for NOTIFY).
+//! generated webhook secret).
 
 use super::{Db, StorageError, per_backend};
 
@@ -14,16 +14,6 @@ per_backend! {
             .select(s::value)
             .first(conn)
             .optional()
-    }
-
-    pub fn put_setting(conn: &mut Conn, key: &str, value: &str) -> QueryResult<()> {
-        diesel::insert_into(s::table)
-            .values((s::key.eq(key), s::value.eq(value)))
-            .on_conflict(s::key)
-            .do_update()
-            .set(s::value.eq(value))
-            .execute(conn)?;
-        Ok(())
     }
 
     /// Stores `value` unless the key exists; returns the stored value either way.
@@ -42,11 +32,6 @@ per_backend! {
 }
 
 impl Db {
-    /// Stores (or replaces) a setting.
-    pub fn put_setting(&self, key: &str, value: &str) -> Result<(), StorageError> {
-        crate::storage::db_run! { self, write |c, q| Ok(q::put_setting(c, key, value)?) }
-    }
-
     pub fn get_setting(&self, key: &str) -> Result<Option<String>, StorageError> {
         crate::storage::db_run! { self, read |c, q| Ok(q::get_setting(c, key)?) }
     }

@@ -8,7 +8,7 @@ use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 
 use crate::domain::State;
 
-use super::models::{Applied, Now, OutboxRow, OutcomeRecord};
+use super::models::{Applied, ExpiredLease, NewOutboxRow, Now, OutcomeRecord};
 
 diesel::define_sql_function! {
     #[sql_name = "COALESCE"]
@@ -149,6 +149,22 @@ pub fn sqlite_now(
     Ok(now.local)
 }
 
+/// The columns of [`ExpiredLease`], in its field order.
+macro_rules! expired_lease_columns {
+    ($o:ident) => {
+        (
+            $o::id,
+            $o::event_id,
+            $o::attempts,
+            $o::max_attempts,
+            $o::semantics,
+            $o::lease_owner,
+            $o::request_fingerprint,
+            $o::updated_at,
+        )
+    };
+}
+
 /// How many expired leases one watchdog pass handles at most (the next pass takes the rest).
 const SWEEP_BATCH: i64 = 500;
 
@@ -157,12 +173,13 @@ const SWEEP_BATCH: i64 = 500;
 pub fn pg_expired_leases(
     conn: &mut diesel::pg::PgConnection,
     at: DateTime<Utc>,
-) -> diesel::QueryResult<Vec<OutboxRow>> {
+) -> diesel::QueryResult<Vec<ExpiredLease>> {
     use super::schema_pg::herald_outbox as o;
     use diesel::prelude::*;
     o::table
         .filter(o::state.eq(State::Sending))
         .filter(o::lease_until.lt(at))
+        .select(expired_lease_columns!(o))
         .order(o::id)
         .limit(SWEEP_BATCH)
         .for_update()
@@ -174,12 +191,13 @@ pub fn pg_expired_leases(
 pub fn sqlite_expired_leases(
     conn: &mut diesel::sqlite::SqliteConnection,
     at: DateTime<Utc>,
-) -> diesel::QueryResult<Vec<OutboxRow>> {
+) -> diesel::QueryResult<Vec<ExpiredLease>> {
     use super::schema_sqlite::herald_outbox as o;
     use diesel::prelude::*;
     o::table
         .filter(o::state.eq(State::Sending))
         .filter(o::lease_until.lt(at))
+        .select(expired_lease_columns!(o))
         .order(o::id)
         .limit(SWEEP_BATCH)
         .load(conn)
@@ -254,8 +272,20 @@ pub fn pg_update_outcomes(
         .collect())
 }
 
+/// A message's `scheduled_at` as inserted on PostgreSQL: `None` (not given) is left to the
+/// column default, the database's `now()`.
+pub fn pg_scheduled_at(m: &NewOutboxRow) -> Option<DateTime<Utc>> {
+    m.scheduled_at
+}
+
+/// On SQLite (one process, whose clock may be the tests' injected one): `now` when not given.
+pub fn sqlite_scheduled_at(m: &NewOutboxRow) -> Option<DateTime<Utc>> {
+    Some(m.scheduled_at.unwrap_or(m.now))
+}
+
 /// The PostgreSQL arm of each backend-specific query.
 pub mod pg {
+    pub use super::pg_scheduled_at as scheduled_at;
     pub use super::{
         pg_claim_ids as claim_ids, pg_expired_leases as expired_leases, pg_now as now,
         pg_update_outcomes as update_outcomes,
@@ -268,6 +298,7 @@ pub mod sqlite {
     use diesel::prelude::*;
 
     use super::coalesce_text;
+    pub use super::sqlite_scheduled_at as scheduled_at;
     pub use super::{
         sqlite_claim_ids as claim_ids, sqlite_expired_leases as expired_leases, sqlite_now as now,
     };

@@ -281,7 +281,28 @@ async fn a_skewed_clock_cannot_claim_early_or_steal_a_lease() {
     assert!(ahead.sender.claim(10).await.unwrap().is_empty());
     assert_eq!(ahead.sender.sweep_leases().await.unwrap().total(), 0);
     assert_eq!(app.row("skew-now").state, "sending");
-    // An hour behind, once the lease really ran out (31 s pass for everyone): it is returned.
+    // A message it enqueues without a time is due now by the database's clock, not in an hour.
+    let srv = actix_web::test::init_service(
+        actix_web::App::new()
+            .app_data(actix_web::web::Data::new(ahead.app_state()))
+            .configure(herald::http::configure),
+    )
+    .await;
+    let posted = actix_web::test::call_service(
+        &srv,
+        actix_web::test::TestRequest::post()
+            .uri("/v1/messages")
+            .set_json(webhook("skew-posted", &rx.url, json!({})))
+            .to_request(),
+    )
+    .await;
+    assert_eq!(posted.status(), 201);
+    let due = app.herald.sender.claim(10).await.unwrap();
+    assert_eq!(
+        due.iter().map(|r| r.event_id.as_str()).collect::<Vec<_>>(),
+        ["skew-posted"]
+    );
+    // An hour behind, once the leases really ran out (31 s pass for everyone): both are returned.
     let behind = herald_with_clock(
         &app,
         SkewedClock {
@@ -290,7 +311,7 @@ async fn a_skewed_clock_cannot_claim_early_or_steal_a_lease() {
         },
     )
     .await;
-    assert_eq!(behind.sender.sweep_leases().await.unwrap().to_retryable, 1);
+    assert_eq!(behind.sender.sweep_leases().await.unwrap().to_retryable, 2);
     let row = app.row("skew-now");
     assert_eq!(row.state, "retryable");
     // Its retry is due by the database's clock, not an hour early or late.
@@ -356,40 +377,80 @@ fn notifications_until_sentinel(listener: &mut PgConnection) -> Vec<String> {
     }
 }
 
-async fn notify_follows_listen_notify(listen: bool) -> Vec<String> {
-    let app = spawn_app_with(Backend::Postgres, &format!("listen_notify = {listen}\n")).await;
+/// Inserts (one rolled back, one committed) and then the sentinel; returns which channels
+/// notified. `insert_as` runs the inserts as that role.
+async fn notifications_of_inserts(app: &TestApp, insert_as: Option<&str>) -> Vec<String> {
     let mut listener = PgConnection::establish(&app.test_db.url).unwrap();
     listener
         .batch_execute("LISTEN herald_outbox; LISTEN herald_test_sentinel")
         .unwrap();
     let mut c = PgConnection::establish(&app.test_db.url).unwrap();
+    if let Some(role) = insert_as {
+        c.batch_execute(&format!("SET ROLE {role}")).unwrap();
+    }
     let insert = "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
                   VALUES ('{id}', 'webhook', 'https://x.example/h', '{\"body\": 1}')";
+    let n = NOTIFY_ROUND.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     c.batch_execute(&format!(
         "BEGIN; {}; ROLLBACK; BEGIN; {}; COMMIT; NOTIFY herald_test_sentinel;",
-        insert.replace("{id}", "rolled-back"),
-        insert.replace("{id}", "committed"),
+        insert.replace("{id}", &format!("rolled-back-{n}")),
+        insert.replace("{id}", &format!("committed-{n}")),
     ))
     .unwrap();
-    let seen = tokio::task::spawn_blocking(move || notifications_until_sentinel(&mut listener))
+    tokio::task::spawn_blocking(move || notifications_until_sentinel(&mut listener))
         .await
-        .unwrap();
-    app.stop().await;
-    seen
+        .unwrap()
 }
 
+static NOTIFY_ROUND: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// The wake-up follows where Herald listens: no Herald listener, no NOTIFY (no notify-queue lock
+/// on the application's commit); a listener connected, one NOTIFY per committed insert and none
+/// for a rolled-back one. An application role with only INSERT on the outbox can insert either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn notify_follows_listen_notify_postgres() {
-    // Listening: one notification, for the committed insert only (never the rolled-back one).
+async fn notify_follows_whether_herald_listens_postgres() {
+    let app = spawn_app_with(Backend::Postgres, "listen_notify = false\n").await;
+    let role = format!("app_{}", app.test_db.url.rsplit('/').next().unwrap());
+    app.raw_sql(&format!(
+        "DROP ROLE IF EXISTS {role}; CREATE ROLE {role}; \
+         GRANT INSERT ON herald_outbox TO {role}; \
+         GRANT USAGE ON SEQUENCE herald_outbox_id_seq TO {role}"
+    ));
     assert_eq!(
-        notify_follows_listen_notify(true).await,
+        notifications_of_inserts(&app, None).await,
+        ["herald_test_sentinel"],
+        "nobody listens: no NOTIFY"
+    );
+    assert_eq!(
+        notifications_of_inserts(&app, Some(&role)).await,
+        ["herald_test_sentinel"],
+        "an INSERT-only role, nobody listening"
+    );
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let t = herald::sender::listener::spawn(app.test_db.url.clone(), wake.clone(), stop.clone());
+    // The listener wakes once when it has connected and listens.
+    tokio::time::timeout(Duration::from_secs(10), wake.notified())
+        .await
+        .expect("listener connected");
+    assert_eq!(
+        notifications_of_inserts(&app, None).await,
         ["herald_outbox", "herald_test_sentinel"]
     );
-    // Polling only: no insert takes the notify-queue lock.
     assert_eq!(
-        notify_follows_listen_notify(false).await,
-        ["herald_test_sentinel"]
+        notifications_of_inserts(&app, Some(&role)).await,
+        ["herald_outbox", "herald_test_sentinel"],
+        "an INSERT-only role"
     );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    tokio::task::spawn_blocking(move || t.join().unwrap())
+        .await
+        .unwrap();
+    app.raw_sql(&format!(
+        "REVOKE ALL ON herald_outbox FROM {role}; \
+         REVOKE ALL ON SEQUENCE herald_outbox_id_seq FROM {role}; DROP ROLE {role}"
+    ));
+    app.stop().await;
 }
 
 /// A standby after failover answers every write with SQLSTATE 25006: 503 with Retry-After, and
