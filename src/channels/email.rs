@@ -2,11 +2,23 @@
 //! `.eml` files. Every message has a deterministic `Message-ID` derived from the event id and an
 //! `X-Herald-Event-Id` header, so a receiver can drop duplicates.
 //!
-//! An SMTP attempt knows how far it got ([`Stage`]): a failure while connecting (DNS, refused,
-//! TLS, greeting, EHLO, AUTH) or in the envelope (MAIL FROM, RCPT TO, DATA) is `not_sent` — the
-//! server cannot have accepted content it never received — and only a timeout or a lost
-//! connection once the content is on its way is `ambiguous`. The whole attempt, connecting
-//! included, is bounded by the SMTP timeout.
+//! An SMTP attempt knows how far it got ([`Stage`]), and that decides its class:
+//!
+//! - **Connecting** (DNS, TCP, TLS, the greeting, EHLO, STARTTLS, AUTH): any failure is
+//!   `not_sent`, a reply code included — a 421 or 554 greeting, a 535 to AUTH. The message never
+//!   left, so it is retried (also under `at_most_once`) and never dead-lettered for what the
+//!   server said about the session; the attempt keeps the code (`response_status`) and an error
+//!   kind naming the step ([`ConnectStep`]: `smtp_greeting_refused`, `smtp_starttls_refused`,
+//!   `smtp_auth_refused`).
+//! - **Envelope** (MAIL FROM, RCPT TO, DATA): a reply code decides (4xx `transient`, 5xx
+//!   `permanent`); a timeout or a lost connection is `not_sent` — the server cannot have
+//!   accepted content it never received.
+//! - **Content**: the final reply decides the same way; a timeout or a lost connection once the
+//!   content is on its way is `ambiguous`.
+//!
+//! After any failure the connection is closed, never parked for reuse: a 421 (the server
+//! closing the channel) anywhere included. The whole attempt, connecting included, is bounded by
+//! the SMTP timeout.
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -380,15 +392,26 @@ fn percent_decode(s: &str) -> Option<String> {
 /// How far an SMTP attempt got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
-    /// TCP connect, TLS, greeting, EHLO, STARTTLS, AUTH, or the NOOP check of a pooled
-    /// connection: nothing of the message has left Herald.
-    Connect,
+    /// Opening a connection, up to this step: nothing of the message has left Herald.
+    Connect(ConnectStep),
     /// MAIL FROM, RCPT TO, DATA up to the server's 354: only the envelope has left, and a server
     /// cannot accept a message whose content it has not received.
     Envelope,
     /// The content and its final dot are being written, or the final reply is awaited: the
     /// server may have accepted the message.
     Content,
+}
+
+/// The steps of opening a connection, each named in the error kind of a refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectStep {
+    /// DNS, TCP, TLS for `smtps://`, the server's greeting and its answer to EHLO (lettre reads
+    /// the greeting and sends EHLO in one call, so a refusal of either is `smtp_greeting_refused`).
+    Hello,
+    /// STARTTLS and the EHLO after it.
+    StartTls,
+    /// AUTH, when `smtp_url` carries credentials.
+    Auth,
 }
 
 /// Why an SMTP attempt did not end with a reply to the content.
@@ -404,24 +427,34 @@ pub enum SmtpFailure {
 }
 
 impl SmtpFailure {
-    /// The class and error kind: a reply code decides when there is one; otherwise the stage.
+    /// The class, error kind and reply code: before the envelope the stage decides (`not_sent`,
+    /// whatever the reply); from MAIL FROM on a reply code decides, else the stage.
     pub fn classify(&self) -> (AttemptClass, &'static str, Option<u16>) {
         match self {
+            SmtpFailure::Unsupported(_) => (AttemptClass::Permanent, "unsupported_by_server", None),
+            SmtpFailure::Timeout(Stage::Connect(_)) => {
+                (AttemptClass::NotSent, "connect_timeout", None)
+            }
+            SmtpFailure::Smtp(Stage::Connect(step), e) => {
+                let code = reply_code(e);
+                let kind = match (step, code) {
+                    (ConnectStep::Hello, Some(_)) => "smtp_greeting_refused",
+                    (ConnectStep::StartTls, Some(_)) => "smtp_starttls_refused",
+                    (ConnectStep::Auth, Some(_)) => "smtp_auth_refused",
+                    _ if e.is_timeout() => "connect_timeout",
+                    _ if e.is_tls() => "tls",
+                    (ConnectStep::Hello, None) => "connect",
+                    // E.g. the server does not offer STARTTLS although `tls=required`.
+                    (ConnectStep::StartTls, None) => "tls",
+                    // E.g. no authentication mechanism in common.
+                    (ConnectStep::Auth, None) => "smtp_auth",
+                };
+                (AttemptClass::NotSent, kind, code)
+            }
             SmtpFailure::Smtp(_, e) if e.status().is_some() => {
-                let code = e.status().map(|c| smtp_code(&c.to_string())).unwrap_or(0);
+                let code = reply_code(e).unwrap_or(0);
                 (classify_smtp_code(code), "smtp_reply", Some(code))
             }
-            SmtpFailure::Unsupported(_) => (AttemptClass::Permanent, "unsupported_by_server", None),
-            SmtpFailure::Timeout(Stage::Connect) => {
-                (AttemptClass::NotSent, "connect_timeout", None)
-            }
-            SmtpFailure::Smtp(Stage::Connect, e) if e.is_timeout() => {
-                (AttemptClass::NotSent, "connect_timeout", None)
-            }
-            SmtpFailure::Smtp(Stage::Connect, e) if e.is_tls() => {
-                (AttemptClass::NotSent, "tls", None)
-            }
-            SmtpFailure::Smtp(Stage::Connect, _) => (AttemptClass::NotSent, "connect", None),
             SmtpFailure::Timeout(Stage::Envelope) => {
                 (AttemptClass::NotSent, "timeout_before_data", None)
             }
@@ -519,18 +552,24 @@ impl SmtpPool {
                 Ok(true) => return Ok(conn),
                 // Closed by the server while parked: try the next one, or a new connection.
                 Ok(false) => drop(conn),
-                Err(_) => return Err(SmtpFailure::Timeout(Stage::Connect)),
+                Err(_) => return Err(SmtpFailure::Timeout(Stage::Connect(ConnectStep::Hello))),
             }
         }
-        match tokio::time::timeout_at(deadline, self.connect()).await {
+        let mut step = ConnectStep::Hello;
+        match tokio::time::timeout_at(deadline, self.connect(&mut step)).await {
             Ok(Ok(conn)) => Ok(conn),
-            Ok(Err(e)) => Err(SmtpFailure::Smtp(Stage::Connect, e)),
-            Err(_) => Err(SmtpFailure::Timeout(Stage::Connect)),
+            Ok(Err(e)) => Err(SmtpFailure::Smtp(Stage::Connect(step), e)),
+            Err(_) => Err(SmtpFailure::Timeout(Stage::Connect(step))),
         }
     }
 
-    /// TCP (and TLS for smtps), greeting, EHLO, STARTTLS when asked for, AUTH when configured.
-    async fn connect(&self) -> Result<AsyncSmtpConnection, lettre::transport::smtp::Error> {
+    /// TCP (and TLS for smtps), greeting, EHLO, STARTTLS when asked for, AUTH when configured;
+    /// `step` says how far it got.
+    async fn connect(
+        &self,
+        step: &mut ConnectStep,
+    ) -> Result<AsyncSmtpConnection, lettre::transport::smtp::Error> {
+        *step = ConnectStep::Hello;
         let r = &self.relay;
         let wrapper = match &r.tls {
             Tls::Wrapper(p) => Some(p.clone()),
@@ -546,12 +585,17 @@ impl SmtpPool {
         .await?;
         match &r.tls {
             Tls::Opportunistic(p) if conn.can_starttls() => {
+                *step = ConnectStep::StartTls;
                 conn.starttls(p.clone(), &r.hello).await?
             }
-            Tls::Required(p) => conn.starttls(p.clone(), &r.hello).await?,
+            Tls::Required(p) => {
+                *step = ConnectStep::StartTls;
+                conn.starttls(p.clone(), &r.hello).await?
+            }
             _ => {}
         }
         if let Some(c) = &r.credentials {
+            *step = ConnectStep::Auth;
             conn.auth(DEFAULT_MECHANISMS, c).await?;
         }
         Ok(conn)
@@ -629,6 +673,11 @@ async fn transmit(
 
 fn smtp_code(code: &str) -> u16 {
     code.parse().unwrap_or(0)
+}
+
+/// The reply code of a negative answer, if the error is one.
+fn reply_code(e: &lettre::transport::smtp::Error) -> Option<u16> {
+    e.status().map(|c| smtp_code(&c.to_string()))
 }
 
 async fn write_eml(
@@ -713,7 +762,7 @@ mod tests {
     fn only_a_failure_after_the_content_left_is_ambiguous() {
         let class = |f: SmtpFailure| f.classify();
         assert_eq!(
-            class(SmtpFailure::Timeout(Stage::Connect)),
+            class(SmtpFailure::Timeout(Stage::Connect(ConnectStep::Auth))),
             (AttemptClass::NotSent, "connect_timeout", None)
         );
         assert_eq!(
