@@ -486,12 +486,23 @@ const POOL_MAX_IDLE: usize = 10;
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Bound on the polite QUIT when a connection is retired.
 const QUIT_WITHIN: Duration = Duration::from_secs(5);
+/// Longest NOOP check of a parked connection; shorter with a short SMTP timeout (a quarter of
+/// it), so a connection that went silent while parked leaves most of the attempt to a new one.
+const REUSE_CHECK_MAX: Duration = Duration::from_secs(2);
+
+fn reuse_check_bound(timeout: Duration) -> Duration {
+    (timeout / 4).min(REUSE_CHECK_MAX)
+}
 
 /// Pooled SMTP connections to one relay: opened on demand, parked after a successful send,
-/// checked with NOOP before reuse, closed after a failure and retired after an idle minute.
+/// checked with NOOP before reuse (bounded on its own: one that fails or stays silent is closed
+/// and replaced within the same attempt), closed after a failure and retired after an idle
+/// minute.
 pub struct SmtpPool {
     relay: SmtpRelay,
     timeout: Duration,
+    /// Bound on the NOOP check of a parked connection ([`reuse_check_bound`]).
+    reuse_check: Duration,
     idle: Mutex<Vec<(AsyncSmtpConnection, Instant)>>,
 }
 
@@ -500,6 +511,7 @@ impl SmtpPool {
         Self {
             relay,
             timeout,
+            reuse_check: reuse_check_bound(timeout),
             idle: Mutex::new(Vec::new()),
         }
     }
@@ -548,11 +560,12 @@ impl SmtpPool {
                 idle.pop()
             };
             let Some((mut conn, _)) = parked else { break };
-            match tokio::time::timeout_at(deadline, conn.test_connected()).await {
+            let check_until = deadline.min(tokio::time::Instant::now() + self.reuse_check);
+            match tokio::time::timeout_at(check_until, conn.test_connected()).await {
                 Ok(true) => return Ok(conn),
-                // Closed by the server while parked: try the next one, or a new connection.
-                Ok(false) => drop(conn),
-                Err(_) => return Err(SmtpFailure::Timeout(Stage::Connect(ConnectStep::Hello))),
+                // Closed by the server while parked, refused (a 421) or silent: closed, and the
+                // next parked one or a new connection carries this attempt.
+                Ok(false) | Err(_) => drop(conn),
             }
         }
         let mut step = ConnectStep::Hello;
@@ -776,6 +789,18 @@ mod tests {
         assert_eq!(
             class(SmtpFailure::Unsupported("8BITMIME")),
             (AttemptClass::Permanent, "unsupported_by_server", None)
+        );
+    }
+
+    #[test]
+    fn the_reuse_check_is_a_quarter_of_the_timeout_at_most_two_seconds() {
+        assert_eq!(
+            reuse_check_bound(Duration::from_secs(30)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            reuse_check_bound(Duration::from_millis(2000)),
+            Duration::from_millis(500)
         );
     }
 

@@ -2,6 +2,7 @@
 //! `not_sent` (so `at_most_once` mail is retried, never left `unconfirmed`); a stall or drop after
 //! the content was sent is `ambiguous`. A reply code while connecting (greeting, EHLO, AUTH) is
 //! `not_sent` too; only replies to MAIL FROM, RCPT TO and DATA are classified by their code.
+//! The pool replaces a parked connection that no longer answers.
 
 use serde_json::json;
 
@@ -268,11 +269,34 @@ async fn smtp_a_421_in_the_envelope_is_transient_and_closes_the_connection(backe
     app.stop().await;
 }
 
+/// A parked connection that stops answering (NOOP gets nothing) costs only the bounded reuse
+/// check: the same attempt opens a new connection and delivers.
+async fn smtp_a_parked_connection_that_went_silent_is_replaced(backend: Backend) {
+    let sink = SmtpSink::start().await;
+    let app = spawn_app_with(
+        backend,
+        &format!("smtp_url = \"{}\"\nsmtp_timeout_ms = 2000\n", sink.url),
+    )
+    .await;
+    post_mail(&app, "mute-1", "mute@example.com", None, "at_most_once").await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    assert_eq!(app.message("mute-1").await["state"], "delivered");
+    post_mail(&app, "mute-2", "ada@example.com", None, "at_most_once").await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    let (state, _, class, kind) = outcome(&app, "mute-2").await;
+    assert_eq!((state.as_str(), class.as_str(), kind), ("delivered", "accepted", None));
+    assert_eq!(app.attempts("mute-2").len(), 1);
+    assert_eq!(sink.connections(), 2);
+    assert_eq!(sink.accepted().len(), 2);
+    app.stop().await;
+}
+
 both_backends!(
     smtp_greeting_421_is_not_sent,
     smtp_greeting_554_is_not_sent,
     smtp_auth_refused_is_not_sent,
     smtp_a_421_in_the_envelope_is_transient_and_closes_the_connection,
+    smtp_a_parked_connection_that_went_silent_is_replaced,
     smtp_connection_refused_is_not_sent,
     smtp_unresolvable_host_is_not_sent,
     smtp_server_that_never_greets_is_not_sent,
