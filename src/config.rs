@@ -82,6 +82,7 @@ struct FileConfig {
     max_payload_bytes: Option<usize>,
     smtp_url: Option<Secret>,
     smtp_timeout_ms: Option<u64>,
+    smtp_pool_size: Option<u32>,
     mail_dir: Option<PathBuf>,
     mail_from: Option<String>,
     message_id_domain: Option<String>,
@@ -114,6 +115,8 @@ pub struct Settings {
     pub max_payload_bytes: usize,
     pub smtp_url: Option<Secret>,
     pub smtp_timeout: Duration,
+    /// Open SMTP connections at most (1–100).
+    pub smtp_pool_size: usize,
     pub mail_dir: PathBuf,
     pub mail_from: String,
     pub message_id_domain: String,
@@ -267,6 +270,7 @@ impl Settings {
         over!(max_payload_bytes, "HERALD_MAX_PAYLOAD_BYTES", num);
         over!(smtp_url, "HERALD_SMTP_URL", secret);
         over!(smtp_timeout_ms, "HERALD_SMTP_TIMEOUT_MS", num);
+        over!(smtp_pool_size, "HERALD_SMTP_POOL_SIZE", num);
         over!(mail_dir, "HERALD_MAIL_DIR", string);
         over!(mail_from, "HERALD_MAIL_FROM", string);
         over!(message_id_domain, "HERALD_MESSAGE_ID_DOMAIN", string);
@@ -327,6 +331,20 @@ impl Settings {
             sources.insert(name.clone(), ConfiguredSource { name, source });
         }
 
+        let smtp_pool_size = match f.smtp_pool_size {
+            None => crate::channels::email::DEFAULT_POOL_SIZE,
+            Some(n @ 1..=100) => n as usize,
+            Some(n) => {
+                return Err(invalid(
+                    "smtp_pool_size",
+                    format!(
+                        "{n} is not in 1–100; set HERALD_SMTP_POOL_SIZE to the most SMTP \
+                         connections the relay may see at once, or unset it (default {})",
+                        crate::channels::email::DEFAULT_POOL_SIZE
+                    ),
+                ));
+            }
+        };
         let sender_batch_size = f.sender_batch_size.unwrap_or(100).clamp(1, 1000);
         let sender_concurrency = f.sender_concurrency.unwrap_or(64).clamp(1, 1024);
         Ok(Settings {
@@ -349,6 +367,7 @@ impl Settings {
             max_payload_bytes: f.max_payload_bytes.unwrap_or(256 * 1024),
             smtp_url: f.smtp_url,
             smtp_timeout: timings.smtp_timeout,
+            smtp_pool_size,
             mail_dir: f.mail_dir.unwrap_or_else(|| PathBuf::from("mail")),
             mail_from: f
                 .mail_from
@@ -681,6 +700,31 @@ mod tests {
         one_line(&err, "retry_cap_seconds", &[]);
         let err = build(&[("HERALD_WEBHOOK_TIMEOUT_MS", "0")]).unwrap_err();
         one_line(&err, "webhook_timeout_ms", &["HERALD_WEBHOOK_TIMEOUT_MS"]);
+    }
+
+    #[test]
+    fn smtp_pool_size_is_1_to_100() {
+        let build = |pairs: &[(&str, &str)]| Settings::build(FileConfig::default(), &env(pairs));
+        assert_eq!(build(&[]).unwrap().smtp_pool_size, 10);
+        assert_eq!(
+            build(&[("HERALD_SMTP_POOL_SIZE", "2")])
+                .unwrap()
+                .smtp_pool_size,
+            2
+        );
+        assert_eq!(
+            Settings::from_toml("smtp_pool_size = 100\n")
+                .unwrap()
+                .smtp_pool_size,
+            100
+        );
+        for bad in ["0", "101"] {
+            let m = build(&[("HERALD_SMTP_POOL_SIZE", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(m.starts_with("smtp_pool_size: "), "{m}");
+            assert!(m.contains("HERALD_SMTP_POOL_SIZE") && !m.contains('\n'), "{m}");
+        }
     }
 
     #[test]

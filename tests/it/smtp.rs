@@ -2,7 +2,7 @@
 //! `not_sent` (so `at_most_once` mail is retried, never left `unconfirmed`); a stall or drop after
 //! the content was sent is `ambiguous`. A reply code while connecting (greeting, EHLO, AUTH) is
 //! `not_sent` too; only replies to MAIL FROM, RCPT TO and DATA are classified by their code.
-//! The pool replaces a parked connection that no longer answers.
+//! The pool bounds open connections and replaces a parked one that no longer answers.
 
 use serde_json::json;
 
@@ -269,6 +269,36 @@ async fn smtp_a_421_in_the_envelope_is_transient_and_closes_the_connection(backe
     app.stop().await;
 }
 
+/// Ten sends at once through a pool of two: never more than two SMTP sessions, all delivered.
+async fn smtp_open_connections_are_bounded_by_the_pool_size(backend: Backend) {
+    let sink = SmtpSink::start().await;
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "smtp_url = \"{}\"\nsmtp_pool_size = 2\nsmtp_timeout_ms = 10000\n",
+            sink.url
+        ),
+    )
+    .await;
+    for i in 0..10 {
+        // `slow@`: each answer takes a while, so the sends overlap.
+        post_mail(&app, &format!("bounded-{i}"), "slow@example.com", None, "at_least_once").await;
+    }
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 10);
+    for i in 0..10 {
+        let id = format!("bounded-{i}");
+        assert_eq!(app.message(&id).await["state"], "delivered", "{id}");
+    }
+    assert_eq!(sink.accepted().len(), 10);
+    assert!(
+        sink.max_sessions() <= 2,
+        "{} SMTP sessions were open at once",
+        sink.max_sessions()
+    );
+    assert!(sink.connections() <= 2, "{} connections", sink.connections());
+    app.stop().await;
+}
+
 /// A parked connection that stops answering (NOOP gets nothing) costs only the bounded reuse
 /// check: the same attempt opens a new connection and delivers.
 async fn smtp_a_parked_connection_that_went_silent_is_replaced(backend: Backend) {
@@ -296,6 +326,7 @@ both_backends!(
     smtp_greeting_554_is_not_sent,
     smtp_auth_refused_is_not_sent,
     smtp_a_421_in_the_envelope_is_transient_and_closes_the_connection,
+    smtp_open_connections_are_bounded_by_the_pool_size,
     smtp_a_parked_connection_that_went_silent_is_replaced,
     smtp_connection_refused_is_not_sent,
     smtp_unresolvable_host_is_not_sent,
