@@ -265,7 +265,11 @@ async fn smtp_a_421_in_the_envelope_is_transient_and_closes_the_connection(backe
     post_mail(&app, "after-421", "ada@example.com", None, "at_most_once").await;
     assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
     assert_eq!(app.message("after-421").await["state"], "delivered");
-    assert_eq!(sink.connections(), 2, "the connection that got 421 was reused");
+    assert_eq!(
+        sink.connections(),
+        2,
+        "the connection that got 421 was reused"
+    );
     app.stop().await;
 }
 
@@ -282,7 +286,14 @@ async fn smtp_open_connections_are_bounded_by_the_pool_size(backend: Backend) {
     .await;
     for i in 0..10 {
         // `slow@`: each answer takes a while, so the sends overlap.
-        post_mail(&app, &format!("bounded-{i}"), "slow@example.com", None, "at_least_once").await;
+        post_mail(
+            &app,
+            &format!("bounded-{i}"),
+            "slow@example.com",
+            None,
+            "at_least_once",
+        )
+        .await;
     }
     assert_eq!(app.herald.sender.run_once().await.unwrap(), 10);
     for i in 0..10 {
@@ -295,7 +306,11 @@ async fn smtp_open_connections_are_bounded_by_the_pool_size(backend: Backend) {
         "{} SMTP sessions were open at once",
         sink.max_sessions()
     );
-    assert!(sink.connections() <= 2, "{} connections", sink.connections());
+    assert!(
+        sink.connections() <= 2,
+        "{} connections",
+        sink.connections()
+    );
     app.stop().await;
 }
 
@@ -314,7 +329,10 @@ async fn smtp_a_parked_connection_that_went_silent_is_replaced(backend: Backend)
     post_mail(&app, "mute-2", "ada@example.com", None, "at_most_once").await;
     assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
     let (state, _, class, kind) = outcome(&app, "mute-2").await;
-    assert_eq!((state.as_str(), class.as_str(), kind), ("delivered", "accepted", None));
+    assert_eq!(
+        (state.as_str(), class.as_str(), kind),
+        ("delivered", "accepted", None)
+    );
     assert_eq!(app.attempts("mute-2").len(), 1);
     assert_eq!(sink.connections(), 2);
     assert_eq!(sink.accepted().len(), 2);

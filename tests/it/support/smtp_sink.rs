@@ -183,7 +183,10 @@ async fn session(
     let (r, mut w) = sock.into_split();
     let mut r = BufReader::new(r);
     let greeting = script.greeting.unwrap_or("220 sink ESMTP");
-    if w.write_all(format!("{greeting}\r\n").as_bytes()).await.is_err() {
+    if w.write_all(format!("{greeting}\r\n").as_bytes())
+        .await
+        .is_err()
+    {
         return;
     }
     let refused = !greeting.starts_with("220");
@@ -205,7 +208,10 @@ async fn session(
         } else if upper.starts_with("AUTH") {
             counters.auth_commands.fetch_add(1, Ordering::SeqCst);
             let reply = script.auth_reply.unwrap_or("502 not implemented");
-            if w.write_all(format!("{reply}\r\n").as_bytes()).await.is_err() {
+            if w.write_all(format!("{reply}\r\n").as_bytes())
+                .await
+                .is_err()
+            {
                 return;
             }
             continue;
