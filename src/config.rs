@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::channels::email::{self, EmailConfigError};
 use crate::channels::webhook::{Endpoint, EndpointConfig};
 use crate::crypto::signing::SigningKey;
 use crate::ingest::Source;
@@ -332,7 +333,7 @@ impl Settings {
         }
 
         let smtp_pool_size = match f.smtp_pool_size {
-            None => crate::channels::email::DEFAULT_POOL_SIZE,
+            None => email::DEFAULT_POOL_SIZE,
             Some(n @ 1..=100) => n as usize,
             Some(n) => {
                 return Err(invalid(
@@ -340,11 +341,31 @@ impl Settings {
                     format!(
                         "{n} is not in 1–100; set HERALD_SMTP_POOL_SIZE to the most SMTP \
                          connections the relay may see at once, or unset it (default {})",
-                        crate::channels::email::DEFAULT_POOL_SIZE
+                        email::DEFAULT_POOL_SIZE
                     ),
                 ));
             }
         };
+        // Checked here, before any database is opened, never quoted: the URL may hold a password.
+        if let Some(url) = &f.smtp_url {
+            email::check_smtp_url(url.expose())
+                .map_err(|e| invalid("smtp_url", smtp_url_refusal(&e)))?;
+        }
+        let mail_from = f
+            .mail_from
+            .unwrap_or_else(|| "Herald <herald@localhost>".into());
+        if let Err(e) = email::parse_mail_from(&mail_from) {
+            let cause = std::error::Error::source(&e)
+                .map(|c| format!(" ({c})"))
+                .unwrap_or_default();
+            return Err(invalid(
+                "mail_from",
+                format!(
+                    "not an email address{cause}; set HERALD_MAIL_FROM (or mail_from in the file) \
+                     to an address such as \"Herald <herald@localhost>\", or unset it"
+                ),
+            ));
+        }
         let sender_batch_size = f.sender_batch_size.unwrap_or(100).clamp(1, 1000);
         let sender_concurrency = f.sender_concurrency.unwrap_or(64).clamp(1, 1024);
         Ok(Settings {
@@ -369,9 +390,7 @@ impl Settings {
             smtp_timeout: timings.smtp_timeout,
             smtp_pool_size,
             mail_dir: f.mail_dir.unwrap_or_else(|| PathBuf::from("mail")),
-            mail_from: f
-                .mail_from
-                .unwrap_or_else(|| "Herald <herald@localhost>".into()),
+            mail_from,
             message_id_domain: f
                 .message_id_domain
                 .unwrap_or_else(|| "herald.localhost".into()),
@@ -391,6 +410,23 @@ fn is_loopback_listen(listen: &str) -> bool {
     listen
         .rsplit_once(':')
         .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost"))
+}
+
+/// Why `smtp_url` is refused, without its value (it may carry a password).
+fn smtp_url_refusal(e: &EmailConfigError) -> String {
+    let why = match e {
+        EmailConfigError::SmtpUrl(Some(cause)) => format!("not a valid URL ({cause})"),
+        EmailConfigError::SmtpUrl(None) => {
+            "not one of the accepted smtp:// or smtps:// forms".into()
+        }
+        EmailConfigError::TlsHost(_) => "its host is not a valid name for TLS".into(),
+        EmailConfigError::MailFrom(_) => "not valid".into(),
+    };
+    format!(
+        "{why}; the value is not shown, it may hold a password; set HERALD_SMTP_URL (or smtp_url \
+         in the file) to smtp://host[:port], smtp://host[:port]?tls=required (or opportunistic) \
+         or smtps://[user:pass@]host[:port], credentials percent-encoded"
+    )
 }
 
 /// The environment variable of a file key: `lease_seconds` → `HERALD_LEASE_SECONDS`.
@@ -533,7 +569,10 @@ mod tests {
     fn the_example_config_is_valid() {
         let example = include_str!("../herald.example.toml");
         let s = Settings::from_toml(example).expect("herald.example.toml parses and validates");
-        assert_eq!(s.webhook_connect_timeout, std::time::Duration::from_millis(5000));
+        assert_eq!(
+            s.webhook_connect_timeout,
+            std::time::Duration::from_millis(5000)
+        );
     }
 
     #[test]
@@ -723,8 +762,45 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(m.starts_with("smtp_pool_size: "), "{m}");
-            assert!(m.contains("HERALD_SMTP_POOL_SIZE") && !m.contains('\n'), "{m}");
+            assert!(
+                m.contains("HERALD_SMTP_POOL_SIZE") && !m.contains('\n'),
+                "{m}"
+            );
         }
+    }
+
+    #[test]
+    fn smtp_url_and_mail_from_are_checked_at_load_without_quoting_them() {
+        let build = |pairs: &[(&str, &str)]| Settings::build(FileConfig::default(), &env(pairs));
+        for url in [
+            "smtp://herald:hunter2@mail.example:99999",
+            "ftp://herald:hunter2@mail.example",
+            "smtp://herald:hunter2@mail.example?tls=maybe",
+            "herald:hunter2",
+        ] {
+            let m = build(&[("HERALD_SMTP_URL", url)]).unwrap_err().to_string();
+            assert!(m.starts_with("smtp_url: "), "{m}");
+            assert!(m.contains("HERALD_SMTP_URL") && !m.contains('\n'), "{m}");
+            assert!(!m.contains("hunter2") && !m.contains("mail.example"), "{m}");
+        }
+        let err = Settings::from_toml("smtp_url = \"smtp://u:hunter2@[::1\"\n").unwrap_err();
+        assert!(err.to_string().starts_with("smtp_url: "), "{err}");
+        for from in ["ada at example.com", "Ada <ada@>", ""] {
+            let err = Settings::from_toml(&format!("mail_from = {from:?}\n")).unwrap_err();
+            let m = err.to_string();
+            assert!(m.starts_with("mail_from: "), "{m}");
+            assert!(m.contains("HERALD_MAIL_FROM") && !m.contains('\n'), "{m}");
+            assert!(from.is_empty() || !m.contains(from), "{m}");
+        }
+        let s = build(&[
+            (
+                "HERALD_SMTP_URL",
+                "smtps://u%40x:p%2Fw@mail.example/herald.example",
+            ),
+            ("HERALD_MAIL_FROM", "Billing <billing@example.com>"),
+        ])
+        .unwrap();
+        assert_eq!(s.mail_from, "Billing <billing@example.com>");
     }
 
     #[test]

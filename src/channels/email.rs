@@ -234,6 +234,17 @@ pub enum EmailConfigError {
     MailFrom(#[source] lettre::address::AddressError),
 }
 
+/// Checks `smtp_url` as [`EmailChannel::new`] reads it (start-up validation).
+pub fn check_smtp_url(url: &str) -> Result<(), EmailConfigError> {
+    super::install_crypto_provider();
+    SmtpRelay::parse(url).map(|_| ())
+}
+
+/// The default sender (`mail_from`): `herald@example.com` or `Name <herald@example.com>`.
+pub fn parse_mail_from(from: &str) -> Result<Mailbox, EmailConfigError> {
+    Mailbox::from_str(from).map_err(EmailConfigError::MailFrom)
+}
+
 /// Where email goes.
 #[derive(Clone)]
 pub enum EmailTransport {
@@ -283,7 +294,7 @@ impl EmailChannel {
             }
             None => EmailTransport::Directory(mail_dir),
         };
-        let from = Mailbox::from_str(from).map_err(EmailConfigError::MailFrom)?;
+        let from = parse_mail_from(from)?;
         Ok(Self {
             transport,
             from,
