@@ -10,7 +10,7 @@ use anyhow::Context;
 use tokio::sync::{Notify, watch};
 use tracing::info;
 
-use crate::channels::email::EmailChannel;
+use crate::channels::email::{EmailChannel, SmtpLimits};
 use crate::channels::webhook::{WebhookChannel, WebhookTimeouts};
 use crate::clock::Clock;
 use crate::config::Settings;
@@ -89,7 +89,10 @@ impl Herald {
         .context("cannot build the HTTP client")?;
         let email = EmailChannel::new(
             settings.smtp_url.as_ref().map(|s| s.expose()),
-            settings.smtp_timeout,
+            SmtpLimits {
+                timeout: settings.smtp_timeout,
+                pool_size: settings.smtp_pool_size,
+            },
             settings.mail_dir.clone(),
             &settings.mail_from,
             &settings.message_id_domain,

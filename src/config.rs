@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::channels::email::{self, EmailConfigError};
 use crate::channels::webhook::{Endpoint, EndpointConfig};
 use crate::crypto::signing::SigningKey;
 use crate::ingest::Source;
@@ -82,6 +83,7 @@ struct FileConfig {
     max_payload_bytes: Option<usize>,
     smtp_url: Option<Secret>,
     smtp_timeout_ms: Option<u64>,
+    smtp_pool_size: Option<u32>,
     mail_dir: Option<PathBuf>,
     mail_from: Option<String>,
     message_id_domain: Option<String>,
@@ -114,6 +116,8 @@ pub struct Settings {
     pub max_payload_bytes: usize,
     pub smtp_url: Option<Secret>,
     pub smtp_timeout: Duration,
+    /// Open SMTP connections at most (1–100).
+    pub smtp_pool_size: usize,
     pub mail_dir: PathBuf,
     pub mail_from: String,
     pub message_id_domain: String,
@@ -267,6 +271,7 @@ impl Settings {
         over!(max_payload_bytes, "HERALD_MAX_PAYLOAD_BYTES", num);
         over!(smtp_url, "HERALD_SMTP_URL", secret);
         over!(smtp_timeout_ms, "HERALD_SMTP_TIMEOUT_MS", num);
+        over!(smtp_pool_size, "HERALD_SMTP_POOL_SIZE", num);
         over!(mail_dir, "HERALD_MAIL_DIR", string);
         over!(mail_from, "HERALD_MAIL_FROM", string);
         over!(message_id_domain, "HERALD_MESSAGE_ID_DOMAIN", string);
@@ -327,6 +332,40 @@ impl Settings {
             sources.insert(name.clone(), ConfiguredSource { name, source });
         }
 
+        let smtp_pool_size = match f.smtp_pool_size {
+            None => email::DEFAULT_POOL_SIZE,
+            Some(n @ 1..=100) => n as usize,
+            Some(n) => {
+                return Err(invalid(
+                    "smtp_pool_size",
+                    format!(
+                        "{n} is not in 1–100; set HERALD_SMTP_POOL_SIZE to the most SMTP \
+                         connections the relay may see at once, or unset it (default {})",
+                        email::DEFAULT_POOL_SIZE
+                    ),
+                ));
+            }
+        };
+        // Checked here, before any database is opened, never quoted: the URL may hold a password.
+        if let Some(url) = &f.smtp_url {
+            email::check_smtp_url(url.expose())
+                .map_err(|e| invalid("smtp_url", smtp_url_refusal(&e)))?;
+        }
+        let mail_from = f
+            .mail_from
+            .unwrap_or_else(|| "Herald <herald@localhost>".into());
+        if let Err(e) = email::parse_mail_from(&mail_from) {
+            let cause = std::error::Error::source(&e)
+                .map(|c| format!(" ({c})"))
+                .unwrap_or_default();
+            return Err(invalid(
+                "mail_from",
+                format!(
+                    "not an email address{cause}; set HERALD_MAIL_FROM (or mail_from in the file) \
+                     to an address such as \"Herald <herald@localhost>\", or unset it"
+                ),
+            ));
+        }
         let sender_batch_size = f.sender_batch_size.unwrap_or(100).clamp(1, 1000);
         let sender_concurrency = f.sender_concurrency.unwrap_or(64).clamp(1, 1024);
         Ok(Settings {
@@ -349,10 +388,9 @@ impl Settings {
             max_payload_bytes: f.max_payload_bytes.unwrap_or(256 * 1024),
             smtp_url: f.smtp_url,
             smtp_timeout: timings.smtp_timeout,
+            smtp_pool_size,
             mail_dir: f.mail_dir.unwrap_or_else(|| PathBuf::from("mail")),
-            mail_from: f
-                .mail_from
-                .unwrap_or_else(|| "Herald <herald@localhost>".into()),
+            mail_from,
             message_id_domain: f
                 .message_id_domain
                 .unwrap_or_else(|| "herald.localhost".into()),
@@ -372,6 +410,23 @@ fn is_loopback_listen(listen: &str) -> bool {
     listen
         .rsplit_once(':')
         .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost"))
+}
+
+/// Why `smtp_url` is refused, without its value (it may carry a password).
+fn smtp_url_refusal(e: &EmailConfigError) -> String {
+    let why = match e {
+        EmailConfigError::SmtpUrl(Some(cause)) => format!("not a valid URL ({cause})"),
+        EmailConfigError::SmtpUrl(None) => {
+            "not one of the accepted smtp:// or smtps:// forms".into()
+        }
+        EmailConfigError::TlsHost(_) => "its host is not a valid name for TLS".into(),
+        EmailConfigError::MailFrom(_) => "not valid".into(),
+    };
+    format!(
+        "{why}; the value is not shown, it may hold a password; set HERALD_SMTP_URL (or smtp_url \
+         in the file) to smtp://host[:port], smtp://host[:port]?tls=required (or opportunistic) \
+         or smtps://[user:pass@]host[:port], credentials percent-encoded"
+    )
 }
 
 /// The environment variable of a file key: `lease_seconds` → `HERALD_LEASE_SECONDS`.
@@ -684,6 +739,68 @@ mod tests {
         one_line(&err, "retry_cap_seconds", &[]);
         let err = build(&[("HERALD_WEBHOOK_TIMEOUT_MS", "0")]).unwrap_err();
         one_line(&err, "webhook_timeout_ms", &["HERALD_WEBHOOK_TIMEOUT_MS"]);
+    }
+
+    #[test]
+    fn smtp_pool_size_is_1_to_100() {
+        let build = |pairs: &[(&str, &str)]| Settings::build(FileConfig::default(), &env(pairs));
+        assert_eq!(build(&[]).unwrap().smtp_pool_size, 10);
+        assert_eq!(
+            build(&[("HERALD_SMTP_POOL_SIZE", "2")])
+                .unwrap()
+                .smtp_pool_size,
+            2
+        );
+        assert_eq!(
+            Settings::from_toml("smtp_pool_size = 100\n")
+                .unwrap()
+                .smtp_pool_size,
+            100
+        );
+        for bad in ["0", "101"] {
+            let m = build(&[("HERALD_SMTP_POOL_SIZE", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(m.starts_with("smtp_pool_size: "), "{m}");
+            assert!(
+                m.contains("HERALD_SMTP_POOL_SIZE") && !m.contains('\n'),
+                "{m}"
+            );
+        }
+    }
+
+    #[test]
+    fn smtp_url_and_mail_from_are_checked_at_load_without_quoting_them() {
+        let build = |pairs: &[(&str, &str)]| Settings::build(FileConfig::default(), &env(pairs));
+        for url in [
+            "smtp://herald:hunter2@mail.example:99999",
+            "ftp://herald:hunter2@mail.example",
+            "smtp://herald:hunter2@mail.example?tls=maybe",
+            "herald:hunter2",
+        ] {
+            let m = build(&[("HERALD_SMTP_URL", url)]).unwrap_err().to_string();
+            assert!(m.starts_with("smtp_url: "), "{m}");
+            assert!(m.contains("HERALD_SMTP_URL") && !m.contains('\n'), "{m}");
+            assert!(!m.contains("hunter2") && !m.contains("mail.example"), "{m}");
+        }
+        let err = Settings::from_toml("smtp_url = \"smtp://u:hunter2@[::1\"\n").unwrap_err();
+        assert!(err.to_string().starts_with("smtp_url: "), "{err}");
+        for from in ["ada at example.com", "Ada <ada@>", ""] {
+            let err = Settings::from_toml(&format!("mail_from = {from:?}\n")).unwrap_err();
+            let m = err.to_string();
+            assert!(m.starts_with("mail_from: "), "{m}");
+            assert!(m.contains("HERALD_MAIL_FROM") && !m.contains('\n'), "{m}");
+            assert!(from.is_empty() || !m.contains(from), "{m}");
+        }
+        let s = build(&[
+            (
+                "HERALD_SMTP_URL",
+                "smtps://u%40x:p%2Fw@mail.example/herald.example",
+            ),
+            ("HERALD_MAIL_FROM", "Billing <billing@example.com>"),
+        ])
+        .unwrap();
+        assert_eq!(s.mail_from, "Billing <billing@example.com>");
     }
 
     #[test]

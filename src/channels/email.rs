@@ -2,16 +2,31 @@
 //! `.eml` files. Every message has a deterministic `Message-ID` derived from the event id and an
 //! `X-Herald-Event-Id` header, so a receiver can drop duplicates.
 //!
-//! An SMTP attempt knows how far it got ([`Stage`]): a failure while connecting (DNS, refused,
-//! TLS, greeting, EHLO, AUTH) or in the envelope (MAIL FROM, RCPT TO, DATA) is `not_sent` — the
-//! server cannot have accepted content it never received — and only a timeout or a lost
-//! connection once the content is on its way is `ambiguous`. The whole attempt, connecting
-//! included, is bounded by the SMTP timeout.
+//! An SMTP attempt knows how far it got ([`Stage`]), and that decides its class:
+//!
+//! - **Connecting** (DNS, TCP, TLS, the greeting, EHLO, STARTTLS, AUTH): any failure is
+//!   `not_sent`, a reply code included — a 421 or 554 greeting, a 535 to AUTH. The message never
+//!   left, so it is retried (also under `at_most_once`) and never dead-lettered for what the
+//!   server said about the session; the attempt keeps the code (`response_status`) and an error
+//!   kind naming the step ([`ConnectStep`]: `smtp_greeting_refused`, `smtp_starttls_refused`,
+//!   `smtp_auth_refused`).
+//! - **Envelope** (MAIL FROM, RCPT TO, DATA): a reply code decides (4xx `transient`, 5xx
+//!   `permanent`); a timeout or a lost connection is `not_sent` — the server cannot have
+//!   accepted content it never received.
+//! - **Content**: the final reply decides the same way; a timeout or a lost connection once the
+//!   content is on its way is `ambiguous`.
+//!
+//! After any failure the connection is closed, never parked for reuse: a 421 (the server
+//! closing the channel) anywhere included. The whole attempt is bounded by the SMTP timeout,
+//! connecting and waiting for one of the pool's `smtp_pool_size` connections included: running
+//! out while waiting is `not_sent` (`pool_timeout`), nothing having been sent.
 
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use lettre::Message;
 use lettre::address::Envelope;
@@ -219,6 +234,17 @@ pub enum EmailConfigError {
     MailFrom(#[source] lettre::address::AddressError),
 }
 
+/// Checks `smtp_url` as [`EmailChannel::new`] reads it (start-up validation).
+pub fn check_smtp_url(url: &str) -> Result<(), EmailConfigError> {
+    super::install_crypto_provider();
+    SmtpRelay::parse(url).map(|_| ())
+}
+
+/// The default sender (`mail_from`): `herald@example.com` or `Name <herald@example.com>`.
+pub fn parse_mail_from(from: &str) -> Result<Mailbox, EmailConfigError> {
+    Mailbox::from_str(from).map_err(EmailConfigError::MailFrom)
+}
+
 /// Where email goes.
 #[derive(Clone)]
 pub enum EmailTransport {
@@ -236,13 +262,21 @@ pub struct EmailChannel {
     clock: Arc<dyn Clock>,
 }
 
+/// Bounds of the SMTP transport.
+#[derive(Debug, Clone, Copy)]
+pub struct SmtpLimits {
+    /// One whole attempt, waiting for a pool slot and connecting included.
+    pub timeout: Duration,
+    /// Open connections at most, in use or parked ([`DEFAULT_POOL_SIZE`]).
+    pub pool_size: usize,
+}
+
 impl EmailChannel {
     /// `smtp_url`: `smtp://host:port` (plain), `smtp://…?tls=required`, `smtps://…`; `None`: the
-    /// `.eml` directory. `timeout` bounds one whole SMTP attempt, connecting included. Needs no
-    /// async runtime: connections are opened by the first sends.
+    /// `.eml` directory. Needs no async runtime: connections are opened by the first sends.
     pub fn new(
         smtp_url: Option<&str>,
-        timeout: Duration,
+        limits: SmtpLimits,
         mail_dir: PathBuf,
         from: &str,
         domain: &str,
@@ -251,11 +285,16 @@ impl EmailChannel {
         super::install_crypto_provider();
         let transport = match smtp_url {
             Some(url) => {
-                EmailTransport::Smtp(Arc::new(SmtpPool::new(SmtpRelay::parse(url)?, timeout)))
+                let relay = SmtpRelay::parse(url)?;
+                EmailTransport::Smtp(Arc::new(SmtpPool::new(
+                    relay,
+                    limits.timeout,
+                    limits.pool_size,
+                )))
             }
             None => EmailTransport::Directory(mail_dir),
         };
-        let from = Mailbox::from_str(from).map_err(EmailConfigError::MailFrom)?;
+        let from = parse_mail_from(from)?;
         Ok(Self {
             transport,
             from,
@@ -380,9 +419,8 @@ fn percent_decode(s: &str) -> Option<String> {
 /// How far an SMTP attempt got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
-    /// TCP connect, TLS, greeting, EHLO, STARTTLS, AUTH, or the NOOP check of a pooled
-    /// connection: nothing of the message has left Herald.
-    Connect,
+    /// Opening a connection, up to this step: nothing of the message has left Herald.
+    Connect(ConnectStep),
     /// MAIL FROM, RCPT TO, DATA up to the server's 354: only the envelope has left, and a server
     /// cannot accept a message whose content it has not received.
     Envelope,
@@ -391,11 +429,25 @@ pub enum Stage {
     Content,
 }
 
+/// The steps of opening a connection, each named in the error kind of a refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectStep {
+    /// DNS, TCP, TLS for `smtps://`, the server's greeting and its answer to EHLO (lettre reads
+    /// the greeting and sends EHLO in one call, so a refusal of either is `smtp_greeting_refused`).
+    Hello,
+    /// STARTTLS and the EHLO after it.
+    StartTls,
+    /// AUTH, when `smtp_url` carries credentials.
+    Auth,
+}
+
 /// Why an SMTP attempt did not end with a reply to the content.
 #[derive(Debug)]
 pub enum SmtpFailure {
     /// The attempt's deadline (the SMTP timeout) passed at this stage.
     Timeout(Stage),
+    /// The deadline passed while every pool slot was taken: no connection was even opened.
+    PoolTimeout,
     /// lettre reported an error at this stage: a negative reply, or a network, TLS or protocol
     /// failure.
     Smtp(Stage, lettre::transport::smtp::Error),
@@ -404,24 +456,35 @@ pub enum SmtpFailure {
 }
 
 impl SmtpFailure {
-    /// The class and error kind: a reply code decides when there is one; otherwise the stage.
+    /// The class, error kind and reply code: before the envelope the stage decides (`not_sent`,
+    /// whatever the reply); from MAIL FROM on a reply code decides, else the stage.
     pub fn classify(&self) -> (AttemptClass, &'static str, Option<u16>) {
         match self {
+            SmtpFailure::Unsupported(_) => (AttemptClass::Permanent, "unsupported_by_server", None),
+            SmtpFailure::PoolTimeout => (AttemptClass::NotSent, "pool_timeout", None),
+            SmtpFailure::Timeout(Stage::Connect(_)) => {
+                (AttemptClass::NotSent, "connect_timeout", None)
+            }
+            SmtpFailure::Smtp(Stage::Connect(step), e) => {
+                let code = reply_code(e);
+                let kind = match (step, code) {
+                    (ConnectStep::Hello, Some(_)) => "smtp_greeting_refused",
+                    (ConnectStep::StartTls, Some(_)) => "smtp_starttls_refused",
+                    (ConnectStep::Auth, Some(_)) => "smtp_auth_refused",
+                    _ if e.is_timeout() => "connect_timeout",
+                    _ if e.is_tls() => "tls",
+                    (ConnectStep::Hello, None) => "connect",
+                    // E.g. the server does not offer STARTTLS although `tls=required`.
+                    (ConnectStep::StartTls, None) => "tls",
+                    // E.g. no authentication mechanism in common.
+                    (ConnectStep::Auth, None) => "smtp_auth",
+                };
+                (AttemptClass::NotSent, kind, code)
+            }
             SmtpFailure::Smtp(_, e) if e.status().is_some() => {
-                let code = e.status().map(|c| smtp_code(&c.to_string())).unwrap_or(0);
+                let code = reply_code(e).unwrap_or(0);
                 (classify_smtp_code(code), "smtp_reply", Some(code))
             }
-            SmtpFailure::Unsupported(_) => (AttemptClass::Permanent, "unsupported_by_server", None),
-            SmtpFailure::Timeout(Stage::Connect) => {
-                (AttemptClass::NotSent, "connect_timeout", None)
-            }
-            SmtpFailure::Smtp(Stage::Connect, e) if e.is_timeout() => {
-                (AttemptClass::NotSent, "connect_timeout", None)
-            }
-            SmtpFailure::Smtp(Stage::Connect, e) if e.is_tls() => {
-                (AttemptClass::NotSent, "tls", None)
-            }
-            SmtpFailure::Smtp(Stage::Connect, _) => (AttemptClass::NotSent, "connect", None),
             SmtpFailure::Timeout(Stage::Envelope) => {
                 (AttemptClass::NotSent, "timeout_before_data", None)
             }
@@ -439,6 +502,9 @@ impl SmtpFailure {
         let (class, kind, status) = self.classify();
         let detail = match self {
             SmtpFailure::Timeout(stage) => format!("no answer within the SMTP timeout ({stage:?})"),
+            SmtpFailure::PoolTimeout => {
+                "no SMTP connection slot free within the SMTP timeout".to_owned()
+            }
             SmtpFailure::Smtp(_, e) => e.to_string(),
             SmtpFailure::Unsupported(what) => (*what).to_owned(),
         };
@@ -448,89 +514,147 @@ impl SmtpFailure {
     }
 }
 
-/// Idle connections kept at most, and how long one may stay idle (lettre's pool defaults).
-const POOL_MAX_IDLE: usize = 10;
+/// How long a parked connection may stay idle (lettre's pool default).
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Open connections to the relay at most, unless `smtp_pool_size` says otherwise (lettre's pool
+/// default).
+pub const DEFAULT_POOL_SIZE: usize = 10;
 /// Bound on the polite QUIT when a connection is retired.
 const QUIT_WITHIN: Duration = Duration::from_secs(5);
+/// Longest NOOP check of a parked connection; shorter with a short SMTP timeout (a quarter of
+/// it), so a connection that went silent while parked leaves most of the attempt to a new one.
+const REUSE_CHECK_MAX: Duration = Duration::from_secs(2);
 
-/// Pooled SMTP connections to one relay: opened on demand, parked after a successful send,
-/// checked with NOOP before reuse, closed after a failure and retired after an idle minute.
+fn reuse_check_bound(timeout: Duration) -> Duration {
+    (timeout / 4).min(REUSE_CHECK_MAX)
+}
+
+/// An open connection and the pool slot it occupies: the slot is free again only once the
+/// connection is gone (dropped, or retired after its QUIT).
+struct Pooled {
+    conn: AsyncSmtpConnection,
+    _slot: OwnedSemaphorePermit,
+}
+
+/// Pooled SMTP connections to one relay: at most `pool_size` open at once, in use or parked
+/// (an attempt waits for a slot within its own deadline; running out while waiting is
+/// `not_sent`, `pool_timeout`). Opened on demand, parked after a successful send, checked with
+/// NOOP before reuse (bounded on its own: one that fails or stays silent is closed and replaced
+/// within the same attempt), closed after a failure and retired after an idle minute.
 pub struct SmtpPool {
     relay: SmtpRelay,
     timeout: Duration,
-    idle: Mutex<Vec<(AsyncSmtpConnection, Instant)>>,
+    /// Bound on the NOOP check of a parked connection ([`reuse_check_bound`]).
+    reuse_check: Duration,
+    /// One permit per open connection.
+    slots: Arc<Semaphore>,
+    idle: Mutex<Vec<(Pooled, Instant)>>,
+    /// Signalled when a connection is parked, for attempts waiting for a slot.
+    parked: Notify,
 }
 
 impl SmtpPool {
-    fn new(relay: SmtpRelay, timeout: Duration) -> Self {
+    fn new(relay: SmtpRelay, timeout: Duration, pool_size: usize) -> Self {
         Self {
             relay,
             timeout,
+            reuse_check: reuse_check_bound(timeout),
+            slots: Arc::new(Semaphore::new(pool_size.max(1))),
             idle: Mutex::new(Vec::new()),
+            parked: Notify::new(),
         }
     }
 
-    /// One attempt, bounded by the SMTP timeout as a whole.
+    /// One attempt, bounded by the SMTP timeout as a whole, waiting for a slot included.
     pub async fn send(&self, envelope: &Envelope, content: &[u8]) -> Result<Response, SmtpFailure> {
         let deadline = tokio::time::Instant::now() + self.timeout;
-        let mut conn = self.checkout(deadline).await?;
+        let mut pooled = self.checkout(deadline).await?;
         let mut stage = Stage::Envelope;
-        let result =
-            tokio::time::timeout_at(deadline, transmit(&mut conn, envelope, content, &mut stage))
-                .await;
+        let result = tokio::time::timeout_at(
+            deadline,
+            transmit(&mut pooled.conn, envelope, content, &mut stage),
+        )
+        .await;
         match result {
             Ok(Ok(resp)) => {
-                self.checkin(conn);
+                self.checkin(pooled);
                 Ok(resp)
             }
             // A failed dialogue is closed without QUIT: mid-content, a QUIT would be read as
-            // more of the message.
+            // more of the message; after a 421 the server is closing the channel anyway.
             Ok(Err(e)) => {
-                drop(conn);
+                drop(pooled);
                 Err(e)
             }
             Err(_) => {
-                drop(conn);
+                drop(pooled);
                 Err(SmtpFailure::Timeout(stage))
             }
         }
     }
 
-    /// A parked connection that answers NOOP, else a new one.
-    async fn checkout(
-        &self,
-        deadline: tokio::time::Instant,
-    ) -> Result<AsyncSmtpConnection, SmtpFailure> {
+    /// A parked connection that answers NOOP, else a new one in a free slot, else — waiting
+    /// until the deadline — whichever of the two comes first.
+    async fn checkout(&self, deadline: tokio::time::Instant) -> Result<Pooled, SmtpFailure> {
         loop {
-            let parked = {
-                let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-                let (fresh, stale): (Vec<_>, Vec<_>) = idle
-                    .drain(..)
-                    .partition(|(_, since)| since.elapsed() < POOL_IDLE_TIMEOUT);
-                *idle = fresh;
-                for (conn, _) in stale {
-                    retire(conn);
+            // Registered before looking, so a connection parked after the look wakes this wait.
+            let parked = self.parked.notified();
+            tokio::pin!(parked);
+            parked.as_mut().enable();
+            if let Some(mut p) = self.take_idle() {
+                let check_until = deadline.min(tokio::time::Instant::now() + self.reuse_check);
+                match tokio::time::timeout_at(check_until, p.conn.test_connected()).await {
+                    Ok(true) => return Ok(p),
+                    // Closed by the server while parked, refused (a 421) or silent: closed (its
+                    // slot with it), and the next parked one or a new connection carries this
+                    // attempt.
+                    Ok(false) | Err(_) => {
+                        drop(p);
+                        continue;
+                    }
                 }
-                idle.pop()
-            };
-            let Some((mut conn, _)) = parked else { break };
-            match tokio::time::timeout_at(deadline, conn.test_connected()).await {
-                Ok(true) => return Ok(conn),
-                // Closed by the server while parked: try the next one, or a new connection.
-                Ok(false) => drop(conn),
-                Err(_) => return Err(SmtpFailure::Timeout(Stage::Connect)),
             }
-        }
-        match tokio::time::timeout_at(deadline, self.connect()).await {
-            Ok(Ok(conn)) => Ok(conn),
-            Ok(Err(e)) => Err(SmtpFailure::Smtp(Stage::Connect, e)),
-            Err(_) => Err(SmtpFailure::Timeout(Stage::Connect)),
+            let slot = tokio::select! {
+                // A connection parked meanwhile is reused rather than a slot filled with a new one.
+                biased;
+                () = &mut parked => continue,
+                slot = self.slots.clone().acquire_owned() => slot,
+                () = tokio::time::sleep_until(deadline) => return Err(SmtpFailure::PoolTimeout),
+            };
+            // The semaphore is never closed.
+            let Ok(slot) = slot else {
+                return Err(SmtpFailure::PoolTimeout);
+            };
+            let mut step = ConnectStep::Hello;
+            return match tokio::time::timeout_at(deadline, self.connect(&mut step)).await {
+                Ok(Ok(conn)) => Ok(Pooled { conn, _slot: slot }),
+                Ok(Err(e)) => Err(SmtpFailure::Smtp(Stage::Connect(step), e)),
+                Err(_) => Err(SmtpFailure::Timeout(Stage::Connect(step))),
+            };
         }
     }
 
-    /// TCP (and TLS for smtps), greeting, EHLO, STARTTLS when asked for, AUTH when configured.
-    async fn connect(&self) -> Result<AsyncSmtpConnection, lettre::transport::smtp::Error> {
+    /// The most recently parked connection that has not been idle too long; retires the others
+    /// that have.
+    fn take_idle(&self) -> Option<Pooled> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let (fresh, stale): (Vec<_>, Vec<_>) = idle
+            .drain(..)
+            .partition(|(_, since)| since.elapsed() < POOL_IDLE_TIMEOUT);
+        *idle = fresh;
+        for (p, _) in stale {
+            retire(p);
+        }
+        idle.pop().map(|(p, _)| p)
+    }
+
+    /// TCP (and TLS for smtps), greeting, EHLO, STARTTLS when asked for, AUTH when configured;
+    /// `step` says how far it got.
+    async fn connect(
+        &self,
+        step: &mut ConnectStep,
+    ) -> Result<AsyncSmtpConnection, lettre::transport::smtp::Error> {
+        *step = ConnectStep::Hello;
         let r = &self.relay;
         let wrapper = match &r.tls {
             Tls::Wrapper(p) => Some(p.clone()),
@@ -546,37 +670,41 @@ impl SmtpPool {
         .await?;
         match &r.tls {
             Tls::Opportunistic(p) if conn.can_starttls() => {
+                *step = ConnectStep::StartTls;
                 conn.starttls(p.clone(), &r.hello).await?
             }
-            Tls::Required(p) => conn.starttls(p.clone(), &r.hello).await?,
+            Tls::Required(p) => {
+                *step = ConnectStep::StartTls;
+                conn.starttls(p.clone(), &r.hello).await?
+            }
             _ => {}
         }
         if let Some(c) = &r.credentials {
+            *step = ConnectStep::Auth;
             conn.auth(DEFAULT_MECHANISMS, c).await?;
         }
         Ok(conn)
     }
 
-    fn checkin(&self, conn: AsyncSmtpConnection) {
-        if conn.has_broken() {
+    fn checkin(&self, p: Pooled) {
+        if p.conn.has_broken() {
             return;
         }
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        if idle.len() < POOL_MAX_IDLE {
-            idle.push((conn, Instant::now()));
-        } else {
-            drop(idle);
-            retire(conn);
-        }
+        self.idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((p, Instant::now()));
+        self.parked.notify_one();
     }
 }
 
-/// A healthy connection no longer needed (idle too long, or the pool is full): QUIT (bounded)
-/// and close, in the background.
-fn retire(mut conn: AsyncSmtpConnection) {
+/// A healthy connection no longer needed (idle too long): QUIT (bounded) and close, in the
+/// background; its slot is free once it is closed.
+fn retire(mut p: Pooled) {
     if let Ok(rt) = tokio::runtime::Handle::try_current() {
         rt.spawn(async move {
-            let _ = tokio::time::timeout(QUIT_WITHIN, conn.abort()).await;
+            let _ = tokio::time::timeout(QUIT_WITHIN, p.conn.abort()).await;
+            drop(p);
         });
     }
 }
@@ -629,6 +757,11 @@ async fn transmit(
 
 fn smtp_code(code: &str) -> u16 {
     code.parse().unwrap_or(0)
+}
+
+/// The reply code of a negative answer, if the error is one.
+fn reply_code(e: &lettre::transport::smtp::Error) -> Option<u16> {
+    e.status().map(|c| smtp_code(&c.to_string()))
 }
 
 async fn write_eml(
@@ -713,7 +846,7 @@ mod tests {
     fn only_a_failure_after_the_content_left_is_ambiguous() {
         let class = |f: SmtpFailure| f.classify();
         assert_eq!(
-            class(SmtpFailure::Timeout(Stage::Connect)),
+            class(SmtpFailure::Timeout(Stage::Connect(ConnectStep::Auth))),
             (AttemptClass::NotSent, "connect_timeout", None)
         );
         assert_eq!(
@@ -725,9 +858,49 @@ mod tests {
             (AttemptClass::Ambiguous, "timeout", None)
         );
         assert_eq!(
+            class(SmtpFailure::PoolTimeout),
+            (AttemptClass::NotSent, "pool_timeout", None)
+        );
+        assert_eq!(
             class(SmtpFailure::Unsupported("8BITMIME")),
             (AttemptClass::Permanent, "unsupported_by_server", None)
         );
+    }
+
+    #[test]
+    fn the_reuse_check_is_a_quarter_of_the_timeout_at_most_two_seconds() {
+        assert_eq!(
+            reuse_check_bound(Duration::from_secs(30)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            reuse_check_bound(Duration::from_millis(2000)),
+            Duration::from_millis(500)
+        );
+    }
+
+    #[tokio::test]
+    async fn waiting_for_a_pool_slot_counts_against_the_deadline_and_is_not_sent() {
+        super::super::install_crypto_provider();
+        // Nothing listens there: a connection attempt would be refused.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let relay = SmtpRelay::parse(&format!("smtp://{closed}")).unwrap();
+        let timeout = Duration::from_millis(200);
+        let pool = SmtpPool::new(relay, timeout, 1);
+        let to: lettre::Address = "a@b.example".parse().unwrap();
+        let envelope = Envelope::new(Some(to.clone()), vec![to]).unwrap();
+        let taken = pool.slots.clone().try_acquire_owned().unwrap();
+        let started = Instant::now();
+        let failure = pool.send(&envelope, b"x").await.unwrap_err();
+        assert!(matches!(failure, SmtpFailure::PoolTimeout), "{failure:?}");
+        assert!(started.elapsed() >= timeout);
+        // With the slot free the same pool goes on to connect (and is refused).
+        drop(taken);
+        let failure = pool.send(&envelope, b"x").await.unwrap_err();
+        assert_eq!(failure.classify(), (AttemptClass::NotSent, "connect", None));
     }
 
     #[test]
@@ -784,7 +957,10 @@ mod tests {
         }
         let from = EmailChannel::new(
             None,
-            Duration::from_secs(1),
+            SmtpLimits {
+                timeout: Duration::from_secs(1),
+                pool_size: DEFAULT_POOL_SIZE,
+            },
             PathBuf::from("unused"),
             "not an address",
             "h.example",

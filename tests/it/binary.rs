@@ -219,3 +219,31 @@ async fn a_non_loopback_listen_without_a_token_is_refused_in_one_line() {
     assert_one_line_refusal(status, &stderr, "HERALD_API_TOKEN");
     assert!(stderr.contains("HERALD_LISTEN"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_smtp_url_or_mail_from_is_refused_in_one_line_before_the_database() {
+    for (var, value, secret) in [
+        (
+            "HERALD_SMTP_URL",
+            "smtp://herald:hunter2@mail.example:99999",
+            "hunter2",
+        ),
+        (
+            "HERALD_SMTP_URL",
+            "ftp://herald:hunter2@mail.example",
+            "hunter2",
+        ),
+        ("HERALD_MAIL_FROM", "ada at example.com", "example.com"),
+    ] {
+        let mut h = Herald::spawn(&["serve"], &[(var, value), ("RUST_BACKTRACE", "1")]);
+        let status = h.wait_exit(EXIT_WITHIN).await;
+        let stderr = h.stderr();
+        assert_one_line_refusal(status, &stderr, var);
+        // Neither the password nor the address is repeated back.
+        assert!(!stderr.contains(secret), "{var}: {stderr}");
+        assert!(
+            !h.dir.path().join("herald.db").exists(),
+            "{var}: the database was opened before the refusal"
+        );
+    }
+}
