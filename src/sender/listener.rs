@@ -1,7 +1,9 @@
 //! PostgreSQL LISTEN/NOTIFY wake-up. A dedicated connection (application_name
-//! [`APPLICATION_NAME`]) LISTENs on `herald_outbox`; the trigger on `herald_outbox` notifies once
-//! per inserting transaction, at commit — and only while such a connection exists, so polling-only
-//! deployments pay nothing for it. Notifications
+//! [`APPLICATION_NAME`]) LISTENs on `herald_outbox`, then registers in `herald_listeners` and
+//! renews its row every [`CHECK_EVERY`]; the trigger on `herald_outbox` notifies once per inserting
+//! transaction, at commit — and only while some listener's row is fresh (30 s), so polling-only
+//! deployments pay no notify-queue lock on their commits. The row is removed when the thread
+//! stops; a crashed process's row simply goes stale. Notifications
 //! are drained every few milliseconds (no query is sent to do so) and folded into one wake-up
 //! (the debounce); polling remains the fallback, and a broken connection is re-opened.
 
@@ -21,8 +23,31 @@ pub const APPLICATION_NAME: &str = "herald-listen";
 
 /// How often pending notifications are drained.
 const DRAIN_EVERY: Duration = Duration::from_millis(20);
-/// How often the connection is checked with a query.
-const CHECK_EVERY: Duration = Duration::from_secs(10);
+/// How often the registration is renewed (which also checks the connection). The trigger counts
+/// a registration as live for 30 s: three renewals.
+pub const CHECK_EVERY: Duration = Duration::from_secs(10);
+
+/// Registers (or renews) this listener, and forgets registrations stale for an hour.
+const REGISTER_SQL: &str = "INSERT INTO herald_listeners (owner, seen_at) VALUES ($1, now()) \
+     ON CONFLICT (owner) DO UPDATE SET seen_at = now()";
+const FORGET_STALE_SQL: &str =
+    "DELETE FROM herald_listeners WHERE seen_at < now() - interval '1 hour'";
+
+fn register(conn: &mut PgConnection, me: &str) -> bool {
+    use diesel::RunQueryDsl;
+    diesel::sql_query(REGISTER_SQL)
+        .bind::<diesel::sql_types::Text, _>(me)
+        .execute(conn)
+        .is_ok()
+        && conn.batch_execute(FORGET_STALE_SQL).is_ok()
+}
+
+fn unregister(conn: &mut PgConnection, me: &str) {
+    use diesel::RunQueryDsl;
+    let _ = diesel::sql_query("DELETE FROM herald_listeners WHERE owner = $1")
+        .bind::<diesel::sql_types::Text, _>(me)
+        .execute(conn);
+}
 
 /// Starts the listener thread; it ends when `stop` is set.
 pub fn spawn(url: String, wake: Arc<Notify>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
@@ -33,13 +58,20 @@ pub fn spawn(url: String, wake: Arc<Notify>, stop: Arc<AtomicBool>) -> std::thre
 }
 
 fn listen_loop(url: &str, wake: &Notify, stop: &AtomicBool) {
+    let me = format!(
+        "herald-listen-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    );
     let mut backoff = Duration::from_millis(200);
     while !stop.load(Ordering::Relaxed) {
         let listening = PgConnection::establish(url).ok().and_then(|mut c| {
+            // Listening before registering: while registered, nothing is missed.
             c.batch_execute(&format!(
                 "SET application_name = '{APPLICATION_NAME}'; LISTEN herald_outbox"
             ))
             .ok()
+            .filter(|_| register(&mut c, &me))
             .map(|_| c)
         });
         let mut conn = match listening {
@@ -72,7 +104,7 @@ fn listen_loop(url: &str, wake: &Notify, stop: &AtomicBool) {
                 wake.notify_one();
             }
             if !broken && last_check.elapsed() >= CHECK_EVERY {
-                broken = conn.batch_execute("SELECT 1").is_err();
+                broken = !register(&mut conn, &me);
                 last_check = Instant::now();
             }
             if broken {
@@ -80,6 +112,9 @@ fn listen_loop(url: &str, wake: &Notify, stop: &AtomicBool) {
                 break;
             }
             std::thread::sleep(DRAIN_EVERY);
+        }
+        if stop.load(Ordering::Relaxed) {
+            unregister(&mut conn, &me);
         }
     }
 }

@@ -25,6 +25,13 @@ diesel::table! {
 }
 
 diesel::table! {
+    herald_listeners (owner) {
+        owner -> Text,
+        seen_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
     herald_outbox (id) {
         id -> Int8,
         event_id -> Text,
@@ -80,6 +87,7 @@ diesel::joinable!(herald_attempts -> herald_outbox (message_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
     herald_attempts,
+    herald_listeners,
     herald_outbox,
     herald_receipts,
     herald_settings,

@@ -404,9 +404,10 @@ async fn notifications_of_inserts(app: &TestApp, insert_as: Option<&str>) -> Vec
 
 static NOTIFY_ROUND: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
-/// The wake-up follows where Herald listens: no Herald listener, no NOTIFY (no notify-queue lock
-/// on the application's commit); a listener connected, one NOTIFY per committed insert and none
-/// for a rolled-back one. An application role with only INSERT on the outbox can insert either way.
+/// The wake-up follows where Herald listens: no Herald listener registered, no NOTIFY (no
+/// notify-queue lock on the application's commit); a listener registered, one NOTIFY per committed
+/// insert and none for a rolled-back one; stopped, none again. An application role with only INSERT
+/// on the outbox can insert either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notify_follows_whether_herald_listens_postgres() {
     let app = spawn_app_with(Backend::Postgres, "listen_notify = false\n").await;
@@ -446,6 +447,11 @@ async fn notify_follows_whether_herald_listens_postgres() {
     tokio::task::spawn_blocking(move || t.join().unwrap())
         .await
         .unwrap();
+    assert_eq!(
+        notifications_of_inserts(&app, None).await,
+        ["herald_test_sentinel"],
+        "a listener that stopped has unregistered"
+    );
     app.raw_sql(&format!(
         "REVOKE ALL ON herald_outbox FROM {role}; \
          REVOKE ALL ON SEQUENCE herald_outbox_id_seq FROM {role}; DROP ROLE {role}"

@@ -4,4 +4,5 @@ BEGIN
     RETURN NULL;
 END
 $$;
+DROP TABLE herald_listeners;
 ALTER TABLE herald_outbox DROP COLUMN retry_policy_version;

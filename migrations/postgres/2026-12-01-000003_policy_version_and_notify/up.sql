@@ -3,17 +3,21 @@
 -- claim fills in the version then in force.
 ALTER TABLE herald_outbox ADD COLUMN retry_policy_version TEXT;
 
--- The wake-up follows where Herald listens: the insert trigger notifies only while some Herald
--- process holds a LISTEN connection on this database (its application_name is 'herald-listen').
--- With every sender polling (listen_notify = false, or behind a transaction-mode PgBouncer),
--- application commits never take PostgreSQL's notify-queue lock. pg_stat_activity's
--- application_name is readable by every role, so an application role with nothing but INSERT on
--- herald_outbox can still insert. A listener that connects during a long transaction may miss
--- its notification; the poll interval covers that.
+-- The wake-up follows where Herald listens. Each Herald process that LISTENs registers here and
+-- renews its row every 10 s (and removes it when it stops); the insert trigger notifies only
+-- while a row is fresh (30 s). With every sender polling (listen_notify = false, or behind a
+-- transaction-mode PgBouncer), application commits never take PostgreSQL's notify-queue lock.
+-- Readable by every role: an application role with nothing but INSERT on herald_outbox can
+-- still insert (the trigger runs with its privileges).
+CREATE TABLE herald_listeners (
+    owner    TEXT PRIMARY KEY,
+    seen_at  TIMESTAMPTZ NOT NULL
+);
+GRANT SELECT ON herald_listeners TO PUBLIC;
+
 CREATE OR REPLACE FUNCTION herald_outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF EXISTS (SELECT 1 FROM pg_stat_activity
-               WHERE datname = current_database() AND application_name = 'herald-listen') THEN
+    IF EXISTS (SELECT 1 FROM herald_listeners WHERE seen_at > now() - interval '30 seconds') THEN
         PERFORM pg_notify('herald_outbox', '');
     END IF;
     RETURN NULL;
