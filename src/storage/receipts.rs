@@ -28,9 +28,14 @@ per_backend! {
         receipts: &[NewReceipt],
         now: DateTime<Utc>,
     ) -> QueryResult<usize> {
-        // Multi-row statements, in chunks well under every bind-parameter limit.
+        // Multi-row statements, in chunks well under every bind-parameter limit, in key order:
+        // two requests carrying overlapping events (a provider retrying a batch while the first
+        // try is still in flight) then wait on each other's rows in the same order and never
+        // deadlock (a 40P01 is one of the errors the driver cannot tell apart from a bug).
+        let mut sorted: Vec<&NewReceipt> = receipts.iter().collect();
+        sorted.sort_by(|a, b| a.provider_event_id.cmp(&b.provider_event_id));
         let mut inserted = 0;
-        for chunk in receipts.chunks(500) {
+        for chunk in sorted.chunks(500) {
             let rows: Vec<_> = chunk
                 .iter()
                 .map(|x| {
