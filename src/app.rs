@@ -16,6 +16,7 @@ use crate::clock::Clock;
 use crate::config::Settings;
 use crate::crypto::signing::SigningKey;
 use crate::http::{self, AppState};
+use crate::reconcile::{Reconciler, ReconcilerConfig};
 use crate::sender::{Sender, SenderConfig};
 use crate::storage::{Backend, Db, PoolOptions};
 
@@ -29,6 +30,7 @@ pub struct Herald {
     pub clock: Arc<dyn Clock>,
     pub sender: Sender,
     pub wake: Arc<Notify>,
+    pub reconciler: Reconciler,
     pub duplicate_receipts: Arc<std::sync::atomic::AtomicU64>,
     /// Receipts refused as replays, since start (see [`AppState::replayed_receipts`]).
     pub replayed_receipts: Arc<std::sync::atomic::AtomicU64>,
@@ -115,12 +117,26 @@ impl Herald {
             email,
             wake.clone(),
         );
+        let reconciler = Reconciler::new(
+            db.clone(),
+            clock.clone(),
+            ReconcilerConfig {
+                batch_size: settings.reconcile_batch_size,
+                interval: settings.reconcile_interval,
+                unconfirmed_deadline: settings.unconfirmed_deadline,
+                callbacks: settings.status_callbacks.clone(),
+                retry_policy: settings.retry.name.clone(),
+                retry_policy_version: settings.retry.version.clone(),
+            },
+            Arc::new(Notify::new()),
+        );
         Ok(Self {
             settings,
             db,
             clock,
             sender,
             wake,
+            reconciler,
             duplicate_receipts: Arc::default(),
             replayed_receipts: Arc::default(),
         })
@@ -141,6 +157,7 @@ impl Herald {
             ingest_max_body_bytes: self.settings.ingest_max_body_bytes,
             duplicate_receipts: self.duplicate_receipts.clone(),
             replayed_receipts: self.replayed_receipts.clone(),
+            reconcile_wake: self.reconciler.wake_handle(),
         }
     }
 
@@ -198,7 +215,8 @@ impl Herald {
         let sender_task = self
             .settings
             .sender_enabled
-            .then(|| tokio::spawn(self.sender.clone().run(stop_rx)));
+            .then(|| tokio::spawn(self.sender.clone().run(stop_rx.clone())));
+        let reconciler_task = tokio::spawn(self.reconciler.clone().run(stop_rx));
 
         let server_task = tokio::spawn(server);
         shutdown_signal().await;
@@ -208,6 +226,7 @@ impl Herald {
         if let Some(t) = sender_task {
             t.await.context("sender task failed")?;
         }
+        reconciler_task.await.context("reconciler task failed")?;
         stop_listen.store(true, Ordering::Relaxed);
         if let Some(t) = listen_thread {
             let _ = tokio::task::spawn_blocking(move || t.join()).await;

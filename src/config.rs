@@ -15,6 +15,7 @@ use crate::channels::webhook::{Endpoint, EndpointConfig};
 use crate::crypto::signing::SigningKey;
 use crate::ingest::Source;
 use crate::ingest::schemes::SourceConfig;
+use crate::reconcile::StatusCallbacks;
 use crate::secret::Secret;
 use crate::sender::policy::RetryPolicy;
 
@@ -88,13 +89,25 @@ struct FileConfig {
     mail_from: Option<String>,
     message_id_domain: Option<String>,
     ingest_max_body_bytes: Option<usize>,
+    reconcile_interval_ms: Option<u64>,
+    reconcile_batch_size: Option<u32>,
+    unconfirmed_deadline_seconds: Option<u64>,
+    status_callbacks: Option<StatusCallbacksConfig>,
     #[serde(default)]
     endpoints: BTreeMap<String, EndpointConfig>,
     #[serde(default)]
     sources: BTreeMap<String, SourceConfig>,
 }
 
-/// `[endpoints.NAME]`: a named webhook destination (`destination = "endpoint:NAME"`).
+/// `[status_callbacks]`: delivery-status changes as webhooks to a named endpoint.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatusCallbacksConfig {
+    destination: String,
+    #[serde(default)]
+    event_types: Vec<String>,
+}
+
 /// The validated settings Herald runs with.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -124,6 +137,12 @@ pub struct Settings {
     pub endpoints: BTreeMap<String, Endpoint>,
     pub ingest_max_body_bytes: usize,
     pub sources: BTreeMap<String, ConfiguredSource>,
+    /// How often the reconciler looks for pending receipts (it also wakes on ingest).
+    pub reconcile_interval: Duration,
+    pub reconcile_batch_size: u32,
+    /// How long an `unconfirmed` message waits for a receipt before `dead_letter`.
+    pub unconfirmed_deadline: Duration,
+    pub status_callbacks: Option<StatusCallbacks>,
 }
 
 /// A validated `[sources.NAME]`: its verifier.
@@ -276,6 +295,13 @@ impl Settings {
         over!(mail_from, "HERALD_MAIL_FROM", string);
         over!(message_id_domain, "HERALD_MESSAGE_ID_DOMAIN", string);
         over!(ingest_max_body_bytes, "HERALD_INGEST_MAX_BODY_BYTES", num);
+        over!(reconcile_interval_ms, "HERALD_RECONCILE_INTERVAL_MS", num);
+        over!(reconcile_batch_size, "HERALD_RECONCILE_BATCH_SIZE", num);
+        over!(
+            unconfirmed_deadline_seconds,
+            "HERALD_UNCONFIRMED_DEADLINE_SECONDS",
+            num
+        );
 
         let timings = Timings::resolve(
             f.lease_seconds,
@@ -366,6 +392,43 @@ impl Settings {
                 ),
             ));
         }
+        let status_callbacks = match f.status_callbacks {
+            None => None,
+            Some(c) => {
+                let name = c.destination.strip_prefix("endpoint:").unwrap_or("");
+                if !endpoints.contains_key(name) {
+                    return Err(invalid(
+                        "status_callbacks.destination",
+                        "must be endpoint:NAME of an endpoint configured under [endpoints.NAME]",
+                    ));
+                }
+                if let Some(t) = c
+                    .event_types
+                    .iter()
+                    .find(|t| crate::reconcile::precedence(t).is_none())
+                {
+                    return Err(invalid(
+                        "status_callbacks.event_types",
+                        format!(
+                            "{t:?} is not a delivery status; use some of: {}",
+                            crate::reconcile::PRECEDENCE.join(", ")
+                        ),
+                    ));
+                }
+                Some(StatusCallbacks {
+                    destination: c.destination,
+                    event_types: c.event_types,
+                })
+            }
+        };
+        let unconfirmed_deadline = Duration::from_secs(positive(
+            "unconfirmed_deadline_seconds",
+            f.unconfirmed_deadline_seconds.unwrap_or(3 * 86_400),
+        )?);
+        let reconcile_interval = Duration::from_millis(positive(
+            "reconcile_interval_ms",
+            f.reconcile_interval_ms.unwrap_or(1000),
+        )?);
         let sender_batch_size = f.sender_batch_size.unwrap_or(100).clamp(1, 1000);
         let sender_concurrency = f.sender_concurrency.unwrap_or(64).clamp(1, 1024);
         Ok(Settings {
@@ -397,6 +460,10 @@ impl Settings {
             endpoints,
             ingest_max_body_bytes: f.ingest_max_body_bytes.unwrap_or(1024 * 1024),
             sources,
+            reconcile_interval,
+            reconcile_batch_size: f.reconcile_batch_size.unwrap_or(500).clamp(1, 10_000),
+            unconfirmed_deadline,
+            status_callbacks,
         })
     }
 }

@@ -14,6 +14,7 @@ pub mod domain;
 pub mod http;
 pub mod ingest;
 pub mod outbox;
+pub mod reconcile;
 pub mod secret;
 pub mod sender;
 pub mod storage;

@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 use tokio::sync::Notify;
 
 use self::problem::Problem;
-use self::view::MessageView;
+use self::view::{MessageView, ReceiptView};
 use crate::channels::webhook::Endpoint;
 use crate::clock::Clock;
 use crate::config::ConfiguredSource;
@@ -23,7 +23,7 @@ use crate::ingest::RawRequest;
 use crate::outbox::{Limits, NewMessage};
 use crate::secret::Secret;
 use crate::secret::constant_time_eq;
-use crate::storage::Db;
+use crate::storage::{Db, StorageError};
 use crate::storage::receipts::Stored;
 
 /// What the handlers share.
@@ -46,6 +46,8 @@ pub struct AppState {
     /// Receipts refused as replays (a one-time signature value already used by a different
     /// event), since start; never counted as duplicates.
     pub replayed_receipts: Arc<std::sync::atomic::AtomicU64>,
+    /// Woken once receipts are committed: the reconciler applies them.
+    pub reconcile_wake: Arc<tokio::sync::Notify>,
 }
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
@@ -58,6 +60,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             web::post().to(cancel_message),
         )
         .route("/v1/ingest/{source}", web::post().to(ingest_receipts))
+        .route("/v1/receipts/unmatched", web::get().to(unmatched_receipts))
         .default_service(web::to(|| async {
             Err::<HttpResponse, _>(Problem::new(
                 StatusCode::NOT_FOUND,
@@ -148,9 +151,20 @@ async fn create_message(
     };
     let row = message.prepare(&limits, now)?;
     let db = state.db.clone();
-    let (created, stored) = web::block(move || db.enqueue(&row)).await??;
+    let (created, stored, receipts) = web::block(move || -> Result<_, StorageError> {
+        let (created, stored) = db.enqueue(&row)?;
+        // A message that was already there may have its history already.
+        let receipts = if created {
+            Vec::new()
+        } else {
+            db.receipts_of_message(stored.id)?
+        };
+        Ok((created, stored, receipts))
+    })
+    .await??;
     // Committed: only now is it acknowledged.
-    let view = MessageView::new(&stored, state.default_max_attempts);
+    let mut view = MessageView::new(&stored, state.default_max_attempts);
+    view.receipts = Some(receipts.iter().map(ReceiptView::new).collect());
     if created {
         tracing::info!(event_id = %stored.event_id, channel = %stored.channel, "message enqueued");
         state.wake.notify_one();
@@ -168,9 +182,41 @@ async fn show_message(
     authorize(&req, &state)?;
     let event_id = path.into_inner();
     let db = state.db.clone();
-    let row = web::block(move || db.find_by_event_id(&event_id)).await??;
-    let row = row.ok_or_else(|| Problem::not_found("message"))?;
-    Ok(HttpResponse::Ok().json(MessageView::new(&row, state.default_max_attempts)))
+    let found = web::block(move || -> Result<_, StorageError> {
+        let Some(row) = db.find_by_event_id(&event_id)? else {
+            return Ok(None);
+        };
+        let receipts = db.receipts_of_message(row.id)?;
+        Ok(Some((row, receipts)))
+    })
+    .await??;
+    let (row, receipts) = found.ok_or_else(|| Problem::not_found("message"))?;
+    let mut view = MessageView::new(&row, state.default_max_attempts);
+    view.receipts = Some(receipts.iter().map(ReceiptView::new).collect());
+    Ok(HttpResponse::Ok().json(view))
+}
+
+/// `GET /v1/receipts/unmatched`: receipts no message has claimed yet (they are tried again with
+/// backoff), counted, the oldest 100 listed — identifiers and types only.
+async fn unmatched_receipts(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, Problem> {
+    authorize(&req, &state)?;
+    let db = state.db.clone();
+    let (count, rows) = web::block(move || db.unmatched_receipts(100)).await??;
+    let listed: Vec<_> = rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "receipt": ReceiptView::new(r),
+                "herald_event_id": r.herald_event_id,
+                "provider_message_id": r.provider_message_id,
+                "match_attempts": r.match_attempts,
+            })
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(serde_json::json!({"count": count, "receipts": listed})))
 }
 
 async fn cancel_message(
@@ -245,6 +291,9 @@ async fn ingest_receipts(
         }
     };
     // Committed: only now is it acknowledged.
+    if stored > 0 {
+        state.reconcile_wake.notify_one();
+    }
     state
         .duplicate_receipts
         .fetch_add(duplicates as u64, std::sync::atomic::Ordering::Relaxed);

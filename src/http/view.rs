@@ -4,7 +4,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 
 use crate::domain::{AttemptClass, Channel, Semantics, State};
-use crate::storage::models::OutboxRow;
+use crate::storage::models::{OutboxRow, ReceiptRow};
 
 fn ts(t: &DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Micros, true)
@@ -33,6 +33,43 @@ pub struct MessageView {
     pub delivery_status_at: Option<String>,
     pub created_at: String,
     pub updated_at: String,
+    /// Why it is in its state when the state alone does not say (`unconfirmed`).
+    pub state_reason: Option<String>,
+    /// The receipt history, in event-time order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub receipts: Option<Vec<ReceiptView>>,
+}
+
+/// One receipt in a message's history: identifiers and types only, never the provider's body
+/// (it holds addresses).
+#[derive(Debug, Serialize)]
+pub struct ReceiptView {
+    pub source: String,
+    pub provider_event_id: String,
+    pub event_type: String,
+    pub provider_type: String,
+    pub event_time: Option<String>,
+    pub received_at: String,
+    pub reconciled_at: Option<String>,
+    /// `applied`, `superseded`, `unchanged` or `history`.
+    pub outcome: Option<String>,
+    pub outcome_reason: Option<String>,
+}
+
+impl ReceiptView {
+    pub fn new(r: &ReceiptRow) -> Self {
+        Self {
+            source: r.source.clone(),
+            provider_event_id: r.provider_event_id.clone(),
+            event_type: r.event_type.clone(),
+            provider_type: r.provider_type.clone(),
+            event_time: r.event_time.as_ref().map(ts),
+            received_at: ts(&r.received_at),
+            reconciled_at: r.reconciled_at.as_ref().map(ts),
+            outcome: r.outcome.clone(),
+            outcome_reason: r.outcome_reason.clone(),
+        }
+    }
 }
 
 impl MessageView {
@@ -60,6 +97,8 @@ impl MessageView {
             delivery_status_at: row.delivery_status_at.as_ref().map(ts),
             created_at: ts(&row.created_at),
             updated_at: ts(&row.updated_at),
+            state_reason: row.state_reason.clone(),
+            receipts: None,
         }
     }
 }

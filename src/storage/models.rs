@@ -35,6 +35,9 @@ pub struct OutboxRow {
     /// The retry policy version it was enqueued under (filled by the first claim for a plain
     /// SQL insert).
     pub retry_policy_version: Option<String>,
+    /// Why it is in its state when the state alone does not say (`unconfirmed`: dead-lettered
+    /// after the unconfirmed deadline).
+    pub state_reason: Option<String>,
 }
 
 /// What the watchdog reads of a `sending` row whose lease ran out: what the decision and the
@@ -299,4 +302,63 @@ pub struct ReceiptRow {
     pub raw: serde_json::Value,
     pub reconciled_at: Option<DateTime<Utc>>,
     pub replay_key: Option<String>,
+    /// The message it was matched to.
+    pub message_id: Option<i64>,
+    /// `applied`, `superseded`, `unchanged`, `history` or `unmatched`.
+    pub outcome: Option<String>,
+    pub outcome_reason: Option<String>,
+    pub match_attempts: i32,
+    pub next_match_at: Option<DateTime<Utc>>,
+}
+
+/// What the reconciler reads of a pending receipt (never the raw body).
+#[derive(Debug, Clone, PartialEq, Queryable)]
+pub struct PendingReceipt {
+    pub id: i64,
+    pub source: String,
+    pub provider_event_id: String,
+    pub event_type: String,
+    pub provider_type: String,
+    pub event_time: Option<DateTime<Utc>>,
+    pub received_at: DateTime<Utc>,
+    pub herald_event_id: Option<String>,
+    pub provider_message_id: Option<String>,
+    pub match_attempts: i32,
+}
+
+/// What the reconciler reads of a matched message, locked for the update.
+#[derive(Debug, Clone, PartialEq, Queryable)]
+pub struct MatchedMessage {
+    pub id: i64,
+    pub event_id: String,
+    pub state: State,
+    pub delivery_status: Option<String>,
+    pub delivery_status_at: Option<DateTime<Utc>>,
+}
+
+/// What the reconciler decided for one matched receipt.
+#[derive(Debug, Clone)]
+pub struct ReceiptDecision {
+    /// `applied`, `superseded`, `unchanged` or `history`.
+    pub outcome: &'static str,
+    pub reason: String,
+    /// The message's new delivery status and the event time that set it.
+    pub new_status: Option<(String, Option<DateTime<Utc>>)>,
+    /// An `unconfirmed` message the receipt proves was accepted: `delivered`.
+    pub settle: bool,
+    /// Messages to enqueue in the same transaction (status callbacks).
+    pub enqueue: Vec<NewOutboxRow>,
+}
+
+/// Counts from one reconciler pass.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReconcilePass {
+    /// Receipts matched and applied (whatever their outcome).
+    pub applied: usize,
+    /// Receipts still without a message (tried again later).
+    pub unmatched: usize,
+    /// Messages whose delivery status changed.
+    pub status_changes: usize,
+    /// `unconfirmed` messages settled as `delivered` by a receipt.
+    pub settled: usize,
 }

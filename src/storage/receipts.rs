@@ -10,7 +10,9 @@
 
 use chrono::{DateTime, Utc};
 
-use super::models::{NewReceipt, ReceiptRow};
+use super::models::{
+    MatchedMessage, NewReceipt, Now, PendingReceipt, ReceiptDecision, ReceiptRow, ReconcilePass,
+};
 use super::{Db, StorageError, per_backend};
 
 per_backend! {
@@ -59,6 +61,145 @@ per_backend! {
                 .execute(conn)?;
         }
         Ok(inserted)
+    }
+
+    /// A message's receipts, in event-time order (the history).
+    pub fn receipts_of_message(conn: &mut Conn, message_id: i64) -> QueryResult<Vec<ReceiptRow>> {
+        r::table
+            .filter(r::message_id.eq(message_id))
+            .order((r::event_time.asc(), r::id.asc()))
+            .load(conn)
+    }
+
+    /// One reconciler pass over up to `limit` pending receipts that are due (an unmatched one
+    /// waits for its `next_match_at`), locked so that several reconcilers never take the same
+    /// one. Each is matched to its message — by Herald's event id, else by the provider's
+    /// message id — and, in event-time order, `decide`d against the message as it is now (its
+    /// row locked; a message another reconciler holds is left for the next pass, never waited
+    /// for, so two reconcilers cannot deadlock). Unmatched receipts are tried again later with
+    /// backoff. Returns what the pass did; committed with everything it decided.
+    pub fn reconcile(
+        conn: &mut Conn,
+        now: &Now,
+        limit: i64,
+        decide: &dyn Fn(&PendingReceipt, &MatchedMessage) -> ReceiptDecision,
+    ) -> QueryResult<ReconcilePass> {
+        use crate::domain::{AttemptClass, State};
+        use self::schema::herald_outbox as o;
+        let at = sql::now(conn, now)?;
+        let mut batch = sql::pending_receipts(conn, at, limit)?;
+        batch.sort_by_key(|a| (a.event_time, a.id));
+        let mut pass = ReconcilePass::default();
+        for receipt in &batch {
+            let id = match (&receipt.herald_event_id, &receipt.provider_message_id) {
+                (Some(e), _) => o::table
+                    .filter(o::event_id.eq(e))
+                    .select(o::id)
+                    .first::<i64>(conn)
+                    .optional()?,
+                (None, _) => None,
+            };
+            let id = match (id, &receipt.provider_message_id) {
+                (None, Some(p)) => o::table
+                    .filter(o::provider_message_id.eq(p))
+                    .order(o::id)
+                    .select(o::id)
+                    .first::<i64>(conn)
+                    .optional()?,
+                (id, _) => id,
+            };
+            let Some(id) = id else {
+                let tries = receipt.match_attempts + 1;
+                let wait = chrono::Duration::seconds(1i64 << tries.clamp(0, 9));
+                diesel::update(r::table.filter(r::id.eq(receipt.id)))
+                    .set((
+                        r::outcome.eq("unmatched"),
+                        r::outcome_reason.eq("no message with its event id or provider message id yet"),
+                        r::match_attempts.eq(tries),
+                        r::next_match_at.eq(Some(at + wait)),
+                    ))
+                    .execute(conn)?;
+                pass.unmatched += 1;
+                continue;
+            };
+            // Held by another reconciler right now: this receipt waits for the next pass.
+            let Some(message) = sql::lock_message(conn, id)? else {
+                continue;
+            };
+            let d = decide(receipt, &message);
+            if let Some((status, status_at)) = &d.new_status {
+                diesel::update(o::table.filter(o::id.eq(id)))
+                    .set((
+                        o::delivery_status.eq(Some(status)),
+                        o::delivery_status_at.eq(*status_at),
+                    ))
+                    .execute(conn)?;
+                pass.status_changes += 1;
+            }
+            if d.settle {
+                pass.settled += diesel::update(
+                    o::table
+                        .filter(o::id.eq(id))
+                        .filter(o::state.eq(State::Unconfirmed)),
+                )
+                .set((
+                    o::state.eq(State::Delivered),
+                    o::last_error_class.eq(None::<AttemptClass>),
+                    o::updated_at.eq(at),
+                ))
+                .execute(conn)?;
+            }
+            for m in &d.enqueue {
+                q::insert_message(conn, m)?;
+            }
+            diesel::update(r::table.filter(r::id.eq(receipt.id)))
+                .set((
+                    r::reconciled_at.eq(Some(at)),
+                    r::message_id.eq(Some(id)),
+                    r::outcome.eq(d.outcome),
+                    r::outcome_reason.eq(&d.reason),
+                    r::next_match_at.eq(None::<DateTime<Utc>>),
+                ))
+                .execute(conn)?;
+            pass.applied += 1;
+        }
+        Ok(pass)
+    }
+
+    /// `unconfirmed` messages that no receipt settled within `deadline` move to `dead_letter`
+    /// with `state_reason = 'unconfirmed'`, for a person to decide; returns how many.
+    pub fn expire_unconfirmed(
+        conn: &mut Conn,
+        now: &Now,
+        deadline: std::time::Duration,
+    ) -> QueryResult<usize> {
+        use crate::domain::State;
+        use self::schema::herald_outbox as o;
+        let at = sql::now(conn, now)?;
+        let before = at - chrono::Duration::from_std(deadline).unwrap_or(chrono::Duration::MAX);
+        diesel::update(
+            o::table
+                .filter(o::state.eq(State::Unconfirmed))
+                .filter(o::updated_at.lt(before)),
+        )
+        .set((
+            o::state.eq(State::DeadLetter),
+            o::state_reason.eq(Some("unconfirmed")),
+            o::updated_at.eq(at),
+        ))
+        .execute(conn)
+    }
+
+    /// Receipts no message has claimed yet: how many, and the oldest `limit` of them.
+    pub fn unmatched_receipts(conn: &mut Conn, limit: i64) -> QueryResult<(i64, Vec<ReceiptRow>)> {
+        let unmatched = || {
+            r::table
+                .filter(r::reconciled_at.is_null())
+                .filter(r::outcome.eq("unmatched"))
+        };
+        let count = unmatched().count().get_result(conn)?;
+        let rows = unmatched().order(r::id).limit(limit).load(conn)?;
+        Ok((count, rows))
     }
 
     pub fn receipts_of_source(
@@ -167,5 +308,34 @@ impl Db {
 impl Db {
     pub fn receipts_of_source(&self, source: &str) -> Result<Vec<ReceiptRow>, StorageError> {
         crate::storage::db_run! { self, read |c, q| Ok(q::receipts_of_source(c, source)?) }
+    }
+
+    /// How many receipts match no message yet, and the oldest `limit` of them.
+    pub fn unmatched_receipts(&self, limit: u32) -> Result<(i64, Vec<ReceiptRow>), StorageError> {
+        let limit = i64::from(limit);
+        crate::storage::db_run! { self, read |c, q| Ok(q::unmatched_receipts(c, limit)?) }
+    }
+
+    pub fn receipts_of_message(&self, message_id: i64) -> Result<Vec<ReceiptRow>, StorageError> {
+        crate::storage::db_run! { self, read |c, q| Ok(q::receipts_of_message(c, message_id)?) }
+    }
+
+    /// One reconciler pass, in one transaction (see `reconcile` in the per-backend bodies).
+    pub fn reconcile(
+        &self,
+        now: Now,
+        limit: u32,
+        decide: &dyn Fn(&PendingReceipt, &MatchedMessage) -> ReceiptDecision,
+    ) -> Result<ReconcilePass, StorageError> {
+        let limit = i64::from(limit);
+        crate::storage::db_run! { self, write |c, q| Ok(q::reconcile(c, &now, limit, decide)?) }
+    }
+
+    pub fn expire_unconfirmed(
+        &self,
+        now: Now,
+        deadline: std::time::Duration,
+    ) -> Result<usize, StorageError> {
+        crate::storage::db_run! { self, write |c, q| Ok(q::expire_unconfirmed(c, &now, deadline)?) }
     }
 }

@@ -56,6 +56,7 @@ diesel::table! {
         created_at -> Timestamptz,
         updated_at -> Timestamptz,
         retry_policy_version -> Nullable<Text>,
+        state_reason -> Nullable<Text>,
     }
 }
 
@@ -73,6 +74,11 @@ diesel::table! {
         raw -> Jsonb,
         reconciled_at -> Nullable<Timestamptz>,
         replay_key -> Nullable<Text>,
+        message_id -> Nullable<Int8>,
+        outcome -> Nullable<Text>,
+        outcome_reason -> Nullable<Text>,
+        match_attempts -> Int4,
+        next_match_at -> Nullable<Timestamptz>,
     }
 }
 

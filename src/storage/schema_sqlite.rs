@@ -49,6 +49,7 @@ diesel::table! {
         created_at -> TimestamptzSqlite,
         updated_at -> TimestamptzSqlite,
         retry_policy_version -> Nullable<Text>,
+        state_reason -> Nullable<Text>,
     }
 }
 
@@ -66,6 +67,11 @@ diesel::table! {
         raw -> Json,
         reconciled_at -> Nullable<TimestamptzSqlite>,
         replay_key -> Nullable<Text>,
+        message_id -> Nullable<BigInt>,
+        outcome -> Nullable<Text>,
+        outcome_reason -> Nullable<Text>,
+        match_attempts -> Integer,
+        next_match_at -> Nullable<TimestamptzSqlite>,
     }
 }
 

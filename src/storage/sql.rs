@@ -8,7 +8,9 @@ use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 
 use crate::domain::State;
 
-use super::models::{Applied, ExpiredLease, NewOutboxRow, Now, OutcomeRecord};
+use super::models::{
+    Applied, ExpiredLease, MatchedMessage, NewOutboxRow, Now, OutcomeRecord, PendingReceipt,
+};
 
 diesel::define_sql_function! {
     #[sql_name = "COALESCE"]
@@ -272,6 +274,102 @@ pub fn pg_update_outcomes(
         .collect())
 }
 
+/// The columns of [`PendingReceipt`], in its field order.
+macro_rules! pending_receipt_columns {
+    ($r:ident) => {
+        (
+            $r::id,
+            $r::source,
+            $r::provider_event_id,
+            $r::event_type,
+            $r::provider_type,
+            $r::event_time,
+            $r::received_at,
+            $r::herald_event_id,
+            $r::provider_message_id,
+            $r::match_attempts,
+        )
+    };
+}
+
+/// The columns of [`MatchedMessage`], in its field order.
+macro_rules! matched_message_columns {
+    ($o:ident) => {
+        (
+            $o::id,
+            $o::event_id,
+            $o::state,
+            $o::delivery_status,
+            $o::delivery_status_at,
+        )
+    };
+}
+
+/// Pending receipts that are due, locked; another reconciler skips them.
+pub fn pg_pending_receipts(
+    conn: &mut diesel::pg::PgConnection,
+    at: DateTime<Utc>,
+    limit: i64,
+) -> diesel::QueryResult<Vec<PendingReceipt>> {
+    use super::schema_pg::herald_receipts as r;
+    use diesel::prelude::*;
+    r::table
+        .filter(r::reconciled_at.is_null())
+        .filter(r::next_match_at.is_null().or(r::next_match_at.le(at)))
+        .select(pending_receipt_columns!(r))
+        .order(r::id)
+        .limit(limit)
+        .for_update()
+        .skip_locked()
+        .load(conn)
+}
+
+/// SQLite: the pass runs behind the writer lock, exclusive already.
+pub fn sqlite_pending_receipts(
+    conn: &mut diesel::sqlite::SqliteConnection,
+    at: DateTime<Utc>,
+    limit: i64,
+) -> diesel::QueryResult<Vec<PendingReceipt>> {
+    use super::schema_sqlite::herald_receipts as r;
+    use diesel::prelude::*;
+    r::table
+        .filter(r::reconciled_at.is_null())
+        .filter(r::next_match_at.is_null().or(r::next_match_at.le(at)))
+        .select(pending_receipt_columns!(r))
+        .order(r::id)
+        .limit(limit)
+        .load(conn)
+}
+
+/// The message, locked for this transaction; `None` when another transaction holds it.
+pub fn pg_lock_message(
+    conn: &mut diesel::pg::PgConnection,
+    id: i64,
+) -> diesel::QueryResult<Option<MatchedMessage>> {
+    use super::schema_pg::herald_outbox as o;
+    use diesel::prelude::*;
+    o::table
+        .filter(o::id.eq(id))
+        .select(matched_message_columns!(o))
+        .for_update()
+        .skip_locked()
+        .first(conn)
+        .optional()
+}
+
+pub fn sqlite_lock_message(
+    conn: &mut diesel::sqlite::SqliteConnection,
+    id: i64,
+) -> diesel::QueryResult<Option<MatchedMessage>> {
+    use super::schema_sqlite::herald_outbox as o;
+    use diesel::prelude::*;
+    o::table
+        .filter(o::id.eq(id))
+        .select(matched_message_columns!(o))
+        .first(conn)
+        .optional()
+}
+
 /// A message's `scheduled_at` as inserted on PostgreSQL: `None` (not given) is left to the
 /// column default, the database's `now()`.
 pub fn pg_scheduled_at(m: &NewOutboxRow) -> Option<DateTime<Utc>> {
@@ -290,6 +388,7 @@ pub mod pg {
         pg_claim_ids as claim_ids, pg_expired_leases as expired_leases, pg_now as now,
         pg_update_outcomes as update_outcomes,
     };
+    pub use super::{pg_lock_message as lock_message, pg_pending_receipts as pending_receipts};
 }
 
 /// The SQLite arm of each backend-specific query.
@@ -301,6 +400,9 @@ pub mod sqlite {
     pub use super::sqlite_scheduled_at as scheduled_at;
     pub use super::{
         sqlite_claim_ids as claim_ids, sqlite_expired_leases as expired_leases, sqlite_now as now,
+    };
+    pub use super::{
+        sqlite_lock_message as lock_message, sqlite_pending_receipts as pending_receipts,
     };
     use crate::domain::State;
     use crate::storage::models::{Applied, Now, OutcomeRecord};

@@ -13,5 +13,6 @@ mod http_api;
 mod ingest;
 mod lifecycle;
 mod migrations;
+mod reconcile;
 mod smtp;
 mod sns;

@@ -1,0 +1,10 @@
+DROP INDEX herald_outbox_provider_message_id;
+ALTER TABLE herald_outbox DROP COLUMN state_reason;
+DROP INDEX herald_receipts_message;
+DROP INDEX herald_receipts_pending;
+CREATE INDEX herald_receipts_pending ON herald_receipts (event_time, id) WHERE reconciled_at IS NULL;
+ALTER TABLE herald_receipts DROP COLUMN next_match_at;
+ALTER TABLE herald_receipts DROP COLUMN match_attempts;
+ALTER TABLE herald_receipts DROP COLUMN outcome_reason;
+ALTER TABLE herald_receipts DROP COLUMN outcome;
+ALTER TABLE herald_receipts DROP COLUMN message_id;

@@ -1,0 +1,23 @@
+-- Reconciliation: each receipt is matched to its message and applied by the reconciler.
+--   message_id      the message it was matched to (NULL while unmatched)
+--   outcome         applied | superseded | unchanged | history | unmatched (see the README,
+--                   "How delivery status is decided"); outcome_reason says why, in words
+--   match_attempts, next_match_at
+--                   an unmatched receipt is tried again with backoff until its message appears
+-- reconciled_at (already there) is set once the receipt is matched and applied; until then the
+-- receipt is pending.
+ALTER TABLE herald_receipts ADD COLUMN message_id BIGINT;
+ALTER TABLE herald_receipts ADD COLUMN outcome TEXT;
+ALTER TABLE herald_receipts ADD COLUMN outcome_reason TEXT;
+ALTER TABLE herald_receipts ADD COLUMN match_attempts INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE herald_receipts ADD COLUMN next_match_at TEXT;
+DROP INDEX herald_receipts_pending;
+CREATE INDEX herald_receipts_pending ON herald_receipts (id) WHERE reconciled_at IS NULL;
+CREATE INDEX herald_receipts_message ON herald_receipts (message_id) WHERE message_id IS NOT NULL;
+
+-- Why a message is in its state when the state alone does not say (dead_letter after the
+-- unconfirmed deadline: 'unconfirmed').
+ALTER TABLE herald_outbox ADD COLUMN state_reason TEXT;
+-- Receipts that carry only the provider's message id find their message through it.
+CREATE INDEX herald_outbox_provider_message_id ON herald_outbox (provider_message_id)
+    WHERE provider_message_id IS NOT NULL;

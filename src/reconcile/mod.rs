@@ -1,0 +1,503 @@
+//! Reconciliation: stored receipts become delivery status **by event time, never by arrival
+//! order**. A background task (never the HTTP handler) matches each pending receipt to its
+//! message and applies it; a receipt is an input, never a command: it changes what Herald knows
+//! about a delivery and never causes a send of the message (a status callback is a new message
+//! of its own, through the same outbox).
+//!
+//! The decision is a pure function ([`judge`]): a message's delivery status is the status
+//! receipt with the greatest key `(event time, precedence)` — a maximum, so every arrival order
+//! of the same receipts ends in the same status, and duplicates change nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use tokio::sync::{Notify, watch};
+use tracing::{info, warn};
+
+use crate::clock::Clock;
+use crate::domain::State;
+use crate::outbox::{Limits, NewMessage};
+use crate::storage::models::{MatchedMessage, PendingReceipt, ReceiptDecision, ReconcilePass};
+use crate::storage::{Db, StorageError};
+
+/// Delivery statuses, lowest precedence first: at equal event times the later entry wins.
+/// Providers without event times (Twilio) are ordered by this alone, which is their status
+/// lattice (`queued < sent < delivered < failed`).
+pub const PRECEDENCE: &[&str] = &[
+    "queued",
+    "sent",
+    "deferred",
+    "delivered",
+    "failed",
+    "dropped",
+    "bounced",
+    "complained",
+];
+
+/// Receipts that say something about the recipient, not the delivery: kept in the history,
+/// the delivery status unchanged.
+pub const ENGAGEMENT: &[&str] = &["opened", "clicked", "unsubscribed", "read"];
+
+/// Where a status is in [`PRECEDENCE`]; `None` for anything else.
+pub fn precedence(status: &str) -> Option<usize> {
+    PRECEDENCE.iter().position(|s| *s == status)
+}
+
+/// What a receipt does to a message whose delivery status is `current` (set by an event at
+/// `current_at`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// It becomes the delivery status.
+    Applied { previous: Option<String> },
+    /// Older than the current status (or equally old and of lower precedence): history only.
+    Superseded { reason: String },
+    /// The same status at the same event time: a repeat.
+    Unchanged,
+    /// Not a delivery status (engagement, or outside the vocabulary): history only.
+    History { reason: String },
+}
+
+/// The pure decision. Order: event time first (a receipt without one sorts before every receipt
+/// with one), then [`PRECEDENCE`].
+pub fn judge(
+    current: Option<&str>,
+    current_at: Option<DateTime<Utc>>,
+    event_type: &str,
+    event_time: Option<DateTime<Utc>>,
+) -> Verdict {
+    let Some(rank) = precedence(event_type) else {
+        let reason = if ENGAGEMENT.contains(&event_type) {
+            format!("{event_type} is engagement: kept in the history, delivery status unchanged")
+        } else {
+            format!("{event_type} is not a delivery status: kept in the history")
+        };
+        return Verdict::History { reason };
+    };
+    let current_key = current.and_then(|c| precedence(c).map(|r| (current_at, r)));
+    match current_key {
+        None => Verdict::Applied {
+            previous: current.map(str::to_owned),
+        },
+        Some(key) if (event_time, rank) > key => Verdict::Applied {
+            previous: current.map(str::to_owned),
+        },
+        Some(key) if (event_time, rank) == key => Verdict::Unchanged,
+        Some((at, _)) => {
+            let current = current.unwrap_or("?");
+            let reason = if event_time < at {
+                format!(
+                    "older than the current status {current} (event time {} < {})",
+                    show(event_time),
+                    show(at)
+                )
+            } else {
+                format!("same event time as the current status {current}, which takes precedence")
+            };
+            Verdict::Superseded { reason }
+        }
+    }
+}
+
+/// Whether a receipt of this type proves the provider accepted the message (settles an
+/// `unconfirmed` one): every status and engagement event does; an unknown type does not.
+pub fn proves_acceptance(event_type: &str) -> bool {
+    precedence(event_type).is_some() || ENGAGEMENT.contains(&event_type)
+}
+
+fn show(t: Option<DateTime<Utc>>) -> String {
+    t.map(|t| t.to_rfc3339_opts(SecondsFormat::Micros, true))
+        .unwrap_or_else(|| "none".into())
+}
+
+/// `[status_callbacks]`: each delivery-status change is enqueued as a signed webhook to
+/// `destination` (an `endpoint:NAME`), through Herald's own outbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusCallbacks {
+    pub destination: String,
+    /// Only these statuses (empty: all).
+    pub event_types: Vec<String>,
+}
+
+/// The event id of a status callback: `{message event id}:status:{status}`, or, when that would
+/// exceed 255 characters, the SHA-256 of the message's event id in its place.
+pub fn callback_event_id(event_id: &str, status: &str) -> String {
+    let id = format!("{event_id}:status:{status}");
+    if id.len() <= crate::domain::EventId::MAX_LEN {
+        id
+    } else {
+        format!("{}:status:{status}", hex::encode(Sha256::digest(event_id)))
+    }
+}
+
+/// How the reconciler runs.
+#[derive(Debug, Clone)]
+pub struct ReconcilerConfig {
+    pub batch_size: u32,
+    pub interval: Duration,
+    /// How long an `unconfirmed` message waits for a receipt before `dead_letter`.
+    pub unconfirmed_deadline: Duration,
+    pub callbacks: Option<StatusCallbacks>,
+    pub retry_policy: String,
+    pub retry_policy_version: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("{}", .0.log_safe())]
+    Storage(#[from] StorageError),
+    #[error("a blocking database task failed")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+/// Applies pending receipts. Cheap to clone.
+#[derive(Clone)]
+pub struct Reconciler {
+    db: Db,
+    clock: Arc<dyn Clock>,
+    config: Arc<ReconcilerConfig>,
+    wake: Arc<Notify>,
+}
+
+impl Reconciler {
+    pub fn new(db: Db, clock: Arc<dyn Clock>, config: ReconcilerConfig, wake: Arc<Notify>) -> Self {
+        Self {
+            db,
+            clock,
+            config: Arc::new(config),
+            wake,
+        }
+    }
+
+    /// Notified when receipts were stored.
+    pub fn wake_handle(&self) -> Arc<Notify> {
+        self.wake.clone()
+    }
+
+    /// The decision for one matched receipt, as storage applies it.
+    fn decide(&self, r: &PendingReceipt, m: &MatchedMessage) -> ReceiptDecision {
+        let verdict = judge(
+            m.delivery_status.as_deref(),
+            m.delivery_status_at,
+            &r.event_type,
+            r.event_time,
+        );
+        let settle = m.state == State::Unconfirmed && proves_acceptance(&r.event_type);
+        let mut enqueue = Vec::new();
+        let (outcome, reason, new_status) = match verdict {
+            Verdict::Applied { previous } => {
+                if let Some(row) = self.callback(r, m, previous.as_deref()) {
+                    enqueue.push(row);
+                }
+                (
+                    "applied",
+                    format!(
+                        "delivery status {} → {}",
+                        previous.as_deref().unwrap_or("none"),
+                        r.event_type
+                    ),
+                    Some((r.event_type.clone(), r.event_time)),
+                )
+            }
+            Verdict::Superseded { reason } => ("superseded", reason, None),
+            Verdict::Unchanged => (
+                "unchanged",
+                "the same status at the same event time is already applied".into(),
+                None,
+            ),
+            Verdict::History { reason } => ("history", reason, None),
+        };
+        let reason = if settle {
+            format!("{reason}; proves acceptance: unconfirmed → delivered")
+        } else {
+            reason
+        };
+        ReceiptDecision {
+            outcome,
+            reason,
+            new_status,
+            settle,
+            enqueue,
+        }
+    }
+
+    /// The status callback for a change, if configured and wanted for this status.
+    fn callback(
+        &self,
+        r: &PendingReceipt,
+        m: &MatchedMessage,
+        previous: Option<&str>,
+    ) -> Option<crate::storage::models::NewOutboxRow> {
+        let cb = self.config.callbacks.as_ref()?;
+        if !cb.event_types.is_empty() && !cb.event_types.contains(&r.event_type) {
+            return None;
+        }
+        let body = json!({
+            "event_id": m.event_id,
+            "delivery_status": r.event_type,
+            "delivery_status_at": r.event_time.map(|t| t.to_rfc3339_opts(SecondsFormat::Micros, true)),
+            "previous_status": previous,
+            "source": r.source,
+            "provider_type": r.provider_type,
+            "provider_event_id": r.provider_event_id,
+        });
+        let message = NewMessage::webhook(
+            callback_event_id(&m.event_id, &r.event_type),
+            cb.destination.clone(),
+            body,
+        );
+        let limits = Limits {
+            retry_policy: self.config.retry_policy.clone(),
+            retry_policy_version: Some(self.config.retry_policy_version.clone()),
+            ..Limits::default()
+        };
+        match message.prepare(&limits, self.clock.now()) {
+            Ok(row) => Some(row),
+            Err(errors) => {
+                // Configuration was validated at start; this is a bug, not input.
+                warn!(event_id = %m.event_id, errors = errors.len(), "status callback not enqueued: invalid");
+                None
+            }
+        }
+    }
+
+    /// One pass: a batch of pending receipts, then the unconfirmed deadline.
+    pub async fn run_once(&self) -> Result<ReconcilePass, ReconcileError> {
+        let this = self.clone();
+        let now = self.clock.storage_now();
+        let span = tracing::Span::current();
+        let (pass, expired) = tokio::task::spawn_blocking(move || {
+            span.in_scope(|| -> Result<_, StorageError> {
+                let pass = this
+                    .db
+                    .reconcile(now, this.config.batch_size, &|r, m| this.decide(r, m))?;
+                let expired = this
+                    .db
+                    .expire_unconfirmed(now, this.config.unconfirmed_deadline)?;
+                Ok((pass, expired))
+            })
+        })
+        .await??;
+        if pass.applied + pass.unmatched > 0 {
+            info!(
+                applied = pass.applied,
+                unmatched = pass.unmatched,
+                status_changes = pass.status_changes,
+                settled = pass.settled,
+                "receipts reconciled"
+            );
+        }
+        if expired > 0 {
+            warn!(
+                expired,
+                "unconfirmed messages past the deadline moved to dead_letter"
+            );
+        }
+        Ok(pass)
+    }
+
+    /// Runs passes until one finds nothing to do; returns the receipts applied (tests, CLI).
+    pub async fn run_until_idle(&self) -> Result<usize, ReconcileError> {
+        let mut total = 0;
+        loop {
+            let pass = self.run_once().await?;
+            if pass.applied + pass.unmatched == 0 {
+                return Ok(total);
+            }
+            total += pass.applied;
+        }
+    }
+
+    /// The background loop: a pass every `interval`, or at once when receipts were stored.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let mut failures = 0u32;
+        info!("reconciler started");
+        while !*shutdown.borrow() {
+            let busy = match self.run_once().await {
+                Ok(pass) => {
+                    failures = 0;
+                    pass.applied + pass.unmatched >= self.config.batch_size as usize
+                }
+                Err(e) => {
+                    failures += 1;
+                    warn!(error = %e, failures, "reconciler pass failed; will retry");
+                    false
+                }
+            };
+            if busy {
+                continue;
+            }
+            let pause = self.config.interval * failures.clamp(1, 10);
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(pause) => {}
+                _ = shutdown.changed() => {}
+            }
+        }
+        info!("reconciler stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: i64) -> Option<DateTime<Utc>> {
+        DateTime::from_timestamp(1_700_000_000 + s, 0)
+    }
+
+    #[test]
+    fn later_event_times_win_whatever_the_arrival_order() {
+        assert_eq!(
+            judge(Some("delivered"), t(10), "bounced", t(20)),
+            Verdict::Applied {
+                previous: Some("delivered".into())
+            }
+        );
+        let Verdict::Superseded { reason } = judge(Some("bounced"), t(20), "delivered", t(10))
+        else {
+            panic!("an older delivered never overwrites a newer bounce")
+        };
+        assert!(
+            reason.starts_with("older than the current status bounced"),
+            "{reason}"
+        );
+        assert_eq!(
+            judge(None, None, "sent", t(1)),
+            Verdict::Applied { previous: None }
+        );
+    }
+
+    #[test]
+    fn equal_times_resolve_by_precedence() {
+        let order = [
+            "queued",
+            "sent",
+            "deferred",
+            "delivered",
+            "failed",
+            "dropped",
+            "bounced",
+            "complained",
+        ];
+        for (i, low) in order.iter().enumerate() {
+            for high in &order[i + 1..] {
+                assert!(
+                    matches!(judge(Some(low), t(5), high, t(5)), Verdict::Applied { .. }),
+                    "{high} over {low}"
+                );
+                assert!(
+                    matches!(
+                        judge(Some(high), t(5), low, t(5)),
+                        Verdict::Superseded { .. }
+                    ),
+                    "{low} under {high}"
+                );
+            }
+            assert_eq!(judge(Some(low), t(5), low, t(5)), Verdict::Unchanged);
+        }
+    }
+
+    #[test]
+    fn without_event_times_the_lattice_decides() {
+        // Twilio: queued < sent < delivered, failed above delivered; never backwards.
+        assert!(matches!(
+            judge(Some("sent"), None, "delivered", None),
+            Verdict::Applied { .. }
+        ));
+        assert!(matches!(
+            judge(Some("delivered"), None, "sent", None),
+            Verdict::Superseded { .. }
+        ));
+        assert!(matches!(
+            judge(Some("queued"), None, "failed", None),
+            Verdict::Applied { .. }
+        ));
+        // An event with a time sorts after one without.
+        assert!(matches!(
+            judge(Some("failed"), None, "queued", t(0)),
+            Verdict::Applied { .. }
+        ));
+    }
+
+    #[test]
+    fn engagement_and_unknown_types_are_history_only() {
+        for e in ["opened", "clicked", "unsubscribed", "read", "other"] {
+            assert!(
+                matches!(
+                    judge(Some("delivered"), t(1), e, t(9)),
+                    Verdict::History { .. }
+                ),
+                "{e}"
+            );
+        }
+        assert!(proves_acceptance("opened") && proves_acceptance("bounced"));
+        assert!(!proves_acceptance("other"));
+    }
+
+    /// Every order of the same receipts (with repeats) ends in the same status: the status is
+    /// the maximum key, applied one receipt at a time.
+    #[test]
+    fn every_arrival_order_ends_in_the_same_status() {
+        use rand::seq::SliceRandom;
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let types = [
+            "queued",
+            "sent",
+            "deferred",
+            "delivered",
+            "bounced",
+            "complained",
+            "opened",
+            "failed",
+            "dropped",
+            "other",
+        ];
+        for _ in 0..2000 {
+            let n = rng.random_range(1..8);
+            let mut receipts: Vec<(&str, Option<DateTime<Utc>>)> = (0..n)
+                .map(|_| {
+                    (
+                        types[rng.random_range(0..types.len())],
+                        if rng.random_bool(0.2) {
+                            None
+                        } else {
+                            t(rng.random_range(0..4))
+                        },
+                    )
+                })
+                .collect();
+            // Duplicates, as providers retry.
+            let dup = receipts[rng.random_range(0..receipts.len())];
+            receipts.push(dup);
+            let apply = |rs: &[(&str, Option<DateTime<Utc>>)]| {
+                let mut cur: (Option<String>, Option<DateTime<Utc>>) = (None, None);
+                for (ty, at) in rs {
+                    if let Verdict::Applied { .. } = judge(cur.0.as_deref(), cur.1, ty, *at) {
+                        cur = (Some((*ty).to_owned()), *at);
+                    }
+                }
+                cur
+            };
+            let first = apply(&receipts);
+            for _ in 0..5 {
+                receipts.shuffle(&mut rng);
+                assert_eq!(apply(&receipts), first, "{receipts:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn callback_event_ids_fit_the_contract() {
+        assert_eq!(
+            callback_event_id("order-1", "bounced"),
+            "order-1:status:bounced"
+        );
+        let long = "x".repeat(250);
+        let id = callback_event_id(&long, "delivered");
+        assert!(id.len() <= 255 && id.ends_with(":status:delivered"), "{id}");
+    }
+}

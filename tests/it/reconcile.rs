@@ -1,0 +1,407 @@
+//! Reconciliation on both backends: receipts posted through `POST /v1/ingest/{source}` (a real
+//! signed request) become delivery status by event time, never by arrival order, and never cause
+//! a send.
+
+use std::time::Duration;
+
+use hmac::{Hmac, Mac};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use serde_json::{Value, json};
+use sha2::Sha256;
+
+use crate::both_backends;
+use crate::support::app::{spawn_app_with, webhook};
+use crate::support::{Backend, Receiver, Reply, TestApp};
+
+/// A generic HMAC source (`esp`) whose events carry `id`, `type`, `at` (unix seconds),
+/// `herald_event_id` and `message_id`.
+const SOURCE: &str = "[sources.esp]\nscheme = \"hmac\"\nsecrets = [\"esp-secret\"]\n\
+                      event_time_pointer = \"/at\"\n";
+const T0: i64 = 1_800_000_000;
+
+async fn post_receipt(app: &TestApp, event: Value) -> u16 {
+    let body = serde_json::to_vec(&event).unwrap();
+    let mut mac = Hmac::<Sha256>::new_from_slice(b"esp-secret").unwrap();
+    mac.update(&body);
+    let sig = hex::encode(mac.finalize().into_bytes());
+    app.http
+        .post(format!("{}/v1/ingest/esp", app.base))
+        .header("x-signature", sig)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+fn receipt(id: &str, kind: &str, at: Option<i64>, herald_event_id: &str) -> Value {
+    let mut e = json!({"id": id, "type": kind, "herald_event_id": herald_event_id});
+    if let Some(at) = at {
+        e["at"] = json!(T0 + at);
+    }
+    e
+}
+
+async fn delivered_message(app: &TestApp, rx: &Receiver, id: &str) {
+    let r = app
+        .post_message(webhook(id, &rx.url, json!({"m": id})))
+        .await;
+    assert_eq!(r.status(), 201);
+    assert!(app.run_until_idle().await >= 1);
+    assert_eq!(app.message(id).await["state"], "delivered");
+}
+
+async fn reconcile(app: &TestApp) -> usize {
+    app.herald.reconciler.run_until_idle().await.unwrap()
+}
+
+fn history(view: &Value) -> Vec<(String, String)> {
+    view["receipts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["event_type"].as_str().unwrap().to_owned(),
+                r["outcome"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+async fn a_late_arriving_older_receipt_never_overwrites_a_newer_one(backend: Backend) {
+    let app = spawn_app_with(backend, SOURCE).await;
+    let rx = Receiver::start().await;
+    delivered_message(&app, &rx, "order-1").await;
+    // The bounce (t+20) arrives before the delivery (t+10) it follows.
+    assert_eq!(
+        post_receipt(&app, receipt("b1", "bounced", Some(20), "order-1")).await,
+        200
+    );
+    assert_eq!(reconcile(&app).await, 1);
+    assert_eq!(
+        post_receipt(&app, receipt("d1", "delivered", Some(10), "order-1")).await,
+        200
+    );
+    // A provider's retry of the bounce: a duplicate, stored once.
+    assert_eq!(
+        post_receipt(&app, receipt("b1", "bounced", Some(20), "order-1")).await,
+        200
+    );
+    assert_eq!(reconcile(&app).await, 1);
+    let view = app.message("order-1").await;
+    assert_eq!(view["delivery_status"], "bounced");
+    assert_eq!(
+        view["delivery_status_at"],
+        chrono::DateTime::from_timestamp(T0 + 20, 0)
+            .unwrap()
+            .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+    );
+    assert_eq!(
+        history(&view),
+        [
+            ("delivered".to_owned(), "superseded".to_owned()),
+            ("bounced".to_owned(), "applied".to_owned())
+        ]
+    );
+    let superseded = &view["receipts"][0];
+    assert!(
+        superseded["outcome_reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("older than the current status bounced"),
+        "{superseded}"
+    );
+    // History shows identifiers and types, never the provider's body.
+    assert!(superseded.get("raw").is_none());
+    // No receipt ever causes a send.
+    assert_eq!(rx.requests().len(), 1);
+    assert_eq!(app.attempts("order-1").len(), 1);
+    assert_eq!(app.run_until_idle().await, 0);
+    app.stop().await;
+}
+
+/// The same receipts (with repeats), in six different arrival orders for six messages, end in
+/// one and the same status.
+async fn every_arrival_order_ends_in_the_same_status(backend: Backend) {
+    let app = spawn_app_with(backend, SOURCE).await;
+    let rx = Receiver::start().await;
+    let set = [
+        ("queued", Some(0)),
+        ("sent", Some(1)),
+        ("deferred", Some(2)),
+        ("delivered", Some(5)),
+        ("opened", Some(9)),
+        ("complained", Some(5)),
+        ("sent", None),
+    ];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+    let mut results = Vec::new();
+    for m in 0..6 {
+        let id = format!("perm-{m}");
+        delivered_message(&app, &rx, &id).await;
+        let mut order: Vec<usize> = (0..set.len()).chain([3, 5]).collect();
+        order.shuffle(&mut rng);
+        for (n, i) in order.into_iter().enumerate() {
+            let (kind, at) = set[i];
+            let r = receipt(&format!("{id}-{i}"), kind, at, &id);
+            assert_eq!(post_receipt(&app, r).await, 200);
+            // Reconcile between some arrivals, so orders of application differ too.
+            if n % 3 == 0 {
+                reconcile(&app).await;
+            }
+        }
+        reconcile(&app).await;
+        let view = app.message(&id).await;
+        results.push((
+            view["delivery_status"].clone(),
+            view["delivery_status_at"].clone(),
+        ));
+    }
+    assert!(results.iter().all(|r| *r == results[0]), "{results:?}");
+    assert_eq!(
+        results[0].0, "complained",
+        "equal times: complained > delivered"
+    );
+    app.stop().await;
+}
+
+async fn a_receipt_before_its_message_is_matched_once_it_appears(backend: Backend) {
+    let app = spawn_app_with(backend, SOURCE).await;
+    let rx = Receiver::start().await;
+    // The provider was faster than the application's commit.
+    assert_eq!(
+        post_receipt(&app, receipt("early-1", "delivered", Some(3), "late-order")).await,
+        200
+    );
+    assert_eq!(reconcile(&app).await, 0, "nothing to match yet");
+    let stored = &app.db.receipts_of_source("esp").unwrap()[0];
+    assert_eq!(
+        (
+            stored.outcome.as_deref(),
+            stored.match_attempts,
+            stored.reconciled_at
+        ),
+        (Some("unmatched"), 1, None)
+    );
+    // Listed and counted while it waits.
+    let listed: Value = app
+        .http
+        .get(format!("{}/v1/receipts/unmatched", app.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["count"], 1);
+    assert_eq!(listed["receipts"][0]["herald_event_id"], "late-order");
+    delivered_message(&app, &rx, "late-order").await;
+    // Not before its next try (1 s backoff) …
+    assert_eq!(reconcile(&app).await, 0);
+    app.advance(Duration::from_secs(3));
+    // … then matched.
+    assert_eq!(reconcile(&app).await, 1);
+    let view = app.message("late-order").await;
+    assert_eq!(view["delivery_status"], "delivered");
+    let listed: Value = app
+        .http
+        .get(format!("{}/v1/receipts/unmatched", app.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["count"], 0);
+    assert_eq!(history(&view), [("delivered".into(), "applied".into())]);
+    app.stop().await;
+}
+
+/// A receipt that carries only the provider's message id finds the message through the id the
+/// sender captured from the receiver's answer.
+async fn receipts_match_by_the_captured_provider_message_id(backend: Backend) {
+    let rx = Receiver::start().await;
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "{SOURCE}[endpoints.esp]\nurl = \"{}\"\nprovider_message_id_pointer = \"/id\"\n",
+            rx.url
+        ),
+    )
+    .await;
+    rx.script([Reply::Full(
+        202,
+        vec![("content-type".into(), "application/json".into())],
+        r#"{"id": "pm-77"}"#.into(),
+    )]);
+    let r = app
+        .post_message(webhook("via-pm", "endpoint:esp", json!({})))
+        .await;
+    assert_eq!(r.status(), 201);
+    app.run_until_idle().await;
+    assert_eq!(
+        app.row("via-pm").provider_message_id.as_deref(),
+        Some("pm-77")
+    );
+    let event = json!({"id": "x1", "type": "bounced", "at": T0, "message_id": "pm-77"});
+    assert_eq!(post_receipt(&app, event).await, 200);
+    assert_eq!(reconcile(&app).await, 1);
+    assert_eq!(app.message("via-pm").await["delivery_status"], "bounced");
+    app.stop().await;
+}
+
+async fn unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline(backend: Backend) {
+    let app = spawn_app_with(
+        backend,
+        &format!("unconfirmed_deadline_seconds = 60\n{SOURCE}"),
+    )
+    .await;
+    let rx = Receiver::start().await;
+    rx.script([Reply::Status(409), Reply::Status(409)]);
+    for id in ["maybe-1", "maybe-2"] {
+        let r = app.post_message(webhook(id, &rx.url, json!({}))).await;
+        assert_eq!(r.status(), 201);
+    }
+    app.run_until_idle().await;
+    for id in ["maybe-1", "maybe-2"] {
+        assert_eq!(app.message(id).await["state"], "unconfirmed");
+    }
+    // A receipt proves the first was accepted.
+    assert_eq!(
+        post_receipt(&app, receipt("ok-1", "delivered", Some(1), "maybe-1")).await,
+        200
+    );
+    assert_eq!(reconcile(&app).await, 1);
+    let settled = app.message("maybe-1").await;
+    assert_eq!(
+        (
+            settled["state"].as_str(),
+            settled["delivery_status"].as_str()
+        ),
+        (Some("delivered"), Some("delivered"))
+    );
+    assert_eq!(app.message("maybe-2").await["state"], "unconfirmed");
+    // No proof for the second within the deadline: a person decides.
+    app.advance(Duration::from_secs(61));
+    reconcile(&app).await;
+    let dead = app.message("maybe-2").await;
+    assert_eq!(
+        (dead["state"].as_str(), dead["state_reason"].as_str()),
+        (Some("dead_letter"), Some("unconfirmed"))
+    );
+    // Never an automatic resend.
+    assert_eq!(rx.requests().len(), 2);
+    assert_eq!(app.run_until_idle().await, 0);
+    app.stop().await;
+}
+
+async fn status_changes_are_called_back_through_the_outbox(backend: Backend) {
+    let rx = Receiver::start().await;
+    let app_rx = Receiver::start().await;
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "{SOURCE}[endpoints.app]\nurl = \"{}\"\n[status_callbacks]\n\
+             destination = \"endpoint:app\"\nevent_types = [\"bounced\"]\n",
+            app_rx.url
+        ),
+    )
+    .await;
+    delivered_message(&app, &rx, "cb-1").await;
+    for (id, kind, at) in [("cb-d", "delivered", 1), ("cb-b", "bounced", 2)] {
+        assert_eq!(
+            post_receipt(&app, receipt(id, kind, Some(at), "cb-1")).await,
+            200
+        );
+    }
+    assert_eq!(reconcile(&app).await, 2);
+    // Only the bounce was asked for; it is a message of its own, sent by the sender.
+    assert_eq!(app.row("cb-1:status:bounced").state, "scheduled");
+    assert!(
+        app.db
+            .find_by_event_id("cb-1:status:delivered")
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(app.run_until_idle().await, 1);
+    let got = app_rx.requests();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].header("webhook-id"), Some("cb-1:status:bounced"));
+    let body: Value = serde_json::from_slice(&got[0].body).unwrap();
+    assert_eq!(
+        (body["event_id"].as_str(), body["delivery_status"].as_str()),
+        (Some("cb-1"), Some("bounced"))
+    );
+    // The original message was never sent again.
+    assert_eq!(rx.requests().len(), 1);
+    app.stop().await;
+}
+
+/// Two reconcilers on one PostgreSQL: every receipt applied exactly once.
+async fn two_reconcilers_apply_each_receipt_once() {
+    let app = spawn_app_with(Backend::Postgres, SOURCE).await;
+    let rx = Receiver::start().await;
+    for m in 0..10 {
+        delivered_message(&app, &rx, &format!("two-{m}")).await;
+    }
+    for m in 0..10 {
+        for (i, kind) in ["queued", "sent", "delivered", "opened", "bounced"]
+            .iter()
+            .enumerate()
+        {
+            let r = receipt(
+                &format!("two-{m}-{i}"),
+                kind,
+                Some(i as i64),
+                &format!("two-{m}"),
+            );
+            assert_eq!(post_receipt(&app, r).await, 200);
+        }
+    }
+    let settings = herald::config::Settings::from_toml(&crate::support::app::base_toml(
+        &app.test_db.url,
+        &format!("reconcile_batch_size = 7\n{SOURCE}"),
+    ))
+    .unwrap();
+    let clock = app.clock.clone();
+    let other = tokio::task::spawn_blocking(move || {
+        herald::app::Herald::build(settings, clock, false).unwrap()
+    })
+    .await
+    .unwrap();
+    let (a, b) = tokio::join!(
+        app.herald.reconciler.run_until_idle(),
+        other.reconciler.run_until_idle()
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    // Whatever one left behind (a message the other held), a last pass picks up.
+    let rest = reconcile(&app).await;
+    assert_eq!(a + b + rest, 50, "{a} + {b} + {rest}");
+    let receipts = app.db.receipts_of_source("esp").unwrap();
+    assert!(receipts.iter().all(|r| r.reconciled_at.is_some()));
+    for m in 0..10 {
+        assert_eq!(
+            app.message(&format!("two-{m}")).await["delivery_status"],
+            "bounced"
+        );
+    }
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_reconcilers_apply_each_receipt_once_postgres() {
+    two_reconcilers_apply_each_receipt_once().await
+}
+
+both_backends!(
+    a_late_arriving_older_receipt_never_overwrites_a_newer_one,
+    every_arrival_order_ends_in_the_same_status,
+    a_receipt_before_its_message_is_matched_once_it_appears,
+    receipts_match_by_the_captured_provider_message_id,
+    unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline,
+    status_changes_are_called_back_through_the_outbox,
+);
