@@ -23,8 +23,8 @@ use crate::ingest::RawRequest;
 use crate::outbox::{Limits, NewMessage};
 use crate::secret::Secret;
 use crate::secret::constant_time_eq;
-use crate::storage::{Db, StorageError};
 use crate::storage::receipts::Stored;
+use crate::storage::{Db, StorageError};
 
 /// What the handlers share.
 #[derive(Clone)]

@@ -350,6 +350,15 @@ pub struct ReceiptDecision {
     pub enqueue: Vec<NewOutboxRow>,
 }
 
+/// A receipt the reconciler applied, as it is marked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reconciled {
+    pub receipt_id: i64,
+    pub message_id: i64,
+    pub outcome: &'static str,
+    pub reason: String,
+}
+
 /// Counts from one reconciler pass.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ReconcilePass {

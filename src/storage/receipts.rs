@@ -84,37 +84,62 @@ per_backend! {
         limit: i64,
         decide: &dyn Fn(&PendingReceipt, &MatchedMessage) -> ReceiptDecision,
     ) -> QueryResult<ReconcilePass> {
+        use std::collections::HashMap;
+
         use crate::domain::{AttemptClass, State};
         use self::schema::herald_outbox as o;
         let at = sql::now(conn, now)?;
         let mut batch = sql::pending_receipts(conn, at, limit)?;
         batch.sort_by_key(|a| (a.event_time, a.id));
+        // Correlation for the whole batch at once: by Herald's event id, else by the
+        // provider's message id (the oldest message that carries it).
+        let event_ids: Vec<&str> = batch.iter().filter_map(|r| r.herald_event_id.as_deref()).collect();
+        let by_event: HashMap<String, i64> = o::table
+            .filter(o::event_id.eq_any(&event_ids))
+            .select((o::event_id, o::id))
+            .load(conn)?
+            .into_iter()
+            .collect();
+        let provider_ids: Vec<&str> = batch
+            .iter()
+            .filter(|r| r.herald_event_id.as_ref().is_none_or(|e| !by_event.contains_key(e)))
+            .filter_map(|r| r.provider_message_id.as_deref())
+            .collect();
+        let mut by_provider: HashMap<String, i64> = HashMap::new();
+        if !provider_ids.is_empty() {
+            let found: Vec<(Option<String>, i64)> = o::table
+                .filter(o::provider_message_id.eq_any(&provider_ids))
+                .select((o::provider_message_id, o::id))
+                .order(o::id.desc())
+                .load(conn)?;
+            by_provider.extend(found.into_iter().filter_map(|(p, id)| p.map(|p| (p, id))));
+        }
+        let target = |r: &PendingReceipt| {
+            r.herald_event_id
+                .as_ref()
+                .and_then(|e| by_event.get(e))
+                .or_else(|| r.provider_message_id.as_ref().and_then(|p| by_provider.get(p)))
+                .copied()
+        };
+        let ids: Vec<i64> = batch.iter().filter_map(target).collect();
+        // Held by another reconciler right now: not in the map, its receipts wait for the
+        // next pass (never waited for, so two reconcilers cannot deadlock).
+        let mut messages: HashMap<i64, MatchedMessage> = sql::lock_messages(conn, &ids)?
+            .into_iter()
+            .map(|m| (m.id, m))
+            .collect();
+        let mut changed: Vec<i64> = Vec::new();
+        let mut done: Vec<Reconciled> = Vec::with_capacity(batch.len());
         let mut pass = ReconcilePass::default();
         for receipt in &batch {
-            let id = match (&receipt.herald_event_id, &receipt.provider_message_id) {
-                (Some(e), _) => o::table
-                    .filter(o::event_id.eq(e))
-                    .select(o::id)
-                    .first::<i64>(conn)
-                    .optional()?,
-                (None, _) => None,
-            };
-            let id = match (id, &receipt.provider_message_id) {
-                (None, Some(p)) => o::table
-                    .filter(o::provider_message_id.eq(p))
-                    .order(o::id)
-                    .select(o::id)
-                    .first::<i64>(conn)
-                    .optional()?,
-                (id, _) => id,
-            };
-            let Some(id) = id else {
+            let Some(id) = target(receipt) else {
                 let tries = receipt.match_attempts + 1;
                 let wait = chrono::Duration::seconds(1i64 << tries.clamp(0, 9));
                 diesel::update(r::table.filter(r::id.eq(receipt.id)))
                     .set((
                         r::outcome.eq("unmatched"),
-                        r::outcome_reason.eq("no message with its event id or provider message id yet"),
+                        r::outcome_reason
+                            .eq("no message with its event id or provider message id yet"),
                         r::match_attempts.eq(tries),
                         r::next_match_at.eq(Some(at + wait)),
                     ))
@@ -122,22 +147,42 @@ per_backend! {
                 pass.unmatched += 1;
                 continue;
             };
-            // Held by another reconciler right now: this receipt waits for the next pass.
-            let Some(message) = sql::lock_message(conn, id)? else {
+            let Some(message) = messages.get_mut(&id) else {
                 continue;
             };
-            let d = decide(receipt, &message);
+            let d = decide(receipt, message);
             if let Some((status, status_at)) = &d.new_status {
-                diesel::update(o::table.filter(o::id.eq(id)))
-                    .set((
-                        o::delivery_status.eq(Some(status)),
-                        o::delivery_status_at.eq(*status_at),
-                    ))
-                    .execute(conn)?;
+                message.delivery_status = Some(status.clone());
+                message.delivery_status_at = *status_at;
                 pass.status_changes += 1;
+                changed.push(id);
             }
-            if d.settle {
-                pass.settled += diesel::update(
+            if d.settle && message.state == State::Unconfirmed {
+                message.state = State::Delivered;
+                pass.settled += 1;
+                changed.push(id);
+            }
+            for m in &d.enqueue {
+                q::insert_message(conn, m)?;
+            }
+            done.push(Reconciled {
+                receipt_id: receipt.id,
+                message_id: id,
+                outcome: d.outcome,
+                reason: d.reason,
+            });
+            pass.applied += 1;
+        }
+        sql::mark_reconciled(conn, at, &done)?;
+        // Each changed message written once, with what the whole batch made of it.
+        changed.sort_unstable();
+        changed.dedup();
+        let statuses: Vec<&MatchedMessage> = changed.iter().map(|id| &messages[id]).collect();
+        sql::write_statuses(conn, &statuses)?;
+        for id in changed {
+            let m = &messages[&id];
+            if m.state == State::Delivered {
+                diesel::update(
                     o::table
                         .filter(o::id.eq(id))
                         .filter(o::state.eq(State::Unconfirmed)),
@@ -149,19 +194,6 @@ per_backend! {
                 ))
                 .execute(conn)?;
             }
-            for m in &d.enqueue {
-                q::insert_message(conn, m)?;
-            }
-            diesel::update(r::table.filter(r::id.eq(receipt.id)))
-                .set((
-                    r::reconciled_at.eq(Some(at)),
-                    r::message_id.eq(Some(id)),
-                    r::outcome.eq(d.outcome),
-                    r::outcome_reason.eq(&d.reason),
-                    r::next_match_at.eq(None::<DateTime<Utc>>),
-                ))
-                .execute(conn)?;
-            pass.applied += 1;
         }
         Ok(pass)
     }

@@ -10,6 +10,7 @@ use crate::domain::State;
 
 use super::models::{
     Applied, ExpiredLease, MatchedMessage, NewOutboxRow, Now, OutcomeRecord, PendingReceipt,
+    Reconciled,
 };
 
 diesel::define_sql_function! {
@@ -341,33 +342,131 @@ pub fn sqlite_pending_receipts(
         .load(conn)
 }
 
-/// The message, locked for this transaction; `None` when another transaction holds it.
-pub fn pg_lock_message(
+/// Marks a pass's applied receipts reconciled: one statement for the whole pass.
+pub fn pg_mark_reconciled(
     conn: &mut diesel::pg::PgConnection,
-    id: i64,
-) -> diesel::QueryResult<Option<MatchedMessage>> {
+    at: DateTime<Utc>,
+    done: &[Reconciled],
+) -> diesel::QueryResult<()> {
+    use diesel::RunQueryDsl;
+    use diesel::sql_types::{Array, Timestamptz};
+    if done.is_empty() {
+        return Ok(());
+    }
+    diesel::sql_query(
+        "UPDATE herald_receipts AS r SET reconciled_at = $1, message_id = v.message_id, \
+         outcome = v.outcome, outcome_reason = v.reason, next_match_at = NULL \
+         FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[]) \
+             AS v(id, message_id, outcome, reason) \
+         WHERE r.id = v.id",
+    )
+    .bind::<Timestamptz, _>(at)
+    .bind::<Array<BigInt>, _>(done.iter().map(|d| d.receipt_id).collect::<Vec<_>>())
+    .bind::<Array<BigInt>, _>(done.iter().map(|d| d.message_id).collect::<Vec<_>>())
+    .bind::<Array<Text>, _>(done.iter().map(|d| d.outcome).collect::<Vec<_>>())
+    .bind::<Array<Text>, _>(done.iter().map(|d| d.reason.as_str()).collect::<Vec<_>>())
+    .execute(conn)?;
+    Ok(())
+}
+
+/// Writes the messages' delivery status and its time: one statement for the whole pass.
+pub fn pg_write_statuses(
+    conn: &mut diesel::pg::PgConnection,
+    messages: &[&MatchedMessage],
+) -> diesel::QueryResult<()> {
+    use diesel::RunQueryDsl;
+    use diesel::sql_types::{Array, Nullable, Timestamptz};
+    if messages.is_empty() {
+        return Ok(());
+    }
+    diesel::sql_query(
+        "UPDATE herald_outbox AS o SET delivery_status = v.status, delivery_status_at = v.at \
+         FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) AS v(id, status, at) \
+         WHERE o.id = v.id",
+    )
+    .bind::<Array<BigInt>, _>(messages.iter().map(|m| m.id).collect::<Vec<_>>())
+    .bind::<Array<Nullable<Text>>, _>(
+        messages
+            .iter()
+            .map(|m| m.delivery_status.as_deref())
+            .collect::<Vec<_>>(),
+    )
+    .bind::<Array<Nullable<Timestamptz>>, _>(
+        messages
+            .iter()
+            .map(|m| m.delivery_status_at)
+            .collect::<Vec<_>>(),
+    )
+    .execute(conn)?;
+    Ok(())
+}
+
+pub fn sqlite_write_statuses(
+    conn: &mut diesel::sqlite::SqliteConnection,
+    messages: &[&MatchedMessage],
+) -> diesel::QueryResult<()> {
+    use super::schema_sqlite::herald_outbox as o;
+    use diesel::prelude::*;
+    for m in messages {
+        diesel::update(o::table.filter(o::id.eq(m.id)))
+            .set((
+                o::delivery_status.eq(&m.delivery_status),
+                o::delivery_status_at.eq(m.delivery_status_at),
+            ))
+            .execute(conn)?;
+    }
+    Ok(())
+}
+
+/// SQLite: a statement per receipt (in-process, cheap).
+pub fn sqlite_mark_reconciled(
+    conn: &mut diesel::sqlite::SqliteConnection,
+    at: DateTime<Utc>,
+    done: &[Reconciled],
+) -> diesel::QueryResult<()> {
+    use super::schema_sqlite::herald_receipts as r;
+    use diesel::prelude::*;
+    for d in done {
+        diesel::update(r::table.filter(r::id.eq(d.receipt_id)))
+            .set((
+                r::reconciled_at.eq(Some(at)),
+                r::message_id.eq(Some(d.message_id)),
+                r::outcome.eq(d.outcome),
+                r::outcome_reason.eq(&d.reason),
+                r::next_match_at.eq(None::<DateTime<Utc>>),
+            ))
+            .execute(conn)?;
+    }
+    Ok(())
+}
+
+/// The messages, locked for this transaction, in id order; those another transaction holds are
+/// left out.
+pub fn pg_lock_messages(
+    conn: &mut diesel::pg::PgConnection,
+    ids: &[i64],
+) -> diesel::QueryResult<Vec<MatchedMessage>> {
     use super::schema_pg::herald_outbox as o;
     use diesel::prelude::*;
     o::table
-        .filter(o::id.eq(id))
+        .filter(o::id.eq_any(ids))
         .select(matched_message_columns!(o))
+        .order(o::id)
         .for_update()
         .skip_locked()
-        .first(conn)
-        .optional()
+        .load(conn)
 }
 
-pub fn sqlite_lock_message(
+pub fn sqlite_lock_messages(
     conn: &mut diesel::sqlite::SqliteConnection,
-    id: i64,
-) -> diesel::QueryResult<Option<MatchedMessage>> {
+    ids: &[i64],
+) -> diesel::QueryResult<Vec<MatchedMessage>> {
     use super::schema_sqlite::herald_outbox as o;
     use diesel::prelude::*;
     o::table
-        .filter(o::id.eq(id))
+        .filter(o::id.eq_any(ids))
         .select(matched_message_columns!(o))
-        .first(conn)
-        .optional()
+        .load(conn)
 }
 
 /// A message's `scheduled_at` as inserted on PostgreSQL: `None` (not given) is left to the
@@ -388,7 +487,10 @@ pub mod pg {
         pg_claim_ids as claim_ids, pg_expired_leases as expired_leases, pg_now as now,
         pg_update_outcomes as update_outcomes,
     };
-    pub use super::{pg_lock_message as lock_message, pg_pending_receipts as pending_receipts};
+    pub use super::{
+        pg_lock_messages as lock_messages, pg_mark_reconciled as mark_reconciled,
+        pg_pending_receipts as pending_receipts, pg_write_statuses as write_statuses,
+    };
 }
 
 /// The SQLite arm of each backend-specific query.
@@ -402,7 +504,8 @@ pub mod sqlite {
         sqlite_claim_ids as claim_ids, sqlite_expired_leases as expired_leases, sqlite_now as now,
     };
     pub use super::{
-        sqlite_lock_message as lock_message, sqlite_pending_receipts as pending_receipts,
+        sqlite_lock_messages as lock_messages, sqlite_mark_reconciled as mark_reconciled,
+        sqlite_pending_receipts as pending_receipts, sqlite_write_statuses as write_statuses,
     };
     use crate::domain::State;
     use crate::storage::models::{Applied, Now, OutcomeRecord};
