@@ -28,7 +28,15 @@ struct Herald {
 
 impl Herald {
     fn spawn(args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::spawn_with_config(args, env, None)
+    }
+
+    /// As [`Herald::spawn`], with `herald.toml` in its directory when given.
+    fn spawn_with_config(args: &[&str], env: &[(&str, &str)], toml: Option<&str>) -> Self {
         let dir = tempfile::tempdir().unwrap();
+        if let Some(toml) = toml {
+            std::fs::write(dir.path().join("herald.toml"), toml).unwrap();
+        }
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
         for (k, _) in std::env::vars() {
             if k.starts_with("HERALD_") || k == "RUST_LOG" {
@@ -246,4 +254,82 @@ async fn an_invalid_smtp_url_or_mail_from_is_refused_in_one_line_before_the_data
             "{var}: the database was opened before the refusal"
         );
     }
+}
+
+/// Polls `GET /v1/messages/{id}` until `done` holds for the view (bounded).
+async fn wait_for_view(
+    base: &str,
+    id: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let view: serde_json::Value = http
+            .get(format!("{base}/v1/messages/{id}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if done(&view) {
+            return view;
+        }
+        assert!(Instant::now() < deadline, "not reached: {view}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The real binary reconciles on its own: a signed receipt posted to ingest becomes the
+/// message's delivery status, and no send follows from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_reconciles_receipts_in_the_background() {
+    use hmac::{Hmac, Mac};
+    let rx = crate::support::Receiver::start().await;
+    let listen = free_addr();
+    let base = format!("http://{listen}");
+    let toml =
+        "[sources.esp]\nscheme = \"hmac\"\nsecrets = [\"bin-esp\"]\nevent_time_pointer = \"/at\"\n";
+    let mut herald = Herald::spawn_with_config(
+        &["serve"],
+        &[
+            ("HERALD_LISTEN", &listen),
+            ("HERALD_POLL_INTERVAL_MS", "100"),
+        ],
+        Some(toml),
+    );
+    herald.wait_healthy(&base).await;
+    let http = reqwest::Client::new();
+    let r = http
+        .post(format!("{base}/v1/messages"))
+        .json(&crate::support::app::webhook(
+            "bin-rc-1",
+            &rx.url,
+            json!({"n": 1}),
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    wait_for_view(&base, "bin-rc-1", |v| v["state"] == "delivered").await;
+    let body = serde_json::to_vec(&json!({
+        "id": "esp-1", "type": "bounced", "at": 1_800_000_000, "herald_event_id": "bin-rc-1"
+    }))
+    .unwrap();
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(b"bin-esp").unwrap();
+    mac.update(&body);
+    let r = http
+        .post(format!("{base}/v1/ingest/esp"))
+        .header("x-signature", hex::encode(mac.finalize().into_bytes()))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let view = wait_for_view(&base, "bin-rc-1", |v| v["delivery_status"] == "bounced").await;
+    assert_eq!(view["receipts"][0]["outcome"], "applied");
+    assert_eq!(rx.requests().len(), 1, "a receipt never causes a send");
+    let status = herald.terminate().await;
+    assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
 }
