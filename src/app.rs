@@ -127,6 +127,7 @@ impl Herald {
                 callbacks: settings.status_callbacks.clone(),
                 retry_policy: settings.retry.name.clone(),
                 retry_policy_version: settings.retry.version.clone(),
+                message_id_domain: settings.message_id_domain.clone(),
             },
             Arc::new(Notify::new()),
         );

@@ -39,7 +39,6 @@ use lettre::transport::smtp::extension::{ClientId, Extension, MailBodyParameter,
 use lettre::transport::smtp::response::Response;
 use lettre::transport::smtp::{SMTP_PORT, SUBMISSION_PORT, SUBMISSIONS_PORT};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 use super::{Outgoing, SendReport};
 use crate::clock::Clock;
@@ -167,8 +166,7 @@ impl EmailPayload {
 
 /// `<sha256(event_id)[..32 hex]@domain>`: the same event id always gives the same Message-ID.
 pub fn message_id(event_id: &str, domain: &str) -> String {
-    let h = Sha256::digest(event_id.as_bytes());
-    format!("<{}@{domain}>", hex::encode(&h[..16]))
+    format!("<{}@{domain}>", crate::domain::email_message_key(event_id))
 }
 
 /// Builds the RFC 5322 message for a claimed row.

@@ -9,6 +9,29 @@ pub use fingerprint::{Fingerprint, FingerprintInput};
 
 use std::fmt;
 
+/// The key of Herald's deterministic email `Message-ID` (`<KEY@message_id_domain>`): the first
+/// 16 bytes of SHA-256 over the event id, in lowercase hex. Stored on email messages so that a
+/// receipt carrying only the `Message-ID` finds its message.
+pub fn email_message_key(event_id: &str) -> String {
+    use sha2::Digest;
+    hex::encode(&sha2::Sha256::digest(event_id.as_bytes())[..16])
+}
+
+/// The key of a `Message-ID` that Herald generated for `domain` (angle brackets optional);
+/// `None` for any other id.
+pub fn parse_email_message_key(message_id: &str, domain: &str) -> Option<String> {
+    let id = message_id.trim();
+    let id = id.strip_prefix('<').unwrap_or(id);
+    let id = id.strip_suffix('>').unwrap_or(id);
+    let (key, at) = id.split_once('@')?;
+    (at.eq_ignore_ascii_case(domain)
+        && key.len() == 32
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+    .then(|| key.to_owned())
+}
+
 /// Why a value was refused; `field` names the offending input field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {message}")]
@@ -255,6 +278,36 @@ mod tests {
             ]
         );
         assert_eq!(Channel::parse("sms").unwrap_err().field, "channel");
+    }
+
+    #[test]
+    fn herald_message_ids_parse_back_to_their_key() {
+        let key = email_message_key("order-1");
+        assert_eq!(key.len(), 32);
+        for id in [
+            format!("<{key}@herald.localhost>"),
+            format!("{key}@herald.localhost"),
+            format!("<{key}@HERALD.localhost>"),
+        ] {
+            assert_eq!(
+                parse_email_message_key(&id, "herald.localhost"),
+                Some(key.clone()),
+                "{id}"
+            );
+        }
+        for other in [
+            format!("<{key}@elsewhere.example>"),
+            "<20130503182626.18666.16540@example.com>".to_owned(),
+            format!("<{}@herald.localhost>", &key[..31]),
+            format!("<{}@herald.localhost>", key.to_uppercase()),
+            "0100015dad".to_owned(),
+        ] {
+            assert_eq!(
+                parse_email_message_key(&other, "herald.localhost"),
+                None,
+                "{other}"
+            );
+        }
     }
 
     #[test]

@@ -170,6 +170,8 @@ impl NewMessage {
             max_attempts: self.max_attempts.map(|n| n as i32),
             retry_policy: limits.retry_policy.clone(),
             retry_policy_version: limits.retry_policy_version.clone(),
+            message_key: (self.channel == Channel::Email)
+                .then(|| crate::domain::email_message_key(event_id.as_str())),
             semantics: self.semantics,
             expires_at: self.expires_at.map(trunc),
             request_fingerprint: fingerprint.map(|f| f.as_str().to_owned()),

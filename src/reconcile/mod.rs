@@ -142,6 +142,8 @@ pub struct ReconcilerConfig {
     pub callbacks: Option<StatusCallbacks>,
     pub retry_policy: String,
     pub retry_policy_version: String,
+    /// The domain of Herald's deterministic email `Message-ID`s (receipts quoting one match).
+    pub message_id_domain: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -270,9 +272,12 @@ impl Reconciler {
         let span = tracing::Span::current();
         let (pass, expired) = tokio::task::spawn_blocking(move || {
             span.in_scope(|| -> Result<_, StorageError> {
-                let pass = this
-                    .db
-                    .reconcile(now, this.config.batch_size, &|r, m| this.decide(r, m))?;
+                let pass = this.db.reconcile(
+                    now,
+                    this.config.batch_size,
+                    &this.config.message_id_domain,
+                    &|r, m| this.decide(r, m),
+                )?;
                 let expired = this
                     .db
                     .expire_unconfirmed(now, this.config.unconfirmed_deadline)?;

@@ -38,6 +38,8 @@ pub struct OutboxRow {
     /// Why it is in its state when the state alone does not say (`unconfirmed`: dead-lettered
     /// after the unconfirmed deadline).
     pub state_reason: Option<String>,
+    /// Email only: the key of its deterministic `Message-ID` (see `domain::email_message_key`).
+    pub message_key: Option<String>,
 }
 
 /// What the watchdog reads of a `sending` row whose lease ran out: what the decision and the
@@ -94,6 +96,8 @@ pub struct NewOutboxRow {
     pub retry_policy: String,
     /// `None` from the library (the first claim fills in the version in force then).
     pub retry_policy_version: Option<String>,
+    /// Email only: the key of its deterministic `Message-ID`.
+    pub message_key: Option<String>,
     pub semantics: Semantics,
     pub expires_at: Option<DateTime<Utc>>,
     pub request_fingerprint: Option<String>,

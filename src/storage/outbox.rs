@@ -32,6 +32,7 @@ per_backend! {
                 o::max_attempts.eq(m.max_attempts),
                 o::retry_policy.eq(&m.retry_policy),
                 o::retry_policy_version.eq(&m.retry_policy_version),
+                o::message_key.eq(&m.message_key),
                 o::semantics.eq(m.semantics),
                 o::expires_at.eq(m.expires_at),
                 o::request_fingerprint.eq(&m.request_fingerprint),

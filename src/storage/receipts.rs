@@ -82,6 +82,7 @@ per_backend! {
         conn: &mut Conn,
         now: &Now,
         limit: i64,
+        message_id_domain: &str,
         decide: &dyn Fn(&PendingReceipt, &MatchedMessage) -> ReceiptDecision,
     ) -> QueryResult<ReconcilePass> {
         use std::collections::HashMap;
@@ -91,8 +92,8 @@ per_backend! {
         let at = sql::now(conn, now)?;
         let mut batch = sql::pending_receipts(conn, at, limit)?;
         batch.sort_by_key(|a| (a.event_time, a.id));
-        // Correlation for the whole batch at once: by Herald's event id, else by the
-        // provider's message id (the oldest message that carries it).
+        // Correlation for the whole batch at once: by Herald's event id, else by Herald's own
+        // email Message-ID, else by the provider's message id (the oldest message carrying it).
         let event_ids: Vec<&str> = batch.iter().filter_map(|r| r.herald_event_id.as_deref()).collect();
         let by_event: HashMap<String, i64> = o::table
             .filter(o::event_id.eq_any(&event_ids))
@@ -100,9 +101,29 @@ per_backend! {
             .load(conn)?
             .into_iter()
             .collect();
+        let unresolved = |r: &&PendingReceipt| {
+            r.herald_event_id
+                .as_ref()
+                .is_none_or(|e| !by_event.contains_key(e))
+        };
+        let key_of = |r: &PendingReceipt| {
+            r.provider_message_id
+                .as_deref()
+                .and_then(|p| crate::domain::parse_email_message_key(p, message_id_domain))
+        };
+        let keys: Vec<String> = batch.iter().filter(unresolved).filter_map(key_of).collect();
+        let mut by_key: HashMap<String, i64> = HashMap::new();
+        if !keys.is_empty() {
+            let found: Vec<(Option<String>, i64)> = o::table
+                .filter(o::message_key.eq_any(&keys))
+                .select((o::message_key, o::id))
+                .load(conn)?;
+            by_key.extend(found.into_iter().filter_map(|(k, id)| k.map(|k| (k, id))));
+        }
         let provider_ids: Vec<&str> = batch
             .iter()
-            .filter(|r| r.herald_event_id.as_ref().is_none_or(|e| !by_event.contains_key(e)))
+            .filter(unresolved)
+            .filter(|r| key_of(r).is_none_or(|k| !by_key.contains_key(&k)))
             .filter_map(|r| r.provider_message_id.as_deref())
             .collect();
         let mut by_provider: HashMap<String, i64> = HashMap::new();
@@ -118,6 +139,7 @@ per_backend! {
             r.herald_event_id
                 .as_ref()
                 .and_then(|e| by_event.get(e))
+                .or_else(|| key_of(r).and_then(|k| by_key.get(&k)))
                 .or_else(|| r.provider_message_id.as_ref().and_then(|p| by_provider.get(p)))
                 .copied()
         };
@@ -357,10 +379,11 @@ impl Db {
         &self,
         now: Now,
         limit: u32,
+        message_id_domain: &str,
         decide: &dyn Fn(&PendingReceipt, &MatchedMessage) -> ReceiptDecision,
     ) -> Result<ReconcilePass, StorageError> {
         let limit = i64::from(limit);
-        crate::storage::db_run! { self, write |c, q| Ok(q::reconcile(c, &now, limit, decide)?) }
+        crate::storage::db_run! { self, write |c, q| Ok(q::reconcile(c, &now, limit, message_id_domain, decide)?) }
     }
 
     pub fn expire_unconfirmed(

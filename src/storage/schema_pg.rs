@@ -57,6 +57,7 @@ diesel::table! {
         updated_at -> Timestamptz,
         retry_policy_version -> Nullable<Text>,
         state_reason -> Nullable<Text>,
+        message_key -> Nullable<Text>,
     }
 }
 

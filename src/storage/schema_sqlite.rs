@@ -50,6 +50,7 @@ diesel::table! {
         updated_at -> TimestamptzSqlite,
         retry_policy_version -> Nullable<Text>,
         state_reason -> Nullable<Text>,
+        message_key -> Nullable<Text>,
     }
 }
 

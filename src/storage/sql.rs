@@ -60,6 +60,8 @@ SET state = CASE WHEN o.expires_at <= t.now THEN 'expired' ELSE 'sending' END,
                        ELSE t.now + $4::float8 * interval '1 microsecond' END,
     next_attempt_at = CASE WHEN o.expires_at <= t.now THEN NULL ELSE o.next_attempt_at END,
     retry_policy_version = COALESCE(o.retry_policy_version, $5),
+    message_key = COALESCE(o.message_key, CASE WHEN o.channel = 'email'
+        THEN encode(substring(sha256(convert_to(o.event_id, 'UTF8')) FROM 1 FOR 16), 'hex') END),
     updated_at = t.now
 FROM due, t
 WHERE o.id = due.id
@@ -114,7 +116,8 @@ pub fn sqlite_claim_ids(
     lease: std::time::Duration,
     policy_version: &str,
 ) -> diesel::QueryResult<Vec<i64>> {
-    use diesel::RunQueryDsl;
+    use super::schema_sqlite::herald_outbox as o;
+    use diesel::prelude::*;
     use diesel::sql_types::TimestamptzSqlite;
     let lease_until = now.local + chrono::Duration::from_std(lease).unwrap_or_default();
     let rows: Vec<IdRow> = diesel::sql_query(SQLITE_CLAIM_SQL)
@@ -124,7 +127,23 @@ pub fn sqlite_claim_ids(
         .bind::<TimestamptzSqlite, _>(lease_until)
         .bind::<Text, _>(policy_version)
         .load(conn)?;
-    Ok(rows.into_iter().map(|r| r.id).collect())
+    let ids: Vec<i64> = rows.into_iter().map(|r| r.id).collect();
+    if ids.is_empty() {
+        return Ok(ids);
+    }
+    // SQLite has no SHA-256: an email inserted by plain SQL gets its Message-ID key here.
+    let missing: Vec<(i64, String)> = o::table
+        .filter(o::id.eq_any(&ids))
+        .filter(o::channel.eq(crate::domain::Channel::Email))
+        .filter(o::message_key.is_null())
+        .select((o::id, o::event_id))
+        .load(conn)?;
+    for (id, event_id) in missing {
+        diesel::update(o::table.filter(o::id.eq(id)))
+            .set(o::message_key.eq(crate::domain::email_message_key(&event_id)))
+            .execute(conn)?;
+    }
+    Ok(ids)
 }
 
 #[derive(diesel::QueryableByName)]

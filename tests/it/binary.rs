@@ -1,6 +1,6 @@
-//! The real `herald` binary as a child process, configured only through `HERALD_*` environment
-//! variables as an operator would: start-up with SMTP, dependent defaults, and the one-line
-//! refusals of settings that cannot work.
+//! The real `herald` binary as a child process, configured as an operator would (`HERALD_*`
+//! variables, a `herald.toml` where sources need one): start-up with SMTP, dependent defaults,
+//! the one-line refusals of settings that cannot work, and background reconciliation.
 
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};

@@ -254,6 +254,45 @@ async fn receipts_match_by_the_captured_provider_message_id(backend: Backend) {
     app.stop().await;
 }
 
+/// A receipt that quotes only Herald's deterministic `Message-ID` (a relay keeping our header)
+/// finds the email — for one enqueued through the API and for one inserted by plain SQL alike.
+async fn receipts_match_by_the_deterministic_message_id(backend: Backend) {
+    let sink = crate::support::smtp_sink::SmtpSink::start().await;
+    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n{SOURCE}", sink.url)).await;
+    let r = app
+        .post_message(json!({"event_id": "mail-api", "channel": "email",
+            "destination": "ada@example.com", "payload": {"subject": "Hi", "text": "Hello"}}))
+        .await;
+    assert_eq!(r.status(), 201);
+    app.raw_sql(
+        "INSERT INTO herald_outbox (event_id, channel, destination, payload) VALUES \
+         ('mail-sql', 'email', 'bob@example.com', '{\"subject\": \"Hi\", \"text\": \"Hello\"}')",
+    );
+    assert_eq!(app.run_until_idle().await, 2);
+    let mails = sink.wait_for_mail(2, Duration::from_secs(30)).await;
+    for (id, at) in [("mail-api", 1), ("mail-sql", 2)] {
+        let header = herald::channels::email::message_id(id, "herald.localhost");
+        assert!(
+            mails
+                .iter()
+                .any(|m| m.data.contains(&format!("Message-ID: {header}"))),
+            "{id} was sent with {header}"
+        );
+        let event = json!({"id": format!("r-{id}"), "type": "delivered", "at": T0 + at,
+                           "message_id": header.trim_matches(|c| c == '<' || c == '>')});
+        assert_eq!(post_receipt(&app, event).await, 200);
+    }
+    assert_eq!(reconcile(&app).await, 2);
+    for id in ["mail-api", "mail-sql"] {
+        assert_eq!(
+            app.message(id).await["delivery_status"],
+            "delivered",
+            "{id}"
+        );
+    }
+    app.stop().await;
+}
+
 async fn unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline(backend: Backend) {
     let app = spawn_app_with(
         backend,
@@ -402,6 +441,7 @@ both_backends!(
     every_arrival_order_ends_in_the_same_status,
     a_receipt_before_its_message_is_matched_once_it_appears,
     receipts_match_by_the_captured_provider_message_id,
+    receipts_match_by_the_deterministic_message_id,
     unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline,
     status_changes_are_called_back_through_the_outbox,
 );

@@ -18,6 +18,11 @@ CREATE INDEX herald_receipts_message ON herald_receipts (message_id) WHERE messa
 -- Why a message is in its state when the state alone does not say (dead_letter after the
 -- unconfirmed deadline: 'unconfirmed').
 ALTER TABLE herald_outbox ADD COLUMN state_reason TEXT;
+-- The key of Herald's deterministic email Message-ID (<KEY@message_id_domain>): a receipt that
+-- carries only the Message-ID finds its email through it. Set at enqueue, or at the first claim
+-- for a plain SQL insert.
+ALTER TABLE herald_outbox ADD COLUMN message_key TEXT;
+CREATE INDEX herald_outbox_message_key ON herald_outbox (message_key) WHERE message_key IS NOT NULL;
 -- Receipts that carry only the provider's message id find their message through it.
 CREATE INDEX herald_outbox_provider_message_id ON herald_outbox (provider_message_id)
     WHERE provider_message_id IS NOT NULL;
