@@ -8,6 +8,7 @@
 pub mod decide;
 pub mod listener;
 pub mod policy;
+pub mod throttle;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +28,10 @@ use crate::storage::models::{
 use crate::storage::{Db, StorageError};
 
 use self::decide::{AttemptFacts, decide};
+use self::throttle::{Answer, Throttle};
+
+/// The throttle key of the SMTP relay: every email goes through the one relay configured.
+const SMTP_RELAY: &str = "smtp";
 use self::policy::RetryPolicy;
 
 /// How long the loop waits for send slots to free up before claiming a smaller batch.
@@ -75,6 +80,7 @@ struct Inner {
     webhook: WebhookChannel,
     email: EmailChannel,
     wake: Arc<Notify>,
+    throttle: Throttle,
 }
 
 impl Sender {
@@ -94,6 +100,7 @@ impl Sender {
                 webhook,
                 email,
                 wake,
+                throttle: Throttle::default(),
             }),
         }
     }
@@ -168,6 +175,26 @@ impl Sender {
             destination: &row.destination,
             payload: &row.payload,
         };
+        // The destination it is bound to; while that is slowed down, the message is put back
+        // at the pause's end without a request and without spending an attempt.
+        let destination = match row.channel {
+            Channel::Webhook => self.inner.webhook.destination_key(&row.destination),
+            Channel::Email => Some(SMTP_RELAY.to_owned()),
+        };
+        if let Some(until) = destination
+            .as_deref()
+            .and_then(|d| self.inner.throttle.paused_until(d, now))
+        {
+            info!(%until, "destination slowed down: put back without a request");
+            return OutcomeRecord {
+                state: State::Retryable,
+                attempts_after: row.attempts - 1,
+                next_attempt_at: Some(until),
+                retry_delay_ms: Some((until - now).num_milliseconds().max(0)),
+                error_class: Some(AttemptClass::RateLimited),
+                ..base
+            };
+        }
         let report = match row.channel {
             Channel::Webhook => self.inner.webhook.send(&outgoing).await,
             Channel::Email => self.inner.email.send(&outgoing).await,
@@ -186,6 +213,18 @@ impl Sender {
         };
         let unit: f64 = rand::rng().random();
         let decision = decide(facts, policy, report.finished_at.max(now), unit);
+        if let Some(d) = &destination {
+            let answer = Answer {
+                class: report.class,
+                status: report.status,
+                delay: decision.delay,
+                asked: report.retry_after.is_some(),
+                is_smtp: row.channel == Channel::Email,
+            };
+            if let Some(until) = self.inner.throttle.observe(d, &answer, report.finished_at) {
+                warn!(%until, class = report.class.as_str(), status = report.status, "destination slowed down");
+            }
+        }
         info!(
             class = report.class.as_str(),
             status = report.status,

@@ -14,5 +14,6 @@ mod ingest;
 mod lifecycle;
 mod migrations;
 mod reconcile;
+mod slowdown;
 mod smtp;
 mod sns;

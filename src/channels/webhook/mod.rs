@@ -209,6 +209,23 @@ pub struct WebhookChannel {
     clock: Arc<dyn Clock>,
 }
 
+impl WebhookChannel {
+    /// The destination a message is bound to, for per-destination slow-down: its URL's scheme,
+    /// host and port (a named endpoint's URL for `endpoint:NAME`); `None` when it has none.
+    pub fn destination_key(&self, destination: &str) -> Option<String> {
+        let url = match WebhookTarget::parse(destination).ok()? {
+            WebhookTarget::Url(u) => u,
+            WebhookTarget::Endpoint(name) => self.endpoints.get(&name)?.url.clone(),
+        };
+        Some(format!(
+            "{}://{}:{}",
+            url.scheme(),
+            url.host_str()?,
+            url.port_or_known_default()?
+        ))
+    }
+}
+
 /// Timeouts of the webhook client.
 #[derive(Debug, Clone, Copy)]
 pub struct WebhookTimeouts {

@@ -1,0 +1,100 @@
+//! Per-destination slow-down on both backends: a 429 (or an SMTP 421) slows every message bound
+//! to that destination, not only the one that got it; other destinations go on.
+
+use serde_json::json;
+
+use crate::both_backends;
+use crate::support::app::{spawn_app_with, webhook};
+use crate::support::smtp_sink::SmtpSink;
+use crate::support::{Backend, Receiver, Reply};
+
+/// One send at a time, so the second message is claimed after the first one's answer.
+const ONE_AT_A_TIME: &str = "sender_concurrency = 1\n";
+
+async fn a_429_slows_every_message_to_that_destination(backend: Backend) {
+    let app = spawn_app_with(backend, ONE_AT_A_TIME).await;
+    let slow = Receiver::start().await;
+    let other = Receiver::start().await;
+    slow.script([Reply::Full(
+        429,
+        vec![("Retry-After".into(), "30".into())],
+        String::new(),
+    )]);
+    for (id, url) in [("s-1", &slow.url), ("s-2", &slow.url), ("o-1", &other.url)] {
+        assert_eq!(
+            app.post_message(webhook(id, url, json!({}))).await.status(),
+            201
+        );
+    }
+    let before = app.clock_now();
+    assert_eq!(app.run_until_idle().await, 3);
+    // The first got the 429; the second was never sent: put back for the same pause, its
+    // attempt not spent.
+    assert_eq!(slow.requests().len(), 1);
+    let first = app.row("s-1");
+    assert_eq!(
+        (first.state, first.attempts),
+        (herald::domain::State::Retryable, 1)
+    );
+    let second = app.row("s-2");
+    assert_eq!(
+        (second.state, second.attempts, second.last_error_class),
+        (
+            herald::domain::State::Retryable,
+            0,
+            Some(herald::domain::AttemptClass::RateLimited)
+        )
+    );
+    assert!(app.attempts("s-2").is_empty(), "no request, no attempt row");
+    let wait = (second.next_attempt_at.unwrap() - before).num_seconds();
+    assert!(
+        (29..=40).contains(&wait),
+        "paused for the Retry-After: {wait}s"
+    );
+    // Another destination is not slowed.
+    assert_eq!(app.message("o-1").await["state"], "delivered");
+    assert_eq!(other.requests().len(), 1);
+    // After the pause both go out.
+    app.advance(std::time::Duration::from_secs(45));
+    assert_eq!(app.run_until_idle().await, 2);
+    assert_eq!(slow.requests().len(), 3);
+    for id in ["s-1", "s-2"] {
+        assert_eq!(app.message(id).await["state"], "delivered");
+    }
+    assert_eq!(app.row("s-2").attempts, 1);
+    app.stop().await;
+}
+
+async fn an_smtp_421_slows_every_email_to_the_relay(backend: Backend) {
+    let sink = SmtpSink::start().await;
+    let app = spawn_app_with(
+        backend,
+        &format!("{ONE_AT_A_TIME}smtp_url = \"{}\"\n", sink.url),
+    )
+    .await;
+    for (id, to) in [("m-421", "t421@example.com"), ("m-next", "ada@example.com")] {
+        let r = app
+            .post_message(
+                json!({"event_id": id, "channel": "email", "destination": to,
+                                 "payload": {"subject": "Hi", "text": "Hello"}}),
+            )
+            .await;
+        assert_eq!(r.status(), 201);
+    }
+    assert_eq!(app.run_until_idle().await, 2);
+    assert_eq!(app.message("m-421").await["last_error_class"], "transient");
+    let next = app.row("m-next");
+    assert_eq!(
+        (next.state, next.attempts),
+        (herald::domain::State::Retryable, 0),
+        "held back by the relay's 421, never sent"
+    );
+    assert!(app.attempts("m-next").is_empty());
+    assert!(sink.accepted().is_empty());
+    app.stop().await;
+}
+
+both_backends!(
+    a_429_slows_every_message_to_that_destination,
+    an_smtp_421_slows_every_email_to_the_relay,
+);
