@@ -41,7 +41,6 @@ fn case(id: &'static str, reply: Reply, state: &'static str, class: &'static str
 
 async fn classification_table(backend: Backend) {
     let app = spawn_app(backend).await;
-    let rx = Receiver::start().await;
     let retry_date = httpdate::fmt_http_date((Utc::now() + chrono::Duration::seconds(90)).into());
     let cases = vec![
         case("ok-200", Reply::Status(200), "delivered", "accepted"),
@@ -105,10 +104,15 @@ async fn classification_table(backend: Backend) {
             "permanent",
         ),
     ];
+    // One receiver per case: a 429 slows down its whole destination (host and port), and each
+    // row of the table must be its own destination to be classified on its own.
+    let mut receivers = std::collections::HashMap::new();
     for c in &cases {
+        let rx = Receiver::start().await;
         let path = format!("/{}", c.id);
         rx.script_path(&path, [c.reply.clone()]);
         post(&app, c.id, &rx.url_for(&path), c.extra.clone()).await;
+        receivers.insert(c.id, rx);
     }
     // A port nobody listens on: the request never leaves.
     let closed = std::net::TcpListener::bind("127.0.0.1:0")
@@ -135,7 +139,7 @@ async fn classification_table(backend: Backend) {
             c.id
         );
         assert_eq!(
-            rx.requests_to(&format!("/{}", c.id)).len(),
+            receivers[c.id].requests_to(&format!("/{}", c.id)).len(),
             1,
             "{}: one request",
             c.id

@@ -262,6 +262,16 @@ async fn smtp_a_421_in_the_envelope_is_transient_and_closes_the_connection(backe
     );
     assert_eq!(kind.as_deref(), Some("smtp_reply"));
     assert_eq!(app.attempts("rcpt-421")[0].response_status, Some(421));
+    // The 421 also slowed the relay down for its retry delay (see tests/it/slowdown.rs): out of
+    // the way, and past that pause.
+    let cancel = app
+        .http
+        .post(format!("{}/v1/messages/rcpt-421/cancel", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancel.status(), 200);
+    app.advance(std::time::Duration::from_secs(120));
     post_mail(&app, "after-421", "ada@example.com", None, "at_most_once").await;
     assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
     assert_eq!(app.message("after-421").await["state"], "delivered");
