@@ -49,7 +49,9 @@ fn message(i: usize) -> Vec<u8> {
 
 async fn run(n: usize) {
     herald::channels::install_crypto_provider();
-    println!("email benchmark: {n} messages into the in-test SMTP sink, {CONNECTIONS} connections, 2 cores");
+    println!(
+        "email benchmark: {n} messages into the in-test SMTP sink, {CONNECTIONS} connections, 2 cores"
+    );
     let ceiling = lettre_ceiling(n).await;
     println!("baseline  plain lettre loop ({CONNECTIONS} connections): {ceiling:>8.0} msg/s");
     let rate = herald_rate(n).await;

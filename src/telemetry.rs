@@ -29,6 +29,21 @@ pub fn mask_email(address: &str) -> String {
 }
 
 /// A URL reduced to scheme and host: path, query and credentials can carry secrets.
+/// `text` with every `:`-separated part that holds an address masked (a provider's composite
+/// event id such as Postmark's `Delivery:ID:ada@example.com:TIME`).
+pub fn mask_emails_in(text: &str) -> String {
+    text.split(':')
+        .map(|part| {
+            if part.contains('@') {
+                mask_email(part)
+            } else {
+                part.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
 pub fn mask_url(url: &str) -> String {
     match url::Url::parse(url) {
         Ok(u) => format!("{}://{}/…", u.scheme(), u.host_str().unwrap_or("?")),

@@ -60,7 +60,8 @@ impl ReceiptView {
     pub fn new(r: &ReceiptRow) -> Self {
         Self {
             source: r.source.clone(),
-            provider_event_id: r.provider_event_id.clone(),
+            // A composite id (Postmark's) can hold the recipient's address.
+            provider_event_id: crate::telemetry::mask_emails_in(&r.provider_event_id),
             event_type: r.event_type.clone(),
             provider_type: r.provider_type.clone(),
             event_time: r.event_time.as_ref().map(ts),

@@ -76,15 +76,18 @@ pub fn judge(
         };
         return Verdict::History { reason };
     };
-    let current_key = current.and_then(|c| precedence(c).map(|r| (current_at, r)));
+    // A current status outside the table (written by hand, say) ranks below every status at its
+    // own event time: it still only moves forward.
+    let current_key = current.map(|c| (current_at, precedence(c)));
+    let key = (event_time, Some(rank));
     match current_key {
         None => Verdict::Applied {
             previous: current.map(str::to_owned),
         },
-        Some(key) if (event_time, rank) > key => Verdict::Applied {
+        Some(cur) if key > cur => Verdict::Applied {
             previous: current.map(str::to_owned),
         },
-        Some(key) if (event_time, rank) == key => Verdict::Unchanged,
+        Some(cur) if key == cur => Verdict::Unchanged,
         Some((at, _)) => {
             let current = current.unwrap_or("?");
             let reason = if event_time < at {
@@ -190,7 +193,10 @@ impl Reconciler {
         let mut enqueue = Vec::new();
         let (outcome, reason, new_status) = match verdict {
             Verdict::Applied { previous } => {
-                if let Some(row) = self.callback(r, m, previous.as_deref()) {
+                // A later event of the same status moves its time, not the status: no callback.
+                if previous.as_deref() != Some(r.event_type.as_str())
+                    && let Some(row) = self.callback(r, m, previous.as_deref())
+                {
                     enqueue.push(row);
                 }
                 (
@@ -243,7 +249,7 @@ impl Reconciler {
             "previous_status": previous,
             "source": r.source,
             "provider_type": r.provider_type,
-            "provider_event_id": r.provider_event_id,
+            "provider_event_id": crate::telemetry::mask_emails_in(&r.provider_event_id),
         });
         let message = NewMessage::webhook(
             callback_event_id(&m.event_id, &r.event_type),
@@ -278,14 +284,23 @@ impl Reconciler {
                     &this.config.message_id_domain,
                     &|r, m| this.decide(r, m),
                 )?;
-                let expired = this
-                    .db
-                    .expire_unconfirmed(now, this.config.unconfirmed_deadline)?;
-                Ok((pass, expired))
+                let accepting: Vec<&str> = PRECEDENCE.iter().chain(ENGAGEMENT).copied().collect();
+                let (settled, expired) = this.db.settle_or_expire_unconfirmed(
+                    now,
+                    this.config.unconfirmed_deadline,
+                    &accepting,
+                )?;
+                Ok((
+                    ReconcilePass {
+                        settled: pass.settled + settled,
+                        ..pass
+                    },
+                    expired,
+                ))
             })
         })
         .await??;
-        if pass.applied + pass.unmatched > 0 {
+        if pass.applied + pass.unmatched + pass.settled > 0 {
             info!(
                 applied = pass.applied,
                 unmatched = pass.unmatched,
@@ -423,6 +438,18 @@ mod tests {
         // An event with a time sorts after one without.
         assert!(matches!(
             judge(Some("failed"), None, "queued", t(0)),
+            Verdict::Applied { .. }
+        ));
+    }
+
+    #[test]
+    fn an_unknown_current_status_still_only_moves_forward() {
+        assert!(matches!(
+            judge(Some("handwritten"), t(10), "delivered", t(5)),
+            Verdict::Superseded { .. }
+        ));
+        assert!(matches!(
+            judge(Some("handwritten"), t(10), "queued", t(10)),
             Verdict::Applied { .. }
         ));
     }

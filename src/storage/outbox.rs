@@ -138,7 +138,8 @@ per_backend! {
         let n = diesel::update(
             o::table
                 .filter(o::id.eq(x.message_id))
-                .filter(o::state.eq(State::Unconfirmed))
+                // Unconfirmed, or already settled by a receipt: either way nothing was sent since.
+                .filter(o::state.eq_any([State::Unconfirmed, State::Delivered]))
                 .filter(o::semantics.eq(Semantics::AtMostOnce))
                 .filter(o::attempts.eq(x.claimed_attempt))
                 .filter(o::lease_owner.is_null()),

@@ -120,27 +120,37 @@ per_backend! {
                 .load(conn)?;
             by_key.extend(found.into_iter().filter_map(|(k, id)| k.map(|k| (k, id))));
         }
-        let provider_ids: Vec<&str> = batch
+        // With and without angle brackets: a Message-ID is quoted either way (Mailgun's API
+        // answers `<id@domain>`, its receipts carry `id@domain`).
+        let bare = |p: &str| p.trim().trim_start_matches('<').trim_end_matches('>').to_owned();
+        let provider_ids: Vec<String> = batch
             .iter()
             .filter(unresolved)
             .filter(|r| key_of(r).is_none_or(|k| !by_key.contains_key(&k)))
             .filter_map(|r| r.provider_message_id.as_deref())
+            .flat_map(|p| [bare(p), format!("<{}>", bare(p))])
             .collect();
         let mut by_provider: HashMap<String, i64> = HashMap::new();
         if !provider_ids.is_empty() {
+            // In id order: the newest message carrying an id wins (short provider ids, such as
+            // an SMTP queue id, can come round again).
             let found: Vec<(Option<String>, i64)> = o::table
                 .filter(o::provider_message_id.eq_any(&provider_ids))
                 .select((o::provider_message_id, o::id))
-                .order(o::id.desc())
+                .order(o::id.asc())
                 .load(conn)?;
-            by_provider.extend(found.into_iter().filter_map(|(p, id)| p.map(|p| (p, id))));
+            by_provider.extend(found.into_iter().filter_map(|(p, id)| p.map(|p| (bare(&p), id))));
         }
         let target = |r: &PendingReceipt| {
             r.herald_event_id
                 .as_ref()
                 .and_then(|e| by_event.get(e))
                 .or_else(|| key_of(r).and_then(|k| by_key.get(&k)))
-                .or_else(|| r.provider_message_id.as_ref().and_then(|p| by_provider.get(p)))
+                .or_else(|| {
+                    r.provider_message_id
+                        .as_ref()
+                        .and_then(|p| by_provider.get(&bare(p)))
+                })
                 .copied()
         };
         let ids: Vec<i64> = batch.iter().filter_map(target).collect();
@@ -220,18 +230,38 @@ per_backend! {
         Ok(pass)
     }
 
-    /// `unconfirmed` messages that no receipt settled within `deadline` move to `dead_letter`
-    /// with `state_reason = 'unconfirmed'`, for a person to decide; returns how many.
-    pub fn expire_unconfirmed(
+    /// `unconfirmed` messages: those with a stored receipt of an `accepting` type (one that
+    /// arrived while the message was still `sending`, say) become `delivered`; those that no
+    /// receipt settled within `deadline` move to `dead_letter` with
+    /// `state_reason = 'unconfirmed'`, for a person to decide. Returns (settled, expired).
+    pub fn settle_or_expire_unconfirmed(
         conn: &mut Conn,
         now: &Now,
         deadline: std::time::Duration,
-    ) -> QueryResult<usize> {
-        use crate::domain::State;
+        accepting: &[&str],
+    ) -> QueryResult<(usize, usize)> {
+        use crate::domain::{AttemptClass, State};
+        use diesel::dsl::exists;
         use self::schema::herald_outbox as o;
         let at = sql::now(conn, now)?;
+        let proven = exists(
+            r::table
+                .filter(r::message_id.eq(o::id.nullable()))
+                .filter(r::event_type.eq_any(accepting)),
+        );
+        let settled = diesel::update(
+            o::table
+                .filter(o::state.eq(State::Unconfirmed))
+                .filter(proven),
+        )
+        .set((
+            o::state.eq(State::Delivered),
+            o::last_error_class.eq(None::<AttemptClass>),
+            o::updated_at.eq(at),
+        ))
+        .execute(conn)?;
         let before = at - chrono::Duration::from_std(deadline).unwrap_or(chrono::Duration::MAX);
-        diesel::update(
+        let expired = diesel::update(
             o::table
                 .filter(o::state.eq(State::Unconfirmed))
                 .filter(o::updated_at.lt(before)),
@@ -241,7 +271,8 @@ per_backend! {
             o::state_reason.eq(Some("unconfirmed")),
             o::updated_at.eq(at),
         ))
-        .execute(conn)
+        .execute(conn)?;
+        Ok((settled, expired))
     }
 
     /// Receipts no message has claimed yet: how many, and the oldest `limit` of them.
@@ -386,11 +417,12 @@ impl Db {
         crate::storage::db_run! { self, write |c, q| Ok(q::reconcile(c, &now, limit, message_id_domain, decide)?) }
     }
 
-    pub fn expire_unconfirmed(
+    pub fn settle_or_expire_unconfirmed(
         &self,
         now: Now,
         deadline: std::time::Duration,
-    ) -> Result<usize, StorageError> {
-        crate::storage::db_run! { self, write |c, q| Ok(q::expire_unconfirmed(c, &now, deadline)?) }
+        accepting: &[&str],
+    ) -> Result<(usize, usize), StorageError> {
+        crate::storage::db_run! { self, write |c, q| Ok(q::settle_or_expire_unconfirmed(c, &now, deadline, accepting)?) }
     }
 }

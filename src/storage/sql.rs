@@ -471,7 +471,7 @@ pub fn pg_lock_messages(
         .filter(o::id.eq_any(ids))
         .select(matched_message_columns!(o))
         .order(o::id)
-        .for_update()
+        .for_no_key_update()
         .skip_locked()
         .load(conn)
 }

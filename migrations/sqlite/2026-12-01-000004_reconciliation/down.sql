@@ -1,6 +1,7 @@
 DROP INDEX herald_outbox_provider_message_id;
 DROP INDEX herald_outbox_message_key;
 ALTER TABLE herald_outbox DROP COLUMN message_key;
+DROP INDEX herald_outbox_unconfirmed;
 ALTER TABLE herald_outbox DROP COLUMN state_reason;
 DROP INDEX herald_receipts_message;
 DROP INDEX herald_receipts_pending;

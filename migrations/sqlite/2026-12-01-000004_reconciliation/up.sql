@@ -18,6 +18,9 @@ CREATE INDEX herald_receipts_message ON herald_receipts (message_id) WHERE messa
 -- Why a message is in its state when the state alone does not say (dead_letter after the
 -- unconfirmed deadline: 'unconfirmed').
 ALTER TABLE herald_outbox ADD COLUMN state_reason TEXT;
+-- The reconciler looks at unconfirmed messages every pass (settle from stored receipts, or
+-- dead-letter after the deadline): only those rows.
+CREATE INDEX herald_outbox_unconfirmed ON herald_outbox (updated_at) WHERE state = 'unconfirmed';
 -- The key of Herald's deterministic email Message-ID (<KEY@message_id_domain>): a receipt that
 -- carries only the Message-ID finds its email through it. Set at enqueue, or at the first claim
 -- for a plain SQL insert.
