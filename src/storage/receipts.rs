@@ -165,15 +165,22 @@ per_backend! {
         let mut pass = ReconcilePass::default();
         for receipt in &batch {
             let Some(id) = target(receipt) else {
+                // Tried again after 2 s, 4 s, … 512 s, for a day after it arrived; then it stays
+                // listed (and counted) as unmatched, no longer tried.
                 let tries = receipt.match_attempts + 1;
                 let wait = chrono::Duration::seconds(1i64 << tries.clamp(0, 9));
+                let next = Some(at + wait).filter(|n| *n - receipt.received_at < crate::storage::receipts::UNMATCHED_FOR);
+                let reason = if next.is_some() {
+                    "no message with its event id or provider message id yet"
+                } else {
+                    "no message with its event id or provider message id within a day: no longer tried"
+                };
                 diesel::update(r::table.filter(r::id.eq(receipt.id)))
                     .set((
                         r::outcome.eq("unmatched"),
-                        r::outcome_reason
-                            .eq("no message with its event id or provider message id yet"),
+                        r::outcome_reason.eq(reason),
                         r::match_attempts.eq(tries),
-                        r::next_match_at.eq(Some(at + wait)),
+                        r::next_match_at.eq(next),
                     ))
                     .execute(conn)?;
                 pass.unmatched += 1;
@@ -297,6 +304,9 @@ per_backend! {
             .load(conn)
     }
 }
+
+/// How long an unmatched receipt is tried again.
+const UNMATCHED_FOR: chrono::Duration = chrono::Duration::days(1);
 
 /// What storing a request's receipts came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -333,15 +333,33 @@ pub fn pg_pending_receipts(
 ) -> diesel::QueryResult<Vec<PendingReceipt>> {
     use super::schema_pg::herald_receipts as r;
     use diesel::prelude::*;
-    r::table
+    // New receipts first (index herald_receipts_pending), then unmatched ones whose next try is
+    // due (herald_receipts_unmatched): neither query walks past receipts that are not due.
+    let mut batch: Vec<PendingReceipt> = r::table
         .filter(r::reconciled_at.is_null())
-        .filter(r::next_match_at.is_null().or(r::next_match_at.le(at)))
+        .filter(r::outcome.is_null())
         .select(pending_receipt_columns!(r))
         .order(r::id)
         .limit(limit)
         .for_update()
         .skip_locked()
-        .load(conn)
+        .load(conn)?;
+    let room = limit - batch.len() as i64;
+    if room > 0 {
+        batch.extend(
+            r::table
+                .filter(r::reconciled_at.is_null())
+                .filter(r::outcome.eq("unmatched"))
+                .filter(r::next_match_at.le(at))
+                .select(pending_receipt_columns!(r))
+                .order(r::next_match_at)
+                .limit(room)
+                .for_update()
+                .skip_locked()
+                .load(conn)?,
+        );
+    }
+    Ok(batch)
 }
 
 /// SQLite: the pass runs behind the writer lock, exclusive already.
@@ -352,13 +370,29 @@ pub fn sqlite_pending_receipts(
 ) -> diesel::QueryResult<Vec<PendingReceipt>> {
     use super::schema_sqlite::herald_receipts as r;
     use diesel::prelude::*;
-    r::table
+    // New receipts first (index herald_receipts_pending), then unmatched ones whose next try is
+    // due (herald_receipts_unmatched): neither query walks past receipts that are not due.
+    let mut batch: Vec<PendingReceipt> = r::table
         .filter(r::reconciled_at.is_null())
-        .filter(r::next_match_at.is_null().or(r::next_match_at.le(at)))
+        .filter(r::outcome.is_null())
         .select(pending_receipt_columns!(r))
         .order(r::id)
         .limit(limit)
-        .load(conn)
+        .load(conn)?;
+    let room = limit - batch.len() as i64;
+    if room > 0 {
+        batch.extend(
+            r::table
+                .filter(r::reconciled_at.is_null())
+                .filter(r::outcome.eq("unmatched"))
+                .filter(r::next_match_at.le(at))
+                .select(pending_receipt_columns!(r))
+                .order(r::next_match_at)
+                .limit(room)
+                .load(conn)?,
+        );
+    }
+    Ok(batch)
 }
 
 /// Marks a pass's applied receipts reconciled: one statement for the whole pass.

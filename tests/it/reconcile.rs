@@ -221,6 +221,45 @@ async fn a_receipt_before_its_message_is_matched_once_it_appears(backend: Backen
     app.stop().await;
 }
 
+/// A receipt that never finds its message is tried for a day, then kept and listed, untried.
+async fn an_unmatched_receipt_is_tried_for_a_day(backend: Backend) {
+    let app = spawn_app_with(backend, SOURCE).await;
+    assert_eq!(
+        post_receipt(&app, receipt("stray-1", "delivered", Some(1), "never-sent")).await,
+        200
+    );
+    assert_eq!(reconcile(&app).await, 0);
+    app.advance(Duration::from_secs(25 * 3600));
+    assert_eq!(reconcile(&app).await, 0);
+    let stored = &app.db.receipts_of_source("esp").unwrap()[0];
+    assert_eq!(
+        (
+            stored.outcome.as_deref(),
+            stored.match_attempts,
+            stored.next_match_at
+        ),
+        (Some("unmatched"), 2, None),
+        "tried once more, then no longer"
+    );
+    app.advance(Duration::from_secs(3600));
+    assert_eq!(reconcile(&app).await, 0);
+    assert_eq!(
+        app.db.receipts_of_source("esp").unwrap()[0].match_attempts,
+        2
+    );
+    let listed: Value = app
+        .http
+        .get(format!("{}/v1/receipts/unmatched", app.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["count"], 1);
+    app.stop().await;
+}
+
 /// A receipt that carries only the provider's message id finds the message through the id the
 /// sender captured from the receiver's answer.
 async fn receipts_match_by_the_captured_provider_message_id(backend: Backend) {
@@ -509,6 +548,7 @@ both_backends!(
     a_late_arriving_older_receipt_never_overwrites_a_newer_one,
     every_arrival_order_ends_in_the_same_status,
     a_receipt_before_its_message_is_matched_once_it_appears,
+    an_unmatched_receipt_is_tried_for_a_day,
     receipts_match_by_the_captured_provider_message_id,
     receipts_match_by_the_deterministic_message_id,
     unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline,

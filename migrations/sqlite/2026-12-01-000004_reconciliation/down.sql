@@ -4,6 +4,7 @@ ALTER TABLE herald_outbox DROP COLUMN message_key;
 DROP INDEX herald_outbox_unconfirmed;
 ALTER TABLE herald_outbox DROP COLUMN state_reason;
 DROP INDEX herald_receipts_message;
+DROP INDEX herald_receipts_unmatched;
 DROP INDEX herald_receipts_pending;
 CREATE INDEX herald_receipts_pending ON herald_receipts (event_time, id) WHERE reconciled_at IS NULL;
 ALTER TABLE herald_receipts DROP COLUMN next_match_at;

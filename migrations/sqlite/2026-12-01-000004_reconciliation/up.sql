@@ -3,7 +3,8 @@
 --   outcome         applied | superseded | unchanged | history | unmatched (see the README,
 --                   "How delivery status is decided"); outcome_reason says why, in words
 --   match_attempts, next_match_at
---                   an unmatched receipt is tried again with backoff until its message appears
+--                   an unmatched receipt is tried again with backoff until its message appears,
+--                   for a day; then next_match_at is NULL and it stays listed as unmatched
 -- reconciled_at (already there) is set once the receipt is matched and applied; until then the
 -- receipt is pending.
 ALTER TABLE herald_receipts ADD COLUMN message_id BIGINT;
@@ -12,7 +13,10 @@ ALTER TABLE herald_receipts ADD COLUMN outcome_reason TEXT;
 ALTER TABLE herald_receipts ADD COLUMN match_attempts INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE herald_receipts ADD COLUMN next_match_at TEXT;
 DROP INDEX herald_receipts_pending;
-CREATE INDEX herald_receipts_pending ON herald_receipts (id) WHERE reconciled_at IS NULL;
+CREATE INDEX herald_receipts_pending ON herald_receipts (id)
+    WHERE reconciled_at IS NULL AND outcome IS NULL;
+CREATE INDEX herald_receipts_unmatched ON herald_receipts (next_match_at)
+    WHERE reconciled_at IS NULL AND outcome = 'unmatched';
 CREATE INDEX herald_receipts_message ON herald_receipts (message_id) WHERE message_id IS NOT NULL;
 
 -- Why a message is in its state when the state alone does not say (dead_letter after the
