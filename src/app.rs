@@ -94,6 +94,8 @@ impl Herald {
             SmtpLimits {
                 timeout: settings.smtp_timeout,
                 pool_size: settings.smtp_pool_size,
+                idle_timeout: settings.smtp_idle_timeout,
+                ca: settings.smtp_ca.clone(),
             },
             settings.mail_dir.clone(),
             &settings.mail_from,

@@ -85,6 +85,8 @@ struct FileConfig {
     smtp_url: Option<Secret>,
     smtp_timeout_ms: Option<u64>,
     smtp_pool_size: Option<u32>,
+    smtp_idle_timeout_seconds: Option<u64>,
+    smtp_ca_file: Option<PathBuf>,
     mail_dir: Option<PathBuf>,
     mail_from: Option<String>,
     message_id_domain: Option<String>,
@@ -131,6 +133,10 @@ pub struct Settings {
     pub smtp_timeout: Duration,
     /// Open SMTP connections at most (1–100).
     pub smtp_pool_size: usize,
+    /// How long a parked SMTP connection stays open unused.
+    pub smtp_idle_timeout: Duration,
+    /// `smtp_ca_file`: CA certificates trusted for the relay in addition to the webpki roots.
+    pub smtp_ca: Option<email::SmtpCa>,
     pub mail_dir: PathBuf,
     pub mail_from: String,
     pub message_id_domain: String,
@@ -291,6 +297,12 @@ impl Settings {
         over!(smtp_url, "HERALD_SMTP_URL", secret);
         over!(smtp_timeout_ms, "HERALD_SMTP_TIMEOUT_MS", num);
         over!(smtp_pool_size, "HERALD_SMTP_POOL_SIZE", num);
+        over!(
+            smtp_idle_timeout_seconds,
+            "HERALD_SMTP_IDLE_TIMEOUT_SECONDS",
+            num
+        );
+        over!(smtp_ca_file, "HERALD_SMTP_CA_FILE", string);
         over!(mail_dir, "HERALD_MAIL_DIR", string);
         over!(mail_from, "HERALD_MAIL_FROM", string);
         over!(message_id_domain, "HERALD_MESSAGE_ID_DOMAIN", string);
@@ -372,6 +384,36 @@ impl Settings {
                 ));
             }
         };
+        let smtp_idle_timeout = match f.smtp_idle_timeout_seconds {
+            None => email::DEFAULT_IDLE_TIMEOUT,
+            Some(s @ 1..=3600) => Duration::from_secs(s),
+            Some(s) => {
+                return Err(invalid(
+                    "smtp_idle_timeout_seconds",
+                    format!(
+                        "{s} is not in 1–3600; set HERALD_SMTP_IDLE_TIMEOUT_SECONDS to how long an \
+                         unused SMTP connection may stay open, or unset it (default {})",
+                        email::DEFAULT_IDLE_TIMEOUT.as_secs()
+                    ),
+                ));
+            }
+        };
+        let smtp_ca = match &f.smtp_ca_file {
+            None => None,
+            Some(path) => Some(email::SmtpCa::load(path).map_err(|e| {
+                let cause = std::error::Error::source(&e)
+                    .map(|c| format!(" ({c})"))
+                    .unwrap_or_default();
+                invalid(
+                    "smtp_ca_file",
+                    format!(
+                        "{}: {e}{cause}; set HERALD_SMTP_CA_FILE to a PEM file of the CA \
+                         certificates that sign the relay's certificate, or unset it",
+                        path.display()
+                    ),
+                )
+            })?),
+        };
         // Checked here, before any database is opened, never quoted: the URL may hold a password.
         if let Some(url) = &f.smtp_url {
             email::check_smtp_url(url.expose())
@@ -452,6 +494,8 @@ impl Settings {
             smtp_url: f.smtp_url,
             smtp_timeout: timings.smtp_timeout,
             smtp_pool_size,
+            smtp_idle_timeout,
+            smtp_ca,
             mail_dir: f.mail_dir.unwrap_or_else(|| PathBuf::from("mail")),
             mail_from,
             message_id_domain: f
@@ -833,6 +877,67 @@ mod tests {
                 m.contains("HERALD_SMTP_POOL_SIZE") && !m.contains('\n'),
                 "{m}"
             );
+        }
+    }
+
+    #[test]
+    fn smtp_idle_timeout_defaults_to_a_minute_and_is_1_to_3600_seconds() {
+        let build = |pairs: &[(&str, &str)]| Settings::build(FileConfig::default(), &env(pairs));
+        assert_eq!(
+            build(&[]).unwrap().smtp_idle_timeout,
+            Duration::from_secs(60)
+        );
+        assert_eq!(
+            build(&[("HERALD_SMTP_IDLE_TIMEOUT_SECONDS", "5")])
+                .unwrap()
+                .smtp_idle_timeout,
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            Settings::from_toml("smtp_idle_timeout_seconds = 3600\n")
+                .unwrap()
+                .smtp_idle_timeout,
+            Duration::from_secs(3600)
+        );
+        for bad in ["0", "3601"] {
+            let m = build(&[("HERALD_SMTP_IDLE_TIMEOUT_SECONDS", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(m.starts_with("smtp_idle_timeout_seconds: "), "{m}");
+            assert!(
+                m.contains("HERALD_SMTP_IDLE_TIMEOUT_SECONDS") && !m.contains('\n'),
+                "{m}"
+            );
+        }
+    }
+
+    #[test]
+    fn smtp_ca_file_is_read_and_checked_at_load() {
+        let build = |pairs: &[(&str, &str)]| Settings::build(FileConfig::default(), &env(pairs));
+        assert!(build(&[]).unwrap().smtp_ca.is_none());
+        let dir = tempfile::tempdir().unwrap();
+        let ca = rcgen::generate_simple_self_signed(vec!["relay.example".to_owned()]).unwrap();
+        let good = dir.path().join("ca.pem");
+        std::fs::write(&good, ca.cert.pem()).unwrap();
+        let s = build(&[("HERALD_SMTP_CA_FILE", good.to_str().unwrap())]).unwrap();
+        assert_eq!(
+            format!("{:?}", s.smtp_ca.unwrap()),
+            "SmtpCa(1 certificates)"
+        );
+        let s = Settings::from_toml(&format!("smtp_ca_file = {:?}\n", good.to_str().unwrap()));
+        assert!(s.unwrap().smtp_ca.is_some());
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "").unwrap();
+        for (path, says) in [
+            (dir.path().join("missing.pem"), "cannot read the file"),
+            (empty, "no CERTIFICATE block"),
+        ] {
+            let m = build(&[("HERALD_SMTP_CA_FILE", path.to_str().unwrap())])
+                .unwrap_err()
+                .to_string();
+            assert!(m.starts_with("smtp_ca_file: "), "{m}");
+            assert!(m.contains(says) && m.contains("HERALD_SMTP_CA_FILE"), "{m}");
+            assert!(!m.contains('\n'), "{m}");
         }
     }
 

@@ -235,7 +235,7 @@ pub enum EmailConfigError {
 /// Checks `smtp_url` as [`EmailChannel::new`] reads it (start-up validation).
 pub fn check_smtp_url(url: &str) -> Result<(), EmailConfigError> {
     super::install_crypto_provider();
-    SmtpRelay::parse(url).map(|_| ())
+    SmtpRelay::parse(url, None).map(|_| ())
 }
 
 /// The default sender (`mail_from`): `herald@example.com` or `Name <herald@example.com>`.
@@ -260,13 +260,17 @@ pub struct EmailChannel {
     clock: Arc<dyn Clock>,
 }
 
-/// Bounds of the SMTP transport.
-#[derive(Debug, Clone, Copy)]
+/// Bounds of the SMTP transport, and whom it trusts besides the webpki roots.
+#[derive(Debug, Clone)]
 pub struct SmtpLimits {
     /// One whole attempt, waiting for a pool slot and connecting included.
     pub timeout: Duration,
     /// Open connections at most, in use or parked ([`DEFAULT_POOL_SIZE`]).
     pub pool_size: usize,
+    /// How long a parked connection stays open unused ([`DEFAULT_IDLE_TIMEOUT`]).
+    pub idle_timeout: Duration,
+    /// `smtp_ca_file`: CA certificates trusted in addition to the webpki roots.
+    pub ca: Option<SmtpCa>,
 }
 
 impl EmailChannel {
@@ -283,12 +287,8 @@ impl EmailChannel {
         super::install_crypto_provider();
         let transport = match smtp_url {
             Some(url) => {
-                let relay = SmtpRelay::parse(url)?;
-                EmailTransport::Smtp(Arc::new(SmtpPool::new(
-                    relay,
-                    limits.timeout,
-                    limits.pool_size,
-                )))
+                let relay = SmtpRelay::parse(url, limits.ca.as_ref())?;
+                EmailTransport::Smtp(Arc::new(SmtpPool::new(relay, &limits)))
             }
             None => EmailTransport::Directory(mail_dir),
         };
@@ -321,18 +321,7 @@ impl EmailChannel {
             }
             EmailTransport::Smtp(pool) => {
                 match pool.send(message.envelope(), &message.formatted()).await {
-                    Ok(resp) => {
-                        let code = smtp_code(&resp.code().to_string());
-                        let mut r = SendReport::refused(
-                            classify_smtp_code(code),
-                            "",
-                            now,
-                            resp.message().collect::<Vec<_>>().join(" "),
-                        );
-                        r.error_kind = None;
-                        r.status = Some(code);
-                        r
-                    }
+                    Ok(accepted) => accepted.report(now),
                     Err(failure) => failure.report(now),
                 }
             }
@@ -353,10 +342,26 @@ struct SmtpRelay {
     credentials: Option<Credentials>,
 }
 
+/// Shows where and how, never the credentials.
+impl std::fmt::Debug for SmtpRelay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SmtpRelay")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("tls", &self.tls)
+            .field(
+                "credentials",
+                &self.credentials.as_ref().map(|_| "[redacted]"),
+            )
+            .finish()
+    }
+}
+
 impl SmtpRelay {
     /// `smtp://[user:pass@]host[:port][/ehlo-name][?tls=required|opportunistic]`,
-    /// `smtps://…`. The error never quotes the URL: it may carry a password.
-    fn parse(text: &str) -> Result<Self, EmailConfigError> {
+    /// `smtps://…`; TLS trusts the webpki roots and `ca`. The error never quotes the URL: it may
+    /// carry a password.
+    fn parse(text: &str, ca: Option<&SmtpCa>) -> Result<Self, EmailConfigError> {
         let bad = || EmailConfigError::SmtpUrl(None);
         let url = url::Url::parse(text).map_err(|e| EmailConfigError::SmtpUrl(Some(e)))?;
         let host = match url.host().ok_or_else(bad)? {
@@ -368,7 +373,14 @@ impl SmtpRelay {
             .query_pairs()
             .find(|(k, _)| k == "tls")
             .map(|(_, v)| v.into_owned());
-        let params = || TlsParameters::new(host.clone()).map_err(EmailConfigError::TlsHost);
+        // Verification is never turned off: a private CA is trusted by adding it (`smtp_ca_file`).
+        let params = || {
+            let mut b = TlsParameters::builder(host.clone());
+            for cert in ca.map(|c| c.certs.as_slice()).unwrap_or_default() {
+                b = b.add_root_certificate(cert.clone());
+            }
+            b.build().map_err(EmailConfigError::TlsHost)
+        };
         let (default_port, tls) = match (url.scheme(), tls_param.as_deref()) {
             ("smtp", None) => (SMTP_PORT, Tls::None),
             ("smtp", Some("required")) => (SUBMISSION_PORT, Tls::Required(params()?)),
@@ -414,6 +426,71 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// The CA certificates of `smtp_ca_file`, trusted for the relay's certificate in addition to
+/// the webpki roots (a relay with a private CA). Read and checked once, at start-up.
+#[derive(Clone)]
+pub struct SmtpCa {
+    certs: Vec<lettre::transport::smtp::client::Certificate>,
+}
+
+impl std::fmt::Debug for SmtpCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SmtpCa({} certificates)", self.certs.len())
+    }
+}
+
+/// Why `smtp_ca_file` cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SmtpCaError {
+    #[error("cannot read the file")]
+    Read(#[source] std::io::Error),
+    #[error("not a PEM file")]
+    Pem(#[source] rustls::pki_types::pem::Error),
+    #[error("no CERTIFICATE block in the file")]
+    Empty,
+    #[error("certificate {index} of the file is not a valid X.509 certificate")]
+    Invalid {
+        index: usize,
+        #[source]
+        source: rustls::Error,
+    },
+}
+
+impl SmtpCa {
+    /// Every `CERTIFICATE` block of a PEM file (other blocks are skipped); at least one, each a
+    /// valid trust anchor.
+    pub fn load(path: &std::path::Path) -> Result<Self, SmtpCaError> {
+        let pem = std::fs::read(path).map_err(SmtpCaError::Read)?;
+        Self::from_pem(&pem)
+    }
+
+    pub fn from_pem(pem: &[u8]) -> Result<Self, SmtpCaError> {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+        let ders = CertificateDer::pem_slice_iter(pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(SmtpCaError::Pem)?;
+        if ders.is_empty() {
+            return Err(SmtpCaError::Empty);
+        }
+        let mut store = rustls::RootCertStore::empty();
+        let mut certs = Vec::with_capacity(ders.len());
+        for (i, der) in ders.into_iter().enumerate() {
+            store
+                .add(der.clone())
+                .map_err(|source| SmtpCaError::Invalid {
+                    index: i + 1,
+                    source,
+                })?;
+            // With rustls, a DER certificate is taken as it is: this cannot fail.
+            if let Ok(cert) = lettre::transport::smtp::client::Certificate::from_der(der.to_vec()) {
+                certs.push(cert);
+            }
+        }
+        Ok(Self { certs })
+    }
+}
+
 /// How far an SMTP attempt got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
@@ -451,6 +528,90 @@ pub enum SmtpFailure {
     Smtp(Stage, lettre::transport::smtp::Error),
     /// The message needs an extension the server does not offer (8BITMIME, SMTPUTF8).
     Unsupported(&'static str),
+    /// The server refused every recipient at RCPT TO (none was a 421, which ends the session
+    /// and is [`SmtpFailure::Smtp`]): nothing was sent.
+    RecipientsRefused(Vec<RefusedRecipient>),
+}
+
+/// A recipient the server refused at RCPT TO, as the attempt records it: masked
+/// (`a***@e***.com`), with the reply code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusedRecipient {
+    pub masked: String,
+    pub code: u16,
+}
+
+/// How many refused recipients an attempt lists by name (masked); the rest are counted.
+const REFUSED_LISTED: usize = 10;
+
+/// `refused at RCPT TO: a***@e***.com 550, b***@e***.com 451`, at most [`REFUSED_LISTED`] named.
+fn refused_list(refused: &[RefusedRecipient]) -> String {
+    let mut out = String::from("refused at RCPT TO: ");
+    for (i, r) in refused.iter().take(REFUSED_LISTED).enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(&format!("{} {}", r.masked, r.code));
+    }
+    if refused.len() > REFUSED_LISTED {
+        out.push_str(&format!(" and {} more", refused.len() - REFUSED_LISTED));
+    }
+    out
+}
+
+/// What the server said when it took the message: its final reply, and the recipients it had
+/// refused at RCPT TO (the message went to the others).
+#[derive(Debug)]
+pub struct Accepted {
+    pub reply: Response,
+    pub refused: Vec<RefusedRecipient>,
+}
+
+impl Accepted {
+    /// `accepted` with the reply code; the queue id, when the reply names one, is the provider
+    /// message id; refused recipients make the error kind `recipients_refused` and are listed
+    /// (masked) in the excerpt.
+    fn report(&self, now: chrono::DateTime<chrono::Utc>) -> SendReport {
+        let code = smtp_code(&self.reply.code().to_string());
+        let text = self.reply.message().collect::<Vec<_>>().join(" ");
+        let mut r = SendReport::refused(classify_smtp_code(code), "", now, text.as_str());
+        r.error_kind = None;
+        r.status = Some(code);
+        r.provider_message_id = queue_id(&text);
+        if !self.refused.is_empty() {
+            r.error_kind = Some("recipients_refused".to_owned());
+            let reply = r.excerpt.take().unwrap_or_default();
+            r.excerpt = Some(format!("{reply}; {}", refused_list(&self.refused)));
+        }
+        r
+    }
+}
+
+/// The queue id in a server's reply to the content, when it names one: Postfix (and the relays
+/// that answer like it) `2.0.0 Ok: queued as ABC123`, Exim `OK id=1abcde-000123-XY`. A reply
+/// without one (`250 OK`), or with something that does not look like an id (letters, digits,
+/// `.`, `-`, `_`; at most 128 characters), gives none.
+pub fn queue_id(reply: &str) -> Option<String> {
+    // ASCII lower-casing keeps byte offsets.
+    let lower = reply.to_ascii_lowercase();
+    let after = if let Some(i) = lower.find("queued as ") {
+        i + "queued as ".len()
+    } else {
+        let i = lower
+            .match_indices("id=")
+            .map(|(i, _)| i)
+            .find(|&i| i == 0 || lower.as_bytes()[i - 1].is_ascii_whitespace())?;
+        i + "id=".len()
+    };
+    let token = reply[after..].split_whitespace().next()?;
+    let token = token.trim_matches(|c| matches!(c, '<' | '>' | '(' | ')' | '[' | ']' | ',' | ';'));
+    let token = token.trim_end_matches('.');
+    let plausible = !token.is_empty()
+        && token.len() <= 128
+        && token
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'));
+    plausible.then(|| token.to_owned())
 }
 
 impl SmtpFailure {
@@ -459,6 +620,17 @@ impl SmtpFailure {
     pub fn classify(&self) -> (AttemptClass, &'static str, Option<u16>) {
         match self {
             SmtpFailure::Unsupported(_) => (AttemptClass::Permanent, "unsupported_by_server", None),
+            // Any 4xx may pass (that recipient may be accepted later): transient, with the first
+            // 4xx; all 5xx: permanent, with the first.
+            SmtpFailure::RecipientsRefused(refused) => {
+                let code = refused
+                    .iter()
+                    .map(|r| r.code)
+                    .find(|c| (400..500).contains(c))
+                    .or_else(|| refused.first().map(|r| r.code))
+                    .unwrap_or(550);
+                (classify_smtp_code(code), "recipients_refused", Some(code))
+            }
             SmtpFailure::PoolTimeout => (AttemptClass::NotSent, "pool_timeout", None),
             SmtpFailure::Timeout(Stage::Connect(_)) => {
                 (AttemptClass::NotSent, "connect_timeout", None)
@@ -470,7 +642,7 @@ impl SmtpFailure {
                     (ConnectStep::StartTls, Some(_)) => "smtp_starttls_refused",
                     (ConnectStep::Auth, Some(_)) => "smtp_auth_refused",
                     _ if e.is_timeout() => "connect_timeout",
-                    _ if e.is_tls() => "tls",
+                    _ if is_tls_failure(e) => "tls",
                     (ConnectStep::Hello, None) => "connect",
                     // E.g. the server does not offer STARTTLS although `tls=required`.
                     (ConnectStep::StartTls, None) => "tls",
@@ -505,15 +677,21 @@ impl SmtpFailure {
             }
             SmtpFailure::Smtp(_, e) => e.to_string(),
             SmtpFailure::Unsupported(what) => (*what).to_owned(),
+            SmtpFailure::RecipientsRefused(_) => String::new(),
         };
         let mut r = SendReport::refused(class, kind, now, detail);
         r.status = status;
+        if let SmtpFailure::RecipientsRefused(refused) = self {
+            // Masked addresses, kept out of the redaction (which would hide them entirely).
+            r.excerpt = Some(format!("every recipient {}", refused_list(refused)));
+        }
         r
     }
 }
 
-/// How long a parked connection may stay idle (lettre's pool default).
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a parked connection stays open unused, unless `smtp_idle_timeout_seconds` says
+/// otherwise (lettre's pool default).
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Open connections to the relay at most, unless `smtp_pool_size` says otherwise (lettre's pool
 /// default).
 pub const DEFAULT_POOL_SIZE: usize = 10;
@@ -538,33 +716,93 @@ struct Pooled {
 /// (an attempt waits for a slot within its own deadline; running out while waiting is
 /// `not_sent`, `pool_timeout`). Opened on demand, parked after a successful send, checked with
 /// NOOP before reuse (bounded on its own: one that fails or stays silent is closed and replaced
-/// within the same attempt), closed after a failure and retired after an idle minute.
+/// within the same attempt), closed after a failure, and retired (QUIT) once it has been parked
+/// for `idle_timeout` — by a background reaper, so an idle relay sees its sessions end without
+/// waiting for the next send.
 pub struct SmtpPool {
     relay: SmtpRelay,
     timeout: Duration,
+    idle_timeout: Duration,
     /// Bound on the NOOP check of a parked connection ([`reuse_check_bound`]).
     reuse_check: Duration,
     /// One permit per open connection.
     slots: Arc<Semaphore>,
-    idle: Mutex<Vec<(Pooled, Instant)>>,
+    idle: Arc<Mutex<Idle>>,
     /// Signalled when a connection is parked, for attempts waiting for a slot.
     parked: Notify,
 }
 
+impl std::fmt::Debug for SmtpPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SmtpPool")
+            .field("relay", &self.relay)
+            .field("timeout", &self.timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The parked connections, each with the time it was parked, and whether a reaper is watching
+/// them (changed only under the lock, so a connection is never parked unwatched).
+#[derive(Default)]
+struct Idle {
+    parked: Vec<(Pooled, Instant)>,
+    reaper: bool,
+}
+
+impl Idle {
+    /// Retires the connections parked for `max_idle` or longer.
+    fn retire_stale(&mut self, max_idle: Duration) {
+        let (fresh, stale): (Vec<_>, Vec<_>) = self
+            .parked
+            .drain(..)
+            .partition(|(_, since)| since.elapsed() < max_idle);
+        self.parked = fresh;
+        for (p, _) in stale {
+            retire(p);
+        }
+    }
+}
+
+fn lock(idle: &Mutex<Idle>) -> std::sync::MutexGuard<'_, Idle> {
+    idle.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Sleeps until the oldest parked connection has been idle for `max_idle`, retires what is stale,
+/// and again, until nothing is parked (or the pool is gone).
+async fn reap(idle: std::sync::Weak<Mutex<Idle>>, max_idle: Duration) {
+    loop {
+        let next = {
+            let Some(idle) = idle.upgrade() else { return };
+            let mut idle = lock(&idle);
+            idle.retire_stale(max_idle);
+            match idle.parked.iter().map(|(_, since)| *since + max_idle).min() {
+                Some(at) => at,
+                None => {
+                    idle.reaper = false;
+                    return;
+                }
+            }
+        };
+        tokio::time::sleep_until(tokio::time::Instant::from_std(next)).await;
+    }
+}
+
 impl SmtpPool {
-    fn new(relay: SmtpRelay, timeout: Duration, pool_size: usize) -> Self {
+    fn new(relay: SmtpRelay, limits: &SmtpLimits) -> Self {
         Self {
             relay,
-            timeout,
-            reuse_check: reuse_check_bound(timeout),
-            slots: Arc::new(Semaphore::new(pool_size.max(1))),
-            idle: Mutex::new(Vec::new()),
+            timeout: limits.timeout,
+            idle_timeout: limits.idle_timeout,
+            reuse_check: reuse_check_bound(limits.timeout),
+            slots: Arc::new(Semaphore::new(limits.pool_size.max(1))),
+            idle: Arc::default(),
             parked: Notify::new(),
         }
     }
 
     /// One attempt, bounded by the SMTP timeout as a whole, waiting for a slot included.
-    pub async fn send(&self, envelope: &Envelope, content: &[u8]) -> Result<Response, SmtpFailure> {
+    pub async fn send(&self, envelope: &Envelope, content: &[u8]) -> Result<Accepted, SmtpFailure> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let mut pooled = self.checkout(deadline).await?;
         let mut stage = Stage::Envelope;
@@ -635,15 +873,9 @@ impl SmtpPool {
     /// The most recently parked connection that has not been idle too long; retires the others
     /// that have.
     fn take_idle(&self) -> Option<Pooled> {
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let (fresh, stale): (Vec<_>, Vec<_>) = idle
-            .drain(..)
-            .partition(|(_, since)| since.elapsed() < POOL_IDLE_TIMEOUT);
-        *idle = fresh;
-        for (p, _) in stale {
-            retire(p);
-        }
-        idle.pop().map(|(p, _)| p)
+        let mut idle = lock(&self.idle);
+        idle.retire_stale(self.idle_timeout);
+        idle.parked.pop().map(|(p, _)| p)
     }
 
     /// TCP (and TLS for smtps), greeting, EHLO, STARTTLS when asked for, AUTH when configured;
@@ -684,14 +916,20 @@ impl SmtpPool {
         Ok(conn)
     }
 
+    /// Parks a healthy connection, with a reaper watching it (started when none is).
     fn checkin(&self, p: Pooled) {
         if p.conn.has_broken() {
             return;
         }
-        self.idle
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((p, Instant::now()));
+        let mut idle = lock(&self.idle);
+        idle.parked.push((p, Instant::now()));
+        if !idle.reaper
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            idle.reaper = true;
+            rt.spawn(reap(Arc::downgrade(&self.idle), self.idle_timeout));
+        }
+        drop(idle);
         self.parked.notify_one();
     }
 }
@@ -708,12 +946,17 @@ fn retire(mut p: Pooled) {
 }
 
 /// MAIL FROM, RCPT TO, DATA, then the content; `stage` says how far it got.
+///
+/// Recipients: a refusal at RCPT TO (4xx or 5xx, but not 421) is recorded and the next recipient
+/// tried; when at least one was accepted the message goes to those and counts as accepted, the
+/// refused ones listed; when none was, nothing is sent ([`SmtpFailure::RecipientsRefused`]). A 421
+/// ends the session at once, wherever it comes.
 async fn transmit(
     conn: &mut AsyncSmtpConnection,
     envelope: &Envelope,
     content: &[u8],
     stage: &mut Stage,
-) -> Result<Response, SmtpFailure> {
+) -> Result<Accepted, SmtpFailure> {
     *stage = Stage::Envelope;
     let envelope_err = |e| SmtpFailure::Smtp(Stage::Envelope, e);
     let mut mail_options = Vec::new();
@@ -741,20 +984,52 @@ async fn transmit(
     conn.command(Mail::new(envelope.from().cloned(), mail_options))
         .await
         .map_err(envelope_err)?;
+    let mut accepted = 0usize;
+    let mut refused = Vec::new();
     for to in envelope.to() {
-        conn.command(Rcpt::new(to.clone(), vec![]))
-            .await
-            .map_err(envelope_err)?;
+        match conn.command(Rcpt::new(to.clone(), vec![])).await {
+            Ok(_) => accepted += 1,
+            Err(e) => match reply_code(&e) {
+                Some(code) if code != 421 => refused.push(RefusedRecipient {
+                    masked: crate::telemetry::mask_email(to.as_ref()),
+                    code,
+                }),
+                // A 421 (the server closing the channel), a lost connection, a garbled reply.
+                _ => return Err(envelope_err(e)),
+            },
+        }
+    }
+    if accepted == 0 {
+        return Err(SmtpFailure::RecipientsRefused(refused));
     }
     conn.command(Data).await.map_err(envelope_err)?;
     *stage = Stage::Content;
-    conn.message(content)
+    let reply = conn
+        .message(content)
         .await
-        .map_err(|e| SmtpFailure::Smtp(Stage::Content, e))
+        .map_err(|e| SmtpFailure::Smtp(Stage::Content, e))?;
+    Ok(Accepted { reply, refused })
 }
 
 fn smtp_code(code: &str) -> u16 {
     code.parse().unwrap_or(0)
+}
+
+/// Whether a connection failed in TLS: lettre reports a failed handshake (an untrusted or
+/// mismatched certificate) as a connection error, with rustls' error inside its I/O error.
+fn is_tls_failure(e: &lettre::transport::smtp::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(err) = source {
+        let inner = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .map(|i| i as &(dyn std::error::Error + 'static));
+        if err.is::<rustls::Error>() || inner.is_some_and(|i| i.is::<rustls::Error>()) {
+            return true;
+        }
+        source = err.source();
+    }
+    e.is_tls()
 }
 
 /// The reply code of a negative answer, if the error is one.
@@ -811,6 +1086,15 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn limits(timeout: Duration, pool_size: usize) -> SmtpLimits {
+        SmtpLimits {
+            timeout,
+            pool_size,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            ca: None,
+        }
+    }
+
     #[test]
     fn payload_validation_names_fields() {
         let field = |v| EmailPayload::parse(&v).unwrap_err().field;
@@ -866,6 +1150,150 @@ mod tests {
     }
 
     #[test]
+    fn the_queue_id_is_read_from_the_reply_to_the_content() {
+        let table = [
+            // Postfix, and relays answering like it.
+            ("2.0.0 Ok: queued as ABC123", Some("ABC123")),
+            ("Ok: queued as 4Xq1Bz6yKxz9tYp", Some("4Xq1Bz6yKxz9tYp")),
+            (
+                "2.0.0 OK: queued as em_4yM2nTvR8oPcX3uZiKeLg7sB",
+                Some("em_4yM2nTvR8oPcX3uZiKeLg7sB"),
+            ),
+            (
+                "Ok: Queued As 9GcK5t_kQZ-ElPwCs3uBnA.",
+                Some("9GcK5t_kQZ-ElPwCs3uBnA"),
+            ),
+            ("2.0.0 Ok: queued as <ABC123>", Some("ABC123")),
+            // Exim.
+            ("OK id=1abcde-000123-XY", Some("1abcde-000123-XY")),
+            (
+                "OK id=1tGZ2f-00000000abc-0Xyz",
+                Some("1tGZ2f-00000000abc-0Xyz"),
+            ),
+            // No id given.
+            ("OK", None),
+            ("2.0.0 Ok", None),
+            ("2.0.0 Ok: queued", None),
+            ("Ok: queued as", None),
+            ("OK id=", None),
+            ("OK msgid=abc", None),
+            // Not an id: an address, or something else entirely.
+            ("2.0.0 Ok: queued as ada@example.com", None),
+            ("OK id=\u{e9}t\u{e9}", None),
+            ("", None),
+        ];
+        for (reply, want) in table {
+            assert_eq!(queue_id(reply).as_deref(), want, "{reply:?}");
+        }
+        assert_eq!(queue_id(&format!("queued as {}", "a".repeat(129))), None);
+    }
+
+    fn refused(list: &[(&str, u16)]) -> Vec<RefusedRecipient> {
+        list.iter()
+            .map(|(m, code)| RefusedRecipient {
+                masked: (*m).to_owned(),
+                code: *code,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn all_recipients_refused_is_transient_if_any_refusal_is() {
+        let class = |list: &[(&str, u16)]| SmtpFailure::RecipientsRefused(refused(list)).classify();
+        assert_eq!(
+            class(&[("a***@e***.com", 550), ("b***@e***.com", 551)]),
+            (AttemptClass::Permanent, "recipients_refused", Some(550))
+        );
+        assert_eq!(
+            class(&[("a***@e***.com", 550), ("b***@e***.com", 452)]),
+            (AttemptClass::Transient, "recipients_refused", Some(452))
+        );
+        assert_eq!(
+            class(&[("a***@e***.com", 450)]),
+            (AttemptClass::Transient, "recipients_refused", Some(450))
+        );
+        let now = chrono::Utc::now();
+        let r = SmtpFailure::RecipientsRefused(refused(&[("a***@e***.com", 553)])).report(now);
+        assert_eq!(
+            r.excerpt.as_deref(),
+            Some("every recipient refused at RCPT TO: a***@e***.com 553")
+        );
+        let many: Vec<_> = (0..12).map(|_| ("x***@e***.com", 550)).collect();
+        let listed = refused_list(&refused(&many));
+        assert!(listed.ends_with("x***@e***.com 550 and 2 more"), "{listed}");
+    }
+
+    #[test]
+    fn an_accepted_message_keeps_its_queue_id_and_lists_refused_recipients() {
+        use lettre::transport::smtp::response::{Category, Code, Detail, Severity};
+        let ok = Code::new(
+            Severity::PositiveCompletion,
+            Category::MailSystem,
+            Detail::Zero,
+        );
+        let reply = Response::new(ok, vec!["2.0.0 Ok: queued as ABC123".to_owned()]);
+        let now = chrono::Utc::now();
+        let r = Accepted {
+            reply: reply.clone(),
+            refused: Vec::new(),
+        }
+        .report(now);
+        assert_eq!(
+            (r.class, r.status, r.error_kind.as_deref()),
+            (AttemptClass::Accepted, Some(250), None)
+        );
+        assert_eq!(r.provider_message_id.as_deref(), Some("ABC123"));
+        let r = Accepted {
+            reply,
+            refused: refused(&[("c***@e***.com", 550)]),
+        }
+        .report(now);
+        assert_eq!(
+            (r.class, r.error_kind.as_deref()),
+            (AttemptClass::Accepted, Some("recipients_refused"))
+        );
+        assert_eq!(
+            r.excerpt.as_deref(),
+            Some("2.0.0 Ok: queued as ABC123; refused at RCPT TO: c***@e***.com 550")
+        );
+    }
+
+    #[test]
+    fn the_ca_file_must_hold_valid_certificates() {
+        assert!(matches!(
+            SmtpCa::from_pem(b"").unwrap_err(),
+            SmtpCaError::Empty
+        ));
+        let key_only =
+            b"-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIA==\n-----END PRIVATE KEY-----\n";
+        assert!(matches!(
+            SmtpCa::from_pem(key_only).unwrap_err(),
+            SmtpCaError::Empty
+        ));
+        let garbage = b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        assert!(matches!(
+            SmtpCa::from_pem(garbage).unwrap_err(),
+            SmtpCaError::Invalid { index: 1, .. }
+        ));
+        let missing = SmtpCa::load(std::path::Path::new("/nonexistent/ca.pem")).unwrap_err();
+        assert!(matches!(missing, SmtpCaError::Read(_)), "{missing:?}");
+    }
+
+    #[test]
+    fn the_relay_debug_never_shows_credentials() {
+        super::super::install_crypto_provider();
+        let relay = SmtpRelay::parse("smtps://relay-user-9:hunter2@mail.example", None).unwrap();
+        let pool = SmtpPool::new(relay, &limits(Duration::from_secs(1), 1));
+        let shown = format!("{pool:?}");
+        assert!(shown.contains("mail.example"), "{shown}");
+        assert!(shown.contains("[redacted]"), "{shown}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("relay-user-9"),
+            "{shown}"
+        );
+    }
+
+    #[test]
     fn the_reuse_check_is_a_quarter_of_the_timeout_at_most_two_seconds() {
         assert_eq!(
             reuse_check_bound(Duration::from_secs(30)),
@@ -885,9 +1313,9 @@ mod tests {
             .unwrap()
             .local_addr()
             .unwrap();
-        let relay = SmtpRelay::parse(&format!("smtp://{closed}")).unwrap();
+        let relay = SmtpRelay::parse(&format!("smtp://{closed}"), None).unwrap();
         let timeout = Duration::from_millis(200);
-        let pool = SmtpPool::new(relay, timeout, 1);
+        let pool = SmtpPool::new(relay, &limits(timeout, 1));
         let to: lettre::Address = "a@b.example".parse().unwrap();
         let envelope = Envelope::new(Some(to.clone()), vec![to]).unwrap();
         let taken = pool.slots.clone().try_acquire_owned().unwrap();
@@ -904,18 +1332,18 @@ mod tests {
     #[test]
     fn smtp_urls_parse_like_lettre() {
         super::super::install_crypto_provider();
-        let r = SmtpRelay::parse("smtp://127.0.0.1:2525").unwrap();
+        let r = SmtpRelay::parse("smtp://127.0.0.1:2525", None).unwrap();
         assert_eq!((r.host.as_str(), r.port), ("127.0.0.1", 2525));
         assert!(matches!(r.tls, Tls::None) && r.credentials.is_none());
-        let r = SmtpRelay::parse("smtp://mail.example?tls=required").unwrap();
+        let r = SmtpRelay::parse("smtp://mail.example?tls=required", None).unwrap();
         assert!(matches!(r.tls, Tls::Required(_)) && r.port == 587);
-        let r = SmtpRelay::parse("smtp://mail.example?tls=opportunistic").unwrap();
+        let r = SmtpRelay::parse("smtp://mail.example?tls=opportunistic", None).unwrap();
         assert!(matches!(r.tls, Tls::Opportunistic(_)) && r.port == 587);
-        let r = SmtpRelay::parse("smtps://u%40x:p%2Fw@mail.example/herald.example").unwrap();
+        let r = SmtpRelay::parse("smtps://u%40x:p%2Fw@mail.example/herald.example", None).unwrap();
         assert!(matches!(r.tls, Tls::Wrapper(_)) && r.port == 465);
         assert!(r.credentials.is_some());
         assert!(matches!(&r.hello, ClientId::Domain(d) if d == "herald.example"));
-        let r = SmtpRelay::parse("smtp://[::1]:25").unwrap();
+        let r = SmtpRelay::parse("smtp://[::1]:25", None).unwrap();
         assert_eq!(r.host, "::1");
         assert_eq!(percent_decode("u%40x").as_deref(), Some("u@x"));
         assert_eq!(percent_decode("bad%4"), None);
@@ -925,7 +1353,7 @@ mod tests {
             "smtp:///nohost",
             "nope",
         ] {
-            assert!(SmtpRelay::parse(bad).is_err(), "{bad}");
+            assert!(SmtpRelay::parse(bad, None).is_err(), "{bad}");
         }
         // The message and every cause behind it.
         let chain = |e: &dyn std::error::Error| {
@@ -938,14 +1366,14 @@ mod tests {
             "ftp://u:hunter2@mail.example",
             "smtp://u:hunter2@mail.example:99999",
         ] {
-            let err = chain(&SmtpRelay::parse(url).err().unwrap());
+            let err = chain(&SmtpRelay::parse(url, None).err().unwrap());
             assert!(!err.contains("hunter2"), "{err}");
         }
     }
 
     #[test]
     fn refusals_read_as_they_always_have() {
-        let smtp = |url| SmtpRelay::parse(url).err().unwrap().to_string();
+        let smtp = |url| SmtpRelay::parse(url, None).err().unwrap().to_string();
         for url in ["nope", "http://mail.example", "smtp://x?tls=maybe"] {
             assert_eq!(
                 smtp(url),
@@ -955,10 +1383,7 @@ mod tests {
         }
         let from = EmailChannel::new(
             None,
-            SmtpLimits {
-                timeout: Duration::from_secs(1),
-                pool_size: DEFAULT_POOL_SIZE,
-            },
+            limits(Duration::from_secs(1), DEFAULT_POOL_SIZE),
             PathBuf::from("unused"),
             "not an address",
             "h.example",

@@ -2,13 +2,22 @@
 //! `not_sent` (so `at_most_once` mail is retried, never left `unconfirmed`); a stall or drop after
 //! the content was sent is `ambiguous`. A reply code while connecting (greeting, EHLO, AUTH) is
 //! `not_sent` too; only replies to MAIL FROM, RCPT TO and DATA are classified by their code.
-//! The pool bounds open connections and replaces a parked one that no longer answers.
+//! The pool bounds open connections, replaces a parked one that no longer answers and retires
+//! idle ones. Every reply row of the classification table has a case here; recipients refused at
+//! RCPT TO are listed masked while the others get the message; the queue id of a 250 is the
+//! provider message id; STARTTLS and implicit TLS verify the relay's certificate against the
+//! webpki roots plus `smtp_ca_file`; AUTH PLAIN and LOGIN take the URL's credentials, which no
+//! log line, attempt or `Debug` output shows.
 
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
 use serde_json::json;
 
 use crate::both_backends;
-use crate::support::app::spawn_app_with;
-use crate::support::smtp_sink::{Script, SmtpSink, refused_url};
+use crate::support::app::{base_toml, spawn_app_with};
+use crate::support::smtp_sink::{Auth, Script, SmtpSink, TestCa, TlsMode, refused_url};
 use crate::support::{Backend, TestApp};
 
 async fn post_mail(app: &TestApp, id: &str, to: &str, from: Option<&str>, semantics: &str) {
@@ -16,6 +25,16 @@ async fn post_mail(app: &TestApp, id: &str, to: &str, from: Option<&str>, semant
     if let Some(from) = from {
         payload["from"] = json!(from);
     }
+    post_payload(app, id, to, payload, semantics).await;
+}
+
+async fn post_payload(
+    app: &TestApp,
+    id: &str,
+    to: &str,
+    payload: serde_json::Value,
+    semantics: &str,
+) {
     let r = app
         .post_message(json!({
             "event_id": id, "channel": "email", "destination": to,
@@ -133,6 +152,7 @@ async fn smtp_stall_or_drop_after_data_is_ambiguous(backend: Backend) {
     )
     .await;
     post_mail(&app, "drop-amo", "drop@example.com", None, "at_most_once").await;
+    post_mail(&app, "drop-alo", "drop@example.com", None, "at_least_once").await;
     post_mail(&app, "stall-amo", "stall@example.com", None, "at_most_once").await;
     post_mail(
         &app,
@@ -142,9 +162,10 @@ async fn smtp_stall_or_drop_after_data_is_ambiguous(backend: Backend) {
         "at_least_once",
     )
     .await;
-    assert_eq!(app.herald.sender.run_once().await.unwrap(), 3);
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 4);
     let expect = [
         ("drop-amo", "unconfirmed", "connection_lost"),
+        ("drop-alo", "retryable", "connection_lost"),
         ("stall-amo", "unconfirmed", "timeout"),
         ("stall-alo", "retryable", "timeout"),
     ];
@@ -251,9 +272,28 @@ async fn smtp_auth_refused_is_not_sent(backend: Backend) {
 /// A reply code in the envelope keeps its code-based class, and a 421 there closes the
 /// connection even when the server itself leaves it open: the next message uses a new one.
 async fn smtp_a_421_in_the_envelope_is_transient_and_closes_the_connection(backend: Backend) {
+    a_421_drops_the_connection(backend, "t421@example.com", None).await;
+}
+
+/// The same when the server does close the channel after its 421, at RCPT TO or at MAIL FROM.
+async fn smtp_a_421_that_closes_the_channel_is_transient_and_the_next_send_reconnects(
+    backend: Backend,
+) {
+    a_421_drops_the_connection(backend, "rcpt421@example.com", None).await;
+}
+
+async fn smtp_a_421_to_mail_from_is_transient_and_the_next_send_reconnects(backend: Backend) {
+    a_421_drops_the_connection(backend, "ada@example.com", Some("mail421@example.com")).await;
+}
+
+async fn a_421_drops_the_connection(backend: Backend, to: &str, from: Option<&str>) {
     let sink = SmtpSink::start().await;
     let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
-    post_mail(&app, "rcpt-421", "t421@example.com", None, "at_most_once").await;
+    // A first message parks a connection, so the 421 comes on a reused one.
+    post_mail(&app, "before-421", "ada@example.com", None, "at_most_once").await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    assert_eq!(sink.connections(), 1);
+    post_mail(&app, "rcpt-421", to, from, "at_most_once").await;
     assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
     let (state, last, class, kind) = outcome(&app, "rcpt-421").await;
     assert_eq!(
@@ -280,6 +320,7 @@ async fn smtp_a_421_in_the_envelope_is_transient_and_closes_the_connection(backe
         2,
         "the connection that got 421 was reused"
     );
+    assert_eq!(sink.accepted().len(), 2);
     app.stop().await;
 }
 
@@ -349,6 +390,497 @@ async fn smtp_a_parked_connection_that_went_silent_is_replaced(backend: Backend)
     app.stop().await;
 }
 
+/// The queue id in the server's 250 to the content is the attempt's and the message's provider
+/// message id; a 250 without one leaves both empty.
+async fn smtp_the_queue_id_of_a_250_is_the_provider_message_id(backend: Backend) {
+    let sink = SmtpSink::start().await;
+    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    let table = [
+        ("queue-postfix", "postfix@example.com", Some("ABC123")),
+        ("queue-exim", "exim@example.com", Some("1abcde-000123-XY")),
+        ("queue-plain", "plain@example.com", None),
+        ("queue-sink", "ada@example.com", Some("SINK-1")),
+    ];
+    for (id, to, _) in table {
+        post_mail(&app, id, to, None, "at_least_once").await;
+        // One at a time, so the sink's own queue ids come in a known order.
+        assert_eq!(app.herald.sender.run_once().await.unwrap(), 1, "{id}");
+    }
+    for (id, _, want) in table {
+        let view = app.message(id).await;
+        assert_eq!(view["state"], "delivered", "{id}");
+        assert_eq!(view["provider_message_id"].as_str(), want, "{id}");
+        assert_eq!(app.row(id).provider_message_id.as_deref(), want, "{id}");
+        let a = &app.attempts(id)[0];
+        assert_eq!(a.provider_message_id.as_deref(), want, "{id}");
+        assert_eq!(
+            (a.response_status, a.error_kind.as_deref()),
+            (Some(250), None)
+        );
+    }
+    app.stop().await;
+}
+
+/// Three recipients (the destination, a cc and a bcc), one refused at RCPT TO: the message goes
+/// to the two others and the attempt is `accepted`, listing the refused one masked with its code.
+async fn smtp_a_recipient_refused_at_rcpt_is_listed_masked_and_the_others_get_the_message(
+    backend: Backend,
+) {
+    let logs = captured_logs();
+    let sink = SmtpSink::start().await;
+    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    let payload = json!({
+        "subject": "Hi", "text": "Hello",
+        "cc": ["bob@example.com"], "bcc": ["rcpt550@example.com"],
+    });
+    post_payload(
+        &app,
+        "some-refused",
+        "ada@example.com",
+        payload,
+        "at_most_once",
+    )
+    .await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    let mails = sink.accepted();
+    assert_eq!(mails.len(), 1);
+    assert_eq!(mails[0].mail_from, "<herald@localhost>");
+    let mut envelope = mails[0].rcpts.clone();
+    envelope.sort();
+    assert_eq!(envelope, ["<ada@example.com>", "<bob@example.com>"]);
+    let (state, last, class, kind) = outcome(&app, "some-refused").await;
+    assert_eq!(
+        (state.as_str(), last.as_str(), class.as_str()),
+        ("delivered", "", "accepted")
+    );
+    assert_eq!(kind.as_deref(), Some("recipients_refused"));
+    let a = &app.attempts("some-refused")[0];
+    assert_eq!(a.response_status, Some(250));
+    let excerpt = a.response_excerpt.clone().unwrap_or_default();
+    assert!(
+        excerpt.ends_with("; refused at RCPT TO: r***@e***.com 550"),
+        "{excerpt}"
+    );
+    // No clear address on the attempt, in the message view or in any log line.
+    let view = app.message("some-refused").await.to_string();
+    for shown in [format!("{a:?}"), view, logs.text()] {
+        assert!(!shown.contains("rcpt550@"), "{shown}");
+    }
+    app.stop().await;
+}
+
+/// Every recipient refused: nothing is sent; any 4xx among the refusals makes it transient (that
+/// recipient may take it later), all 5xx permanent.
+async fn smtp_all_recipients_refused_is_decided_by_their_codes(backend: Backend) {
+    let sink = SmtpSink::start().await;
+    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    let table = [
+        (
+            "all-refused-5xx",
+            "rcpt550@example.com",
+            "rcpt553@example.com",
+            "dead_letter",
+            "permanent",
+            550,
+            "r***@e***.com 550, r***@e***.com 553",
+        ),
+        (
+            "all-refused-4xx",
+            "rcpt550@example.com",
+            "rcpt452@example.com",
+            "retryable",
+            "transient",
+            452,
+            "r***@e***.com 550, r***@e***.com 452",
+        ),
+    ];
+    for (id, to, cc, ..) in table {
+        let payload = json!({"subject": "Hi", "text": "Hello", "cc": [cc]});
+        post_payload(&app, id, to, payload, "at_most_once").await;
+    }
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 2);
+    for (id, _, _, want_state, want_class, code, listed) in table {
+        let (state, last, class, kind) = outcome(&app, id).await;
+        assert_eq!(
+            (state.as_str(), last.as_str(), class.as_str()),
+            (want_state, want_class, want_class),
+            "{id}"
+        );
+        assert_eq!(kind.as_deref(), Some("recipients_refused"), "{id}");
+        let a = &app.attempts(id)[0];
+        assert_eq!(a.response_status, Some(code), "{id}");
+        assert_eq!(
+            a.response_excerpt.as_deref(),
+            Some(format!("every recipient refused at RCPT TO: {listed}").as_str()),
+            "{id}"
+        );
+    }
+    assert!(sink.accepted().is_empty());
+    app.stop().await;
+}
+
+/// The classification table's SMTP rows, one message each, under `at_most_once` (so a transient
+/// reply is shown to be retried, not left unconfirmed): replies to MAIL FROM, to RCPT TO and to
+/// the content.
+async fn smtp_every_reply_code_is_classified(backend: Backend) {
+    let sink = SmtpSink::start().await;
+    let app = spawn_app_with(
+        backend,
+        &format!("smtp_url = \"{}\"\nsmtp_pool_size = 20\n", sink.url),
+    )
+    .await;
+    let mut table = vec![Row {
+        id: "code-250".into(),
+        to: "ada@example.com".into(),
+        from: None,
+        state: "delivered",
+        class: "accepted",
+        code: 250,
+        kind: None,
+    }];
+    let (transient, permanent) = (("retryable", "transient"), ("dead_letter", "permanent"));
+    let codes = [450, 451, 452]
+        .map(|c| (c, transient))
+        .into_iter()
+        .chain([550, 551, 552, 553, 554].map(|c| (c, permanent)));
+    for (code, (state, class)) in codes {
+        table.push(Row {
+            id: format!("mail-{code}"),
+            to: "ada@example.com".into(),
+            from: Some(format!("mail{code}@example.com")),
+            state,
+            class,
+            code,
+            kind: Some("smtp_reply"),
+        });
+        table.push(Row {
+            id: format!("rcpt-{code}"),
+            to: format!("rcpt{code}@example.com"),
+            from: None,
+            state,
+            class,
+            code,
+            kind: Some("recipients_refused"),
+        });
+    }
+    for (code, (state, class)) in [
+        (451, transient),
+        (452, transient),
+        (552, permanent),
+        (554, permanent),
+    ] {
+        table.push(Row {
+            id: format!("data-{code}"),
+            to: format!("data{code}@example.com"),
+            from: None,
+            state,
+            class,
+            code,
+            kind: Some("smtp_reply"),
+        });
+    }
+    for r in &table {
+        post_mail(&app, &r.id, &r.to, r.from.as_deref(), "at_most_once").await;
+    }
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), table.len());
+    for r in &table {
+        let (state, last, class, kind) = outcome(&app, &r.id).await;
+        let want_last = if r.class == "accepted" { "" } else { r.class };
+        assert_eq!(
+            (state.as_str(), last.as_str(), class.as_str()),
+            (r.state, want_last, r.class),
+            "{}",
+            r.id
+        );
+        assert_eq!(kind.as_deref(), r.kind, "{}", r.id);
+        let a = &app.attempts(&r.id)[0];
+        assert_eq!(a.response_status, Some(r.code), "{}", r.id);
+        if r.state == "retryable" {
+            // Backoff: retried later, with the delay on the attempt.
+            assert!(a.delay_ms.is_some_and(|d| d > 0), "{}: {a:?}", r.id);
+            let view = app.message(&r.id).await;
+            assert!(view["next_attempt_at"].is_string(), "{}", r.id);
+        }
+    }
+    assert_eq!(sink.accepted().len(), 1, "only code-250 was taken");
+    app.stop().await;
+}
+
+/// One row of [`smtp_every_reply_code_is_classified`]: a message and the outcome it must get.
+struct Row {
+    id: String,
+    to: String,
+    from: Option<String>,
+    state: &'static str,
+    class: &'static str,
+    code: i32,
+    kind: Option<&'static str>,
+}
+
+/// The parked connection is closed (QUIT) once it has been idle for `smtp_idle_timeout_seconds`,
+/// without waiting for another send; the next send opens a new one.
+async fn smtp_an_idle_connection_is_closed_after_the_idle_timeout(backend: Backend) {
+    let sink = SmtpSink::start().await;
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "smtp_url = \"{}\"\nsmtp_idle_timeout_seconds = 1\n",
+            sink.url
+        ),
+    )
+    .await;
+    post_mail(&app, "idle-1", "ada@example.com", None, "at_most_once").await;
+    let sent = Instant::now();
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    assert_eq!(app.message("idle-1").await["state"], "delivered");
+    assert_eq!(sink.open_sessions(), 1, "parked, still open");
+    poll_until(Duration::from_secs(20), || sink.open_sessions() == 0).await;
+    assert!(
+        sent.elapsed() >= Duration::from_secs(1),
+        "closed before its idle timeout"
+    );
+    post_mail(&app, "idle-2", "bob@example.com", None, "at_most_once").await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    assert_eq!(app.message("idle-2").await["state"], "delivered");
+    assert_eq!(sink.connections(), 2);
+    app.stop().await;
+}
+
+/// `smtp://…?tls=required` against a relay whose certificate a private CA signed, trusted through
+/// `smtp_ca_file`: STARTTLS, then AUTH PLAIN inside TLS, then the message.
+async fn smtp_starttls_with_a_private_ca_delivers_over_tls(backend: Backend) {
+    let ca = TestCa::new();
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = ca.write_ca(dir.path());
+    let sink = SmtpSink::start_scripted(Script {
+        tls: Some(TlsMode::StartTls(ca.server_config())),
+        auth: Some(Auth {
+            mechanisms: "PLAIN",
+            username: "herald",
+            password: "tls-secret-42",
+        }),
+        ..Script::default()
+    })
+    .await;
+    let url = format!("smtp://herald:tls-secret-42@{}?tls=required", sink.addr);
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "smtp_url = \"{url}\"\nsmtp_ca_file = {:?}\n",
+            ca_file.to_str().unwrap()
+        ),
+    )
+    .await;
+    post_mail(&app, "starttls-1", "ada@example.com", None, "at_least_once").await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    let (state, _, class, kind) = outcome(&app, "starttls-1").await;
+    assert_eq!(
+        (state.as_str(), class.as_str(), kind),
+        ("delivered", "accepted", None)
+    );
+    let mails = sink.accepted();
+    assert_eq!(mails.len(), 1);
+    assert!(mails[0].tls, "the message came in clear");
+    assert_eq!(sink.tls_sessions(), 1);
+    assert_eq!(sink.authenticated(), ["PLAIN"]);
+    app.stop().await;
+}
+
+/// `smtps://` (TLS from the first byte) with the same private CA.
+async fn smtps_implicit_tls_with_a_private_ca_delivers(backend: Backend) {
+    let ca = TestCa::new();
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = ca.write_ca(dir.path());
+    let sink = SmtpSink::start_scripted(Script {
+        tls: Some(TlsMode::Implicit(ca.server_config())),
+        ..Script::default()
+    })
+    .await;
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "smtp_url = \"smtps://{}\"\nsmtp_ca_file = {:?}\n",
+            sink.addr,
+            ca_file.to_str().unwrap()
+        ),
+    )
+    .await;
+    post_mail(&app, "smtps-1", "ada@example.com", None, "at_least_once").await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    assert_eq!(app.message("smtps-1").await["state"], "delivered");
+    let mails = sink.accepted();
+    assert_eq!(mails.len(), 1);
+    assert!(mails[0].tls);
+    assert_eq!(sink.tls_sessions(), 1);
+    app.stop().await;
+}
+
+/// Verification is never off: a certificate from a CA Herald was not told to trust fails the
+/// handshake, and a relay that does not offer STARTTLS under `tls=required` is not used. Both
+/// are `not_sent` (`tls`), and nothing reaches the relay.
+async fn smtp_an_untrusted_certificate_or_missing_starttls_is_not_sent(backend: Backend) {
+    let ca = TestCa::new();
+    let starttls = SmtpSink::start_scripted(Script {
+        tls: Some(TlsMode::StartTls(ca.server_config())),
+        ..Script::default()
+    })
+    .await;
+    let implicit = SmtpSink::start_scripted(Script {
+        tls: Some(TlsMode::Implicit(ca.server_config())),
+        ..Script::default()
+    })
+    .await;
+    let plain = SmtpSink::start().await;
+    let cases = [
+        (format!("smtp://{}?tls=required", starttls.addr), &starttls),
+        (format!("smtps://{}", implicit.addr), &implicit),
+        (format!("smtp://{}?tls=required", plain.addr), &plain),
+    ];
+    for (i, (url, sink)) in cases.iter().enumerate() {
+        let app = spawn_app_with(backend, &format!("smtp_url = \"{url}\"\n")).await;
+        let id = format!("untrusted-{i}");
+        post_mail(&app, &id, "ada@example.com", None, "at_most_once").await;
+        assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+        let (state, last, class, kind) = outcome(&app, &id).await;
+        assert_eq!(
+            (state.as_str(), last.as_str(), class.as_str()),
+            ("retryable", "not_sent", "not_sent"),
+            "{url}"
+        );
+        assert_eq!(kind.as_deref(), Some("tls"), "{url}");
+        assert!(sink.accepted().is_empty(), "{url}");
+        assert_eq!(sink.tls_sessions(), 0, "{url}");
+        app.stop().await;
+    }
+}
+
+/// AUTH PLAIN and AUTH LOGIN, each against a relay offering only that mechanism, with the URL's
+/// percent-encoded credentials. The password — and its base64 forms on the wire — appears in no
+/// log line (captured at TRACE), no attempt row and no `Debug` of the settings; a wrong
+/// password is `not_sent` without showing either.
+async fn smtp_auth_plain_and_login_use_the_url_credentials_and_never_show_them(backend: Backend) {
+    const USER: &str = "relay-user";
+    const PASSWORD: &str = "s3cret:Pa55/w0rd";
+    const ENCODED: &str = "s3cret%3APa55%2Fw0rd";
+    let logs = captured_logs();
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let secrets = [
+        PASSWORD.to_owned(),
+        ENCODED.to_owned(),
+        b64.encode(PASSWORD),
+        b64.encode(format!("\0{USER}\0{PASSWORD}")),
+    ];
+    for mechanism in ["PLAIN", "LOGIN"] {
+        let sink = SmtpSink::start_scripted(Script {
+            auth: Some(Auth {
+                mechanisms: mechanism,
+                username: USER,
+                password: PASSWORD,
+            }),
+            ..Script::default()
+        })
+        .await;
+        let good = format!("smtp://{USER}:{ENCODED}@{}", sink.addr);
+        let bad = format!("smtp://{USER}:wrong-{ENCODED}@{}", sink.addr);
+        for (url, id, want) in [
+            (good, "auth-good", "delivered"),
+            (bad, "auth-bad", "retryable"),
+        ] {
+            let toml = format!("smtp_url = \"{url}\"\n");
+            let settings = herald::config::Settings::from_toml(&base_toml("sqlite://x.db", &toml));
+            let shown = format!("{:?}", settings.unwrap());
+            let app = spawn_app_with(backend, &toml).await;
+            let id = format!("{id}-{mechanism}");
+            post_mail(&app, &id, "ada@example.com", None, "at_least_once").await;
+            assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+            let view = app.message(&id).await;
+            assert_eq!(view["state"], want, "{id}");
+            let attempts = format!("{:?}", app.attempts(&id));
+            if want == "retryable" {
+                let a = &app.attempts(&id)[0];
+                assert_eq!(a.error_kind.as_deref(), Some("smtp_auth_refused"), "{id}");
+                assert_eq!(a.response_status, Some(535), "{id}");
+            }
+            for text in [&shown, &attempts, &view.to_string()] {
+                for secret in &secrets {
+                    assert!(!text.contains(secret.as_str()), "{id}: {secret} in {text}");
+                }
+            }
+            app.stop().await;
+        }
+        assert_eq!(sink.authenticated(), [mechanism]);
+        assert_eq!(sink.accepted().len(), 1);
+    }
+    let logged = logs.text();
+    assert!(
+        logged.contains("auth-good-LOGIN") && logged.contains("attempt classified"),
+        "the sends were not logged at all"
+    );
+    for secret in &secrets {
+        assert!(!logged.contains(secret.as_str()), "{secret} logged");
+    }
+}
+
+/// Every log line of this test process from the first call on, at TRACE, to check what Herald
+/// writes. The subscriber is process-wide (sends run on the runtime's worker threads); a marker
+/// event proves it is the one installed.
+fn captured_logs() -> &'static Logs {
+    static LOGS: OnceLock<Logs> = OnceLock::new();
+    let logs = LOGS.get_or_init(|| {
+        let logs = Logs(Arc::new(Mutex::new(Vec::new())));
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        let _ = tracing::subscriber::set_global_default(subscriber);
+        tracing::info!("smtp log capture installed");
+        logs
+    });
+    assert!(
+        logs.text().contains("smtp log capture installed"),
+        "another global subscriber was installed first: logs cannot be checked"
+    );
+    logs
+}
+
+#[derive(Clone)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut all = self.0.lock().unwrap();
+        // Bounded: a runaway test cannot exhaust memory through the capture.
+        if all.len() < 64 << 20 {
+            all.extend_from_slice(buf);
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Polls `done` (every 20 ms) until it holds; panics after `within`.
+async fn poll_until(within: Duration, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(
+            Instant::now() < deadline,
+            "condition not met within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 both_backends!(
     smtp_greeting_421_is_not_sent,
     smtp_greeting_554_is_not_sent,
@@ -362,4 +894,15 @@ both_backends!(
     smtp_drop_before_the_envelope_is_not_sent,
     smtp_stall_or_drop_after_data_is_ambiguous,
     smtp_connections_are_reused_and_a_closed_one_is_replaced,
+    smtp_a_421_that_closes_the_channel_is_transient_and_the_next_send_reconnects,
+    smtp_a_421_to_mail_from_is_transient_and_the_next_send_reconnects,
+    smtp_the_queue_id_of_a_250_is_the_provider_message_id,
+    smtp_a_recipient_refused_at_rcpt_is_listed_masked_and_the_others_get_the_message,
+    smtp_all_recipients_refused_is_decided_by_their_codes,
+    smtp_every_reply_code_is_classified,
+    smtp_an_idle_connection_is_closed_after_the_idle_timeout,
+    smtp_starttls_with_a_private_ca_delivers_over_tls,
+    smtps_implicit_tls_with_a_private_ca_delivers,
+    smtp_an_untrusted_certificate_or_missing_starttls_is_not_sent,
+    smtp_auth_plain_and_login_use_the_url_credentials_and_never_show_them,
 );

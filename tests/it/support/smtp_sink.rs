@@ -1,46 +1,159 @@
-//! A small SMTP server on 127.0.0.1:0. It answers by recipient: `t451@…` gets 451 after DATA,
-//! `t550@…` 550, `stall@…` no answer after DATA, `drop@…` a closed connection after DATA,
-//! `bye@…` 250 and then a closed connection (a server ending an idle session), `slow@…` 250
-//! after [`SLOW_REPLY`] (a busy server), `mute@…` 250 and then silence: the session stays open
-//! but never answers again (not even NOOP); `t421@…` gets 421 at RCPT TO while the session stays
-//! open (a server that should close the channel but does not);
-//! a `MAIL FROM` of `drop-at-mail@…` closes the connection before the envelope; everyone else
-//! gets 250. Accepted messages are kept, and [`SmtpSink::wait_for_mail`] waits for them.
+//! A small SMTP server on 127.0.0.1:0 whose answers the addresses script.
+//!
+//! By the `MAIL FROM` address: `drop-at-mail@…` closes the connection before the envelope;
+//! `mailNNN@…` is answered NNN (a 421 then closes the connection, as a real server does).
+//!
+//! By each `RCPT TO` address: `rcptNNN@…` (also `rcptNNN-anything@…`) is answered NNN, the
+//! session going on with the next recipient (a 421 closes it); `t421@…` gets 421 while the
+//! session stays open (a server that should close the channel but does not). Refused recipients
+//! are not part of the envelope the sink records.
+//!
+//! By the first accepted recipient, after the content: `stall@…` no answer, `drop@…` a closed
+//! connection, `dataNNN@…` NNN (`t451@…` and `t550@…` are 451 and 550), `bye@…` 250 and then a
+//! closed connection (a server ending an idle session), `slow@…` 250 after [`SLOW_REPLY`] (a busy
+//! server), `mute@…` 250 and then silence: the session stays open but never answers again (not
+//! even NOOP); `postfix@…`, `exim@…` and `plain@…` get those servers' 250 lines
+//! ([`POSTFIX_QUEUED`], [`EXIM_QUEUED`], [`PLAIN_OK`]); everyone else gets 250 with a queue id of
+//! its own (`queued as SINK-n`). Accepted messages are kept, and [`SmtpSink::wait_for_mail`]
+//! waits for them.
+//!
 //! [`SmtpSink::start_silent`] accepts TCP connections but never sends a greeting;
-//! [`SmtpSink::start_scripted`] greets with another code or refuses AUTH ([`Script`]).
-//! The sink counts sessions open at once ([`SmtpSink::max_sessions`]).
+//! [`SmtpSink::start_scripted`] greets with another code, refuses or checks AUTH, and offers
+//! STARTTLS or speaks implicit TLS with a certificate of a CA generated for the test
+//! ([`Script`], [`TestCa`]). The sink counts sessions ([`SmtpSink::max_sessions`],
+//! [`SmtpSink::open_sessions`]).
 
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 /// One message as received.
 #[derive(Debug, Clone)]
 pub struct Mail {
+    /// The first accepted recipient, as sent (`<ada@example.com>`).
     pub rcpt: String,
+    /// Every accepted recipient, in order: the envelope the message was delivered to.
+    pub rcpts: Vec<String>,
+    pub mail_from: String,
     pub data: String,
+    /// Whether the message came over TLS (STARTTLS or implicit).
+    pub tls: bool,
 }
 
 /// How long a `slow@…` recipient waits for its 250.
 pub const SLOW_REPLY: Duration = Duration::from_millis(100);
+/// The answer to a `postfix@…` message.
+pub const POSTFIX_QUEUED: &str = "250 2.0.0 Ok: queued as ABC123";
+/// The answer to an `exim@…` message.
+pub const EXIM_QUEUED: &str = "250 OK id=1abcde-000123-XY";
+/// The answer to a `plain@…` message: no queue id.
+pub const PLAIN_OK: &str = "250 OK";
+
+/// Credentials the sink checks, and the mechanisms it offers for them.
+#[derive(Debug, Clone, Copy)]
+pub struct Auth {
+    /// Advertised in EHLO as `AUTH …`, e.g. `"PLAIN"`, `"LOGIN"`, `"PLAIN LOGIN"`.
+    pub mechanisms: &'static str,
+    pub username: &'static str,
+    pub password: &'static str,
+}
+
+/// TLS the sink speaks, with a server configuration from [`TestCa::server_config`].
+#[derive(Clone)]
+pub enum TlsMode {
+    /// Offers STARTTLS in EHLO and upgrades when asked.
+    StartTls(Arc<rustls::ServerConfig>),
+    /// TLS from the first byte (`smtps://`).
+    Implicit(Arc<rustls::ServerConfig>),
+}
 
 /// What a scripted sink does differently from [`SmtpSink::start`].
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Clone, Default)]
 pub struct Script {
     /// The greeting line instead of `220 sink ESMTP`, e.g. `421 4.3.2 busy`. After a greeting
     /// other than 220 the sink answers 503 to everything but QUIT (RFC 5321 §3.1).
     pub greeting: Option<&'static str>,
     /// Advertise `AUTH PLAIN LOGIN` and answer every AUTH command with this line.
     pub auth_reply: Option<&'static str>,
+    /// Offer these mechanisms, check the credentials (235 or 535) and refuse MAIL FROM (530)
+    /// until a client authenticated.
+    pub auth: Option<Auth>,
+    pub tls: Option<TlsMode>,
+}
+
+/// A certificate authority made for one test, and a server certificate it signed for
+/// `127.0.0.1` and `localhost`.
+pub struct TestCa {
+    pub ca_pem: String,
+    server: Arc<rustls::ServerConfig>,
+}
+
+impl TestCa {
+    pub fn new() -> Self {
+        use rcgen::{
+            BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+            IsCa, KeyPair, KeyUsagePurpose,
+        };
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "Herald test CA");
+        ca_params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+        let mut leaf_params =
+            CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+        leaf_params
+            .distinguished_name
+            .push(DnType::CommonName, "smtp sink");
+        leaf_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let leaf_key = KeyPair::generate().unwrap();
+        let leaf = leaf_params.signed_by(&leaf_key, &*ca).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let server = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![leaf.der().clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
+            )
+            .unwrap();
+        TestCa {
+            ca_pem: ca.pem(),
+            server: Arc::new(server),
+        }
+    }
+
+    pub fn server_config(&self) -> Arc<rustls::ServerConfig> {
+        self.server.clone()
+    }
+
+    /// Writes the CA certificate as `ca.pem` in `dir`.
+    pub fn write_ca(&self, dir: &Path) -> PathBuf {
+        let path = dir.join("ca.pem");
+        std::fs::write(&path, &self.ca_pem).unwrap();
+        path
+    }
 }
 
 #[derive(Clone)]
 pub struct SmtpSink {
+    /// `smtp://127.0.0.1:PORT`.
     pub url: String,
+    pub addr: SocketAddr,
     accepted: Arc<Mutex<Vec<Mail>>>,
     /// The number of accepted messages, for waiting on arrivals.
     count: watch::Receiver<usize>,
@@ -53,6 +166,10 @@ struct Counters {
     open: AtomicUsize,
     max_open: AtomicUsize,
     auth_commands: AtomicUsize,
+    tls_sessions: AtomicUsize,
+    queued: AtomicUsize,
+    /// The mechanism of every successful AUTH.
+    authenticated: Mutex<Vec<String>>,
 }
 
 /// Counts a session as open from its accept until its task ends.
@@ -83,14 +200,15 @@ impl SmtpSink {
         Self::start_mode(true, Script::default()).await
     }
 
-    /// A server that greets or authenticates as `script` says.
+    /// A server that greets, authenticates or speaks TLS as `script` says.
     pub async fn start_scripted(script: Script) -> Self {
         Self::start_mode(false, script).await
     }
 
     async fn start_mode(silent: bool, script: Script) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind smtp");
-        let url = format!("smtp://{}", listener.local_addr().unwrap());
+        let addr = listener.local_addr().unwrap();
+        let url = format!("smtp://{addr}");
         let accepted = Arc::new(Mutex::new(Vec::new()));
         let (count_tx, count) = watch::channel(0usize);
         let count_tx = Arc::new(count_tx);
@@ -106,7 +224,7 @@ impl SmtpSink {
                         drop(open);
                     });
                 } else {
-                    let (a, count_tx) = (a.clone(), count_tx.clone());
+                    let (a, count_tx, script) = (a.clone(), count_tx.clone(), script.clone());
                     tokio::spawn(async move {
                         session(sock, a, count_tx, script, &open.0).await;
                         drop(open);
@@ -116,6 +234,7 @@ impl SmtpSink {
         });
         SmtpSink {
             url,
+            addr,
             accepted,
             count,
             counters,
@@ -132,9 +251,24 @@ impl SmtpSink {
         self.counters.max_open.load(Ordering::SeqCst)
     }
 
+    /// Sessions open now.
+    pub fn open_sessions(&self) -> usize {
+        self.counters.open.load(Ordering::SeqCst)
+    }
+
     /// AUTH commands received so far.
     pub fn auth_commands(&self) -> usize {
         self.counters.auth_commands.load(Ordering::SeqCst)
+    }
+
+    /// The mechanism of every successful AUTH so far.
+    pub fn authenticated(&self) -> Vec<String> {
+        self.counters.authenticated.lock().unwrap().clone()
+    }
+
+    /// Sessions that completed a TLS handshake.
+    pub fn tls_sessions(&self) -> usize {
+        self.counters.tls_sessions.load(Ordering::SeqCst)
     }
 
     pub fn accepted(&self) -> Vec<Mail> {
@@ -165,12 +299,104 @@ async fn silent_session(mut sock: TcpStream) {
     while sock.read(&mut buf).await.unwrap_or(0) > 0 {}
 }
 
-/// Reads and drops everything until the client hangs up.
-async fn ignore_the_rest(r: &mut BufReader<tokio::net::tcp::OwnedReadHalf>) {
-    let mut l = String::new();
-    while r.read_line(&mut l).await.unwrap_or(0) > 0 {
-        l.clear();
+/// A byte stream the session speaks over: TCP, or TLS over TCP.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+type Conn = BufReader<Box<dyn Io>>;
+
+/// Writes one reply (CRLF added); false once the client is gone.
+async fn say(conn: &mut Conn, line: &str) -> bool {
+    let w = conn.get_mut();
+    w.write_all(format!("{line}\r\n").as_bytes()).await.is_ok() && w.flush().await.is_ok()
+}
+
+/// The next line, or `None` once the client hung up.
+async fn read_line(conn: &mut Conn) -> Option<String> {
+    let mut line = String::new();
+    match conn.read_line(&mut line).await {
+        Ok(n) if n > 0 => Some(line),
+        _ => None,
     }
+}
+
+/// Reads and drops everything until the client hangs up.
+async fn ignore_the_rest(conn: &mut Conn) {
+    while read_line(conn).await.is_some() {}
+}
+
+/// `<rcpt550-b@example.com>` with `prefix` `rcpt` → 550.
+fn scripted_code(address: &str, prefix: &str) -> Option<u16> {
+    let address = address.trim().trim_start_matches('<');
+    let local = address.split('@').next()?.to_ascii_lowercase();
+    let digits = local.strip_prefix(prefix)?.get(..3)?;
+    let rest = &local[prefix.len() + 3..];
+    if !(rest.is_empty() || rest.starts_with('-')) {
+        return None;
+    }
+    digits.parse().ok().filter(|c| (200..600).contains(c))
+}
+
+/// `550 5.0.0 scripted reply`.
+fn scripted_reply(code: u16) -> String {
+    format!("{code} {}.0.0 scripted reply", code / 100)
+}
+
+/// The address of `MAIL FROM:<a@b> SIZE=…` or `RCPT TO:<a@b>`.
+fn path_of(line: &str) -> String {
+    let after = line.split_once(':').map(|(_, a)| a).unwrap_or("").trim();
+    after.split_whitespace().next().unwrap_or("").to_owned()
+}
+
+fn decode(b64: &str) -> Option<String> {
+    B64.decode(b64.trim())
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+}
+
+/// One AUTH exchange after its first line; `Some(true)` when the credentials match, `None` if
+/// the client hung up.
+async fn authenticate(conn: &mut Conn, first: &str, auth: &Auth) -> Option<(bool, String)> {
+    let mut words = first.split_whitespace().skip(1);
+    let mechanism = words.next().unwrap_or("").to_ascii_uppercase();
+    let initial = words.next().map(str::to_owned);
+    let offered = auth
+        .mechanisms
+        .split_whitespace()
+        .any(|m| m.eq_ignore_ascii_case(&mechanism));
+    if !offered {
+        say(conn, "504 5.5.4 mechanism not supported").await;
+        return Some((false, mechanism));
+    }
+    let ok = match mechanism.as_str() {
+        "PLAIN" => {
+            let response = match initial {
+                Some(r) => r,
+                None => {
+                    say(conn, "334 ").await;
+                    read_line(conn).await?
+                }
+            };
+            let decoded = decode(&response).unwrap_or_default();
+            let parts: Vec<&str> = decoded.split('\0').collect();
+            parts.len() == 3 && parts[1] == auth.username && parts[2] == auth.password
+        }
+        "LOGIN" => {
+            let user = match initial {
+                Some(u) => u,
+                None => {
+                    say(conn, &format!("334 {}", B64.encode("Username:"))).await;
+                    read_line(conn).await?
+                }
+            };
+            say(conn, &format!("334 {}", B64.encode("Password:"))).await;
+            let pass = read_line(conn).await?;
+            decode(&user).as_deref() == Some(auth.username)
+                && decode(&pass).as_deref() == Some(auth.password)
+        }
+        _ => false,
+    };
+    Some((ok, mechanism))
 }
 
 async fn session(
@@ -180,111 +406,234 @@ async fn session(
     script: Script,
     counters: &Counters,
 ) {
-    let (r, mut w) = sock.into_split();
-    let mut r = BufReader::new(r);
+    let mut tls = false;
+    let mut conn: Conn = match &script.tls {
+        Some(TlsMode::Implicit(config)) => {
+            match tokio_rustls::TlsAcceptor::from(config.clone())
+                .accept(sock)
+                .await
+            {
+                Ok(s) => {
+                    counters.tls_sessions.fetch_add(1, Ordering::SeqCst);
+                    tls = true;
+                    BufReader::new(Box::new(s))
+                }
+                // The client refused the certificate (or spoke no TLS).
+                Err(_) => return,
+            }
+        }
+        _ => BufReader::new(Box::new(sock)),
+    };
     let greeting = script.greeting.unwrap_or("220 sink ESMTP");
-    if w.write_all(format!("{greeting}\r\n").as_bytes())
-        .await
-        .is_err()
-    {
+    if !say(&mut conn, greeting).await {
         return;
     }
     let refused = !greeting.starts_with("220");
-    let mut rcpt = Vec::new();
+    let mut authenticated = false;
+    let mut mail_from = String::new();
+    let mut rcpt: Vec<String> = Vec::new();
     loop {
-        let mut line = String::new();
-        if r.read_line(&mut line).await.unwrap_or(0) == 0 {
+        let Some(line) = read_line(&mut conn).await else {
             return;
-        }
+        };
         let upper = line.to_ascii_uppercase();
-        let reply: &[u8] = if refused && !upper.starts_with("QUIT") {
-            b"503 5.5.1 no service here\r\n"
+        let reply: String = if refused && !upper.starts_with("QUIT") {
+            "503 5.5.1 no service here".into()
         } else if upper.starts_with("EHLO") || upper.starts_with("HELO") {
-            if script.auth_reply.is_some() {
-                b"250-sink\r\n250-AUTH PLAIN LOGIN\r\n250 8BITMIME\r\n"
+            let mut lines = vec!["250-sink".to_owned()];
+            if matches!(script.tls, Some(TlsMode::StartTls(_))) && !tls {
+                lines.push("250-STARTTLS".into());
+            }
+            if let Some(auth) = &script.auth {
+                lines.push(format!("250-AUTH {}", auth.mechanisms));
+            } else if script.auth_reply.is_some() {
+                lines.push("250-AUTH PLAIN LOGIN".into());
+            }
+            lines.push("250 8BITMIME".into());
+            lines.join("\r\n")
+        } else if upper.starts_with("STARTTLS") {
+            let Some(TlsMode::StartTls(config)) = &script.tls else {
+                if !say(&mut conn, "502 5.5.1 not offered").await {
+                    return;
+                }
+                continue;
+            };
+            if tls {
+                "503 5.5.1 already in TLS".into()
             } else {
-                b"250-sink\r\n250 8BITMIME\r\n"
+                if !say(&mut conn, "220 2.0.0 ready to start TLS").await {
+                    return;
+                }
+                let plain = conn.into_inner();
+                match tokio_rustls::TlsAcceptor::from(config.clone())
+                    .accept(plain)
+                    .await
+                {
+                    Ok(s) => {
+                        counters.tls_sessions.fetch_add(1, Ordering::SeqCst);
+                        tls = true;
+                        conn = BufReader::new(Box::new(s));
+                        // RFC 3207: everything before the handshake is forgotten.
+                        authenticated = false;
+                        mail_from.clear();
+                        rcpt.clear();
+                        continue;
+                    }
+                    Err(_) => return,
+                }
             }
         } else if upper.starts_with("AUTH") {
             counters.auth_commands.fetch_add(1, Ordering::SeqCst);
-            let reply = script.auth_reply.unwrap_or("502 not implemented");
-            if w.write_all(format!("{reply}\r\n").as_bytes())
-                .await
-                .is_err()
-            {
-                return;
+            if let Some(auth) = &script.auth {
+                let Some((ok, mechanism)) = authenticate(&mut conn, &line, auth).await else {
+                    return;
+                };
+                if ok {
+                    authenticated = true;
+                    counters.authenticated.lock().unwrap().push(mechanism);
+                    "235 2.7.0 authentication successful".into()
+                } else {
+                    "535 5.7.8 authentication credentials invalid".into()
+                }
+            } else {
+                script
+                    .auth_reply
+                    .unwrap_or("502 5.5.1 not implemented")
+                    .into()
             }
-            continue;
         } else if upper.starts_with("MAIL FROM") {
-            if line.contains("drop-at-mail@") {
+            let from = path_of(&line);
+            if from.contains("drop-at-mail@") {
                 return;
             }
-            b"250 ok\r\n"
+            rcpt.clear();
+            if script.auth.is_some() && !authenticated {
+                "530 5.7.0 authentication required".into()
+            } else if let Some(code) = scripted_code(&from, "mail") {
+                if code == 421 {
+                    say(&mut conn, &scripted_reply(code)).await;
+                    return;
+                }
+                scripted_reply(code)
+            } else {
+                mail_from = from;
+                "250 2.1.0 ok".into()
+            }
         } else if upper.starts_with("NOOP") {
-            b"250 ok\r\n"
+            "250 2.0.0 ok".into()
         } else if upper.starts_with("RSET") {
             rcpt.clear();
-            b"250 ok\r\n"
+            "250 2.0.0 ok".into()
         } else if upper.starts_with("RCPT TO") {
-            if line.contains("t421@") {
-                b"421 4.4.2 closing the channel\r\n"
+            let to = path_of(&line);
+            if to.contains("t421@") {
+                "421 4.4.2 closing the channel".into()
+            } else if let Some(code) = scripted_code(&to, "rcpt") {
+                if code == 421 {
+                    say(&mut conn, &scripted_reply(code)).await;
+                    return;
+                }
+                if code < 300 {
+                    rcpt.push(to);
+                }
+                scripted_reply(code)
             } else {
-                rcpt.push(line[8..].trim().trim_start_matches(':').trim().to_owned());
-                b"250 ok\r\n"
+                rcpt.push(to);
+                "250 2.1.5 ok".into()
             }
         } else if upper.starts_with("DATA") {
-            if w.write_all(b"354 go ahead\r\n").await.is_err() {
+            if rcpt.is_empty() {
+                if !say(&mut conn, "554 5.5.1 no valid recipients").await {
+                    return;
+                }
+                continue;
+            }
+            if !say(&mut conn, "354 go ahead").await {
                 return;
             }
             let mut data = String::new();
             loop {
-                let mut l = String::new();
-                if r.read_line(&mut l).await.unwrap_or(0) == 0 {
+                let Some(l) = read_line(&mut conn).await else {
                     return;
-                }
+                };
                 if l == ".\r\n" {
                     break;
                 }
                 data.push_str(&l);
             }
-            let first = rcpt.first().cloned().unwrap_or_default();
-            rcpt.clear();
+            let rcpts = std::mem::take(&mut rcpt);
+            let first = rcpts.first().cloned().unwrap_or_default();
+            let at_data = scripted_code(&first, "data").or(if first.contains("t451@") {
+                Some(451)
+            } else if first.contains("t550@") {
+                Some(550)
+            } else {
+                None
+            });
             if first.contains("stall@") {
                 // Never answer; wait for the client to hang up.
-                ignore_the_rest(&mut r).await;
+                ignore_the_rest(&mut conn).await;
                 return;
             } else if first.contains("drop@") {
                 // The content arrived; hang up before the final reply.
                 return;
-            } else if first.contains("t451@") {
-                b"451 4.3.0 try again later\r\n"
-            } else if first.contains("t550@") {
-                b"550 5.1.1 no such user\r\n"
+            } else if let Some(code) = at_data.filter(|c| *c >= 300) {
+                scripted_reply(code)
             } else {
                 let (bye, mute) = (first.contains("bye@"), first.contains("mute@"));
                 if first.contains("slow@") {
                     // A busy server: the answer takes a while.
                     tokio::time::sleep(SLOW_REPLY).await;
                 }
-                accepted.lock().unwrap().push(Mail { rcpt: first, data });
+                let reply = if first.contains("postfix@") {
+                    POSTFIX_QUEUED.to_owned()
+                } else if first.contains("exim@") {
+                    EXIM_QUEUED.to_owned()
+                } else if first.contains("plain@") {
+                    PLAIN_OK.to_owned()
+                } else {
+                    let n = counters.queued.fetch_add(1, Ordering::SeqCst) + 1;
+                    format!("250 2.0.0 Ok: queued as SINK-{n}")
+                };
+                accepted.lock().unwrap().push(Mail {
+                    rcpt: first,
+                    rcpts,
+                    mail_from: mail_from.clone(),
+                    data,
+                    tls,
+                });
                 count.send_modify(|c| *c += 1);
                 if bye || mute {
-                    let _ = w.write_all(b"250 2.0.0 queued as sink-1\r\n").await;
+                    say(&mut conn, &reply).await;
                     if mute {
-                        ignore_the_rest(&mut r).await;
+                        ignore_the_rest(&mut conn).await;
                     }
                     return;
                 }
-                b"250 2.0.0 queued as sink-1\r\n"
+                reply
             }
         } else if upper.starts_with("QUIT") {
-            let _ = w.write_all(b"221 bye\r\n").await;
+            say(&mut conn, "221 2.0.0 bye").await;
             return;
         } else {
-            b"502 not implemented\r\n"
+            "502 5.5.1 not implemented".into()
         };
-        if w.write_all(reply).await.is_err() {
+        if !say(&mut conn, &reply).await {
             return;
         }
     }
+}
+
+#[test]
+fn scripted_codes_are_read_from_the_local_part() {
+    assert_eq!(scripted_code("<rcpt550@example.com>", "rcpt"), Some(550));
+    assert_eq!(scripted_code("<rcpt452-b@example.com>", "rcpt"), Some(452));
+    assert_eq!(scripted_code("<rcpt55@example.com>", "rcpt"), None);
+    assert_eq!(scripted_code("<rcpt550x@example.com>", "rcpt"), None);
+    assert_eq!(scripted_code("<ada@example.com>", "rcpt"), None);
+    assert_eq!(scripted_code("<data554@example.com>", "data"), Some(554));
+    assert_eq!(
+        path_of("MAIL FROM:<a@b.example> BODY=8BITMIME\r\n"),
+        "<a@b.example>"
+    );
 }
