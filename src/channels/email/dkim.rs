@@ -23,7 +23,9 @@ use rsa::pkcs8::der::asn1::OctetStringRef;
 use rsa::pkcs8::{ObjectIdentifier, PrivateKeyInfo};
 
 /// The header fields every signature covers (RFC 6376 §5.4.1's recommendations, the one-click
-/// unsubscribe headers RFC 8058 §4 asks to sign, and Herald's event id).
+/// unsubscribe headers RFC 8058 §4 asks to sign, and Herald's event id). Not `Content-Type`:
+/// lettre writes a MIME body's own headers after signing, so it would be signed as absent and
+/// every signature would fail; the body hash covers the MIME structure below it all the same.
 pub const SIGNED_HEADERS: &[&str] = &[
     "From",
     "Reply-To",
@@ -33,7 +35,6 @@ pub const SIGNED_HEADERS: &[&str] = &[
     "Date",
     "Message-ID",
     "MIME-Version",
-    "Content-Type",
     "List-Unsubscribe",
     "List-Unsubscribe-Post",
     "X-Herald-Event-Id",
