@@ -182,7 +182,7 @@ mod tests {
             assert_eq!(err(Some(json!(bad)), None), field, "{bad:?}");
         }
         assert_eq!(err(Some(json!(["<https://e.example/u>"])), None), field);
-        let five = vec!["<https://e.example/u>"; 5].join(", ");
+        let five = ["<https://e.example/u>"; 5].join(", ");
         assert_eq!(err(Some(json!(five)), None), field);
         let long = format!("<https://e.example/{}>", "a".repeat(MAX_URI_CHARS));
         assert_eq!(err(Some(json!(long)), None), field);
