@@ -1049,6 +1049,38 @@ mod tests {
     }
 
     #[test]
+    fn long_relay_headers_fold_below_the_smtp_line_limit() {
+        let categories: Vec<String> = (0..150).map(|i| format!("category-{i}")).collect();
+        let payload = json!({"subject": "s", "text": "t",
+            "headers": {"X-SMTPAPI": json!({"category": categories}).to_string()}});
+        let row = Outgoing {
+            event_id: "e-1",
+            destination: "ada@example.com",
+            payload: &payload,
+        };
+        let from: Mailbox = "herald@example.com".parse().unwrap();
+        let options = MessageOptions {
+            relay: Some(RelayProvider::SendGrid),
+            dkim: None,
+        };
+        let text = String::from_utf8(
+            build_message(&row, &from, "h.example", &options)
+                .unwrap()
+                .formatted(),
+        )
+        .unwrap();
+        assert!(text.split("\r\n").all(|l| l.len() < 998));
+        let unfolded = text.replace("\r\n ", " ");
+        let value = unfolded
+            .split("\r\n")
+            .find_map(|l| l.strip_prefix("X-SMTPAPI: "))
+            .unwrap();
+        let v: Value = serde_json::from_str(value).unwrap();
+        assert_eq!(v["category"].as_array().unwrap().len(), 150);
+        assert_eq!(v["unique_args"]["herald_event_id"], "e-1");
+    }
+
+    #[test]
     fn only_a_failure_after_the_content_left_is_ambiguous() {
         let class = |f: SmtpFailure| f.classify();
         assert_eq!(

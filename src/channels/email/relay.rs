@@ -17,6 +17,7 @@
 
 use std::str::FromStr;
 
+use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::domain::ses_tag;
@@ -116,12 +117,12 @@ pub fn correlate(
             if let Value::Object(args) = args {
                 args.insert(KEY.into(), Value::String(event_id.into()));
             }
-            headers.push((SENDGRID.into(), Value::Object(smtpapi).to_string()));
+            headers.push((SENDGRID.into(), spaced_json(&Value::Object(smtpapi))));
         }
         RelayProvider::Mailgun => {
             let mut vars = object(take(&mut headers, MAILGUN));
             vars.insert(KEY.into(), Value::String(event_id.into()));
-            headers.push((MAILGUN.into(), Value::Object(vars).to_string()));
+            headers.push((MAILGUN.into(), spaced_json(&Value::Object(vars))));
         }
         RelayProvider::Postmark => {
             take(&mut headers, POSTMARK);
@@ -153,6 +154,41 @@ pub fn correlate(
         }
     }
     headers
+}
+
+/// JSON with a space after every `,` and `:` (outside strings), as SendGrid's examples write
+/// it: the header encoder folds long lines at spaces, and an SMTP line must stay under 1000
+/// characters.
+fn spaced_json(v: &Value) -> String {
+    struct Spaced;
+    impl serde_json::ser::Formatter for Spaced {
+        fn begin_array_value<W: ?Sized + std::io::Write>(
+            &mut self,
+            w: &mut W,
+            first: bool,
+        ) -> std::io::Result<()> {
+            if first { Ok(()) } else { w.write_all(b", ") }
+        }
+        fn begin_object_key<W: ?Sized + std::io::Write>(
+            &mut self,
+            w: &mut W,
+            first: bool,
+        ) -> std::io::Result<()> {
+            if first { Ok(()) } else { w.write_all(b", ") }
+        }
+        fn begin_object_value<W: ?Sized + std::io::Write>(
+            &mut self,
+            w: &mut W,
+        ) -> std::io::Result<()> {
+            w.write_all(b": ")
+        }
+    }
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, Spaced);
+    match v.serialize(&mut ser) {
+        Ok(()) => String::from_utf8(out).unwrap_or_else(|_| v.to_string()),
+        Err(_) => v.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -254,6 +290,15 @@ mod tests {
             vec![(SES.into(), "campaign=spring".into())],
         );
         assert_eq!(value(&h, SES), "campaign=spring");
+    }
+
+    #[test]
+    fn json_headers_have_spaces_to_fold_at() {
+        let v = json!({"category": ["a", "b"], "unique_args": {"k": "v, w: x"}});
+        assert_eq!(
+            spaced_json(&v),
+            r#"{"category": ["a", "b"], "unique_args": {"k": "v, w: x"}}"#
+        );
     }
 
     #[test]
