@@ -10,7 +10,7 @@ use anyhow::Context;
 use tokio::sync::{Notify, watch};
 use tracing::info;
 
-use crate::channels::email::{EmailChannel, SmtpLimits};
+use crate::channels::email::{EmailChannel, MessageOptions, SmtpLimits};
 use crate::channels::webhook::{WebhookChannel, WebhookTimeouts};
 use crate::clock::Clock;
 use crate::config::Settings;
@@ -102,7 +102,11 @@ impl Herald {
             &settings.message_id_domain,
             clock.clone(),
         )
-        .map_err(|m| anyhow::anyhow!("{m}"))?;
+        .map_err(|m| anyhow::anyhow!("{m}"))?
+        .with_message_options(MessageOptions {
+            relay: settings.smtp_provider,
+            dkim: settings.dkim.clone(),
+        });
         let wake = Arc::new(Notify::new());
         let sender = Sender::new(
             db.clone(),

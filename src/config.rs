@@ -6,10 +6,13 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::channels::email::dkim::{DkimError, DkimSigner};
+use crate::channels::email::relay::RelayProvider;
 use crate::channels::email::{self, EmailConfigError};
 use crate::channels::webhook::{Endpoint, EndpointConfig};
 use crate::crypto::signing::SigningKey;
@@ -90,6 +93,10 @@ struct FileConfig {
     mail_dir: Option<PathBuf>,
     mail_from: Option<String>,
     message_id_domain: Option<String>,
+    smtp_provider: Option<String>,
+    dkim_selector: Option<String>,
+    dkim_domain: Option<String>,
+    dkim_key_file: Option<PathBuf>,
     ingest_max_body_bytes: Option<usize>,
     reconcile_interval_ms: Option<u64>,
     reconcile_batch_size: Option<u32>,
@@ -140,6 +147,10 @@ pub struct Settings {
     pub mail_dir: PathBuf,
     pub mail_from: String,
     pub message_id_domain: String,
+    /// `smtp_provider`: the relay whose receipts echo Herald's event id (relay correlation).
+    pub smtp_provider: Option<RelayProvider>,
+    /// `dkim_selector` + `dkim_domain` + `dkim_key_file`: sign every email (key read at load).
+    pub dkim: Option<Arc<DkimSigner>>,
     pub endpoints: BTreeMap<String, Endpoint>,
     pub ingest_max_body_bytes: usize,
     pub sources: BTreeMap<String, ConfiguredSource>,
@@ -306,6 +317,10 @@ impl Settings {
         over!(mail_dir, "HERALD_MAIL_DIR", string);
         over!(mail_from, "HERALD_MAIL_FROM", string);
         over!(message_id_domain, "HERALD_MESSAGE_ID_DOMAIN", string);
+        over!(smtp_provider, "HERALD_SMTP_PROVIDER", string);
+        over!(dkim_selector, "HERALD_DKIM_SELECTOR", string);
+        over!(dkim_domain, "HERALD_DKIM_DOMAIN", string);
+        over!(dkim_key_file, "HERALD_DKIM_KEY_FILE", string);
         over!(ingest_max_body_bytes, "HERALD_INGEST_MAX_BODY_BYTES", num);
         over!(reconcile_interval_ms, "HERALD_RECONCILE_INTERVAL_MS", num);
         over!(reconcile_batch_size, "HERALD_RECONCILE_BATCH_SIZE", num);
@@ -434,6 +449,16 @@ impl Settings {
                 ),
             ));
         }
+        let smtp_provider = match &f.smtp_provider {
+            None => None,
+            Some(p) => Some(p.parse::<RelayProvider>().map_err(|e| {
+                invalid(
+                    "smtp_provider",
+                    format!("{e}; set HERALD_SMTP_PROVIDER (or smtp_provider in the file) to the relay smtp_url points at, or unset it"),
+                )
+            })?),
+        };
+        let dkim = dkim_signer(f.dkim_selector, f.dkim_domain, f.dkim_key_file)?;
         let status_callbacks = match f.status_callbacks {
             None => None,
             Some(c) => {
@@ -501,6 +526,8 @@ impl Settings {
             message_id_domain: f
                 .message_id_domain
                 .unwrap_or_else(|| "herald.localhost".into()),
+            smtp_provider,
+            dkim,
             endpoints,
             ingest_max_body_bytes: f.ingest_max_body_bytes.unwrap_or(1024 * 1024),
             sources,
@@ -521,6 +548,65 @@ fn is_loopback_listen(listen: &str) -> bool {
     listen
         .rsplit_once(':')
         .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost"))
+}
+
+/// `dkim_selector`, `dkim_domain` and `dkim_key_file` together, the key read and checked now;
+/// none of them: no signature. The key is never quoted.
+fn dkim_signer(
+    selector: Option<String>,
+    domain: Option<String>,
+    key_file: Option<PathBuf>,
+) -> Result<Option<Arc<DkimSigner>>, ConfigError> {
+    let (selector, domain, key_file) = match (selector, domain, key_file) {
+        (None, None, None) => return Ok(None),
+        (Some(s), Some(d), Some(k)) => (s, d, k),
+        (s, d, k) => {
+            let missing: Vec<&str> = [
+                ("dkim_selector", s.is_none()),
+                ("dkim_domain", d.is_none()),
+                ("dkim_key_file", k.is_none()),
+            ]
+            .into_iter()
+            .filter_map(|(name, absent)| absent.then_some(name))
+            .collect();
+            return Err(invalid(
+                missing[0],
+                format!(
+                    "DKIM needs dkim_selector, dkim_domain and dkim_key_file together; set {}                      too, or unset the others",
+                    missing
+                        .iter()
+                        .map(|m| env_name(m))
+                        .collect::<Vec<_>>()
+                        .join(" and ")
+                ),
+            ));
+        }
+    };
+    DkimSigner::load(&selector, &domain, &key_file)
+        .map(|s| Some(Arc::new(s)))
+        .map_err(|e| match &e {
+            DkimError::Name(name) => invalid(
+                *name,
+                format!(
+                    "must be a DNS name (letters, digits, - and _ labels); set {} to the \
+                     selector and domain whose SELECTOR._domainkey.DOMAIN record holds the \
+                     public key",
+                    env_name(name)
+                ),
+            ),
+            other => invalid(
+                "dkim_key_file",
+                format!(
+                    "{}: {other}{}; set HERALD_DKIM_KEY_FILE to an unencrypted RSA or Ed25519 \
+                     private key in PEM (e.g. openssl genpkey -algorithm ed25519), or unset the \
+                     dkim_* settings",
+                    key_file.display(),
+                    std::error::Error::source(other)
+                        .map(|c| format!(" ({c})"))
+                        .unwrap_or_default()
+                ),
+            ),
+        })
 }
 
 /// Why `smtp_url` is refused, without its value (it may carry a password).
@@ -973,6 +1059,104 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(s.mail_from, "Billing <billing@example.com>");
+    }
+
+    #[test]
+    fn smtp_provider_is_one_of_the_known_relays() {
+        let build = |pairs: &[(&str, &str)]| Settings::build(FileConfig::default(), &env(pairs));
+        assert_eq!(build(&[]).unwrap().smtp_provider, None);
+        assert_eq!(
+            build(&[("HERALD_SMTP_PROVIDER", "ses")])
+                .unwrap()
+                .smtp_provider,
+            Some(RelayProvider::Ses)
+        );
+        assert_eq!(
+            Settings::from_toml("smtp_provider = \"sendgrid\"\n")
+                .unwrap()
+                .smtp_provider,
+            Some(RelayProvider::SendGrid)
+        );
+        let m = build(&[("HERALD_SMTP_PROVIDER", "sparkpost")])
+            .unwrap_err()
+            .to_string();
+        assert!(m.starts_with("smtp_provider: "), "{m}");
+        assert!(
+            m.contains("HERALD_SMTP_PROVIDER") && m.contains("mailgun") && !m.contains('\n'),
+            "{m}"
+        );
+    }
+
+    /// RFC 8410's example Ed25519 key.
+    const ED25519_PEM: &str = "-----BEGIN PRIVATE KEY-----\n\
+        MC4CAQAwBQYDK2VwBCIEINTuctv5E1hK1bbY8fdp+K06/nwoy/HU++CXqI9EdVhC\n\
+        -----END PRIVATE KEY-----\n";
+
+    #[test]
+    fn dkim_needs_all_three_keys_and_a_readable_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("dkim.pem");
+        std::fs::write(&key, ED25519_PEM).unwrap();
+        let key = key.display().to_string();
+        let build = |pairs: &[(&str, &str)]| Settings::build(FileConfig::default(), &env(pairs));
+        assert!(build(&[]).unwrap().dkim.is_none());
+        let s = build(&[
+            ("HERALD_DKIM_SELECTOR", "herald"),
+            ("HERALD_DKIM_DOMAIN", "example.com"),
+            ("HERALD_DKIM_KEY_FILE", &key),
+        ])
+        .unwrap();
+        let shown = format!("{s:?}");
+        assert!(shown.contains("herald._domainkey.example.com"), "{shown}");
+        assert!(!shown.contains("MC4CAQAw"), "{shown}");
+        assert_eq!(s.dkim.unwrap().algorithm(), "ed25519");
+        let one_line = |m: String, starts: &str, names: &[&str]| {
+            assert!(m.starts_with(starts), "{m}");
+            assert!(!m.contains('\n'), "{m}");
+            for n in names {
+                assert!(m.contains(n), "{m} does not name {n}");
+            }
+        };
+        one_line(
+            build(&[("HERALD_DKIM_SELECTOR", "herald")])
+                .unwrap_err()
+                .to_string(),
+            "dkim_domain: ",
+            &["HERALD_DKIM_DOMAIN", "HERALD_DKIM_KEY_FILE"],
+        );
+        one_line(
+            build(&[
+                ("HERALD_DKIM_SELECTOR", "herald"),
+                ("HERALD_DKIM_DOMAIN", "example.com"),
+                ("HERALD_DKIM_KEY_FILE", "/nonexistent/dkim.pem"),
+            ])
+            .unwrap_err()
+            .to_string(),
+            "dkim_key_file: /nonexistent/dkim.pem: cannot read",
+            &["HERALD_DKIM_KEY_FILE"],
+        );
+        let secretish = dir.path().join("not-a-key.pem");
+        std::fs::write(&secretish, "hunter2 hunter2").unwrap();
+        let m = build(&[
+            ("HERALD_DKIM_SELECTOR", "herald"),
+            ("HERALD_DKIM_DOMAIN", "example.com"),
+            ("HERALD_DKIM_KEY_FILE", &secretish.display().to_string()),
+        ])
+        .unwrap_err()
+        .to_string();
+        one_line(m.clone(), "dkim_key_file: ", &["not PEM"]);
+        assert!(!m.contains("hunter2"), "{m}");
+        one_line(
+            build(&[
+                ("HERALD_DKIM_SELECTOR", "her ald"),
+                ("HERALD_DKIM_DOMAIN", "example.com"),
+                ("HERALD_DKIM_KEY_FILE", &key),
+            ])
+            .unwrap_err()
+            .to_string(),
+            "dkim_selector: ",
+            &["HERALD_DKIM_SELECTOR"],
+        );
     }
 
     #[test]

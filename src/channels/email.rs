@@ -45,13 +45,24 @@ use crate::clock::Clock;
 use crate::domain::classify::classify_smtp_code;
 use crate::domain::{AttemptClass, InvalidField};
 
+pub mod attachments;
+pub mod dkim;
+pub mod list_unsubscribe;
+pub mod relay;
+
+use attachments::Attachment;
+use dkim::DkimSigner;
+use list_unsubscribe::ListUnsubscribe;
+use relay::RelayProvider;
+
 /// The recipient (`destination`) of an email: `a@b.example` or `Name <a@b.example>`.
 pub fn parse_recipient(destination: &str) -> Result<Mailbox, InvalidField> {
     Mailbox::from_str(destination)
         .map_err(|_| InvalidField::new("destination", "must be an email address"))
 }
 
-/// `{"from"?, "to"?: […], "cc"?, "bcc"?, "reply_to"?, "subject", "text"?, "html"?, "headers"?}`.
+/// `{"from"?, "to"?: […], "cc"?, "bcc"?, "reply_to"?, "subject", "text"?, "html"?, "headers"?,
+/// "attachments"?, "list_unsubscribe"?, "list_unsubscribe_post"?}`.
 #[derive(Debug, Clone)]
 pub struct EmailPayload {
     pub from: Option<Mailbox>,
@@ -63,15 +74,33 @@ pub struct EmailPayload {
     pub text: Option<String>,
     pub html: Option<String>,
     pub headers: Vec<(String, String)>,
+    /// At most [`attachments::MAX_COUNT`], [`attachments::MAX_TOTAL_BYTES`] decoded in total.
+    pub attachments: Vec<Attachment>,
+    /// `List-Unsubscribe` and, for one-click, `List-Unsubscribe-Post`.
+    pub list_unsubscribe: Option<ListUnsubscribe>,
 }
 
 impl EmailPayload {
+    /// Every field checked, the first invalid one named (`payload.attachments[0].content_base64`).
+    /// The enqueue paths call this, so a payload that would not build is a 422 there; the sender
+    /// calls it again for rows inserted by plain SQL, where a failure is `permanent`.
     pub fn parse(payload: &Value) -> Result<Self, InvalidField> {
         let obj = payload
             .as_object()
             .ok_or_else(|| InvalidField::new("payload", "must be an object with a subject"))?;
         const KNOWN: &[&str] = &[
-            "from", "to", "cc", "bcc", "reply_to", "subject", "text", "html", "headers",
+            "from",
+            "to",
+            "cc",
+            "bcc",
+            "reply_to",
+            "subject",
+            "text",
+            "html",
+            "headers",
+            "attachments",
+            "list_unsubscribe",
+            "list_unsubscribe_post",
         ];
         if let Some(k) = obj.keys().find(|k| !KNOWN.contains(&k.as_str())) {
             return Err(InvalidField::new("payload", format!("unknown field {k:?}")));
@@ -129,19 +158,7 @@ impl EmailPayload {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::Object(h)) => h
                 .iter()
-                .map(|(k, v)| {
-                    let v = v.as_str().filter(|v| !v.contains(['\r', '\n']));
-                    let ok_name = k.starts_with("X-") || k.starts_with("x-");
-                    match (v, ok_name && HeaderName::new_from_ascii(k.clone()).is_ok()) {
-                        (Some(v), true) => Ok((k.clone(), v.to_owned())),
-                        _ => Err(InvalidField::new(
-                            "payload.headers",
-                            format!(
-                                "{k:?}: custom headers are X-… names with one-line string values"
-                            ),
-                        )),
-                    }
-                })
+                .map(|(k, v)| parse_header(k, v))
                 .collect::<Result<_, _>>()?,
             Some(_) => {
                 return Err(InvalidField::new(
@@ -160,8 +177,40 @@ impl EmailPayload {
             text,
             html,
             headers,
+            attachments: attachments::parse(obj.get("attachments"))?,
+            list_unsubscribe: list_unsubscribe::parse(
+                obj.get("list_unsubscribe"),
+                obj.get("list_unsubscribe_post"),
+            )?,
         })
     }
+}
+
+/// A custom header: an `X-…` name with a one-line string value. The relay headers Herald merges
+/// its correlation into ([`relay::JSON_OBJECT_HEADERS`]) must hold a JSON object.
+fn parse_header(name: &str, value: &Value) -> Result<(String, String), InvalidField> {
+    let v = value.as_str().filter(|v| !v.contains(['\r', '\n']));
+    let ok_name = name.starts_with("X-") || name.starts_with("x-");
+    let (Some(v), true) = (
+        v,
+        ok_name && HeaderName::new_from_ascii(name.to_owned()).is_ok(),
+    ) else {
+        return Err(InvalidField::new(
+            "payload.headers",
+            format!("{name:?}: custom headers are X-… names with one-line string values"),
+        ));
+    };
+    if relay::JSON_OBJECT_HEADERS
+        .iter()
+        .any(|h| h.eq_ignore_ascii_case(name))
+        && !matches!(serde_json::from_str::<Value>(v), Ok(Value::Object(_)))
+    {
+        return Err(InvalidField::new(
+            format!("payload.headers.{name}"),
+            "must be a JSON object (Herald adds herald_event_id to it)",
+        ));
+    }
+    Ok((name.to_owned(), v.to_owned()))
 }
 
 /// `<sha256(event_id)[..32 hex]@domain>`: the same event id always gives the same Message-ID.
@@ -169,11 +218,22 @@ pub fn message_id(event_id: &str, domain: &str) -> String {
     format!("<{}@{domain}>", crate::domain::email_message_key(event_id))
 }
 
-/// Builds the RFC 5322 message for a claimed row.
+/// What [`build_message`] adds beyond the row: relay correlation and a DKIM signature.
+#[derive(Debug, Clone, Default)]
+pub struct MessageOptions {
+    /// `smtp_provider`: where the event id is also written for that relay's receipts.
+    pub relay: Option<RelayProvider>,
+    /// `dkim_*`: sign every message.
+    pub dkim: Option<Arc<DkimSigner>>,
+}
+
+/// Builds the RFC 5322 message for a claimed row. Deterministic but for `Date` and the DKIM
+/// timestamp: the same row gives the same Message-ID, headers and body on every attempt.
 pub fn build_message(
     row: &Outgoing<'_>,
     default_from: &Mailbox,
     domain: &str,
+    options: &MessageOptions,
 ) -> Result<Message, InvalidField> {
     let p = EmailPayload::parse(row.payload)?;
     let to = parse_recipient(row.destination)?;
@@ -194,10 +254,10 @@ pub fn build_message(
     if let Some(r) = p.reply_to {
         b = b.reply_to(r);
     }
-    let built = match (p.text, p.html) {
-        (Some(t), Some(h)) => b.multipart(MultiPart::alternative_plain_html(t, h)),
-        (Some(t), None) => b.singlepart(SinglePart::plain(t)),
-        (None, Some(h)) => b.singlepart(SinglePart::html(h)),
+    let body = match (p.text, p.html) {
+        (Some(t), Some(h)) => Body::Multi(MultiPart::alternative_plain_html(t, h)),
+        (Some(t), None) => Body::Single(SinglePart::plain(t)),
+        (None, Some(h)) => Body::Single(SinglePart::html(h)),
         (None, None) => {
             return Err(InvalidField::new(
                 "payload.text",
@@ -205,18 +265,66 @@ pub fn build_message(
             ));
         }
     };
+    let built = if p.attachments.is_empty() {
+        match body {
+            Body::Multi(m) => b.multipart(m),
+            Body::Single(s) => b.singlepart(s),
+        }
+    } else {
+        let mut mixed = match body {
+            Body::Multi(m) => MultiPart::mixed().multipart(m),
+            Body::Single(s) => MultiPart::mixed().singlepart(s),
+        };
+        for a in p.attachments {
+            mixed = mixed.singlepart(
+                lettre::message::Attachment::new(a.filename).body(a.content, a.content_type),
+            );
+        }
+        b.multipart(mixed)
+    };
     let mut message =
         built.map_err(|e| InvalidField::new("payload", format!("cannot build the email: {e}")))?;
+    let custom = match options.relay {
+        Some(provider) => relay::correlate(provider, row.event_id, p.headers),
+        None => p.headers,
+    };
     let headers = message.headers_mut();
-    for (k, v) in p.headers {
-        if let Ok(name) = HeaderName::new_from_ascii(k) {
-            headers.insert_raw(HeaderValue::new(name, v));
+    let mut insert = |name: &str, value: String| {
+        if let Ok(name) = HeaderName::new_from_ascii(name.to_owned()) {
+            headers.insert_raw(HeaderValue::new(name, value));
+        }
+    };
+    for (k, v) in custom {
+        insert(&k, v);
+    }
+    if let Some(l) = &p.list_unsubscribe {
+        insert("List-Unsubscribe", l.header_value());
+        if l.one_click {
+            insert(
+                "List-Unsubscribe-Post",
+                list_unsubscribe::ONE_CLICK.to_owned(),
+            );
         }
     }
-    if let Ok(name) = HeaderName::new_from_ascii("X-Herald-Event-Id".to_owned()) {
-        headers.insert_raw(HeaderValue::new(name, row.event_id.to_owned()));
+    insert("X-Herald-Event-Id", row.event_id.to_owned());
+    if let Some(signer) = &options.dkim {
+        signer.sign(&mut message);
     }
     Ok(message)
+}
+
+/// The message body before attachments are added around it.
+enum Body {
+    Single(SinglePart),
+    Multi(MultiPart),
+}
+
+impl EmailChannel {
+    /// Adds relay correlation (`smtp_provider`) and a DKIM signature (`dkim_*`) to every message.
+    pub fn with_message_options(mut self, options: MessageOptions) -> Self {
+        self.options = options;
+        self
+    }
 }
 
 /// Why the email channel cannot be built from its settings. The text never quotes `smtp_url`: it
@@ -257,6 +365,8 @@ pub struct EmailChannel {
     transport: EmailTransport,
     from: Mailbox,
     domain: Arc<str>,
+    /// Relay correlation and DKIM ([`EmailChannel::with_message_options`]).
+    options: MessageOptions,
     clock: Arc<dyn Clock>,
 }
 
@@ -297,13 +407,14 @@ impl EmailChannel {
             transport,
             from,
             domain: domain.into(),
+            options: MessageOptions::default(),
             clock,
         })
     }
 
     pub async fn send(&self, row: &Outgoing<'_>) -> SendReport {
         let now = self.clock.now();
-        let message = match build_message(row, &self.from, &self.domain) {
+        let message = match build_message(row, &self.from, &self.domain, &self.options) {
             Ok(m) => m,
             Err(e) => {
                 return SendReport::refused(
@@ -1122,6 +1233,135 @@ mod tests {
             )
             .is_ok()
         );
+    }
+
+    #[test]
+    fn new_payload_fields_are_checked_at_parse_time() {
+        let field = |v| EmailPayload::parse(&v).unwrap_err().field;
+        let base = json!({"subject": "s", "text": "t"});
+        let with = |k: &str, v: Value| {
+            let mut p = base.clone();
+            p[k] = v;
+            p
+        };
+        assert_eq!(
+            field(with(
+                "attachments",
+                json!([{"filename": "a", "content_type": "text/plain", "content_base64": "!"}])
+            )),
+            "payload.attachments[0].content_base64"
+        );
+        assert_eq!(
+            field(with("list_unsubscribe", json!("https://x.example"))),
+            "payload.list_unsubscribe"
+        );
+        assert_eq!(
+            field(with("list_unsubscribe_post", json!(true))),
+            "payload.list_unsubscribe_post"
+        );
+        // The relay headers Herald merges into must be JSON objects.
+        for (name, value) in [("X-SMTPAPI", "nope"), ("x-mailgun-variables", "[1]")] {
+            assert_eq!(
+                field(with("headers", json!({name: value}))),
+                format!("payload.headers.{name}")
+            );
+        }
+        let p = EmailPayload::parse(&with(
+            "headers",
+            json!({"X-SMTPAPI": "{\"category\": \"welcome\"}"}),
+        ))
+        .unwrap();
+        assert_eq!(p.headers.len(), 1);
+    }
+
+    #[test]
+    fn messages_carry_correlation_unsubscribe_and_attachments() {
+        let payload = json!({
+            "subject": "Your receipt", "text": "Thanks", "html": "<p>Thanks</p>",
+            "headers": {"X-SMTPAPI": "{\"category\": [\"receipts\"]}"},
+            "list_unsubscribe": "<https://example.com/u/42>, <mailto:u@example.com>",
+            "list_unsubscribe_post": true,
+            "attachments": [{"filename": "../r.pdf", "content_type": "application/pdf", "content_base64": "JVBERi0x"}],
+        });
+        let row = Outgoing {
+            event_id: "order-42:placed",
+            destination: "ada@example.com",
+            payload: &payload,
+        };
+        let from: Mailbox = "herald@example.com".parse().unwrap();
+        let options = MessageOptions {
+            relay: Some(RelayProvider::SendGrid),
+            dkim: None,
+        };
+        let m = build_message(&row, &from, "h.example", &options).unwrap();
+        let h = m.headers();
+        let smtpapi: Value = serde_json::from_str(h.get_raw("X-SMTPAPI").unwrap()).unwrap();
+        assert_eq!(
+            smtpapi,
+            json!({"category": ["receipts"], "unique_args": {"herald_event_id": "order-42:placed"}})
+        );
+        assert_eq!(
+            h.get_raw("List-Unsubscribe"),
+            Some("<https://example.com/u/42>, <mailto:u@example.com>")
+        );
+        assert_eq!(
+            h.get_raw("List-Unsubscribe-Post"),
+            Some("List-Unsubscribe=One-Click")
+        );
+        assert_eq!(h.get_raw("X-Herald-Event-Id"), Some("order-42:placed"));
+        let text = String::from_utf8(m.formatted()).unwrap();
+        assert!(text.contains("multipart/mixed"), "{text}");
+        assert!(text.contains("multipart/alternative"), "{text}");
+        assert!(text.contains("filename=\"r.pdf\""), "{text}");
+        // Without a provider: no relay header, the message's own kept as it is.
+        let m = build_message(&row, &from, "h.example", &MessageOptions::default()).unwrap();
+        assert_eq!(
+            m.headers().get_raw("X-SMTPAPI"),
+            Some("{\"category\": [\"receipts\"]}")
+        );
+        // A malformed stored destination cannot build: permanent, before any connection.
+        let bad = Outgoing {
+            destination: "not an address",
+            ..row
+        };
+        assert_eq!(
+            build_message(&bad, &from, "h.example", &options)
+                .unwrap_err()
+                .field,
+            "destination"
+        );
+    }
+
+    #[test]
+    fn long_relay_headers_fold_below_the_smtp_line_limit() {
+        let categories: Vec<String> = (0..150).map(|i| format!("category-{i}")).collect();
+        let payload = json!({"subject": "s", "text": "t",
+            "headers": {"X-SMTPAPI": json!({"category": categories}).to_string()}});
+        let row = Outgoing {
+            event_id: "e-1",
+            destination: "ada@example.com",
+            payload: &payload,
+        };
+        let from: Mailbox = "herald@example.com".parse().unwrap();
+        let options = MessageOptions {
+            relay: Some(RelayProvider::SendGrid),
+            dkim: None,
+        };
+        let text = String::from_utf8(
+            build_message(&row, &from, "h.example", &options)
+                .unwrap()
+                .formatted(),
+        )
+        .unwrap();
+        assert!(text.split("\r\n").all(|l| l.len() < 998));
+        let unfolded = text.replace("\r\n ", " ");
+        let value = unfolded
+            .split("\r\n")
+            .find_map(|l| l.strip_prefix("X-SMTPAPI: "))
+            .unwrap();
+        let v: Value = serde_json::from_str(value).unwrap();
+        assert_eq!(v["category"].as_array().unwrap().len(), 150);
+        assert_eq!(v["unique_args"]["herald_event_id"], "e-1");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 pub mod classify;
 mod fingerprint;
+pub mod ses_tag;
 
 pub use fingerprint::{Fingerprint, FingerprintInput};
 

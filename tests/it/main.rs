@@ -6,6 +6,7 @@ mod support;
 mod binary;
 mod classification;
 mod concurrency;
+mod email_payload;
 mod enqueue;
 mod fixtures;
 mod foundation;

@@ -13,10 +13,11 @@ use crate::both_backends;
 use crate::support::Backend;
 use crate::support::app::{TestApp, spawn_app_with};
 
-const TOPIC: &str = "arn:aws:sns:us-east-1:123456789012:ses-events";
-const CERT_URL: &str = "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-0123abcd.pem";
+pub(crate) const TOPIC: &str = "arn:aws:sns:us-east-1:123456789012:ses-events";
+pub(crate) const CERT_URL: &str =
+    "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-0123abcd.pem";
 
-fn openssl(dir: &Path, args: &[&str]) {
+pub(crate) fn openssl(dir: &Path, args: &[&str]) {
     let ok = Command::new("openssl")
         .current_dir(dir)
         .args(args)
@@ -30,7 +31,7 @@ fn openssl(dir: &Path, args: &[&str]) {
 }
 
 /// Signs an envelope as SNS does: the canonical string, RSA PKCS#1 v1.5, SHA1 (v1) or SHA256 (v2).
-fn sign(dir: &Path, mut env: Value, version: &str) -> Vec<u8> {
+pub(crate) fn sign(dir: &Path, mut env: Value, version: &str) -> Vec<u8> {
     env["SignatureVersion"] = json!(version);
     env["SigningCertURL"] = env
         .get("SigningCertURL")
@@ -61,7 +62,7 @@ async fn post(app: &TestApp, body: Vec<u8>) -> (u16, Value) {
     (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
 }
 
-fn notification(id: &str, message: &Value) -> Value {
+pub(crate) fn notification(id: &str, message: &Value) -> Value {
     json!({"Type": "Notification", "MessageId": id, "TopicArn": TOPIC,
            "Message": message.to_string(), "Timestamp": Utc::now().to_rfc3339()})
 }

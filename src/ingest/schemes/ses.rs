@@ -327,13 +327,16 @@ fn normalize(message_id: String, ses: Value) -> ReceiptEvent {
             }
         });
     let bounce_type = str_at(&ses, "/bounce/bounceType");
+    // SES tag values allow few characters: Herald writes its event id encoded
+    // (`domain::ses_tag`), and a value in that encoding is decoded back here.
     let tags = ses
         .pointer("/mail/tags/herald_event_id")
         .and_then(|v| match v {
-            Value::Array(a) => a.first().and_then(|x| x.as_str()).map(str::to_owned),
-            Value::String(s) => Some(s.clone()),
+            Value::Array(a) => a.first().and_then(|x| x.as_str()),
+            Value::String(s) => Some(s.as_str()),
             _ => None,
-        });
+        })
+        .map(crate::domain::ses_tag::decode);
     let header = ses
         .pointer("/mail/headers")
         .and_then(|h| h.as_array())
@@ -556,6 +559,24 @@ mod tests {
         assert_eq!(e.herald_event_id.as_deref(), Some("order-1"));
         assert_eq!(e.provider_message_id.as_deref(), Some("0100015dad"));
         assert_eq!(detail_key("DeliveryDelay"), "deliveryDelay");
+        // The tag as Herald writes it (X-SES-MESSAGE-TAGS, encoded) is read back decoded.
+        let tagged = |v: &str| {
+            normalize(
+                "sns-2".into(),
+                json!({"eventType": "Delivery", "delivery": {"timestamp": "2017-08-05T00:41:02.669Z"},
+                       "mail": {"messageId": "m", "tags": {"ses:configuration-set": ["c"], "herald_event_id": [v]}}}),
+            )
+            .herald_event_id
+        };
+        assert_eq!(
+            tagged("order-1_3Aplaced_5Fx").as_deref(),
+            Some("order-1:placed_x")
+        );
+        assert_eq!(
+            tagged("plain_tag").as_deref(),
+            Some("plain_tag"),
+            "not Herald's encoding"
+        );
         assert_eq!(detail_key("Rendering Failure"), "failure");
     }
 }
