@@ -96,6 +96,7 @@ impl Herald {
                 pool_size: settings.smtp_pool_size,
                 idle_timeout: settings.smtp_idle_timeout,
                 ca: settings.smtp_ca.clone(),
+                credentials: settings.smtp_credentials.clone(),
             },
             settings.mail_dir.clone(),
             &settings.mail_from,

@@ -90,6 +90,8 @@ struct FileConfig {
     smtp_pool_size: Option<u32>,
     smtp_idle_timeout_seconds: Option<u64>,
     smtp_ca_file: Option<PathBuf>,
+    smtp_username: Option<String>,
+    smtp_password: Option<Secret>,
     mail_dir: Option<PathBuf>,
     mail_from: Option<String>,
     message_id_domain: Option<String>,
@@ -144,6 +146,9 @@ pub struct Settings {
     pub smtp_idle_timeout: Duration,
     /// `smtp_ca_file`: CA certificates trusted for the relay in addition to the webpki roots.
     pub smtp_ca: Option<email::SmtpCa>,
+    /// `smtp_username` + `smtp_password`: AUTH credentials kept out of the URL (they win over
+    /// credentials in `smtp_url`).
+    pub smtp_credentials: Option<(String, Secret)>,
     pub mail_dir: PathBuf,
     pub mail_from: String,
     pub message_id_domain: String,
@@ -314,6 +319,8 @@ impl Settings {
             num
         );
         over!(smtp_ca_file, "HERALD_SMTP_CA_FILE", string);
+        over!(smtp_username, "HERALD_SMTP_USERNAME", string);
+        over!(smtp_password, "HERALD_SMTP_PASSWORD", secret);
         over!(mail_dir, "HERALD_MAIL_DIR", string);
         over!(mail_from, "HERALD_MAIL_FROM", string);
         over!(message_id_domain, "HERALD_MESSAGE_ID_DOMAIN", string);
@@ -410,6 +417,17 @@ impl Settings {
                          unused SMTP connection may stay open, or unset it (default {})",
                         email::DEFAULT_IDLE_TIMEOUT.as_secs()
                     ),
+                ));
+            }
+        };
+        let smtp_credentials = match (f.smtp_username, f.smtp_password) {
+            (None, None) => None,
+            (Some(u), Some(p)) if !u.is_empty() && !p.expose().is_empty() => Some((u, p)),
+            _ => {
+                return Err(invalid(
+                    "smtp_username",
+                    "smtp_username and smtp_password go together and must not be empty; set both \
+                     (HERALD_SMTP_USERNAME and HERALD_SMTP_PASSWORD) or neither",
                 ));
             }
         };
@@ -521,6 +539,7 @@ impl Settings {
             smtp_pool_size,
             smtp_idle_timeout,
             smtp_ca,
+            smtp_credentials,
             mail_dir: f.mail_dir.unwrap_or_else(|| PathBuf::from("mail")),
             mail_from,
             message_id_domain: f

@@ -44,6 +44,7 @@ use super::{Outgoing, SendReport};
 use crate::clock::Clock;
 use crate::domain::classify::classify_smtp_code;
 use crate::domain::{AttemptClass, InvalidField};
+use crate::secret::Secret;
 
 pub mod attachments;
 pub mod dkim;
@@ -381,6 +382,9 @@ pub struct SmtpLimits {
     pub idle_timeout: Duration,
     /// `smtp_ca_file`: CA certificates trusted in addition to the webpki roots.
     pub ca: Option<SmtpCa>,
+    /// `smtp_username` + `smtp_password` from the configuration: AUTH credentials that win over
+    /// any in the URL.
+    pub credentials: Option<(String, Secret)>,
 }
 
 impl EmailChannel {
@@ -397,7 +401,11 @@ impl EmailChannel {
         super::install_crypto_provider();
         let transport = match smtp_url {
             Some(url) => {
-                let relay = SmtpRelay::parse(url, limits.ca.as_ref())?;
+                let mut relay = SmtpRelay::parse(url, limits.ca.as_ref())?;
+                if let Some((user, password)) = &limits.credentials {
+                    relay.credentials =
+                        Some(Credentials::new(user.clone(), password.expose().to_owned()));
+                }
                 EmailTransport::Smtp(Arc::new(SmtpPool::new(relay, &limits)))
             }
             None => EmailTransport::Directory(mail_dir),
@@ -1203,6 +1211,7 @@ mod tests {
             pool_size,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             ca: None,
+            credentials: None,
         }
     }
 

@@ -780,13 +780,21 @@ async fn smtp_auth_plain_and_login_use_the_url_credentials_and_never_show_them(b
             ..Script::default()
         })
         .await;
-        let good = format!("smtp://{USER}:{ENCODED}@{}", sink.addr);
-        let bad = format!("smtp://{USER}:wrong-{ENCODED}@{}", sink.addr);
-        for (url, id, want) in [
+        let good = format!("smtp_url = \"smtp://{USER}:{ENCODED}@{}\"\n", sink.addr);
+        let bad = format!(
+            "smtp_url = \"smtp://{USER}:wrong-{ENCODED}@{}\"\n",
+            sink.addr
+        );
+        // The same credentials from the configuration instead of the URL (they win over it).
+        let from_config = format!(
+            "smtp_url = \"smtp://nobody:wrong@{}\"\nsmtp_username = \"{USER}\"\nsmtp_password = \"{PASSWORD}\"\n",
+            sink.addr
+        );
+        for (toml, id, want) in [
             (good, "auth-good", "delivered"),
             (bad, "auth-bad", "retryable"),
+            (from_config, "auth-config", "delivered"),
         ] {
-            let toml = format!("smtp_url = \"{url}\"\n");
             let settings = herald::config::Settings::from_toml(&base_toml("sqlite://x.db", &toml));
             let shown = format!("{:?}", settings.unwrap());
             let app = spawn_app_with(backend, &toml).await;
@@ -808,8 +816,8 @@ async fn smtp_auth_plain_and_login_use_the_url_credentials_and_never_show_them(b
             }
             app.stop().await;
         }
-        assert_eq!(sink.authenticated(), [mechanism]);
-        assert_eq!(sink.accepted().len(), 1);
+        assert_eq!(sink.authenticated(), [mechanism, mechanism]);
+        assert_eq!(sink.accepted().len(), 2);
     }
     let logged = logs.text();
     assert!(
