@@ -1,6 +1,9 @@
 //! Email throughput into a local SMTP server (the test suite's SMTP sink on 127.0.0.1), as a ratio
 //! against that server's own ceiling measured in the same run: a plain lettre loop — as many
-//! connections as Herald's pool, each sending one message after another, no Herald in between.
+//! connections as Herald's pool, each sending one message after another, no Herald in between —
+//! on TCP connections with Nagle off, as Herald opens them. The same loop on lettre's own
+//! connections (Nagle on) is printed too: it shows the ~40 ms delayed-ACK stall per message
+//! that Herald's connections avoid.
 //!
 //! `cargo bench --bench email` (optionally `-- N` messages, default 2000). Herald runs its
 //! production sender loop on SQLite with the SMTP pool on (`smtp_pool_size`, default 10).
@@ -52,8 +55,10 @@ async fn run(n: usize) {
     println!(
         "email benchmark: {n} messages into the in-test SMTP sink, {CONNECTIONS} connections, 2 cores"
     );
-    let ceiling = lettre_ceiling(n).await;
-    println!("baseline  plain lettre loop ({CONNECTIONS} connections): {ceiling:>8.0} msg/s");
+    let nagle = lettre_ceiling(n, false).await;
+    println!("reference plain lettre loop, lettre's own connections:   {nagle:>8.0} msg/s");
+    let ceiling = lettre_ceiling(n, true).await;
+    println!("baseline  plain lettre loop, Nagle off ({CONNECTIONS} connections): {ceiling:>8.0} msg/s");
     let rate = herald_rate(n).await;
     println!(
         "herald    sender loop, SQLite, SMTP pool of {CONNECTIONS}:  {rate:>8.0} msg/s = {:.2} × ceiling",
@@ -66,7 +71,7 @@ async fn run(n: usize) {
 }
 
 /// The sink's ceiling: `CONNECTIONS` lettre connections, each sending one message after another.
-async fn lettre_ceiling(n: usize) -> f64 {
+async fn lettre_ceiling(n: usize, nodelay: bool) -> f64 {
     let sink = SmtpSink::start().await;
     let addr = sink.url.trim_start_matches("smtp://").to_owned();
     let (host, port) = addr.rsplit_once(':').unwrap();
@@ -77,15 +82,26 @@ async fn lettre_ceiling(n: usize) -> f64 {
     for _ in 0..CONNECTIONS {
         let (host, next) = (host.to_owned(), next.clone());
         tasks.push(tokio::spawn(async move {
-            let mut conn = AsyncSmtpConnection::connect_tokio1(
-                (host.as_str(), port),
-                Some(Duration::from_secs(10)),
-                &ClientId::Domain("bench.localhost".into()),
-                None,
-                None,
-            )
-            .await
-            .unwrap();
+            let hello = ClientId::Domain("bench.localhost".into());
+            let mut conn = if nodelay {
+                let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+                    .await
+                    .unwrap();
+                tcp.set_nodelay(true).unwrap();
+                AsyncSmtpConnection::connect_with_transport(Box::new(tcp), &hello)
+                    .await
+                    .unwrap()
+            } else {
+                AsyncSmtpConnection::connect_tokio1(
+                    (host.as_str(), port),
+                    Some(Duration::from_secs(10)),
+                    &hello,
+                    None,
+                    None,
+                )
+                .await
+                .unwrap()
+            };
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= n {

@@ -217,6 +217,9 @@ impl SmtpSink {
         let c = counters.clone();
         tokio::spawn(async move {
             while let Ok((sock, _)) = listener.accept().await {
+                // Replies are single short lines: without this, delayed ACKs hold each one back
+                // ~40 ms and the sink, not its client, sets the pace.
+                let _ = sock.set_nodelay(true);
                 let open = OpenSession::new(c.clone());
                 if silent {
                     tokio::spawn(async move {
