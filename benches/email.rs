@@ -58,7 +58,9 @@ async fn run(n: usize) {
     let nagle = lettre_ceiling(n, false).await;
     println!("reference plain lettre loop, lettre's own connections:   {nagle:>8.0} msg/s");
     let ceiling = lettre_ceiling(n, true).await;
-    println!("baseline  plain lettre loop, Nagle off ({CONNECTIONS} connections): {ceiling:>8.0} msg/s");
+    println!(
+        "baseline  plain lettre loop, Nagle off ({CONNECTIONS} connections): {ceiling:>8.0} msg/s"
+    );
     let rate = herald_rate(n).await;
     println!(
         "herald    sender loop, SQLite, SMTP pool of {CONNECTIONS}:  {rate:>8.0} msg/s = {:.2} × ceiling",

@@ -221,6 +221,56 @@ async fn a_receipt_before_its_message_is_matched_once_it_appears(backend: Backen
     app.stop().await;
 }
 
+/// The race the other way round: the message exists, but its provider message id is only learnt
+/// when the sender records the receiver's answer — and the provider's receipt, carrying only that
+/// id, is faster. It waits, unmatched, and is matched once the id is known.
+async fn a_receipt_faster_than_the_senders_commit_is_matched_later(backend: Backend) {
+    let rx = Receiver::start().await;
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "{SOURCE}[endpoints.esp]\nurl = \"{}\"\nprovider_message_id_pointer = \"/id\"\n",
+            rx.url
+        ),
+    )
+    .await;
+    rx.script([Reply::Full(
+        202,
+        vec![("content-type".into(), "application/json".into())],
+        r#"{"id": "pm-race"}"#.into(),
+    )]);
+    let r = app
+        .post_message(webhook("race-1", "endpoint:esp", json!({})))
+        .await;
+    assert_eq!(r.status(), 201);
+    // The sender has claimed and is sending; the receipt arrives before its outcome is written.
+    let claimed = app.herald.sender.claim(1).await.unwrap();
+    let outcome = app
+        .herald
+        .sender
+        .process(claimed.into_iter().next().unwrap())
+        .await;
+    let event = json!({"id": "x-race", "type": "delivered", "at": T0, "message_id": "pm-race"});
+    assert_eq!(post_receipt(&app, event).await, 200);
+    assert_eq!(reconcile(&app).await, 0, "not known yet");
+    assert_eq!(
+        app.db.receipts_of_source("esp").unwrap()[0]
+            .outcome
+            .as_deref(),
+        Some("unmatched")
+    );
+    // The outcome commits, with the provider message id.
+    app.herald.sender.record(vec![outcome]).await.unwrap();
+    assert_eq!(
+        app.row("race-1").provider_message_id.as_deref(),
+        Some("pm-race")
+    );
+    app.advance(Duration::from_secs(3));
+    assert_eq!(reconcile(&app).await, 1);
+    assert_eq!(app.message("race-1").await["delivery_status"], "delivered");
+    app.stop().await;
+}
+
 /// A receipt that never finds its message is tried for a day, then kept and listed, untried.
 async fn an_unmatched_receipt_is_tried_for_a_day(backend: Backend) {
     let app = spawn_app_with(backend, SOURCE).await;
@@ -549,6 +599,7 @@ both_backends!(
     every_arrival_order_ends_in_the_same_status,
     a_receipt_before_its_message_is_matched_once_it_appears,
     an_unmatched_receipt_is_tried_for_a_day,
+    a_receipt_faster_than_the_senders_commit_is_matched_later,
     receipts_match_by_the_captured_provider_message_id,
     receipts_match_by_the_deterministic_message_id,
     unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline,
