@@ -889,7 +889,48 @@ async fn poll_until(within: Duration, done: impl Fn() -> bool) {
     }
 }
 
+/// A retry carries the same Message-ID (and X-Herald-Event-Id), and a delivered message is
+/// sent once: receivers and relays can drop a repeat by it.
+async fn a_retry_carries_the_same_message_id_and_delivers_once(backend: Backend) {
+    let sink = SmtpSink::start().await;
+    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    post_mail(
+        &app,
+        "retry-mail",
+        "once451@example.com",
+        None,
+        "at_least_once",
+    )
+    .await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    assert_eq!(app.message("retry-mail").await["state"], "retryable");
+    app.advance(std::time::Duration::from_secs(120));
+    assert_eq!(app.run_until_idle().await, 1);
+    assert_eq!(app.message("retry-mail").await["state"], "delivered");
+    app.advance(std::time::Duration::from_secs(3600));
+    assert_eq!(app.run_until_idle().await, 0, "nothing more to send");
+    let received = sink.received();
+    assert_eq!(received.len(), 2, "the refused try and the accepted one");
+    let header = |raw: &str, name: &str| {
+        let parsed = mail_parser::MessageParser::default()
+            .parse(raw.as_bytes())
+            .expect("an RFC 5322 message");
+        parsed
+            .header_raw(name)
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_default()
+    };
+    let expected = herald::channels::email::message_id("retry-mail", "herald.localhost");
+    for raw in &received {
+        assert_eq!(header(raw, "Message-ID"), expected);
+        assert_eq!(header(raw, "X-Herald-Event-Id"), "retry-mail");
+    }
+    assert_eq!(sink.accepted().len(), 1, "one send per event id");
+    app.stop().await;
+}
+
 both_backends!(
+    a_retry_carries_the_same_message_id_and_delivers_once,
     smtp_greeting_421_is_not_sent,
     smtp_greeting_554_is_not_sent,
     smtp_auth_refused_is_not_sent,

@@ -9,7 +9,8 @@
 //! are not part of the envelope the sink records.
 //!
 //! By the first accepted recipient, after the content: `stall@…` no answer, `drop@…` a closed
-//! connection, `dataNNN@…` NNN (`t451@…` and `t550@…` are 451 and 550), `bye@…` 250 and then a
+//! connection, `dataNNN@…` NNN (`t451@…` and `t550@…` are 451 and 550; `once451@…` 451 the
+//! first time in a sink's life, then 250), `bye@…` 250 and then a
 //! closed connection (a server ending an idle session), `slow@…` 250 after [`SLOW_REPLY`] (a busy
 //! server), `mute@…` 250 and then silence: the session stays open but never answers again (not
 //! even NOOP); `postfix@…`, `exim@…` and `plain@…` get those servers' 250 lines
@@ -168,6 +169,10 @@ struct Counters {
     auth_commands: AtomicUsize,
     tls_sessions: AtomicUsize,
     queued: AtomicUsize,
+    /// `once451@…` has been refused once already.
+    once_refused: std::sync::atomic::AtomicBool,
+    /// Every message content that reached the end of DATA, answered 250 or not.
+    received: Mutex<Vec<String>>,
     /// The mechanism of every successful AUTH.
     authenticated: Mutex<Vec<String>>,
 }
@@ -276,6 +281,11 @@ impl SmtpSink {
 
     pub fn accepted(&self) -> Vec<Mail> {
         self.accepted.lock().unwrap().clone()
+    }
+
+    /// Every message content received to the end of DATA, accepted or refused, in order.
+    pub fn received(&self) -> Vec<String> {
+        self.counters.received.lock().unwrap().clone()
     }
 
     /// Waits until at least `n` messages were accepted; panics after `within`.
@@ -566,13 +576,17 @@ async fn session(
             }
             let rcpts = std::mem::take(&mut rcpt);
             let first = rcpts.first().cloned().unwrap_or_default();
-            let at_data = scripted_code(&first, "data").or(if first.contains("t451@") {
-                Some(451)
-            } else if first.contains("t550@") {
-                Some(550)
-            } else {
-                None
-            });
+            counters.received.lock().unwrap().push(data.clone());
+            let refuse_once =
+                first.contains("once451@") && !counters.once_refused.swap(true, Ordering::SeqCst);
+            let at_data =
+                scripted_code(&first, "data").or(if first.contains("t451@") || refuse_once {
+                    Some(451)
+                } else if first.contains("t550@") {
+                    Some(550)
+                } else {
+                    None
+                });
             if first.contains("stall@") {
                 // Never answer; wait for the client to hang up.
                 ignore_the_rest(&mut conn).await;
