@@ -773,6 +773,11 @@ impl SmtpFailure {
                 };
                 (AttemptClass::NotSent, kind, code)
             }
+            // "530 authentication required" (or "must issue STARTTLS first") in the envelope: a
+            // configuration fault on our side, not this message's — never sent, not dead.
+            SmtpFailure::Smtp(Stage::Envelope, e) if reply_code(e) == Some(530) => {
+                (AttemptClass::NotSent, "smtp_auth_required", Some(530))
+            }
             SmtpFailure::Smtp(_, e) if e.status().is_some() => {
                 let code = reply_code(e).unwrap_or(0);
                 (classify_smtp_code(code), "smtp_reply", Some(code))

@@ -14,7 +14,8 @@ use super::AttemptClass;
 /// 2: an SMTP reply before the envelope (greeting, STARTTLS, AUTH) is `not_sent`, whatever its code.
 /// 3: SMTP recipients refused at RCPT TO (other than 421) no longer fail the message while another
 /// is accepted (`accepted`, the refused ones listed); all refused: transient if any reply is 4xx.
-const TABLE_REVISION: u32 = 3;
+/// 4: an SMTP 530 in the envelope (authentication or STARTTLS required) is `not_sent`.
+const TABLE_REVISION: u32 = 4;
 
 /// Class of an HTTP status code. 3xx counts as permanent: Herald does not follow redirects, a
 /// moved endpoint is a configuration error to fix, not to retry.
@@ -93,7 +94,7 @@ fn digest_of(
 mod tests {
     use super::*;
 
-    const PINNED: &str = "754dd46a";
+    const PINNED: &str = "6a0706ee";
 
     #[test]
     fn http_classification_table() {

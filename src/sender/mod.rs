@@ -92,6 +92,7 @@ impl Sender {
         email: EmailChannel,
         wake: Arc<Notify>,
     ) -> Self {
+        let throttle = Throttle::new(config.policy.base);
         Self {
             inner: Arc::new(Inner {
                 db,
@@ -100,7 +101,7 @@ impl Sender {
                 webhook,
                 email,
                 wake,
-                throttle: Throttle::default(),
+                throttle,
             }),
         }
     }
@@ -176,7 +177,9 @@ impl Sender {
             payload: &row.payload,
         };
         // The destination it is bound to; while that is slowed down, the message is put back
-        // at the pause's end without a request and without spending an attempt.
+        // for after the pause's end (spread over a tenth of the pause more, so that the held
+        // messages do not all return at one instant) without a request and without spending an
+        // attempt.
         let destination = match row.channel {
             Channel::Webhook => self.inner.webhook.destination_key(&row.destination),
             Channel::Email => Some(SMTP_RELAY.to_owned()),
@@ -185,12 +188,15 @@ impl Sender {
             .as_deref()
             .and_then(|d| self.inner.throttle.paused_until(d, now))
         {
+            let wait = (until - now).num_milliseconds().max(0);
+            let spread = (wait as f64 * 0.1 * rand::rng().random::<f64>()) as i64;
+            let wait = wait + spread;
             info!(%until, "destination slowed down: put back without a request");
             return OutcomeRecord {
                 state: State::Retryable,
                 attempts_after: row.attempts - 1,
-                next_attempt_at: Some(until),
-                retry_delay_ms: Some((until - now).num_milliseconds().max(0)),
+                next_attempt_at: Some(now + chrono::Duration::milliseconds(wait)),
+                retry_delay_ms: Some(wait),
                 error_class: Some(AttemptClass::RateLimited),
                 ..base
             };
@@ -217,8 +223,11 @@ impl Sender {
             let answer = Answer {
                 class: report.class,
                 status: report.status,
-                delay: decision.delay,
-                asked: report.retry_after.is_some(),
+                // What it asked for, as the policy clamps it (no jitter: the pause is the
+                // destination's, the spread comes when messages are put back).
+                asked: report
+                    .retry_after
+                    .map(|asked| policy.after_retry_after(asked, 0.0).delay),
                 is_smtp: row.channel == Channel::Email,
             };
             if let Some(until) = self.inner.throttle.observe(d, &answer, report.finished_at) {

@@ -1,13 +1,17 @@
 //! Per-destination slow-down. A receiver that says "slow down" — HTTP 429 or a 503 with
-//! `Retry-After`, an SMTP 421 — or that answers with a burst of transient errors slows **every**
-//! message bound to it, not only the one that got the answer: until the pause ends, messages for
-//! that destination are put back (`retryable` at the pause's end) without a request and without
-//! spending an attempt.
+//! `Retry-After`, an SMTP 421 (at the greeting or later) — or that answers with a burst of
+//! transient errors slows **every** message bound to it, not only the one that got the answer:
+//! until the pause ends, messages for that destination are put back (`retryable` shortly after
+//! the pause's end, spread out) without a request and without spending an attempt.
 //!
-//! A destination is a webhook URL's scheme, host and port, or the SMTP relay. The pause is kept
-//! per Herald process: each process learns it from the first such answer it sees.
-//! [`Throttle::observe`] and [`Throttle::paused_until`] are the whole interface; the rule is
-//! [`pause_for`], a plain function.
+//! The pause is the destination's own, not any one message's backoff: the `Retry-After` it asked
+//! for (as the retry policy clamps it), else the policy's base delay doubled for every pause in a
+//! row, at most [`MAX_PAUSE`]; an accepted answer ends the row.
+//!
+//! A destination is a webhook URL's scheme, host and port, or the SMTP relay. Pauses are kept per
+//! Herald process: each process learns one from the first such answer it sees.
+//! [`Throttle::observe`] and [`Throttle::paused_until`] are the whole interface; the rules are
+//! [`slows_down`] and [`pause_length`], plain functions.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -21,6 +25,8 @@ use crate::domain::AttemptClass;
 pub const BURST_COUNT: usize = 5;
 /// The window of a burst.
 pub const BURST_WINDOW: Duration = Duration::from_secs(10);
+/// The longest pause without a `Retry-After` asking for more.
+pub const MAX_PAUSE: Duration = Duration::from_secs(300);
 
 /// What one answer tells about its destination.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -28,45 +34,64 @@ pub struct Answer {
     pub class: AttemptClass,
     /// HTTP status or SMTP reply code.
     pub status: Option<u16>,
-    /// The delay the retry policy chose for this message (Retry-After honoured, clamped,
-    /// jittered), when it will be retried.
-    pub delay: Option<Duration>,
-    /// The receiver asked to wait (a `Retry-After` it sent).
-    pub asked: bool,
+    /// The wait the receiver asked for (`Retry-After`, clamped by the retry policy).
+    pub asked: Option<Duration>,
     pub is_smtp: bool,
 }
 
-/// How long a destination should be left alone after `answer`, given how many transient answers
-/// it gave within the burst window before it (`recent_transient`). `None`: no pause.
-///
-/// - 429 (and a 503 that carried Retry-After, already in `delay`): the chosen delay;
-/// - SMTP 421 ("service not available, closing channel"): the chosen delay;
-/// - the [`BURST_COUNT`]-th transient answer within [`BURST_WINDOW`]: the chosen delay;
-/// - anything else: none.
-pub fn pause_for(answer: &Answer, recent_transient: usize) -> Option<Duration> {
-    let slow_down = match (answer.class, answer.status, answer.is_smtp) {
+/// Whether `answer` (with `recent_transient` transient answers from the same destination within
+/// the burst window before it) asks for the whole destination to slow down:
+/// - a 429, or a 503 with `Retry-After`;
+/// - an SMTP 421 ("service not available, closing channel"), whatever stage it came at;
+/// - the [`BURST_COUNT`]-th transient answer (an SMTP 4xx at the greeting included) within
+///   [`BURST_WINDOW`].
+pub fn slows_down(answer: &Answer, recent_transient: usize) -> bool {
+    match (answer.class, answer.status, answer.is_smtp) {
+        (_, Some(421), true) => true,
         (AttemptClass::RateLimited, _, _) => true,
-        (AttemptClass::Transient, Some(503), false) => answer.asked,
-        (AttemptClass::Transient, Some(421), true) => true,
-        (AttemptClass::Transient, _, _) => recent_transient + 1 >= BURST_COUNT,
+        (AttemptClass::Transient, Some(503), false) => answer.asked.is_some(),
+        _ if is_transient(answer) => recent_transient + 1 >= BURST_COUNT,
         _ => false,
-    };
-    if slow_down { answer.delay } else { None }
+    }
+}
+
+/// A transient answer for the burst count: the class, or an SMTP 4xx that stopped the session
+/// before the envelope (classed `not_sent`: nothing left).
+fn is_transient(answer: &Answer) -> bool {
+    answer.class == AttemptClass::Transient
+        || (answer.is_smtp && matches!(answer.status, Some(400..=499)))
+}
+
+/// How long the destination is left alone: what it asked for, else `base` doubled for each
+/// earlier pause in a row (`streak`), at most [`MAX_PAUSE`].
+pub fn pause_length(asked: Option<Duration>, base: Duration, streak: u32) -> Duration {
+    asked.unwrap_or_else(|| base.saturating_mul(1u32 << streak.min(16)).min(MAX_PAUSE))
 }
 
 #[derive(Debug, Default)]
 struct Entry {
     paused_until: Option<DateTime<Utc>>,
+    /// Pauses in a row, without an accepted answer between them.
+    streak: u32,
     transient: Vec<DateTime<Utc>>,
 }
 
 /// The pauses of one process.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Throttle {
+    base: Duration,
     entries: Mutex<HashMap<String, Entry>>,
 }
 
 impl Throttle {
+    /// `base`: the first pause when the destination asked for none (the retry policy's base).
+    pub fn new(base: Duration) -> Self {
+        Self {
+            base,
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
     /// Until when `destination` is paused, if it is at `now`.
     pub fn paused_until(&self, destination: &str, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
         let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
@@ -84,20 +109,28 @@ impl Throttle {
         now: DateTime<Utc>,
     ) -> Option<DateTime<Utc>> {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if answer.class == AttemptClass::Accepted {
+            // All is well again: forget the destination (the map holds only troubled ones).
+            entries.remove(destination);
+            return None;
+        }
+        if !is_transient(answer) && !slows_down(answer, 0) {
+            return None;
+        }
         let entry = entries.entry(destination.to_owned()).or_default();
         let window = chrono::Duration::from_std(BURST_WINDOW).unwrap_or_default();
         entry.transient.retain(|t| now - *t < window);
-        let pause = pause_for(answer, entry.transient.len());
-        if answer.class == AttemptClass::Transient {
+        if !slows_down(answer, entry.transient.len()) {
             entry.transient.push(now);
-        } else if answer.class == AttemptClass::Accepted {
-            entry.transient.clear();
+            return None;
         }
-        let until = now + chrono::Duration::from_std(pause?).unwrap_or_default();
+        let pause = pause_length(answer.asked, self.base, entry.streak);
+        entry.streak = entry.streak.saturating_add(1);
+        entry.transient.clear();
+        let until = now + chrono::Duration::from_std(pause).unwrap_or_default();
         // A pause only ever grows: a shorter one learnt later does not end a longer one.
         let until = entry.paused_until.map_or(until, |u| u.max(until));
         entry.paused_until = Some(until);
-        entry.transient.clear();
         Some(until)
     }
 }
@@ -106,51 +139,70 @@ impl Throttle {
 mod tests {
     use super::*;
 
-    fn answer(class: AttemptClass, status: u16, delay: Option<u64>, is_smtp: bool) -> Answer {
+    fn answer(class: AttemptClass, status: u16, asked: Option<u64>, is_smtp: bool) -> Answer {
         Answer {
             class,
             status: Some(status),
-            delay: delay.map(Duration::from_secs),
-            asked: status == 503,
+            asked: asked.map(Duration::from_secs),
             is_smtp,
         }
     }
 
+    fn now() -> DateTime<Utc> {
+        "2026-12-01T10:00:00Z".parse().unwrap()
+    }
+
     #[test]
-    fn which_answers_pause_a_destination() {
+    fn which_answers_slow_a_destination_down() {
         use AttemptClass::*;
-        let d = Some(Duration::from_secs(30));
-        assert_eq!(pause_for(&answer(RateLimited, 429, Some(30), false), 0), d);
-        assert_eq!(pause_for(&answer(Transient, 503, Some(30), false), 0), d);
-        let unasked = Answer {
-            asked: false,
-            ..answer(Transient, 503, Some(30), false)
-        };
-        assert_eq!(pause_for(&unasked, 0), None, "a 503 without Retry-After");
-        assert_eq!(pause_for(&answer(Transient, 421, Some(30), true), 0), d);
-        // A lone 500, an HTTP 421 (misdirected request), a 4xx SMTP reply: no pause …
-        assert_eq!(pause_for(&answer(Transient, 500, Some(30), false), 0), None);
-        assert_eq!(pause_for(&answer(Permanent, 421, None, false), 0), None);
-        assert_eq!(pause_for(&answer(Transient, 451, Some(30), true), 0), None);
-        // … until they come in a burst.
-        assert_eq!(
-            pause_for(&answer(Transient, 451, Some(30), true), BURST_COUNT - 1),
-            d
+        assert!(slows_down(&answer(RateLimited, 429, Some(30), false), 0));
+        assert!(slows_down(&answer(RateLimited, 429, None, false), 0));
+        assert!(slows_down(&answer(Transient, 503, Some(30), false), 0));
+        assert!(
+            !slows_down(&answer(Transient, 503, None, false), 0),
+            "503 without Retry-After"
         );
-        assert_eq!(pause_for(&answer(Accepted, 200, None, false), 99), None);
-        // The last attempt (no retry, no delay) pauses nothing.
-        assert_eq!(pause_for(&answer(RateLimited, 429, None, false), 0), None);
+        // An SMTP 421 wherever it came: in the envelope (transient) or at the greeting (not_sent).
+        assert!(slows_down(&answer(Transient, 421, None, true), 0));
+        assert!(slows_down(&answer(NotSent, 421, None, true), 0));
+        // A lone 500, an HTTP 421 (misdirected request), a lone SMTP 451: no …
+        assert!(!slows_down(&answer(Transient, 500, None, false), 0));
+        assert!(!slows_down(&answer(Permanent, 421, None, false), 0));
+        assert!(!slows_down(&answer(Transient, 451, None, true), 0));
+        // … until they come in a burst, a 4xx greeting included.
+        assert!(slows_down(
+            &answer(Transient, 451, None, true),
+            BURST_COUNT - 1
+        ));
+        assert!(slows_down(
+            &answer(NotSent, 450, None, true),
+            BURST_COUNT - 1
+        ));
+        assert!(!slows_down(&answer(Accepted, 200, None, false), 99));
+        assert!(!slows_down(&answer(Permanent, 550, None, true), 99));
+    }
+
+    #[test]
+    fn the_pause_is_the_destinations_own() {
+        let base = Duration::from_secs(5);
+        assert_eq!(
+            pause_length(Some(Duration::from_secs(120)), base, 7),
+            Duration::from_secs(120)
+        );
+        assert_eq!(pause_length(None, base, 0), Duration::from_secs(5));
+        assert_eq!(pause_length(None, base, 1), Duration::from_secs(10));
+        assert_eq!(pause_length(None, base, 3), Duration::from_secs(40));
+        assert_eq!(pause_length(None, base, 30), MAX_PAUSE);
     }
 
     #[test]
     fn a_pause_holds_every_message_of_the_destination_until_it_ends() {
-        let t = Throttle::default();
-        let now: DateTime<Utc> = "2026-12-01T10:00:00Z".parse().unwrap();
+        let t = Throttle::new(Duration::from_secs(5));
         let a = answer(AttemptClass::RateLimited, 429, Some(30), false);
-        let until = t.observe("https://a.example:443", &a, now).unwrap();
-        assert_eq!(until, now + chrono::Duration::seconds(30));
-        assert_eq!(t.paused_until("https://a.example:443", now), Some(until));
-        assert_eq!(t.paused_until("https://b.example:443", now), None);
+        let until = t.observe("https://a.example:443", &a, now()).unwrap();
+        assert_eq!(until, now() + chrono::Duration::seconds(30));
+        assert_eq!(t.paused_until("https://a.example:443", now()), Some(until));
+        assert_eq!(t.paused_until("https://b.example:443", now()), None);
         assert_eq!(
             t.paused_until("https://a.example:443", until),
             None,
@@ -158,40 +210,73 @@ mod tests {
         );
         // A shorter pause learnt later does not shorten it.
         let short = answer(AttemptClass::RateLimited, 429, Some(5), false);
-        assert_eq!(t.observe("https://a.example:443", &short, now), Some(until));
+        assert_eq!(
+            t.observe("https://a.example:443", &short, now()),
+            Some(until)
+        );
+    }
+
+    #[test]
+    fn pauses_in_a_row_grow_and_an_accepted_answer_resets_them() {
+        let t = Throttle::new(Duration::from_secs(5));
+        let mut at = now();
+        let bye = answer(AttemptClass::NotSent, 421, None, true);
+        for expected in [5, 10, 20] {
+            let until = t.observe("smtp", &bye, at).unwrap();
+            assert_eq!(until - at, chrono::Duration::seconds(expected));
+            at = until;
+        }
+        assert_eq!(
+            t.observe("smtp", &answer(AttemptClass::Accepted, 250, None, true), at),
+            None
+        );
+        assert_eq!(
+            t.observe("smtp", &bye, at).map(|u| u - at),
+            Some(chrono::Duration::seconds(5))
+        );
     }
 
     #[test]
     fn a_burst_of_transient_answers_pauses_and_a_success_resets_the_count() {
-        let t = Throttle::default();
-        let now: DateTime<Utc> = "2026-12-01T10:00:00Z".parse().unwrap();
-        let e = answer(AttemptClass::Transient, 500, Some(8), false);
-        for i in 0..BURST_COUNT - 1 {
-            assert_eq!(
-                t.observe("d", &e, now + chrono::Duration::seconds(i as i64)),
-                None
-            );
+        let t = Throttle::new(Duration::from_secs(8));
+        let e = answer(AttemptClass::Transient, 500, None, false);
+        let s = |i: i64| now() + chrono::Duration::seconds(i);
+        for i in 0..BURST_COUNT as i64 - 1 {
+            assert_eq!(t.observe("d", &e, s(i)), None);
         }
-        let ok = answer(AttemptClass::Accepted, 200, None, false);
-        assert_eq!(t.observe("d", &ok, now), None);
-        for i in 0..BURST_COUNT - 1 {
-            assert_eq!(
-                t.observe("d", &e, now + chrono::Duration::seconds(i as i64)),
-                None
-            );
-        }
-        let at = now + chrono::Duration::seconds(5);
         assert_eq!(
-            t.observe("d", &e, at),
-            Some(at + chrono::Duration::seconds(8))
+            t.observe("d", &answer(AttemptClass::Accepted, 200, None, false), s(4)),
+            None
+        );
+        for i in 0..BURST_COUNT as i64 - 1 {
+            assert_eq!(t.observe("d", &e, s(i)), None);
+        }
+        assert_eq!(
+            t.observe("d", &e, s(5)),
+            Some(s(5) + chrono::Duration::seconds(8))
         );
         // Spread out over more than the window: no burst.
-        let t = Throttle::default();
-        for i in 0..BURST_COUNT * 2 {
+        let t = Throttle::new(Duration::from_secs(8));
+        for i in 0..BURST_COUNT as i64 * 2 {
+            assert_eq!(t.observe("d", &e, s(11 * i)), None);
+        }
+    }
+
+    #[test]
+    fn only_troubled_destinations_are_remembered() {
+        let t = Throttle::new(Duration::from_secs(5));
+        for i in 0..100 {
+            let ok = answer(AttemptClass::Accepted, 200, None, false);
             assert_eq!(
-                t.observe("d", &e, now + chrono::Duration::seconds(11 * i as i64)),
+                t.observe(&format!("https://h{i}.example:443"), &ok, now()),
+                None
+            );
+            let gone = answer(AttemptClass::Permanent, 404, None, false);
+            assert_eq!(
+                t.observe(&format!("https://g{i}.example:443"), &gone, now()),
                 None
             );
         }
+        assert!(t.entries.lock().unwrap().is_empty());
     }
 }

@@ -94,7 +94,43 @@ async fn an_smtp_421_slows_every_email_to_the_relay(backend: Backend) {
     app.stop().await;
 }
 
+/// "421 too many connections" at the greeting — the commonest relay slow-down — pauses the relay
+/// too, though the message itself never left (`not_sent`).
+async fn a_421_greeting_slows_the_relay(backend: Backend) {
+    use crate::support::smtp_sink::Script;
+    let sink = SmtpSink::start_scripted(Script {
+        greeting: Some("421 4.3.2 too many connections, try later"),
+        ..Script::default()
+    })
+    .await;
+    let app = spawn_app_with(
+        backend,
+        &format!("{ONE_AT_A_TIME}smtp_url = \"{}\"\n", sink.url),
+    )
+    .await;
+    for id in ["g-1", "g-2"] {
+        let r = app
+            .post_message(
+                json!({"event_id": id, "channel": "email", "destination": "ada@example.com",
+                                 "payload": {"subject": "Hi", "text": "Hello"}}),
+            )
+            .await;
+        assert_eq!(r.status(), 201);
+    }
+    assert_eq!(app.run_until_idle().await, 2);
+    assert_eq!(app.message("g-1").await["last_error_class"], "not_sent");
+    let second = app.row("g-2");
+    assert_eq!(
+        (second.state, second.attempts),
+        (herald::domain::State::Retryable, 0),
+        "held back by the greeting's 421"
+    );
+    assert_eq!(sink.connections(), 1, "one connection tried, not two");
+    app.stop().await;
+}
+
 both_backends!(
+    a_421_greeting_slows_the_relay,
     a_429_slows_every_message_to_that_destination,
     an_smtp_421_slows_every_email_to_the_relay,
 );

@@ -889,6 +889,39 @@ async fn poll_until(within: Duration, done: impl Fn() -> bool) {
     }
 }
 
+/// "530 authentication required" at MAIL FROM is our configuration's fault (credentials or
+/// STARTTLS missing): every message would hit it, so none is dead-lettered for it.
+async fn a_530_at_mail_from_is_not_sent(backend: Backend) {
+    let sink = SmtpSink::start().await;
+    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    post_mail(
+        &app,
+        "needs-auth",
+        "ada@example.com",
+        Some("mail530@example.com"),
+        "at_most_once",
+    )
+    .await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    let (state, last, class, kind) = outcome(&app, "needs-auth").await;
+    assert_eq!(
+        (
+            state.as_str(),
+            last.as_str(),
+            class.as_str(),
+            kind.as_deref()
+        ),
+        (
+            "retryable",
+            "not_sent",
+            "not_sent",
+            Some("smtp_auth_required")
+        )
+    );
+    assert_eq!(app.attempts("needs-auth")[0].response_status, Some(530));
+    app.stop().await;
+}
+
 /// A retry carries the same Message-ID (and X-Herald-Event-Id), and a delivered message is
 /// sent once: receivers and relays can drop a repeat by it.
 async fn a_retry_carries_the_same_message_id_and_delivers_once(backend: Backend) {
@@ -930,6 +963,7 @@ async fn a_retry_carries_the_same_message_id_and_delivers_once(backend: Backend)
 }
 
 both_backends!(
+    a_530_at_mail_from_is_not_sent,
     a_retry_carries_the_same_message_id_and_delivers_once,
     smtp_greeting_421_is_not_sent,
     smtp_greeting_554_is_not_sent,
