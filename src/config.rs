@@ -90,7 +90,7 @@ struct FileConfig {
     smtp_pool_size: Option<u32>,
     smtp_idle_timeout_seconds: Option<u64>,
     smtp_ca_file: Option<PathBuf>,
-    smtp_username: Option<String>,
+    smtp_username: Option<Secret>,
     smtp_password: Option<Secret>,
     mail_dir: Option<PathBuf>,
     mail_from: Option<String>,
@@ -148,7 +148,7 @@ pub struct Settings {
     pub smtp_ca: Option<email::SmtpCa>,
     /// `smtp_username` + `smtp_password`: AUTH credentials kept out of the URL (they win over
     /// credentials in `smtp_url`).
-    pub smtp_credentials: Option<(String, Secret)>,
+    pub smtp_credentials: Option<(Secret, Secret)>,
     pub mail_dir: PathBuf,
     pub mail_from: String,
     pub message_id_domain: String,
@@ -319,7 +319,7 @@ impl Settings {
             num
         );
         over!(smtp_ca_file, "HERALD_SMTP_CA_FILE", string);
-        over!(smtp_username, "HERALD_SMTP_USERNAME", string);
+        over!(smtp_username, "HERALD_SMTP_USERNAME", secret);
         over!(smtp_password, "HERALD_SMTP_PASSWORD", secret);
         over!(mail_dir, "HERALD_MAIL_DIR", string);
         over!(mail_from, "HERALD_MAIL_FROM", string);
@@ -422,7 +422,7 @@ impl Settings {
         };
         let smtp_credentials = match (f.smtp_username, f.smtp_password) {
             (None, None) => None,
-            (Some(u), Some(p)) if !u.is_empty() && !p.expose().is_empty() => Some((u, p)),
+            (Some(u), Some(p)) if !u.expose().is_empty() && !p.expose().is_empty() => Some((u, p)),
             _ => {
                 return Err(invalid(
                     "smtp_username",
@@ -449,7 +449,7 @@ impl Settings {
         };
         // Checked here, before any database is opened, never quoted: the URL may hold a password.
         if let Some(url) = &f.smtp_url {
-            email::check_smtp_url(url.expose())
+            email::check_smtp_url(url.expose(), smtp_credentials.is_some())
                 .map_err(|e| invalid("smtp_url", smtp_url_refusal(&e)))?;
         }
         let mail_from = f
@@ -591,7 +591,7 @@ fn dkim_signer(
             return Err(invalid(
                 missing[0],
                 format!(
-                    "DKIM needs dkim_selector, dkim_domain and dkim_key_file together; set {}                      too, or unset the others",
+                    "DKIM needs dkim_selector, dkim_domain and dkim_key_file together; set {} too, or unset the others",
                     missing
                         .iter()
                         .map(|m| env_name(m))
@@ -637,6 +637,12 @@ fn smtp_url_refusal(e: &EmailConfigError) -> String {
         }
         EmailConfigError::TlsHost(_) => "its host is not a valid name for TLS".into(),
         EmailConfigError::MailFrom(_) => "not valid".into(),
+        EmailConfigError::CleartextCredentials => {
+            return "it carries credentials (or smtp_username is set) but would send them in clear: \
+                    use smtps://… or smtp://…?tls=required for a relay on another host; the value \
+                    is not shown"
+                .into();
+        }
     };
     format!(
         "{why}; the value is not shown, it may hold a password; set HERALD_SMTP_URL (or smtp_url \
@@ -779,6 +785,38 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn smtp_credentials_never_cross_the_network_in_clear() {
+        let build = |toml: &str| Settings::from_toml(toml);
+        for refused in [
+            "smtp_url = \"smtp://u:p@mail.example\"\n",
+            "smtp_url = \"smtp://u:p@mail.example?tls=opportunistic\"\n",
+            "smtp_url = \"smtp://mail.example\"\nsmtp_username = \"u\"\nsmtp_password = \"p\"\n",
+        ] {
+            let e = build(refused).unwrap_err().to_string();
+            assert!(
+                e.contains("smtp_url") && e.contains("in clear"),
+                "{refused}: {e}"
+            );
+            assert!(!e.contains("u:p"), "{e}");
+        }
+        for accepted in [
+            "smtp_url = \"smtp://u:p@mail.example?tls=required\"\n",
+            "smtp_url = \"smtps://u:p@mail.example\"\n",
+            "smtp_url = \"smtp://u:p@127.0.0.1:2525\"\n",
+            "smtp_url = \"smtp://u:p@localhost\"\n",
+            "smtp_url = \"smtp://mail.example\"\n",
+        ] {
+            assert!(build(accepted).is_ok(), "{accepted}");
+        }
+        let s = build("smtp_url = \"smtps://mail.example\"\nsmtp_username = \"AKIAEXAMPLEUSER\"\nsmtp_password = \"pw-123\"\n").unwrap();
+        let shown = format!("{s:?}");
+        assert!(
+            !shown.contains("AKIAEXAMPLEUSER") && !shown.contains("pw-123"),
+            "{shown}"
+        );
     }
 
     #[test]

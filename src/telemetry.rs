@@ -28,7 +28,6 @@ pub fn mask_email(address: &str) -> String {
     format!("{}***@{}***{}", first(local), first(host), tld)
 }
 
-/// A URL reduced to scheme and host: path, query and credentials can carry secrets.
 /// `text` with every `:`-separated part that holds an address masked (a provider's composite
 /// event id such as Postmark's `Delivery:ID:ada@example.com:TIME`).
 pub fn mask_emails_in(text: &str) -> String {
@@ -44,6 +43,7 @@ pub fn mask_emails_in(text: &str) -> String {
         .join(":")
 }
 
+/// A URL reduced to scheme and host: path, query and credentials can carry secrets.
 pub fn mask_url(url: &str) -> String {
     match url::Url::parse(url) {
         Ok(u) => format!("{}://{}/…", u.scheme(), u.host_str().unwrap_or("?")),

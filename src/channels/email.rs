@@ -339,12 +339,30 @@ pub enum EmailConfigError {
     TlsHost(#[source] lettre::transport::smtp::Error),
     #[error("mail_from must be an email address")]
     MailFrom(#[source] lettre::address::AddressError),
+    /// AUTH credentials for a relay reached over a network without TLS.
+    #[error("smtp_url: credentials would cross the network in clear")]
+    CleartextCredentials,
 }
 
-/// Checks `smtp_url` as [`EmailChannel::new`] reads it (start-up validation).
-pub fn check_smtp_url(url: &str) -> Result<(), EmailConfigError> {
+/// Checks `smtp_url` as [`EmailChannel::new`] reads it (start-up validation). Credentials — in
+/// the URL or, `config_credentials`, from the configuration — are refused unless TLS is certain
+/// (`smtps://` or `?tls=required`) or the relay is on this host: plain `smtp://` and
+/// `tls=opportunistic` (which a man in the middle can strip) would send them in clear.
+pub fn check_smtp_url(url: &str, config_credentials: bool) -> Result<(), EmailConfigError> {
     super::install_crypto_provider();
-    SmtpRelay::parse(url, None).map(|_| ())
+    let relay = SmtpRelay::parse(url, None)?;
+    let protected = matches!(relay.tls, Tls::Required(_) | Tls::Wrapper(_));
+    let local = relay.host == "localhost"
+        || relay
+            .host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if (relay.credentials.is_some() || config_credentials) && !protected && !local {
+        return Err(EmailConfigError::CleartextCredentials);
+    }
+    Ok(())
 }
 
 /// The default sender (`mail_from`): `herald@example.com` or `Name <herald@example.com>`.
@@ -384,7 +402,7 @@ pub struct SmtpLimits {
     pub ca: Option<SmtpCa>,
     /// `smtp_username` + `smtp_password` from the configuration: AUTH credentials that win over
     /// any in the URL.
-    pub credentials: Option<(String, Secret)>,
+    pub credentials: Option<(Secret, Secret)>,
 }
 
 impl EmailChannel {
@@ -403,8 +421,10 @@ impl EmailChannel {
             Some(url) => {
                 let mut relay = SmtpRelay::parse(url, limits.ca.as_ref())?;
                 if let Some((user, password)) = &limits.credentials {
-                    relay.credentials =
-                        Some(Credentials::new(user.clone(), password.expose().to_owned()));
+                    relay.credentials = Some(Credentials::new(
+                        user.expose().to_owned(),
+                        password.expose().to_owned(),
+                    ));
                 }
                 EmailTransport::Smtp(Arc::new(SmtpPool::new(relay, &limits)))
             }

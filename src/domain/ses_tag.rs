@@ -44,7 +44,13 @@ fn try_decode(value: &str) -> Option<String> {
                 {
                     return None;
                 }
-                out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
+                let byte = u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
+                // Herald escapes only what it must, and only visible ASCII: `order_2026` (a tag
+                // someone else wrote) or an escaped control byte is not Herald's encoding.
+                if byte.is_ascii_alphanumeric() || byte == b'-' || !(0x21..=0x7e).contains(&byte) {
+                    return None;
+                }
+                out.push(byte);
                 i += 3;
             }
             b if b.is_ascii_alphanumeric() || b == b'-' => {
@@ -90,7 +96,19 @@ mod tests {
         assert_eq!(encode(&"a".repeat(257)), None);
         assert_eq!(encode(&":".repeat(86)), None, "86 × 3 = 258 characters");
         // Not Herald's encoding: kept as they are.
-        for foreign in ["order_1", "a_zz", "a_3a", "tail_4", "has space"] {
+        for foreign in [
+            "order_1",
+            "a_zz",
+            "a_3a",
+            "tail_4",
+            "has space",
+            "order_2026",
+            "inv_1A",
+            "x_41",
+            "y_2D",
+            "z_7F",
+            "w_20",
+        ] {
             assert_eq!(decode(foreign), foreign);
         }
     }
