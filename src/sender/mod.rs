@@ -189,22 +189,21 @@ impl Sender {
             .and_then(|d| self.inner.throttle.paused_until(d, now))
         {
             let wait = (until - now).num_milliseconds().max(0);
-            let spread = (wait as f64 * 0.1 * rand::rng().random::<f64>()) as i64;
-            let wait = wait + spread;
             info!(%until, "destination slowed down: put back without a request");
-            return OutcomeRecord {
-                state: State::Retryable,
-                attempts_after: row.attempts - 1,
-                next_attempt_at: Some(now + chrono::Duration::milliseconds(wait)),
-                retry_delay_ms: Some(wait),
-                error_class: Some(AttemptClass::RateLimited),
-                ..base
-            };
+            return put_back(base, row.attempts, now, wait, AttemptClass::RateLimited);
         }
         let report = match row.channel {
             Channel::Webhook => self.inner.webhook.send(&outgoing).await,
             Channel::Email => self.inner.email.send(&outgoing).await,
         };
+        if report.error_kind.as_deref() == Some("pool_timeout") {
+            // Every SMTP connection stayed busy for the whole attempt: this message was never
+            // tried, so no attempt is spent on it (more sends in flight than the pool's size
+            // must not dead-letter mail that never left).
+            info!("no SMTP connection free in time: put back without an attempt");
+            let wait = policy.base.as_millis() as i64;
+            return put_back(base, row.attempts, now, wait, AttemptClass::NotSent);
+        }
         let semantics = row.semantics;
         let max_attempts = row
             .max_attempts
@@ -495,5 +494,27 @@ pub fn lease_expired_decision(
         delay_ms: d.delay.map(|d| d.as_millis() as i64),
         reason: d.reason,
         policy_version: policy.version.clone(),
+    }
+}
+
+/// A claimed message put back without a request: `retryable` after `wait_ms` (plus up to a tenth
+/// of it, so that messages put back together do not all return at one instant), the claim's
+/// attempt not spent, no attempt row.
+fn put_back(
+    base: OutcomeRecord,
+    claimed_attempts: i32,
+    now: chrono::DateTime<chrono::Utc>,
+    wait_ms: i64,
+    class: AttemptClass,
+) -> OutcomeRecord {
+    let wait = wait_ms.max(0);
+    let wait = wait + (wait as f64 * 0.1 * rand::rng().random::<f64>()) as i64;
+    OutcomeRecord {
+        state: State::Retryable,
+        attempts_after: claimed_attempts - 1,
+        next_attempt_at: Some(now + chrono::Duration::milliseconds(wait)),
+        retry_delay_ms: Some(wait),
+        error_class: Some(class),
+        ..base
     }
 }
