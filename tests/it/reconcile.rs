@@ -221,10 +221,13 @@ async fn a_receipt_before_its_message_is_matched_once_it_appears(backend: Backen
     app.stop().await;
 }
 
-/// The race the other way round: the message exists, but its provider message id is only learnt
-/// when the sender records the receiver's answer — and the provider's receipt, carrying only that
-/// id, is faster. It waits, unmatched, and is matched once the id is known.
-async fn a_receipt_faster_than_the_senders_commit_is_matched_later(backend: Backend) {
+/// An app whose endpoint `esp` answers 202 `{"id": provider_id}` (captured as the provider
+/// message id), with message `id` enqueued to it; the receiver is returned to keep it alive.
+async fn app_with_provider_id(
+    backend: Backend,
+    id: &str,
+    provider_id: &str,
+) -> (TestApp, Receiver) {
     let rx = Receiver::start().await;
     let app = spawn_app_with(
         backend,
@@ -237,12 +240,20 @@ async fn a_receipt_faster_than_the_senders_commit_is_matched_later(backend: Back
     rx.script([Reply::Full(
         202,
         vec![("content-type".into(), "application/json".into())],
-        r#"{"id": "pm-race"}"#.into(),
+        format!(r#"{{"id": "{provider_id}"}}"#),
     )]);
     let r = app
-        .post_message(webhook("race-1", "endpoint:esp", json!({})))
+        .post_message(webhook(id, "endpoint:esp", json!({})))
         .await;
     assert_eq!(r.status(), 201);
+    (app, rx)
+}
+
+/// The race the other way round: the message exists, but its provider message id is only learnt
+/// when the sender records the receiver's answer — and the provider's receipt, carrying only that
+/// id, is faster. It waits, unmatched, and is matched once the id is known.
+async fn a_receipt_faster_than_the_senders_commit_is_matched_later(backend: Backend) {
+    let (app, _rx) = app_with_provider_id(backend, "race-1", "pm-race").await;
     // The sender has claimed and is sending; the receipt arrives before its outcome is written.
     let claimed = app.herald.sender.claim(1).await.unwrap();
     let outcome = app
@@ -313,24 +324,7 @@ async fn an_unmatched_receipt_is_tried_for_a_day(backend: Backend) {
 /// A receipt that carries only the provider's message id finds the message through the id the
 /// sender captured from the receiver's answer.
 async fn receipts_match_by_the_captured_provider_message_id(backend: Backend) {
-    let rx = Receiver::start().await;
-    let app = spawn_app_with(
-        backend,
-        &format!(
-            "{SOURCE}[endpoints.esp]\nurl = \"{}\"\nprovider_message_id_pointer = \"/id\"\n",
-            rx.url
-        ),
-    )
-    .await;
-    rx.script([Reply::Full(
-        202,
-        vec![("content-type".into(), "application/json".into())],
-        r#"{"id": "pm-77"}"#.into(),
-    )]);
-    let r = app
-        .post_message(webhook("via-pm", "endpoint:esp", json!({})))
-        .await;
-    assert_eq!(r.status(), 201);
+    let (app, _rx) = app_with_provider_id(backend, "via-pm", "pm-77").await;
     app.run_until_idle().await;
     assert_eq!(
         app.row("via-pm").provider_message_id.as_deref(),
