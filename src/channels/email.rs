@@ -201,18 +201,36 @@ fn parse_header(name: &str, value: &Value) -> Result<(String, String), InvalidFi
             format!("{name:?}: custom headers are X-… names with one-line string values"),
         ));
     };
-    if relay::JSON_OBJECT_HEADERS
+    let json_object = relay::JSON_OBJECT_HEADERS
         .iter()
-        .any(|h| h.eq_ignore_ascii_case(name))
-        && !matches!(serde_json::from_str::<Value>(v), Ok(Value::Object(_)))
-    {
+        .any(|h| h.eq_ignore_ascii_case(name));
+    if json_object && !matches!(serde_json::from_str::<Value>(v), Ok(Value::Object(_))) {
         return Err(InvalidField::new(
             format!("payload.headers.{name}"),
             "must be a JSON object (Herald adds herald_event_id to it)",
         ));
     }
+    // SMTP lines end at 998 characters and a header folds only at white space: a longer run
+    // would come back as a 5xx after DATA (a dead letter) instead of a 422 now. (The relay JSON
+    // headers are written again with spaces to fold at.)
+    let unfoldable = !json_object && v.split_whitespace().any(|w| w.len() > MAX_HEADER_WORD);
+    if v.len() > MAX_HEADER_VALUE || unfoldable {
+        return Err(InvalidField::new(
+            format!("payload.headers.{name}"),
+            format!(
+                "too long: at most {MAX_HEADER_VALUE} bytes, and no run of more than \
+                 {MAX_HEADER_WORD} without a space (SMTP's line limit)"
+            ),
+        ));
+    }
     Ok((name.to_owned(), v.to_owned()))
 }
+
+/// The longest custom header value accepted.
+const MAX_HEADER_VALUE: usize = 8000;
+/// The longest run without white space in a custom header value: what fits on one SMTP line
+/// with a header name before it.
+const MAX_HEADER_WORD: usize = 900;
 
 /// `<sha256(event_id)[..32 hex]@domain>`: the same event id always gives the same Message-ID.
 pub fn message_id(event_id: &str, domain: &str) -> String {
@@ -1262,6 +1280,18 @@ mod tests {
             ca: None,
             credentials: None,
         }
+    }
+
+    #[test]
+    fn header_values_that_cannot_fold_below_the_line_limit_are_refused() {
+        let field = |v: String| parse_header("X-Tag", &json!(v)).map_err(|e| e.field);
+        assert!(field("a ".repeat(3000)).is_ok());
+        assert!(field("a".repeat(900)).is_ok());
+        assert_eq!(field("a".repeat(901)), Err("payload.headers.X-Tag".into()));
+        assert_eq!(
+            field("a ".repeat(4001)),
+            Err("payload.headers.X-Tag".into())
+        );
     }
 
     #[test]
