@@ -190,23 +190,30 @@ macro_rules! expired_lease_columns {
 /// How many expired leases one watchdog pass handles at most (the next pass takes the rest).
 const SWEEP_BATCH: i64 = 500;
 
+/// The watchdog's read: `sending` rows whose lease ran out by `at`, with `$lock` (the row locks
+/// on PostgreSQL; nothing on SQLite, whose sweep runs behind the writer lock already).
+macro_rules! expired_leases {
+    ($conn:expr, $schema:ident, $at:expr $(, $lock:ident)*) => {{
+        use super::$schema::herald_outbox as o;
+        use diesel::prelude::*;
+        o::table
+            .filter(o::state.eq(State::Sending))
+            .filter(o::lease_until.lt($at))
+            .select(expired_lease_columns!(o))
+            .order(o::id)
+            .limit(SWEEP_BATCH)
+            $(.$lock())*
+            .load($conn)
+    }};
+}
+
 /// Expired leases, locked: a second watchdog skips them, and an outcome arriving meanwhile waits
 /// for the sweep to commit and then fails its fence.
 pub fn pg_expired_leases(
     conn: &mut diesel::pg::PgConnection,
     at: DateTime<Utc>,
 ) -> diesel::QueryResult<Vec<ExpiredLease>> {
-    use super::schema_pg::herald_outbox as o;
-    use diesel::prelude::*;
-    o::table
-        .filter(o::state.eq(State::Sending))
-        .filter(o::lease_until.lt(at))
-        .select(expired_lease_columns!(o))
-        .order(o::id)
-        .limit(SWEEP_BATCH)
-        .for_update()
-        .skip_locked()
-        .load(conn)
+    expired_leases!(conn, schema_pg, at, for_update, skip_locked)
 }
 
 /// SQLite: the sweep runs in `BEGIN IMMEDIATE` behind the writer lock, exclusive already.
@@ -214,15 +221,7 @@ pub fn sqlite_expired_leases(
     conn: &mut diesel::sqlite::SqliteConnection,
     at: DateTime<Utc>,
 ) -> diesel::QueryResult<Vec<ExpiredLease>> {
-    use super::schema_sqlite::herald_outbox as o;
-    use diesel::prelude::*;
-    o::table
-        .filter(o::state.eq(State::Sending))
-        .filter(o::lease_until.lt(at))
-        .select(expired_lease_columns!(o))
-        .order(o::id)
-        .limit(SWEEP_BATCH)
-        .load(conn)
+    expired_leases!(conn, schema_sqlite, at)
 }
 
 /// The PostgreSQL outcome update: the whole batch in one statement over `unnest`ed arrays, with
@@ -325,41 +324,47 @@ macro_rules! matched_message_columns {
     };
 }
 
+/// The reconciler's read: new receipts first (index `herald_receipts_pending`), then unmatched
+/// ones whose next try is due (`herald_receipts_unmatched`) — neither query walks past receipts
+/// that are not due — with `$lock` (row locks that another reconciler skips, on PostgreSQL;
+/// nothing on SQLite, behind its writer lock).
+macro_rules! pending_receipts {
+    ($conn:expr, $schema:ident, $at:expr, $limit:expr $(, $lock:ident)*) => {{
+        use super::$schema::herald_receipts as r;
+        use diesel::prelude::*;
+        let mut batch: Vec<PendingReceipt> = r::table
+            .filter(r::reconciled_at.is_null())
+            .filter(r::outcome.is_null())
+            .select(pending_receipt_columns!(r))
+            .order(r::id)
+            .limit($limit)
+            $(.$lock())*
+            .load($conn)?;
+        let room = $limit - batch.len() as i64;
+        if room > 0 {
+            batch.extend(
+                r::table
+                    .filter(r::reconciled_at.is_null())
+                    .filter(r::outcome.eq("unmatched"))
+                    .filter(r::next_match_at.le($at))
+                    .select(pending_receipt_columns!(r))
+                    .order(r::next_match_at)
+                    .limit(room)
+                    $(.$lock())*
+                    .load($conn)?,
+            );
+        }
+        Ok(batch)
+    }};
+}
+
 /// Pending receipts that are due, locked; another reconciler skips them.
 pub fn pg_pending_receipts(
     conn: &mut diesel::pg::PgConnection,
     at: DateTime<Utc>,
     limit: i64,
 ) -> diesel::QueryResult<Vec<PendingReceipt>> {
-    use super::schema_pg::herald_receipts as r;
-    use diesel::prelude::*;
-    // New receipts first (index herald_receipts_pending), then unmatched ones whose next try is
-    // due (herald_receipts_unmatched): neither query walks past receipts that are not due.
-    let mut batch: Vec<PendingReceipt> = r::table
-        .filter(r::reconciled_at.is_null())
-        .filter(r::outcome.is_null())
-        .select(pending_receipt_columns!(r))
-        .order(r::id)
-        .limit(limit)
-        .for_update()
-        .skip_locked()
-        .load(conn)?;
-    let room = limit - batch.len() as i64;
-    if room > 0 {
-        batch.extend(
-            r::table
-                .filter(r::reconciled_at.is_null())
-                .filter(r::outcome.eq("unmatched"))
-                .filter(r::next_match_at.le(at))
-                .select(pending_receipt_columns!(r))
-                .order(r::next_match_at)
-                .limit(room)
-                .for_update()
-                .skip_locked()
-                .load(conn)?,
-        );
-    }
-    Ok(batch)
+    pending_receipts!(conn, schema_pg, at, limit, for_update, skip_locked)
 }
 
 /// SQLite: the pass runs behind the writer lock, exclusive already.
@@ -368,31 +373,7 @@ pub fn sqlite_pending_receipts(
     at: DateTime<Utc>,
     limit: i64,
 ) -> diesel::QueryResult<Vec<PendingReceipt>> {
-    use super::schema_sqlite::herald_receipts as r;
-    use diesel::prelude::*;
-    // New receipts first (index herald_receipts_pending), then unmatched ones whose next try is
-    // due (herald_receipts_unmatched): neither query walks past receipts that are not due.
-    let mut batch: Vec<PendingReceipt> = r::table
-        .filter(r::reconciled_at.is_null())
-        .filter(r::outcome.is_null())
-        .select(pending_receipt_columns!(r))
-        .order(r::id)
-        .limit(limit)
-        .load(conn)?;
-    let room = limit - batch.len() as i64;
-    if room > 0 {
-        batch.extend(
-            r::table
-                .filter(r::reconciled_at.is_null())
-                .filter(r::outcome.eq("unmatched"))
-                .filter(r::next_match_at.le(at))
-                .select(pending_receipt_columns!(r))
-                .order(r::next_match_at)
-                .limit(room)
-                .load(conn)?,
-        );
-    }
-    Ok(batch)
+    pending_receipts!(conn, schema_sqlite, at, limit)
 }
 
 /// Marks a pass's applied receipts reconciled: one statement for the whole pass.
@@ -493,33 +474,35 @@ pub fn sqlite_mark_reconciled(
     Ok(())
 }
 
+/// The messages of `ids`, in id order, with `$lock`.
+macro_rules! lock_messages {
+    ($conn:expr, $schema:ident, $ids:expr $(, $lock:ident)*) => {{
+        use super::$schema::herald_outbox as o;
+        use diesel::prelude::*;
+        o::table
+            .filter(o::id.eq_any($ids))
+            .select(matched_message_columns!(o))
+            .order(o::id)
+            $(.$lock())*
+            .load($conn)
+    }};
+}
+
 /// The messages, locked for this transaction, in id order; those another transaction holds are
-/// left out.
+/// left out (`FOR NO KEY UPDATE SKIP LOCKED`).
 pub fn pg_lock_messages(
     conn: &mut diesel::pg::PgConnection,
     ids: &[i64],
 ) -> diesel::QueryResult<Vec<MatchedMessage>> {
-    use super::schema_pg::herald_outbox as o;
-    use diesel::prelude::*;
-    o::table
-        .filter(o::id.eq_any(ids))
-        .select(matched_message_columns!(o))
-        .order(o::id)
-        .for_no_key_update()
-        .skip_locked()
-        .load(conn)
+    lock_messages!(conn, schema_pg, ids, for_no_key_update, skip_locked)
 }
 
+/// SQLite: behind the writer lock, exclusive already.
 pub fn sqlite_lock_messages(
     conn: &mut diesel::sqlite::SqliteConnection,
     ids: &[i64],
 ) -> diesel::QueryResult<Vec<MatchedMessage>> {
-    use super::schema_sqlite::herald_outbox as o;
-    use diesel::prelude::*;
-    o::table
-        .filter(o::id.eq_any(ids))
-        .select(matched_message_columns!(o))
-        .load(conn)
+    lock_messages!(conn, schema_sqlite, ids)
 }
 
 /// A message's `scheduled_at` as inserted on PostgreSQL: `None` (not given) is left to the

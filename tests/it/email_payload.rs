@@ -249,24 +249,7 @@ async fn postmark_correlation_round_trips(backend: Backend) {
 /// echoes each tag in `mail.tags` as a list, and the normalizer decodes it.
 async fn ses_correlation_round_trips(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    sns::openssl(
-        dir.path(),
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "key.pem",
-            "-out",
-            "cert.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=sns.amazonaws.com",
-        ],
-    );
+    sns::signing_certificate(dir.path());
     let sink = SmtpSink::start().await;
     let app = spawn_app_with(
         backend,

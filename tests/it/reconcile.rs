@@ -45,6 +45,18 @@ fn receipt(id: &str, kind: &str, at: Option<i64>, herald_event_id: &str) -> Valu
     e
 }
 
+/// `GET /v1/receipts/unmatched`.
+async fn unmatched(app: &TestApp) -> Value {
+    app.http
+        .get(format!("{}/v1/receipts/unmatched", app.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 async fn delivered_message(app: &TestApp, rx: &Receiver, id: &str) {
     let r = app
         .post_message(webhook(id, &rx.url, json!({"m": id})))
@@ -188,15 +200,7 @@ async fn a_receipt_before_its_message_is_matched_once_it_appears(backend: Backen
         (Some("unmatched"), 1, None)
     );
     // Listed and counted while it waits.
-    let listed: Value = app
-        .http
-        .get(format!("{}/v1/receipts/unmatched", app.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed = unmatched(&app).await;
     assert_eq!(listed["count"], 1);
     assert_eq!(listed["receipts"][0]["herald_event_id"], "late-order");
     // Tried again after a backoff (2 s after the first try), not at every pass.
@@ -207,15 +211,7 @@ async fn a_receipt_before_its_message_is_matched_once_it_appears(backend: Backen
     assert_eq!(reconcile(&app).await, 1);
     let view = app.message("late-order").await;
     assert_eq!(view["delivery_status"], "delivered");
-    let listed: Value = app
-        .http
-        .get(format!("{}/v1/receipts/unmatched", app.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed = unmatched(&app).await;
     assert_eq!(listed["count"], 0);
     assert_eq!(history(&view), [("delivered".into(), "applied".into())]);
     app.stop().await;
@@ -308,15 +304,7 @@ async fn an_unmatched_receipt_is_tried_for_a_day(backend: Backend) {
         app.db.receipts_of_source("esp").unwrap()[0].match_attempts,
         2
     );
-    let listed: Value = app
-        .http
-        .get(format!("{}/v1/receipts/unmatched", app.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed = unmatched(&app).await;
     assert_eq!(listed["count"], 1);
     app.stop().await;
 }

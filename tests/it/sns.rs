@@ -17,6 +17,29 @@ pub(crate) const TOPIC: &str = "arn:aws:sns:us-east-1:123456789012:ses-events";
 pub(crate) const CERT_URL: &str =
     "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-0123abcd.pem";
 
+/// A throwaway RSA key (`key.pem`) and self-signed certificate (`cert.pem`) in `dir`, standing
+/// in for an SNS signing certificate.
+pub(crate) fn signing_certificate(dir: &Path) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "key.pem",
+            "-out",
+            "cert.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=sns.amazonaws.com",
+        ],
+    );
+}
+
 pub(crate) fn openssl(dir: &Path, args: &[&str]) {
     let ok = Command::new("openssl")
         .current_dir(dir)
@@ -69,24 +92,7 @@ pub(crate) fn notification(id: &str, message: &Value) -> Value {
 
 async fn ses_events_through_sns(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    openssl(
-        dir.path(),
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "key.pem",
-            "-out",
-            "cert.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=sns.amazonaws.com",
-        ],
-    );
+    signing_certificate(dir.path());
     let toml = format!(
         "[sources.ses]\nscheme = \"ses\"\ntopic_arns = [\"{TOPIC}\"]\nconfirm_subscriptions = false\n\
          certificates = {{ \"{CERT_URL}\" = {:?} }}\n",
