@@ -22,6 +22,8 @@ use crate::storage::{Backend, Db, PoolOptions};
 
 /// The key under which a generated webhook secret is stored in `herald_settings`.
 pub const WEBHOOK_SECRET_KEY: &str = "webhook_secret";
+/// The key under which a generated API token is stored in `herald_settings`.
+pub const API_TOKEN_KEY: &str = "api_token";
 
 /// A built Herald: everything but the running loops.
 pub struct Herald {
@@ -67,10 +69,33 @@ pub fn webhook_secret(db: &Db, settings: &Settings) -> anyhow::Result<Option<Str
     Ok(Some(stored))
 }
 
+/// The API token used when none is configured: generated once, stored in the database (so every
+/// Herald process sharing it accepts it), named `default` with scope `admin`. `None` when tokens
+/// are configured (the generated one is then not accepted).
+pub fn api_token(db: &Db, settings: &Settings) -> anyhow::Result<Option<String>> {
+    if !settings.tokens.is_empty() {
+        return Ok(None);
+    }
+    let stored = db
+        .setting_or_insert(API_TOKEN_KEY, &crate::auth::generate())
+        .context("cannot read or store the API token")?;
+    Ok(Some(stored))
+}
+
 impl Herald {
     /// Builds every part from settings. Blocking (database set-up); call before serving.
-    pub fn build(settings: Settings, clock: Arc<dyn Clock>, migrate: bool) -> anyhow::Result<Self> {
+    pub fn build(
+        mut settings: Settings,
+        clock: Arc<dyn Clock>,
+        migrate: bool,
+    ) -> anyhow::Result<Self> {
         let db = open_db(&settings, migrate)?;
+        if let Some(generated) = api_token(&db, &settings)? {
+            settings
+                .tokens
+                .add_plain("default", &generated, crate::auth::Scope::Admin)
+                .map_err(|e| anyhow::anyhow!("the stored API token is not valid: {e}"))?;
+        }
         let keys = match &settings.webhook_secret {
             Some(keys) => keys.clone(),
             None => {
@@ -155,7 +180,7 @@ impl Herald {
             db: self.db.clone(),
             clock: self.clock.clone(),
             wake: self.wake.clone(),
-            api_token: self.settings.api_token.clone(),
+            tokens: Arc::new(self.settings.tokens.clone()),
             max_payload_bytes: self.settings.max_payload_bytes,
             retry_policy: self.settings.retry.name.clone(),
             retry_policy_version: self.settings.retry.version.clone(),
@@ -191,9 +216,6 @@ impl Herald {
     /// Serves until SIGINT or SIGTERM: HTTP, the sender (unless disabled) and, on PostgreSQL, the
     /// LISTEN wake-up. Shutdown stops claiming, lets in-flight sends finish and flushes them.
     pub async fn serve(self) -> anyhow::Result<()> {
-        self.settings
-            .check_serve()
-            .context("invalid configuration")?;
         let listener = TcpListener::bind(&self.settings.listen)
             .with_context(|| format!("cannot listen on {}", self.settings.listen))?;
         let workers = std::thread::available_parallelism()
@@ -201,13 +223,13 @@ impl Herald {
             .unwrap_or(2);
         let server = self.http_server(listener, workers)?;
         let handle = server.handle();
-        if self.settings.api_token.is_none() {
-            // Only on a loopback address (check_serve refuses the others).
-            tracing::warn!(
-                "no api_token configured: /v1 is open to every local process that can reach {}",
-                self.settings.listen
-            );
-        }
+        let names: Vec<_> = self
+            .settings
+            .tokens
+            .names()
+            .map(|(n, s)| format!("{n}:{s}"))
+            .collect();
+        info!(tokens = %names.join(","), "API tokens accepted (names and scopes)");
         info!(listen = %self.settings.listen, backend = ?self.db.backend(), "herald serving");
 
         let (stop_tx, stop_rx) = watch::channel(false);

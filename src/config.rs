@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::auth::{Scope, Tokens};
 use crate::channels::email::dkim::{DkimError, DkimSigner};
 use crate::channels::email::relay::RelayProvider;
 use crate::channels::email::{self, EmailConfigError};
@@ -70,6 +71,8 @@ struct FileConfig {
     listen: Option<String>,
     webhook_secret: Option<Secret>,
     api_token: Option<Secret>,
+    #[serde(default)]
+    tokens: BTreeMap<String, TokenConfig>,
     poll_interval_ms: Option<u64>,
     lease_seconds: Option<u64>,
     webhook_timeout_ms: Option<u64>,
@@ -110,6 +113,14 @@ struct FileConfig {
     sources: BTreeMap<String, SourceConfig>,
 }
 
+/// `[tokens.NAME]`: a bearer token by its SHA-256, with a scope.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenConfig {
+    sha256: String,
+    scope: String,
+}
+
 /// `[status_callbacks]`: delivery-status changes as webhooks to a named endpoint.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -127,7 +138,9 @@ pub struct Settings {
     pub listen: String,
     /// `None`: generated on first start and stored in the database.
     pub webhook_secret: Option<Vec<SigningKey>>,
-    pub api_token: Option<Secret>,
+    /// Every bearer token accepted: `[tokens.NAME]` and `HERALD_API_TOKEN` (named `default`).
+    /// Empty: Herald generates a `default` admin token on first start (see `app::api_token`).
+    pub tokens: Tokens,
     pub poll_interval: Duration,
     pub lease: Duration,
     pub webhook_timeout: Duration,
@@ -216,23 +229,6 @@ impl Settings {
             None => FileConfig::default(),
         };
         Self::build(file, env)
-    }
-
-    /// What `herald serve` refuses beyond [`Settings::load`]: without an API token `/v1/*` is
-    /// open, so it may only listen on a loopback address (other commands do not listen).
-    pub fn check_serve(&self) -> Result<(), ConfigError> {
-        if self.api_token.is_none() && !is_loopback_listen(&self.listen) {
-            return Err(invalid(
-                "listen",
-                format!(
-                    "{} is not a loopback address and no API token is set, so /v1/* would be \
-                     open to the network; set HERALD_API_TOKEN, or set HERALD_LISTEN to a \
-                     loopback address such as 127.0.0.1:8080",
-                    self.listen
-                ),
-            ));
-        }
-        Ok(())
     }
 
     /// Settings from TOML text alone (tests, examples).
@@ -367,6 +363,18 @@ impl Settings {
             ),
             None => None,
         };
+
+        let mut tokens = Tokens::default();
+        if let Some(t) = &f.api_token {
+            tokens
+                .add_plain("default", t.expose(), Scope::Admin)
+                .map_err(|e| invalid("api_token", e.to_string()))?;
+        }
+        for (name, t) in &f.tokens {
+            tokens
+                .add_digest(name, &t.sha256, &t.scope)
+                .map_err(|e| invalid(format!("tokens.{name}"), e.to_string()))?;
+        }
 
         let mut endpoints = BTreeMap::new();
         for (name, e) in f.endpoints {
@@ -523,7 +531,7 @@ impl Settings {
             database_pool_size: f.database_pool_size.unwrap_or(10).max(2),
             listen: f.listen.unwrap_or_else(|| "127.0.0.1:8080".into()),
             webhook_secret,
-            api_token: f.api_token,
+            tokens,
             poll_interval,
             lease: timings.lease,
             webhook_timeout: timings.webhook_timeout,
@@ -556,17 +564,6 @@ impl Settings {
             status_callbacks,
         })
     }
-}
-
-/// `127.0.0.0/8`, `[::1]` or `localhost` (which always resolves to loopback, RFC 6761), with a
-/// port. Anything else — `0.0.0.0`, a LAN address, another host name — is reachable from outside.
-fn is_loopback_listen(listen: &str) -> bool {
-    if let Ok(addr) = listen.parse::<std::net::SocketAddr>() {
-        return addr.ip().is_loopback();
-    }
-    listen
-        .rsplit_once(':')
-        .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost"))
 }
 
 /// `dkim_selector`, `dkim_domain` and `dkim_key_file` together, the key read and checked now;
@@ -838,7 +835,7 @@ mod tests {
         assert_eq!(s.lease, Duration::from_secs(60));
         assert_eq!(s.webhook_timeout, Duration::from_millis(15_000));
         assert_eq!(s.mail_dir, PathBuf::from("mail"));
-        assert!(s.webhook_secret.is_none() && s.api_token.is_none());
+        assert!(s.webhook_secret.is_none() && s.tokens.is_empty());
     }
 
     #[test]
@@ -1217,35 +1214,56 @@ mod tests {
     }
 
     #[test]
-    fn without_a_token_serve_listens_only_on_loopback() {
-        for l in [
-            "127.0.0.1:8080",
-            "127.0.0.2:1",
-            "[::1]:8080",
-            "localhost:8080",
+    fn tokens_from_the_file_and_the_environment() {
+        let digest = crate::auth::digest_hex("shop-token-0123456789");
+        let s = Settings::from_toml(&format!(
+            "[tokens.shop]\nsha256 = \"{digest}\"\nscope = \"send\"\n"
+        ))
+        .unwrap();
+        let p = s.tokens.authenticate("shop-token-0123456789").unwrap();
+        assert_eq!((p.name.as_str(), p.scope), ("shop", Scope::Send));
+
+        let file = toml::from_str(&format!(
+            "[tokens.shop]\nsha256 = \"{digest}\"\nscope = \"send\"\n"
+        ))
+        .unwrap();
+        let s =
+            Settings::build(file, &env(&[("HERALD_API_TOKEN", "root-token-0123456789")])).unwrap();
+        let p = s.tokens.authenticate("root-token-0123456789").unwrap();
+        assert_eq!((p.name.as_str(), p.scope), ("default", Scope::Admin));
+        assert!(s.tokens.authenticate("shop-token-0123456789").is_some());
+
+        for (text, name, says) in [
+            (
+                "[tokens.shop]\nsha256 = \"abc\"\nscope = \"send\"\n",
+                "tokens.shop",
+                "64 hex",
+            ),
+            (
+                &*format!("[tokens.shop]\nsha256 = \"{digest}\"\nscope = \"root\"\n"),
+                "tokens.shop",
+                "send, support, admin",
+            ),
+            (
+                &*format!(
+                    "api_token = \"root-token-0123456789\"\n[tokens.default]\nsha256 = \"{digest}\"\nscope = \"send\"\n"
+                ),
+                "tokens.default",
+                "",
+            ),
+            ("api_token = \"short\"\n", "api_token", "at least 16"),
         ] {
-            assert!(is_loopback_listen(l), "{l}");
+            match Settings::from_toml(text) {
+                Err(ConfigError::Invalid { name: n, message }) => {
+                    assert_eq!(n, name, "{text}");
+                    assert!(
+                        message.contains(says) && !message.contains(&digest),
+                        "{message}"
+                    );
+                }
+                other => panic!("{text}: {other:?}"),
+            }
         }
-        for l in [
-            "0.0.0.0:8080",
-            "[::]:8080",
-            "10.1.2.3:80",
-            "herald.example:80",
-            "x",
-        ] {
-            assert!(!is_loopback_listen(l), "{l}");
-        }
-        let serve = |pairs: &[(&str, &str)]| {
-            Settings::build(FileConfig::default(), &env(pairs))
-                .unwrap()
-                .check_serve()
-        };
-        assert!(serve(&[]).is_ok());
-        let err = serve(&[("HERALD_LISTEN", "0.0.0.0:8080")]).unwrap_err();
-        let m = err.to_string();
-        assert!(m.starts_with("listen: 0.0.0.0:8080"), "{m}");
-        assert!(m.contains("HERALD_API_TOKEN") && !m.contains('\n'), "{m}");
-        assert!(serve(&[("HERALD_LISTEN", "0.0.0.0:8080"), ("HERALD_API_TOKEN", "t")]).is_ok());
     }
 
     #[test]
@@ -1269,7 +1287,7 @@ mod tests {
     #[test]
     fn secrets_are_redacted_in_debug() {
         let s = Settings::from_toml(
-            "database_url = \"postgres://u:hunter2@db/herald\"\napi_token = \"tok-hunter2\"\n\
+            "database_url = \"postgres://u:hunter2@db/herald\"\napi_token = \"tok-hunter2-0123456789\"\n\
              [endpoints.a]\nurl = \"https://a.example/hook\"\nsecret = \"whsec_aHVudGVyMmh1bnRlcjJodW50ZXIy\"\n\
              auth = { bearer = \"hunter2\" }\n",
         )

@@ -6,6 +6,7 @@
 //! vocabulary; the pure decisions live in [`sender::decide`] and [`sender::policy`].
 
 pub mod app;
+pub mod auth;
 pub mod channels;
 pub mod clock;
 pub mod config;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use herald::app::{Herald, open_db, webhook_secret};
+use herald::app::{Herald, api_token, open_db, webhook_secret};
 use herald::clock::SystemClock;
 use herald::config::{ConfigError, Settings};
 
@@ -43,6 +43,20 @@ enum Command {
     /// Print the webhook signing secret used for raw-URL destinations (generated and stored in
     /// the database on first use unless HERALD_WEBHOOK_SECRET is set).
     WebhookSecret,
+    /// Print the API token named `default` (scope admin) that Herald generated and stored in the
+    /// database on first start because no token was configured (HERALD_API_TOKEN or
+    /// [tokens.NAME]); with tokens configured it is not accepted and this says so.
+    ApiToken,
+    /// Make a new named bearer token: prints the token (give it to the client) and the TOML
+    /// lines for herald.toml, which hold only its SHA-256. Needs no configuration or database.
+    Token {
+        /// The token's name, recorded in logs and audits (A–Z, a–z, 0–9, '-', '_', '.').
+        name: String,
+        /// send (enqueue, read its own messages), support (explain, replay, dead letters) or
+        /// admin (everything).
+        #[arg(long)]
+        scope: String,
+    },
     /// Check a provider receipt offline, without a server or database: runs the scheme's
     /// verifier and normalizer and prints the verdict and the normalized events as JSON.
     /// Exit status 0 when valid, 1 when refused.
@@ -124,11 +138,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ExitCode::FAILURE
         });
     }
+    if let Command::Token { name, scope } = &cli.command {
+        return new_token(name, scope);
+    }
     herald::telemetry::init();
     let settings = Settings::load(cli.config.as_deref()).context("invalid configuration")?;
     match cli.command {
         Command::Serve { no_migrate } => {
-            settings.check_serve().context("invalid configuration")?;
             // A multi-threaded runtime: the sender's sends use every core (the HTTP workers have
             // threads of their own). Herald is built inside it — its parts (the SMTP transport,
             // the HTTP client) may need a running reactor — and on the blocking pool, because
@@ -152,7 +168,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("migrations applied");
             Ok(ExitCode::SUCCESS)
         }
-        Command::VerifyReceipt { .. } => unreachable!("handled before configuration is loaded"),
+        Command::VerifyReceipt { .. } | Command::Token { .. } => {
+            unreachable!("handled before configuration is loaded")
+        }
+        Command::ApiToken => {
+            match api_token(&open_db(&settings, true)?, &settings)? {
+                Some(t) => println!("{t}"),
+                None => println!(
+                    "tokens are configured (HERALD_API_TOKEN or [tokens.NAME]); the generated token is not accepted"
+                ),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::WebhookSecret => {
             match webhook_secret(&open_db(&settings, true)?, &settings)? {
                 Some(s) => println!("{s}"),
@@ -163,6 +190,28 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `herald token NAME --scope S`: a fresh token and its config lines.
+fn new_token(name: &str, scope: &str) -> anyhow::Result<ExitCode> {
+    if !herald::auth::valid_name(name) {
+        anyhow::bail!(
+            "invalid configuration: {name:?} is not a token name (1–64 of A–Z, a–z, 0–9, '-', '_', '.')"
+        );
+    }
+    if herald::auth::Scope::parse(scope).is_none() {
+        anyhow::bail!("--scope must be send, support or admin");
+    }
+    let token = herald::auth::generate();
+    println!("token: {token}");
+    println!();
+    println!(
+        "# herald.toml (the token itself is not stored; keep it where the client can read it)"
+    );
+    println!("[tokens.{name}]");
+    println!("sha256 = \"{}\"", herald::auth::digest_hex(&token));
+    println!("scope = \"{scope}\"");
+    Ok(ExitCode::SUCCESS)
 }
 
 fn verify_receipt(

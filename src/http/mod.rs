@@ -15,14 +15,13 @@ use tokio::sync::Notify;
 
 use self::problem::Problem;
 use self::view::{MessageView, ReceiptView};
+use crate::auth::{Access, Principal, Tokens, Verdict};
 use crate::channels::webhook::Endpoint;
 use crate::clock::Clock;
 use crate::config::ConfiguredSource;
 use crate::domain::{Channel, InvalidField, Semantics};
 use crate::ingest::RawRequest;
 use crate::outbox::{Limits, NewMessage};
-use crate::secret::Secret;
-use crate::secret::constant_time_eq;
 use crate::storage::receipts::Stored;
 use crate::storage::{Db, StorageError};
 
@@ -32,7 +31,7 @@ pub struct AppState {
     pub db: Db,
     pub clock: Arc<dyn Clock>,
     pub wake: Arc<Notify>,
-    pub api_token: Option<Secret>,
+    pub tokens: Arc<Tokens>,
     pub max_payload_bytes: usize,
     pub retry_policy: String,
     /// The policy's version, recorded on every message enqueued here.
@@ -82,21 +81,39 @@ async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
         .body("ready\n"))
 }
 
-fn authorize(req: &HttpRequest, state: &AppState) -> Result<(), Problem> {
-    let Some(token) = &state.api_token else {
-        return Ok(());
-    };
-    let given = req
-        .headers()
+/// The caller of a token-guarded route; 401 without a token Herald knows.
+fn caller(req: &HttpRequest, state: &AppState) -> Result<Principal, Problem> {
+    req.headers()
         .get(actix_web::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if constant_time_eq(given.as_bytes(), token.expose().as_bytes()) {
-        Ok(())
-    } else {
-        Err(Problem::unauthorized())
+        .and_then(Tokens::bearer)
+        .and_then(|t| state.tokens.authenticate(t))
+        .ok_or_else(Problem::unauthorized)
+}
+
+/// The caller, if it may do `access` (to a message enqueued by `owner`): 403 without the
+/// scope; a `send` token asking for another's message gets the 404 a missing one gets.
+fn permit(who: &Principal, access: Access, owner: Option<&str>) -> Result<(), Problem> {
+    match who.may(access, owner) {
+        Verdict::Allowed => Ok(()),
+        Verdict::NotOwn => Err(Problem::not_found("message")),
+        Verdict::Forbidden => Err(Problem::forbidden(match access {
+            Access::Enqueue => "send or admin",
+            Access::Support | Access::OwnMessage => "support or admin",
+            Access::Admin => "admin",
+        })),
     }
+}
+
+/// [`caller`] then [`permit`], for routes that do not depend on a message's owner.
+pub(crate) fn authorize(
+    req: &HttpRequest,
+    state: &AppState,
+    access: Access,
+) -> Result<Principal, Problem> {
+    let who = caller(req, state)?;
+    permit(&who, access, None)?;
+    Ok(who)
 }
 
 /// Reads the body up to `limit` bytes; more is a 413 problem, never a partial read.
@@ -122,7 +139,7 @@ async fn create_message(
     state: web::Data<AppState>,
     payload: web::Payload,
 ) -> Result<HttpResponse, Problem> {
-    authorize(&req, &state)?;
+    let who = authorize(&req, &state, Access::Enqueue)?;
     // The payload limit applies to `payload`; the envelope gets some room on top.
     let body = read_body(payload, state.max_payload_bytes + 16 * 1024).await?;
     let idempotency_key = req
@@ -149,7 +166,8 @@ async fn create_message(
         retry_policy_version: Some(state.retry_policy_version.clone()),
         endpoints: Some(&state.endpoints),
     };
-    let row = message.prepare(&limits, now)?;
+    let mut row = message.prepare(&limits, now)?;
+    row.enqueued_by = Some(who.name.clone());
     let db = state.db.clone();
     let (created, stored, receipts) = web::block(move || -> Result<_, StorageError> {
         let (created, stored) = db.enqueue(&row)?;
@@ -162,11 +180,21 @@ async fn create_message(
         Ok((created, stored, receipts))
     })
     .await??;
+    if !created && who.may(Access::OwnMessage, stored.enqueued_by.as_deref()) != Verdict::Allowed {
+        // Another client's message: say only that the id is taken, nothing of that message.
+        let mut p = Problem::new(
+            StatusCode::CONFLICT,
+            "event-id-taken",
+            "A message with this event id was enqueued by another token",
+        );
+        p.field = Some("event_id".into());
+        return Err(p);
+    }
     // Committed: only now is it acknowledged.
     let mut view = MessageView::new(&stored, state.default_max_attempts);
     view.receipts = Some(receipts.iter().map(ReceiptView::new).collect());
     if created {
-        tracing::info!(event_id = %stored.event_id, channel = %stored.channel, "message enqueued");
+        tracing::info!(event_id = %stored.event_id, channel = %stored.channel, token = %who.name, "message enqueued");
         state.wake.notify_one();
         Ok(HttpResponse::Created().json(view))
     } else {
@@ -179,7 +207,7 @@ async fn show_message(
     state: web::Data<AppState>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, Problem> {
-    authorize(&req, &state)?;
+    let who = caller(&req, &state)?;
     let event_id = path.into_inner();
     let db = state.db.clone();
     let found = web::block(move || -> Result<_, StorageError> {
@@ -191,6 +219,7 @@ async fn show_message(
     })
     .await??;
     let (row, receipts) = found.ok_or_else(|| Problem::not_found("message"))?;
+    permit(&who, Access::OwnMessage, row.enqueued_by.as_deref())?;
     let mut view = MessageView::new(&row, state.default_max_attempts);
     view.receipts = Some(receipts.iter().map(ReceiptView::new).collect());
     Ok(HttpResponse::Ok().json(view))
@@ -202,7 +231,7 @@ async fn unmatched_receipts(
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, Problem> {
-    authorize(&req, &state)?;
+    authorize(&req, &state, Access::Support)?;
     let db = state.db.clone();
     let (count, rows) = web::block(move || db.unmatched_receipts(100)).await??;
     let listed: Vec<_> = rows
@@ -224,11 +253,18 @@ async fn cancel_message(
     state: web::Data<AppState>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, Problem> {
-    authorize(&req, &state)?;
+    let who = caller(&req, &state)?;
     let event_id = path.into_inner();
     let db = state.db.clone();
     let now = state.clock.now();
-    let (changed, row) = web::block(move || crate::outbox::cancel(&db, &event_id, now)).await??;
+    let (changed, row) = web::block(move || -> Result<_, Problem> {
+        // The owner never changes, so checking it before the cancel's own transaction is safe.
+        let row = db.find_by_event_id(&event_id)?;
+        let row = row.ok_or_else(|| Problem::not_found("message"))?;
+        permit(&who, Access::OwnMessage, row.enqueued_by.as_deref())?;
+        Ok(crate::outbox::cancel(&db, &event_id, now)?)
+    })
+    .await??;
     if changed {
         tracing::info!(event_id = %row.event_id, "message canceled");
     }
@@ -494,12 +530,5 @@ mod tests {
                 "payload"
             ]
         );
-    }
-
-    #[test]
-    fn token_comparison() {
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"abc", b"abcd"));
     }
 }

@@ -118,6 +118,16 @@ impl Problem {
         )
     }
 
+    /// 403: a valid token without the scope the route needs.
+    pub fn forbidden(needs: &str) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "This token's scope does not allow this",
+        )
+        .detail(format!("needs a token with scope {needs}"))
+    }
+
     /// 401: a receipt whose one-time signature value (Mailgun's token) was already used for a
     /// different event.
     pub fn replayed() -> Self {
@@ -167,6 +177,9 @@ impl ResponseError for Problem {
         ));
         if let Some(s) = self.retry_after {
             r.insert_header((header::RETRY_AFTER, s.to_string()));
+        }
+        if self.status == 401 && self.kind.ends_with("/unauthorized") {
+            r.insert_header((header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
         }
         r.json(&*self.0)
     }

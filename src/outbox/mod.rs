@@ -175,6 +175,7 @@ impl NewMessage {
             semantics: self.semantics,
             expires_at: self.expires_at.map(trunc),
             request_fingerprint: fingerprint.map(|f| f.as_str().to_owned()),
+            enqueued_by: None,
             now,
         })
     }

@@ -40,6 +40,8 @@ pub struct OutboxRow {
     pub state_reason: Option<String>,
     /// Email only: the key of its deterministic `Message-ID` (see `domain::email_message_key`).
     pub message_key: Option<String>,
+    /// The name of the API token that enqueued it (`None`: SQL or the library).
+    pub enqueued_by: Option<String>,
 }
 
 /// What the watchdog reads of a `sending` row whose lease ran out: what the decision and the
@@ -101,6 +103,8 @@ pub struct NewOutboxRow {
     pub semantics: Semantics,
     pub expires_at: Option<DateTime<Utc>>,
     pub request_fingerprint: Option<String>,
+    /// The name of the API token that enqueued it over HTTP.
+    pub enqueued_by: Option<String>,
     pub now: DateTime<Utc>,
 }
 

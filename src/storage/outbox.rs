@@ -36,6 +36,7 @@ per_backend! {
                 o::semantics.eq(m.semantics),
                 o::expires_at.eq(m.expires_at),
                 o::request_fingerprint.eq(&m.request_fingerprint),
+                o::enqueued_by.eq(&m.enqueued_by),
                 o::created_at.eq(m.now),
                 o::updated_at.eq(m.now),
             ))

@@ -51,6 +51,7 @@ diesel::table! {
         retry_policy_version -> Nullable<Text>,
         state_reason -> Nullable<Text>,
         message_key -> Nullable<Text>,
+        enqueued_by -> Nullable<Text>,
     }
 }
 

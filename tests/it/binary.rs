@@ -13,6 +13,14 @@ use crate::support::smtp_sink::SmtpSink;
 const START_WITHIN: Duration = Duration::from_secs(60);
 const EXIT_WITHIN: Duration = Duration::from_secs(30);
 
+/// The API token every child process is given (`HERALD_API_TOKEN`) unless a test says otherwise.
+const BIN_TOKEN: &str = "tok-binary-test-7f3a";
+
+/// A client that sends [`BIN_TOKEN`].
+fn client() -> reqwest::Client {
+    crate::support::app::client_with_token(BIN_TOKEN)
+}
+
 /// A free loopback address (bound, read, released).
 fn free_addr() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -33,7 +41,18 @@ impl Herald {
 
     /// As [`Herald::spawn`], with `herald.toml` in its directory when given.
     fn spawn_with_config(args: &[&str], env: &[(&str, &str)], toml: Option<&str>) -> Self {
-        let dir = tempfile::tempdir().unwrap();
+        let mut with_token = vec![("HERALD_API_TOKEN", BIN_TOKEN)];
+        with_token.extend_from_slice(env);
+        Self::spawn_in(tempfile::tempdir().unwrap(), args, &with_token, toml)
+    }
+
+    /// `herald ARGS` in `dir` with exactly `env` (no API token unless given).
+    fn spawn_in(
+        dir: tempfile::TempDir,
+        args: &[&str],
+        env: &[(&str, &str)],
+        toml: Option<&str>,
+    ) -> Self {
         if let Some(toml) = toml {
             std::fs::write(dir.path().join("herald.toml"), toml).unwrap();
         }
@@ -151,22 +170,20 @@ async fn serve_with_smtp_delivers_and_stops_on_sigterm() {
     let sink = SmtpSink::start().await;
     let listen = free_addr();
     let base = format!("http://{listen}");
-    let token = "tok-binary-test-7f3a";
+    let token = BIN_TOKEN;
     let mut herald = Herald::spawn(
         &["serve"],
         &[
             ("HERALD_LISTEN", &listen),
             ("HERALD_SMTP_URL", &sink.url),
-            ("HERALD_API_TOKEN", token),
             ("HERALD_POLL_INTERVAL_MS", "100"),
         ],
     );
     herald.wait_healthy(&base).await;
 
-    let http = reqwest::Client::new();
+    let http = client();
     let r = http
         .post(format!("{base}/v1/messages"))
-        .bearer_auth(token)
         .json(&json!({
             "event_id": "bin-mail-1", "channel": "email", "destination": "ada@example.com",
             "payload": {"subject": "From the binary", "text": "Hello from a child process"},
@@ -220,12 +237,117 @@ async fn an_explicit_connect_timeout_above_the_total_is_refused_in_one_line() {
     assert_one_line_refusal(status, &stderr, "HERALD_WEBHOOK_CONNECT_TIMEOUT_MS");
 }
 
+/// Without a configured token `/v1` is not open: Herald generates one on first start, stores
+/// it, and `herald api-token` shows it; named tokens from `herald token` carry their scope.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_non_loopback_listen_without_a_token_is_refused_in_one_line() {
-    let (status, stderr) =
-        refusal(&[("HERALD_LISTEN", "0.0.0.0:0"), ("RUST_BACKTRACE", "1")]).await;
-    assert_one_line_refusal(status, &stderr, "HERALD_API_TOKEN");
-    assert!(stderr.contains("HERALD_LISTEN"), "{stderr}");
+async fn tokens_are_generated_when_none_is_configured_and_scopes_hold() {
+    let listen = free_addr();
+    let base = format!("http://{listen}");
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("herald.db").display());
+    let env = [
+        ("HERALD_LISTEN", listen.as_str()),
+        ("HERALD_DATABASE_URL", db.as_str()),
+    ];
+    let mut herald = Herald::spawn_in(dir, &["serve"], &env, None);
+    herald.wait_healthy(&base).await;
+    let body = crate::support::app::webhook("bin-tok-1", "https://x.example/h", json!({}));
+    let r = reqwest::Client::new()
+        .post(format!("{base}/v1/messages"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.headers()["www-authenticate"], "Bearer");
+
+    let shown = run_herald(&["api-token"], &env);
+    let token = shown.trim();
+    assert!(token.starts_with("hrld_"), "{shown}");
+    let r = crate::support::app::client_with_token(token)
+        .post(format!("{base}/v1/messages"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let status = herald.terminate().await;
+    let log = herald.stderr();
+    assert!(status.success(), "{status}; stderr:\n{log}");
+    assert!(!log.contains(token), "the token is never logged:\n{log}");
+
+    // `herald token NAME --scope send` prints a token and the lines for herald.toml.
+    let made = run_herald(&["token", "shop", "--scope", "send"], &[]);
+    let shop = made
+        .lines()
+        .next()
+        .unwrap()
+        .strip_prefix("token: ")
+        .unwrap()
+        .to_owned();
+    let toml: String = made
+        .lines()
+        .skip_while(|l| !l.starts_with("[tokens."))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(
+        !toml.contains(&shop),
+        "only the digest goes into the file: {toml}"
+    );
+    let listen = free_addr();
+    let base = format!("http://{listen}");
+    let mut herald =
+        Herald::spawn_with_config(&["serve"], &[("HERALD_LISTEN", &listen)], Some(&toml));
+    herald.wait_healthy(&base).await;
+    let shop_http = crate::support::app::client_with_token(&shop);
+    let r = shop_http
+        .post(format!("{base}/v1/messages"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let r = shop_http
+        .get(format!("{base}/v1/receipts/unmatched"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403, "a send token does no support work");
+    let r = client()
+        .get(format!("{base}/v1/receipts/unmatched"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        200,
+        "HERALD_API_TOKEN is the admin token named default"
+    );
+    let status = herald.terminate().await;
+    let log = herald.stderr();
+    assert!(status.success(), "{status}; stderr:\n{log}");
+    assert!(
+        log.contains("shop:send") && log.contains("default:admin"),
+        "token names are logged:\n{log}"
+    );
+    assert!(!log.contains(&shop) && !log.contains(BIN_TOKEN), "{log}");
+}
+
+/// Runs `herald ARGS` to completion with exactly `env`; its stdout (exit status 0 asserted).
+fn run_herald(args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("HERALD_") || k == "RUST_LOG" {
+            cmd.env_remove(k);
+        }
+    }
+    let out = cmd.args(args).envs(env.iter().copied()).output().unwrap();
+    assert!(
+        out.status.success(),
+        "herald {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -262,7 +384,7 @@ async fn wait_for_view(
     id: &str,
     done: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
-    let http = reqwest::Client::new();
+    let http = client();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let view: serde_json::Value = http
@@ -300,7 +422,7 @@ async fn serve_reconciles_receipts_in_the_background() {
         Some(toml),
     );
     herald.wait_healthy(&base).await;
-    let http = reqwest::Client::new();
+    let http = client();
     let r = http
         .post(format!("{base}/v1/messages"))
         .json(&crate::support::app::webhook(

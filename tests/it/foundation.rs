@@ -292,6 +292,10 @@ async fn a_skewed_clock_cannot_claim_early_or_steal_a_lease() {
         &srv,
         actix_web::test::TestRequest::post()
             .uri("/v1/messages")
+            .insert_header((
+                "authorization",
+                format!("Bearer {}", crate::support::app::ADMIN_TOKEN),
+            ))
             .set_json(webhook("skew-posted", &rx.url, json!({})))
             .to_request(),
     )

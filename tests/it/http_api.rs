@@ -129,46 +129,98 @@ async fn the_message_view_has_the_contract_fields(backend: Backend) {
     app.stop().await;
 }
 
-async fn the_api_token_guards_v1(backend: Backend) {
-    let app = spawn_app_with(backend, "api_token = \"s3cret-token\"\n").await;
+async fn tokens_and_scopes_guard_v1(backend: Backend) {
+    use crate::support::app::client_with_token;
+    let digest = herald::auth::digest_hex;
+    let extra = format!(
+        "[tokens.shop]\nsha256 = \"{}\"\nscope = \"send\"\n\
+         [tokens.blog]\nsha256 = \"{}\"\nscope = \"send\"\n\
+         [tokens.desk]\nsha256 = \"{}\"\nscope = \"support\"\n",
+        digest("shop-token-0123456789"),
+        digest("blog-token-0123456789"),
+        digest("desk-token-0123456789"),
+    );
+    let app = spawn_app_with(backend, &extra).await;
+    let (shop, blog, desk) = (
+        client_with_token("shop-token-0123456789"),
+        client_with_token("blog-token-0123456789"),
+        client_with_token("desk-token-0123456789"),
+    );
+    let anonymous = reqwest::Client::new();
     let url = format!("{}/v1/messages", app.base);
+    let one = |id: &str| format!("{}/v1/messages/{id}", app.base);
     let body = webhook("tok-1", "https://x.example/h", json!({}));
-    let r = app.http.post(&url).json(&body).send().await.unwrap();
-    problem(r, 401).await;
-    let r = app
-        .http
-        .post(&url)
-        .bearer_auth("wrong")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    problem(r, 401).await;
+
+    // No token, a wrong one, the digest instead of the token: 401, nothing stored.
+    for client in [
+        &anonymous,
+        &client_with_token("wrong-token-0123456789"),
+        &client_with_token(&digest("shop-token-0123456789")),
+    ] {
+        let r = client.post(&url).json(&body).send().await.unwrap();
+        assert_eq!(r.headers()["www-authenticate"], "Bearer");
+        problem(r, 401).await;
+        let r = client.get(one("tok-1")).send().await.unwrap();
+        problem(r, 401).await;
+    }
     assert!(app.db.find_by_event_id("tok-1").unwrap().is_none());
-    let r = app
-        .http
-        .post(&url)
-        .bearer_auth("s3cret-token")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+
+    // A support token cannot enqueue; a send token can, and the row records its name.
+    let r = desk.post(&url).json(&body).send().await.unwrap();
+    let p = problem(r, 403).await;
+    assert!(p["detail"].as_str().unwrap().contains("send"), "{p}");
+    assert!(app.db.find_by_event_id("tok-1").unwrap().is_none());
+    let r = shop.post(&url).json(&body).send().await.unwrap();
     assert_eq!(r.status(), 201);
+    assert_eq!(app.row("tok-1").enqueued_by.as_deref(), Some("shop"));
+
+    // Its own message: readable by it, by support and by admin; another send token gets the
+    // 404 of a message that does not exist, and cannot take over the event id.
+    for (client, status) in [(&shop, 200), (&desk, 200), (&app.http, 200), (&blog, 404)] {
+        let r = client.get(one("tok-1")).send().await.unwrap();
+        assert_eq!(r.status(), status);
+    }
+    let r = blog.post(&url).json(&body).send().await.unwrap();
+    let p = problem(r, 409).await;
+    assert_eq!(p["field"], "event_id");
+    assert!(
+        !p.to_string().contains("scheduled"),
+        "nothing of the other message: {p}"
+    );
+    let r = shop.post(&url).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 200, "the owner's retry is the idempotent 200");
+    let r = blog
+        .post(format!("{}/cancel", one("tok-1")))
+        .send()
+        .await
+        .unwrap();
+    problem(r, 404).await;
+    assert_eq!(app.row("tok-1").state, "scheduled");
+
+    // Support work: support and admin yes, send no.
+    let unmatched = format!("{}/v1/receipts/unmatched", app.base);
+    for (client, status) in [(&shop, 403), (&desk, 200), (&app.http, 200)] {
+        let r = client.get(&unmatched).send().await.unwrap();
+        assert_eq!(r.status(), status);
+    }
+    // Support may cancel any message; the owner may cancel its own.
+    let r = desk
+        .post(format!("{}/cancel", one("tok-1")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(app.row("tok-1").state, "canceled");
+
     // Health needs no token.
-    let r = app
-        .http
-        .get(format!("{}/healthz", app.base))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let r = app
-        .http
-        .get(format!("{}/readyz", app.base))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    for path in ["/healthz", "/readyz"] {
+        let r = anonymous
+            .get(format!("{}{path}", app.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+    }
     app.stop().await;
 }
 
@@ -199,5 +251,5 @@ async fn storage_down() {
 both_backends!(
     bad_input_is_refused_with_the_field_and_nothing_is_stored,
     the_message_view_has_the_contract_fields,
-    the_api_token_guards_v1,
+    tokens_and_scopes_guard_v1,
 );

@@ -15,6 +15,20 @@ use super::db::TestDb;
 
 /// The signing secret tests verify with.
 pub const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+/// The admin token (`api_token`, named `default`) every test app accepts and `TestApp::http`
+/// sends.
+pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
+
+/// A client that sends `token` as its bearer token on every request.
+pub fn client_with_token(token: &str) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    let value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}")).unwrap();
+    headers.insert(reqwest::header::AUTHORIZATION, value);
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .unwrap()
+}
 
 pub struct TestApp {
     pub base: String,
@@ -29,7 +43,8 @@ pub struct TestApp {
 /// Settings every test starts from; keys set in `extra` (TOML) replace these.
 pub fn base_toml(db_url: &str, extra: &str) -> String {
     let base = format!(
-        "database_url = \"{db_url}\"\nwebhook_secret = \"{SECRET}\"\npoll_interval_ms = 50\n\
+        "database_url = \"{db_url}\"\nwebhook_secret = \"{SECRET}\"\napi_token = \"{ADMIN_TOKEN}\"\n\
+         poll_interval_ms = 50\n\
          lease_seconds = 30\nwebhook_timeout_ms = 1000\nwebhook_connect_timeout_ms = 500\n\
          smtp_timeout_ms = 2000\nretry_base_seconds = 1\nretry_cap_seconds = 60\n\
          retry_max_attempts = 4\nretry_after_max_seconds = 120\nretry_jitter = 0.2\n"
@@ -81,7 +96,7 @@ pub async fn spawn_with_workers(test_db: TestDb, extra_toml: &str, workers: usiz
         db: herald.db.clone(),
         herald,
         clock,
-        http: reqwest::Client::new(),
+        http: client_with_token(ADMIN_TOKEN),
         test_db,
         server: handle,
     }
@@ -185,7 +200,14 @@ pub async fn call_with_db(
     .await;
     let mut out = Vec::new();
     for r in requests {
-        out.push(actix_web::test::call_service(&srv, r.to_request()).await);
+        use actix_web::HttpMessage;
+        let mut req = r.to_request();
+        let auth = actix_web::http::header::AUTHORIZATION;
+        if !req.headers().contains_key(&auth) {
+            let value = format!("Bearer {ADMIN_TOKEN}").parse().unwrap();
+            req.headers_mut().insert(auth, value);
+        }
+        out.push(actix_web::test::call_service(&srv, req).await);
     }
     out
 }

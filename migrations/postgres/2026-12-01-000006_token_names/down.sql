@@ -1,0 +1,1 @@
+ALTER TABLE herald_outbox DROP COLUMN enqueued_by;
