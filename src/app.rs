@@ -144,6 +144,7 @@ impl Herald {
                 concurrency: settings.sender_concurrency,
                 poll_interval: settings.poll_interval,
                 policy: settings.retry.clone(),
+                limits: settings.limits.clone(),
             },
             webhook,
             email,

@@ -111,6 +111,21 @@ struct FileConfig {
     endpoints: BTreeMap<String, EndpointConfig>,
     #[serde(default)]
     sources: BTreeMap<String, SourceConfig>,
+    destination_max_in_flight: Option<u32>,
+    smtp_rate_limit_per_second: Option<f64>,
+    smtp_burst: Option<u32>,
+    smtp_max_in_flight: Option<u32>,
+    #[serde(default)]
+    destinations: BTreeMap<String, DestinationConfig>,
+}
+
+/// `[destinations."HOST"]`: limits for every webhook to that host (any scheme and port).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DestinationConfig {
+    rate_limit_per_second: Option<f64>,
+    burst: Option<u32>,
+    max_in_flight: Option<u32>,
 }
 
 /// `[tokens.NAME]`: a bearer token by its SHA-256, with a scope.
@@ -178,6 +193,8 @@ pub struct Settings {
     /// How long an `unconfirmed` message waits for a receipt before `dead_letter`.
     pub unconfirmed_deadline: Duration,
     pub status_callbacks: Option<StatusCallbacks>,
+    /// Per-destination limits (see `sender::limits`).
+    pub limits: crate::sender::LimitsConfig,
 }
 
 /// A validated `[sources.NAME]`: its verifier.
@@ -326,6 +343,18 @@ impl Settings {
         over!(dkim_key_file, "HERALD_DKIM_KEY_FILE", string);
         over!(ingest_max_body_bytes, "HERALD_INGEST_MAX_BODY_BYTES", num);
         over!(reconcile_interval_ms, "HERALD_RECONCILE_INTERVAL_MS", num);
+        over!(
+            destination_max_in_flight,
+            "HERALD_DESTINATION_MAX_IN_FLIGHT",
+            num
+        );
+        over!(
+            smtp_rate_limit_per_second,
+            "HERALD_SMTP_RATE_LIMIT_PER_SECOND",
+            num
+        );
+        over!(smtp_burst, "HERALD_SMTP_BURST", num);
+        over!(smtp_max_in_flight, "HERALD_SMTP_MAX_IN_FLIGHT", num);
         over!(reconcile_batch_size, "HERALD_RECONCILE_BATCH_SIZE", num);
         over!(
             unconfirmed_deadline_seconds,
@@ -333,6 +362,7 @@ impl Settings {
             num
         );
 
+        let limits = limits_config(&f, f.sender_concurrency.unwrap_or(64).clamp(1, 1024))?;
         let timings = Timings::resolve(
             f.lease_seconds,
             f.webhook_timeout_ms,
@@ -562,8 +592,56 @@ impl Settings {
             reconcile_batch_size: f.reconcile_batch_size.unwrap_or(500).clamp(1, 10_000),
             unconfirmed_deadline,
             status_callbacks,
+            limits,
         })
     }
+}
+
+/// The per-destination limits: the default cap on sends in flight to one destination (half the
+/// sender's slots, so that one slow destination never takes them all), the SMTP relay's, and
+/// `[destinations."HOST"]`.
+fn limits_config(
+    f: &FileConfig,
+    sender_concurrency: u32,
+) -> Result<crate::sender::LimitsConfig, ConfigError> {
+    use crate::channels::Limit;
+    let field = |e: crate::domain::InvalidField| invalid(e.field, e.message);
+    let default_max_in_flight = match f.destination_max_in_flight {
+        Some(n) if n >= 1 => n,
+        Some(_) => {
+            return Err(invalid(
+                "destination_max_in_flight",
+                "must be at least 1; set HERALD_DESTINATION_MAX_IN_FLIGHT to the most sends in \
+                 flight to one destination, or unset it (default: half of sender_concurrency)",
+            ));
+        }
+        None => (sender_concurrency / 2).max(1),
+    };
+    let smtp = Limit::parse(
+        "smtp",
+        f.smtp_rate_limit_per_second,
+        f.smtp_burst,
+        f.smtp_max_in_flight,
+    )
+    .map_err(|e| invalid(e.field.replacen("smtp.", "smtp_", 1), e.message))?;
+    let mut hosts = BTreeMap::new();
+    for (host, d) in &f.destinations {
+        let key = format!("destinations.{host}");
+        if host.is_empty() || host.contains(['/', '@', ' ']) {
+            return Err(invalid(
+                key,
+                "must be a host (any port) or host:port, without a scheme or path",
+            ));
+        }
+        let limit =
+            Limit::parse(&key, d.rate_limit_per_second, d.burst, d.max_in_flight).map_err(field)?;
+        hosts.insert(host.to_ascii_lowercase(), limit);
+    }
+    Ok(crate::sender::LimitsConfig {
+        default_max_in_flight,
+        hosts,
+        smtp,
+    })
 }
 
 /// `dkim_selector`, `dkim_domain` and `dkim_key_file` together, the key read and checked now;

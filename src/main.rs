@@ -47,6 +47,12 @@ enum Command {
     /// database on first start because no token was configured (HERALD_API_TOKEN or
     /// [tokens.NAME]); with tokens configured it is not accepted and this says so.
     ApiToken,
+    /// Named endpoints Herald disabled by itself (`disable_after_failures`): list them, or
+    /// enable one again.
+    Endpoint {
+        #[command(subcommand)]
+        action: EndpointAction,
+    },
     /// Make a new named bearer token: prints the token (give it to the client) and the TOML
     /// lines for herald.toml, which hold only its SHA-256. Needs no configuration or database.
     Token {
@@ -84,6 +90,14 @@ enum Command {
         #[arg(long, value_name = "PEM")]
         cert_file: Option<PathBuf>,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum EndpointAction {
+    /// Every named endpoint and whether it is disabled (and why).
+    List,
+    /// Enable a disabled endpoint; its held messages go out as they come due (within 30 s).
+    Enable { name: String },
 }
 
 /// Exit status of a refused configuration (a setting that cannot work as given).
@@ -170,6 +184,42 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::VerifyReceipt { .. } | Command::Token { .. } => {
             unreachable!("handled before configuration is loaded")
+        }
+        Command::Endpoint { action } => {
+            let db = open_db(&settings, true)?;
+            match action {
+                EndpointAction::List => {
+                    let disabled = db.disabled_endpoints()?;
+                    for name in settings.endpoints.keys() {
+                        match disabled.iter().find(|d| &d.name == name) {
+                            Some(d) => println!(
+                                "{name}\tdisabled since {}\t{}",
+                                d.disabled_at
+                                    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                                d.reason.as_deref().unwrap_or("")
+                            ),
+                            None => println!("{name}\tenabled"),
+                        }
+                    }
+                    Ok(ExitCode::SUCCESS)
+                }
+                EndpointAction::Enable { name } => {
+                    if !settings.endpoints.contains_key(&name) {
+                        eprintln!("herald: no endpoint named {name:?} is configured");
+                        return Ok(ExitCode::FAILURE);
+                    }
+                    let changed = db.enable_endpoint(&name, chrono::Utc::now())?;
+                    println!(
+                        "{name}: {}",
+                        if changed {
+                            "enabled"
+                        } else {
+                            "was not disabled"
+                        }
+                    );
+                    Ok(ExitCode::SUCCESS)
+                }
+            }
         }
         Command::ApiToken => {
             match api_token(&open_db(&settings, true)?, &settings)? {

@@ -63,6 +63,64 @@ impl SendReport {
 
 pub use crate::crypto::install_crypto_provider;
 
+/// The delivery limits of one destination (a host, a named endpoint, the SMTP relay): a rate
+/// (token bucket) and a cap on sends in flight. `None`: no limit of that kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Limit {
+    pub per_second: Option<f64>,
+    /// Sends admitted at once after a quiet spell (at least 1). Default: `per_second`, rounded up.
+    pub burst: Option<u32>,
+    pub max_in_flight: Option<u32>,
+}
+
+impl Limit {
+    /// Checks the numbers of `rate_limit_per_second`, `burst` and `max_in_flight` under `key`
+    /// (`endpoints.NAME`, `destinations.HOST`…); a refusal names the offending key.
+    pub fn parse(
+        key: &str,
+        per_second: Option<f64>,
+        burst: Option<u32>,
+        max_in_flight: Option<u32>,
+    ) -> Result<Self, crate::domain::InvalidField> {
+        use crate::domain::InvalidField;
+        if let Some(r) = per_second
+            && !(r.is_finite() && r > 0.0 && r <= 1_000_000.0)
+        {
+            return Err(InvalidField::new(
+                format!("{key}.rate_limit_per_second"),
+                "must be a number of sends a second above 0 and at most 1000000",
+            ));
+        }
+        if burst.is_some_and(|b| !(1..=100_000).contains(&b)) {
+            return Err(InvalidField::new(
+                format!("{key}.burst"),
+                "must be in 1–100000",
+            ));
+        }
+        if burst.is_some() && per_second.is_none() {
+            return Err(InvalidField::new(
+                format!("{key}.burst"),
+                "needs rate_limit_per_second",
+            ));
+        }
+        if max_in_flight.is_some_and(|n| !(1..=100_000).contains(&n)) {
+            return Err(InvalidField::new(
+                format!("{key}.max_in_flight"),
+                "must be in 1–100000",
+            ));
+        }
+        Ok(Self {
+            per_second,
+            burst,
+            max_in_flight,
+        })
+    }
+
+    pub fn is_none(&self) -> bool {
+        self.per_second.is_none() && self.max_in_flight.is_none()
+    }
+}
+
 /// At most 200 characters, control characters dropped, anything that looks like an address or a
 /// long number masked: the excerpt explains an answer without storing what it may echo back.
 pub fn redact_excerpt(text: &str) -> String {

@@ -60,6 +60,11 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         )
         .route("/v1/ingest/{source}", web::post().to(ingest_receipts))
         .route("/v1/receipts/unmatched", web::get().to(unmatched_receipts))
+        .route("/v1/endpoints", web::get().to(list_endpoints))
+        .route(
+            "/v1/endpoints/{name}/enable",
+            web::post().to(enable_endpoint),
+        )
         .default_service(web::to(|| async {
             Err::<HttpResponse, _>(Problem::new(
                 StatusCode::NOT_FOUND,
@@ -246,6 +251,61 @@ async fn unmatched_receipts(
         })
         .collect();
     Ok(HttpResponse::Ok().json(serde_json::json!({"count": count, "receipts": listed})))
+}
+
+/// `GET /v1/endpoints`: the named endpoints, each with its host, limits and whether Herald
+/// disabled it (and why). Never its URL path, secrets or headers.
+async fn list_endpoints(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, Problem> {
+    authorize(&req, &state, Access::Support)?;
+    let db = state.db.clone();
+    let disabled = web::block(move || db.disabled_endpoints()).await??;
+    let listed: Vec<_> = state
+        .endpoints
+        .values()
+        .map(|e| {
+            let off = disabled.iter().find(|d| d.name == e.name);
+            serde_json::json!({
+                "name": e.name,
+                "host": e.url.host_str(),
+                "event_types": e.event_types,
+                "rate_limit_per_second": e.limit.per_second,
+                "burst": e.limit.burst,
+                "max_in_flight": e.limit.max_in_flight,
+                "disable_after_failures": e.auto_disable.map(|a| a.failures),
+                "disable_after_seconds": e.auto_disable.map(|a| a.over.as_secs()),
+                "disabled": off.is_some(),
+                "disabled_at": off.map(|d| d.disabled_at),
+                "disabled_reason": off.and_then(|d| d.reason.clone()),
+            })
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(serde_json::json!({ "endpoints": listed })))
+}
+
+/// `POST /v1/endpoints/{name}/enable`: ends an automatic disabling (admin scope). Its held
+/// messages go out as they come due again (within half a minute).
+async fn enable_endpoint(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, Problem> {
+    let who = authorize(&req, &state, Access::Admin)?;
+    let name = path.into_inner();
+    if !state.endpoints.contains_key(&name) {
+        return Err(Problem::not_found("endpoint"));
+    }
+    let db = state.db.clone();
+    let now = state.clock.now();
+    let n = name.clone();
+    let changed = web::block(move || db.enable_endpoint(&n, now)).await??;
+    if changed {
+        tracing::warn!(endpoint = %name, token = %who.name, "endpoint enabled again");
+    }
+    Ok(HttpResponse::Ok()
+        .json(serde_json::json!({"name": name, "enabled": true, "changed": changed})))
 }
 
 async fn cancel_message(

@@ -6,6 +6,8 @@
 //! lease that expired and was claimed again); a lease that runs out is returned by the watchdog.
 
 pub mod decide;
+pub mod disable;
+pub mod limits;
 pub mod listener;
 pub mod policy;
 pub mod throttle;
@@ -28,6 +30,8 @@ use crate::storage::models::{
 use crate::storage::{Db, StorageError};
 
 use self::decide::{AttemptFacts, decide};
+use self::disable::Streaks;
+use self::limits::{Limit, Limits};
 use self::throttle::{Answer, Throttle};
 
 /// The throttle key of the SMTP relay: every email goes through the one relay configured.
@@ -46,7 +50,69 @@ pub struct SenderConfig {
     pub concurrency: u32,
     pub poll_interval: Duration,
     pub policy: RetryPolicy,
+    pub limits: LimitsConfig,
 }
+
+/// Per-destination limits beyond a named endpoint's own (see [`limits`]).
+#[derive(Debug, Clone, Default)]
+pub struct LimitsConfig {
+    /// Sends in flight to one destination (host or SMTP relay) unless configured otherwise.
+    pub default_max_in_flight: u32,
+    /// `[destinations."HOST"]`, by lower-case host.
+    pub hosts: std::collections::BTreeMap<String, Limit>,
+    /// The SMTP relay's.
+    pub smtp: Limit,
+}
+
+impl LimitsConfig {
+    /// The limit of a host (or the relay): as configured, the default cap filling a gap.
+    fn with_default_cap(&self, configured: Option<Limit>) -> Limit {
+        let mut l = configured.unwrap_or_default();
+        l.max_in_flight = l.max_in_flight.or(Some(self.default_max_in_flight));
+        l
+    }
+}
+
+/// What [`Sender::clear`] decided for a claimed row.
+#[allow(clippy::large_enum_variant)] // one per claimed row, moved once; boxing buys nothing
+pub enum Clearance {
+    /// Send it.
+    Go(Cleared),
+    /// Put back without a request: the outcome to write.
+    Held(OutcomeRecord),
+}
+
+/// A claimed row cleared by [`Sender::clear`]: its places under its destination's limits are
+/// held until the send is over.
+pub struct Cleared {
+    row: OutboxRow,
+    base: OutcomeRecord,
+    /// The pause key: a webhook URL's scheme, host and port, or the SMTP relay.
+    destination: Option<String>,
+    endpoint: Option<String>,
+    /// `None`: over a cap on sends in flight when cleared; the send waits briefly for a place.
+    permit: Option<limits::Permit>,
+    bound: Vec<(String, Limit)>,
+}
+
+impl LimitsConfig {
+    /// `[destinations."HOST:PORT"]`, else `[destinations."HOST"]`.
+    fn host_limit(&self, host: &str, key: &str) -> Option<Limit> {
+        let host_port = key.split_once("://").map_or(key, |(_, hp)| hp);
+        self.hosts
+            .get(host_port)
+            .or_else(|| self.hosts.get(host))
+            .copied()
+    }
+}
+
+/// How long a send over its destination's cap waits for a place before it is put back.
+const CAP_PATIENCE: Duration = Duration::from_millis(100);
+
+/// How long a message of a disabled endpoint is put back for before it is looked at again.
+const DISABLED_WAIT: Duration = Duration::from_secs(30);
+/// How often the sender rereads which endpoints are disabled (it knows at once of its own).
+const DISABLED_REFRESH: chrono::TimeDelta = chrono::TimeDelta::seconds(1);
 
 impl SenderConfig {
     /// A lease owner unique to this process: `herald-<pid>-<random>`.
@@ -81,6 +147,10 @@ struct Inner {
     email: EmailChannel,
     wake: Arc<Notify>,
     throttle: Throttle,
+    limits: Arc<Limits>,
+    streaks: Streaks,
+    /// The endpoints disabled in the database, as last read, and when.
+    disabled: std::sync::Mutex<(Option<chrono::DateTime<chrono::Utc>>, Vec<String>)>,
 }
 
 impl Sender {
@@ -102,6 +172,9 @@ impl Sender {
                 email,
                 wake,
                 throttle,
+                limits: Arc::default(),
+                streaks: Streaks::default(),
+                disabled: std::sync::Mutex::new((None, Vec::new())),
             }),
         }
     }
@@ -133,6 +206,9 @@ impl Sender {
         let (rows, expired) = self
             .blocking(move |db| db.claim(now, limit, &owner, lease, &version))
             .await?;
+        if !rows.is_empty() {
+            self.refresh_disabled().await?;
+        }
         if expired > 0 {
             info!(
                 expired,
@@ -142,15 +218,118 @@ impl Sender {
         Ok(rows)
     }
 
-    /// Sends one claimed row and decides what happens next. Never touches the database.
-    pub async fn process(&self, row: OutboxRow) -> OutcomeRecord {
-        let span = info_span!("send", event_id = %row.event_id, attempt = row.attempts);
-        self.process_inner(row).instrument(span).await
+    /// Rereads the disabled endpoints when the last read is older than [`DISABLED_REFRESH`]
+    /// (only when some endpoint can be disabled at all).
+    async fn refresh_disabled(&self) -> Result<(), SenderError> {
+        if !self
+            .inner
+            .webhook
+            .endpoints()
+            .any(|e| e.auto_disable.is_some())
+        {
+            return Ok(());
+        }
+        let now = self.inner.clock.now();
+        let stale = {
+            let d = self
+                .inner
+                .disabled
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            d.0.is_none_or(|at| now - at >= DISABLED_REFRESH || at > now)
+        };
+        if stale {
+            let names: Vec<String> = self
+                .blocking(|db| db.disabled_endpoints())
+                .await?
+                .into_iter()
+                .map(|d| d.name)
+                .collect();
+            *self
+                .inner
+                .disabled
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = (Some(now), names);
+        }
+        Ok(())
     }
 
-    async fn process_inner(&self, row: OutboxRow) -> OutcomeRecord {
+    fn is_disabled(&self, endpoint: &str) -> bool {
+        let d = self
+            .inner
+            .disabled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        d.1.iter().any(|n| n == endpoint)
+    }
+
+    /// Counts an attempt toward its endpoint's streak of failures and disables the endpoint
+    /// when the streak trips its rule. Logged as an operational event.
+    async fn count_toward_disable(
+        &self,
+        endpoint: &crate::channels::webhook::Endpoint,
+        class: AttemptClass,
+        at: chrono::DateTime<chrono::Utc>,
+    ) {
+        let Some(rule) = endpoint.auto_disable else {
+            return;
+        };
+        let Some(tripped) = self.inner.streaks.observe(&endpoint.name, class, at, rule) else {
+            return;
+        };
+        let reason = format!(
+            "{} failed attempts in a row since {}",
+            tripped.failures,
+            tripped
+                .since
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        );
+        let name = endpoint.name.clone();
+        let (n, r) = (name.clone(), reason.clone());
+        match self
+            .blocking(move |db| db.disable_endpoint(&n, &r, at))
+            .await
+        {
+            Ok(changed) => {
+                {
+                    let mut d = self
+                        .inner
+                        .disabled
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner());
+                    if !d.1.contains(&name) {
+                        d.1.push(name.clone());
+                    }
+                }
+                if changed {
+                    warn!(endpoint = %name, failures = tripped.failures, %reason, "endpoint disabled: its messages wait until it is enabled again");
+                }
+            }
+            Err(e) => warn!(endpoint = %name, error = %e, "could not disable the endpoint"),
+        }
+    }
+
+    /// Sends one claimed row and decides what happens next. Never touches the database.
+    pub async fn process(&self, row: OutboxRow) -> OutcomeRecord {
+        match self.clear(row) {
+            Clearance::Go(cleared) => self.send_cleared(cleared).await,
+            Clearance::Held(held) => held,
+        }
+    }
+
+    /// The checks before a send, without waiting: a disabled endpoint, a paused destination, a
+    /// destination's limits. `Held` is the outcome of a message put back without a request.
+    /// Called in claim order for a batch, so that messages held for a rate keep their order.
+    pub fn clear(&self, row: OutboxRow) -> Clearance {
+        let span = info_span!("send", event_id = %row.event_id, attempt = row.attempts);
+        match span.in_scope(|| self.clear_inner(row)) {
+            Ok(c) => Clearance::Go(c),
+            Err(held) => Clearance::Held(*held),
+        }
+    }
+
+    fn clear_inner(&self, row: OutboxRow) -> Result<Cleared, Box<OutcomeRecord>> {
         let now = self.inner.clock.now();
-        let policy = &self.inner.config.policy;
         let fingerprint = crate::outbox::fingerprint_of(
             row.channel,
             &row.destination,
@@ -171,27 +350,140 @@ impl Sender {
             provider_message_id: None,
             attempt: None,
         };
+        // The destination it is bound to; while that is slowed down, the message is put back
+        // for after the pause's end without a request and without spending an attempt.
+        let cfg = &self.inner.config.limits;
+        let binding = match row.channel {
+            Channel::Webhook => self.inner.webhook.binding(&row.destination),
+            Channel::Email => None,
+        };
+        let endpoint = binding.as_ref().and_then(|b| b.endpoint);
+        let destination = match row.channel {
+            Channel::Webhook => binding.as_ref().map(|b| b.key.clone()),
+            Channel::Email => Some(SMTP_RELAY.to_owned()),
+        };
+        if let Some(e) = endpoint
+            && e.auto_disable.is_some()
+            && self.is_disabled(&e.name)
+        {
+            info!(endpoint = %e.name, "endpoint disabled: put back without a request");
+            let until = now + chrono::TimeDelta::from_std(DISABLED_WAIT).unwrap_or_default();
+            return Err(Box::new(put_back(
+                base,
+                row.attempts,
+                now,
+                until,
+                AttemptClass::NotSent,
+            )));
+        }
+        if let Some(until) = destination
+            .as_deref()
+            .and_then(|d| self.inner.throttle.paused_until(d, now))
+        {
+            info!(%until, "destination slowed down: put back without a request");
+            return Err(Box::new(put_back(
+                base,
+                row.attempts,
+                now,
+                until,
+                AttemptClass::RateLimited,
+            )));
+        }
+        // Its limits: the named endpoint's own, and its host's (or the relay's).
+        let endpoint_key = endpoint.map(|e| format!("endpoint:{}", e.name));
+        let (host_key, host_limit) = match &binding {
+            Some(b) => (
+                b.key.clone(),
+                cfg.with_default_cap(cfg.host_limit(&b.host, &b.key)),
+            ),
+            None => (SMTP_RELAY.to_owned(), cfg.with_default_cap(Some(cfg.smtp))),
+        };
+        let mut bound: Vec<(&str, Limit)> = Vec::with_capacity(2);
+        if let (Some(k), Some(e)) = (&endpoint_key, endpoint)
+            && !e.limit.is_none()
+        {
+            bound.push((k, e.limit));
+        }
+        if row.channel == Channel::Email || binding.is_some() {
+            bound.push((&host_key, host_limit));
+        }
+        let permit = match self.inner.limits.admit(row.id, &bound, now) {
+            Ok(p) => Some(p),
+            Err(held) if held.why == limits::HeldBy::InFlight => None,
+            Err(held) => {
+                debug!(held_by = held.why.as_str(), until = %held.until, "destination limit: put back without a request");
+                return Err(Box::new(put_back(
+                    base,
+                    row.attempts,
+                    now,
+                    held.until,
+                    AttemptClass::RateLimited,
+                )));
+            }
+        };
+        let endpoint = endpoint.map(|e| e.name.clone());
+        let bound = bound.into_iter().map(|(k, l)| (k.to_owned(), l)).collect();
+        Ok(Cleared {
+            row,
+            base,
+            destination,
+            endpoint,
+            permit,
+            bound,
+        })
+    }
+
+    /// Sends a cleared row and decides what happens next. Never touches the database.
+    pub async fn send_cleared(&self, cleared: Cleared) -> OutcomeRecord {
+        let span =
+            info_span!("send", event_id = %cleared.row.event_id, attempt = cleared.row.attempts);
+        self.send_inner(cleared).instrument(span).await
+    }
+
+    async fn send_inner(&self, cleared: Cleared) -> OutcomeRecord {
+        let Cleared {
+            row,
+            base,
+            destination,
+            endpoint,
+            permit,
+            bound,
+        } = cleared;
+        let _permit = match permit {
+            Some(p) => p,
+            None => {
+                let bound: Vec<(&str, Limit)> =
+                    bound.iter().map(|(k, l)| (k.as_str(), *l)).collect();
+                let clock = self.inner.clock.clone();
+                match self
+                    .inner
+                    .limits
+                    .admit_within(row.id, &bound, || clock.now(), CAP_PATIENCE)
+                    .await
+                {
+                    Ok(p) => p,
+                    Err(held) => {
+                        let now = self.inner.clock.now();
+                        debug!(held_by = held.why.as_str(), until = %held.until, "destination limit: put back without a request");
+                        return put_back(
+                            base,
+                            row.attempts,
+                            now,
+                            held.until,
+                            AttemptClass::RateLimited,
+                        );
+                    }
+                }
+            }
+        };
+        let now = self.inner.clock.now();
+        let policy = &self.inner.config.policy;
+        let endpoint = endpoint.and_then(|n| self.inner.webhook.endpoint(&n));
         let outgoing = Outgoing {
             event_id: &row.event_id,
             destination: &row.destination,
             payload: &row.payload,
         };
-        // The destination it is bound to; while that is slowed down, the message is put back
-        // for after the pause's end (spread over a tenth of the pause more, so that the held
-        // messages do not all return at one instant) without a request and without spending an
-        // attempt.
-        let destination = match row.channel {
-            Channel::Webhook => self.inner.webhook.destination_key(&row.destination),
-            Channel::Email => Some(SMTP_RELAY.to_owned()),
-        };
-        if let Some(until) = destination
-            .as_deref()
-            .and_then(|d| self.inner.throttle.paused_until(d, now))
-        {
-            let wait = (until - now).num_milliseconds().max(0);
-            info!(%until, "destination slowed down: put back without a request");
-            return put_back(base, row.attempts, now, wait, AttemptClass::RateLimited);
-        }
         let report = match row.channel {
             Channel::Webhook => self.inner.webhook.send(&outgoing).await,
             Channel::Email => self.inner.email.send(&outgoing).await,
@@ -201,8 +493,8 @@ impl Sender {
             // tried, so no attempt is spent on it (more sends in flight than the pool's size
             // must not dead-letter mail that never left).
             info!("no SMTP connection free in time: put back without an attempt");
-            let wait = policy.base.as_millis() as i64;
-            return put_back(base, row.attempts, now, wait, AttemptClass::NotSent);
+            let until = now + chrono::TimeDelta::from_std(policy.base).unwrap_or_default();
+            return put_back(base, row.attempts, now, until, AttemptClass::NotSent);
         }
         let semantics = row.semantics;
         let max_attempts = row
@@ -218,6 +510,10 @@ impl Sender {
         };
         let unit: f64 = rand::rng().random();
         let decision = decide(facts, policy, report.finished_at.max(now), unit);
+        if let Some(e) = endpoint {
+            self.count_toward_disable(e, report.class, report.finished_at)
+                .await;
+        }
         if let Some(d) = &destination {
             let answer = Answer {
                 class: report.class,
@@ -299,15 +595,22 @@ impl Sender {
         }
         let limit = Arc::new(Semaphore::new(self.inner.config.concurrency as usize));
         let mut tasks = tokio::task::JoinSet::new();
+        let mut outcomes = Vec::with_capacity(n);
         for row in rows {
+            let cleared = match self.clear(row) {
+                Clearance::Go(c) => c,
+                Clearance::Held(held) => {
+                    outcomes.push(held);
+                    continue;
+                }
+            };
             let this = self.clone();
             let limit = limit.clone();
             tasks.spawn(async move {
                 let _permit = limit.acquire_owned().await;
-                this.process(row).await
+                this.send_cleared(cleared).await
             });
         }
-        let mut outcomes = Vec::with_capacity(n);
         while let Some(done) = tasks.join_next().await {
             outcomes.push(done?);
         }
@@ -404,13 +707,21 @@ impl Sender {
             };
             let full = rows.len() as u32 == free.min(cfg.batch_size);
             for row in rows {
+                // In claim order, before any send of the batch starts (see `clear`).
+                let cleared = match self.clear(row) {
+                    Clearance::Go(c) => c,
+                    Clearance::Held(held) => {
+                        let _ = tx.send(held).await;
+                        continue;
+                    }
+                };
                 let Ok(permit) = slots.clone().acquire_owned().await else {
                     break;
                 };
                 let this = self.clone();
                 let tx = tx.clone();
                 tokio::spawn(async move {
-                    let outcome = this.process(row).await;
+                    let outcome = this.send_cleared(cleared).await;
                     // The flusher outlives every sender task: it stops when all senders drop tx.
                     let _ = tx.send(outcome).await;
                     drop(permit);
@@ -497,23 +808,26 @@ pub fn lease_expired_decision(
     }
 }
 
-/// A claimed message put back without a request: `retryable` after `wait_ms` (plus up to a tenth
-/// of it, so that messages put back together do not all return at one instant), the claim's
-/// attempt not spent, no attempt row.
+/// A claimed message put back without a request: `retryable` after `wait_ms`, the claim's attempt
+/// not spent, no attempt row.
 fn put_back(
     base: OutcomeRecord,
     claimed_attempts: i32,
     now: chrono::DateTime<chrono::Utc>,
-    wait_ms: i64,
+    until: chrono::DateTime<chrono::Utc>,
     class: AttemptClass,
 ) -> OutcomeRecord {
-    let wait = wait_ms.max(0);
-    let wait = wait + (wait as f64 * 0.1 * rand::rng().random::<f64>()) as i64;
+    // No spread: the held messages come back at the instant they are held until (the pause's
+    // end, their reserved slot) and are claimed in their order; the destination's limits shape
+    // what follows. SQLite stores the instant itself; PostgreSQL adds the wait, rounded up to
+    // the millisecond, to its own clock.
+    let until = until.max(now);
+    let wait_us = (until - now).num_microseconds().unwrap_or(i64::MAX);
     OutcomeRecord {
         state: State::Retryable,
         attempts_after: claimed_attempts - 1,
-        next_attempt_at: Some(now + chrono::Duration::milliseconds(wait)),
-        retry_delay_ms: Some(wait),
+        next_attempt_at: Some(until),
+        retry_delay_ms: Some(wait_us.saturating_add(999) / 1000),
         error_class: Some(class),
         ..base
     }

@@ -8,6 +8,7 @@
 //! and every write transaction is `BEGIN IMMEDIATE` behind one in-process writer lock.
 
 pub mod attempts;
+pub mod endpoints;
 pub mod models;
 pub mod outbox;
 pub mod queries;

@@ -7,6 +7,7 @@ pub use super::sql::{PG_CLAIM_SQL, PG_UPDATE_OUTCOMES_SQL, SQLITE_CLAIM_SQL};
 /// The PostgreSQL bodies.
 pub mod pg {
     pub use crate::storage::attempts::pg::*;
+    pub use crate::storage::endpoints::pg::*;
     pub use crate::storage::outbox::pg::*;
     pub use crate::storage::receipts::pg::*;
     pub use crate::storage::settings::pg::*;
@@ -15,6 +16,7 @@ pub mod pg {
 /// The SQLite bodies.
 pub mod sqlite {
     pub use crate::storage::attempts::sqlite::*;
+    pub use crate::storage::endpoints::sqlite::*;
     pub use crate::storage::outbox::sqlite::*;
     pub use crate::storage::receipts::sqlite::*;
     pub use crate::storage::settings::sqlite::*;

@@ -25,6 +25,15 @@ diesel::table! {
 }
 
 diesel::table! {
+    herald_endpoints (name) {
+        name -> Text,
+        disabled_at -> Nullable<Timestamptz>,
+        disabled_reason -> Nullable<Text>,
+        updated_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
     herald_listeners (owner) {
         owner -> Text,
         seen_at -> Timestamptz,
@@ -95,6 +104,7 @@ diesel::joinable!(herald_attempts -> herald_outbox (message_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
     herald_attempts,
+    herald_endpoints,
     herald_listeners,
     herald_outbox,
     herald_receipts,

@@ -25,6 +25,15 @@ diesel::table! {
 }
 
 diesel::table! {
+    herald_endpoints (name) {
+        name -> Text,
+        disabled_at -> Nullable<TimestamptzSqlite>,
+        disabled_reason -> Nullable<Text>,
+        updated_at -> TimestamptzSqlite,
+    }
+}
+
+diesel::table! {
     herald_outbox (id) {
         id -> BigInt,
         event_id -> Text,
@@ -88,6 +97,7 @@ diesel::joinable!(herald_attempts -> herald_outbox (message_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
     herald_attempts,
+    herald_endpoints,
     herald_outbox,
     herald_receipts,
     herald_settings,

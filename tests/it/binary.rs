@@ -455,3 +455,160 @@ async fn serve_reconciles_receipts_in_the_background() {
     let status = herald.terminate().await;
     assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
 }
+
+/// A 429 with `Retry-After: 2` pauses the whole destination in the real binary: its other
+/// messages reach the receiver no sooner than 2 s after the 429, each on its first attempt, in
+/// their order; another destination is not held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_holds_the_destinations_other_messages_for_its_retry_after() {
+    use crate::support::{Receiver, Reply};
+    let slow = Receiver::start().await;
+    let other = Receiver::start().await;
+    slow.script([Reply::Full(
+        429,
+        vec![("Retry-After".into(), "2".into())],
+        String::new(),
+    )]);
+    let listen = free_addr();
+    let base = format!("http://{listen}");
+    let mut herald = Herald::spawn(
+        &["serve"],
+        &[
+            ("HERALD_LISTEN", &listen),
+            ("HERALD_POLL_INTERVAL_MS", "50"),
+            ("HERALD_SENDER_CONCURRENCY", "1"),
+        ],
+    );
+    herald.wait_healthy(&base).await;
+    let http = client();
+    let post = |id: &'static str, url: String| {
+        let http = http.clone();
+        let base = base.clone();
+        async move {
+            let r = http
+                .post(format!("{base}/v1/messages"))
+                .json(&crate::support::app::webhook(id, &url, json!({"id": id})))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 201, "{id}");
+        }
+    };
+    post("rl-1", slow.url.clone()).await;
+    let first = slow.wait_for(1, 30).await;
+    for id in ["rl-2", "rl-3", "rl-4"] {
+        post(id, slow.url.clone()).await;
+    }
+    post("rl-o", other.url.clone()).await;
+    other.wait_for(1, 30).await;
+    let got = slow.wait_for(5, 30).await;
+    let t429 = first[0].at;
+    let held: Vec<_> = got
+        .iter()
+        .filter(|r| r.header("webhook-id") != Some("rl-1"))
+        .collect();
+    for r in &held {
+        let after = r.at.duration_since(t429);
+        assert!(
+            after >= Duration::from_secs(2),
+            "{:?} came {after:?} after the 429",
+            r.header("webhook-id")
+        );
+    }
+    let order: Vec<_> = held
+        .iter()
+        .map(|r| r.header("webhook-id").unwrap())
+        .collect();
+    assert_eq!(
+        order,
+        ["rl-2", "rl-3", "rl-4"],
+        "held messages go in their order"
+    );
+    assert!(
+        other.requests()[0].at.duration_since(t429) < Duration::from_secs(2),
+        "another destination is not held"
+    );
+    // Attempt budgets untouched: one attempt each for the held ones, two for the 429'd one.
+    for (id, attempts) in [("rl-1", 2), ("rl-2", 1), ("rl-3", 1), ("rl-4", 1)] {
+        let v = wait_for_view(&base, id, |v| v["state"] == "delivered").await;
+        assert_eq!(v["attempts"], attempts, "{id}: {v}");
+    }
+    let status = herald.terminate().await;
+    assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
+}
+
+/// Auto-disable in the real binary: the operational event is logged (by endpoint name, never its
+/// URL), `herald endpoint list` shows it and `herald endpoint enable` ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_endpoint_is_disabled_and_the_cli_enables_it() {
+    use crate::support::{Receiver, Reply};
+    let rx = Receiver::start().await;
+    rx.script([Reply::Status(503), Reply::Status(503)]);
+    let listen = free_addr();
+    let base = format!("http://{listen}");
+    let toml = format!(
+        "[endpoints.flaky]\nurl = \"{}\"\ndisable_after_failures = 2\n",
+        rx.url_for("/secret-path")
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("herald.toml"), &toml).unwrap();
+    let db = format!("sqlite://{}", dir.path().join("herald.db").display());
+    let config = dir.path().join("herald.toml").display().to_string();
+    let env = [
+        ("HERALD_LISTEN", listen.as_str()),
+        ("HERALD_DATABASE_URL", db.as_str()),
+        ("HERALD_API_TOKEN", BIN_TOKEN),
+        ("HERALD_POLL_INTERVAL_MS", "50"),
+        ("HERALD_RETRY_BASE_SECONDS", "0.1"),
+    ];
+    let mut herald = Herald::spawn_in(dir, &["serve"], &env, None);
+    herald.wait_healthy(&base).await;
+    let r = client()
+        .post(format!("{base}/v1/messages"))
+        .json(
+            &json!({"event_id": "ad-1", "channel": "webhook", "destination": "endpoint:flaky",
+                      "payload": {"body": {}}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    rx.wait_for(2, 30).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let listed = loop {
+        let v: serde_json::Value = client()
+            .get(format!("{base}/v1/endpoints"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if v["endpoints"][0]["disabled"] == true {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "not disabled: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(!listed.to_string().contains("secret-path"), "{listed}");
+    let status = herald.terminate().await;
+    let log = herald.stderr();
+    assert!(status.success(), "{status}; stderr:\n{log}");
+    assert!(
+        log.contains("endpoint disabled") && log.contains("flaky"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("secret-path"),
+        "no URL path in the logs:\n{log}"
+    );
+
+    let cli = [("HERALD_DATABASE_URL", db.as_str())];
+    let list = run_herald(&["--config", &config, "endpoint", "list"], &cli);
+    assert!(list.starts_with("flaky\tdisabled since "), "{list}");
+    let enabled = run_herald(&["--config", &config, "endpoint", "enable", "flaky"], &cli);
+    assert_eq!(enabled.trim(), "flaky: enabled");
+    let list = run_herald(&["--config", &config, "endpoint", "list"], &cli);
+    assert_eq!(list.trim(), "flaky\tenabled");
+    assert_eq!(rx.requests().len(), 2, "nothing was sent while disabled");
+}

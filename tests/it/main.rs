@@ -13,6 +13,7 @@ mod foundation;
 mod http_api;
 mod ingest;
 mod lifecycle;
+mod limits;
 mod migrations;
 mod reconcile;
 mod slowdown;

@@ -30,6 +30,29 @@ pub struct EndpointConfig {
     /// Event types this endpoint subscribes to (`destination = "type:EVENT.TYPE"`).
     #[serde(default)]
     pub event_types: Vec<String>,
+    /// Sends a second to this endpoint (token bucket, per Herald process).
+    #[serde(default)]
+    pub rate_limit_per_second: Option<f64>,
+    /// Sends at once after a quiet spell (default: the rate, rounded up).
+    #[serde(default)]
+    pub burst: Option<u32>,
+    /// Sends in flight to this endpoint at once (per Herald process).
+    #[serde(default)]
+    pub max_in_flight: Option<u32>,
+    /// Disable the endpoint after this many failed attempts in a row …
+    #[serde(default)]
+    pub disable_after_failures: Option<u32>,
+    /// … that span at least this long (default 0: the count alone decides).
+    #[serde(default)]
+    pub disable_after_seconds: Option<u64>,
+}
+
+/// When a named endpoint is disabled automatically: `failures` failed attempts in a row spanning
+/// at least `over`. Re-enabled only by an explicit call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AutoDisable {
+    pub failures: u32,
+    pub over: std::time::Duration,
 }
 
 /// Authentication sent to an endpoint.
@@ -51,6 +74,8 @@ pub struct Endpoint {
     pub auth: Option<EndpointAuth>,
     pub provider_message_id_pointer: Option<String>,
     pub event_types: Vec<String>,
+    pub limit: crate::channels::Limit,
+    pub auto_disable: Option<AutoDisable>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -95,6 +120,27 @@ impl Endpoint {
             super::check_custom_header(h, "")
                 .map_err(|m| InvalidField::new(format!("{key}.headers"), m.to_string()))?;
         }
+        let limit =
+            crate::channels::Limit::parse(&key, e.rate_limit_per_second, e.burst, e.max_in_flight)?;
+        let auto_disable = match (e.disable_after_failures, e.disable_after_seconds) {
+            (None, None) => None,
+            (None, Some(_)) => {
+                return Err(InvalidField::new(
+                    format!("{key}.disable_after_seconds"),
+                    "needs disable_after_failures",
+                ));
+            }
+            (Some(n), seconds) if (1..=1_000_000).contains(&n) => Some(AutoDisable {
+                failures: n,
+                over: std::time::Duration::from_secs(seconds.unwrap_or(0)),
+            }),
+            (Some(_), _) => {
+                return Err(InvalidField::new(
+                    format!("{key}.disable_after_failures"),
+                    "must be in 1–1000000",
+                ));
+            }
+        };
         Ok(Endpoint {
             name,
             url,
@@ -103,6 +149,8 @@ impl Endpoint {
             auth: e.auth,
             provider_message_id_pointer: e.provider_message_id_pointer,
             event_types: e.event_types,
+            limit,
+            auto_disable,
         })
     }
 }

@@ -6,7 +6,7 @@
 
 mod endpoint;
 
-pub use self::endpoint::{Endpoint, EndpointAuth, EndpointConfig};
+pub use self::endpoint::{AutoDisable, Endpoint, EndpointAuth, EndpointConfig};
 use crate::crypto::signing;
 
 use std::collections::BTreeMap;
@@ -209,20 +209,48 @@ pub struct WebhookChannel {
     clock: Arc<dyn Clock>,
 }
 
+/// Where a webhook message goes, for the per-destination pauses and limits.
+#[derive(Debug, Clone)]
+pub struct Binding<'a> {
+    /// The URL's scheme, host and port (`https://api.example.com:443`).
+    pub key: String,
+    /// The URL's host, lower case.
+    pub host: String,
+    /// The named endpoint, for `endpoint:NAME`.
+    pub endpoint: Option<&'a Endpoint>,
+}
+
 impl WebhookChannel {
-    /// The destination a message is bound to, for per-destination slow-down: its URL's scheme,
-    /// host and port (a named endpoint's URL for `endpoint:NAME`); `None` when it has none.
-    pub fn destination_key(&self, destination: &str) -> Option<String> {
-        let url = match WebhookTarget::parse(destination).ok()? {
-            WebhookTarget::Url(u) => u,
-            WebhookTarget::Endpoint(name) => self.endpoints.get(&name)?.url.clone(),
+    /// The configured named endpoints.
+    pub fn endpoints(&self) -> impl Iterator<Item = &Endpoint> {
+        self.endpoints.values()
+    }
+
+    pub fn endpoint(&self, name: &str) -> Option<&Endpoint> {
+        self.endpoints.get(name)
+    }
+
+    /// The destination a message is bound to: its URL's scheme, host and port (a named
+    /// endpoint's URL for `endpoint:NAME`) and the endpoint; `None` when it has none.
+    pub fn binding(&self, destination: &str) -> Option<Binding<'_>> {
+        let (url, endpoint) = match WebhookTarget::parse(destination).ok()? {
+            WebhookTarget::Url(u) => (u, None),
+            WebhookTarget::Endpoint(name) => {
+                let e = self.endpoints.get(&name)?;
+                (e.url.clone(), Some(e))
+            }
         };
-        Some(format!(
-            "{}://{}:{}",
-            url.scheme(),
-            url.host_str()?,
-            url.port_or_known_default()?
-        ))
+        let host = url.host_str()?.to_ascii_lowercase();
+        Some(Binding {
+            key: format!(
+                "{}://{}:{}",
+                url.scheme(),
+                host,
+                url.port_or_known_default()?
+            ),
+            host,
+            endpoint,
+        })
     }
 }
 

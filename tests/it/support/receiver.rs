@@ -28,6 +28,8 @@ pub struct Recorded {
     /// Names lower-cased.
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// When it arrived (its headers and body read).
+    pub at: std::time::Instant,
 }
 
 impl Recorded {
@@ -171,6 +173,7 @@ async fn serve(sock: TcpStream, state: Arc<Mutex<State>>, arrived: Arc<Notify>) 
                 path,
                 headers,
                 body,
+                at: std::time::Instant::now(),
             });
             by_path
                 .or_else(|| st.script.pop_front())
