@@ -14,13 +14,14 @@ use serde::Deserialize;
 use crate::channels::email::dkim::{DkimError, DkimSigner};
 use crate::channels::email::relay::RelayProvider;
 use crate::channels::email::{self, EmailConfigError};
-use crate::channels::webhook::{Endpoint, EndpointConfig};
+use crate::channels::webhook::{AllowList, Endpoint, EndpointConfig, ssrf};
 use crate::crypto::signing::SigningKey;
 use crate::ingest::Source;
 use crate::ingest::schemes::SourceConfig;
 use crate::reconcile::StatusCallbacks;
 use crate::secret::Secret;
 use crate::sender::policy::RetryPolicy;
+use crate::telemetry::LogFormat;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -103,11 +104,21 @@ struct FileConfig {
     reconcile_interval_ms: Option<u64>,
     reconcile_batch_size: Option<u32>,
     unconfirmed_deadline_seconds: Option<u64>,
+    allow_networks: Option<Networks>,
+    log_format: Option<String>,
     status_callbacks: Option<StatusCallbacksConfig>,
     #[serde(default)]
     endpoints: BTreeMap<String, EndpointConfig>,
     #[serde(default)]
     sources: BTreeMap<String, SourceConfig>,
+}
+
+/// `allow_networks`: `"10.0.0.0/8, 127.0.0.0/8"` or `["10.0.0.0/8", "127.0.0.0/8"]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum Networks {
+    One(String),
+    List(Vec<String>),
 }
 
 /// `[status_callbacks]`: delivery-status changes as webhooks to a named endpoint.
@@ -165,6 +176,10 @@ pub struct Settings {
     /// How long an `unconfirmed` message waits for a receipt before `dead_letter`.
     pub unconfirmed_deadline: Duration,
     pub status_callbacks: Option<StatusCallbacks>,
+    /// `allow_networks`: networks exempt from the webhook SSRF guard.
+    pub allow_networks: AllowList,
+    /// `log_format`: `text` (default) or `json`.
+    pub log_format: LogFormat,
 }
 
 /// A validated `[sources.NAME]`: its verifier.
@@ -336,6 +351,34 @@ impl Settings {
             "HERALD_UNCONFIRMED_DEADLINE_SECONDS",
             num
         );
+        if let Some(v) = get("HERALD_ALLOW_NETWORKS") {
+            f.allow_networks = Some(Networks::One(v));
+        }
+        over!(log_format, "HERALD_LOG_FORMAT", string);
+
+        let log_format = match f.log_format.as_deref() {
+            None => LogFormat::Text,
+            Some(v) => v.parse::<LogFormat>().map_err(|e| {
+                invalid(
+                    "log_format",
+                    format!("{e}; set HERALD_LOG_FORMAT (or log_format in the file) to text or json, or unset it"),
+                )
+            })?,
+        };
+        let allow_networks = match &f.allow_networks {
+            None => Ok(AllowList::default()),
+            Some(Networks::One(s)) => AllowList::parse([s.as_str()]),
+            Some(Networks::List(l)) => AllowList::parse(l.iter().map(String::as_str)),
+        }
+        .map_err(|m| {
+            invalid(
+                "allow_networks",
+                format!(
+                    "{m}; set HERALD_ALLOW_NETWORKS (or allow_networks in the file) to \
+                     comma-separated CIDRs such as 127.0.0.0/8,10.1.0.0/16, or unset it"
+                ),
+            )
+        })?;
 
         let timings = Timings::resolve(
             f.lease_seconds,
@@ -372,6 +415,25 @@ impl Settings {
         for (name, e) in f.endpoints {
             let endpoint =
                 Endpoint::from_config(name.clone(), e).map_err(|e| invalid(e.field, e.message))?;
+            // Literal addresses are refused now; names when they resolve, at send time.
+            if let Err(r) = ssrf::check_url_literal(&endpoint.url, &allow_networks) {
+                let callbacks = f
+                    .status_callbacks
+                    .as_ref()
+                    .is_some_and(|c| c.destination.strip_prefix("endpoint:") == Some(&name));
+                return Err(invalid(
+                    format!("endpoints.{name}.url"),
+                    format!(
+                        "refused by the SSRF guard: {r}{}; if Herald may send there, add the \
+                         network to HERALD_ALLOW_NETWORKS (or allow_networks in the file)",
+                        if callbacks {
+                            " (the status_callbacks.destination endpoint)"
+                        } else {
+                            ""
+                        }
+                    ),
+                ));
+            }
             endpoints.insert(name, endpoint);
         }
 
@@ -554,6 +616,8 @@ impl Settings {
             reconcile_batch_size: f.reconcile_batch_size.unwrap_or(500).clamp(1, 10_000),
             unconfirmed_deadline,
             status_callbacks,
+            allow_networks,
+            log_format,
         })
     }
 }
@@ -1246,6 +1310,82 @@ mod tests {
         assert!(m.starts_with("listen: 0.0.0.0:8080"), "{m}");
         assert!(m.contains("HERALD_API_TOKEN") && !m.contains('\n'), "{m}");
         assert!(serve(&[("HERALD_LISTEN", "0.0.0.0:8080"), ("HERALD_API_TOKEN", "t")]).is_ok());
+    }
+
+    #[test]
+    fn allow_networks_from_the_file_or_the_environment() {
+        let build = |pairs: &[(&str, &str)]| Settings::build(FileConfig::default(), &env(pairs));
+        assert!(build(&[]).unwrap().allow_networks.networks().is_empty());
+        let s = build(&[("HERALD_ALLOW_NETWORKS", "127.0.0.0/8, 10.1.0.0/16")]).unwrap();
+        assert_eq!(s.allow_networks.networks().len(), 2);
+        let s = Settings::from_toml("allow_networks = [\"127.0.0.0/8\", \"fd00::/8\"]\n").unwrap();
+        assert_eq!(s.allow_networks.networks().len(), 2);
+        let s = Settings::from_toml("allow_networks = \"127.0.0.0/8\"\n").unwrap();
+        assert_eq!(s.allow_networks.networks().len(), 1);
+        let m = build(&[("HERALD_ALLOW_NETWORKS", "127.0.0.0/8,intranet")])
+            .unwrap_err()
+            .to_string();
+        assert!(m.starts_with("allow_networks: "), "{m}");
+        assert!(
+            m.contains("\"intranet\"") && m.contains("HERALD_ALLOW_NETWORKS"),
+            "{m}"
+        );
+        assert!(!m.contains('\n'), "{m}");
+    }
+
+    #[test]
+    fn an_endpoint_at_a_refused_literal_address_is_refused_at_load_naming_its_key() {
+        let toml = "[endpoints.app]\nurl = \"http://169.254.169.254/latest\"\n\
+                    [status_callbacks]\ndestination = \"endpoint:app\"\n";
+        let m = Settings::from_toml(toml).unwrap_err().to_string();
+        assert!(
+            m.starts_with("endpoints.app.url: refused by the SSRF guard"),
+            "{m}"
+        );
+        assert!(
+            m.contains("cloud metadata") && m.contains("status_callbacks"),
+            "{m}"
+        );
+        assert!(
+            m.contains("HERALD_ALLOW_NETWORKS") && !m.contains('\n'),
+            "{m}"
+        );
+        let m = Settings::from_toml("[endpoints.b]\nurl = \"http://[fd00::5]/h\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            m.starts_with("endpoints.b.url: ") && m.contains("unique local"),
+            "{m}"
+        );
+        assert!(!m.contains("status_callbacks"), "{m}");
+        // Allow-listed, or a name (checked when it resolves): accepted.
+        let ok = "allow_networks = \"10.0.0.0/8\"\n[endpoints.c]\nurl = \"http://10.2.3.4/h\"\n\
+                  [endpoints.d]\nurl = \"http://internal.example/h\"\n";
+        assert!(Settings::from_toml(ok).is_ok());
+    }
+
+    #[test]
+    fn log_format_is_text_or_json() {
+        let build = |pairs: &[(&str, &str)]| Settings::build(FileConfig::default(), &env(pairs));
+        assert_eq!(build(&[]).unwrap().log_format, LogFormat::Text);
+        assert_eq!(
+            build(&[("HERALD_LOG_FORMAT", "json")]).unwrap().log_format,
+            LogFormat::Json
+        );
+        assert_eq!(
+            Settings::from_toml("log_format = \"json\"\n")
+                .unwrap()
+                .log_format,
+            LogFormat::Json
+        );
+        let m = build(&[("HERALD_LOG_FORMAT", "logfmt")])
+            .unwrap_err()
+            .to_string();
+        assert!(m.starts_with("log_format: "), "{m}");
+        assert!(
+            m.contains("HERALD_LOG_FORMAT") && m.contains("json") && !m.contains('\n'),
+            "{m}"
+        );
     }
 
     #[test]

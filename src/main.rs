@@ -40,6 +40,10 @@ enum Command {
     },
     /// Apply pending database migrations and exit.
     Migrate,
+    /// Exit 0 when the `herald serve` this configuration describes answers `GET /healthz` with
+    /// 200 (within 5 s), else 1 with one line on stderr. For container health checks: it needs
+    /// no curl. A wildcard listen address (0.0.0.0, [::]) is probed on loopback.
+    Healthcheck,
     /// Print the webhook signing secret used for raw-URL destinations (generated and stored in
     /// the database on first use unless HERALD_WEBHOOK_SECRET is set).
     WebhookSecret,
@@ -75,13 +79,21 @@ enum Command {
 /// Exit status of a refused configuration (a setting that cannot work as given).
 const EXIT_CONFIG: u8 = 2;
 
+/// How long `herald healthcheck` waits for the answer, connecting included.
+const HEALTHCHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
             // One line, the whole cause chain, no backtrace: `herald: invalid configuration: …`.
-            eprintln!("herald: {e:#}");
+            // Once JSON logging is set up, that line is a JSON log line too.
+            if herald::telemetry::active_format() == Some(herald::telemetry::LogFormat::Json) {
+                tracing::error!(error = %format!("{e:#}"), "herald stopped");
+            } else {
+                eprintln!("herald: {e:#}");
+            }
             if e.chain().any(|c| c.downcast_ref::<ConfigError>().is_some()) {
                 ExitCode::from(EXIT_CONFIG)
             } else {
@@ -124,8 +136,20 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ExitCode::FAILURE
         });
     }
-    herald::telemetry::init();
     let settings = Settings::load(cli.config.as_deref()).context("invalid configuration")?;
+    if let Command::Healthcheck = cli.command {
+        // No logging set-up: a probe prints one line at most.
+        return Ok(
+            match herald::app::check_health(&settings.listen, HEALTHCHECK_TIMEOUT) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("herald: unhealthy: {e:#}");
+                    ExitCode::FAILURE
+                }
+            },
+        );
+    }
+    herald::telemetry::init(settings.log_format);
     match cli.command {
         Command::Serve { no_migrate } => {
             settings.check_serve().context("invalid configuration")?;
@@ -153,6 +177,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::VerifyReceipt { .. } => unreachable!("handled before configuration is loaded"),
+        Command::Healthcheck => unreachable!("handled before logging is set up"),
         Command::WebhookSecret => {
             match webhook_secret(&open_db(&settings, true)?, &settings)? {
                 Some(s) => println!("{s}"),
