@@ -144,7 +144,12 @@ impl Sender {
 
     /// Sends one claimed row and decides what happens next. Never touches the database.
     pub async fn process(&self, row: OutboxRow) -> OutcomeRecord {
-        let span = info_span!("send", event_id = %row.event_id, attempt = row.attempts);
+        // The destination's host only: never the path, query or an address.
+        let host = match row.channel {
+            Channel::Webhook => self.inner.webhook.destination_host(&row.destination),
+            Channel::Email => None,
+        };
+        let span = info_span!("send", event_id = %row.event_id, attempt = row.attempts, host = host.as_deref());
         self.process_inner(row).instrument(span).await
     }
 

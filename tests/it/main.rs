@@ -18,3 +18,4 @@ mod reconcile;
 mod slowdown;
 mod smtp;
 mod sns;
+mod ssrf;
