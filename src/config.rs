@@ -891,6 +891,87 @@ mod tests {
             s.webhook_connect_timeout,
             std::time::Duration::from_millis(5000)
         );
+        // Its top-level keys uncommented (those naming files aside) are valid too: each one is a
+        // real key, with a value Herald accepts.
+        let top: String = example
+            .lines()
+            .take_while(|l| !l.starts_with("# [") && !l.starts_with('['))
+            .filter_map(|l| l.strip_prefix("# "))
+            .filter(|l| {
+                let key = l.split('=').next().unwrap_or("").trim();
+                l.contains(" = ")
+                    && !key.is_empty()
+                    && key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+                    && !matches!(
+                        key,
+                        "smtp_ca_file" | "dkim_key_file" | "dkim_selector" | "dkim_domain"
+                    )
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert!(top.lines().count() > 30, "{top}");
+        Settings::from_toml(&top).unwrap_or_else(|e| panic!("{e}\n{top}"));
+    }
+
+    /// The field names of a serde struct, read from its `Deserialize` impl.
+    fn field_names<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
+        use serde::de::{self, Visitor};
+        struct Probe<'a>(&'a mut &'static [&'static str]);
+        impl<'de> de::Deserializer<'de> for Probe<'_> {
+            type Error = de::value::Error;
+            fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+                Err(de::Error::custom("probe"))
+            }
+            fn deserialize_struct<V: Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                _: V,
+            ) -> Result<V::Value, Self::Error> {
+                *self.0 = fields;
+                Err(de::Error::custom("probe"))
+            }
+            serde::forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+                byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+                identifier ignored_any
+            }
+        }
+        let mut fields: &'static [&'static str] = &[];
+        let _ = T::deserialize(Probe(&mut fields));
+        fields
+    }
+
+    /// Every key of the file is in herald.example.toml and, with its HERALD_* variable, in the
+    /// README's Configuration: adding a key without documenting it fails here.
+    #[test]
+    fn every_key_is_documented() {
+        let example = include_str!("../herald.example.toml");
+        let readme = include_str!("../README.md");
+        let keys = field_names::<FileConfig>();
+        assert!(
+            keys.contains(&"allow_networks") && keys.len() > 40,
+            "{keys:?}"
+        );
+        for key in keys {
+            if matches!(*key, "endpoints" | "sources" | "status_callbacks") {
+                assert!(
+                    example.contains(&format!("# [{key}")),
+                    "{key} not in the example"
+                );
+                assert!(
+                    readme.contains(&format!("[{key}")),
+                    "{key} not in the README"
+                );
+                continue;
+            }
+            assert!(
+                example.contains(&format!("\n# {key} = ")),
+                "{key} is not in herald.example.toml as `# {key} = DEFAULT`"
+            );
+            let var = format!("`{}`", env_name(key));
+            assert!(readme.contains(&var), "{var} is not in the README");
+        }
     }
 
     #[test]
