@@ -136,9 +136,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ExitCode::FAILURE
         });
     }
-    let settings = Settings::load(cli.config.as_deref()).context("invalid configuration")?;
     if let Command::Healthcheck = cli.command {
-        // No logging set-up: a probe prints one line at most.
+        // No logging set-up: a probe prints one line at most. Every failure is exit 1, a refused
+        // configuration too (Docker reserves 2 for HEALTHCHECK).
+        let settings = match Settings::load(cli.config.as_deref()) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("herald: unhealthy: invalid configuration: {e}");
+                return Ok(ExitCode::FAILURE);
+            }
+        };
         return Ok(
             match herald::app::check_health(&settings.listen, HEALTHCHECK_TIMEOUT) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -149,6 +156,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             },
         );
     }
+    let settings = Settings::load(cli.config.as_deref()).context("invalid configuration")?;
     herald::telemetry::init(settings.log_format);
     match cli.command {
         Command::Serve { no_migrate } => {

@@ -545,4 +545,13 @@ async fn healthcheck_exits_0_while_serving_and_1_after() {
         "{stderr}"
     );
     assert!(stderr.contains(&listen), "{stderr}");
+    // A configuration it cannot load is unhealthy too: 1, never 2 (Docker reserves 2).
+    let mut probe = Herald::spawn(&["healthcheck"], &[("HERALD_LOG_FORMAT", "xml")]);
+    let status = probe.wait_exit(EXIT_WITHIN).await;
+    let stderr = probe.stderr();
+    assert_eq!(status.code(), Some(1), "stderr:\n{stderr}");
+    assert!(
+        stderr.starts_with("herald: unhealthy: invalid configuration: log_format"),
+        "{stderr}"
+    );
 }
