@@ -82,6 +82,75 @@ pub fn api_token(db: &Db, settings: &Settings) -> anyhow::Result<Option<String>>
     Ok(Some(stored))
 }
 
+/// `GET /healthz` of the server listening on `listen` (a wildcard address probed on loopback):
+/// `Ok` on a 200 within `timeout`. Blocking; plain HTTP/1.1 over std, no runtime.
+pub fn check_health(listen: &str, timeout: std::time::Duration) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    use std::net::ToSocketAddrs;
+    let deadline = std::time::Instant::now() + timeout;
+    let addrs: Vec<std::net::SocketAddr> = listen
+        .to_socket_addrs()
+        .with_context(|| format!("listen address {listen} does not resolve"))?
+        .map(probe_addr)
+        .collect();
+    let mut last = None;
+    for addr in addrs {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        let mut stream = match std::net::TcpStream::connect_timeout(&addr, left) {
+            Ok(s) => s,
+            Err(e) => {
+                last = Some(anyhow::Error::new(e).context(format!("cannot connect to {addr}")));
+                continue;
+            }
+        };
+        let left = deadline
+            .saturating_duration_since(std::time::Instant::now())
+            .max(std::time::Duration::from_millis(1));
+        stream.set_read_timeout(Some(left))?;
+        stream.set_write_timeout(Some(left))?;
+        write!(
+            stream,
+            "GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .with_context(|| format!("cannot send to {addr}"))?;
+        let mut head = [0u8; 32];
+        let mut n = 0;
+        while n < 12 {
+            match stream.read(&mut head[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) => {
+                    return Err(anyhow::Error::new(e).context(format!("no answer from {addr}")));
+                }
+            }
+        }
+        let status_line = String::from_utf8_lossy(&head[..n]);
+        return match status_line.split_whitespace().nth(1) {
+            Some("200") => Ok(()),
+            Some(code) => anyhow::bail!("GET http://{addr}/healthz answered {code}"),
+            None => anyhow::bail!("GET http://{addr}/healthz: not an HTTP answer"),
+        };
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no address to probe for {listen}")))
+}
+
+/// Where to probe a server listening on `addr`: a wildcard address on its family's loopback.
+pub fn probe_addr(addr: std::net::SocketAddr) -> std::net::SocketAddr {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+    match addr.ip() {
+        IpAddr::V4(a) if a.is_unspecified() => {
+            SocketAddr::new(Ipv4Addr::LOCALHOST.into(), addr.port())
+        }
+        IpAddr::V6(a) if a.is_unspecified() => {
+            SocketAddr::new(Ipv6Addr::LOCALHOST.into(), addr.port())
+        }
+        _ => addr,
+    }
+}
+
 impl Herald {
     /// Builds every part from settings. Blocking (database set-up); call before serving.
     pub fn build(
@@ -111,6 +180,7 @@ impl Herald {
             },
             settings.endpoints.clone(),
             keys,
+            settings.allow_networks.clone(),
             clock.clone(),
         )
         .context("cannot build the HTTP client")?;
@@ -187,6 +257,7 @@ impl Herald {
             retry_policy_version: self.settings.retry.version.clone(),
             default_max_attempts: self.settings.retry.max_attempts,
             endpoints: Arc::new(self.settings.endpoints.clone()),
+            allow_networks: Arc::new(self.settings.allow_networks.clone()),
             sources: Arc::new(self.settings.sources.clone()),
             ingest_max_body_bytes: self.settings.ingest_max_body_bytes,
             duplicate_receipts: self.duplicate_receipts.clone(),
@@ -286,5 +357,19 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcard_listen_addresses_are_probed_on_loopback() {
+        let p = |s: &str| probe_addr(s.parse().unwrap()).to_string();
+        assert_eq!(p("0.0.0.0:8080"), "127.0.0.1:8080");
+        assert_eq!(p("[::]:8080"), "[::1]:8080");
+        assert_eq!(p("10.1.2.3:80"), "10.1.2.3:80");
+        assert_eq!(p("[fd00::1]:80"), "[fd00::1]:80");
     }
 }

@@ -15,13 +15,14 @@ use crate::auth::{Scope, Tokens};
 use crate::channels::email::dkim::{DkimError, DkimSigner};
 use crate::channels::email::relay::RelayProvider;
 use crate::channels::email::{self, EmailConfigError};
-use crate::channels::webhook::{Endpoint, EndpointConfig};
+use crate::channels::webhook::{AllowList, Endpoint, EndpointConfig, ssrf};
 use crate::crypto::signing::SigningKey;
 use crate::ingest::Source;
 use crate::ingest::schemes::SourceConfig;
 use crate::reconcile::StatusCallbacks;
 use crate::secret::Secret;
 use crate::sender::policy::RetryPolicy;
+use crate::telemetry::LogFormat;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -106,6 +107,8 @@ struct FileConfig {
     reconcile_interval_ms: Option<u64>,
     reconcile_batch_size: Option<u32>,
     unconfirmed_deadline_seconds: Option<u64>,
+    allow_networks: Option<Networks>,
+    log_format: Option<String>,
     status_callbacks: Option<StatusCallbacksConfig>,
     #[serde(default)]
     endpoints: BTreeMap<String, EndpointConfig>,
@@ -134,6 +137,14 @@ struct DestinationConfig {
 struct TokenConfig {
     sha256: String,
     scope: String,
+}
+
+/// `allow_networks`: `"10.0.0.0/8, 127.0.0.0/8"` or `["10.0.0.0/8", "127.0.0.0/8"]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum Networks {
+    One(String),
+    List(Vec<String>),
 }
 
 /// `[status_callbacks]`: delivery-status changes as webhooks to a named endpoint.
@@ -195,6 +206,10 @@ pub struct Settings {
     pub status_callbacks: Option<StatusCallbacks>,
     /// Per-destination limits (see `sender::limits`).
     pub limits: crate::sender::LimitsConfig,
+    /// `allow_networks`: networks exempt from the webhook SSRF guard.
+    pub allow_networks: AllowList,
+    /// `log_format`: `text` (default) or `json`.
+    pub log_format: LogFormat,
 }
 
 /// A validated `[sources.NAME]`: its verifier.
@@ -361,6 +376,34 @@ impl Settings {
             "HERALD_UNCONFIRMED_DEADLINE_SECONDS",
             num
         );
+        if let Some(v) = get("HERALD_ALLOW_NETWORKS") {
+            f.allow_networks = Some(Networks::One(v));
+        }
+        over!(log_format, "HERALD_LOG_FORMAT", string);
+
+        let log_format = match f.log_format.as_deref() {
+            None => LogFormat::Text,
+            Some(v) => v.parse::<LogFormat>().map_err(|e| {
+                invalid(
+                    "log_format",
+                    format!("{e}; set HERALD_LOG_FORMAT (or log_format in the file) to text or json, or unset it"),
+                )
+            })?,
+        };
+        let allow_networks = match &f.allow_networks {
+            None => Ok(AllowList::default()),
+            Some(Networks::One(s)) => AllowList::parse([s.as_str()]),
+            Some(Networks::List(l)) => AllowList::parse(l.iter().map(String::as_str)),
+        }
+        .map_err(|m| {
+            invalid(
+                "allow_networks",
+                format!(
+                    "{m}; set HERALD_ALLOW_NETWORKS (or allow_networks in the file) to \
+                     comma-separated CIDRs such as 127.0.0.0/8,10.1.0.0/16, or unset it"
+                ),
+            )
+        })?;
 
         let limits = limits_config(&f, f.sender_concurrency.unwrap_or(64).clamp(1, 1024))?;
         let timings = Timings::resolve(
@@ -410,6 +453,25 @@ impl Settings {
         for (name, e) in f.endpoints {
             let endpoint =
                 Endpoint::from_config(name.clone(), e).map_err(|e| invalid(e.field, e.message))?;
+            // Literal addresses are refused now; names when they resolve, at send time.
+            if let Err(r) = ssrf::check_url_literal(&endpoint.url, &allow_networks) {
+                let callbacks = f
+                    .status_callbacks
+                    .as_ref()
+                    .is_some_and(|c| c.destination.strip_prefix("endpoint:") == Some(&name));
+                return Err(invalid(
+                    format!("endpoints.{name}.url"),
+                    format!(
+                        "refused by the SSRF guard: {r}{}; if Herald may send there, add the \
+                         network to HERALD_ALLOW_NETWORKS (or allow_networks in the file)",
+                        if callbacks {
+                            " (the status_callbacks.destination endpoint)"
+                        } else {
+                            ""
+                        }
+                    ),
+                ));
+            }
             endpoints.insert(name, endpoint);
         }
 
@@ -593,6 +655,8 @@ impl Settings {
             unconfirmed_deadline,
             status_callbacks,
             limits,
+            allow_networks,
+            log_format,
         })
     }
 }
@@ -902,6 +966,90 @@ mod tests {
             s.webhook_connect_timeout,
             std::time::Duration::from_millis(5000)
         );
+        // Its top-level keys uncommented (those naming files aside) are valid too: each one is a
+        // real key, with a value Herald accepts.
+        let top: String = example
+            .lines()
+            .take_while(|l| !l.starts_with("# [") && !l.starts_with('['))
+            .filter_map(|l| l.strip_prefix("# "))
+            .filter(|l| {
+                let key = l.split('=').next().unwrap_or("").trim();
+                l.contains(" = ")
+                    && !key.is_empty()
+                    && key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+                    && !matches!(
+                        key,
+                        "smtp_ca_file" | "dkim_key_file" | "dkim_selector" | "dkim_domain"
+                    )
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert!(top.lines().count() > 30, "{top}");
+        Settings::from_toml(&top).unwrap_or_else(|e| panic!("{e}\n{top}"));
+    }
+
+    /// The field names of a serde struct, read from its `Deserialize` impl.
+    fn field_names<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
+        use serde::de::{self, Visitor};
+        struct Probe<'a>(&'a mut &'static [&'static str]);
+        impl<'de> de::Deserializer<'de> for Probe<'_> {
+            type Error = de::value::Error;
+            fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+                Err(de::Error::custom("probe"))
+            }
+            fn deserialize_struct<V: Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                _: V,
+            ) -> Result<V::Value, Self::Error> {
+                *self.0 = fields;
+                Err(de::Error::custom("probe"))
+            }
+            serde::forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+                byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+                identifier ignored_any
+            }
+        }
+        let mut fields: &'static [&'static str] = &[];
+        let _ = T::deserialize(Probe(&mut fields));
+        fields
+    }
+
+    /// Every key of the file is in herald.example.toml and, with its HERALD_* variable, in the
+    /// README's Configuration: adding a key without documenting it fails here.
+    #[test]
+    fn every_key_is_documented() {
+        let example = include_str!("../herald.example.toml");
+        let readme = include_str!("../README.md");
+        let keys = field_names::<FileConfig>();
+        assert!(
+            keys.contains(&"allow_networks") && keys.len() > 40,
+            "{keys:?}"
+        );
+        for key in keys {
+            if matches!(
+                *key,
+                "endpoints" | "sources" | "status_callbacks" | "tokens" | "destinations"
+            ) {
+                assert!(
+                    example.contains(&format!("# [{key}")),
+                    "{key} not in the example"
+                );
+                assert!(
+                    readme.contains(&format!("[{key}")),
+                    "{key} not in the README"
+                );
+                continue;
+            }
+            assert!(
+                example.contains(&format!("\n# {key} = ")),
+                "{key} is not in herald.example.toml as `# {key} = DEFAULT`"
+            );
+            let var = format!("`{}`", env_name(key));
+            assert!(readme.contains(&var), "{var} is not in the README");
+        }
     }
 
     #[test]
@@ -1342,6 +1490,82 @@ mod tests {
                 other => panic!("{text}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn allow_networks_from_the_file_or_the_environment() {
+        let build = |pairs: &[(&str, &str)]| Settings::build(FileConfig::default(), &env(pairs));
+        assert!(build(&[]).unwrap().allow_networks.networks().is_empty());
+        let s = build(&[("HERALD_ALLOW_NETWORKS", "127.0.0.0/8, 10.1.0.0/16")]).unwrap();
+        assert_eq!(s.allow_networks.networks().len(), 2);
+        let s = Settings::from_toml("allow_networks = [\"127.0.0.0/8\", \"fd00::/8\"]\n").unwrap();
+        assert_eq!(s.allow_networks.networks().len(), 2);
+        let s = Settings::from_toml("allow_networks = \"127.0.0.0/8\"\n").unwrap();
+        assert_eq!(s.allow_networks.networks().len(), 1);
+        let m = build(&[("HERALD_ALLOW_NETWORKS", "127.0.0.0/8,intranet")])
+            .unwrap_err()
+            .to_string();
+        assert!(m.starts_with("allow_networks: "), "{m}");
+        assert!(
+            m.contains("\"intranet\"") && m.contains("HERALD_ALLOW_NETWORKS"),
+            "{m}"
+        );
+        assert!(!m.contains('\n'), "{m}");
+    }
+
+    #[test]
+    fn an_endpoint_at_a_refused_literal_address_is_refused_at_load_naming_its_key() {
+        let toml = "[endpoints.app]\nurl = \"http://169.254.169.254/latest\"\n\
+                    [status_callbacks]\ndestination = \"endpoint:app\"\n";
+        let m = Settings::from_toml(toml).unwrap_err().to_string();
+        assert!(
+            m.starts_with("endpoints.app.url: refused by the SSRF guard"),
+            "{m}"
+        );
+        assert!(
+            m.contains("cloud metadata") && m.contains("status_callbacks"),
+            "{m}"
+        );
+        assert!(
+            m.contains("HERALD_ALLOW_NETWORKS") && !m.contains('\n'),
+            "{m}"
+        );
+        let m = Settings::from_toml("[endpoints.b]\nurl = \"http://[fd00::5]/h\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            m.starts_with("endpoints.b.url: ") && m.contains("unique local"),
+            "{m}"
+        );
+        assert!(!m.contains("status_callbacks"), "{m}");
+        // Allow-listed, or a name (checked when it resolves): accepted.
+        let ok = "allow_networks = \"10.0.0.0/8\"\n[endpoints.c]\nurl = \"http://10.2.3.4/h\"\n\
+                  [endpoints.d]\nurl = \"http://internal.example/h\"\n";
+        assert!(Settings::from_toml(ok).is_ok());
+    }
+
+    #[test]
+    fn log_format_is_text_or_json() {
+        let build = |pairs: &[(&str, &str)]| Settings::build(FileConfig::default(), &env(pairs));
+        assert_eq!(build(&[]).unwrap().log_format, LogFormat::Text);
+        assert_eq!(
+            build(&[("HERALD_LOG_FORMAT", "json")]).unwrap().log_format,
+            LogFormat::Json
+        );
+        assert_eq!(
+            Settings::from_toml("log_format = \"json\"\n")
+                .unwrap()
+                .log_format,
+            LogFormat::Json
+        );
+        let m = build(&[("HERALD_LOG_FORMAT", "logfmt")])
+            .unwrap_err()
+            .to_string();
+        assert!(m.starts_with("log_format: "), "{m}");
+        assert!(
+            m.contains("HERALD_LOG_FORMAT") && m.contains("json") && !m.contains('\n'),
+            "{m}"
+        );
     }
 
     #[test]

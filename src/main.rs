@@ -40,6 +40,10 @@ enum Command {
     },
     /// Apply pending database migrations and exit.
     Migrate,
+    /// Exit 0 when the `herald serve` this configuration describes answers `GET /healthz` with
+    /// 200 (within 5 s), else 1 with one line on stderr. For container health checks: it needs
+    /// no curl. A wildcard listen address (0.0.0.0, [::]) is probed on loopback.
+    Healthcheck,
     /// Print the webhook signing secret used for raw-URL destinations (generated and stored in
     /// the database on first use unless HERALD_WEBHOOK_SECRET is set).
     WebhookSecret,
@@ -103,13 +107,21 @@ enum EndpointAction {
 /// Exit status of a refused configuration (a setting that cannot work as given).
 const EXIT_CONFIG: u8 = 2;
 
+/// How long `herald healthcheck` waits for the answer, connecting included.
+const HEALTHCHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
             // One line, the whole cause chain, no backtrace: `herald: invalid configuration: …`.
-            eprintln!("herald: {e:#}");
+            // Once JSON logging is set up, that line is a JSON log line too.
+            if herald::telemetry::active_format() == Some(herald::telemetry::LogFormat::Json) {
+                tracing::error!(error = %format!("{e:#}"), "herald stopped");
+            } else {
+                eprintln!("herald: {e:#}");
+            }
             if e.chain().any(|c| c.downcast_ref::<ConfigError>().is_some()) {
                 ExitCode::from(EXIT_CONFIG)
             } else {
@@ -155,8 +167,28 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Command::Token { name, scope } = &cli.command {
         return new_token(name, scope);
     }
-    herald::telemetry::init();
+    if let Command::Healthcheck = cli.command {
+        // No logging set-up: a probe prints one line at most. Every failure is exit 1, a refused
+        // configuration too (Docker reserves 2 for HEALTHCHECK).
+        let settings = match Settings::load(cli.config.as_deref()) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("herald: unhealthy: invalid configuration: {e}");
+                return Ok(ExitCode::FAILURE);
+            }
+        };
+        return Ok(
+            match herald::app::check_health(&settings.listen, HEALTHCHECK_TIMEOUT) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("herald: unhealthy: {e:#}");
+                    ExitCode::FAILURE
+                }
+            },
+        );
+    }
     let settings = Settings::load(cli.config.as_deref()).context("invalid configuration")?;
+    herald::telemetry::init(settings.log_format);
     match cli.command {
         Command::Serve { no_migrate } => {
             // A multi-threaded runtime: the sender's sends use every core (the HTTP workers have
@@ -185,6 +217,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::VerifyReceipt { .. } | Command::Token { .. } => {
             unreachable!("handled before configuration is loaded")
         }
+        Command::Healthcheck => unreachable!("handled before logging is set up"),
         Command::Endpoint { action } => {
             let db = open_db(&settings, true)?;
             match action {

@@ -1,16 +1,70 @@
 //! Logging set-up and masking helpers. Log lines carry event ids, classes and hashes; never
 //! bodies, addresses, tokens or full URLs.
 
+use std::io::IsTerminal;
+use std::sync::OnceLock;
+
 use tracing_subscriber::EnvFilter;
 
-/// Installs the global subscriber: `RUST_LOG` (default `info`), plain text to stderr.
-pub fn init() {
+/// `log_format` / `HERALD_LOG_FORMAT`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines; ANSI colours only when stderr is a terminal (and `NO_COLOR` unset).
+    #[default]
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `target`, `message`, the event's fields
+    /// and the current span's (`span.event_id`, `span.host`, …). Never coloured.
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "text" => Ok(Self::Text),
+            "json" => Ok(Self::Json),
+            other => Err(format!("{other:?} is not a log format (text or json)")),
+        }
+    }
+}
+
+static ACTIVE: OnceLock<LogFormat> = OnceLock::new();
+
+/// The format [`init`] installed, if it ran.
+pub fn active_format() -> Option<LogFormat> {
+    ACTIVE.get().copied()
+}
+
+/// Whether text logs on a stream are coloured: only on a terminal, and never with `NO_COLOR`.
+pub fn use_ansi(is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
+/// Installs the global subscriber: `RUST_LOG` (default `info`) to stderr, as `format` says.
+pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    // A second init (tests) is harmless: keep the first subscriber.
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    // A second init (tests) is harmless: keep the first subscriber.
+    let installed = match format {
+        LogFormat::Text => builder
+            .with_ansi(use_ansi(
+                std::io::stderr().is_terminal(),
+                std::env::var_os("NO_COLOR").as_deref(),
+            ))
+            .try_init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .try_init(),
+    };
+    if installed.is_ok() {
+        let _ = ACTIVE.set(format);
+    }
 }
 
 /// `user@example.com` → `u***@e***.com`.
@@ -58,6 +112,23 @@ fn mask_opaque(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_formats_and_colour() {
+        assert_eq!("json".parse::<LogFormat>(), Ok(LogFormat::Json));
+        assert_eq!(" text ".parse::<LogFormat>(), Ok(LogFormat::Text));
+        assert!(
+            "JSON5"
+                .parse::<LogFormat>()
+                .unwrap_err()
+                .contains("text or json")
+        );
+        let no_color = std::ffi::OsStr::new("1");
+        assert!(use_ansi(true, None));
+        assert!(use_ansi(true, Some(std::ffi::OsStr::new(""))));
+        assert!(!use_ansi(true, Some(no_color)));
+        assert!(!use_ansi(false, None));
+    }
 
     #[test]
     fn masks_keep_only_a_hint() {

@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 use self::problem::Problem;
 use self::view::{MessageView, ReceiptView};
 use crate::auth::{Access, Principal, Tokens, Verdict};
-use crate::channels::webhook::Endpoint;
+use crate::channels::webhook::{AllowList, Endpoint};
 use crate::clock::Clock;
 use crate::config::ConfiguredSource;
 use crate::domain::{Channel, InvalidField, Semantics};
@@ -38,6 +38,8 @@ pub struct AppState {
     pub retry_policy_version: String,
     pub default_max_attempts: u32,
     pub endpoints: Arc<BTreeMap<String, Endpoint>>,
+    /// Networks exempt from the SSRF guard (a refused literal destination is a 422).
+    pub allow_networks: Arc<AllowList>,
     pub sources: Arc<BTreeMap<String, ConfiguredSource>>,
     pub ingest_max_body_bytes: usize,
     /// Receipts that arrived again (already stored), since start.
@@ -170,6 +172,7 @@ async fn create_message(
         retry_policy: state.retry_policy.clone(),
         retry_policy_version: Some(state.retry_policy_version.clone()),
         endpoints: Some(&state.endpoints),
+        allow_networks: Some(&state.allow_networks),
     };
     let mut row = message.prepare(&limits, now)?;
     row.enqueued_by = Some(who.name.clone());

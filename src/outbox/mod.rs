@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-use crate::channels::webhook::Endpoint;
+use crate::channels::webhook::{AllowList, Endpoint};
 use crate::channels::{email, webhook};
 use crate::domain::{
     Channel, EventId, Fingerprint, FingerprintInput, InvalidField, Semantics, State,
@@ -96,7 +96,20 @@ impl NewMessage {
                             ));
                         }
                     }
-                    Ok(webhook::WebhookTarget::Url(_)) => {}
+                    Ok(webhook::WebhookTarget::Url(url)) => {
+                        if let Some(allow) = limits.allow_networks
+                            && let Err(r) = webhook::ssrf::check_url_literal(&url, allow)
+                        {
+                            errors.push(InvalidField::new(
+                                "destination",
+                                format!(
+                                    "refused by the SSRF guard: {r}; Herald sends only to public \
+                                     addresses unless the network is in allow_networks \
+                                     (HERALD_ALLOW_NETWORKS)"
+                                ),
+                            ));
+                        }
+                    }
                     Err(e) => errors.push(e),
                 }
                 if let Err(e) = webhook::WebhookPayload::parse(&self.payload) {
@@ -240,6 +253,9 @@ pub struct Limits<'a> {
     /// Configured endpoints; `None` (the library) skips the name check: an unknown endpoint is
     /// then dead-lettered at send time.
     pub endpoints: Option<&'a BTreeMap<String, Endpoint>>,
+    /// The SSRF guard's allow-list: a URL with a refused IP literal is invalid. `None` (the
+    /// library) skips the check: the sender refuses such a message (`permanent`, no request).
+    pub allow_networks: Option<&'a AllowList>,
 }
 
 impl Default for Limits<'_> {
@@ -249,6 +265,7 @@ impl Default for Limits<'_> {
             retry_policy: "default".into(),
             retry_policy_version: None,
             endpoints: None,
+            allow_networks: None,
         }
     }
 }
@@ -459,6 +476,40 @@ mod tests {
         let m = NewMessage::webhook("e", "endpoint:billing", json!({}));
         assert_eq!(fields(m.prepare(&limits, now())), ["destination"]);
         assert!(m.prepare(&Limits::default(), now()).is_ok());
+    }
+
+    #[test]
+    fn refused_literal_addresses_are_invalid_when_the_guard_is_known() {
+        let none = AllowList::default();
+        let loopback = AllowList::parse(["127.0.0.0/8"]).unwrap();
+        let with = |allow| Limits {
+            allow_networks: Some(allow),
+            ..Limits::default()
+        };
+        for url in [
+            "http://127.0.0.1:9/h",
+            "http://10.0.0.1/h",
+            "http://[::ffff:169.254.169.254]/latest",
+            "http://0x7f000001/h",
+        ] {
+            let m = NewMessage::webhook("e", url, json!({}));
+            let errors = m.prepare(&with(&none), now()).unwrap_err();
+            assert_eq!(errors[0].field, "destination", "{url}");
+            assert!(
+                errors[0].message.contains("SSRF guard"),
+                "{}",
+                errors[0].message
+            );
+            assert!(
+                m.prepare(&Limits::default(), now()).is_ok(),
+                "library: {url}"
+            );
+        }
+        let m = NewMessage::webhook("e", "http://127.0.0.1:9/h", json!({}));
+        assert!(m.prepare(&with(&loopback), now()).is_ok());
+        // Names are checked when they resolve, at send time.
+        let m = NewMessage::webhook("e", "http://localhost:9/h", json!({}));
+        assert!(m.prepare(&with(&none), now()).is_ok());
     }
 
     #[test]

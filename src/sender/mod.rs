@@ -317,11 +317,20 @@ impl Sender {
         }
     }
 
+    /// A webhook's destination host, for the logs: never its path, query or an address.
+    fn host_of(&self, row: &OutboxRow) -> Option<String> {
+        match row.channel {
+            Channel::Webhook => self.inner.webhook.binding(&row.destination).map(|b| b.host),
+            Channel::Email => None,
+        }
+    }
+
     /// The checks before a send, without waiting: a disabled endpoint, a paused destination, a
     /// destination's limits. `Held` is the outcome of a message put back without a request.
     /// Called in claim order for a batch, so that messages held for a rate keep their order.
     pub fn clear(&self, row: OutboxRow) -> Clearance {
-        let span = info_span!("send", event_id = %row.event_id, attempt = row.attempts);
+        let host = self.host_of(&row);
+        let span = info_span!("send", event_id = %row.event_id, attempt = row.attempts, host = host.as_deref());
         match span.in_scope(|| self.clear_inner(row)) {
             Ok(c) => Clearance::Go(c),
             Err(held) => Clearance::Held(*held),
@@ -435,8 +444,8 @@ impl Sender {
 
     /// Sends a cleared row and decides what happens next. Never touches the database.
     pub async fn send_cleared(&self, cleared: Cleared) -> OutcomeRecord {
-        let span =
-            info_span!("send", event_id = %cleared.row.event_id, attempt = cleared.row.attempts);
+        let host = self.host_of(&cleared.row);
+        let span = info_span!("send", event_id = %cleared.row.event_id, attempt = cleared.row.attempts, host = host.as_deref());
         self.send_inner(cleared).instrument(span).await
     }
 

@@ -28,7 +28,9 @@ fn free_addr() -> String {
 }
 
 /// `herald ARGS` in its own temp directory (no `herald.toml`, `.eml` files stay inside), with no
-/// inherited `HERALD_*` variable, a SQLite database in that directory and `env` on top.
+/// inherited `HERALD_*` variable, a SQLite database in that directory,
+/// `HERALD_ALLOW_NETWORKS=127.0.0.0/8` (the receivers listen there; `("HERALD_ALLOW_NETWORKS",
+/// "")` in `env` unsets it) and `env` on top.
 struct Herald {
     child: Child,
     dir: tempfile::TempDir,
@@ -63,15 +65,20 @@ impl Herald {
             }
         }
         let stderr = std::fs::File::create(dir.path().join("stderr")).unwrap();
+        let stdout = std::fs::File::create(dir.path().join("stdout")).unwrap();
         cmd.args(args)
             .current_dir(dir.path())
             .env(
                 "HERALD_DATABASE_URL",
                 format!("sqlite://{}", dir.path().join("herald.db").display()),
             )
+            .env(
+                "HERALD_ALLOW_NETWORKS",
+                crate::support::app::TEST_ALLOW_NETWORKS,
+            )
             .envs(env.iter().copied())
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(stdout)
             .stderr(stderr);
         let child = cmd.spawn().expect("spawn herald");
         Herald { child, dir }
@@ -79,6 +86,10 @@ impl Herald {
 
     fn stderr(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("stderr")).unwrap_or_default()
+    }
+
+    fn stdout(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stdout")).unwrap_or_default()
     }
 
     /// Polls `GET /healthz` until it answers 200; fails at once if the process exits.
@@ -456,6 +467,217 @@ async fn serve_reconciles_receipts_in_the_background() {
     assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
 }
 
+/// The SSRF guard in the real binary: with `HERALD_ALLOW_NETWORKS` unset a loopback receiver is
+/// refused — its literal address with a 422 at enqueue, the name `localhost` at send time
+/// (`permanent`, no request) — and with `HERALD_ALLOW_NETWORKS=127.0.0.0/8` it is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ssrf_guard_refuses_loopback_unless_allow_listed() {
+    let rx = crate::support::Receiver::start().await;
+    let by_name = rx.url.replace("127.0.0.1", "localhost");
+    let http = client();
+    let post = |base: String, id: &'static str, url: String| {
+        let http = http.clone();
+        async move {
+            http.post(format!("{base}/v1/messages"))
+                .json(&crate::support::app::webhook(id, &url, json!({"n": 1})))
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+
+    let listen = free_addr();
+    let base = format!("http://{listen}");
+    let mut herald = Herald::spawn(
+        &["serve"],
+        &[
+            ("HERALD_LISTEN", &listen),
+            ("HERALD_POLL_INTERVAL_MS", "100"),
+            ("HERALD_ALLOW_NETWORKS", ""),
+        ],
+    );
+    herald.wait_healthy(&base).await;
+    let r = post(base.clone(), "bin-ssrf-1", rx.url.clone()).await;
+    assert_eq!(r.status(), 422);
+    let problem: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(problem["field"], "destination", "{problem}");
+    assert!(problem.to_string().contains("(loopback)"), "{problem}");
+    let r = post(base.clone(), "bin-ssrf-2", by_name.clone()).await;
+    assert_eq!(r.status(), 201);
+    let view = wait_for_view(&base, "bin-ssrf-2", |v| v["state"] == "dead_letter").await;
+    assert_eq!(view["last_error_class"], "permanent", "{view}");
+    let status = herald.terminate().await;
+    assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
+    assert!(
+        rx.requests().is_empty(),
+        "no request may reach the receiver"
+    );
+
+    let listen = free_addr();
+    let base = format!("http://{listen}");
+    let mut herald = Herald::spawn(
+        &["serve"],
+        &[
+            ("HERALD_LISTEN", &listen),
+            ("HERALD_POLL_INTERVAL_MS", "100"),
+            ("HERALD_ALLOW_NETWORKS", "127.0.0.0/8"),
+        ],
+    );
+    herald.wait_healthy(&base).await;
+    for (id, url) in [("bin-ssrf-3", rx.url.clone()), ("bin-ssrf-4", by_name)] {
+        let r = post(base.clone(), id, url).await;
+        assert_eq!(r.status(), 201);
+        wait_for_view(&base, id, |v| v["state"] == "delivered").await;
+    }
+    assert_eq!(rx.event_ids(), ["bin-ssrf-3", "bin-ssrf-4"]);
+    let status = herald.terminate().await;
+    assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_at_a_refused_address_is_refused_at_start_naming_its_key() {
+    let toml = "[endpoints.app]\nurl = \"http://10.0.0.5/hooks\"\n";
+    let mut h = Herald::spawn_with_config(
+        &["serve"],
+        &[("HERALD_ALLOW_NETWORKS", ""), ("RUST_BACKTRACE", "1")],
+        Some(toml),
+    );
+    let status = h.wait_exit(EXIT_WITHIN).await;
+    let stderr = h.stderr();
+    assert_one_line_refusal(status, &stderr, "endpoints.app.url");
+    assert!(
+        stderr.contains("10.0.0.0/8 (private)") && stderr.contains("HERALD_ALLOW_NETWORKS"),
+        "{stderr}"
+    );
+    // Allow-listed, it starts.
+    let listen = free_addr();
+    let mut h = Herald::spawn_with_config(
+        &["serve"],
+        &[
+            ("HERALD_LISTEN", &listen),
+            ("HERALD_ALLOW_NETWORKS", "10.0.0.0/24"),
+        ],
+        Some(toml),
+    );
+    h.wait_healthy(&format!("http://{listen}")).await;
+    assert!(h.terminate().await.success(), "{}", h.stderr());
+}
+
+/// Runs `herald serve` with `env`, sends one webhook to a path and body that must stay out of
+/// the logs, and returns (stdout, stderr) after SIGTERM.
+async fn logs_of_one_webhook(env: &[(&str, &str)]) -> (String, String) {
+    let rx = crate::support::Receiver::start().await;
+    let listen = free_addr();
+    let base = format!("http://{listen}");
+    let mut all = vec![
+        ("HERALD_LISTEN", listen.as_str()),
+        ("HERALD_POLL_INTERVAL_MS", "100"),
+    ];
+    all.extend_from_slice(env);
+    let mut herald = Herald::spawn(&["serve"], &all);
+    herald.wait_healthy(&base).await;
+    let url = rx.url_for("/secret-path-q7?token=tok-q7");
+    let r = client()
+        .post(format!("{base}/v1/messages"))
+        .json(&crate::support::app::webhook(
+            "bin-log-1",
+            &url,
+            json!({"marker": "body-marker-q7"}),
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    wait_for_view(&base, "bin-log-1", |v| v["state"] == "delivered").await;
+    assert_eq!(rx.requests()[0].path, "/secret-path-q7?token=tok-q7");
+    let status = herald.terminate().await;
+    assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
+    (herald.stdout(), herald.stderr())
+}
+
+fn assert_no_path_body_or_colour(out: &str) {
+    for secret in ["secret-path-q7", "tok-q7", "body-marker-q7"] {
+        assert!(!out.contains(secret), "{secret} in the logs:\n{out}");
+    }
+    assert!(
+        !out.contains('\u{1b}'),
+        "an ANSI escape in the logs:\n{out:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_are_one_object_per_line_with_ids_and_hosts_only() {
+    let (stdout, stderr) = logs_of_one_webhook(&[("HERALD_LOG_FORMAT", "json")]).await;
+    assert_no_path_body_or_colour(&stdout);
+    assert_no_path_body_or_colour(&stderr);
+    let lines: Vec<&str> = stdout.lines().chain(stderr.lines()).collect();
+    assert!(lines.len() >= 3, "{stderr}");
+    let mut classified = None;
+    for line in &lines {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line}"));
+        assert!(v["level"].is_string() && v["message"].is_string(), "{line}");
+        if v["message"] == "attempt classified" {
+            classified = Some(v);
+        }
+    }
+    let v = classified.unwrap_or_else(|| panic!("no attempt log line:\n{stderr}"));
+    assert_eq!(v["class"], "accepted", "{v}");
+    assert_eq!(v["span"]["event_id"], "bin-log-1", "{v}");
+    assert_eq!(v["span"]["host"], "127.0.0.1", "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_logs_to_a_pipe_have_no_colour_and_no_path_or_body() {
+    let (stdout, stderr) = logs_of_one_webhook(&[]).await;
+    assert_no_path_body_or_colour(&stdout);
+    assert_no_path_body_or_colour(&stderr);
+    assert!(stderr.contains("attempt classified"), "{stderr}");
+    assert!(
+        serde_json::from_str::<serde_json::Value>(stderr.lines().next().unwrap_or("")).is_err(),
+        "text, not JSON: {stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_log_format_is_refused_in_one_line() {
+    let (status, stderr) = refusal(&[("HERALD_LOG_FORMAT", "xml"), ("RUST_BACKTRACE", "1")]).await;
+    assert_one_line_refusal(status, &stderr, "HERALD_LOG_FORMAT");
+}
+
+/// `herald healthcheck` (the Dockerfile's HEALTHCHECK): 0 while `herald serve` with the same
+/// configuration answers `/healthz`, 1 with one line once it is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthcheck_exits_0_while_serving_and_1_after() {
+    let listen = free_addr();
+    let env = [("HERALD_LISTEN", listen.as_str())];
+    let mut herald = Herald::spawn(&["serve"], &env);
+    herald.wait_healthy(&format!("http://{listen}")).await;
+    let mut probe = Herald::spawn(&["healthcheck"], &env);
+    let status = probe.wait_exit(EXIT_WITHIN).await;
+    assert_eq!(status.code(), Some(0), "stderr:\n{}", probe.stderr());
+    assert_eq!(probe.stderr(), "", "a healthy probe prints nothing");
+    assert!(herald.terminate().await.success(), "{}", herald.stderr());
+    let mut probe = Herald::spawn(&["healthcheck"], &env);
+    let status = probe.wait_exit(EXIT_WITHIN).await;
+    let stderr = probe.stderr();
+    assert_eq!(status.code(), Some(1), "stderr:\n{stderr}");
+    assert!(
+        stderr.starts_with("herald: unhealthy: ") && stderr.trim_end().lines().count() == 1,
+        "{stderr}"
+    );
+    assert!(stderr.contains(&listen), "{stderr}");
+    // A configuration it cannot load is unhealthy too: 1, never 2 (Docker reserves 2).
+    let mut probe = Herald::spawn(&["healthcheck"], &[("HERALD_LOG_FORMAT", "xml")]);
+    let status = probe.wait_exit(EXIT_WITHIN).await;
+    let stderr = probe.stderr();
+    assert_eq!(status.code(), Some(1), "stderr:\n{stderr}");
+    assert!(
+        stderr.starts_with("herald: unhealthy: invalid configuration: log_format"),
+        "{stderr}"
+    );
+}
+
 /// A 429 with `Retry-After: 2` pauses the whole destination in the real binary: its other
 /// messages reach the receiver no sooner than 2 s after the 429, each on its first attempt, in
 /// their order; another destination is not held.
@@ -603,7 +825,10 @@ async fn a_failing_endpoint_is_disabled_and_the_cli_enables_it() {
         "no URL path in the logs:\n{log}"
     );
 
-    let cli = [("HERALD_DATABASE_URL", db.as_str())];
+    let cli = [
+        ("HERALD_DATABASE_URL", db.as_str()),
+        ("HERALD_ALLOW_NETWORKS", crate::support::app::TEST_ALLOW_NETWORKS),
+    ];
     let list = run_herald(&["--config", &config, "endpoint", "list"], &cli);
     assert!(list.starts_with("flaky\tdisabled since "), "{list}");
     let enabled = run_herald(&["--config", &config, "endpoint", "enable", "flaky"], &cli);

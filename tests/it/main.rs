@@ -19,3 +19,4 @@ mod reconcile;
 mod slowdown;
 mod smtp;
 mod sns;
+mod ssrf;

@@ -2,11 +2,16 @@
 //!
 //! Every request carries `webhook-id: <event_id>`, `webhook-timestamp`, `webhook-signature`
 //! (one `v1,` entry per key) and `Idempotency-Key: <event_id>`. The body sent is exactly the
-//! serialized `payload.body`. Redirects are not followed.
+//! serialized `payload.body`. Redirects are not followed (a 3xx is classified `permanent`).
+//! Every destination passes the SSRF guard ([`ssrf`]) first: an IP-literal URL before the
+//! request, a host name in the client's resolver, which connects only to the vetted addresses.
+//! A refused destination is `permanent` (`error_kind = refused_destination`), no request made.
 
 mod endpoint;
+pub mod ssrf;
 
 pub use self::endpoint::{AutoDisable, Endpoint, EndpointAuth, EndpointConfig};
+pub use self::ssrf::AllowList;
 use crate::crypto::signing;
 
 use std::collections::BTreeMap;
@@ -204,6 +209,7 @@ impl WebhookPayload {
 #[derive(Clone)]
 pub struct WebhookChannel {
     client: reqwest::Client,
+    allow: Arc<AllowList>,
     endpoints: Arc<BTreeMap<String, Endpoint>>,
     default_keys: Arc<Vec<SigningKey>>,
     clock: Arc<dyn Clock>,
@@ -262,22 +268,30 @@ pub struct WebhookTimeouts {
 }
 
 impl WebhookChannel {
+    /// `allow`: the networks exempt from the SSRF guard.
     pub fn new(
         timeouts: WebhookTimeouts,
         endpoints: BTreeMap<String, Endpoint>,
         default_keys: Vec<SigningKey>,
+        allow: AllowList,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, reqwest::Error> {
         super::install_crypto_provider();
+        let allow = Arc::new(allow);
         let client = reqwest::Client::builder()
             .connect_timeout(timeouts.connect)
             .timeout(timeouts.total)
             .redirect(reqwest::redirect::Policy::none())
+            // Names resolve once, through the guard; the connection goes to a vetted address.
+            .dns_resolver(Arc::new(ssrf::GuardedResolver::new(allow.clone())))
+            // A proxy would resolve and connect on Herald's behalf, past the guard.
+            .no_proxy()
             .pool_idle_timeout(Duration::from_secs(60))
             .user_agent(concat!("Herald/", env!("CARGO_PKG_VERSION")))
             .build()?;
         Ok(Self {
             client,
+            allow,
             endpoints: Arc::new(endpoints),
             default_keys: Arc::new(default_keys),
             clock,
@@ -324,6 +338,9 @@ impl WebhookChannel {
                 );
             }
         };
+        if let Err(r) = ssrf::check_url_literal(&url, &self.allow) {
+            return refused_destination(now, &r);
+        }
         let body = payload.body_bytes();
         let headers = match build_headers(
             row.event_id,
@@ -467,8 +484,30 @@ fn provider_id(body: &[u8], pointer: &str) -> Option<String> {
     }
 }
 
+/// A destination the SSRF guard refused: `permanent`, no request made. The excerpt is Herald's
+/// own words (the address and the range), not masked like a receiver's answer.
+fn refused_destination(
+    at: chrono::DateTime<chrono::Utc>,
+    why: &dyn std::fmt::Display,
+) -> SendReport {
+    let mut report = SendReport::refused(AttemptClass::Permanent, REFUSED_DESTINATION, at, "");
+    report.excerpt = Some(
+        format!("refused by the SSRF guard: {why}")
+            .chars()
+            .take(300)
+            .collect(),
+    );
+    report
+}
+
+/// `error_kind` of a destination the SSRF guard refused.
+pub const REFUSED_DESTINATION: &str = "refused_destination";
+
 /// A request that got no HTTP answer: did it leave Herald?
 fn error_report(e: &reqwest::Error) -> SendReport {
+    if let Some(r) = ssrf::refusal_in(e) {
+        return refused_destination(chrono::DateTime::UNIX_EPOCH, r);
+    }
     let (class, kind) = if e.is_connect() {
         // Refused, DNS, TLS handshake, connect timeout: the request never left.
         (AttemptClass::NotSent, "connect")

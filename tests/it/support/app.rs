@@ -40,11 +40,15 @@ pub struct TestApp {
     server: actix_web::dev::ServerHandle,
 }
 
+/// The SSRF guard's allow-list of every test Herald: the receivers and sinks listen on
+/// 127.0.0.1. Tests of the guard itself replace it (`allow_networks = ""` allows nothing).
+pub const TEST_ALLOW_NETWORKS: &str = "127.0.0.0/8";
+
 /// Settings every test starts from; keys set in `extra` (TOML) replace these.
 pub fn base_toml(db_url: &str, extra: &str) -> String {
     let base = format!(
         "database_url = \"{db_url}\"\nwebhook_secret = \"{SECRET}\"\napi_token = \"{ADMIN_TOKEN}\"\n\
-         poll_interval_ms = 50\n\
+         poll_interval_ms = 50\nallow_networks = \"{TEST_ALLOW_NETWORKS}\"\n\
          lease_seconds = 30\nwebhook_timeout_ms = 1000\nwebhook_connect_timeout_ms = 500\n\
          smtp_timeout_ms = 2000\nretry_base_seconds = 1\nretry_cap_seconds = 60\n\
          retry_max_attempts = 4\nretry_after_max_seconds = 120\nretry_jitter = 0.2\n"
