@@ -22,6 +22,8 @@ use crate::channels::email::EmailChannel;
 use crate::channels::webhook::WebhookChannel;
 use crate::clock::Clock;
 use crate::domain::{AttemptClass, Channel, State};
+use crate::health::Heartbeat;
+use crate::metrics::{DeadLetterReason, Metrics};
 use crate::storage::models::{
     Applied, ExpiredLease, LeaseDecision, LeaseSweep, NewAttempt, OutboxRow, OutcomeRecord,
 };
@@ -81,6 +83,8 @@ struct Inner {
     email: EmailChannel,
     wake: Arc<Notify>,
     throttle: Throttle,
+    metrics: Metrics,
+    heartbeat: Arc<Heartbeat>,
 }
 
 impl Sender {
@@ -91,8 +95,13 @@ impl Sender {
         webhook: WebhookChannel,
         email: EmailChannel,
         wake: Arc<Notify>,
+        metrics: Metrics,
     ) -> Self {
         let throttle = Throttle::new(config.policy.base);
+        let heartbeat = Arc::new(Heartbeat::new(Heartbeat::limit_for(
+            config.poll_interval,
+            config.lease,
+        )));
         Self {
             inner: Arc::new(Inner {
                 db,
@@ -102,8 +111,15 @@ impl Sender {
                 email,
                 wake,
                 throttle,
+                metrics,
+                heartbeat,
             }),
         }
+    }
+
+    /// When the production loop ([`Sender::run`]) last completed an iteration; `/readyz` reads it.
+    pub fn heartbeat(&self) -> Arc<Heartbeat> {
+        self.inner.heartbeat.clone()
     }
 
     pub fn owner(&self) -> &str {
@@ -138,6 +154,9 @@ impl Sender {
                 expired,
                 "due messages past their expires_at marked expired; no request made"
             );
+        }
+        if !rows.is_empty() {
+            self.inner.metrics.claim_batch(rows.len());
         }
         Ok(rows)
     }
@@ -204,6 +223,13 @@ impl Sender {
             let wait = policy.base.as_millis() as i64;
             return put_back(base, row.attempts, now, wait, AttemptClass::NotSent);
         }
+        self.inner.metrics.attempt(
+            row.channel,
+            report.class,
+            (report.finished_at - report.started_at)
+                .to_std()
+                .unwrap_or_default(),
+        );
         let semantics = row.semantics;
         let max_attempts = row
             .max_attempts
@@ -274,6 +300,7 @@ impl Sender {
             })
             .await?;
         for (a, o) in applied.0.iter().zip(&applied.1) {
+            self.count_outcome(*a, o);
             match a {
                 Applied::LeaseLost => {
                     warn!(event_id = %o.event_id, "lease lost before the outcome was written; attempt recorded as lease_lost")
@@ -285,6 +312,29 @@ impl Sender {
             }
         }
         Ok(applied.0)
+    }
+
+    /// Counts what a committed outcome did: a dead letter, or a retry after an attempt (a message
+    /// put back without a request is neither).
+    fn count_outcome(&self, applied: Applied, o: &OutcomeRecord) {
+        if applied != Applied::Yes {
+            return;
+        }
+        match (o.state, &o.attempt) {
+            (State::DeadLetter, _) => {
+                let class = o.error_class.unwrap_or(AttemptClass::Permanent);
+                self.inner
+                    .metrics
+                    .dead_letters(DeadLetterReason::Class(class), 1);
+            }
+            (State::Retryable, Some(attempt)) => {
+                let delay = o.retry_delay_ms.unwrap_or(0).max(0) as u64;
+                self.inner
+                    .metrics
+                    .retry_delay(attempt.class, Duration::from_millis(delay));
+            }
+            _ => {}
+        }
     }
 
     /// One claim, every send concurrently (bounded), one write: returns how many rows it handled.
@@ -336,6 +386,14 @@ impl Sender {
                 db.sweep_expired_leases(now, &|row, at| lease_expired_decision(&policy, row, at))
             })
             .await?;
+        let m = &self.inner.metrics;
+        m.lease_expiries(State::Retryable, sweep.to_retryable as u64);
+        m.lease_expiries(State::Unconfirmed, sweep.to_unconfirmed as u64);
+        m.lease_expiries(State::DeadLetter, sweep.to_dead_letter as u64);
+        m.dead_letters(
+            DeadLetterReason::Class(AttemptClass::Exhausted),
+            sweep.to_dead_letter as u64,
+        );
         if sweep.total() > 0 {
             warn!(
                 to_retryable = sweep.to_retryable,
@@ -358,11 +416,15 @@ impl Sender {
         let sweep_every = (cfg.lease / 2).max(Duration::from_secs(1));
         let mut next_sweep = tokio::time::Instant::now();
         let mut failures = 0u32;
+        let heartbeat = &self.inner.heartbeat;
+        heartbeat.beat(self.inner.clock.now());
         info!(owner = %cfg.owner, "sender started");
         loop {
             if *shutdown.borrow() {
                 break;
             }
+            // Read before the claim: an iteration whose claim hung never looks fresh.
+            let began = self.inner.clock.now();
             if tokio::time::Instant::now() >= next_sweep {
                 if let Err(e) = self.sweep_leases().await {
                     warn!(error = %e, "lease watchdog failed; will retry");
@@ -389,6 +451,7 @@ impl Sender {
             let rows = match self.claim(free.min(cfg.batch_size)).await {
                 Ok(rows) => {
                     failures = 0;
+                    heartbeat.beat(began);
                     rows
                 }
                 Err(e) => {
@@ -430,6 +493,7 @@ impl Sender {
         if let Err(e) = flusher.await {
             warn!(error = %e, "outcome flusher ended abnormally");
         }
+        heartbeat.stop();
         info!("sender stopped");
     }
 
