@@ -13,6 +13,7 @@ mod foundation;
 mod http_api;
 mod ingest;
 mod lifecycle;
+mod metrics;
 mod migrations;
 mod reconcile;
 mod slowdown;
