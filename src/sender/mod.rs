@@ -211,10 +211,13 @@ impl Sender {
             info!(%until, "destination slowed down: put back without a request");
             return put_back(base, row.attempts, now, wait, AttemptClass::RateLimited);
         }
+        // Latency by the monotonic clock: the wall clock (and a test's) may jump.
+        let sending = std::time::Instant::now();
         let report = match row.channel {
             Channel::Webhook => self.inner.webhook.send(&outgoing).await,
             Channel::Email => self.inner.email.send(&outgoing).await,
         };
+        let took = sending.elapsed();
         if report.error_kind.as_deref() == Some("pool_timeout") {
             // Every SMTP connection stayed busy for the whole attempt: this message was never
             // tried, so no attempt is spent on it (more sends in flight than the pool's size
@@ -223,13 +226,7 @@ impl Sender {
             let wait = policy.base.as_millis() as i64;
             return put_back(base, row.attempts, now, wait, AttemptClass::NotSent);
         }
-        self.inner.metrics.attempt(
-            row.channel,
-            report.class,
-            (report.finished_at - report.started_at)
-                .to_std()
-                .unwrap_or_default(),
-        );
+        self.inner.metrics.attempt(row.channel, report.class, took);
         let semantics = row.semantics;
         let max_attempts = row
             .max_attempts

@@ -389,7 +389,20 @@ async fn serve_exposes_bounded_metrics_that_count_its_work() {
         .unwrap();
     assert_eq!(r.status(), 200);
 
-    let (text, s) = scrape(&http, &base).await;
+    // An outcome is counted just after its commit: the dead letter's state can be seen a moment
+    // before its count (a bounded wait on that counter alone).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (text, s) = loop {
+        let (text, s) = scrape(&http, &base).await;
+        if value(&s, "herald_dead_letters_total", &[("reason", "permanent")]) >= 1.0 {
+            break (text, s);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dead letter is never counted:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert_bounded_labels(&s, &["esp"]);
     for needle in [mark, "@", "http://", listen.as_str(), rx.url.as_str()] {
         assert!(!text.contains(needle), "{needle:?} in /metrics:\n{text}");
