@@ -16,6 +16,7 @@ use crate::clock::Clock;
 use crate::config::Settings;
 use crate::crypto::signing::SigningKey;
 use crate::http::{self, AppState};
+use crate::metrics::Metrics;
 use crate::reconcile::{Reconciler, ReconcilerConfig};
 use crate::sender::{Sender, SenderConfig};
 use crate::storage::{Backend, Db, PoolOptions};
@@ -33,9 +34,8 @@ pub struct Herald {
     pub sender: Sender,
     pub wake: Arc<Notify>,
     pub reconciler: Reconciler,
-    pub duplicate_receipts: Arc<std::sync::atomic::AtomicU64>,
-    /// Receipts refused as replays, since start (see [`AppState::replayed_receipts`]).
-    pub replayed_receipts: Arc<std::sync::atomic::AtomicU64>,
+    /// This Herald's metrics (its own registry: several Heralds in one process never mix counts).
+    pub metrics: Metrics,
 }
 
 /// Opens the database (and migrates it unless told not to). Blocking.
@@ -203,6 +203,8 @@ impl Herald {
             relay: settings.smtp_provider,
             dkim: settings.dkim.clone(),
         });
+        let metrics = Metrics::new(settings.sources.keys().map(String::as_str))
+            .context("cannot register the metrics")?;
         let wake = Arc::new(Notify::new());
         let sender = Sender::new(
             db.clone(),
@@ -219,6 +221,7 @@ impl Herald {
             webhook,
             email,
             wake.clone(),
+            metrics.clone(),
         );
         let reconciler = Reconciler::new(
             db.clone(),
@@ -233,6 +236,7 @@ impl Herald {
                 message_id_domain: settings.message_id_domain.clone(),
             },
             Arc::new(Notify::new()),
+            metrics.clone(),
         );
         Ok(Self {
             settings,
@@ -241,8 +245,7 @@ impl Herald {
             sender,
             wake,
             reconciler,
-            duplicate_receipts: Arc::default(),
-            replayed_receipts: Arc::default(),
+            metrics,
         })
     }
 
@@ -260,9 +263,9 @@ impl Herald {
             allow_networks: Arc::new(self.settings.allow_networks.clone()),
             sources: Arc::new(self.settings.sources.clone()),
             ingest_max_body_bytes: self.settings.ingest_max_body_bytes,
-            duplicate_receipts: self.duplicate_receipts.clone(),
-            replayed_receipts: self.replayed_receipts.clone(),
             reconcile_wake: self.reconciler.wake_handle(),
+            metrics: self.metrics.clone(),
+            sender_heartbeat: self.sender.heartbeat(),
         }
     }
 

@@ -3,7 +3,8 @@
 //!
 //! Layout: [`http`] calls into [`outbox`]; [`sender`] claims, sends through [`channels`] and
 //! records; [`storage`] is the only place that speaks SQL; [`domain`] holds the contract's
-//! vocabulary; the pure decisions live in [`sender::decide`] and [`sender::policy`].
+//! vocabulary; the pure decisions live in [`sender::decide`] and [`sender::policy`]. Each built
+//! Herald counts its work in its own [`metrics::Metrics`]; [`health`] decides readiness.
 
 pub mod app;
 pub mod auth;
@@ -12,8 +13,10 @@ pub mod clock;
 pub mod config;
 pub mod crypto;
 pub mod domain;
+pub mod health;
 pub mod http;
 pub mod ingest;
+pub mod metrics;
 pub mod outbox;
 pub mod reconcile;
 pub mod secret;

@@ -20,7 +20,9 @@ use crate::channels::webhook::{AllowList, Endpoint};
 use crate::clock::Clock;
 use crate::config::ConfiguredSource;
 use crate::domain::{Channel, InvalidField, Semantics};
+use crate::health::{Findings, Heartbeat, readiness};
 use crate::ingest::RawRequest;
+use crate::metrics::{IngestVerdict, Metrics, ReceiptVerdict};
 use crate::outbox::{Limits, NewMessage};
 use crate::storage::receipts::Stored;
 use crate::storage::{Db, StorageError};
@@ -42,18 +44,18 @@ pub struct AppState {
     pub allow_networks: Arc<AllowList>,
     pub sources: Arc<BTreeMap<String, ConfiguredSource>>,
     pub ingest_max_body_bytes: usize,
-    /// Receipts that arrived again (already stored), since start.
-    pub duplicate_receipts: Arc<std::sync::atomic::AtomicU64>,
-    /// Receipts refused as replays (a one-time signature value already used by a different
-    /// event), since start; never counted as duplicates.
-    pub replayed_receipts: Arc<std::sync::atomic::AtomicU64>,
     /// Woken once receipts are committed: the reconciler applies them.
     pub reconcile_wake: Arc<tokio::sync::Notify>,
+    /// This Herald's metrics (`GET /metrics`; receipts and ingest requests are counted here).
+    pub metrics: Metrics,
+    /// The sender loop's heartbeat (`/readyz`: a stalled sender is not ready).
+    pub sender_heartbeat: Arc<Heartbeat>,
 }
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/healthz", web::get().to(healthz))
         .route("/readyz", web::get().to(readyz))
+        .route("/metrics", web::get().to(metrics))
         .route("/v1/messages", web::post().to(create_message))
         .route("/v1/messages/{event_id}", web::get().to(show_message))
         .route(
@@ -80,12 +82,75 @@ async fn healthz() -> HttpResponse {
     HttpResponse::Ok().content_type("text/plain").body("ok\n")
 }
 
+/// `GET /readyz`: 200 when ready; else 503 problem+json whose `reasons` say why (the database
+/// does not answer, embedded migrations are not applied, the sender loop has stalled).
 async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
     let db = state.db.clone();
-    web::block(move || db.ping()).await??;
+    let (database, pending_migrations) = web::block(move || match db.ping() {
+        Err(_) => (false, None),
+        // A failed read of the bookkeeping table is a database that does not answer properly.
+        Ok(()) => match db.pending_migrations() {
+            Ok(p) => (true, Some(p)),
+            Err(_) => (false, None),
+        },
+    })
+    .await?;
+    let findings = Findings {
+        database,
+        pending_migrations,
+        sender_last_beat: state.sender_heartbeat.last(),
+        sender_limit: state.sender_heartbeat.limit(),
+        now: state.clock.now(),
+    };
+    let reasons = readiness(&findings);
+    if reasons.is_empty() {
+        return Ok(HttpResponse::Ok().json(serde_json::json!({"status": "ready"})));
+    }
+    let detail = reasons
+        .iter()
+        .map(|r| r.detail.as_str())
+        .collect::<Vec<_>>()
+        .join("; ");
+    tracing::warn!(reasons = %reasons.iter().map(|r| r.reason).collect::<Vec<_>>().join(","), "not ready");
+    Ok(HttpResponse::ServiceUnavailable()
+        .content_type("application/problem+json")
+        .json(serde_json::json!({
+            "type": "https://herald.dev/problems/not-ready",
+            "title": "Not ready",
+            "status": 503,
+            "detail": detail,
+            "reasons": reasons,
+        })))
+}
+
+/// `GET /metrics`: the Prometheus text format. Unauthenticated (scrape it on an internal
+/// address); no label names an address, URL, path or event id. The database gauges are left out
+/// (and `herald_database_up` is 0) when the database cannot be read: the counters still answer.
+async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
+    let db = state.db.clone();
+    let now = state.clock.storage_now();
+    let stats = web::block(move || db.db_stats(now)).await?;
+    let stats = match stats {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(error = %e.log_safe(), "metrics: database gauges not read");
+            None
+        }
+    };
+    let text = state
+        .metrics
+        .render(
+            stats.as_ref(),
+            state.sender_heartbeat.last(),
+            state.clock.now(),
+        )
+        .map_err(|e| {
+            tracing::error!(error = %e, "metrics could not be rendered");
+            Problem::internal()
+        })?;
     Ok(HttpResponse::Ok()
-        .content_type("text/plain")
-        .body("ready\n"))
+        .content_type(crate::metrics::CONTENT_TYPE)
+        .body(text))
 }
 
 /// The caller of a token-guarded route; 401 without a token Herald knows.
@@ -342,11 +407,39 @@ async fn ingest_receipts(
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, Problem> {
+    let started = std::time::Instant::now();
     let name = path.into_inner();
+    let answer = ingest_into(&req, &state, &name, payload).await;
+    let verdict = match &answer {
+        Ok(_) => IngestVerdict::Accepted,
+        Err((verdict, _)) => *verdict,
+    };
+    // An unknown name is counted under a fixed label, never under the path's text.
+    state
+        .metrics
+        .ingest_request(&name, verdict, started.elapsed());
+    answer.map_err(|(_, p)| p)
+}
+
+/// The ingest request's work; a refusal comes with its verdict.
+async fn ingest_into(
+    req: &HttpRequest,
+    state: &AppState,
+    name: &str,
+    payload: web::Payload,
+) -> Result<HttpResponse, (IngestVerdict, Problem)> {
+    let refused = |p: Problem| (IngestVerdict::of_status(p.status), p);
+    let name = name.to_owned();
     let source = state.sources.get(&name).cloned().ok_or_else(|| {
-        Problem::new(StatusCode::NOT_FOUND, "not-found", "No such receipt source")
+        refused(Problem::new(
+            StatusCode::NOT_FOUND,
+            "not-found",
+            "No such receipt source",
+        ))
     })?;
-    let body = read_body(payload, state.ingest_max_body_bytes).await?;
+    let body = read_body(payload, state.ingest_max_body_bytes)
+        .await
+        .map_err(refused)?;
     let headers: Vec<(String, String)> = req
         .headers()
         .iter()
@@ -364,38 +457,43 @@ async fn ingest_receipts(
         };
         verifier.verify(&raw, now)
     })
-    .await?;
+    .await
+    .map_err(|e| refused(e.into()))?;
     let events = verdict.map_err(|e| {
-        if e.status() == 503 {
+        let verdict = if e.status() == 503 {
             tracing::warn!(source = %name, reason = %e, "receipt not verifiable now; asked to retry");
+            IngestVerdict::Unverifiable
         } else {
             // Per request and unauthenticated: debug, not info, so junk traffic cannot flood logs.
             tracing::debug!(source = %name, scheme = source.source.scheme(), reason = %e, "receipt refused");
-        }
-        Problem::from(e)
+            IngestVerdict::of_status(e.status())
+        };
+        (verdict, Problem::from(e))
     })?;
     let db = state.db.clone();
     let source_name = name.clone();
-    let outcome =
-        web::block(move || db.store_unless_replayed(&source_name, &events, now)).await??;
+    let outcome = web::block(move || db.store_unless_replayed(&source_name, &events, now))
+        .await
+        .map_err(|e| refused(e.into()))?
+        .map_err(|e| refused(e.into()))?;
     let (stored, duplicates) = match outcome {
         Stored::Receipts { new, duplicates } => (new, duplicates),
         Stored::Replayed(n) => {
             state
-                .replayed_receipts
-                .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+                .metrics
+                .receipts(&name, ReceiptVerdict::Replayed, n as u64);
             // A valid signature used again for another event: an attack or a leak, worth a warning.
             tracing::warn!(source = %name, scheme = source.source.scheme(), replayed = n, "receipt refused as a replay; nothing stored");
-            return Err(Problem::replayed());
+            return Err((IngestVerdict::Replayed, Problem::replayed()));
         }
     };
     // Committed: only now is it acknowledged.
     if stored > 0 {
         state.reconcile_wake.notify_one();
     }
-    state
-        .duplicate_receipts
-        .fetch_add(duplicates as u64, std::sync::atomic::Ordering::Relaxed);
+    let m = &state.metrics;
+    m.receipts(&name, ReceiptVerdict::Stored, stored as u64);
+    m.receipts(&name, ReceiptVerdict::Duplicate, duplicates as u64);
     tracing::info!(source = %name, scheme = source.source.scheme(), stored, duplicates, "receipts stored");
     Ok(HttpResponse::Ok().json(serde_json::json!({"stored": stored, "duplicates": duplicates})))
 }

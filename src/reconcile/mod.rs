@@ -19,6 +19,7 @@ use tracing::{info, warn};
 
 use crate::clock::Clock;
 use crate::domain::State;
+use crate::metrics::{DeadLetterReason, Metrics};
 use crate::outbox::{Limits, NewMessage};
 use crate::storage::models::{MatchedMessage, PendingReceipt, ReceiptDecision, ReconcilePass};
 use crate::storage::{Db, StorageError};
@@ -164,15 +165,23 @@ pub struct Reconciler {
     clock: Arc<dyn Clock>,
     config: Arc<ReconcilerConfig>,
     wake: Arc<Notify>,
+    metrics: Metrics,
 }
 
 impl Reconciler {
-    pub fn new(db: Db, clock: Arc<dyn Clock>, config: ReconcilerConfig, wake: Arc<Notify>) -> Self {
+    pub fn new(
+        db: Db,
+        clock: Arc<dyn Clock>,
+        config: ReconcilerConfig,
+        wake: Arc<Notify>,
+        metrics: Metrics,
+    ) -> Self {
         Self {
             db,
             clock,
             config: Arc::new(config),
             wake,
+            metrics,
         }
     }
 
@@ -309,6 +318,8 @@ impl Reconciler {
                 "receipts reconciled"
             );
         }
+        self.metrics
+            .dead_letters(DeadLetterReason::UnconfirmedDeadline, expired as u64);
         if expired > 0 {
             warn!(
                 expired,

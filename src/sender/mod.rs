@@ -24,6 +24,8 @@ use crate::channels::email::EmailChannel;
 use crate::channels::webhook::WebhookChannel;
 use crate::clock::Clock;
 use crate::domain::{AttemptClass, Channel, State};
+use crate::health::Heartbeat;
+use crate::metrics::{DeadLetterReason, Metrics};
 use crate::storage::models::{
     Applied, ExpiredLease, LeaseDecision, LeaseSweep, NewAttempt, OutboxRow, OutcomeRecord,
 };
@@ -151,6 +153,8 @@ struct Inner {
     streaks: Streaks,
     /// The endpoints disabled in the database, as last read, and when.
     disabled: std::sync::Mutex<(Option<chrono::DateTime<chrono::Utc>>, Vec<String>)>,
+    metrics: Metrics,
+    heartbeat: Arc<Heartbeat>,
 }
 
 impl Sender {
@@ -161,8 +165,13 @@ impl Sender {
         webhook: WebhookChannel,
         email: EmailChannel,
         wake: Arc<Notify>,
+        metrics: Metrics,
     ) -> Self {
         let throttle = Throttle::new(config.policy.base);
+        let heartbeat = Arc::new(Heartbeat::new(Heartbeat::limit_for(
+            config.poll_interval,
+            config.lease,
+        )));
         Self {
             inner: Arc::new(Inner {
                 db,
@@ -175,8 +184,15 @@ impl Sender {
                 limits: Arc::default(),
                 streaks: Streaks::default(),
                 disabled: std::sync::Mutex::new((None, Vec::new())),
+                metrics,
+                heartbeat,
             }),
         }
+    }
+
+    /// When the production loop ([`Sender::run`]) last completed an iteration; `/readyz` reads it.
+    pub fn heartbeat(&self) -> Arc<Heartbeat> {
+        self.inner.heartbeat.clone()
     }
 
     pub fn owner(&self) -> &str {
@@ -214,6 +230,9 @@ impl Sender {
                 expired,
                 "due messages past their expires_at marked expired; no request made"
             );
+        }
+        if !rows.is_empty() {
+            self.inner.metrics.claim_batch(rows.len());
         }
         Ok(rows)
     }
@@ -493,10 +512,13 @@ impl Sender {
             destination: &row.destination,
             payload: &row.payload,
         };
+        // Latency by the monotonic clock: the wall clock (and a test's) may jump.
+        let sending = std::time::Instant::now();
         let report = match row.channel {
             Channel::Webhook => self.inner.webhook.send(&outgoing).await,
             Channel::Email => self.inner.email.send(&outgoing).await,
         };
+        let took = sending.elapsed();
         if report.error_kind.as_deref() == Some("pool_timeout") {
             // Every SMTP connection stayed busy for the whole attempt: this message was never
             // tried, so no attempt is spent on it (more sends in flight than the pool's size
@@ -505,6 +527,7 @@ impl Sender {
             let until = now + chrono::TimeDelta::from_std(policy.base).unwrap_or_default();
             return put_back(base, row.attempts, now, until, AttemptClass::NotSent);
         }
+        self.inner.metrics.attempt(row.channel, report.class, took);
         let semantics = row.semantics;
         let max_attempts = row
             .max_attempts
@@ -579,6 +602,7 @@ impl Sender {
             })
             .await?;
         for (a, o) in applied.0.iter().zip(&applied.1) {
+            self.count_outcome(*a, o);
             match a {
                 Applied::LeaseLost => {
                     warn!(event_id = %o.event_id, "lease lost before the outcome was written; attempt recorded as lease_lost")
@@ -590,6 +614,29 @@ impl Sender {
             }
         }
         Ok(applied.0)
+    }
+
+    /// Counts what a committed outcome did: a dead letter, or a retry after an attempt (a message
+    /// put back without a request is neither).
+    fn count_outcome(&self, applied: Applied, o: &OutcomeRecord) {
+        if applied != Applied::Yes {
+            return;
+        }
+        match (o.state, &o.attempt) {
+            (State::DeadLetter, _) => {
+                let class = o.error_class.unwrap_or(AttemptClass::Permanent);
+                self.inner
+                    .metrics
+                    .dead_letters(DeadLetterReason::Class(class), 1);
+            }
+            (State::Retryable, Some(attempt)) => {
+                let delay = o.retry_delay_ms.unwrap_or(0).max(0) as u64;
+                self.inner
+                    .metrics
+                    .retry_delay(attempt.class, Duration::from_millis(delay));
+            }
+            _ => {}
+        }
     }
 
     /// One claim, every send concurrently (bounded), one write: returns how many rows it handled.
@@ -648,6 +695,14 @@ impl Sender {
                 db.sweep_expired_leases(now, &|row, at| lease_expired_decision(&policy, row, at))
             })
             .await?;
+        let m = &self.inner.metrics;
+        m.lease_expiries(State::Retryable, sweep.to_retryable as u64);
+        m.lease_expiries(State::Unconfirmed, sweep.to_unconfirmed as u64);
+        m.lease_expiries(State::DeadLetter, sweep.to_dead_letter as u64);
+        m.dead_letters(
+            DeadLetterReason::Class(AttemptClass::Exhausted),
+            sweep.to_dead_letter as u64,
+        );
         if sweep.total() > 0 {
             warn!(
                 to_retryable = sweep.to_retryable,
@@ -670,11 +725,15 @@ impl Sender {
         let sweep_every = (cfg.lease / 2).max(Duration::from_secs(1));
         let mut next_sweep = tokio::time::Instant::now();
         let mut failures = 0u32;
+        let heartbeat = &self.inner.heartbeat;
+        heartbeat.beat(self.inner.clock.now());
         info!(owner = %cfg.owner, "sender started");
         loop {
             if *shutdown.borrow() {
                 break;
             }
+            // Read before the claim: an iteration whose claim hung never looks fresh.
+            let began = self.inner.clock.now();
             if tokio::time::Instant::now() >= next_sweep {
                 if let Err(e) = self.sweep_leases().await {
                     warn!(error = %e, "lease watchdog failed; will retry");
@@ -701,6 +760,7 @@ impl Sender {
             let rows = match self.claim(free.min(cfg.batch_size)).await {
                 Ok(rows) => {
                     failures = 0;
+                    heartbeat.beat(began);
                     rows
                 }
                 Err(e) => {
@@ -750,6 +810,7 @@ impl Sender {
         if let Err(e) = flusher.await {
             warn!(error = %e, "outcome flusher ended abnormally");
         }
+        heartbeat.stop();
         info!("sender stopped");
     }
 

@@ -15,6 +15,7 @@ pub mod queries;
 pub mod receipts;
 pub mod settings;
 pub(crate) mod sql;
+pub mod stats;
 #[rustfmt::skip]
 pub mod schema_pg;
 #[rustfmt::skip]

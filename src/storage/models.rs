@@ -182,6 +182,21 @@ pub struct LeaseDecision {
     pub policy_version: String,
 }
 
+/// What `/metrics` reads of the database at scrape time, by the database's clock (`at`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DbStats {
+    /// "Now" for the ages below (the database's clock on PostgreSQL, moved by the shift).
+    pub at: DateTime<Utc>,
+    /// Messages per state; states without messages are left out.
+    pub by_state: Vec<(State, i64)>,
+    /// The earliest `next_attempt_at` of a due message (scheduled or retryable, due by `at`).
+    pub oldest_due: Option<DateTime<Utc>>,
+    /// When the oldest receipt the reconciler has not looked at yet arrived.
+    pub oldest_pending_receipt: Option<DateTime<Utc>>,
+    /// Receipts that match no message yet.
+    pub unmatched_receipts: i64,
+}
+
 /// Counts from one watchdog pass over expired leases.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LeaseSweep {

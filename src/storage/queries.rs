@@ -11,6 +11,7 @@ pub mod pg {
     pub use crate::storage::outbox::pg::*;
     pub use crate::storage::receipts::pg::*;
     pub use crate::storage::settings::pg::*;
+    pub use crate::storage::stats::pg::*;
 }
 
 /// The SQLite bodies.
@@ -20,4 +21,5 @@ pub mod sqlite {
     pub use crate::storage::outbox::sqlite::*;
     pub use crate::storage::receipts::sqlite::*;
     pub use crate::storage::settings::sqlite::*;
+    pub use crate::storage::stats::sqlite::*;
 }

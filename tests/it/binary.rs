@@ -827,7 +827,10 @@ async fn a_failing_endpoint_is_disabled_and_the_cli_enables_it() {
 
     let cli = [
         ("HERALD_DATABASE_URL", db.as_str()),
-        ("HERALD_ALLOW_NETWORKS", crate::support::app::TEST_ALLOW_NETWORKS),
+        (
+            "HERALD_ALLOW_NETWORKS",
+            crate::support::app::TEST_ALLOW_NETWORKS,
+        ),
     ];
     let list = run_herald(&["--config", &config, "endpoint", "list"], &cli);
     assert!(list.starts_with("flaky\tdisabled since "), "{list}");
@@ -836,4 +839,116 @@ async fn a_failing_endpoint_is_disabled_and_the_cli_enables_it() {
     let list = run_herald(&["--config", &config, "endpoint", "list"], &cli);
     assert_eq!(list.trim(), "flaky\tenabled");
     assert_eq!(rx.requests().len(), 2, "nothing was sent while disabled");
+}
+
+/// A running `herald serve`: `/metrics` parses as Prometheus text, counts what the process did,
+/// and carries no label from the traffic (event ids, URLs, hosts, paths); `/readyz` is ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_exposes_bounded_metrics_that_count_its_work() {
+    use crate::support::Reply;
+    use crate::support::prom::{assert_bounded_labels, scrape, value};
+    use hmac::{Hmac, Mac};
+    let rx = crate::support::Receiver::start().await;
+    let listen = free_addr();
+    let base = format!("http://{listen}");
+    let toml = "[sources.esp]\nscheme = \"hmac\"\nsecrets = [\"bin-esp\"]\n";
+    let mut herald = Herald::spawn_with_config(
+        &["serve"],
+        &[
+            ("HERALD_LISTEN", &listen),
+            ("HERALD_POLL_INTERVAL_MS", "100"),
+        ],
+        Some(toml),
+    );
+    herald.wait_healthy(&base).await;
+    let http = client();
+    let mark = "bin-metrics-5d2e";
+    let ids: Vec<String> = (0..3).map(|i| format!("{mark}:{i}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let path = format!("/{mark}/{i}");
+        rx.script_path(&path, [Reply::Status(if i == 2 { 400 } else { 200 })]);
+        let r = http
+            .post(format!("{base}/v1/messages"))
+            .json(&crate::support::app::webhook(
+                id,
+                &rx.url_for(&path),
+                json!({"i": i}),
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+    }
+    wait_for_view(&base, &ids[0], |v| v["state"] == "delivered").await;
+    wait_for_view(&base, &ids[1], |v| v["state"] == "delivered").await;
+    wait_for_view(&base, &ids[2], |v| v["state"] == "dead_letter").await;
+    let body = serde_json::to_vec(&json!({"id": format!("{mark}-r"), "type": "delivered",
+                                          "herald_event_id": ids[0]}))
+    .unwrap();
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(b"bin-esp").unwrap();
+    mac.update(&body);
+    let r = http
+        .post(format!("{base}/v1/ingest/esp"))
+        .header("x-signature", hex::encode(mac.finalize().into_bytes()))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    // An outcome is counted just after its commit: the dead letter's state can be seen a moment
+    // before its count (a bounded wait on that counter alone).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (text, s) = loop {
+        let (text, s) = scrape(&http, &base).await;
+        if value(&s, "herald_dead_letters_total", &[("reason", "permanent")]) >= 1.0 {
+            break (text, s);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dead letter is never counted:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_bounded_labels(&s, &["esp"]);
+    for needle in [mark, "@", "http://", listen.as_str(), rx.url.as_str()] {
+        assert!(!text.contains(needle), "{needle:?} in /metrics:\n{text}");
+    }
+    let host = rx
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches("/hook");
+    assert!(!text.contains(host), "{host} in /metrics:\n{text}");
+    let attempts = |class| {
+        value(
+            &s,
+            "herald_attempts_total",
+            &[("channel", "webhook"), ("class", class)],
+        )
+    };
+    assert_eq!((attempts("accepted"), attempts("permanent")), (2.0, 1.0));
+    assert_eq!(
+        value(&s, "herald_dead_letters_total", &[("reason", "permanent")]),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            "herald_receipts_total",
+            &[("source", "esp"), ("verdict", "stored")]
+        ),
+        1.0
+    );
+    assert_eq!(value(&s, "herald_messages", &[("state", "delivered")]), 2.0);
+    // The sender loop runs here: its heartbeat is fresh (well within the 60 s lease).
+    let beat = value(&s, "herald_sender_heartbeat_age_seconds", &[]);
+    assert!((0.0..30.0).contains(&beat), "{beat}");
+    let r = http.get(format!("{base}/readyz")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap(),
+        json!({"status": "ready"})
+    );
+    let status = herald.terminate().await;
+    assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
 }

@@ -3,6 +3,7 @@
 
 use chrono::{TimeZone, Utc};
 use herald::crypto::signing::SigningKey;
+use herald::metrics::ReceiptVerdict;
 use serde_json::{Value, json};
 
 use crate::both_backends;
@@ -81,8 +82,8 @@ async fn receipts_are_stored_before_the_answer_and_deduplicated(backend: Backend
     assert_eq!(row.raw["data"]["email_id"], "em_1");
     assert_eq!(
         app.herald
-            .duplicate_receipts
-            .load(std::sync::atomic::Ordering::Relaxed),
+            .metrics
+            .receipts_count("resend", ReceiptVerdict::Duplicate),
         1
     );
     // A NUL in a provider's free text (PostgreSQL refuses it in text and JSONB) is still stored.
@@ -494,11 +495,11 @@ async fn a_replayed_mailgun_signature_is_refused_and_stores_nothing(backend: Bac
         r.json::<Value>().await.unwrap(),
         json!({"stored": 0, "duplicates": 1})
     );
-    let count = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    let count = |v| app.herald.metrics.receipts_count("mg", v);
     assert_eq!(
         (
-            count(&app.herald.duplicate_receipts),
-            count(&app.herald.replayed_receipts)
+            count(ReceiptVerdict::Duplicate),
+            count(ReceiptVerdict::Replayed)
         ),
         (2, 2),
         "(duplicates, replays)"
@@ -545,8 +546,8 @@ async fn racing_replays_store_exactly_one(backend: Backend) {
     assert_eq!(app.db.receipts_of_source("mg").unwrap().len(), 1);
     assert_eq!(
         app.herald
-            .replayed_receipts
-            .load(std::sync::atomic::Ordering::Relaxed),
+            .metrics
+            .receipts_count("mg", ReceiptVerdict::Replayed),
         7
     );
     app.stop().await;

@@ -14,6 +14,7 @@ mod http_api;
 mod ingest;
 mod lifecycle;
 mod limits;
+mod metrics;
 mod migrations;
 mod reconcile;
 mod slowdown;

@@ -3,6 +3,7 @@
 
 pub mod app;
 pub mod db;
+pub mod prom;
 pub mod receiver;
 pub mod smtp_sink;
 

@@ -1,0 +1,112 @@
+//! Reads for `/metrics` and `/readyz`: one cheap query per figure, nothing written, no row
+//! locked. The due and pending reads walk the same partial indexes as the claim and the
+//! reconciler (`herald_outbox_due`, `herald_receipts_pending`), one row each; the count by state
+//! scans the outbox (retention keeps it small).
+
+use diesel::migration::MigrationSource;
+
+use super::models::{DbStats, Now};
+use super::{Db, PG_MIGRATIONS, SQLITE_MIGRATIONS, StorageError, per_backend};
+
+/// A row of diesel's own bookkeeping table.
+#[derive(diesel::QueryableByName)]
+pub(crate) struct AppliedVersion {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub version: String,
+}
+
+per_backend! {
+    use diesel::prelude::*;
+    use diesel::dsl::{count_star, sql};
+    use diesel::sql_types::Bool;
+
+    use crate::domain::State;
+    use crate::storage::models::{DbStats, Now};
+    use crate::storage::stats::AppliedVersion;
+
+    /// The figures of [`DbStats`], by the database's clock.
+    pub fn db_stats(conn: &mut Conn, now: &Now) -> QueryResult<DbStats> {
+        use self::schema::herald_outbox as o;
+        use self::schema::herald_receipts as r;
+        let at = sql::now(conn, now)?;
+        let by_state: Vec<(State, i64)> = o::table
+            .group_by(o::state)
+            .select((o::state, count_star()))
+            .load(conn)?;
+        // The claim's own predicate, as literal SQL so the planner matches the partial index.
+        let oldest_due: Option<Option<chrono::DateTime<chrono::Utc>>> = o::table
+            .filter(sql::<Bool>("state IN ('scheduled', 'retryable')"))
+            .filter(o::next_attempt_at.le(at))
+            .order((o::next_attempt_at, o::id))
+            .select(o::next_attempt_at)
+            .first(conn)
+            .optional()?;
+        let oldest_pending_receipt = r::table
+            .filter(r::reconciled_at.is_null())
+            .filter(r::outcome.is_null())
+            .order(r::id)
+            .select(r::received_at)
+            .first(conn)
+            .optional()?;
+        let unmatched_receipts = r::table
+            .filter(r::reconciled_at.is_null())
+            .filter(r::outcome.eq("unmatched"))
+            .count()
+            .get_result(conn)?;
+        Ok(DbStats {
+            at,
+            by_state,
+            oldest_due: oldest_due.flatten(),
+            oldest_pending_receipt,
+            unmatched_receipts,
+        })
+    }
+
+    /// The migration versions recorded as applied; `None` when the bookkeeping table is not
+    /// there (a database never migrated).
+    pub fn applied_migrations(conn: &mut Conn) -> QueryResult<Option<Vec<String>>> {
+        match diesel::sql_query("SELECT version FROM __diesel_schema_migrations")
+            .load::<AppliedVersion>(conn)
+        {
+            Ok(rows) => Ok(Some(rows.into_iter().map(|r| r.version).collect())),
+            Err(diesel::result::Error::DatabaseError(_, info))
+                if info.message().contains("__diesel_schema_migrations") =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl Db {
+    /// The scrape-time figures of `/metrics`.
+    pub fn db_stats(&self, now: Now) -> Result<DbStats, StorageError> {
+        crate::storage::db_run! { self, read |c, q| Ok(q::db_stats(c, &now)?) }
+    }
+
+    /// The versions of the embedded migrations this database has not applied (read only: never
+    /// creates diesel's bookkeeping table, unlike the migration harness).
+    pub fn pending_migrations(&self) -> Result<Vec<String>, StorageError> {
+        let embedded: Vec<String> = match self {
+            Db::Pg(_) => MigrationSource::<diesel::pg::Pg>::migrations(&PG_MIGRATIONS)
+                .map_err(|e| StorageError::Migration(e.to_string()))?
+                .iter()
+                .map(|m| m.name().version().to_string())
+                .collect(),
+            Db::Sqlite(_) => {
+                MigrationSource::<diesel::sqlite::Sqlite>::migrations(&SQLITE_MIGRATIONS)
+                    .map_err(|e| StorageError::Migration(e.to_string()))?
+                    .iter()
+                    .map(|m| m.name().version().to_string())
+                    .collect()
+            }
+        };
+        let applied: Option<Vec<String>> = crate::storage::db_run! { self, read |c, q| Ok::<_, StorageError>(q::applied_migrations(c)?) }?;
+        let applied = applied.unwrap_or_default();
+        Ok(embedded
+            .into_iter()
+            .filter(|v| !applied.contains(v))
+            .collect())
+    }
+}
