@@ -17,6 +17,7 @@ use crate::config::Settings;
 use crate::crypto::signing::SigningKey;
 use crate::http::{self, AppState};
 use crate::reconcile::{Reconciler, ReconcilerConfig};
+use crate::retention::Retention;
 use crate::sender::{Sender, SenderConfig};
 use crate::storage::{Backend, Db, PoolOptions};
 
@@ -31,6 +32,7 @@ pub struct Herald {
     pub sender: Sender,
     pub wake: Arc<Notify>,
     pub reconciler: Reconciler,
+    pub retention: Retention,
     pub duplicate_receipts: Arc<std::sync::atomic::AtomicU64>,
     /// Receipts refused as replays, since start (see [`AppState::replayed_receipts`]).
     pub replayed_receipts: Arc<std::sync::atomic::AtomicU64>,
@@ -55,6 +57,14 @@ pub fn open_db(settings: &Settings, migrate: bool) -> anyhow::Result<Db> {
     Ok(db)
 }
 
+/// Stores the configured endpoint subscriptions (`[endpoints.NAME] event_types`) in
+/// `herald_subscriptions`, replacing what was there, so the SQL ways in fan out as Herald does.
+/// Every Herald process sharing a database should run with the same endpoints.
+pub fn sync_subscriptions(db: &Db, settings: &Settings) -> anyhow::Result<()> {
+    db.sync_subscriptions(&settings.subscriptions())
+        .context("cannot store the endpoint subscriptions (herald_subscriptions)")
+}
+
 /// The signing secret for raw-URL webhooks: configured, or generated once and stored in the
 /// database (so every Herald process sharing it signs alike). Returns it as `whsec_…` text.
 pub fn webhook_secret(db: &Db, settings: &Settings) -> anyhow::Result<Option<String>> {
@@ -71,6 +81,7 @@ impl Herald {
     /// Builds every part from settings. Blocking (database set-up); call before serving.
     pub fn build(settings: Settings, clock: Arc<dyn Clock>, migrate: bool) -> anyhow::Result<Self> {
         let db = open_db(&settings, migrate)?;
+        sync_subscriptions(&db, &settings)?;
         let keys = match &settings.webhook_secret {
             Some(keys) => keys.clone(),
             None => {
@@ -138,6 +149,7 @@ impl Herald {
             },
             Arc::new(Notify::new()),
         );
+        let retention = Retention::new(db.clone(), clock.clone(), settings.retention);
         Ok(Self {
             settings,
             db,
@@ -145,6 +157,7 @@ impl Herald {
             sender,
             wake,
             reconciler,
+            retention,
             duplicate_receipts: Arc::default(),
             replayed_receipts: Arc::default(),
         })
@@ -224,6 +237,7 @@ impl Herald {
             .settings
             .sender_enabled
             .then(|| tokio::spawn(self.sender.clone().run(stop_rx.clone())));
+        let retention_task = tokio::spawn(self.retention.clone().run(stop_rx.clone()));
         let reconciler_task = tokio::spawn(self.reconciler.clone().run(stop_rx));
 
         let server_task = tokio::spawn(server);
@@ -235,6 +249,7 @@ impl Herald {
             t.await.context("sender task failed")?;
         }
         reconciler_task.await.context("reconciler task failed")?;
+        retention_task.await.context("retention task failed")?;
         stop_listen.store(true, Ordering::Relaxed);
         if let Some(t) = listen_thread {
             let _ = tokio::task::spawn_blocking(move || t.join()).await;

@@ -103,6 +103,11 @@ struct FileConfig {
     reconcile_interval_ms: Option<u64>,
     reconcile_batch_size: Option<u32>,
     unconfirmed_deadline_seconds: Option<u64>,
+    retention_delivered_days: Option<u32>,
+    retention_dead_letter_days: Option<u32>,
+    retention_unmatched_receipt_days: Option<u32>,
+    retention_batch_size: Option<u32>,
+    retention_interval_seconds: Option<u64>,
     status_callbacks: Option<StatusCallbacksConfig>,
     #[serde(default)]
     endpoints: BTreeMap<String, EndpointConfig>,
@@ -165,6 +170,8 @@ pub struct Settings {
     /// How long an `unconfirmed` message waits for a receipt before `dead_letter`.
     pub unconfirmed_deadline: Duration,
     pub status_callbacks: Option<StatusCallbacks>,
+    /// `retention_*`: how long finished messages and unmatched receipts are kept.
+    pub retention: crate::retention::RetentionConfig,
 }
 
 /// A validated `[sources.NAME]`: its verifier.
@@ -336,7 +343,29 @@ impl Settings {
             "HERALD_UNCONFIRMED_DEADLINE_SECONDS",
             num
         );
+        over!(
+            retention_delivered_days,
+            "HERALD_RETENTION_DELIVERED_DAYS",
+            num
+        );
+        over!(
+            retention_dead_letter_days,
+            "HERALD_RETENTION_DEAD_LETTER_DAYS",
+            num
+        );
+        over!(
+            retention_unmatched_receipt_days,
+            "HERALD_RETENTION_UNMATCHED_RECEIPT_DAYS",
+            num
+        );
+        over!(retention_batch_size, "HERALD_RETENTION_BATCH_SIZE", num);
+        over!(
+            retention_interval_seconds,
+            "HERALD_RETENTION_INTERVAL_SECONDS",
+            num
+        );
 
+        let retention = retention_config(&f)?;
         let timings = Timings::resolve(
             f.lease_seconds,
             f.webhook_timeout_ms,
@@ -554,8 +583,50 @@ impl Settings {
             reconcile_batch_size: f.reconcile_batch_size.unwrap_or(500).clamp(1, 10_000),
             unconfirmed_deadline,
             status_callbacks,
+            retention,
         })
     }
+
+    /// `(endpoint, pattern)` for every `event_types` entry of every endpoint: what Herald stores
+    /// in `herald_subscriptions` at start-up.
+    pub fn subscriptions(&self) -> Vec<(String, String)> {
+        self.endpoints
+            .values()
+            .flat_map(|e| e.event_types.iter().map(|t| (e.name.clone(), t.clone())))
+            .collect()
+    }
+}
+
+/// The `retention_*` keys, checked: a batch of 1–10,000 rows, an interval of at least a second.
+fn retention_config(f: &FileConfig) -> Result<crate::retention::RetentionConfig, ConfigError> {
+    let d = crate::retention::RetentionConfig::default();
+    let batch_size = match f.retention_batch_size {
+        None => d.batch_size,
+        Some(n @ 1..=10_000) => n,
+        Some(n) => {
+            return Err(invalid(
+                "retention_batch_size",
+                format!(
+                    "{n} is not in 1–10000; set HERALD_RETENTION_BATCH_SIZE to the rows one \
+                     retention transaction may delete, or unset it (default {})",
+                    d.batch_size
+                ),
+            ));
+        }
+    };
+    let interval = Duration::from_secs(positive(
+        "retention_interval_seconds",
+        f.retention_interval_seconds.unwrap_or(d.interval.as_secs()),
+    )?);
+    Ok(crate::retention::RetentionConfig {
+        delivered_days: f.retention_delivered_days.unwrap_or(d.delivered_days),
+        dead_letter_days: f.retention_dead_letter_days.unwrap_or(d.dead_letter_days),
+        unmatched_receipt_days: f
+            .retention_unmatched_receipt_days
+            .unwrap_or(d.unmatched_receipt_days),
+        batch_size,
+        interval,
+    })
 }
 
 /// `127.0.0.0/8`, `[::1]` or `localhost` (which always resolves to loopback, RFC 6761), with a

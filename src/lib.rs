@@ -15,6 +15,7 @@ pub mod http;
 pub mod ingest;
 pub mod outbox;
 pub mod reconcile;
+pub mod retention;
 pub mod secret;
 pub mod sender;
 pub mod storage;

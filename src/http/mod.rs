@@ -14,13 +14,13 @@ use serde_json::{Map, Value};
 use tokio::sync::Notify;
 
 use self::problem::Problem;
-use self::view::{MessageView, ReceiptView};
+use self::view::{FanOutView, MessageView, ReceiptView};
 use crate::channels::webhook::Endpoint;
 use crate::clock::Clock;
 use crate::config::ConfiguredSource;
 use crate::domain::{Channel, InvalidField, Semantics};
 use crate::ingest::RawRequest;
-use crate::outbox::{Limits, NewMessage};
+use crate::outbox::{FanOut, Limits, NewMessage, Prepared};
 use crate::secret::Secret;
 use crate::secret::constant_time_eq;
 use crate::storage::receipts::Stored;
@@ -143,15 +143,31 @@ async fn create_message(
     }
     let message = parse_new_message(&body, idempotency_key.as_deref())?;
     let now = state.clock.now();
-    let limits = Limits {
-        max_payload_bytes: state.max_payload_bytes,
-        retry_policy: state.retry_policy.clone(),
-        retry_policy_version: Some(state.retry_policy_version.clone()),
-        endpoints: Some(&state.endpoints),
-    };
-    let row = message.prepare(&limits, now)?;
     let db = state.db.clone();
-    let (created, stored, receipts) = web::block(move || -> Result<_, StorageError> {
+    let endpoints = state.endpoints.clone();
+    let (max_payload_bytes, retry_policy, retry_policy_version) = (
+        state.max_payload_bytes,
+        state.retry_policy.clone(),
+        state.retry_policy_version.clone(),
+    );
+    let written = web::block(move || -> Result<_, StorageError> {
+        let limits = Limits {
+            max_payload_bytes,
+            retry_policy,
+            retry_policy_version: Some(retry_policy_version),
+            endpoints: Some(&endpoints),
+        };
+        let row = match message.plan(&limits, now) {
+            Err(invalid) => return Ok(Err(invalid)),
+            Ok(Prepared::FanOut(plan)) => {
+                // The children and their links in one transaction, over the stored
+                // subscriptions; no subscriber is a 422 and nothing is written.
+                return Ok(db
+                    .enqueue_fanout(plan.event_id(), &|subs| plan.expand(subs))?
+                    .map(|stored| Written::FanOut(FanOut::from_stored(plan.event_id(), stored))));
+            }
+            Ok(Prepared::Message(row)) => row,
+        };
         let (created, stored) = db.enqueue(&row)?;
         // A message that was already there may have its history already.
         let receipts = if created {
@@ -159,19 +175,47 @@ async fn create_message(
         } else {
             db.receipts_of_message(stored.id)?
         };
-        Ok((created, stored, receipts))
+        Ok(Ok(Written::Message(created, stored, receipts)))
     })
-    .await??;
+    .await??
+    .map_err(Problem::invalid)?;
     // Committed: only now is it acknowledged.
-    let mut view = MessageView::new(&stored, state.default_max_attempts);
-    view.receipts = Some(receipts.iter().map(ReceiptView::new).collect());
+    let (created, view) = match written {
+        Written::Message(created, stored, receipts) => {
+            let mut view = MessageView::new(&stored, state.default_max_attempts);
+            view.receipts = Some(receipts.iter().map(ReceiptView::new).collect());
+            if created {
+                tracing::info!(event_id = %stored.event_id, channel = %stored.channel, "message enqueued");
+            }
+            (created, serde_json::to_value(view))
+        }
+        Written::FanOut(fanout) => {
+            if fanout.created {
+                tracing::info!(
+                    event_id = %fanout.event_id,
+                    children = fanout.children.len(),
+                    "fan-out enqueued"
+                );
+            }
+            (
+                fanout.created,
+                serde_json::to_value(FanOutView::new(&fanout, state.default_max_attempts)),
+            )
+        }
+    };
+    let view = view.map_err(|_| Problem::internal())?;
     if created {
-        tracing::info!(event_id = %stored.event_id, channel = %stored.channel, "message enqueued");
         state.wake.notify_one();
         Ok(HttpResponse::Created().json(view))
     } else {
         Ok(HttpResponse::Ok().json(view))
     }
+}
+
+/// What `POST /v1/messages` wrote (or found).
+enum Written {
+    Message(bool, crate::storage::models::OutboxRow, Vec<crate::storage::models::ReceiptRow>),
+    FanOut(FanOut),
 }
 
 async fn show_message(
@@ -184,13 +228,28 @@ async fn show_message(
     let db = state.db.clone();
     let found = web::block(move || -> Result<_, StorageError> {
         let Some(row) = db.find_by_event_id(&event_id)? else {
-            return Ok(None);
+            // The original event id of a fan-out: the view of its children.
+            let children = db.fanout_of(&event_id)?;
+            if children.is_empty() {
+                return Ok(None);
+            }
+            let stored = crate::storage::fanout::StoredFanout {
+                created: false,
+                children,
+            };
+            return Ok(Some(Err(FanOut::from_stored(&event_id, stored))));
         };
         let receipts = db.receipts_of_message(row.id)?;
-        Ok(Some((row, receipts)))
+        Ok(Some(Ok((row, receipts))))
     })
     .await??;
-    let (row, receipts) = found.ok_or_else(|| Problem::not_found("message"))?;
+    let (row, receipts) = match found.ok_or_else(|| Problem::not_found("message"))? {
+        Ok(found) => found,
+        Err(fanout) => {
+            return Ok(HttpResponse::Ok()
+                .json(FanOutView::new(&fanout, state.default_max_attempts)));
+        }
+    };
     let mut view = MessageView::new(&row, state.default_max_attempts);
     view.receipts = Some(receipts.iter().map(ReceiptView::new).collect());
     Ok(HttpResponse::Ok().json(view))

@@ -8,10 +8,12 @@
 //! and every write transaction is `BEGIN IMMEDIATE` behind one in-process writer lock.
 
 pub mod attempts;
+pub mod fanout;
 pub mod models;
 pub mod outbox;
 pub mod queries;
 pub mod receipts;
+pub mod retention;
 pub mod settings;
 pub(crate) mod sql;
 #[rustfmt::skip]

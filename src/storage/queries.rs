@@ -7,15 +7,19 @@ pub use super::sql::{PG_CLAIM_SQL, PG_UPDATE_OUTCOMES_SQL, SQLITE_CLAIM_SQL};
 /// The PostgreSQL bodies.
 pub mod pg {
     pub use crate::storage::attempts::pg::*;
+    pub use crate::storage::fanout::pg::*;
     pub use crate::storage::outbox::pg::*;
     pub use crate::storage::receipts::pg::*;
+    pub use crate::storage::retention::pg::*;
     pub use crate::storage::settings::pg::*;
 }
 
 /// The SQLite bodies.
 pub mod sqlite {
     pub use crate::storage::attempts::sqlite::*;
+    pub use crate::storage::fanout::sqlite::*;
     pub use crate::storage::outbox::sqlite::*;
     pub use crate::storage::receipts::sqlite::*;
+    pub use crate::storage::retention::sqlite::*;
     pub use crate::storage::settings::sqlite::*;
 }

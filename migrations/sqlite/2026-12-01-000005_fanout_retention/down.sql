@@ -1,0 +1,5 @@
+DROP INDEX herald_receipts_unmatched_age;
+DROP INDEX herald_outbox_finished;
+DROP TRIGGER herald_outbox_fanout;
+DROP TABLE herald_fanouts;
+DROP TABLE herald_subscriptions;
