@@ -8,6 +8,7 @@ mod classification;
 mod concurrency;
 mod email_payload;
 mod enqueue;
+mod fanout;
 mod fixtures;
 mod foundation;
 mod http_api;
