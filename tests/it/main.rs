@@ -16,6 +16,7 @@ mod ingest;
 mod lifecycle;
 mod migrations;
 mod reconcile;
+mod retention;
 mod slowdown;
 mod smtp;
 mod sns;
