@@ -891,6 +891,64 @@ mod tests {
     }
 
     #[test]
+    fn retention_keys_from_the_file_and_the_environment() {
+        let s = Settings::build(FileConfig::default(), &BTreeMap::new()).unwrap();
+        assert_eq!(s.retention, crate::retention::RetentionConfig::default());
+        let s = Settings::from_toml("retention_delivered_days = 0\nretention_batch_size = 7\n")
+            .unwrap();
+        assert_eq!((s.retention.delivered_days, s.retention.batch_size), (0, 7));
+        let s = Settings::load_from(
+            None,
+            &env(&[
+                ("HERALD_RETENTION_DEAD_LETTER_DAYS", "365"),
+                ("HERALD_RETENTION_UNMATCHED_RECEIPT_DAYS", "5"),
+                ("HERALD_RETENTION_INTERVAL_SECONDS", "60"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.retention.dead_letter_days, 365);
+        assert_eq!(s.retention.unmatched_receipt_days, 5);
+        assert_eq!(s.retention.interval, Duration::from_secs(60));
+        for (bad, key) in [
+            ("retention_batch_size = 0", "retention_batch_size"),
+            ("retention_batch_size = 10001", "retention_batch_size"),
+            (
+                "retention_interval_seconds = 0",
+                "retention_interval_seconds",
+            ),
+        ] {
+            let err = Settings::from_toml(bad).unwrap_err();
+            assert!(err.to_string().starts_with(key), "{err}");
+        }
+    }
+
+    #[test]
+    fn endpoint_subscriptions_are_checked_and_listed() {
+        let s = Settings::from_toml(
+            "[endpoints.a]\nurl = \"https://a.example/h\"\nevent_types = [\"order.*\", \"*\"]\n\
+             [endpoints.b]\nurl = \"https://b.example/h\"\nevent_types = [\"x.y\"]\n\
+             [endpoints.c]\nurl = \"https://c.example/h\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            s.subscriptions(),
+            [
+                ("a".to_owned(), "order.*".to_owned()),
+                ("a".to_owned(), "*".to_owned()),
+                ("b".to_owned(), "x.y".to_owned())
+            ]
+        );
+        for bad in [
+            "[endpoints.a]\nurl = \"https://a.example/h\"\nevent_types = [\"order*\"]\n",
+            "[endpoints.a]\nurl = \"https://a.example/h\"\nevent_types = [\"\"]\n",
+            "[endpoints.\"a.b\"]\nurl = \"https://a.example/h\"\nevent_types = [\"x\"]\n",
+        ] {
+            let err = Settings::from_toml(bad).unwrap_err();
+            assert!(err.to_string().contains(".event_types"), "{err}");
+        }
+    }
+
+    #[test]
     fn the_example_config_is_valid() {
         let example = include_str!("../herald.example.toml");
         let s = Settings::from_toml(example).expect("herald.example.toml parses and validates");

@@ -189,7 +189,16 @@ mod tests {
             TypePattern::parse("order.placed"),
             Ok(TypePattern::Exact(t("order.placed")))
         );
-        for bad in ["order*", "*.placed", "order.*.x", "**", ".*", "*.*", "a.*.*", "a.b*"] {
+        for bad in [
+            "order*",
+            "*.placed",
+            "order.*.x",
+            "**",
+            ".*",
+            "*.*",
+            "a.*.*",
+            "a.b*",
+        ] {
             assert!(TypePattern::parse(bad).is_err(), "{bad}");
         }
         assert_eq!(TypePattern::parse(""), Err(EventTypeError::Empty));

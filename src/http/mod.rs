@@ -214,7 +214,11 @@ async fn create_message(
 
 /// What `POST /v1/messages` wrote (or found).
 enum Written {
-    Message(bool, crate::storage::models::OutboxRow, Vec<crate::storage::models::ReceiptRow>),
+    Message(
+        bool,
+        crate::storage::models::OutboxRow,
+        Vec<crate::storage::models::ReceiptRow>,
+    ),
     FanOut(FanOut),
 }
 
@@ -246,8 +250,9 @@ async fn show_message(
     let (row, receipts) = match found.ok_or_else(|| Problem::not_found("message"))? {
         Ok(found) => found,
         Err(fanout) => {
-            return Ok(HttpResponse::Ok()
-                .json(FanOutView::new(&fanout, state.default_max_attempts)));
+            return Ok(
+                HttpResponse::Ok().json(FanOutView::new(&fanout, state.default_max_attempts))
+            );
         }
     };
     let mut view = MessageView::new(&row, state.default_max_attempts);

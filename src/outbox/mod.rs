@@ -263,9 +263,7 @@ impl FanOutPlan<'_> {
         subscriptions: &[(String, String)],
     ) -> Result<Vec<FanoutChild>, Vec<InvalidField>> {
         let names = subscribers(
-            subscriptions
-                .iter()
-                .map(|(e, p)| (e.as_str(), p.as_str())),
+            subscriptions.iter().map(|(e, p)| (e.as_str(), p.as_str())),
             &self.event_type,
         );
         if names.is_empty() {
@@ -507,9 +505,7 @@ impl OutboxConnection for diesel::pg::PgConnection {
         event_id: &str,
         expand: Expand<'_>,
     ) -> diesel::QueryResult<Result<StoredFanout, Vec<InvalidField>>> {
-        diesel::Connection::transaction(self, |c| {
-            queries::pg::enqueue_fanout(c, event_id, expand)
-        })
+        diesel::Connection::transaction(self, |c| queries::pg::enqueue_fanout(c, event_id, expand))
     }
 }
 
@@ -583,7 +579,10 @@ pub fn enqueue_with<C: OutboxConnection>(
             let stored = conn
                 .enqueue_fanout_rows(plan.event_id(), &|subs| plan.expand(subs))?
                 .map_err(EnqueueError::Invalid)?;
-            Ok(Enqueued::FanOut(FanOut::from_stored(plan.event_id(), stored)))
+            Ok(Enqueued::FanOut(FanOut::from_stored(
+                plan.event_id(),
+                stored,
+            )))
         }
     }
 }

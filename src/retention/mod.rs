@@ -94,7 +94,9 @@ impl RetentionReport {
     }
 
     pub fn transactions(&self) -> usize {
-        self.done_batches.len() + self.dead_letter_batches.len() + self.unmatched_receipt_batches.len()
+        self.done_batches.len()
+            + self.dead_letter_batches.len()
+            + self.unmatched_receipt_batches.len()
     }
 }
 

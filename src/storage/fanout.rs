@@ -41,7 +41,8 @@ pub struct StoredFanout {
 
 /// The expansion of a fan-out over the stored subscriptions (`(endpoint, pattern)` pairs): the
 /// child rows, or why there are none (no subscriber, a child that does not validate).
-pub type Expand<'a> = &'a dyn Fn(&[(String, String)]) -> Result<Vec<FanoutChild>, Vec<InvalidField>>;
+pub type Expand<'a> =
+    &'a dyn Fn(&[(String, String)]) -> Result<Vec<FanoutChild>, Vec<InvalidField>>;
 
 per_backend! {
     use diesel::prelude::*;

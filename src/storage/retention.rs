@@ -109,7 +109,15 @@ pub mod pg {
         before: DateTime<Utc>,
         limit: i64,
     ) -> diesel::QueryResult<PurgedBatch> {
-        purge_messages!(conn, schema_pg, which, before, limit, for_update, skip_locked)
+        purge_messages!(
+            conn,
+            schema_pg,
+            which,
+            before,
+            limit,
+            for_update,
+            skip_locked
+        )
     }
 
     pub fn purge_unmatched_receipts(

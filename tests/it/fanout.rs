@@ -87,7 +87,11 @@ async fn one_failing_endpoint_never_holds_back_the_others(backend: Backend) {
     assert_eq!(rx.b.event_ids(), ["ord-1:b"]);
     let ra = &rx.a.requests()[0];
     assert_eq!(ra.header("idempotency-key"), Some("ord-1:a"));
-    assert_eq!(ra.header("x-endpoint"), Some("a"), "the endpoint's own headers");
+    assert_eq!(
+        ra.header("x-endpoint"),
+        Some("a"),
+        "the endpoint's own headers"
+    );
     assert_eq!(ra.body, br#"{"order":42,"type":"order.placed"}"#);
     assert!(rx.b.requests()[0].header("x-endpoint").is_none());
     // The failing one spent its whole budget (4 attempts in the test policy), then dead-lettered.
@@ -267,7 +271,11 @@ async fn plain_sql_inserts_fan_out_in_the_callers_transaction(backend: Backend) 
     ))
     .unwrap();
     assert!(app.db.fanout_of("sql-0").unwrap().is_empty());
-    exec(format!("BEGIN; {}; COMMIT;", insert("sql-1", "order.placed"))).unwrap();
+    exec(format!(
+        "BEGIN; {}; COMMIT;",
+        insert("sql-1", "order.placed")
+    ))
+    .unwrap();
     let kids: Vec<String> = app
         .db
         .fanout_of("sql-1")
@@ -330,12 +338,7 @@ async fn the_sql_trigger_matches_as_the_rust_rule_does(backend: Backend) {
             "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
              VALUES ('m-{i}', 'webhook', 'type:{t}', '{{\"body\": 1}}')"
         );
-        with_app_conn(
-            &app,
-            |c| c.batch_execute(&sql),
-            |c| c.batch_execute(&sql),
-        )
-        .unwrap();
+        with_app_conn(&app, |c| c.batch_execute(&sql), |c| c.batch_execute(&sql)).unwrap();
         let by_sql: Vec<String> = app
             .db
             .fanout_of(&format!("m-{i}"))

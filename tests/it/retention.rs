@@ -88,8 +88,10 @@ async fn retention_deletes_in_batches_and_leaves_dead_letters(backend: Backend) 
     app.post_message(webhook("conflict", &rx.url_for("/conflict"), json!({})))
         .await;
     let r = app
-        .post_message(json!({"event_id": "fan", "channel": "webhook", "destination": "type:x.y",
-                             "payload": {"body": {}}}))
+        .post_message(
+            json!({"event_id": "fan", "channel": "webhook", "destination": "type:x.y",
+                             "payload": {"body": {}}}),
+        )
         .await;
     assert_eq!(r.status(), 201);
     let later = (app.clock_now() + chrono::Duration::days(400)).to_rfc3339();
@@ -119,7 +121,11 @@ async fn retention_deletes_in_batches_and_leaves_dead_letters(backend: Backend) 
         ..app.herald.settings.retention
     };
     assert_eq!(
-        (config.delivered_days, config.dead_letter_days, config.unmatched_receipt_days),
+        (
+            config.delivered_days,
+            config.dead_letter_days,
+            config.unmatched_receipt_days
+        ),
         (30, 90, 90),
         "the defaults"
     );
@@ -159,7 +165,11 @@ async fn retention_deletes_in_batches_and_leaves_dead_letters(backend: Backend) 
         assert!(app.db.find_by_event_id(kept).unwrap().is_some(), "{kept}");
     }
     assert_eq!(count(&app, "herald_outbox"), 4);
-    assert_eq!(count(&app, "herald_attempts"), 3, "the dead letters' and the 409's");
+    assert_eq!(
+        count(&app, "herald_attempts"),
+        3,
+        "the dead letters' and the 409's"
+    );
     assert_eq!(count(&app, "herald_receipts"), 1, "the unmatched one");
 
     // 91 days on: the dead letters and the unmatched receipt go; the unconfirmed and the
@@ -280,5 +290,9 @@ fn herald_migrate_and_purge_as_an_operator_runs_them() {
     )
     .load(&mut c)
     .unwrap();
-    assert_eq!((left[0].n, left[1].n), (1, 0), "only the scheduled row is left");
+    assert_eq!(
+        (left[0].n, left[1].n),
+        (1, 0),
+        "only the scheduled row is left"
+    );
 }

@@ -96,7 +96,9 @@ impl Endpoint {
             super::check_custom_header(h, "")
                 .map_err(|m| InvalidField::new(format!("{key}.headers"), m.to_string()))?;
         }
-        if !e.event_types.is_empty() && super::WebhookTarget::parse(&format!("endpoint:{name}")).is_err() {
+        if !e.event_types.is_empty()
+            && super::WebhookTarget::parse(&format!("endpoint:{name}")).is_err()
+        {
             return Err(InvalidField::new(
                 format!("{key}.event_types"),
                 "an endpoint that subscribes to event types needs a name of letters, digits, - and _ (at most 64)",

@@ -496,7 +496,9 @@ mod tests {
         );
         assert_eq!(
             WebhookTarget::parse("type:order.placed"),
-            Ok(WebhookTarget::Type(EventType::parse("order.placed").unwrap()))
+            Ok(WebhookTarget::Type(
+                EventType::parse("order.placed").unwrap()
+            ))
         );
         for bad in [
             "endpoint:",
