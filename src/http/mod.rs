@@ -212,7 +212,8 @@ async fn create_message(
     }
 }
 
-/// What `POST /v1/messages` wrote (or found).
+/// What `POST /v1/messages` wrote (or found); one per request.
+#[allow(clippy::large_enum_variant)]
 enum Written {
     Message(
         bool,

@@ -416,6 +416,8 @@ fn decide_cancel(changed: bool, row: Option<OutboxRow>) -> Result<(bool, OutboxR
 }
 
 /// What [`enqueue`] did.
+// One value per enqueue call, returned once: boxing the row would only cost callers a deref.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum Enqueued {
     /// One message.

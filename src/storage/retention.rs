@@ -92,10 +92,8 @@ macro_rules! purge_unmatched {
         if ids.is_empty() {
             return Ok(0);
         }
-        Ok(diesel::delete(
-            r::table.filter(r::id.eq_any(&ids)).filter(r::message_id.is_null()),
-        )
-        .execute($conn)?)
+        diesel::delete(r::table.filter(r::id.eq_any(&ids)).filter(r::message_id.is_null()))
+            .execute($conn)
     }};
 }
 
