@@ -6,7 +6,8 @@
 //! PostgreSQL the batch's rows are locked with `FOR UPDATE SKIP LOCKED`, so a concurrent replay
 //! or a second Herald process never waits on retention (and retention never deletes a row that
 //! a replay moved back to `scheduled` meanwhile). The state lists are literal SQL, so the
-//! planner uses the partial index `herald_outbox_finished`.
+//! planner uses the partial indexes `herald_outbox_done` and `herald_outbox_dead` (and
+//! `herald_receipts_unmatched_age` for unmatched receipts).
 
 use chrono::{DateTime, Utc};
 
@@ -82,7 +83,7 @@ macro_rules! purge_unmatched {
         use crate::storage::$schema::herald_receipts as r;
         let ids: Vec<i64> = r::table
             .filter(r::message_id.is_null())
-            .filter(r::outcome.eq("unmatched"))
+            .filter(diesel::dsl::sql::<diesel::sql_types::Bool>("outcome = 'unmatched'"))
             .filter(r::received_at.lt($before))
             .select(r::id)
             .order((r::received_at, r::id))

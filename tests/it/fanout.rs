@@ -384,6 +384,30 @@ async fn herald_enqueue_fans_out_on_postgres() {
     });
     assert!(rolled.is_err());
     assert!(app.db.fanout_of("fn-2").unwrap().is_empty());
+    // An application role with nothing but INSERT on the outbox fans out too (the trigger runs
+    // as its owner).
+    let role = format!("fan_{}", app.test_db.url.rsplit('/').next().unwrap());
+    app.raw_sql(&format!(
+        "DROP ROLE IF EXISTS {role}; CREATE ROLE {role}; \
+         GRANT INSERT ON herald_outbox TO {role}; \
+         GRANT USAGE ON SEQUENCE herald_outbox_id_seq TO {role}"
+    ));
+    let mut app_conn = PgConnection::establish(&app.test_db.url).unwrap();
+    app_conn
+        .batch_execute(&format!(
+            "SET ROLE {role}; INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+             VALUES ('fn-role', 'webhook', 'type:invoice.paid', '{{\"body\": 1}}')"
+        ))
+        .unwrap();
+    let kids: Vec<String> = app
+        .db
+        .fanout_of("fn-role")
+        .unwrap()
+        .into_iter()
+        .map(|(f, _)| f.message_event_id)
+        .collect();
+    assert_eq!(kids, ["fn-role:b", "fn-role:c"]);
+    app.raw_sql("DELETE FROM herald_outbox WHERE event_id LIKE 'fn-role:%'");
     // A type nobody subscribes to raises: the caller's transaction fails.
     c.batch_execute("DELETE FROM herald_subscriptions WHERE endpoint = 'c'")
         .unwrap();

@@ -85,9 +85,12 @@ CREATE TRIGGER herald_outbox_fanout BEFORE INSERT ON herald_outbox
     FOR EACH ROW WHEN (NEW.channel = 'webhook' AND NEW.destination LIKE 'type:%')
     EXECUTE FUNCTION herald_outbox_fanout();
 
--- Retention reads finished rows by age; only those rows are in this index.
-CREATE INDEX herald_outbox_finished ON herald_outbox (updated_at)
-    WHERE state IN ('delivered', 'canceled', 'expired', 'dead_letter');
+-- Retention reads finished rows by age; only those rows are in these indexes. Their predicates
+-- are written exactly as retention's statements write them (literal SQL), so both planners use
+-- them.
+CREATE INDEX herald_outbox_done ON herald_outbox (updated_at)
+    WHERE state IN ('delivered', 'canceled', 'expired');
+CREATE INDEX herald_outbox_dead ON herald_outbox (updated_at) WHERE state = 'dead_letter';
 CREATE INDEX herald_receipts_unmatched_age ON herald_receipts (received_at)
     WHERE message_id IS NULL AND outcome = 'unmatched';
 
