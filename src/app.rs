@@ -18,6 +18,7 @@ use crate::crypto::signing::SigningKey;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
 use crate::reconcile::{Reconciler, ReconcilerConfig};
+use crate::retention::Retention;
 use crate::sender::{Sender, SenderConfig};
 use crate::storage::{Backend, Db, PoolOptions};
 
@@ -36,6 +37,7 @@ pub struct Herald {
     pub reconciler: Reconciler,
     /// This Herald's metrics (its own registry: several Heralds in one process never mix counts).
     pub metrics: Metrics,
+    pub retention: Retention,
 }
 
 /// Opens the database (and migrates it unless told not to). Blocking.
@@ -55,6 +57,14 @@ pub fn open_db(settings: &Settings, migrate: bool) -> anyhow::Result<Db> {
         }
     }
     Ok(db)
+}
+
+/// Stores the configured endpoint subscriptions (`[endpoints.NAME] event_types`) in
+/// `herald_subscriptions`, replacing what was there, so the SQL ways in fan out as Herald does.
+/// Every Herald process sharing a database should run with the same endpoints.
+pub fn sync_subscriptions(db: &Db, settings: &Settings) -> anyhow::Result<()> {
+    db.sync_subscriptions(&settings.subscriptions())
+        .context("cannot store the endpoint subscriptions (herald_subscriptions)")
 }
 
 /// The signing secret for raw-URL webhooks: configured, or generated once and stored in the
@@ -165,6 +175,7 @@ impl Herald {
                 .add_plain("default", &generated, crate::auth::Scope::Admin)
                 .map_err(|e| anyhow::anyhow!("the stored API token is not valid: {e}"))?;
         }
+        sync_subscriptions(&db, &settings)?;
         let keys = match &settings.webhook_secret {
             Some(keys) => keys.clone(),
             None => {
@@ -238,6 +249,7 @@ impl Herald {
             Arc::new(Notify::new()),
             metrics.clone(),
         );
+        let retention = Retention::new(db.clone(), clock.clone(), settings.retention);
         Ok(Self {
             settings,
             db,
@@ -246,6 +258,7 @@ impl Herald {
             wake,
             reconciler,
             metrics,
+            retention,
         })
     }
 
@@ -321,6 +334,7 @@ impl Herald {
             .settings
             .sender_enabled
             .then(|| tokio::spawn(self.sender.clone().run(stop_rx.clone())));
+        let retention_task = tokio::spawn(self.retention.clone().run(stop_rx.clone()));
         let reconciler_task = tokio::spawn(self.reconciler.clone().run(stop_rx));
 
         let server_task = tokio::spawn(server);
@@ -332,6 +346,7 @@ impl Herald {
             t.await.context("sender task failed")?;
         }
         reconciler_task.await.context("reconciler task failed")?;
+        retention_task.await.context("retention task failed")?;
         stop_listen.store(true, Ordering::Relaxed);
         if let Some(t) = listen_thread {
             let _ = tokio::task::spawn_blocking(move || t.join()).await;

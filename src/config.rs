@@ -109,6 +109,11 @@ struct FileConfig {
     unconfirmed_deadline_seconds: Option<u64>,
     allow_networks: Option<Networks>,
     log_format: Option<String>,
+    retention_delivered_days: Option<u32>,
+    retention_dead_letter_days: Option<u32>,
+    retention_unmatched_receipt_days: Option<u32>,
+    retention_batch_size: Option<u32>,
+    retention_interval_seconds: Option<u64>,
     status_callbacks: Option<StatusCallbacksConfig>,
     #[serde(default)]
     endpoints: BTreeMap<String, EndpointConfig>,
@@ -210,6 +215,8 @@ pub struct Settings {
     pub allow_networks: AllowList,
     /// `log_format`: `text` (default) or `json`.
     pub log_format: LogFormat,
+    /// `retention_*`: how long finished messages and unmatched receipts are kept.
+    pub retention: crate::retention::RetentionConfig,
 }
 
 /// A validated `[sources.NAME]`: its verifier.
@@ -406,6 +413,29 @@ impl Settings {
         })?;
 
         let limits = limits_config(&f, f.sender_concurrency.unwrap_or(64).clamp(1, 1024))?;
+        over!(
+            retention_delivered_days,
+            "HERALD_RETENTION_DELIVERED_DAYS",
+            num
+        );
+        over!(
+            retention_dead_letter_days,
+            "HERALD_RETENTION_DEAD_LETTER_DAYS",
+            num
+        );
+        over!(
+            retention_unmatched_receipt_days,
+            "HERALD_RETENTION_UNMATCHED_RECEIPT_DAYS",
+            num
+        );
+        over!(retention_batch_size, "HERALD_RETENTION_BATCH_SIZE", num);
+        over!(
+            retention_interval_seconds,
+            "HERALD_RETENTION_INTERVAL_SECONDS",
+            num
+        );
+
+        let retention = retention_config(&f)?;
         let timings = Timings::resolve(
             f.lease_seconds,
             f.webhook_timeout_ms,
@@ -657,8 +687,50 @@ impl Settings {
             limits,
             allow_networks,
             log_format,
+            retention,
         })
     }
+
+    /// `(endpoint, pattern)` for every `event_types` entry of every endpoint: what Herald stores
+    /// in `herald_subscriptions` at start-up.
+    pub fn subscriptions(&self) -> Vec<(String, String)> {
+        self.endpoints
+            .values()
+            .flat_map(|e| e.event_types.iter().map(|t| (e.name.clone(), t.clone())))
+            .collect()
+    }
+}
+
+/// The `retention_*` keys, checked: a batch of 1–10,000 rows, an interval of at least a second.
+fn retention_config(f: &FileConfig) -> Result<crate::retention::RetentionConfig, ConfigError> {
+    let d = crate::retention::RetentionConfig::default();
+    let batch_size = match f.retention_batch_size {
+        None => d.batch_size,
+        Some(n @ 1..=10_000) => n,
+        Some(n) => {
+            return Err(invalid(
+                "retention_batch_size",
+                format!(
+                    "{n} is not in 1–10000; set HERALD_RETENTION_BATCH_SIZE to the rows one \
+                     retention transaction may delete, or unset it (default {})",
+                    d.batch_size
+                ),
+            ));
+        }
+    };
+    let interval = Duration::from_secs(positive(
+        "retention_interval_seconds",
+        f.retention_interval_seconds.unwrap_or(d.interval.as_secs()),
+    )?);
+    Ok(crate::retention::RetentionConfig {
+        delivered_days: f.retention_delivered_days.unwrap_or(d.delivered_days),
+        dead_letter_days: f.retention_dead_letter_days.unwrap_or(d.dead_letter_days),
+        unmatched_receipt_days: f
+            .retention_unmatched_receipt_days
+            .unwrap_or(d.unmatched_receipt_days),
+        batch_size,
+        interval,
+    })
 }
 
 /// The per-destination limits: the default cap on sends in flight to one destination (half the
@@ -956,6 +1028,64 @@ mod tests {
             !shown.contains("AKIAEXAMPLEUSER") && !shown.contains("pw-123"),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn retention_keys_from_the_file_and_the_environment() {
+        let s = Settings::build(FileConfig::default(), &BTreeMap::new()).unwrap();
+        assert_eq!(s.retention, crate::retention::RetentionConfig::default());
+        let s = Settings::from_toml("retention_delivered_days = 0\nretention_batch_size = 7\n")
+            .unwrap();
+        assert_eq!((s.retention.delivered_days, s.retention.batch_size), (0, 7));
+        let s = Settings::load_from(
+            None,
+            &env(&[
+                ("HERALD_RETENTION_DEAD_LETTER_DAYS", "365"),
+                ("HERALD_RETENTION_UNMATCHED_RECEIPT_DAYS", "5"),
+                ("HERALD_RETENTION_INTERVAL_SECONDS", "60"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.retention.dead_letter_days, 365);
+        assert_eq!(s.retention.unmatched_receipt_days, 5);
+        assert_eq!(s.retention.interval, Duration::from_secs(60));
+        for (bad, key) in [
+            ("retention_batch_size = 0", "retention_batch_size"),
+            ("retention_batch_size = 10001", "retention_batch_size"),
+            (
+                "retention_interval_seconds = 0",
+                "retention_interval_seconds",
+            ),
+        ] {
+            let err = Settings::from_toml(bad).unwrap_err();
+            assert!(err.to_string().starts_with(key), "{err}");
+        }
+    }
+
+    #[test]
+    fn endpoint_subscriptions_are_checked_and_listed() {
+        let s = Settings::from_toml(
+            "[endpoints.a]\nurl = \"https://a.example/h\"\nevent_types = [\"order.*\", \"*\"]\n\
+             [endpoints.b]\nurl = \"https://b.example/h\"\nevent_types = [\"x.y\"]\n\
+             [endpoints.c]\nurl = \"https://c.example/h\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            s.subscriptions(),
+            [
+                ("a".to_owned(), "order.*".to_owned()),
+                ("a".to_owned(), "*".to_owned()),
+                ("b".to_owned(), "x.y".to_owned())
+            ]
+        );
+        for bad in [
+            "[endpoints.a]\nurl = \"https://a.example/h\"\nevent_types = [\"order*\"]\n",
+            "[endpoints.a]\nurl = \"https://a.example/h\"\nevent_types = [\"\"]\n",
+            "[endpoints.\"a.b\"]\nurl = \"https://a.example/h\"\nevent_types = [\"x\"]\n",
+        ] {
+            let err = Settings::from_toml(bad).unwrap_err();
+            assert!(err.to_string().contains(".event_types"), "{err}");
+        }
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod ingest;
 pub mod metrics;
 pub mod outbox;
 pub mod reconcile;
+pub mod retention;
 pub mod secret;
 pub mod sender;
 pub mod storage;

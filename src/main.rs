@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use herald::app::{Herald, api_token, open_db, webhook_secret};
+use herald::app::{Herald, api_token, open_db, sync_subscriptions, webhook_secret};
 use herald::clock::SystemClock;
 use herald::config::{ConfigError, Settings};
 
@@ -38,12 +38,15 @@ enum Command {
         #[arg(long)]
         no_migrate: bool,
     },
-    /// Apply pending database migrations and exit.
+    /// Apply pending database migrations (and store the endpoint subscriptions) and exit.
     Migrate,
     /// Exit 0 when the `herald serve` this configuration describes answers `GET /healthz` with
     /// 200 (within 5 s), else 1 with one line on stderr. For container health checks: it needs
     /// no curl. A wildcard listen address (0.0.0.0, [::]) is probed on loopback.
     Healthcheck,
+    /// Run one retention pass now (the server runs one every retention_interval_seconds) and
+    /// print what it deleted, batch by batch, as JSON.
+    Purge,
     /// Print the webhook signing secret used for raw-URL destinations (generated and stored in
     /// the database on first use unless HERALD_WEBHOOK_SECRET is set).
     WebhookSecret,
@@ -210,7 +213,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Migrate => {
-            open_db(&settings, true)?;
+            let db = open_db(&settings, true)?;
+            sync_subscriptions(&db, &settings)?;
             println!("migrations applied");
             Ok(ExitCode::SUCCESS)
         }
@@ -261,6 +265,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     "tokens are configured (HERALD_API_TOKEN or [tokens.NAME]); the generated token is not accepted"
                 ),
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Purge => {
+            let db = open_db(&settings, false)?;
+            let now = herald::clock::Clock::now(&SystemClock);
+            let report = herald::retention::run_once(&db, &settings.retention, now)
+                .map_err(|e| anyhow::anyhow!("retention failed: {}", e.log_safe()))?;
+            let _ = writeln!(
+                std::io::stdout(),
+                "{}",
+                serde_json::to_string_pretty(&report)?
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::WebhookSecret => {

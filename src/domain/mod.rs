@@ -3,6 +3,7 @@
 //! never a bare string.
 
 pub mod classify;
+pub mod event_type;
 mod fingerprint;
 pub mod ses_tag;
 

@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 use tokio::sync::Notify;
 
 use self::problem::Problem;
-use self::view::{MessageView, ReceiptView};
+use self::view::{FanOutView, MessageView, ReceiptView};
 use crate::auth::{Access, Principal, Tokens, Verdict};
 use crate::channels::webhook::{AllowList, Endpoint};
 use crate::clock::Clock;
@@ -23,7 +23,7 @@ use crate::domain::{Channel, InvalidField, Semantics};
 use crate::health::{Findings, Heartbeat, readiness};
 use crate::ingest::RawRequest;
 use crate::metrics::{IngestVerdict, Metrics, ReceiptVerdict};
-use crate::outbox::{Limits, NewMessage};
+use crate::outbox::{FanOut, Limits, NewMessage, Prepared};
 use crate::storage::receipts::Stored;
 use crate::storage::{Db, StorageError};
 
@@ -232,17 +232,44 @@ async fn create_message(
     }
     let message = parse_new_message(&body, idempotency_key.as_deref())?;
     let now = state.clock.now();
-    let limits = Limits {
-        max_payload_bytes: state.max_payload_bytes,
-        retry_policy: state.retry_policy.clone(),
-        retry_policy_version: Some(state.retry_policy_version.clone()),
-        endpoints: Some(&state.endpoints),
-        allow_networks: Some(&state.allow_networks),
-    };
-    let mut row = message.prepare(&limits, now)?;
-    row.enqueued_by = Some(who.name.clone());
     let db = state.db.clone();
-    let (created, stored, receipts) = web::block(move || -> Result<_, StorageError> {
+    let endpoints = state.endpoints.clone();
+    let allow_networks = state.allow_networks.clone();
+    let (max_payload_bytes, retry_policy, retry_policy_version) = (
+        state.max_payload_bytes,
+        state.retry_policy.clone(),
+        state.retry_policy_version.clone(),
+    );
+    let owner = who.name.clone();
+    let written = web::block(move || -> Result<_, StorageError> {
+        let limits = Limits {
+            max_payload_bytes,
+            retry_policy,
+            retry_policy_version: Some(retry_policy_version),
+            endpoints: Some(&endpoints),
+            allow_networks: Some(&allow_networks),
+        };
+        let mut row = match message.plan(&limits, now) {
+            Err(invalid) => return Ok(Err(invalid)),
+            Ok(Prepared::FanOut(plan)) => {
+                // The children and their links in one transaction, over the stored
+                // subscriptions; no subscriber is a 422 and nothing is written. Each child
+                // records the token that enqueued it.
+                let expand = |subs: &[(String, String)]| {
+                    plan.expand(subs).map(|mut children| {
+                        for c in &mut children {
+                            c.row.enqueued_by = Some(owner.clone());
+                        }
+                        children
+                    })
+                };
+                return Ok(db
+                    .enqueue_fanout(plan.event_id(), &expand)?
+                    .map(|stored| Written::FanOut(FanOut::from_stored(plan.event_id(), stored))));
+            }
+            Ok(Prepared::Message(row)) => row,
+        };
+        row.enqueued_by = Some(owner);
         let (created, stored) = db.enqueue(&row)?;
         // A message that was already there may have its history already.
         let receipts = if created {
@@ -250,10 +277,25 @@ async fn create_message(
         } else {
             db.receipts_of_message(stored.id)?
         };
-        Ok((created, stored, receipts))
+        Ok(Ok(Written::Message(created, stored, receipts)))
     })
-    .await??;
-    if !created && who.may(Access::OwnMessage, stored.enqueued_by.as_deref()) != Verdict::Allowed {
+    .await??
+    .map_err(Problem::invalid)?;
+    let (created, owners) = match &written {
+        Written::Message(created, stored, _) => (*created, vec![stored.enqueued_by.clone()]),
+        Written::FanOut(f) => (
+            f.created,
+            f.children
+                .iter()
+                .filter_map(|(_, m)| m.as_ref().map(|m| m.enqueued_by.clone()))
+                .collect(),
+        ),
+    };
+    if !created
+        && owners
+            .iter()
+            .any(|o| who.may(Access::OwnMessage, o.as_deref()) != Verdict::Allowed)
+    {
         // Another client's message: say only that the id is taken, nothing of that message.
         let mut p = Problem::new(
             StatusCode::CONFLICT,
@@ -264,15 +306,45 @@ async fn create_message(
         return Err(p);
     }
     // Committed: only now is it acknowledged.
-    let mut view = MessageView::new(&stored, state.default_max_attempts);
-    view.receipts = Some(receipts.iter().map(ReceiptView::new).collect());
+    let view = match written {
+        Written::Message(created, stored, receipts) => {
+            let mut view = MessageView::new(&stored, state.default_max_attempts);
+            view.receipts = Some(receipts.iter().map(ReceiptView::new).collect());
+            if created {
+                tracing::info!(event_id = %stored.event_id, channel = %stored.channel, token = %who.name, "message enqueued");
+            }
+            serde_json::to_value(view)
+        }
+        Written::FanOut(fanout) => {
+            if fanout.created {
+                tracing::info!(
+                    event_id = %fanout.event_id,
+                    children = fanout.children.len(),
+                    token = %who.name,
+                    "fan-out enqueued"
+                );
+            }
+            serde_json::to_value(FanOutView::new(&fanout, state.default_max_attempts))
+        }
+    };
+    let view = view.map_err(|_| Problem::internal())?;
     if created {
-        tracing::info!(event_id = %stored.event_id, channel = %stored.channel, token = %who.name, "message enqueued");
         state.wake.notify_one();
         Ok(HttpResponse::Created().json(view))
     } else {
         Ok(HttpResponse::Ok().json(view))
     }
+}
+
+/// What `POST /v1/messages` wrote (or found); one per request.
+#[allow(clippy::large_enum_variant)]
+enum Written {
+    Message(
+        bool,
+        crate::storage::models::OutboxRow,
+        Vec<crate::storage::models::ReceiptRow>,
+    ),
+    FanOut(FanOut),
 }
 
 async fn show_message(
@@ -285,13 +357,34 @@ async fn show_message(
     let db = state.db.clone();
     let found = web::block(move || -> Result<_, StorageError> {
         let Some(row) = db.find_by_event_id(&event_id)? else {
-            return Ok(None);
+            // The original event id of a fan-out: the view of its children.
+            let children = db.fanout_of(&event_id)?;
+            if children.is_empty() {
+                return Ok(None);
+            }
+            let stored = crate::storage::fanout::StoredFanout {
+                created: false,
+                children,
+            };
+            return Ok(Some(Err(FanOut::from_stored(&event_id, stored))));
         };
         let receipts = db.receipts_of_message(row.id)?;
-        Ok(Some((row, receipts)))
+        Ok(Some(Ok((row, receipts))))
     })
     .await??;
-    let (row, receipts) = found.ok_or_else(|| Problem::not_found("message"))?;
+    let (row, receipts) = match found.ok_or_else(|| Problem::not_found("message"))? {
+        Ok(found) => found,
+        Err(fanout) => {
+            for (_, m) in &fanout.children {
+                if let Some(m) = m {
+                    permit(&who, Access::OwnMessage, m.enqueued_by.as_deref())?;
+                }
+            }
+            return Ok(
+                HttpResponse::Ok().json(FanOutView::new(&fanout, state.default_max_attempts))
+            );
+        }
+    };
     permit(&who, Access::OwnMessage, row.enqueued_by.as_deref())?;
     let mut view = MessageView::new(&row, state.default_max_attempts);
     view.receipts = Some(receipts.iter().map(ReceiptView::new).collect());

@@ -4,6 +4,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 
 use crate::domain::{AttemptClass, Channel, Semantics, State};
+use crate::outbox::FanOut;
 use crate::storage::models::{OutboxRow, ReceiptRow};
 
 fn ts(t: &DateTime<Utc>) -> String {
@@ -100,6 +101,38 @@ impl MessageView {
             updated_at: ts(&row.updated_at),
             state_reason: row.state_reason.clone(),
             receipts: None,
+        }
+    }
+}
+
+/// A fan-out (`destination = "type:EVENT.TYPE"`): `POST /v1/messages` and
+/// `GET /v1/messages/{event_id}` of the original event id.
+#[derive(Debug, Serialize)]
+pub struct FanOutView {
+    pub event_id: String,
+    pub channel: Channel,
+    pub destination: String,
+    pub event_type: String,
+    /// Every endpoint it went to, by name (one child each, event id `{event_id}:{endpoint}`).
+    pub endpoints: Vec<String>,
+    /// The children's messages (a child purged by retention is no longer listed).
+    pub messages: Vec<MessageView>,
+}
+
+impl FanOutView {
+    pub fn new(f: &FanOut, default_max_attempts: u32) -> Self {
+        Self {
+            event_id: f.event_id.clone(),
+            channel: Channel::Webhook,
+            destination: format!("type:{}", f.event_type),
+            event_type: f.event_type.clone(),
+            endpoints: f.children.iter().map(|(c, _)| c.endpoint.clone()).collect(),
+            messages: f
+                .children
+                .iter()
+                .filter_map(|(_, m)| m.as_ref())
+                .map(|m| MessageView::new(m, default_max_attempts))
+                .collect(),
         }
     }
 }

@@ -2,7 +2,13 @@
 //!
 //! [`enqueue`] runs on the caller's own diesel connection, so inside the caller's transaction the
 //! message commits — or rolls back — with the business change that caused it. The HTTP API and
-//! the library share [`NewMessage::prepare`], so every way in produces the same row.
+//! the library share [`NewMessage::plan`], so every way in produces the same rows.
+//!
+//! A webhook to `type:EVENT.TYPE` is a **fan-out**: one row per endpoint subscribed to the type
+//! (`[endpoints.NAME] event_types`, as stored in `herald_subscriptions`), each with its own event
+//! id `{event_id}:{endpoint}` and destination `endpoint:{endpoint}`, written in one transaction
+//! with their `herald_fanouts` links ([`FanOutPlan::expand`] decides the rows; storage writes
+//! them). No subscriber is a refusal naming `destination`, never a silent no-op.
 
 use std::collections::BTreeMap;
 
@@ -11,9 +17,11 @@ use serde_json::Value;
 
 use crate::channels::webhook::{AllowList, Endpoint};
 use crate::channels::{email, webhook};
+use crate::domain::event_type::{EventType, subscribers};
 use crate::domain::{
     Channel, EventId, Fingerprint, FingerprintInput, InvalidField, Semantics, State,
 };
+use crate::storage::fanout::{Expand, FanoutChild, FanoutRow, StoredFanout};
 use crate::storage::models::{NewOutboxRow, OutboxRow};
 use crate::storage::{Db, StorageError, queries};
 
@@ -22,7 +30,7 @@ use crate::storage::{Db, StorageError, queries};
 pub struct NewMessage {
     pub event_id: String,
     pub channel: Channel,
-    /// A URL or `endpoint:NAME` (webhook), or the recipient address (email).
+    /// A URL, `endpoint:NAME` or `type:EVENT.TYPE` (webhook), or the recipient address (email).
     pub destination: String,
     /// Webhook: `{"body": …, "headers"?: {…}}`. Email: `{"subject", "text"?, "html"?, …}`.
     pub payload: Value,
@@ -74,7 +82,45 @@ impl NewMessage {
     }
 
     /// Validates every field and resolves defaults; all problems at once, each naming its field.
+    /// A `type:` destination (a fan-out, several rows) is refused here: use [`NewMessage::plan`].
     pub fn prepare(
+        &self,
+        limits: &Limits,
+        now: DateTime<Utc>,
+    ) -> Result<NewOutboxRow, Vec<InvalidField>> {
+        match self.plan(limits, now)? {
+            Prepared::Message(row) => Ok(row),
+            Prepared::FanOut(_) => Err(vec![InvalidField::new(
+                "destination",
+                "a type: destination fans out to several messages; enqueue it with enqueue or plan",
+            )]),
+        }
+    }
+
+    /// Validates the message and says what it becomes: one row, or a fan-out to expand over the
+    /// stored subscriptions in the enqueue transaction.
+    pub fn plan<'a>(
+        &self,
+        limits: &Limits<'a>,
+        now: DateTime<Utc>,
+    ) -> Result<Prepared<'a>, Vec<InvalidField>> {
+        let row = self.validate(limits, now)?;
+        let target = (self.channel == Channel::Webhook)
+            .then(|| webhook::WebhookTarget::parse(&self.destination).ok())
+            .flatten();
+        Ok(match target {
+            Some(webhook::WebhookTarget::Type(event_type)) => Prepared::FanOut(FanOutPlan {
+                message: self.clone(),
+                event_id: row.event_id,
+                event_type,
+                limits: limits.clone(),
+                now,
+            }),
+            _ => Prepared::Message(row),
+        })
+    }
+
+    fn validate(
         &self,
         limits: &Limits,
         now: DateTime<Utc>,
@@ -110,6 +156,7 @@ impl NewMessage {
                             ));
                         }
                     }
+                    Ok(webhook::WebhookTarget::Type(_)) => {}
                     Err(e) => errors.push(e),
                 }
                 if let Err(e) = webhook::WebhookPayload::parse(&self.payload) {
@@ -191,6 +238,90 @@ impl NewMessage {
             enqueued_by: None,
             now,
         })
+    }
+}
+
+/// What a validated message becomes.
+#[derive(Debug, Clone)]
+pub enum Prepared<'a> {
+    /// One row.
+    Message(NewOutboxRow),
+    /// `type:EVENT.TYPE`: one row per subscribed endpoint, decided in the enqueue transaction.
+    FanOut(FanOutPlan<'a>),
+}
+
+/// A validated fan-out, waiting for the subscriptions of the transaction that writes it.
+#[derive(Debug, Clone)]
+pub struct FanOutPlan<'a> {
+    message: NewMessage,
+    event_id: String,
+    event_type: EventType,
+    limits: Limits<'a>,
+    now: DateTime<Utc>,
+}
+
+impl FanOutPlan<'_> {
+    /// The original event id (the children's ids are `{event_id}:{endpoint}`).
+    pub fn event_id(&self) -> &str {
+        &self.event_id
+    }
+
+    pub fn event_type(&self) -> &EventType {
+        &self.event_type
+    }
+
+    /// The child rows over `subscriptions` (`(endpoint, pattern)` pairs): one per subscribed
+    /// endpoint, in name order, each validated as an `endpoint:NAME` message of its own. No
+    /// subscriber is a refusal naming `destination`.
+    pub fn expand(
+        &self,
+        subscriptions: &[(String, String)],
+    ) -> Result<Vec<FanoutChild>, Vec<InvalidField>> {
+        let names = subscribers(
+            subscriptions.iter().map(|(e, p)| (e.as_str(), p.as_str())),
+            &self.event_type,
+        );
+        if names.is_empty() {
+            return Err(vec![InvalidField::new(
+                "destination",
+                format!(
+                    "no endpoint subscribes to event type {:?}; subscribe one with \
+                     [endpoints.NAME] event_types",
+                    self.event_type.as_str()
+                ),
+            )]);
+        }
+        let mut errors = Vec::new();
+        let mut children = Vec::new();
+        for name in names {
+            let child = NewMessage {
+                event_id: format!("{}:{name}", self.event_id),
+                destination: format!("endpoint:{name}"),
+                ..self.message.clone()
+            };
+            match child.validate(&self.limits, self.now) {
+                Ok(row) => children.push(FanoutChild {
+                    endpoint: name,
+                    event_type: self.event_type.as_str().to_owned(),
+                    row,
+                }),
+                Err(e) => errors.extend(e.into_iter().map(|mut e| {
+                    if e.field == "event_id" {
+                        e.message = format!(
+                            "the fan-out event id {:?} (event_id:endpoint) {}",
+                            child.event_id, e.message
+                        );
+                    }
+                    e
+                })),
+            }
+        }
+        if errors.is_empty() {
+            Ok(children)
+        } else {
+            errors.dedup();
+            Err(errors)
+        }
     }
 }
 
@@ -304,11 +435,62 @@ fn decide_cancel(changed: bool, row: Option<OutboxRow>) -> Result<(bool, OutboxR
 }
 
 /// What [`enqueue`] did.
+// One value per enqueue call, returned once: boxing the row would only cost callers a deref.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
-pub struct Enqueued {
-    /// `false` when the event id was already in the outbox (nothing changed).
+pub enum Enqueued {
+    /// One message.
+    Message {
+        /// `false` when the event id was already in the outbox (nothing changed).
+        created: bool,
+        row: OutboxRow,
+    },
+    /// A fan-out (`type:EVENT.TYPE`).
+    FanOut(FanOut),
+}
+
+impl Enqueued {
+    /// Whether this call wrote anything (`false`: the event id was there already).
+    pub fn created(&self) -> bool {
+        match self {
+            Enqueued::Message { created, .. } => *created,
+            Enqueued::FanOut(f) => f.created,
+        }
+    }
+
+    /// The rows it stands for: the message, or the fan-out's children (those not purged).
+    pub fn rows(&self) -> Vec<&OutboxRow> {
+        match self {
+            Enqueued::Message { row, .. } => vec![row],
+            Enqueued::FanOut(f) => f.children.iter().filter_map(|(_, m)| m.as_ref()).collect(),
+        }
+    }
+}
+
+/// A stored fan-out: the original event id and its children.
+#[derive(Debug, Clone)]
+pub struct FanOut {
+    /// `false` when the event id had been fanned out already (nothing changed).
     pub created: bool,
-    pub row: OutboxRow,
+    pub event_id: String,
+    pub event_type: String,
+    /// Each child link with its message (`None` once retention purged it), by endpoint name.
+    pub children: Vec<(FanoutRow, Option<OutboxRow>)>,
+}
+
+impl FanOut {
+    pub fn from_stored(event_id: &str, stored: StoredFanout) -> Self {
+        Self {
+            created: stored.created,
+            event_id: event_id.to_owned(),
+            event_type: stored
+                .children
+                .first()
+                .map(|(f, _)| f.event_type.clone())
+                .unwrap_or_default(),
+            children: stored.children,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -323,6 +505,13 @@ pub enum EnqueueError {
 pub trait OutboxConnection {
     fn insert_outbox_row(&mut self, row: &NewOutboxRow) -> diesel::QueryResult<Option<i64>>;
     fn find_outbox_row(&mut self, event_id: &str) -> diesel::QueryResult<Option<OutboxRow>>;
+    /// Writes a fan-out atomically (a savepoint inside the caller's transaction, a transaction of
+    /// its own otherwise); see [`crate::storage::queries::pg::enqueue_fanout`].
+    fn enqueue_fanout_rows(
+        &mut self,
+        event_id: &str,
+        expand: Expand<'_>,
+    ) -> diesel::QueryResult<Result<StoredFanout, Vec<InvalidField>>>;
 }
 
 impl OutboxConnection for diesel::pg::PgConnection {
@@ -331,6 +520,13 @@ impl OutboxConnection for diesel::pg::PgConnection {
     }
     fn find_outbox_row(&mut self, event_id: &str) -> diesel::QueryResult<Option<OutboxRow>> {
         queries::pg::find_by_event_id(self, event_id)
+    }
+    fn enqueue_fanout_rows(
+        &mut self,
+        event_id: &str,
+        expand: Expand<'_>,
+    ) -> diesel::QueryResult<Result<StoredFanout, Vec<InvalidField>>> {
+        diesel::Connection::transaction(self, |c| queries::pg::enqueue_fanout(c, event_id, expand))
     }
 }
 
@@ -341,10 +537,22 @@ impl OutboxConnection for diesel::sqlite::SqliteConnection {
     fn find_outbox_row(&mut self, event_id: &str) -> diesel::QueryResult<Option<OutboxRow>> {
         queries::sqlite::find_by_event_id(self, event_id)
     }
+    fn enqueue_fanout_rows(
+        &mut self,
+        event_id: &str,
+        expand: Expand<'_>,
+    ) -> diesel::QueryResult<Result<StoredFanout, Vec<InvalidField>>> {
+        diesel::Connection::transaction(self, |c| {
+            queries::sqlite::enqueue_fanout(c, event_id, expand)
+        })
+    }
 }
 
 /// Writes `message` into the outbox on the caller's connection — inside the caller's
 /// transaction when there is one. A duplicate event id is a no-op that returns the existing row.
+/// A `type:EVENT.TYPE` webhook fans out to the endpoints subscribed in `herald_subscriptions`
+/// (which Herald writes from its configuration at start-up); no subscriber is
+/// [`EnqueueError::Invalid`] naming `destination`.
 ///
 /// ```no_run
 /// # use diesel::Connection;
@@ -377,17 +585,27 @@ pub fn enqueue_with<C: OutboxConnection>(
     limits: &Limits<'_>,
     now: DateTime<Utc>,
 ) -> Result<Enqueued, EnqueueError> {
-    let row = message
-        .prepare(limits, now)
-        .map_err(EnqueueError::Invalid)?;
-    let created = conn.insert_outbox_row(&row)?.is_some();
-    let stored = conn
-        .find_outbox_row(&row.event_id)?
-        .ok_or(diesel::result::Error::NotFound)?;
-    Ok(Enqueued {
-        created,
-        row: stored,
-    })
+    match message.plan(limits, now).map_err(EnqueueError::Invalid)? {
+        Prepared::Message(row) => {
+            let created = conn.insert_outbox_row(&row)?.is_some();
+            let stored = conn
+                .find_outbox_row(&row.event_id)?
+                .ok_or(diesel::result::Error::NotFound)?;
+            Ok(Enqueued::Message {
+                created,
+                row: stored,
+            })
+        }
+        Prepared::FanOut(plan) => {
+            let stored = conn
+                .enqueue_fanout_rows(plan.event_id(), &|subs| plan.expand(subs))?
+                .map_err(EnqueueError::Invalid)?;
+            Ok(Enqueued::FanOut(FanOut::from_stored(
+                plan.event_id(),
+                stored,
+            )))
+        }
+    }
 }
 
 #[cfg(test)]

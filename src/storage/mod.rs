@@ -9,10 +9,12 @@
 
 pub mod attempts;
 pub mod endpoints;
+pub mod fanout;
 pub mod models;
 pub mod outbox;
 pub mod queries;
 pub mod receipts;
+pub mod retention;
 pub mod settings;
 pub(crate) mod sql;
 pub mod stats;

@@ -8,8 +8,10 @@ pub use super::sql::{PG_CLAIM_SQL, PG_UPDATE_OUTCOMES_SQL, SQLITE_CLAIM_SQL};
 pub mod pg {
     pub use crate::storage::attempts::pg::*;
     pub use crate::storage::endpoints::pg::*;
+    pub use crate::storage::fanout::pg::*;
     pub use crate::storage::outbox::pg::*;
     pub use crate::storage::receipts::pg::*;
+    pub use crate::storage::retention::pg::*;
     pub use crate::storage::settings::pg::*;
     pub use crate::storage::stats::pg::*;
 }
@@ -18,8 +20,10 @@ pub mod pg {
 pub mod sqlite {
     pub use crate::storage::attempts::sqlite::*;
     pub use crate::storage::endpoints::sqlite::*;
+    pub use crate::storage::fanout::sqlite::*;
     pub use crate::storage::outbox::sqlite::*;
     pub use crate::storage::receipts::sqlite::*;
+    pub use crate::storage::retention::sqlite::*;
     pub use crate::storage::settings::sqlite::*;
     pub use crate::storage::stats::sqlite::*;
 }

@@ -34,6 +34,16 @@ diesel::table! {
 }
 
 diesel::table! {
+    herald_fanouts (event_id, endpoint) {
+        event_id -> Text,
+        endpoint -> Text,
+        event_type -> Text,
+        message_event_id -> Text,
+        created_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
     herald_listeners (owner) {
         owner -> Text,
         seen_at -> Timestamptz,
@@ -100,13 +110,22 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    herald_subscriptions (endpoint, pattern) {
+        endpoint -> Text,
+        pattern -> Text,
+    }
+}
+
 diesel::joinable!(herald_attempts -> herald_outbox (message_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
     herald_attempts,
     herald_endpoints,
+    herald_fanouts,
     herald_listeners,
     herald_outbox,
     herald_receipts,
     herald_settings,
+    herald_subscriptions,
 );

@@ -1,6 +1,7 @@
 //! The real `herald` binary as a child process, configured as an operator would (`HERALD_*`
 //! variables, a `herald.toml` where sources need one): start-up with SMTP, dependent defaults,
-//! the one-line refusals of settings that cannot work, and background reconciliation.
+//! the one-line refusals of settings that cannot work, background reconciliation, and fan-out
+//! with background retention.
 
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -949,6 +950,66 @@ async fn serve_exposes_bounded_metrics_that_count_its_work() {
         r.json::<serde_json::Value>().await.unwrap(),
         json!({"status": "ready"})
     );
+    let status = herald.terminate().await;
+    assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
+}
+
+/// The real binary fans out and purges on its own: `type:` to two subscribed endpoints, each
+/// child delivered once with its own event id; once the children are older than the retention
+/// age, the server's background pass deletes them (and the fan-out's link), and shutdown stops
+/// that task cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_fans_out_and_purges_in_the_background() {
+    use diesel::Connection;
+    use diesel::connection::SimpleConnection;
+    let (a, b) = (
+        crate::support::Receiver::start().await,
+        crate::support::Receiver::start().await,
+    );
+    let listen = free_addr();
+    let base = format!("http://{listen}");
+    let toml = format!(
+        "[endpoints.a]\nurl = \"{}\"\nevent_types = [\"order.*\"]\n\
+         [endpoints.b]\nurl = \"{}\"\nevent_types = [\"*\"]\n",
+        a.url, b.url
+    );
+    let mut herald = Herald::spawn_with_config(
+        &["serve"],
+        &[
+            ("HERALD_LISTEN", &listen),
+            ("HERALD_POLL_INTERVAL_MS", "100"),
+            ("HERALD_RETENTION_INTERVAL_SECONDS", "1"),
+        ],
+        Some(&toml),
+    );
+    herald.wait_healthy(&base).await;
+    let r = client()
+        .post(format!("{base}/v1/messages"))
+        .json(&json!({"event_id": "bin-fan", "channel": "webhook",
+                      "destination": "type:order.placed", "payload": {"body": {"n": 1}}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let view = wait_for_view(&base, "bin-fan", |v| {
+        v["messages"]
+            .as_array()
+            .is_some_and(|m| m.len() == 2 && m.iter().all(|m| m["state"] == "delivered"))
+    })
+    .await;
+    assert_eq!(view["endpoints"], json!(["a", "b"]));
+    assert_eq!(a.event_ids(), ["bin-fan:a"]);
+    assert_eq!(b.event_ids(), ["bin-fan:b"]);
+    // Age the children past the default 30 days, as time would.
+    let path = herald.dir.path().join("herald.db");
+    let mut c = diesel::sqlite::SqliteConnection::establish(path.to_str().unwrap()).unwrap();
+    c.batch_execute(
+        "PRAGMA busy_timeout = 5000; \
+         UPDATE herald_outbox SET updated_at = '2020-01-01 00:00:00.000+00:00'",
+    )
+    .unwrap();
+    wait_for_view(&base, "bin-fan:a", |v| v["status"] == 404).await;
+    wait_for_view(&base, "bin-fan", |v| v["status"] == 404).await;
     let status = herald.terminate().await;
     assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
 }

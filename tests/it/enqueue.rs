@@ -184,8 +184,8 @@ async fn every_way_in_gives_the_same_row(backend: Backend) {
         },
     )
     .unwrap();
-    assert!(!again.created);
-    assert_eq!(again.row.payload, lib.payload);
+    assert!(!again.created());
+    assert_eq!(again.rows()[0].payload, lib.payload);
     app.stop().await;
 }
 

@@ -8,6 +8,7 @@ use serde::Deserialize;
 
 use crate::crypto::signing::SigningKey;
 use crate::domain::InvalidField;
+use crate::domain::event_type::TypePattern;
 use crate::secret::Secret;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -141,6 +142,19 @@ impl Endpoint {
                 ));
             }
         };
+        if !e.event_types.is_empty()
+            && super::WebhookTarget::parse(&format!("endpoint:{name}")).is_err()
+        {
+            return Err(InvalidField::new(
+                format!("{key}.event_types"),
+                "an endpoint that subscribes to event types needs a name of letters, digits, - and _ (at most 64)",
+            ));
+        }
+        for t in &e.event_types {
+            TypePattern::parse(t).map_err(|m| {
+                InvalidField::new(format!("{key}.event_types"), format!("{t:?}: {m}"))
+            })?;
+        }
         Ok(Endpoint {
             name,
             url,

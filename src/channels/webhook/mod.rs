@@ -26,6 +26,7 @@ use self::signing::{SigningKey, signature_header};
 use super::{Outgoing, SendReport, redact_excerpt};
 use crate::clock::Clock;
 use crate::domain::classify::{classify_http_status, honours_retry_after, parse_retry_after};
+use crate::domain::event_type::EventType;
 use crate::domain::{AttemptClass, InvalidField};
 
 /// Headers Herald sets itself; a message or endpoint may not override them.
@@ -50,7 +51,7 @@ const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 pub enum WebhookConfigError {
     #[error("is not a valid URL ({0})")]
     InvalidUrl(#[source] url::ParseError),
-    #[error("must be an http:// or https:// URL, or endpoint:NAME")]
+    #[error("must be an http:// or https:// URL, endpoint:NAME or type:EVENT.TYPE")]
     UnsupportedScheme,
     #[error("must name a host")]
     NoHost,
@@ -88,6 +89,9 @@ pub enum WebhookTarget {
     Url(Url),
     /// `endpoint:NAME`: a configured endpoint with its own URL, secrets and headers.
     Endpoint(String),
+    /// `type:EVENT.TYPE`: fan-out to every endpoint subscribed to the type, one row each, at
+    /// enqueue. Never sent as such: a stored row with it is refused at send time.
+    Type(EventType),
 }
 
 impl WebhookTarget {
@@ -107,11 +111,10 @@ impl WebhookTarget {
                 ))
             };
         }
-        if destination.starts_with("type:") {
-            return Err(InvalidField::new(
-                "destination",
-                "type: fan-out destinations are not supported by this version; use a URL or endpoint:NAME",
-            ));
+        if let Some(t) = destination.strip_prefix("type:") {
+            return EventType::parse(t)
+                .map(Self::Type)
+                .map_err(|e| InvalidField::new("destination", e.to_string()));
         }
         parse_webhook_url(destination)
             .map(Self::Url)
@@ -245,6 +248,7 @@ impl WebhookChannel {
                 let e = self.endpoints.get(&name)?;
                 (e.url.clone(), Some(e))
             }
+            WebhookTarget::Type(_) => return None,
         };
         let host = url.host_str()?.to_ascii_lowercase();
         Some(Binding {
@@ -329,6 +333,16 @@ impl WebhookChannel {
                     );
                 }
             },
+            Ok(WebhookTarget::Type(_)) => {
+                // Fan-out rows are expanded at enqueue (by Herald or the insert trigger); one
+                // that reached the sender was never expanded.
+                return SendReport::refused(
+                    AttemptClass::Permanent,
+                    "unexpanded_fanout",
+                    now,
+                    "a type: destination is expanded at enqueue, never sent".to_owned(),
+                );
+            }
             Err(e) => {
                 return SendReport::refused(
                     AttemptClass::Permanent,
@@ -547,13 +561,21 @@ mod tests {
             WebhookTarget::parse("endpoint:billing-1"),
             Ok(WebhookTarget::Endpoint("billing-1".into()))
         );
+        assert_eq!(
+            WebhookTarget::parse("type:order.placed"),
+            Ok(WebhookTarget::Type(
+                EventType::parse("order.placed").unwrap()
+            ))
+        );
         for bad in [
             "endpoint:",
             "endpoint:a b",
             "ftp://a/b",
             "not a url",
             "https://u:p@a.example/",
-            "type:order.placed",
+            "type:",
+            "type:order.*",
+            "type:order..placed",
         ] {
             assert_eq!(
                 WebhookTarget::parse(bad).unwrap_err().field,
@@ -617,7 +639,7 @@ mod tests {
         );
         assert_eq!(
             url("ftp://a/b"),
-            "must be an http:// or https:// URL, or endpoint:NAME"
+            "must be an http:// or https:// URL, endpoint:NAME or type:EVENT.TYPE"
         );
         assert_eq!(
             url("https://u:p@a.example/"),

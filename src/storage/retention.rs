@@ -1,0 +1,175 @@
+//! Retention: deleting finished messages (with their attempts, receipts and fan-out links) and
+//! unmatched receipts older than their age, one bounded batch per transaction.
+//!
+//! Only final states are ever read here (`delivered`, `canceled`, `expired`; `dead_letter` on
+//! its own, longer age): the state is in the selecting statement *and* in the delete itself. On
+//! PostgreSQL the batch's rows are locked with `FOR UPDATE SKIP LOCKED`, so a concurrent replay
+//! or a second Herald process never waits on retention (and retention never deletes a row that
+//! a replay moved back to `scheduled` meanwhile). The state lists are literal SQL, so the
+//! planner uses the partial indexes `herald_outbox_done` and `herald_outbox_dead` (and
+//! `herald_receipts_unmatched_age` for unmatched receipts).
+
+use chrono::{DateTime, Utc};
+
+use super::{Db, StorageError};
+
+/// Which finished messages a batch purges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finished {
+    /// `delivered`, `canceled`, `expired`.
+    Done,
+    /// `dead_letter` (kept longer).
+    DeadLetter,
+}
+
+impl Finished {
+    /// The state predicate, literal (see the module note).
+    fn predicate(self) -> &'static str {
+        match self {
+            Finished::Done => "state IN ('delivered', 'canceled', 'expired')",
+            Finished::DeadLetter => "state = 'dead_letter'",
+        }
+    }
+}
+
+/// What one batch (one transaction) deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PurgedBatch {
+    pub messages: usize,
+    pub attempts: usize,
+    pub receipts: usize,
+    pub fanouts: usize,
+}
+
+/// One batch's body; `$lock` are the row-lock methods (PostgreSQL) or nothing (SQLite, behind
+/// its writer lock).
+macro_rules! purge_messages {
+    ($conn:expr, $schema:ident, $which:expr, $before:expr, $limit:expr $(, $lock:ident)*) => {{
+        use diesel::prelude::*;
+        use diesel::sql_types::Bool;
+        use crate::storage::$schema::{herald_attempts as a, herald_fanouts as f, herald_outbox as o,
+            herald_receipts as r};
+        let victims: Vec<(i64, String)> = o::table
+            .filter(diesel::dsl::sql::<Bool>($which.predicate()))
+            .filter(o::updated_at.lt($before))
+            .select((o::id, o::event_id))
+            .order((o::updated_at, o::id))
+            .limit($limit)
+            $(.$lock())*
+            .load($conn)?;
+        if victims.is_empty() {
+            return Ok(PurgedBatch::default());
+        }
+        let ids: Vec<i64> = victims.iter().map(|v| v.0).collect();
+        let event_ids: Vec<&str> = victims.iter().map(|v| v.1.as_str()).collect();
+        let receipts = diesel::delete(r::table.filter(r::message_id.eq_any(&ids))).execute($conn)?;
+        let attempts = diesel::delete(a::table.filter(a::message_id.eq_any(&ids))).execute($conn)?;
+        let fanouts =
+            diesel::delete(f::table.filter(f::message_event_id.eq_any(&event_ids))).execute($conn)?;
+        let messages = diesel::delete(
+            o::table
+                .filter(o::id.eq_any(&ids))
+                .filter(diesel::dsl::sql::<Bool>($which.predicate())),
+        )
+        .execute($conn)?;
+        Ok(PurgedBatch { messages, attempts, receipts, fanouts })
+    }};
+}
+
+/// Unmatched receipts (no message ever claimed them) received before `$before`.
+macro_rules! purge_unmatched {
+    ($conn:expr, $schema:ident, $before:expr, $limit:expr $(, $lock:ident)*) => {{
+        use diesel::prelude::*;
+        use crate::storage::$schema::herald_receipts as r;
+        let ids: Vec<i64> = r::table
+            .filter(r::message_id.is_null())
+            .filter(diesel::dsl::sql::<diesel::sql_types::Bool>("outcome = 'unmatched'"))
+            .filter(r::received_at.lt($before))
+            .select(r::id)
+            .order((r::received_at, r::id))
+            .limit($limit)
+            $(.$lock())*
+            .load($conn)?;
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        diesel::delete(r::table.filter(r::id.eq_any(&ids)).filter(r::message_id.is_null()))
+            .execute($conn)
+    }};
+}
+
+pub mod pg {
+    use super::*;
+    type Conn = diesel::pg::PgConnection;
+
+    pub fn purge_messages(
+        conn: &mut Conn,
+        which: Finished,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> diesel::QueryResult<PurgedBatch> {
+        purge_messages!(
+            conn,
+            schema_pg,
+            which,
+            before,
+            limit,
+            for_update,
+            skip_locked
+        )
+    }
+
+    pub fn purge_unmatched_receipts(
+        conn: &mut Conn,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> diesel::QueryResult<usize> {
+        purge_unmatched!(conn, schema_pg, before, limit, for_update, skip_locked)
+    }
+}
+
+pub mod sqlite {
+    use super::*;
+    type Conn = diesel::sqlite::SqliteConnection;
+
+    pub fn purge_messages(
+        conn: &mut Conn,
+        which: Finished,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> diesel::QueryResult<PurgedBatch> {
+        purge_messages!(conn, schema_sqlite, which, before, limit)
+    }
+
+    pub fn purge_unmatched_receipts(
+        conn: &mut Conn,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> diesel::QueryResult<usize> {
+        purge_unmatched!(conn, schema_sqlite, before, limit)
+    }
+}
+
+impl Db {
+    /// One retention batch of finished messages last changed before `before`: at most `limit`
+    /// messages, with their attempts, receipts and fan-out links, in one transaction.
+    pub fn purge_messages(
+        &self,
+        which: Finished,
+        before: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<PurgedBatch, StorageError> {
+        let limit = i64::from(limit.max(1));
+        crate::storage::db_run! { self, write |c, q| Ok(q::purge_messages(c, which, before, limit)?) }
+    }
+
+    /// One retention batch of unmatched receipts received before `before`, in one transaction.
+    pub fn purge_unmatched_receipts(
+        &self,
+        before: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<usize, StorageError> {
+        let limit = i64::from(limit.max(1));
+        crate::storage::db_run! { self, write |c, q| Ok(q::purge_unmatched_receipts(c, before, limit)?) }
+    }
+}
