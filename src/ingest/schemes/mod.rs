@@ -1,13 +1,19 @@
 //! One file per provider scheme, each a [`Source`](super::Source) built from `[sources.NAME]`.
 
 pub mod hmac_generic;
+pub mod jwt;
 pub mod mailgun;
+pub mod messagebird;
+pub mod params;
+pub mod plivo;
 pub mod postmark;
 pub mod sendgrid;
 pub mod ses;
 pub mod standard_webhooks;
 pub mod stripe;
+pub mod telnyx;
 pub mod twilio;
+pub mod vonage;
 
 use std::sync::Arc;
 
@@ -28,6 +34,10 @@ pub const SCHEMES: &[&str] = &[
     "ses",
     "stripe",
     "hmac",
+    "vonage",
+    "telnyx",
+    "plivo",
+    "messagebird",
 ];
 
 /// Why a scheme refuses its `[sources.NAME]` settings; [`build`] names the field.
@@ -50,6 +60,17 @@ pub enum SchemeConfigError {
     NotBase64(#[source] base64::DecodeError),
     #[error("is not a P-256 public key")]
     NotP256(#[source] p256::pkcs8::spki::Error),
+    /// vonage: `signature_method`.
+    #[error("{0:?} is not one of {names}", names = vonage::SignatureMethod::NAMES)]
+    SignatureMethod(String),
+    /// telnyx, standard-webhooks `whpk_`: a public key (public, so base64's cause is kept).
+    #[error("must be the base64 of an Ed25519 public key")]
+    NotBase64Key(#[source] base64::DecodeError),
+    #[error("is not an Ed25519 public key (32 bytes)")]
+    NotEd25519,
+    /// standard-webhooks: a `whsk_` secret key where the public key belongs.
+    #[error("is a whsk_ secret key: give its whpk_ public key")]
+    SecretKeyGiven,
 }
 
 /// Default timestamp tolerance, seconds.
@@ -65,7 +86,8 @@ pub struct SourceConfig {
     pub secrets: Vec<Secret>,
     #[serde(default)]
     pub secret: Option<Secret>,
-    /// URL-signing schemes (twilio): the public URL exactly as the provider calls it.
+    /// URL-signing schemes (twilio, plivo, messagebird): the public URL exactly as the provider
+    /// calls it (plivo, messagebird: without the query, which is taken as received).
     #[serde(default)]
     pub public_url: Option<String>,
     /// Timestamp window, seconds, for every scheme that has a timestamp (default 300).
@@ -110,6 +132,10 @@ pub struct SourceConfig {
     pub event_type_pointer: Option<String>,
     #[serde(default)]
     pub event_time_pointer: Option<String>,
+    /// vonage: the SMS API's signature method (`md5hash`, `md5`, `sha1`, `sha256`, `sha512`), as
+    /// chosen in the dashboard; unset, only Messages API JWTs are accepted.
+    #[serde(default)]
+    pub signature_method: Option<String>,
 }
 
 impl SourceConfig {
@@ -204,6 +230,39 @@ pub fn build(field: &str, c: &SourceConfig) -> Result<Arc<dyn Source>, InvalidFi
                 c.tolerance(),
             ))
         }
+        "vonage" => {
+            let method = c
+                .signature_method
+                .as_deref()
+                .map(vonage::SignatureMethod::parse)
+                .transpose()
+                .map_err(|e| {
+                    InvalidField::new(format!("{field}.signature_method"), e.to_string())
+                })?;
+            Arc::new(vonage::Vonage::new(
+                need_secrets(c.all_secrets())?,
+                method,
+                c.tolerance(),
+            ))
+        }
+        "telnyx" => Arc::new(
+            telnyx::Telnyx::new(&need_secrets(c.all_secrets())?, c.tolerance())
+                .map_err(|e| InvalidField::new(format!("{field}.secrets"), e.to_string()))?,
+        ),
+        "plivo" => {
+            let url = required_url(field, c, "plivo")?;
+            Arc::new(
+                plivo::Plivo::new(need_secrets(c.all_secrets())?, &url)
+                    .map_err(|e| InvalidField::new(format!("{field}.public_url"), e.to_string()))?,
+            )
+        }
+        "messagebird" => {
+            let url = required_url(field, c, "messagebird")?;
+            Arc::new(
+                messagebird::MessageBird::new(need_secrets(c.all_secrets())?, &url)
+                    .map_err(|e| InvalidField::new(format!("{field}.public_url"), e.to_string()))?,
+            )
+        }
         other => {
             return Err(InvalidField::new(
                 format!("{field}.scheme"),
@@ -212,6 +271,16 @@ pub fn build(field: &str, c: &SourceConfig) -> Result<Arc<dyn Source>, InvalidFi
         }
     };
     Ok(source)
+}
+
+/// `public_url`, which a URL-signing scheme cannot do without.
+fn required_url(field: &str, c: &SourceConfig, scheme: &str) -> Result<String, InvalidField> {
+    c.public_url.clone().ok_or_else(|| {
+        InvalidField::new(
+            format!("{field}.public_url"),
+            format!("is required for {scheme}: the URL exactly as the provider calls it"),
+        )
+    })
 }
 
 /// Postmark's accepted basic-auth pairs: `username` + `password`, then each of `credentials`.
