@@ -16,5 +16,6 @@ mod lifecycle;
 mod migrations;
 mod reconcile;
 mod slowdown;
+mod sms_receipts;
 mod smtp;
 mod sns;

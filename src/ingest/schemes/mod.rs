@@ -381,3 +381,161 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod hostile_input {
+    //! Property tests: hostile input to the SMS schemes' parsers (and Standard Webhooks `v1a`)
+    //! never panics and is never accepted. A bounded number of cases, so the suite stays fast.
+    use chrono::{TimeZone, Utc};
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::ingest::RawRequest;
+
+    /// Pieces that reach the parsers' corners: separators, encodings, JWT and base64 shapes.
+    fn piece() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("&".to_owned()),
+            Just("=".to_owned()),
+            Just("?".to_owned()),
+            Just("#".to_owned()),
+            Just("%".to_owned()),
+            Just("%zz".to_owned()),
+            Just("%5B".to_owned()),
+            Just("+".to_owned()),
+            Just(".".to_owned()),
+            Just(",".to_owned()),
+            Just("|".to_owned()),
+            Just("sig=".to_owned()),
+            Just("timestamp=1385047698".to_owned()),
+            Just("status=delivered".to_owned()),
+            Just("messageId=x".to_owned()),
+            Just("MessageUUID=u&Status=sent".to_owned()),
+            Just("id=1&status=sent".to_owned()),
+            Just("Bearer ".to_owned()),
+            Just("eyJhbGciOiJIUzI1NiJ9".to_owned()),
+            Just("eyJhbGciOiJub25lIn0".to_owned()),
+            Just("eyJ9".to_owned()),
+            Just("v1a,".to_owned()),
+            Just("v1,".to_owned()),
+            Just("whpk_".to_owned()),
+            Just("AAAA".to_owned()),
+            Just("==".to_owned()),
+            Just("{\"data\":{\"id\":\"e\",\"payload\":{\"to\":[{}]}}}".to_owned()),
+            Just("9999999999999999999999".to_owned()),
+            Just("-1".to_owned()),
+            Just("é".to_owned()),
+            Just("\u{0}".to_owned()),
+            "[ -~]{0,8}",
+            any::<String>(),
+        ]
+    }
+
+    fn junk() -> impl Strategy<Value = String> {
+        prop::collection::vec(piece(), 0..10).prop_map(|v| v.concat())
+    }
+
+    fn sources() -> Vec<Arc<dyn Source>> {
+        let c = |scheme: &str, secret: &str, extra: fn(&mut SourceConfig)| {
+            let mut c = SourceConfig {
+                scheme: scheme.into(),
+                secrets: vec![Secret::new(secret)],
+                public_url: Some("https://h.example/in".into()),
+                ..Default::default()
+            };
+            extra(&mut c);
+            build("s", &c).unwrap()
+        };
+        vec![
+            c("vonage", "k", |c| {
+                c.signature_method = Some("md5hash".into())
+            }),
+            c("vonage", "k", |c| {
+                c.signature_method = Some("sha512".into())
+            }),
+            c(
+                "telnyx",
+                "11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=",
+                |_| {},
+            ),
+            c("plivo", "k", |_| {}),
+            c("messagebird", "k", |_| {}),
+            c(
+                "standard-webhooks",
+                "whpk_ZlN4eg7dSSqi0moX9hQUk3orrOouK3QVQSlJa248c/g=",
+                |_| {},
+            ),
+        ]
+    }
+
+    const HEADERS: &[&str] = &[
+        "authorization",
+        "content-type",
+        "telnyx-signature-ed25519",
+        "telnyx-timestamp",
+        "x-plivo-signature-v3",
+        "x-plivo-signature-ma-v3",
+        "x-plivo-signature-v3-nonce",
+        "messagebird-signature-jwt",
+        "webhook-id",
+        "webhook-timestamp",
+        "webhook-signature",
+    ];
+
+    proptest! {
+        // Bounded, and no regression files written into the source tree.
+        #![proptest_config(ProptestConfig {
+            cases: 256,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn hostile_requests_are_refused_without_panicking(
+            values in prop::collection::vec(prop::option::of(junk()), HEADERS.len()),
+            body in junk(),
+            query in prop::option::of(junk()),
+            get in any::<bool>(),
+            now in 0i64..4_000_000_000,
+        ) {
+            let headers: Vec<(String, String)> = HEADERS
+                .iter()
+                .zip(values)
+                .filter_map(|(n, v)| Some((n.to_string(), v?)))
+                .collect();
+            let r = RawRequest {
+                headers: &headers,
+                body: body.as_bytes(),
+                query: query.as_deref(),
+                method: if get { "GET" } else { "POST" },
+            };
+            let now = Utc.timestamp_opt(now, 0).unwrap();
+            for s in sources() {
+                prop_assert!(s.verify(&r, now).is_err(), "{} accepted junk", s.scheme());
+            }
+        }
+
+        #[test]
+        fn canonical_strings_take_any_input(
+            url in junk(),
+            pairs in prop::collection::vec((junk(), junk()), 0..6),
+            s in junk(),
+        ) {
+            let _ = plivo::signed_strings(&url, "GET", &pairs);
+            let _ = plivo::signed_strings(&url, "POST", &pairs);
+            let mut map: std::collections::BTreeMap<String, String> = pairs.iter().cloned().collect();
+            map.remove("sig");
+            let mut with_sig = map.clone();
+            with_sig.insert("sig".into(), s.clone());
+            prop_assert_eq!(
+                vonage::sms_signed_string(&with_sig),
+                vonage::sms_signed_string(&map),
+                "sig is never signed"
+            );
+            let _ = vonage::scts_time(&s);
+            let _ = params::received_url(&url, Some(&s));
+            let _ = jwt::verify_hmac(&s, &["k".into()], &[jsonwebtoken::Algorithm::HS256]);
+            let _ = telnyx::parse_public_key(&s);
+        }
+    }
+}
