@@ -380,6 +380,76 @@ mod tests {
             "sources.s.secrets: is not a P-256 public key"
         );
     }
+
+    #[test]
+    fn sms_sources_name_what_they_refuse() {
+        let refusal = |c: SourceConfig| build("sources.s", &c).err().unwrap().to_string();
+        let with = |scheme: &str, secret: &str| SourceConfig {
+            scheme: scheme.into(),
+            secrets: vec![Secret::new(secret)],
+            ..Default::default()
+        };
+        assert_eq!(
+            refusal(SourceConfig {
+                signature_method: Some("crc32".into()),
+                ..with("vonage", "k")
+            }),
+            r#"sources.s.signature_method: "crc32" is not one of md5hash, md5, sha1, sha256 or sha512"#
+        );
+        assert_eq!(
+            refusal(with("telnyx", "c2hvcnQ=")),
+            "sources.s.secrets: is not an Ed25519 public key (32 bytes)"
+        );
+        assert_eq!(
+            refusal(with("telnyx", "not base64!")),
+            "sources.s.secrets: must be the base64 of an Ed25519 public key"
+        );
+        for scheme in ["plivo", "messagebird"] {
+            assert_eq!(
+                refusal(with(scheme, "k")),
+                format!(
+                    "sources.s.public_url: is required for {scheme}: the URL exactly as the \
+                     provider calls it"
+                )
+            );
+            assert!(
+                refusal(SourceConfig {
+                    public_url: Some("/relative".into()),
+                    ..with(scheme, "k")
+                })
+                .starts_with("sources.s.public_url: is not a valid URL")
+            );
+        }
+        assert_eq!(
+            refusal(with("standard-webhooks", "whsk_AAAA")),
+            "sources.s.secrets: is a whsk_ secret key: give its whpk_ public key"
+        );
+        assert_eq!(
+            refusal(with("standard-webhooks", "whpk_c2hvcnQ=")),
+            "sources.s.secrets: is not an Ed25519 public key (32 bytes)"
+        );
+        assert_eq!(
+            refusal(SourceConfig {
+                scheme: "vonage".into(),
+                ..Default::default()
+            }),
+            "sources.s.secrets: at least one secret is required"
+        );
+        // Every method parses; Messages-API-only sources need none.
+        for m in ["md5hash", "md5", "sha1", "sha256", "sha512"] {
+            assert!(
+                build(
+                    "s",
+                    &SourceConfig {
+                        signature_method: Some(m.into()),
+                        ..with("vonage", "k")
+                    }
+                )
+                .is_ok()
+            );
+        }
+        assert!(build("s", &with("vonage", "k")).is_ok());
+    }
 }
 
 #[cfg(test)]
