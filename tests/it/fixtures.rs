@@ -25,6 +25,12 @@ const SCHEMES: &[&str] = &[
 /// (event id, normalized type, provider type, event time, provider message id).
 type Normalized<'a> = (&'a str, &'a str, &'a str, Option<i64>, Option<&'a str>);
 
+/// [`Normalized`] with an owned event id (the SMS ones are composed), per case.
+type NamedReceipt<'a> = (
+    &'a str,
+    (String, &'a str, &'a str, Option<i64>, Option<&'a str>),
+);
+
 struct Case {
     name: String,
     scheme: &'static str,
@@ -378,7 +384,7 @@ async fn sms_examples_get_the_documented_verdict(backend: Backend) {
     const TMSG: &str = "40385f64-5717-4562-b3fc-2c963f66afa6";
     const TFIN: &str = "4ee8c3a6-4995-4309-a3c6-38e3db9ea4be";
     const PUUID: &str = "db3ce55a-7f1d-11e1-8ea7-1231380bc196";
-    let expected: Vec<(&str, (String, &str, &str, Option<i64>, Option<&str>))> = vec![
+    let expected: Vec<NamedReceipt<'_>> = vec![
         (
             "vonage/derived-valid-dlr-get-sha256",
             (
@@ -488,7 +494,7 @@ async fn sms_examples_get_the_documented_verdict(backend: Backend) {
             ));
         }
     }
-    let normalized: Vec<(&str, (String, &str, &str, Option<i64>, Option<&str>))> = normalized
+    let normalized: Vec<NamedReceipt<'_>> = normalized
         .iter()
         .map(|(n, (a, b, c, d, e))| {
             (
