@@ -378,7 +378,7 @@ async fn sms_examples_get_the_documented_verdict(backend: Backend) {
         ),
         (5, 4, 12, 0)
     );
-    assert_eq!((stored, refused), (8, 28));
+    assert_eq!((stored, refused), (8, 31));
 
     const UUID: &str = "aaaaaaaa-bbbb-cccc-dddd-0123456789ab";
     const TMSG: &str = "40385f64-5717-4562-b3fc-2c963f66afa6";
@@ -515,7 +515,7 @@ both_backends!(sms_examples_get_the_documented_verdict);
 fn verify_receipt_gives_every_example_its_verdict_offline() {
     let mut all = cases_of(SMS_SCHEMES);
     all.extend(cases_of(&["standard-webhooks"]));
-    assert_eq!(all.len(), 47 + 15 + 9 + 7 + 14);
+    assert_eq!(all.len(), 47 + 18 + 9 + 7 + 14);
     let mut wrong = Vec::new();
     for c in &all {
         let s = &c.spec;
