@@ -225,4 +225,32 @@ mod tests {
             Err(VerifyError::Mismatch)
         );
     }
+
+    #[test]
+    fn every_status_maps_into_the_vocabulary() {
+        let got: Vec<_> = [
+            "scheduled",
+            "sent",
+            "buffered",
+            "delivered",
+            "expired",
+            "delivery_failed",
+            "x",
+        ]
+        .iter()
+        .map(|s| vocabulary(s))
+        .collect();
+        assert_eq!(
+            got,
+            [
+                "queued",
+                "sent",
+                "deferred",
+                "delivered",
+                "failed",
+                "failed",
+                "other"
+            ]
+        );
+    }
 }

@@ -434,4 +434,50 @@ mod tests {
             Err(VerifyError::Missing(_))
         ));
     }
+
+    #[test]
+    fn every_status_maps_into_the_vocabulary_with_its_own_time() {
+        let got: Vec<_> = [
+            "queued",
+            "sent",
+            "delivered",
+            "undelivered",
+            "failed",
+            "rejected",
+            "read",
+            "x",
+        ]
+        .iter()
+        .map(|s| vocabulary(s))
+        .collect();
+        assert_eq!(
+            got,
+            [
+                "queued",
+                "sent",
+                "delivered",
+                "failed",
+                "failed",
+                "dropped",
+                "read",
+                "other"
+            ]
+        );
+        let p: BTreeMap<String, String> = [
+            ("MessageTime", "2024-01-01 00:00:01.000000"),
+            ("QueuedTime", "2024-01-01 00:00:02.000000"),
+            ("SentTime", "2024-01-01 00:00:03.000000"),
+            ("DeliveryReportTime", "bad"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let secs = |s| event_time(s, &p).map(|t| t.timestamp() % 60);
+        assert_eq!(
+            (secs("queued"), secs("sent"), secs("delivered")),
+            (Some(2), Some(3), Some(3)),
+            "a receipt time that does not parse falls back to the latest given"
+        );
+        assert_eq!(event_time("delivered", &BTreeMap::new()), None);
+    }
 }

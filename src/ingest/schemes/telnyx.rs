@@ -231,4 +231,52 @@ mod tests {
         };
         assert_eq!(v.verify(&r2, now), Err(VerifyError::Mismatch));
     }
+
+    #[test]
+    fn every_recipient_status_maps_into_the_vocabulary() {
+        let got: Vec<_> = [
+            "queued",
+            "sending",
+            "sent",
+            "delivery_unconfirmed",
+            "delivered",
+            "sending_failed",
+            "delivery_failed",
+            "expired",
+            "webhook_test",
+        ]
+        .iter()
+        .map(|s| vocabulary(s))
+        .collect();
+        assert_eq!(
+            got,
+            [
+                "queued",
+                "sent",
+                "sent",
+                "sent",
+                "delivered",
+                "failed",
+                "failed",
+                "failed",
+                "other"
+            ]
+        );
+        // Events that are not message statuses keep their type under `other`.
+        let e = normalize(serde_json::json!({"data": {"id": "e", "event_type": "message.received",
+            "payload": {"id": "m", "to": [{"phone_number": "+1", "status": "webhook_delivered"}]}}}))
+        .unwrap();
+        assert_eq!(
+            (
+                e.len(),
+                e[0].event_type.as_str(),
+                e[0].provider_type.as_str()
+            ),
+            (1, "other", "message.received")
+        );
+        assert!(matches!(
+            normalize(serde_json::json!({"data": {}})),
+            Err(VerifyError::Unparsable(_))
+        ));
+    }
 }

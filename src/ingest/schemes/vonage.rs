@@ -444,4 +444,47 @@ mod tests {
             assert_eq!(scts_time(bad), None, "{bad}");
         }
     }
+
+    #[test]
+    fn every_status_maps_into_the_vocabulary() {
+        let sms: Vec<_> = [
+            "accepted",
+            "buffered",
+            "delivered",
+            "expired",
+            "failed",
+            "rejected",
+            "unknown",
+        ]
+        .iter()
+        .map(|s| sms_vocabulary(s))
+        .collect();
+        assert_eq!(
+            sms,
+            [
+                "sent",
+                "deferred",
+                "delivered",
+                "failed",
+                "failed",
+                "dropped",
+                "other"
+            ]
+        );
+        let messages: Vec<_> = [
+            "submitted",
+            "delivered",
+            "rejected",
+            "undeliverable",
+            "read",
+            "x",
+        ]
+        .iter()
+        .map(|s| messages_vocabulary(s))
+        .collect();
+        assert_eq!(
+            messages,
+            ["sent", "delivered", "dropped", "failed", "read", "other"]
+        );
+    }
 }
