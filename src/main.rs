@@ -30,6 +30,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size of its largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the HTTP API and the sender until SIGINT/SIGTERM.
@@ -74,7 +76,8 @@ enum Command {
     /// verifier and normalizer and prints the verdict and the normalized events as JSON.
     /// Exit status 0 when valid, 1 when refused.
     VerifyReceipt {
-        /// standard-webhooks, mailgun, sendgrid, twilio, postmark, ses, stripe or hmac.
+        /// standard-webhooks, mailgun, sendgrid, twilio, postmark, ses, stripe, hmac, vonage,
+        /// telnyx, plivo or messagebird.
         #[arg(long)]
         scheme: String,
         /// A secret of the source (repeat for several; postmark: username:password; sendgrid:
@@ -87,9 +90,18 @@ enum Command {
         /// The raw request body, byte for byte.
         #[arg(long, value_name = "FILE")]
         body_file: PathBuf,
-        /// The URL as the provider called it (URL-signing schemes such as twilio).
+        /// The URL as the provider called it, query included (URL-signing schemes such as
+        /// twilio, plivo, messagebird; GET-signed receipts carry their parameters in it).
         #[arg(long)]
         url: Option<String>,
+        /// The HTTP method the provider used (GET-signed schemes read their parameters from
+        /// --url's query).
+        #[arg(long, default_value = "POST", value_name = "M")]
+        method: String,
+        /// A scheme option of the source, as its `[sources.NAME]` key (repeat for several),
+        /// e.g. `--param signature_method=sha256`.
+        #[arg(long = "param", value_name = "KEY=VALUE")]
+        params: Vec<String>,
         /// Verify as if now were this Unix time (published examples are old).
         #[arg(long, value_name = "UNIX_SECONDS")]
         at: Option<i64>,
@@ -141,6 +153,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         headers,
         body_file,
         url,
+        method,
+        params,
         at,
         cert_file,
     } = &cli.command
@@ -152,15 +166,23 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             None => None,
         };
-        let valid = verify_receipt(
+        let params = params
+            .iter()
+            .map(|p| {
+                p.split_once('=')
+                    .map(|(k, v)| (k.trim().to_owned(), v.to_owned()))
+                    .with_context(|| format!("--param {p:?} is not KEY=VALUE"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let request = herald::ingest::OfflineRequest {
             scheme,
             secrets,
-            headers,
-            body_file,
-            url.as_deref(),
-            cert,
-            *at,
-        )?;
+            headers: &[],
+            url: url.as_deref(),
+            method: Some(method.as_str()),
+            params: &params,
+        };
+        let valid = verify_receipt(request, headers, body_file, cert, *at)?;
         return Ok(if valid {
             ExitCode::SUCCESS
         } else {
@@ -314,11 +336,9 @@ fn new_token(name: &str, scope: &str) -> anyhow::Result<ExitCode> {
 }
 
 fn verify_receipt(
-    scheme: &str,
-    secrets: &[String],
+    request: herald::ingest::OfflineRequest<'_>,
     headers: &[String],
     body_file: &std::path::Path,
-    url: Option<&str>,
     cert: Option<Vec<u8>>,
     at: Option<i64>,
 ) -> anyhow::Result<bool> {
@@ -338,7 +358,11 @@ fn verify_receipt(
         }
         None => chrono::Utc::now(),
     };
-    let verdict = herald::ingest::verify_offline(scheme, secrets, &headers, &body, url, cert, at)
+    let request = herald::ingest::OfflineRequest {
+        headers: &headers,
+        ..request
+    };
+    let verdict = herald::ingest::verify_request_offline(&request, &body, cert, at)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     // A closed pipe (`| head`) is not an error worth a panic.
     let _ = writeln!(

@@ -63,6 +63,9 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             web::post().to(cancel_message),
         )
         .route("/v1/ingest/{source}", web::post().to(ingest_receipts))
+        // GET-signed receipts (MessageBird status reports, Vonage SMS GET receipts): the same
+        // handler, the same persist-before-acknowledge rule.
+        .route("/v1/ingest/{source}", web::get().to(ingest_receipts))
         .route("/v1/receipts/unmatched", web::get().to(unmatched_receipts))
         .route("/v1/endpoints", web::get().to(list_endpoints))
         .route(
@@ -492,7 +495,7 @@ async fn cancel_message(
     Ok(HttpResponse::Ok().json(MessageView::new(&row, state.default_max_attempts)))
 }
 
-/// `POST /v1/ingest/{source}`: verify over the raw bytes, store every event of the request in one
+/// `POST` (or `GET`) `/v1/ingest/{source}`: verify over the raw bytes, store every event of the request in one
 /// transaction, and only then answer 200. Authenticated by the provider's signature, not a token.
 async fn ingest_receipts(
     req: HttpRequest,
@@ -540,6 +543,7 @@ async fn ingest_into(
         .collect();
     let now = state.clock.now();
     let query = req.uri().query().map(str::to_owned);
+    let method = req.method().as_str().to_owned();
     let verifier = source.source.clone();
     // Signature checks (RSA, ECDSA) and an occasional certificate fetch run off the executor.
     let verdict = web::block(move || {
@@ -547,6 +551,7 @@ async fn ingest_into(
             headers: &headers,
             body: &body,
             query: query.as_deref(),
+            method: &method,
         };
         verifier.verify(&raw, now)
     })

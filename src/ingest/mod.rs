@@ -18,6 +18,8 @@ pub struct RawRequest<'a> {
     pub body: &'a [u8],
     /// The query string the request arrived with (without `?`), for URL-signing schemes.
     pub query: Option<&'a str>,
+    /// The HTTP method (`POST`, or `GET` for schemes whose receipts arrive in the query).
+    pub method: &'a str,
 }
 
 impl RawRequest<'_> {
@@ -176,6 +178,21 @@ pub struct Verdict {
     pub events: Vec<ReceiptEvent>,
 }
 
+/// What `herald verify-receipt` was given, besides the body and the time.
+#[derive(Debug, Clone, Default)]
+pub struct OfflineRequest<'a> {
+    pub scheme: &'a str,
+    /// As in `[sources.NAME]` (postmark: `username:password`).
+    pub secrets: &'a [String],
+    pub headers: &'a [(String, String)],
+    /// The URL as the provider called it, query included (URL-signing and GET-signed schemes).
+    pub url: Option<&'a str>,
+    /// `POST` unless given; GET-signed schemes read their parameters from `url`'s query.
+    pub method: Option<&'a str>,
+    /// The source's scheme options, as `[sources.NAME]` keys (`signature_method=sha256`).
+    pub params: &'a [(String, String)],
+}
+
 /// Runs a scheme's verifier and normalizer without a server or database: the support tool for
 /// "why was this receipt refused?". `secrets` are as in `[sources.NAME]` (postmark:
 /// `username:password`); `url` is the public URL as the provider called it (URL-signing schemes).
@@ -188,15 +205,62 @@ pub fn verify_offline(
     cert_pem: Option<Vec<u8>>,
     at: DateTime<Utc>,
 ) -> Result<Verdict, InvalidField> {
-    let mut c = schemes::SourceConfig {
-        scheme: scheme.to_owned(),
-        secrets: secrets
-            .iter()
-            .map(|s| crate::secret::Secret::new(s.clone()))
-            .collect(),
-        public_url: url.map(str::to_owned),
-        ..Default::default()
-    };
+    verify_request_offline(
+        &OfflineRequest {
+            scheme,
+            secrets,
+            headers,
+            url,
+            ..Default::default()
+        },
+        body,
+        cert_pem,
+        at,
+    )
+}
+
+/// A source's options from `KEY=VALUE` pairs, as they would be written in `[sources.NAME]`
+/// (integers and booleans as such), checked by the same parser as the configuration file.
+fn options_config(
+    scheme: &str,
+    params: &[(String, String)],
+) -> Result<schemes::SourceConfig, InvalidField> {
+    let mut t = toml::Table::new();
+    t.insert("scheme".into(), toml::Value::String(scheme.to_owned()));
+    for (k, v) in params {
+        if matches!(k.as_str(), "scheme" | "secret" | "secrets" | "public_url") {
+            return Err(InvalidField::new(
+                format!("param.{k}"),
+                "is given by its own option (--scheme, --secret, --url)",
+            ));
+        }
+        let value = if let Ok(n) = v.parse::<i64>() {
+            toml::Value::Integer(n)
+        } else if let Ok(b) = v.parse::<bool>() {
+            toml::Value::Boolean(b)
+        } else {
+            toml::Value::String(v.clone())
+        };
+        t.insert(k.clone(), value);
+    }
+    t.try_into()
+        .map_err(|e: toml::de::Error| InvalidField::new("param", e.message().to_owned()))
+}
+
+/// [`verify_offline`] with a method and the source's scheme options.
+pub fn verify_request_offline(
+    o: &OfflineRequest<'_>,
+    body: &[u8],
+    cert_pem: Option<Vec<u8>>,
+    at: DateTime<Utc>,
+) -> Result<Verdict, InvalidField> {
+    let (scheme, secrets, headers, url) = (o.scheme, o.secrets, o.headers, o.url);
+    let mut c = options_config(scheme, o.params)?;
+    c.secrets = secrets
+        .iter()
+        .map(|s| crate::secret::Secret::new(s.clone()))
+        .collect();
+    c.public_url = url.map(str::to_owned);
     if scheme == "postmark" {
         // Each --secret is one accepted pair.
         c.credentials = secrets
@@ -238,6 +302,7 @@ pub fn verify_offline(
         headers,
         body,
         query,
+        method: o.method.unwrap_or("POST"),
     };
     Ok(match source.verify(&request, at) {
         Ok(events) => Verdict {
@@ -457,6 +522,7 @@ mod arbitrary_input {
                 headers: &headers,
                 body: &body,
                 query: Some(&query),
+                method: "POST",
             };
             for s in &sources {
                 // Random input is never valid; the point is that nothing panics.

@@ -20,6 +20,7 @@ mod migrations;
 mod reconcile;
 mod retention;
 mod slowdown;
+mod sms_receipts;
 mod smtp;
 mod sns;
 mod ssrf;

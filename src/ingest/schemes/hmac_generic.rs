@@ -157,6 +157,7 @@ mod tests {
                     headers: &h,
                     body,
                     query: None,
+                    method: "POST",
                 },
                 Utc::now(),
             )
@@ -183,6 +184,7 @@ mod tests {
             headers: &h,
             body,
             query: None,
+            method: "POST",
         };
         assert!(v.verify(&r, Utc.timestamp_opt(1100, 0).unwrap()).is_ok());
         assert_eq!(

@@ -122,6 +122,7 @@ mod tests {
             headers: &[],
             body: &body,
             query: None,
+            method: "POST",
         };
         let e = v
             .verify(&r, Utc.timestamp_opt(1521243400, 0).unwrap())
@@ -149,6 +150,7 @@ mod tests {
             headers: &[],
             body: b"garbage",
             query: None,
+            method: "POST",
         };
         assert!(matches!(
             v.verify(&r, Utc::now()),

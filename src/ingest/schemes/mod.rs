@@ -1,13 +1,19 @@
 //! One file per provider scheme, each a [`Source`](super::Source) built from `[sources.NAME]`.
 
 pub mod hmac_generic;
+pub mod jwt;
 pub mod mailgun;
+pub mod messagebird;
+pub mod params;
+pub mod plivo;
 pub mod postmark;
 pub mod sendgrid;
 pub mod ses;
 pub mod standard_webhooks;
 pub mod stripe;
+pub mod telnyx;
 pub mod twilio;
+pub mod vonage;
 
 use std::sync::Arc;
 
@@ -28,6 +34,10 @@ pub const SCHEMES: &[&str] = &[
     "ses",
     "stripe",
     "hmac",
+    "vonage",
+    "telnyx",
+    "plivo",
+    "messagebird",
 ];
 
 /// Why a scheme refuses its `[sources.NAME]` settings; [`build`] names the field.
@@ -50,6 +60,17 @@ pub enum SchemeConfigError {
     NotBase64(#[source] base64::DecodeError),
     #[error("is not a P-256 public key")]
     NotP256(#[source] p256::pkcs8::spki::Error),
+    /// vonage: `signature_method`.
+    #[error("{0:?} is not one of {names}", names = vonage::SignatureMethod::NAMES)]
+    SignatureMethod(String),
+    /// telnyx, standard-webhooks `whpk_`: a public key (public, so base64's cause is kept).
+    #[error("must be the base64 of an Ed25519 public key")]
+    NotBase64Key(#[source] base64::DecodeError),
+    #[error("is not an Ed25519 public key (32 bytes)")]
+    NotEd25519,
+    /// standard-webhooks: a `whsk_` secret key where the public key belongs.
+    #[error("is a whsk_ secret key: give its whpk_ public key")]
+    SecretKeyGiven,
 }
 
 /// Default timestamp tolerance, seconds.
@@ -65,7 +86,8 @@ pub struct SourceConfig {
     pub secrets: Vec<Secret>,
     #[serde(default)]
     pub secret: Option<Secret>,
-    /// URL-signing schemes (twilio): the public URL exactly as the provider calls it.
+    /// URL-signing schemes (twilio, plivo, messagebird): the public URL exactly as the provider
+    /// calls it (plivo, messagebird: without the query, which is taken as received).
     #[serde(default)]
     pub public_url: Option<String>,
     /// Timestamp window, seconds, for every scheme that has a timestamp (default 300).
@@ -110,6 +132,10 @@ pub struct SourceConfig {
     pub event_type_pointer: Option<String>,
     #[serde(default)]
     pub event_time_pointer: Option<String>,
+    /// vonage: the SMS API's signature method (`md5hash`, `md5`, `sha1`, `sha256`, `sha512`), as
+    /// chosen in the dashboard; unset, only Messages API JWTs are accepted.
+    #[serde(default)]
+    pub signature_method: Option<String>,
 }
 
 impl SourceConfig {
@@ -204,6 +230,39 @@ pub fn build(field: &str, c: &SourceConfig) -> Result<Arc<dyn Source>, InvalidFi
                 c.tolerance(),
             ))
         }
+        "vonage" => {
+            let method = c
+                .signature_method
+                .as_deref()
+                .map(vonage::SignatureMethod::parse)
+                .transpose()
+                .map_err(|e| {
+                    InvalidField::new(format!("{field}.signature_method"), e.to_string())
+                })?;
+            Arc::new(vonage::Vonage::new(
+                need_secrets(c.all_secrets())?,
+                method,
+                c.tolerance(),
+            ))
+        }
+        "telnyx" => Arc::new(
+            telnyx::Telnyx::new(&need_secrets(c.all_secrets())?, c.tolerance())
+                .map_err(|e| InvalidField::new(format!("{field}.secrets"), e.to_string()))?,
+        ),
+        "plivo" => {
+            let url = required_url(field, c, "plivo")?;
+            Arc::new(
+                plivo::Plivo::new(need_secrets(c.all_secrets())?, &url)
+                    .map_err(|e| InvalidField::new(format!("{field}.public_url"), e.to_string()))?,
+            )
+        }
+        "messagebird" => {
+            let url = required_url(field, c, "messagebird")?;
+            Arc::new(
+                messagebird::MessageBird::new(need_secrets(c.all_secrets())?, &url)
+                    .map_err(|e| InvalidField::new(format!("{field}.public_url"), e.to_string()))?,
+            )
+        }
         other => {
             return Err(InvalidField::new(
                 format!("{field}.scheme"),
@@ -212,6 +271,16 @@ pub fn build(field: &str, c: &SourceConfig) -> Result<Arc<dyn Source>, InvalidFi
         }
     };
     Ok(source)
+}
+
+/// `public_url`, which a URL-signing scheme cannot do without.
+fn required_url(field: &str, c: &SourceConfig, scheme: &str) -> Result<String, InvalidField> {
+    c.public_url.clone().ok_or_else(|| {
+        InvalidField::new(
+            format!("{field}.public_url"),
+            format!("is required for {scheme}: the URL exactly as the provider calls it"),
+        )
+    })
 }
 
 /// Postmark's accepted basic-auth pairs: `username` + `password`, then each of `credentials`.
@@ -310,5 +379,233 @@ mod tests {
             refusal(with("sendgrid", "c2hvcnQ=")),
             "sources.s.secrets: is not a P-256 public key"
         );
+    }
+
+    #[test]
+    fn sms_sources_name_what_they_refuse() {
+        let refusal = |c: SourceConfig| build("sources.s", &c).err().unwrap().to_string();
+        let with = |scheme: &str, secret: &str| SourceConfig {
+            scheme: scheme.into(),
+            secrets: vec![Secret::new(secret)],
+            ..Default::default()
+        };
+        assert_eq!(
+            refusal(SourceConfig {
+                signature_method: Some("crc32".into()),
+                ..with("vonage", "k")
+            }),
+            r#"sources.s.signature_method: "crc32" is not one of md5hash, md5, sha1, sha256 or sha512"#
+        );
+        assert_eq!(
+            refusal(with("telnyx", "c2hvcnQ=")),
+            "sources.s.secrets: is not an Ed25519 public key (32 bytes)"
+        );
+        assert_eq!(
+            refusal(with("telnyx", "not base64!")),
+            "sources.s.secrets: must be the base64 of an Ed25519 public key"
+        );
+        for scheme in ["plivo", "messagebird"] {
+            assert_eq!(
+                refusal(with(scheme, "k")),
+                format!(
+                    "sources.s.public_url: is required for {scheme}: the URL exactly as the \
+                     provider calls it"
+                )
+            );
+            assert!(
+                refusal(SourceConfig {
+                    public_url: Some("/relative".into()),
+                    ..with(scheme, "k")
+                })
+                .starts_with("sources.s.public_url: is not a valid URL")
+            );
+        }
+        assert_eq!(
+            refusal(with("standard-webhooks", "whsk_AAAA")),
+            "sources.s.secrets: is a whsk_ secret key: give its whpk_ public key"
+        );
+        assert_eq!(
+            refusal(with("standard-webhooks", "whpk_c2hvcnQ=")),
+            "sources.s.secrets: is not an Ed25519 public key (32 bytes)"
+        );
+        assert_eq!(
+            refusal(SourceConfig {
+                scheme: "vonage".into(),
+                ..Default::default()
+            }),
+            "sources.s.secrets: at least one secret is required"
+        );
+        // Every method parses; Messages-API-only sources need none.
+        for m in ["md5hash", "md5", "sha1", "sha256", "sha512"] {
+            assert!(
+                build(
+                    "s",
+                    &SourceConfig {
+                        signature_method: Some(m.into()),
+                        ..with("vonage", "k")
+                    }
+                )
+                .is_ok()
+            );
+        }
+        assert!(build("s", &with("vonage", "k")).is_ok());
+    }
+}
+
+#[cfg(test)]
+mod hostile_input {
+    //! Property tests: hostile input to the SMS schemes' parsers (and Standard Webhooks `v1a`)
+    //! never panics and is never accepted. A bounded number of cases, so the suite stays fast.
+    use chrono::{TimeZone, Utc};
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::ingest::RawRequest;
+
+    /// Pieces that reach the parsers' corners: separators, encodings, JWT and base64 shapes.
+    fn piece() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("&".to_owned()),
+            Just("=".to_owned()),
+            Just("?".to_owned()),
+            Just("#".to_owned()),
+            Just("%".to_owned()),
+            Just("%zz".to_owned()),
+            Just("%5B".to_owned()),
+            Just("+".to_owned()),
+            Just(".".to_owned()),
+            Just(",".to_owned()),
+            Just("|".to_owned()),
+            Just("sig=".to_owned()),
+            Just("timestamp=1385047698".to_owned()),
+            Just("status=delivered".to_owned()),
+            Just("messageId=x".to_owned()),
+            Just("MessageUUID=u&Status=sent".to_owned()),
+            Just("id=1&status=sent".to_owned()),
+            Just("Bearer ".to_owned()),
+            Just("eyJhbGciOiJIUzI1NiJ9".to_owned()),
+            Just("eyJhbGciOiJub25lIn0".to_owned()),
+            Just("eyJ9".to_owned()),
+            Just("v1a,".to_owned()),
+            Just("v1,".to_owned()),
+            Just("whpk_".to_owned()),
+            Just("AAAA".to_owned()),
+            Just("==".to_owned()),
+            Just("{\"data\":{\"id\":\"e\",\"payload\":{\"to\":[{}]}}}".to_owned()),
+            Just("9999999999999999999999".to_owned()),
+            Just("-1".to_owned()),
+            Just("é".to_owned()),
+            Just("\u{0}".to_owned()),
+            "[ -~]{0,8}",
+            any::<String>(),
+        ]
+    }
+
+    fn junk() -> impl Strategy<Value = String> {
+        prop::collection::vec(piece(), 0..10).prop_map(|v| v.concat())
+    }
+
+    fn sources() -> Vec<Arc<dyn Source>> {
+        let c = |scheme: &str, secret: &str, extra: fn(&mut SourceConfig)| {
+            let mut c = SourceConfig {
+                scheme: scheme.into(),
+                secrets: vec![Secret::new(secret)],
+                public_url: Some("https://h.example/in".into()),
+                ..Default::default()
+            };
+            extra(&mut c);
+            build("s", &c).unwrap()
+        };
+        vec![
+            c("vonage", "k", |c| {
+                c.signature_method = Some("md5hash".into())
+            }),
+            c("vonage", "k", |c| {
+                c.signature_method = Some("sha512".into())
+            }),
+            c(
+                "telnyx",
+                "11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=",
+                |_| {},
+            ),
+            c("plivo", "k", |_| {}),
+            c("messagebird", "k", |_| {}),
+            c(
+                "standard-webhooks",
+                "whpk_ZlN4eg7dSSqi0moX9hQUk3orrOouK3QVQSlJa248c/g=",
+                |_| {},
+            ),
+        ]
+    }
+
+    const HEADERS: &[&str] = &[
+        "authorization",
+        "content-type",
+        "telnyx-signature-ed25519",
+        "telnyx-timestamp",
+        "x-plivo-signature-v3",
+        "x-plivo-signature-ma-v3",
+        "x-plivo-signature-v3-nonce",
+        "messagebird-signature-jwt",
+        "webhook-id",
+        "webhook-timestamp",
+        "webhook-signature",
+    ];
+
+    proptest! {
+        // Bounded, and no regression files written into the source tree.
+        #![proptest_config(ProptestConfig {
+            cases: 256,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn hostile_requests_are_refused_without_panicking(
+            values in prop::collection::vec(prop::option::of(junk()), HEADERS.len()),
+            body in junk(),
+            query in prop::option::of(junk()),
+            get in any::<bool>(),
+            now in 0i64..4_000_000_000,
+        ) {
+            let headers: Vec<(String, String)> = HEADERS
+                .iter()
+                .zip(values)
+                .filter_map(|(n, v)| Some((n.to_string(), v?)))
+                .collect();
+            let r = RawRequest {
+                headers: &headers,
+                body: body.as_bytes(),
+                query: query.as_deref(),
+                method: if get { "GET" } else { "POST" },
+            };
+            let now = Utc.timestamp_opt(now, 0).unwrap();
+            for s in sources() {
+                prop_assert!(s.verify(&r, now).is_err(), "{} accepted junk", s.scheme());
+            }
+        }
+
+        #[test]
+        fn canonical_strings_take_any_input(
+            url in junk(),
+            pairs in prop::collection::vec((junk(), junk()), 0..6),
+            s in junk(),
+        ) {
+            let _ = plivo::signed_strings(&url, "GET", &pairs);
+            let _ = plivo::signed_strings(&url, "POST", &pairs);
+            let mut map: std::collections::BTreeMap<String, String> = pairs.iter().cloned().collect();
+            map.remove("sig");
+            let mut with_sig = map.clone();
+            with_sig.insert("sig".into(), s.clone());
+            prop_assert_eq!(
+                vonage::sms_signed_string(&with_sig),
+                vonage::sms_signed_string(&map),
+                "sig is never signed"
+            );
+            let _ = vonage::scts_time(&s);
+            let _ = params::received_url(&url, Some(&s));
+            let _ = jwt::verify_hmac(&s, &["k".into()], &[jsonwebtoken::Algorithm::HS256]);
+            let _ = telnyx::parse_public_key(&s);
+        }
     }
 }

@@ -158,6 +158,7 @@ mod tests {
                 headers,
                 body,
                 query: None,
+                method: "POST",
             },
             Utc::now(),
         )
@@ -274,6 +275,7 @@ mod tests {
             headers: &good,
             body: &body,
             query: None,
+            method: "POST",
         };
         let e = v.verify(&r, Utc::now()).unwrap();
         assert_eq!(
@@ -291,7 +293,8 @@ mod tests {
                 &RawRequest {
                     headers: &bad,
                     body: &body,
-                    query: None
+                    query: None,
+                    method: "POST",
                 },
                 Utc::now()
             ),
@@ -302,7 +305,8 @@ mod tests {
                 &RawRequest {
                     headers: &[],
                     body: &body,
-                    query: None
+                    query: None,
+                    method: "POST",
                 },
                 Utc::now()
             ),
@@ -319,6 +323,7 @@ mod tests {
                     headers: &good,
                     body: &delivery,
                     query: None,
+                    method: "POST",
                 },
                 Utc::now(),
             )

@@ -160,6 +160,7 @@ mod tests {
             headers: &headers,
             body: BODY,
             query: None,
+            method: "POST",
         };
         s.verify(&r, Utc.timestamp_opt(at, 0).unwrap())
     }

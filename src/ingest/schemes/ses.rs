@@ -457,6 +457,7 @@ mod tests {
             headers: &[],
             body: &body,
             query: None,
+            method: "POST",
         };
         ses.verify(&r, Utc.timestamp_opt(at, 0).unwrap())
     }

@@ -1,6 +1,9 @@
 //! Standard Webhooks / Svix (Resend, Clerk, …): `v1,<base64 HMAC-SHA256>` over
-//! `{id}.{timestamp}.{raw body}`, key = base64 of the `whsec_` secret. Accepts the `svix-*`
-//! header family too (preferred when present); ±tolerance on the timestamp, both ways.
+//! `{id}.{timestamp}.{raw body}`, key = base64 of the `whsec_` secret; and, as the specification
+//! defines them, asymmetric `v1a,<base64 Ed25519 signature>` over the same string, verified with
+//! `whpk_<base64 public key>` keys (a `whsk_` secret key is refused: Herald only verifies).
+//! Accepts the `svix-*` header family too (preferred when present); ±tolerance on the
+//! timestamp, both ways.
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -14,16 +17,30 @@ use crate::ingest::{
 
 pub struct StandardWebhooks {
     keys: Vec<SigningKey>,
+    /// `whpk_` keys, for `v1a` signatures.
+    public_keys: Vec<ed25519_dalek::VerifyingKey>,
     tolerance: u64,
 }
 
 impl StandardWebhooks {
+    /// `whsec_…` (or bare base64) symmetric secrets and `whpk_…` public keys, in any mix.
     pub fn new(secrets: &[String], tolerance: u64) -> Result<Self, SchemeConfigError> {
-        let keys = secrets
-            .iter()
-            .map(|s| SigningKey::parse(s))
-            .collect::<Result<_, _>>()?;
-        Ok(Self { keys, tolerance })
+        let (mut keys, mut public_keys) = (Vec::new(), Vec::new());
+        for s in secrets {
+            let s = s.trim();
+            if let Some(pk) = s.strip_prefix("whpk_") {
+                public_keys.push(super::telnyx::parse_public_key(pk)?);
+            } else if s.starts_with("whsk_") {
+                return Err(SchemeConfigError::SecretKeyGiven);
+            } else {
+                keys.push(SigningKey::parse(s)?);
+            }
+        }
+        Ok(Self {
+            keys,
+            public_keys,
+            tolerance,
+        })
     }
 }
 
@@ -57,12 +74,25 @@ impl Source for StandardWebhooks {
             return Err(VerifyError::Stale(self.tolerance));
         }
         let expected: Vec<String> = self.keys.iter().map(|k| k.sign(id, t, r.body)).collect();
-        // Several space-separated entries; other versions (v1a …) and malformed ones are skipped.
-        let ok = sigs.split(' ').filter(|e| e.starts_with("v1,")).any(|e| {
+        // Several space-separated entries; unknown versions and malformed ones are skipped.
+        let symmetric = sigs.split(' ').filter(|e| e.starts_with("v1,")).any(|e| {
             expected
                 .iter()
                 .any(|x| constant_time_eq(x.as_bytes(), e.as_bytes()))
         });
+        let ok = symmetric || {
+            let entries: Vec<&str> = sigs
+                .split(' ')
+                .filter_map(|e| e.strip_prefix("v1a,"))
+                .collect();
+            !entries.is_empty() && !self.public_keys.is_empty() && {
+                let ts = t.to_string();
+                let signed = [id.as_bytes(), b".", ts.as_bytes(), b".", r.body].concat();
+                entries
+                    .iter()
+                    .any(|e| super::telnyx::ed25519_verifies(&self.public_keys, &signed, e))
+            }
+        };
         if !ok {
             return Err(VerifyError::Mismatch);
         }
@@ -160,6 +190,7 @@ mod tests {
             headers: &h,
             body: &b,
             query: None,
+            method: "POST",
         };
         let events = v.verify(&r, now).unwrap();
         assert_eq!(events[0].provider_event_id, "msg_p5jXN8AQM9LWM0D4loKWxJek");
@@ -173,12 +204,14 @@ mod tests {
             headers: &h,
             body: &b2,
             query: None,
+            method: "POST",
         };
         assert_eq!(v.verify(&r2, now), Err(VerifyError::Mismatch));
         let r3 = RawRequest {
             headers: &h[..2],
             body: &b,
             query: None,
+            method: "POST",
         };
         assert!(matches!(v.verify(&r3, now), Err(VerifyError::Missing(_))));
     }
@@ -205,6 +238,7 @@ mod tests {
             headers: &h,
             body: &b,
             query: None,
+            method: "POST",
         };
         assert_eq!(v.verify(&r, now).unwrap()[0].provider_event_id, "msg_svix");
         // A valid signature over a body that is not JSON: 400, not 401.
@@ -221,6 +255,7 @@ mod tests {
             headers: &h,
             body: &b,
             query: None,
+            method: "POST",
         };
         assert!(matches!(v.verify(&r, now), Err(VerifyError::Unparsable(_))));
     }

@@ -119,6 +119,7 @@ mod tests {
             headers: &h,
             body,
             query: None,
+            method: "POST",
         };
         let at = |s| Utc.timestamp_opt(s, 0).unwrap();
         let e = v.verify(&r, at(1200)).unwrap();
@@ -140,6 +141,7 @@ mod tests {
             headers: &v0,
             body,
             query: None,
+            method: "POST",
         };
         assert!(matches!(
             v.verify(&r0, at(1000)),

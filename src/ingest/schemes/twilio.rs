@@ -231,6 +231,7 @@ mod tests {
                     headers: &h,
                     body,
                     query: None,
+                    method: "POST",
                 },
                 Utc::now(),
             )
@@ -245,7 +246,8 @@ mod tests {
                 &RawRequest {
                     headers: &h,
                     body: tampered,
-                    query: None
+                    query: None,
+                    method: "POST",
                 },
                 Utc::now()
             ),
@@ -427,6 +429,7 @@ mod tests {
                 headers: &h,
                 body,
                 query,
+                method: "POST",
             },
             Utc::now(),
         ) {
@@ -519,6 +522,7 @@ mod tests {
                     headers: &h,
                     body,
                     query: Some(&q),
+                    method: "POST",
                 },
                 Utc::now(),
             )
@@ -530,7 +534,8 @@ mod tests {
                 &RawRequest {
                     headers: &h,
                     body: other,
-                    query: Some(&q)
+                    query: Some(&q),
+                    method: "POST",
                 },
                 Utc::now()
             ),
