@@ -27,7 +27,7 @@ use crate::storage::models::{
 };
 use crate::storage::{Db, StorageError};
 
-use self::decide::{AttemptFacts, decide};
+use self::decide::{AttemptFacts, decide, series_attempt};
 use self::throttle::{Answer, Throttle};
 
 /// The throttle key of the SMTP relay: every email goes through the one relay configured.
@@ -212,7 +212,7 @@ impl Sender {
         let facts = AttemptFacts {
             class: report.class,
             retry_after: report.retry_after,
-            attempt: u32::try_from(row.attempts).unwrap_or(0),
+            attempt: series_attempt(row.attempts, row.attempt_base),
             max_attempts,
             semantics,
         };
@@ -480,7 +480,7 @@ pub fn lease_expired_decision(
     let facts = AttemptFacts {
         class: AttemptClass::Ambiguous,
         retry_after: None,
-        attempt: u32::try_from(row.attempts).unwrap_or(0),
+        attempt: series_attempt(row.attempts, row.attempt_base),
         max_attempts: row
             .max_attempts
             .and_then(|n| u32::try_from(n).ok())

@@ -14,6 +14,7 @@ pub mod queries;
 pub mod receipts;
 pub mod settings;
 pub(crate) mod sql;
+pub mod support;
 #[rustfmt::skip]
 pub mod schema_pg;
 #[rustfmt::skip]

@@ -10,6 +10,7 @@ pub mod pg {
     pub use crate::storage::outbox::pg::*;
     pub use crate::storage::receipts::pg::*;
     pub use crate::storage::settings::pg::*;
+    pub use crate::storage::support::pg::*;
 }
 
 /// The SQLite bodies.
@@ -18,4 +19,5 @@ pub mod sqlite {
     pub use crate::storage::outbox::sqlite::*;
     pub use crate::storage::receipts::sqlite::*;
     pub use crate::storage::settings::sqlite::*;
+    pub use crate::storage::support::sqlite::*;
 }
