@@ -707,6 +707,116 @@ pub fn redrive(
     Ok(report)
 }
 
+/// Exit status of a support command that succeeded.
+pub const EXIT_OK: u8 = 0;
+/// No such message, or it cannot be replayed now (or the database failed).
+pub const EXIT_REFUSED: u8 = 1;
+/// Bad input (a reason, a filter, a prefix) or configuration.
+pub const EXIT_INVALID: u8 = 2;
+/// A fingerprint prefix that matches several messages.
+pub const EXIT_AMBIGUOUS: u8 = 3;
+
+/// The CLI's exit status for an error.
+pub fn exit_code(e: &SupportError) -> u8 {
+    match e {
+        SupportError::NotFound
+        | SupportError::Refused(_)
+        | SupportError::Moved
+        | SupportError::Storage(_) => EXIT_REFUSED,
+        SupportError::Invalid(_) => EXIT_INVALID,
+        SupportError::Ambiguous(..) => EXIT_AMBIGUOUS,
+    }
+}
+
+/// An error as `--json` prints it: a kind, the message, and the candidates of an ambiguous
+/// prefix.
+pub fn error_json(e: &SupportError) -> Value {
+    let kind = match e {
+        SupportError::NotFound => "not_found",
+        SupportError::Ambiguous(..) => "ambiguous",
+        SupportError::Invalid(_) => "invalid",
+        SupportError::Refused(_) => "refused",
+        SupportError::Moved => "changed",
+        SupportError::Storage(_) => "storage",
+    };
+    let detail = match e {
+        SupportError::Storage(s) => s.log_safe(),
+        other => other.to_string(),
+    };
+    let mut v = serde_json::json!({"error": kind, "detail": detail});
+    if let SupportError::Ambiguous(c, _) = e {
+        v["candidates"] = serde_json::json!(c);
+    }
+    if let SupportError::Invalid(fields) = e {
+        v["fields"] = fields
+            .iter()
+            .map(|f| Value::String(f.field.clone()))
+            .collect();
+    }
+    v
+}
+
+/// The audit's "who" for the CLI: `cli:` and the OS user (`$USER`, else `$LOGNAME`), else
+/// `cli:unknown`; only name characters are kept.
+pub fn cli_who(user: Option<String>) -> String {
+    let name: String = user
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'))
+        .take(64)
+        .collect();
+    if name.is_empty() {
+        "cli:unknown".to_owned()
+    } else {
+        format!("cli:{name}")
+    }
+}
+
+/// An RFC 3339 time given as text (a CLI flag), the error naming `field`.
+pub fn parse_time_text(field: &str, raw: &str) -> Result<DateTime<Utc>, InvalidField> {
+    parse_time(field, &Value::String(raw.to_owned()))?
+        .ok_or_else(|| InvalidField::new(field, "must be an RFC 3339 time"))
+}
+
+/// A bulk redrive from the CLI's flags: the filter pairs, the reason, the bound.
+pub fn redrive_request(
+    pairs: &[(String, String)],
+    reason: &str,
+    limit: Option<u32>,
+    expires_at: Option<Option<DateTime<Utc>>>,
+) -> Result<RedriveRequest, SupportError> {
+    let mut errors = Vec::new();
+    let mut filter = DeadLetterFilter::default();
+    for (k, v) in pairs {
+        match filter.set(k, v) {
+            Ok(true) => {}
+            Ok(false) => errors.push(InvalidField::new(k.clone(), "is not a known filter")),
+            Err(e) => errors.push(e),
+        }
+    }
+    let limit = match limit {
+        None => REDRIVE_DEFAULT,
+        Some(n) if (1..=REDRIVE_MAX).contains(&n) => n,
+        Some(_) => {
+            errors.push(InvalidField::new(
+                "limit",
+                format!("must be a whole number from 1 to {REDRIVE_MAX}"),
+            ));
+            REDRIVE_DEFAULT
+        }
+    };
+    let reason = Reason::parse(reason).map_err(|e| errors.push(e)).ok();
+    match reason {
+        Some(reason) if errors.is_empty() => Ok(RedriveRequest {
+            filter,
+            reason,
+            limit,
+            expires_at,
+        }),
+        _ => Err(SupportError::Invalid(errors)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -755,6 +865,29 @@ mod tests {
 
     fn at() -> DateTime<Utc> {
         "2026-12-01T11:00:00Z".parse().unwrap()
+    }
+
+    #[test]
+    fn exit_codes_and_the_cli_name() {
+        assert_eq!(exit_code(&SupportError::NotFound), EXIT_REFUSED);
+        assert_eq!(
+            exit_code(&SupportError::Refused(Refusal::Canceled)),
+            EXIT_REFUSED
+        );
+        assert_eq!(exit_code(&SupportError::Moved), EXIT_REFUSED);
+        assert_eq!(exit_code(&SupportError::Invalid(vec![])), EXIT_INVALID);
+        assert_eq!(
+            exit_code(&SupportError::Ambiguous(vec![], false)),
+            EXIT_AMBIGUOUS
+        );
+        assert_eq!(cli_who(Some("ana".into())), "cli:ana");
+        assert_eq!(cli_who(Some("a\nb c".into())), "cli:abc");
+        assert_eq!(cli_who(None), "cli:unknown");
+        let e = redrive_request(&[("class".into(), "x".into())], "", Some(1001), None).unwrap_err();
+        assert_eq!(
+            error_json(&e)["fields"],
+            serde_json::json!(["class", "limit", "reason"])
+        );
     }
 
     #[test]
