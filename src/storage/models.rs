@@ -424,13 +424,24 @@ pub struct NewReplay {
 #[derive(Debug, Clone, PartialEq)]
 pub enum ReplayWrite<E> {
     /// Written: the message as it now is, and its audit row.
-    Done { row: OutboxRow, replay: ReplayRow },
+    Done {
+        row: Box<OutboxRow>,
+        replay: ReplayRow,
+    },
     /// The decision refused it; nothing written.
     Refused(E),
     /// The message moved between the read and the fenced write (another replay, the
     /// reconciler); nothing written.
     Moved,
 }
+
+/// The pure replay decision a replay's transaction asks: the message as read and the
+/// transaction's "now", to the write (or the caller's refusal).
+pub type ReplayDecision<'a, E> = dyn Fn(&OutboxRow, DateTime<Utc>) -> Result<NewReplay, E> + 'a;
+
+/// A bulk redrive: each message judged (as it was before) with what became of it, and whether
+/// more matched than the limit.
+pub type RedriveResult<E> = (Vec<(OutboxRow, ReplayWrite<E>)>, bool);
 
 /// Which destinations a dead-letter listing keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,10 +3,9 @@
 //! pure decision judge it, and writes the new attempt series fenced on the state and attempt
 //! count it read, with its audit row.
 
-use chrono::{DateTime, Utc};
-
 use super::models::{
-    DeadLetterQuery, LastAttempt, NewReplay, Now, OutboxRow, ReplayRow, ReplayWrite,
+    DeadLetterQuery, LastAttempt, Now, OutboxRow, RedriveResult, ReplayDecision, ReplayRow,
+    ReplayWrite,
 };
 use super::{Db, StorageError, per_backend};
 
@@ -101,7 +100,7 @@ per_backend! {
         conn: &mut Conn,
         now: &Now,
         id: i64,
-        decide: &dyn Fn(&OutboxRow, DateTime<Utc>) -> Result<NewReplay, E>,
+        decide: &ReplayDecision<'_, E>,
     ) -> QueryResult<ReplayWrite<E>> {
         let at = sql::now(conn, now)?;
         let Some(row) = find_by_id(conn, id)? else {
@@ -114,7 +113,7 @@ per_backend! {
         match write_replay(conn, at, &plan)? {
             Some(replay) => {
                 let row = find_by_id(conn, id)?.ok_or(diesel::result::Error::NotFound)?;
-                Ok(ReplayWrite::Done { row, replay })
+                Ok(ReplayWrite::Done { row: Box::new(row), replay })
             }
             None => Ok(ReplayWrite::Moved),
         }
@@ -195,8 +194,8 @@ per_backend! {
         conn: &mut Conn,
         now: &Now,
         query: &DeadLetterQuery,
-        decide: &dyn Fn(&OutboxRow, DateTime<Utc>) -> Result<NewReplay, E>,
-    ) -> QueryResult<(Vec<(OutboxRow, ReplayWrite<E>)>, bool)> {
+        decide: &ReplayDecision<'_, E>,
+    ) -> QueryResult<RedriveResult<E>> {
         let at = sql::now(conn, now)?;
         let mut rows = dead_letters(conn, &DeadLetterQuery { limit: query.limit + 1, ..query.clone() })?;
         let more = rows.len() as i64 > query.limit;
@@ -208,7 +207,7 @@ per_backend! {
                 Ok(plan) => match write_replay(conn, at, &plan)? {
                     Some(replay) => {
                         let now_row = find_by_id(conn, row.id)?.ok_or(diesel::result::Error::NotFound)?;
-                        ReplayWrite::Done { row: now_row, replay }
+                        ReplayWrite::Done { row: Box::new(now_row), replay }
                     }
                     None => ReplayWrite::Moved,
                 },
@@ -251,7 +250,7 @@ impl Db {
         &self,
         now: Now,
         id: i64,
-        decide: &dyn Fn(&OutboxRow, DateTime<Utc>) -> Result<NewReplay, E>,
+        decide: &ReplayDecision<'_, E>,
     ) -> Result<ReplayWrite<E>, StorageError> {
         crate::storage::db_run! { self, write |c, q| Ok(q::replay(c, &now, id, decide)?) }
     }
@@ -271,13 +270,12 @@ impl Db {
 
     /// The bulk redrive, in one transaction; returns each message judged (as it was before) with
     /// what became of it, and whether more dead letters matched than the limit.
-    #[allow(clippy::type_complexity)]
     pub fn redrive<E>(
         &self,
         now: Now,
         query: &DeadLetterQuery,
-        decide: &dyn Fn(&OutboxRow, DateTime<Utc>) -> Result<NewReplay, E>,
-    ) -> Result<(Vec<(OutboxRow, ReplayWrite<E>)>, bool), StorageError> {
+        decide: &ReplayDecision<'_, E>,
+    ) -> Result<RedriveResult<E>, StorageError> {
         crate::storage::db_run! { self, write |c, q| Ok(q::redrive(c, &now, query, decide)?) }
     }
 }

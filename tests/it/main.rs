@@ -18,3 +18,5 @@ mod reconcile;
 mod slowdown;
 mod smtp;
 mod sns;
+mod support_cli;
+mod support_desk;
