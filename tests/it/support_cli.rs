@@ -164,6 +164,32 @@ fn support_commands_on_the_database_the_server_uses() {
     let o = herald(d, &["dlq", "list", "--json", "--after", after]);
     assert_eq!(json(&o)["dead_letters"][0]["event_id"], "cli-amb-2");
     assert_eq!(json(&o)["next"], Value::Null);
+    let only = |args: &[&str]| {
+        let mut all = vec!["dlq", "list", "--json"];
+        all.extend_from_slice(args);
+        json(&herald(d, &all))["dead_letters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["event_id"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        only(&["--destination", "example.com"]),
+        ["cli-mail"],
+        "the email domain"
+    );
+    assert_eq!(
+        only(&["--destination", "HOOKS.example.com"]),
+        ["cli-perm"],
+        "the URL host"
+    );
+    assert_eq!(only(&["--channel", "email"]), ["cli-mail"]);
+    assert_eq!(
+        only(&["--since", "2026-12-01T10:00:02Z"]),
+        ["cli-amb-1", "cli-amb-2"]
+    );
+    assert_eq!(only(&["--until", "2026-12-01T10:00:01Z"]), ["cli-perm"]);
     assert_eq!(code(&herald(d, &["dlq", "list", "--class", "late"])), 2);
     assert_eq!(code(&herald(d, &["dlq", "list", "--limit", "1001"])), 2);
 

@@ -697,8 +697,9 @@ async fn support_routes_need_the_support_scope(backend: Backend) {
         digest("shop-token-0123456789"),
         digest("desk-token-0123456789"),
     );
-    let app = spawn_app_with(backend, &extra).await;
     let rx = Receiver::start().await;
+    let extra = format!("{extra}[endpoints.billing]\nurl = \"{}\"\n", rx.url);
+    let app = spawn_app_with(backend, &extra).await;
     let (shop, desk) = (
         client_with_token("shop-token-0123456789"),
         client_with_token("desk-token-0123456789"),
@@ -706,7 +707,7 @@ async fn support_routes_need_the_support_scope(backend: Backend) {
     rx.script([Reply::Status(404)]);
     let r = shop
         .post(format!("{}/v1/messages", app.base))
-        .json(&private_message("sd-scope", &rx.url))
+        .json(&private_message("sd-scope", "endpoint:billing"))
         .send()
         .await
         .unwrap();
@@ -743,7 +744,19 @@ async fn support_routes_need_the_support_scope(backend: Backend) {
         "dead_letter",
         "nothing replayed"
     );
-    // The support token may; the audit names it.
+    // The support token may list (by endpoint name) and replay; the audit names it.
+    let listed = |name: &str| {
+        let r = desk.get(format!("{b}/v1/dead-letters?destination=endpoint:{name}"));
+        async move {
+            let r = r.send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            r.json::<Value>().await.unwrap()["dead_letters"].clone()
+        }
+    };
+    let before = listed("billing").await;
+    assert_eq!(strings(&before, "event_id"), ["sd-scope"]);
+    assert_eq!(before[0]["destination"], "endpoint:billing");
+    assert_eq!(listed("other").await, json!([]));
     let r = desk
         .post(format!("{b}/v1/sends/{fp}/replay"))
         .json(&json!({"reason": "ticket 7"}))
@@ -754,12 +767,9 @@ async fn support_routes_need_the_support_scope(backend: Backend) {
     let done: Value = r.json().await.unwrap();
     assert_eq!(done["replay"]["who"], "desk");
     assert_eq!(
-        desk.get(format!("{b}/v1/dead-letters"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
+        listed("billing").await,
+        json!([]),
+        "replayed: no longer dead"
     );
     app.stop().await;
 }
