@@ -194,13 +194,11 @@ impl ReplayEntry {
     }
 }
 
-/// The fingerprint stored, or computed from the message for a row that has none yet (a plain
-/// SQL insert before its first attempt).
+/// The fingerprint a support lookup finds the message by: the stored one. A message inserted by
+/// plain SQL has none until its first attempt records it (one that expired before any attempt
+/// never gets one); it is found by its event id.
 pub fn fingerprint_of_row(row: &OutboxRow) -> Option<String> {
-    row.request_fingerprint.clone().or_else(|| {
-        crate::outbox::fingerprint_of(row.channel, &row.destination, &row.event_id, &row.payload)
-            .map(|f| f.as_str().to_owned())
-    })
+    row.request_fingerprint.clone()
 }
 
 impl Explanation {

@@ -454,6 +454,13 @@ async fn unconfirmed_and_expired_replay(backend: Backend) {
     assert_eq!(done["replay"]["from_state"], "unconfirmed");
     assert_eq!(app.run_until_idle().await, 1);
     assert_eq!(app.row("sd-409").state.as_str(), "delivered");
+    let e = explain(&app, &fp).await;
+    assert_eq!(strings(&e["replays"], "from_state"), ["unconfirmed"]);
+    assert_eq!(strings(&e["replays"], "who"), ["default"]);
+    assert_eq!(
+        strings(&e["attempt_timeline"], "next_state"),
+        ["unconfirmed", "delivered"]
+    );
     assert_eq!(
         rx.requests_to("/conflict")
             .iter()
