@@ -146,15 +146,17 @@ per_backend! {
                 cond = Box::new(cond.and(o::destination.eq(format!("endpoint:{name}"))));
             }
             Some(DestinationMatch::Host(host)) => {
+                // Host names and email domains compare without case (the host is lower-cased).
                 let h = crate::storage::support::escape_like(host);
+                let dest = || crate::storage::support::lower(o::destination);
                 let mut any: Condition = Box::new(
-                    o::channel.eq(Channel::Email).and(o::destination.like(format!("%@{h}")).escape('\\')),
+                    o::channel.eq(Channel::Email).and(dest().like(format!("%@{h}")).escape('\\')),
                 );
                 for scheme in ["http", "https"] {
-                    any = Box::new(any.or(o::destination.eq(format!("{scheme}://{host}"))));
+                    any = Box::new(any.or(dest().eq(format!("{scheme}://{host}"))));
                     for sep in ['/', ':', '?', '#'] {
                         let p = format!("{scheme}://{h}{sep}%");
-                        any = Box::new(any.or(o::channel.eq(Channel::Webhook).and(o::destination.like(p).escape('\\'))));
+                        any = Box::new(any.or(o::channel.eq(Channel::Webhook).and(dest().like(p).escape('\\'))));
                     }
                 }
                 cond = Box::new(cond.and(any));
@@ -216,6 +218,11 @@ per_backend! {
         }
         Ok((out, more))
     }
+}
+
+diesel::define_sql_function! {
+    /// SQL `lower(text)`.
+    fn lower(x: diesel::sql_types::Text) -> diesel::sql_types::Text;
 }
 
 /// `text` with LIKE's wildcards and escape character escaped (escape character `\`).

@@ -680,11 +680,14 @@ async fn forced_replays_and_refusals(backend: Backend) {
     );
 
     // An ambiguous prefix: 409 listing the candidates.
-    for (id, fp) in [("amb-1", "deadbeef0"), ("amb-2", "deadbeef1")] {
+    for (id, fp, host) in [
+        ("amb-1", "deadbeef0", "x.example"),
+        ("amb-2", "deadbeef1", "X.Example"),
+    ] {
         let fp = format!("{fp}{}", "a".repeat(55));
         app.raw_sql(&format!(
             "INSERT INTO herald_outbox (event_id, channel, destination, payload, state, request_fingerprint) \
-             VALUES ('{id}', 'webhook', 'https://x.example/h', '{{\"body\":{{}}}}', 'dead_letter', '{fp}')"
+             VALUES ('{id}', 'webhook', 'https://{host}/h', '{{\"body\":{{}}}}', 'dead_letter', '{fp}')"
         ));
     }
     let p = problem(get(&app, "/v1/sends/DEADBEEF").await, 409).await;
@@ -693,6 +696,16 @@ async fn forced_replays_and_refusals(backend: Backend) {
     let p = problem(replay(&app, "deadbeef", json!({"reason": "x"})).await, 409).await;
     assert_eq!(p["candidates"].as_array().unwrap().len(), 2);
     assert_eq!(explain(&app, "deadbeef1").await["event_id"], "amb-2");
+    let listed: Value = get(&app, "/v1/dead-letters?destination=X.example")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        strings(&listed["dead_letters"], "event_id"),
+        ["amb-1", "amb-2"],
+        "hosts compare without case"
+    );
     app.stop().await;
 }
 
