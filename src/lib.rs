@@ -1,7 +1,7 @@
 //! Herald: a self-hosted webhook-ingest and notification gateway built on the transactional
 //! outbox pattern.
 //!
-//! Layout: [`http`] calls into [`outbox`]; [`sender`] claims, sends through [`channels`] and
+//! Layout: [`http`] calls into [`outbox`] and [`support`]; [`sender`] claims, sends through [`channels`] and
 //! records; [`storage`] is the only place that speaks SQL; [`domain`] holds the contract's
 //! vocabulary; the pure decisions live in [`sender::decide`] and [`sender::policy`]. Each built
 //! Herald counts its work in its own [`metrics::Metrics`]; [`health`] decides readiness.
@@ -23,4 +23,5 @@ pub mod retention;
 pub mod secret;
 pub mod sender;
 pub mod storage;
+pub mod support;
 pub mod telemetry;

@@ -109,6 +109,128 @@ enum Command {
         #[arg(long, value_name = "PEM")]
         cert_file: Option<PathBuf>,
     },
+    /// Explain a send: identity, state, every attempt (status, class, delay and why), every
+    /// receipt, every replay, and a paragraph in plain words. Reads the database directly.
+    /// Exit status: 0 shown, 1 not found, 2 bad input or configuration, 3 ambiguous prefix.
+    Explain {
+        /// The request fingerprint, or a unique prefix of it (at least 8 hex digits).
+        #[arg(required_unless_present = "event_id", conflicts_with = "event_id")]
+        fingerprint: Option<String>,
+        /// Look the message up by its event id instead.
+        #[arg(long)]
+        event_id: Option<String>,
+        /// Print JSON (the same document as GET /v1/sends/{fingerprint}).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replay (redrive) a dead_letter, unconfirmed or expired message with its original event
+    /// id: a new attempt series under the current policy, the history kept, audited with who
+    /// (cli:$USER), when and why. Exit status: 0 replayed, 1 not found or not replayable,
+    /// 2 bad input or configuration, 3 ambiguous prefix.
+    Replay {
+        /// The request fingerprint, or a unique prefix of it (at least 8 hex digits).
+        #[arg(required_unless_present = "event_id", conflicts_with = "event_id")]
+        fingerprint: Option<String>,
+        /// Look the message up by its event id instead.
+        #[arg(long)]
+        event_id: Option<String>,
+        /// Why (required; recorded in the audit).
+        #[arg(long)]
+        reason: String,
+        /// Replay a delivered message too (the receiver gets the same event id again).
+        #[arg(long)]
+        force: bool,
+        /// Set expires_at to this RFC 3339 time.
+        #[arg(long, value_name = "TIME", conflicts_with = "clear_expires_at")]
+        expires_at: Option<String>,
+        /// Clear expires_at.
+        #[arg(long)]
+        clear_expires_at: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Dead letters: list them, or redrive them in bulk.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
+}
+
+/// The dead-letter filters (`herald dlq list|redrive`), as in `GET /v1/dead-letters`.
+#[derive(Debug, clap::Args)]
+struct DlqFilters {
+    /// The class that dead-lettered it: permanent, exhausted, … or unconfirmed (dead-lettered at
+    /// the unconfirmed deadline).
+    #[arg(long)]
+    class: Option<String>,
+    /// A host (webhook URLs of that host, email addresses at that domain) or endpoint:NAME.
+    #[arg(long)]
+    destination: Option<String>,
+    /// email or webhook.
+    #[arg(long)]
+    channel: Option<String>,
+    /// Dead-lettered at or after this RFC 3339 time.
+    #[arg(long, value_name = "TIME")]
+    since: Option<String>,
+    /// Dead-lettered before this RFC 3339 time.
+    #[arg(long, value_name = "TIME")]
+    until: Option<String>,
+}
+
+impl DlqFilters {
+    fn pairs(&self) -> Vec<(String, String)> {
+        [
+            ("class", &self.class),
+            ("destination", &self.destination),
+            ("channel", &self.channel),
+            ("since", &self.since),
+            ("until", &self.until),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| (k.to_owned(), v.clone())))
+        .collect()
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum DlqCommand {
+    /// List dead letters, oldest first (identifiers, class, attempts, last status; never bodies).
+    /// Exit status: 0 listed, 2 bad filter or configuration.
+    List {
+        #[command(flatten)]
+        filters: DlqFilters,
+        /// The cursor a previous page printed (`more: --after …`).
+        #[arg(long)]
+        after: Option<String>,
+        /// Page size (default 50, at most 1000).
+        #[arg(long)]
+        limit: Option<u32>,
+        /// Print JSON (the same document as GET /v1/dead-letters).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replay the dead letters the filters select, oldest first, at most --limit (default 100,
+    /// at most 1000), each audited. Exit status: 0 done, 2 bad input or configuration.
+    Redrive {
+        /// Why (required; recorded in the audit of each).
+        #[arg(long)]
+        reason: String,
+        #[command(flatten)]
+        filters: DlqFilters,
+        /// At most this many (default 100, at most 1000).
+        #[arg(long)]
+        limit: Option<u32>,
+        /// Set expires_at of each to this RFC 3339 time.
+        #[arg(long, value_name = "TIME", conflicts_with = "clear_expires_at")]
+        expires_at: Option<String>,
+        /// Clear expires_at of each.
+        #[arg(long)]
+        clear_expires_at: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -240,6 +362,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("migrations applied");
             Ok(ExitCode::SUCCESS)
         }
+        Command::Explain { .. } | Command::Replay { .. } | Command::Dlq { .. } => {
+            support_command(cli.command, &settings)
+        }
         Command::VerifyReceipt { .. } | Command::Token { .. } => {
             unreachable!("handled before configuration is loaded")
         }
@@ -309,6 +434,150 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 ),
             }
             Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// `herald explain | replay | dlq …`: the library's support functions on the configured
+/// database (not migrated here: `herald migrate` or `herald serve` does that), printed as tables
+/// or `--json`; the exit status follows [`herald::support::exit_code`].
+fn support_command(command: Command, settings: &Settings) -> anyhow::Result<ExitCode> {
+    use herald::support::{self, Lookup, render};
+    let db = open_db(settings, false)?;
+    let budget = settings.retry.max_attempts;
+    let now = || herald::clock::Clock::storage_now(&SystemClock);
+    let who = support::cli_who(
+        std::env::var("USER")
+            .or_else(|_| std::env::var("LOGNAME"))
+            .ok(),
+    );
+    let lookup = |fp: Option<String>, event_id: Option<String>| match event_id {
+        Some(id) => Ok(Lookup::event_id(&id)),
+        None => Lookup::fingerprint(fp.as_deref().unwrap_or_default()),
+    };
+    let expires = |set: Option<String>, clear: bool| -> Result<_, support::SupportError> {
+        Ok(match (set, clear) {
+            (_, true) => Some(None),
+            (Some(t), false) => Some(Some(support::parse_time_text("expires_at", &t)?)),
+            (None, false) => None,
+        })
+    };
+    let (json, result): (
+        bool,
+        Result<(String, serde_json::Value), support::SupportError>,
+    ) = match command {
+        Command::Explain {
+            fingerprint,
+            event_id,
+            json,
+        } => (
+            json,
+            lookup(fingerprint, event_id)
+                .map_err(Into::into)
+                .and_then(|l| support::explain(&db, &l, budget))
+                .map(|e| (render::explanation(&e), serde_json::json!(e))),
+        ),
+        Command::Replay {
+            fingerprint,
+            event_id,
+            reason,
+            force,
+            expires_at,
+            clear_expires_at,
+            json,
+        } => (
+            json,
+            (|| {
+                let request = support::ReplayRequest {
+                    reason: support::Reason::parse(&reason)?,
+                    force,
+                    expires_at: expires(expires_at, clear_expires_at)?,
+                };
+                let l = lookup(fingerprint, event_id)?;
+                support::replay(&db, now(), &l, &request, &who)
+            })()
+            .map(|r| (render::replayed(&r), serde_json::json!(r))),
+        ),
+        Command::Dlq {
+            command:
+                DlqCommand::List {
+                    filters,
+                    after,
+                    limit,
+                    json,
+                },
+        } => {
+            let mut pairs = filters.pairs();
+            pairs.extend(after.map(|a| ("after".to_owned(), a)));
+            pairs.extend(limit.map(|n| ("limit".to_owned(), n.to_string())));
+            (
+                json,
+                support::parse_list_query(&pairs)
+                    .map_err(Into::into)
+                    .and_then(|req| support::dead_letters(&db, &req))
+                    .map(|p| (render::dead_letters(&p), serde_json::json!(p))),
+            )
+        }
+        Command::Dlq {
+            command:
+                DlqCommand::Redrive {
+                    reason,
+                    filters,
+                    limit,
+                    expires_at,
+                    clear_expires_at,
+                    json,
+                },
+        } => (
+            json,
+            (|| {
+                let request = support::redrive_request(
+                    &filters.pairs(),
+                    &reason,
+                    limit,
+                    expires(expires_at, clear_expires_at)?,
+                )?;
+                support::redrive(&db, now(), &request, &who)
+            })()
+            .map(|r| (render::redrive(&r), serde_json::json!(r))),
+        ),
+        _ => unreachable!("only support commands come here"),
+    };
+    let mut out = std::io::stdout();
+    match result {
+        Ok((text, value)) => {
+            // A closed pipe (`| head`) is not an error worth a panic.
+            let _ = if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&value)?)
+            } else {
+                write!(out, "{text}")
+            };
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            if let support::SupportError::Storage(s) = &e {
+                eprintln!("herald: {}", s.log_safe());
+            } else {
+                eprintln!("herald: {e}");
+            }
+            if let support::SupportError::Ambiguous(candidates, _) = &e {
+                for c in candidates {
+                    eprintln!(
+                        "  {}  {}  {}",
+                        c.fingerprint.as_deref().unwrap_or("-"),
+                        c.state,
+                        c.event_id
+                    );
+                }
+            }
+            if json {
+                let _ = writeln!(
+                    out,
+                    "{}",
+                    serde_json::to_string_pretty(&support::error_json(&e))?
+                );
+            }
+            Ok(ExitCode::from(support::exit_code(&e)))
         }
     }
 }

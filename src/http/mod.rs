@@ -26,6 +26,7 @@ use crate::metrics::{IngestVerdict, Metrics, ReceiptVerdict};
 use crate::outbox::{FanOut, Limits, NewMessage, Prepared};
 use crate::storage::receipts::Stored;
 use crate::storage::{Db, StorageError};
+use crate::support::{self, SupportError};
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -71,6 +72,24 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route(
             "/v1/endpoints/{name}/enable",
             web::post().to(enable_endpoint),
+        )
+        .route(
+            "/v1/messages/{event_id}/explain",
+            web::get().to(explain_by_event_id),
+        )
+        .route(
+            "/v1/messages/{event_id}/replay",
+            web::post().to(replay_by_event_id),
+        )
+        .route("/v1/sends/{fingerprint}", web::get().to(explain_send))
+        .route(
+            "/v1/sends/{fingerprint}/replay",
+            web::post().to(replay_send),
+        )
+        .route("/v1/dead-letters", web::get().to(list_dead_letters))
+        .route(
+            "/v1/dead-letters/redrive",
+            web::post().to(redrive_dead_letters),
         )
         .default_service(web::to(|| async {
             Err::<HttpResponse, _>(Problem::new(
@@ -470,6 +489,121 @@ async fn enable_endpoint(
     }
     Ok(HttpResponse::Ok()
         .json(serde_json::json!({"name": name, "enabled": true, "changed": changed})))
+}
+
+/// The largest support request body (a reason and a few filters).
+const SUPPORT_BODY_LIMIT: usize = 16 * 1024;
+
+async fn explain(
+    state: web::Data<AppState>,
+    lookup: Result<support::Lookup, InvalidField>,
+) -> Result<HttpResponse, Problem> {
+    let lookup = lookup.map_err(SupportError::from)?;
+    let db = state.db.clone();
+    let budget = state.default_max_attempts;
+    let e = web::block(move || support::explain(&db, &lookup, budget)).await??;
+    Ok(HttpResponse::Ok().json(e))
+}
+
+/// `GET /v1/sends/{fingerprint}`: everything that happened to a send (a unique prefix of at least
+/// 8 hex digits will do; an ambiguous one is a 409 listing the candidates).
+async fn explain_send(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, Problem> {
+    authorize(&req, &state, Access::Support)?;
+    explain(state, support::Lookup::fingerprint(&path.into_inner())).await
+}
+
+/// `GET /v1/messages/{event_id}/explain`: the same by event id.
+async fn explain_by_event_id(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, Problem> {
+    authorize(&req, &state, Access::Support)?;
+    explain(state, Ok(support::Lookup::event_id(&path.into_inner()))).await
+}
+
+async fn replay(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    lookup: Result<support::Lookup, InvalidField>,
+    payload: web::Payload,
+) -> Result<HttpResponse, Problem> {
+    let who = authorize(&req, &state, Access::Support)?;
+    let body = read_body(payload, SUPPORT_BODY_LIMIT).await?;
+    let request = support::parse_replay_body(&body).map_err(SupportError::from)?;
+    let lookup = lookup.map_err(SupportError::from)?;
+    let db = state.db.clone();
+    let now = state.clock.storage_now();
+    let done =
+        web::block(move || support::replay(&db, now, &lookup, &request, &who.name)).await??;
+    // Committed: the new series is due now.
+    state.wake.notify_one();
+    Ok(HttpResponse::Ok().json(done))
+}
+
+/// `POST /v1/sends/{fingerprint}/replay` `{"reason", "force"?, "expires_at"?}`.
+async fn replay_send(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, Problem> {
+    let lookup = support::Lookup::fingerprint(&path.into_inner());
+    replay(req, state, lookup, payload).await
+}
+
+/// `POST /v1/messages/{event_id}/replay`: the same by event id.
+async fn replay_by_event_id(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, Problem> {
+    let lookup = Ok(support::Lookup::event_id(&path.into_inner()));
+    replay(req, state, lookup, payload).await
+}
+
+/// `GET /v1/dead-letters?class=&destination=&channel=&since=&until=&after=&limit=`.
+async fn list_dead_letters(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, Problem> {
+    authorize(&req, &state, Access::Support)?;
+    let pairs = web::Query::<Vec<(String, String)>>::from_query(req.query_string())
+        .map_err(|_| {
+            Problem::new(
+                StatusCode::BAD_REQUEST,
+                "malformed",
+                "The query string is malformed",
+            )
+        })?
+        .into_inner();
+    let request = support::parse_list_query(&pairs).map_err(SupportError::from)?;
+    let db = state.db.clone();
+    let page = web::block(move || support::dead_letters(&db, &request)).await??;
+    Ok(HttpResponse::Ok().json(page))
+}
+
+/// `POST /v1/dead-letters/redrive` `{"reason", "limit"?, "expires_at"?, filters…}`.
+async fn redrive_dead_letters(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    payload: web::Payload,
+) -> Result<HttpResponse, Problem> {
+    let who = authorize(&req, &state, Access::Support)?;
+    let body = read_body(payload, SUPPORT_BODY_LIMIT).await?;
+    let request = support::parse_redrive_body(&body).map_err(SupportError::from)?;
+    let db = state.db.clone();
+    let now = state.clock.storage_now();
+    let report = web::block(move || support::redrive(&db, now, &request, &who.name)).await??;
+    if !report.redriven.is_empty() {
+        state.wake.notify_one();
+    }
+    Ok(HttpResponse::Ok().json(report))
 }
 
 async fn cancel_message(

@@ -10,6 +10,7 @@ use crate::domain::InvalidField;
 use crate::ingest::VerifyError;
 use crate::outbox::CancelError;
 use crate::storage::StorageError;
+use crate::support::{Refusal, SupportError};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct FieldError {
@@ -48,6 +49,9 @@ pub struct ProblemBody {
     pub field: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<FieldError>,
+    /// The messages an ambiguous fingerprint prefix matches (identifiers only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub candidates: Option<serde_json::Value>,
     #[serde(skip)]
     retry_after: Option<u32>,
 }
@@ -61,6 +65,7 @@ impl Problem {
             detail: None,
             field: None,
             errors: Vec::new(),
+            candidates: None,
             retry_after: None,
         }))
     }
@@ -225,6 +230,58 @@ impl From<VerifyError> for Problem {
                 "The receipt was refused; nothing was stored",
             )
             .detail(e.to_string()),
+        }
+    }
+}
+
+/// Support's answers: 404 for no message, 409 for an ambiguous prefix (listing the candidates)
+/// or a state that cannot be replayed, 422 naming the field for bad input.
+impl From<SupportError> for Problem {
+    fn from(e: SupportError) -> Self {
+        match e {
+            SupportError::NotFound => Problem::not_found("message"),
+            SupportError::Invalid(errors) => {
+                let mut p = Problem::invalid(errors);
+                p.title = "The request is not valid".into();
+                p
+            }
+            SupportError::Ambiguous(ref candidates, _) => {
+                let mut p = Problem::new(
+                    StatusCode::CONFLICT,
+                    "ambiguous-fingerprint",
+                    "The fingerprint prefix matches several messages",
+                )
+                .detail(e.to_string());
+                p.field = Some("fingerprint".into());
+                p.candidates = serde_json::to_value(candidates).ok();
+                p
+            }
+            SupportError::Refused(Refusal::WouldExpire(_)) => {
+                let mut p = Problem::invalid(vec![InvalidField::new("expires_at", e.to_string())]);
+                p.title = "The request is not valid".into();
+                p
+            }
+            SupportError::Refused(ref r) => {
+                let (kind, title, field) = match r {
+                    Refusal::NeedsForce => (
+                        "force-required",
+                        "A delivered message is replayed only with force",
+                        Some("force"),
+                    ),
+                    Refusal::InFlight => ("in-flight", "The message is being sent now", None),
+                    _ => ("not-replayable", "The message cannot be replayed", None),
+                };
+                let mut p = Problem::new(StatusCode::CONFLICT, kind, title).detail(e.to_string());
+                p.field = field.map(str::to_owned);
+                p
+            }
+            SupportError::Moved => Problem::new(
+                StatusCode::CONFLICT,
+                "changed",
+                "The message changed meanwhile; nothing was replayed",
+            )
+            .detail(e.to_string()),
+            SupportError::Storage(s) => s.into(),
         }
     }
 }

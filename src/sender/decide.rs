@@ -25,10 +25,20 @@ pub struct AttemptFacts {
     pub class: AttemptClass,
     /// Retry-After the receiver asked for, when honoured for its status.
     pub retry_after: Option<Duration>,
-    /// 1-based number of the attempt just made.
+    /// 1-based number of the attempt just made within its series (see [`series_attempt`]): the
+    /// budget and the backoff count from the start of the series.
     pub attempt: u32,
     pub max_attempts: u32,
     pub semantics: Semantics,
+}
+
+/// The number of an attempt within its attempt series: `attempts` counts every attempt the
+/// message ever had, `attempt_base` is what it was when the series began (0 for the first series;
+/// a replay starts a new series at `attempts`). A replayed message thus gets its whole budget
+/// again, and its backoff starts over from the base delay; a series that dead-letters again stays
+/// dead until someone replays it again.
+pub fn series_attempt(attempts: i32, attempt_base: i32) -> u32 {
+    u32::try_from(attempts.saturating_sub(attempt_base.max(0))).unwrap_or(0)
 }
 
 /// Next state for an attempt's outcome. `unit` in [0, 1) drives jitter (random in production,
@@ -176,6 +186,43 @@ mod tests {
             );
             assert!(!d.reason.is_empty());
         }
+    }
+
+    #[test]
+    fn the_budget_counts_the_attempts_of_the_current_series() {
+        assert_eq!(series_attempt(3, 0), 3);
+        assert_eq!(
+            series_attempt(5, 4),
+            1,
+            "the first attempt after a replay at 4"
+        );
+        assert_eq!(series_attempt(8, 4), 4);
+        assert_eq!(series_attempt(0, 0), 0);
+        assert_eq!(series_attempt(2, 4), 0, "never negative");
+        assert_eq!(series_attempt(2, -1), 2, "a negative base counts as 0");
+        // A replayed message that failed 4 times before: its 5th attempt overall is the first of
+        // the new series and is retried; the series' 4th (attempt 8) spends the budget again.
+        let at = |attempts| {
+            decide(
+                AttemptFacts {
+                    attempt: series_attempt(attempts, 4),
+                    max_attempts: 4,
+                    ..facts(AttemptClass::Transient)
+                },
+                &policy(),
+                now(),
+                0.5,
+            )
+        };
+        assert_eq!(at(5).state, State::Retryable);
+        assert_eq!(
+            at(5).delay,
+            Some(Duration::from_secs(1)),
+            "backoff starts over"
+        );
+        assert_eq!(at(7).state, State::Retryable);
+        assert_eq!(at(8).state, State::DeadLetter);
+        assert_eq!(at(8).error_class, Some(AttemptClass::Exhausted));
     }
 
     #[test]

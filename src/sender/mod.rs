@@ -31,7 +31,7 @@ use crate::storage::models::{
 };
 use crate::storage::{Db, StorageError};
 
-use self::decide::{AttemptFacts, decide};
+use self::decide::{AttemptFacts, decide, series_attempt};
 use self::disable::Streaks;
 use self::limits::{Limit, Limits};
 use self::throttle::{Answer, Throttle};
@@ -536,7 +536,7 @@ impl Sender {
         let facts = AttemptFacts {
             class: report.class,
             retry_after: report.retry_after,
-            attempt: u32::try_from(row.attempts).unwrap_or(0),
+            attempt: series_attempt(row.attempts, row.attempt_base),
             max_attempts,
             semantics,
         };
@@ -861,7 +861,7 @@ pub fn lease_expired_decision(
     let facts = AttemptFacts {
         class: AttemptClass::Ambiguous,
         retry_after: None,
-        attempt: u32::try_from(row.attempts).unwrap_or(0),
+        attempt: series_attempt(row.attempts, row.attempt_base),
         max_attempts: row
             .max_attempts
             .and_then(|n| u32::try_from(n).ok())

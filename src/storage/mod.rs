@@ -18,6 +18,7 @@ pub mod retention;
 pub mod settings;
 pub(crate) mod sql;
 pub mod stats;
+pub mod support;
 #[rustfmt::skip]
 pub mod schema_pg;
 #[rustfmt::skip]

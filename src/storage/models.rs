@@ -42,6 +42,9 @@ pub struct OutboxRow {
     pub message_key: Option<String>,
     /// The name of the API token that enqueued it (`None`: SQL or the library).
     pub enqueued_by: Option<String>,
+    /// `attempts` when the current attempt series began (0 until a replay): the attempt budget
+    /// counts `attempts - attempt_base`; `attempts` keeps counting every attempt ever made.
+    pub attempt_base: i32,
 }
 
 /// What the watchdog reads of a `sending` row whose lease ran out: what the decision and the
@@ -51,6 +54,8 @@ pub struct ExpiredLease {
     pub id: i64,
     pub event_id: String,
     pub attempts: i32,
+    /// Where the current attempt series began (see [`OutboxRow::attempt_base`]).
+    pub attempt_base: i32,
     pub max_attempts: Option<i32>,
     pub semantics: Semantics,
     pub lease_owner: Option<String>,
@@ -393,4 +398,99 @@ pub struct ReconcilePass {
     pub status_changes: usize,
     /// `unconfirmed` messages settled as `delivered` by a receipt.
     pub settled: usize,
+}
+
+/// One `herald_replays` row: a replay (redrive) by a person, audited.
+#[derive(Debug, Clone, PartialEq, Queryable)]
+pub struct ReplayRow {
+    pub id: i64,
+    pub message_id: i64,
+    pub event_id: String,
+    /// The API token's name, or `cli:USER`.
+    pub who: String,
+    pub reason: String,
+    pub from_state: State,
+    /// A `delivered` message replayed with `force`.
+    pub forced: bool,
+    /// The attempt number the new series starts at (`attempts + 1` at the replay).
+    pub series_start: i32,
+    pub expires_at_before: Option<DateTime<Utc>>,
+    pub expires_at_after: Option<DateTime<Utc>>,
+    pub replayed_at: DateTime<Utc>,
+}
+
+/// A replay to write: the fence (the state and attempt count it was decided on) and the audit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewReplay {
+    pub message_id: i64,
+    pub event_id: String,
+    pub from_state: State,
+    /// `attempts` as read: the new series' base, and part of the fence.
+    pub attempts: i32,
+    pub who: String,
+    pub reason: String,
+    pub forced: bool,
+    /// `None`: keep `expires_at`; `Some(x)`: set it to `x` (`Some(None)` clears it).
+    pub expires_at: Option<Option<DateTime<Utc>>>,
+    pub expires_at_before: Option<DateTime<Utc>>,
+}
+
+/// What a replay came to in storage.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReplayWrite<E> {
+    /// Written: the message as it now is, and its audit row.
+    Done {
+        row: Box<OutboxRow>,
+        replay: ReplayRow,
+    },
+    /// The decision refused it; nothing written.
+    Refused(E),
+    /// The message moved between the read and the fenced write (another replay, the
+    /// reconciler); nothing written.
+    Moved,
+}
+
+/// The pure replay decision a replay's transaction asks: the message as read and the
+/// transaction's "now", to the write (or the caller's refusal).
+pub type ReplayDecision<'a, E> = dyn Fn(&OutboxRow, DateTime<Utc>) -> Result<NewReplay, E> + 'a;
+
+/// A bulk redrive: each message judged (as it was before) with what became of it, and whether
+/// more matched than the limit.
+pub type RedriveResult<E> = (Vec<(OutboxRow, ReplayWrite<E>)>, bool);
+
+/// Which destinations a dead-letter listing keeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DestinationMatch {
+    /// `endpoint:NAME` destinations of that name.
+    Endpoint(String),
+    /// Webhook URLs of this host (any scheme, port, path) and email addresses at this domain.
+    Host(String),
+}
+
+/// A dead-letter listing: filters, the keyset position and the page size.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeadLetterQuery {
+    /// `last_error_class` (the class that decided the dead letter).
+    pub class: Option<AttemptClass>,
+    /// `state_reason` (`unconfirmed`: dead-lettered at the unconfirmed deadline).
+    pub state_reason: Option<String>,
+    pub destination: Option<DestinationMatch>,
+    pub channel: Option<Channel>,
+    /// Dead-lettered at or after.
+    pub since: Option<DateTime<Utc>>,
+    /// Dead-lettered before.
+    pub until: Option<DateTime<Utc>>,
+    /// After this (dead-lettered time, id), exclusive.
+    pub after: Option<(DateTime<Utc>, i64)>,
+    pub limit: i64,
+}
+
+/// The last attempt of a message, for listings.
+#[derive(Debug, Clone, PartialEq, Queryable)]
+pub struct LastAttempt {
+    pub message_id: i64,
+    pub attempt_number: i32,
+    pub response_status: Option<i32>,
+    pub error_kind: Option<String>,
+    pub class: AttemptClass,
 }

@@ -14,6 +14,7 @@ pub mod pg {
     pub use crate::storage::retention::pg::*;
     pub use crate::storage::settings::pg::*;
     pub use crate::storage::stats::pg::*;
+    pub use crate::storage::support::pg::*;
 }
 
 /// The SQLite bodies.
@@ -26,4 +27,5 @@ pub mod sqlite {
     pub use crate::storage::retention::sqlite::*;
     pub use crate::storage::settings::sqlite::*;
     pub use crate::storage::stats::sqlite::*;
+    pub use crate::storage::support::sqlite::*;
 }

@@ -78,6 +78,7 @@ diesel::table! {
         state_reason -> Nullable<Text>,
         message_key -> Nullable<Text>,
         enqueued_by -> Nullable<Text>,
+        attempt_base -> Int4,
     }
 }
 
@@ -104,6 +105,22 @@ diesel::table! {
 }
 
 diesel::table! {
+    herald_replays (id) {
+        id -> Int8,
+        message_id -> Int8,
+        event_id -> Text,
+        who -> Text,
+        reason -> Text,
+        from_state -> Text,
+        forced -> Bool,
+        series_start -> Int4,
+        expires_at_before -> Nullable<Timestamptz>,
+        expires_at_after -> Nullable<Timestamptz>,
+        replayed_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
     herald_settings (key) {
         key -> Text,
         value -> Text,
@@ -118,6 +135,7 @@ diesel::table! {
 }
 
 diesel::joinable!(herald_attempts -> herald_outbox (message_id));
+diesel::joinable!(herald_replays -> herald_outbox (message_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
     herald_attempts,
@@ -126,6 +144,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     herald_listeners,
     herald_outbox,
     herald_receipts,
+    herald_replays,
     herald_settings,
     herald_subscriptions,
 );

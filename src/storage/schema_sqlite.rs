@@ -71,6 +71,7 @@ diesel::table! {
         state_reason -> Nullable<Text>,
         message_key -> Nullable<Text>,
         enqueued_by -> Nullable<Text>,
+        attempt_base -> Integer,
     }
 }
 
@@ -97,6 +98,22 @@ diesel::table! {
 }
 
 diesel::table! {
+    herald_replays (id) {
+        id -> BigInt,
+        message_id -> BigInt,
+        event_id -> Text,
+        who -> Text,
+        reason -> Text,
+        from_state -> Text,
+        forced -> Bool,
+        series_start -> Integer,
+        expires_at_before -> Nullable<TimestamptzSqlite>,
+        expires_at_after -> Nullable<TimestamptzSqlite>,
+        replayed_at -> TimestamptzSqlite,
+    }
+}
+
+diesel::table! {
     herald_settings (key) {
         key -> Text,
         value -> Text,
@@ -111,6 +128,7 @@ diesel::table! {
 }
 
 diesel::joinable!(herald_attempts -> herald_outbox (message_id));
+diesel::joinable!(herald_replays -> herald_outbox (message_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
     herald_attempts,
@@ -118,6 +136,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     herald_fanouts,
     herald_outbox,
     herald_receipts,
+    herald_replays,
     herald_settings,
     herald_subscriptions,
 );

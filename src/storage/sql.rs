@@ -178,6 +178,7 @@ macro_rules! expired_lease_columns {
             $o::id,
             $o::event_id,
             $o::attempts,
+            $o::attempt_base,
             $o::max_attempts,
             $o::semantics,
             $o::lease_owner,

@@ -24,3 +24,5 @@ mod sms_receipts;
 mod smtp;
 mod sns;
 mod ssrf;
+mod support_cli;
+mod support_desk;

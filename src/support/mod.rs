@@ -1,0 +1,1110 @@
+//! Support: explain a send, replay it, list and redrive dead letters. The HTTP handlers, the CLI
+//! and the admin page all call these functions; they parse nothing of HTTP and print nothing.
+//!
+//! Invariants: nothing here shows a body, a provider's response text, an address in clear, a URL
+//! path or query, or a secret (the views in [`view`] are the only way out); a replay keeps the
+//! event id and fingerprint, starts a new attempt series under the sender's current policy, keeps
+//! the history and is audited in the same transaction, fenced on the state it was decided on;
+//! nothing replays on its own, so a replayed message that dead-letters again stays dead.
+
+pub mod narrative;
+pub mod render;
+pub mod view;
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::clock::Now;
+use crate::domain::{AttemptClass, Channel, InvalidField, State};
+use crate::storage::models::{
+    DeadLetterQuery, DestinationMatch, NewReplay, OutboxRow, ReplayWrite,
+};
+use crate::storage::{Db, StorageError};
+
+use self::view::{DeadLetterEntry, Explanation, ReplayEntry, fingerprint_of_row, ts};
+
+/// The shortest fingerprint prefix accepted.
+pub const MIN_PREFIX: usize = 8;
+/// How many candidates an ambiguous prefix lists.
+pub const MAX_CANDIDATES: usize = 10;
+/// The longest replay reason, in characters.
+pub const MAX_REASON: usize = 500;
+/// A dead-letter page: default and largest size.
+pub const LIST_DEFAULT: u32 = 50;
+pub const LIST_MAX: u32 = 1000;
+/// A bulk redrive: default and largest bound.
+pub const REDRIVE_DEFAULT: u32 = 100;
+pub const REDRIVE_MAX: u32 = 1000;
+
+/// How support names a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// A fingerprint or a unique prefix of it (at least [`MIN_PREFIX`] hex digits, lower-cased).
+    Fingerprint(String),
+    EventId(String),
+}
+
+impl Lookup {
+    /// A fingerprint or prefix as typed: 8 to 64 hex digits, either case.
+    pub fn fingerprint(raw: &str) -> Result<Self, InvalidField> {
+        let p = raw.trim().to_ascii_lowercase();
+        if (MIN_PREFIX..=64).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_hexdigit()) {
+            Ok(Lookup::Fingerprint(p))
+        } else {
+            Err(InvalidField::new(
+                "fingerprint",
+                format!(
+                    "must be {MIN_PREFIX} to 64 hex digits (a fingerprint or a unique prefix of one)"
+                ),
+            ))
+        }
+    }
+
+    pub fn event_id(raw: &str) -> Self {
+        Lookup::EventId(raw.to_owned())
+    }
+}
+
+/// One message a fingerprint prefix matches.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Candidate {
+    pub fingerprint: Option<String>,
+    pub event_id: String,
+    pub state: State,
+    pub created_at: String,
+}
+
+/// Why a message cannot be replayed now.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("it is sending: an attempt is in flight; wait for its outcome")]
+    InFlight,
+    #[error("it is {0}: it will be sent anyway; there is nothing to replay")]
+    Pending(State),
+    #[error("it was canceled; a canceled message cannot be replayed")]
+    Canceled,
+    #[error(
+        "it is delivered; a replay sends it again (with the same event id) and needs force: true"
+    )]
+    NeedsForce,
+    #[error(
+        "its expires_at ({0}) is not in the future: give expires_at a later time, or null to clear it"
+    )]
+    WouldExpire(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SupportError {
+    #[error("no message with that fingerprint or event id")]
+    NotFound,
+    #[error("the prefix matches {} messages{}; give more digits", .0.len(), if *.1 { " or more" } else { "" })]
+    Ambiguous(Vec<Candidate>, bool),
+    #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
+    Invalid(Vec<InvalidField>),
+    #[error("cannot replay: {0}")]
+    Refused(Refusal),
+    #[error("the message changed while it was being replayed; look at it again")]
+    Moved,
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+impl From<InvalidField> for SupportError {
+    fn from(e: InvalidField) -> Self {
+        SupportError::Invalid(vec![e])
+    }
+}
+
+impl From<Vec<InvalidField>> for SupportError {
+    fn from(e: Vec<InvalidField>) -> Self {
+        SupportError::Invalid(e)
+    }
+}
+
+/// The message `lookup` names: 404 when none, ambiguous when a prefix matches several.
+pub fn find(db: &Db, lookup: &Lookup) -> Result<OutboxRow, SupportError> {
+    match lookup {
+        Lookup::EventId(id) => db.find_by_event_id(id)?.ok_or(SupportError::NotFound),
+        Lookup::Fingerprint(prefix) => {
+            let mut rows = db.find_by_fingerprint_prefix(prefix, MAX_CANDIDATES as u32 + 1)?;
+            match rows.len() {
+                0 => Err(SupportError::NotFound),
+                1 => Ok(rows.remove(0)),
+                n => {
+                    let more = n > MAX_CANDIDATES;
+                    rows.truncate(MAX_CANDIDATES);
+                    Err(SupportError::Ambiguous(
+                        rows.iter()
+                            .map(|r| Candidate {
+                                fingerprint: r.request_fingerprint.clone(),
+                                event_id: r.event_id.clone(),
+                                state: r.state,
+                                created_at: ts(&r.created_at),
+                            })
+                            .collect(),
+                        more,
+                    ))
+                }
+            }
+        }
+    }
+}
+
+/// Everything that happened to a message, with its paragraph. `default_max_attempts`: the
+/// policy's budget, for messages without their own.
+pub fn explain(
+    db: &Db,
+    lookup: &Lookup,
+    default_max_attempts: u32,
+) -> Result<Explanation, SupportError> {
+    let row = find(db, lookup)?;
+    let attempts = db.attempts_of(row.id)?;
+    let receipts = db.receipts_of_message(row.id)?;
+    let replays = db.replays_of(row.id)?;
+    let mut e = Explanation::facts(&row, &attempts, &receipts, &replays, default_max_attempts);
+    e.explanation = narrative::narrate(&e);
+    Ok(e)
+}
+
+/// Why a replay is done, as a person wrote it: required, at most [`MAX_REASON`] characters, no
+/// control characters (it is shown in tables and logs of names).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reason(String);
+
+impl Reason {
+    pub fn parse(raw: &str) -> Result<Self, InvalidField> {
+        let r = raw.trim();
+        if r.is_empty() {
+            return Err(InvalidField::new("reason", "is required: say why"));
+        }
+        if r.chars().count() > MAX_REASON {
+            return Err(InvalidField::new(
+                "reason",
+                format!("must be at most {MAX_REASON} characters"),
+            ));
+        }
+        if r.chars().any(char::is_control) {
+            return Err(InvalidField::new(
+                "reason",
+                "must not contain control characters (line breaks, tabs …)",
+            ));
+        }
+        Ok(Self(r.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A replay as asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplayRequest {
+    pub reason: Reason,
+    /// Needed to replay a `delivered` message.
+    pub force: bool,
+    /// `None`: keep `expires_at`; `Some(None)`: clear it; `Some(Some(t))`: set it to `t`.
+    pub expires_at: Option<Option<DateTime<Utc>>>,
+}
+
+fn parse_time(field: &str, v: &Value) -> Result<Option<DateTime<Utc>>, InvalidField> {
+    match v {
+        Value::Null => Ok(None),
+        Value::String(s) => DateTime::parse_from_rfc3339(s)
+            .map(|t| Some(t.with_timezone(&Utc)))
+            .map_err(|_| {
+                InvalidField::new(
+                    field,
+                    "must be an RFC 3339 time such as 2026-11-30T12:00:00Z",
+                )
+            }),
+        _ => Err(InvalidField::new(field, "must be an RFC 3339 time or null")),
+    }
+}
+
+fn as_object(body: &[u8]) -> Result<serde_json::Map<String, Value>, Vec<InvalidField>> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(o)) => Ok(o),
+        Ok(_) => Err(vec![InvalidField::new("body", "must be a JSON object")]),
+        Err(e) => Err(vec![InvalidField::new(
+            "body",
+            format!("is not valid JSON: {e}"),
+        )]),
+    }
+}
+
+fn parse_reason_value(v: Option<&Value>) -> Result<Reason, InvalidField> {
+    match v {
+        Some(Value::String(s)) => Reason::parse(s),
+        None | Some(Value::Null) => Err(InvalidField::new("reason", "is required: say why")),
+        Some(_) => Err(InvalidField::new("reason", "must be a string")),
+    }
+}
+
+/// `POST /v1/sends/{fingerprint}/replay` body: `{"reason", "force"?, "expires_at"?}`.
+pub fn parse_replay_body(body: &[u8]) -> Result<ReplayRequest, Vec<InvalidField>> {
+    let obj = as_object(body)?;
+    let mut errors = Vec::new();
+    for k in obj.keys() {
+        if !["reason", "force", "expires_at"].contains(&k.as_str()) {
+            errors.push(InvalidField::new(k.clone(), "is not a known field"));
+        }
+    }
+    let reason = parse_reason_value(obj.get("reason"))
+        .map_err(|e| errors.push(e))
+        .ok();
+    let force = match obj.get("force") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            errors.push(InvalidField::new("force", "must be true or false"));
+            false
+        }
+    };
+    let expires_at = obj
+        .get("expires_at")
+        .map(|v| parse_time("expires_at", v))
+        .transpose()
+        .map_err(|e| errors.push(e))
+        .ok()
+        .flatten();
+    match reason {
+        Some(reason) if errors.is_empty() => Ok(ReplayRequest {
+            reason,
+            force,
+            expires_at,
+        }),
+        _ => Err(errors),
+    }
+}
+
+/// The replay decision, pure: which states may be replayed (`dead_letter`, `unconfirmed`,
+/// `expired`; `delivered` only with force), and the write that does it at `at`.
+pub fn plan_replay(
+    row: &OutboxRow,
+    req: &ReplayRequest,
+    who: &str,
+    at: DateTime<Utc>,
+) -> Result<NewReplay, Refusal> {
+    let forced = match row.state {
+        State::DeadLetter | State::Unconfirmed | State::Expired => false,
+        State::Delivered if req.force => true,
+        State::Delivered => return Err(Refusal::NeedsForce),
+        State::Canceled => return Err(Refusal::Canceled),
+        State::Sending => return Err(Refusal::InFlight),
+        s @ (State::Scheduled | State::Retryable) => return Err(Refusal::Pending(s)),
+    };
+    let after = match req.expires_at {
+        Some(e) => e,
+        None => row.expires_at,
+    };
+    if let Some(t) = after
+        && t <= at
+    {
+        return Err(Refusal::WouldExpire(ts(&t)));
+    }
+    Ok(NewReplay {
+        message_id: row.id,
+        event_id: row.event_id.clone(),
+        from_state: row.state,
+        attempts: row.attempts,
+        who: who.to_owned(),
+        reason: req.reason.as_str().to_owned(),
+        forced,
+        expires_at: req.expires_at,
+        expires_at_before: row.expires_at,
+    })
+}
+
+/// What a replay did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Replayed {
+    pub event_id: String,
+    pub fingerprint: Option<String>,
+    /// `scheduled`, due now.
+    pub state: State,
+    pub next_attempt_at: Option<String>,
+    pub replay: ReplayEntry,
+}
+
+/// Replays one message: `who` is the audit's name (the API token's name, or `cli:USER`).
+pub fn replay(
+    db: &Db,
+    now: Now,
+    lookup: &Lookup,
+    req: &ReplayRequest,
+    who: &str,
+) -> Result<Replayed, SupportError> {
+    let row = find(db, lookup)?;
+    let written = db.replay(now, row.id, &|row, at| plan_replay(row, req, who, at))?;
+    match written {
+        ReplayWrite::Done { row, replay } => {
+            tracing::info!(
+                event_id = %row.event_id,
+                from_state = %replay.from_state,
+                forced = replay.forced,
+                series_start = replay.series_start,
+                who = %replay.who,
+                "message replayed"
+            );
+            Ok(Replayed {
+                event_id: row.event_id.clone(),
+                fingerprint: fingerprint_of_row(&row),
+                state: row.state,
+                next_attempt_at: row.next_attempt_at.as_ref().map(ts),
+                replay: ReplayEntry::new(&replay),
+            })
+        }
+        ReplayWrite::Refused(r) => Err(SupportError::Refused(r)),
+        ReplayWrite::Moved => Err(SupportError::Moved),
+    }
+}
+
+/// The position after which a dead-letter page starts: the last entry's dead-lettered time and
+/// id, written as an opaque token (`v1:` + microseconds + id, base64url) — a client passes it
+/// back as it got it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cursor {
+    pub at: DateTime<Utc>,
+    pub id: i64,
+}
+
+impl Cursor {
+    pub fn encode(&self) -> String {
+        URL_SAFE_NO_PAD.encode(format!("v1:{}:{}", self.at.timestamp_micros(), self.id))
+    }
+
+    pub fn decode(raw: &str) -> Result<Self, InvalidField> {
+        let bad = || InvalidField::new("after", "is not a cursor this listing gave");
+        let bytes = URL_SAFE_NO_PAD.decode(raw.trim()).map_err(|_| bad())?;
+        let text = String::from_utf8(bytes).map_err(|_| bad())?;
+        let mut parts = text.split(':');
+        let (Some("v1"), Some(micros), Some(id), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad());
+        };
+        let micros: i64 = micros.parse().map_err(|_| bad())?;
+        let id: i64 = id.parse().map_err(|_| bad())?;
+        let at = DateTime::from_timestamp_micros(micros).ok_or_else(bad)?;
+        Ok(Self { at, id })
+    }
+}
+
+/// What a dead-letter listing or redrive selects.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeadLetterFilter {
+    /// The class that dead-lettered it (`permanent`, `exhausted`, …).
+    pub class: Option<AttemptClass>,
+    /// `unconfirmed`: dead-lettered at the unconfirmed deadline (given as `class=unconfirmed`).
+    pub state_reason: Option<String>,
+    pub destination: Option<DestinationMatch>,
+    pub channel: Option<Channel>,
+    pub since: Option<DateTime<Utc>>,
+    pub until: Option<DateTime<Utc>>,
+}
+
+impl DeadLetterFilter {
+    /// The filter keys: `class`, `destination`, `channel`, `since`, `until`.
+    pub const KEYS: &'static [&'static str] =
+        &["class", "destination", "channel", "since", "until"];
+
+    /// Sets one filter from its text; `Ok(false)` when `key` is not a filter key.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<bool, InvalidField> {
+        let time = |v: &str| {
+            DateTime::parse_from_rfc3339(v.trim())
+                .map(|t| t.with_timezone(&Utc))
+                .map_err(|_| {
+                    InvalidField::new(key, "must be an RFC 3339 time such as 2026-11-30T12:00:00Z")
+                })
+        };
+        match key {
+            "class" if value == "unconfirmed" => self.state_reason = Some("unconfirmed".into()),
+            "class" => {
+                self.class = Some(AttemptClass::parse(value).map_err(|_| {
+                    InvalidField::new(
+                        "class",
+                        format!(
+                            "must be one of: {}, unconfirmed",
+                            AttemptClass::ALL
+                                .iter()
+                                .map(|c| c.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    )
+                })?)
+            }
+            "destination" => self.destination = Some(parse_destination(value)?),
+            "channel" => self.channel = Some(Channel::parse(value)?),
+            "since" => self.since = Some(time(value)?),
+            "until" => self.until = Some(time(value)?),
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    fn query(&self, after: Option<Cursor>, limit: u32) -> DeadLetterQuery {
+        DeadLetterQuery {
+            class: self.class,
+            state_reason: self.state_reason.clone(),
+            destination: self.destination.clone(),
+            channel: self.channel,
+            since: self.since,
+            until: self.until,
+            after: after.map(|c| (c.at, c.id)),
+            limit: i64::from(limit),
+        }
+    }
+}
+
+/// `endpoint:NAME`, or a host (webhook URLs of that host, email addresses at that domain).
+pub fn parse_destination(raw: &str) -> Result<DestinationMatch, InvalidField> {
+    let raw = raw.trim();
+    if let Some(name) = raw.strip_prefix("endpoint:") {
+        if !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        {
+            return Ok(DestinationMatch::Endpoint(name.to_owned()));
+        }
+        return Err(InvalidField::new(
+            "destination",
+            "endpoint:NAME needs a valid endpoint name",
+        ));
+    }
+    let host = raw.to_ascii_lowercase();
+    if !host.is_empty()
+        && host.len() <= 253
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b':' | b'[' | b']'))
+    {
+        Ok(DestinationMatch::Host(host))
+    } else {
+        Err(InvalidField::new(
+            "destination",
+            "must be a host name (hooks.example.com, 10.0.0.7:8080, example.com for email) or endpoint:NAME",
+        ))
+    }
+}
+
+fn parse_limit(raw: &str, max: u32) -> Result<u32, InvalidField> {
+    match raw.trim().parse::<u32>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(InvalidField::new(
+            "limit",
+            format!("must be a whole number from 1 to {max}"),
+        )),
+    }
+}
+
+/// A dead-letter listing request: filters, position and page size.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ListRequest {
+    pub filter: DeadLetterFilter,
+    pub after: Option<Cursor>,
+    pub limit: Option<u32>,
+}
+
+/// `GET /v1/dead-letters` query pairs: the filter keys, `after` and `limit`; anything else is
+/// named as not known.
+pub fn parse_list_query(pairs: &[(String, String)]) -> Result<ListRequest, Vec<InvalidField>> {
+    let mut req = ListRequest::default();
+    let mut errors = Vec::new();
+    for (k, v) in pairs {
+        let r = match k.as_str() {
+            "after" => Cursor::decode(v).map(|c| req.after = Some(c)),
+            "limit" => parse_limit(v, LIST_MAX).map(|n| req.limit = Some(n)),
+            _ => match req.filter.set(k, v) {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(InvalidField::new(k.clone(), "is not a known parameter")),
+                Err(e) => Err(e),
+            },
+        };
+        if let Err(e) = r {
+            errors.push(e);
+        }
+    }
+    if errors.is_empty() {
+        Ok(req)
+    } else {
+        Err(errors)
+    }
+}
+
+/// A page of dead letters.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeadLetterPage {
+    pub dead_letters: Vec<DeadLetterEntry>,
+    /// Pass as `after` for the next page; `None` on the last page.
+    pub next: Option<String>,
+}
+
+/// Dead letters by (dead-lettered time, id): a page is stable under concurrent inserts (a new
+/// dead letter is later than every page already read, so it comes last).
+pub fn dead_letters(db: &Db, req: &ListRequest) -> Result<DeadLetterPage, SupportError> {
+    let limit = req.limit.unwrap_or(LIST_DEFAULT).clamp(1, LIST_MAX);
+    let (mut rows, last) = db.dead_letters(&req.filter.query(req.after, limit + 1))?;
+    let more = rows.len() > limit as usize;
+    rows.truncate(limit as usize);
+    let next = more.then(|| rows.last()).flatten().map(|r| {
+        Cursor {
+            at: r.updated_at,
+            id: r.id,
+        }
+        .encode()
+    });
+    Ok(DeadLetterPage {
+        dead_letters: rows
+            .iter()
+            .map(|r| DeadLetterEntry::new(r, last.iter().find(|l| l.message_id == r.id)))
+            .collect(),
+        next,
+    })
+}
+
+/// A bulk redrive as asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RedriveRequest {
+    pub filter: DeadLetterFilter,
+    pub reason: Reason,
+    /// At most this many (default [`REDRIVE_DEFAULT`], at most [`REDRIVE_MAX`]).
+    pub limit: u32,
+    /// As [`ReplayRequest::expires_at`], for every message redriven.
+    pub expires_at: Option<Option<DateTime<Utc>>>,
+}
+
+/// `POST /v1/dead-letters/redrive` body: `{"reason", "limit"?, "expires_at"?}` and the filter
+/// keys as strings.
+pub fn parse_redrive_body(body: &[u8]) -> Result<RedriveRequest, Vec<InvalidField>> {
+    let obj = as_object(body)?;
+    let mut errors = Vec::new();
+    let mut filter = DeadLetterFilter::default();
+    let mut limit = REDRIVE_DEFAULT;
+    let mut expires_at = None;
+    for (k, v) in &obj {
+        match k.as_str() {
+            "reason" => {}
+            "limit" => match v.as_u64() {
+                Some(n) if (1..=u64::from(REDRIVE_MAX)).contains(&n) => limit = n as u32,
+                _ => errors.push(InvalidField::new(
+                    "limit",
+                    format!("must be a whole number from 1 to {REDRIVE_MAX}"),
+                )),
+            },
+            "expires_at" => match parse_time("expires_at", v) {
+                Ok(t) => expires_at = Some(t),
+                Err(e) => errors.push(e),
+            },
+            key if DeadLetterFilter::KEYS.contains(&key) => match v {
+                Value::String(s) => {
+                    if let Err(e) = filter.set(key, s) {
+                        errors.push(e);
+                    }
+                }
+                Value::Null => {}
+                _ => errors.push(InvalidField::new(key, "must be a string")),
+            },
+            _ => errors.push(InvalidField::new(k.clone(), "is not a known field")),
+        }
+    }
+    let reason = parse_reason_value(obj.get("reason"))
+        .map_err(|e| errors.push(e))
+        .ok();
+    match reason {
+        Some(reason) if errors.is_empty() => Ok(RedriveRequest {
+            filter,
+            reason,
+            limit,
+            expires_at,
+        }),
+        _ => Err(errors),
+    }
+}
+
+/// One message a bulk redrive replayed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Redriven {
+    pub event_id: String,
+    pub fingerprint: Option<String>,
+    pub from_state: State,
+    pub series_start: i32,
+}
+
+/// One message a bulk redrive left alone, and why.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Skipped {
+    pub event_id: String,
+    pub fingerprint: Option<String>,
+    pub reason: String,
+}
+
+/// What a bulk redrive did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RedriveReport {
+    pub limit: u32,
+    pub redriven: Vec<Redriven>,
+    pub skipped: Vec<Skipped>,
+    /// More dead letters matched than the limit: run it again for the next ones.
+    pub more: bool,
+}
+
+/// Replays up to `req.limit` dead letters matching the filter, oldest first, each audited like a
+/// single replay, in one transaction.
+pub fn redrive(
+    db: &Db,
+    now: Now,
+    req: &RedriveRequest,
+    who: &str,
+) -> Result<RedriveReport, SupportError> {
+    let limit = req.limit.clamp(1, REDRIVE_MAX);
+    let one = ReplayRequest {
+        reason: req.reason.clone(),
+        force: false,
+        expires_at: req.expires_at,
+    };
+    let (results, more) = db.redrive(now, &req.filter.query(None, limit), &|row, at| {
+        plan_replay(row, &one, who, at)
+    })?;
+    let mut report = RedriveReport {
+        limit,
+        redriven: Vec::new(),
+        skipped: Vec::new(),
+        more,
+    };
+    for (row, result) in results {
+        match result {
+            ReplayWrite::Done { replay, .. } => report.redriven.push(Redriven {
+                event_id: row.event_id.clone(),
+                fingerprint: fingerprint_of_row(&row),
+                from_state: replay.from_state,
+                series_start: replay.series_start,
+            }),
+            ReplayWrite::Refused(r) => report.skipped.push(Skipped {
+                event_id: row.event_id.clone(),
+                fingerprint: fingerprint_of_row(&row),
+                reason: r.to_string(),
+            }),
+            ReplayWrite::Moved => report.skipped.push(Skipped {
+                event_id: row.event_id.clone(),
+                fingerprint: fingerprint_of_row(&row),
+                reason: "it changed while being redriven".into(),
+            }),
+        }
+    }
+    tracing::info!(
+        redriven = report.redriven.len(),
+        skipped = report.skipped.len(),
+        more = report.more,
+        who,
+        "dead letters redriven"
+    );
+    Ok(report)
+}
+
+/// Exit status of a support command that succeeded.
+pub const EXIT_OK: u8 = 0;
+/// No such message, or it cannot be replayed now (or the database failed).
+pub const EXIT_REFUSED: u8 = 1;
+/// Bad input (a reason, a filter, a prefix) or configuration.
+pub const EXIT_INVALID: u8 = 2;
+/// A fingerprint prefix that matches several messages.
+pub const EXIT_AMBIGUOUS: u8 = 3;
+
+/// The CLI's exit status for an error.
+pub fn exit_code(e: &SupportError) -> u8 {
+    match e {
+        SupportError::NotFound
+        | SupportError::Refused(_)
+        | SupportError::Moved
+        | SupportError::Storage(_) => EXIT_REFUSED,
+        SupportError::Invalid(_) => EXIT_INVALID,
+        SupportError::Ambiguous(..) => EXIT_AMBIGUOUS,
+    }
+}
+
+/// An error as `--json` prints it: a kind, the message, and the candidates of an ambiguous
+/// prefix.
+pub fn error_json(e: &SupportError) -> Value {
+    let kind = match e {
+        SupportError::NotFound => "not_found",
+        SupportError::Ambiguous(..) => "ambiguous",
+        SupportError::Invalid(_) => "invalid",
+        SupportError::Refused(_) => "refused",
+        SupportError::Moved => "changed",
+        SupportError::Storage(_) => "storage",
+    };
+    let detail = match e {
+        SupportError::Storage(s) => s.log_safe(),
+        other => other.to_string(),
+    };
+    let mut v = serde_json::json!({"error": kind, "detail": detail});
+    if let SupportError::Ambiguous(c, _) = e {
+        v["candidates"] = serde_json::json!(c);
+    }
+    if let SupportError::Invalid(fields) = e {
+        v["fields"] = fields
+            .iter()
+            .map(|f| Value::String(f.field.clone()))
+            .collect();
+    }
+    v
+}
+
+/// The audit's "who" for the CLI: `cli:` and the OS user (`$USER`, else `$LOGNAME`), else
+/// `cli:unknown`; only name characters are kept.
+pub fn cli_who(user: Option<String>) -> String {
+    let name: String = user
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'))
+        .take(64)
+        .collect();
+    if name.is_empty() {
+        "cli:unknown".to_owned()
+    } else {
+        format!("cli:{name}")
+    }
+}
+
+/// An RFC 3339 time given as text (a CLI flag), the error naming `field`.
+pub fn parse_time_text(field: &str, raw: &str) -> Result<DateTime<Utc>, InvalidField> {
+    parse_time(field, &Value::String(raw.to_owned()))?
+        .ok_or_else(|| InvalidField::new(field, "must be an RFC 3339 time"))
+}
+
+/// A bulk redrive from the CLI's flags: the filter pairs, the reason, the bound.
+pub fn redrive_request(
+    pairs: &[(String, String)],
+    reason: &str,
+    limit: Option<u32>,
+    expires_at: Option<Option<DateTime<Utc>>>,
+) -> Result<RedriveRequest, SupportError> {
+    let mut errors = Vec::new();
+    let mut filter = DeadLetterFilter::default();
+    for (k, v) in pairs {
+        match filter.set(k, v) {
+            Ok(true) => {}
+            Ok(false) => errors.push(InvalidField::new(k.clone(), "is not a known filter")),
+            Err(e) => errors.push(e),
+        }
+    }
+    let limit = match limit {
+        None => REDRIVE_DEFAULT,
+        Some(n) if (1..=REDRIVE_MAX).contains(&n) => n,
+        Some(_) => {
+            errors.push(InvalidField::new(
+                "limit",
+                format!("must be a whole number from 1 to {REDRIVE_MAX}"),
+            ));
+            REDRIVE_DEFAULT
+        }
+    };
+    let reason = Reason::parse(reason).map_err(|e| errors.push(e)).ok();
+    match reason {
+        Some(reason) if errors.is_empty() => Ok(RedriveRequest {
+            filter,
+            reason,
+            limit,
+            expires_at,
+        }),
+        _ => Err(SupportError::Invalid(errors)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Semantics;
+
+    fn row(state: State) -> OutboxRow {
+        let t: DateTime<Utc> = "2026-12-01T10:00:00Z".parse().unwrap();
+        OutboxRow {
+            id: 7,
+            event_id: "e-7".into(),
+            channel: Channel::Webhook,
+            destination: "https://hooks.example.com/x".into(),
+            payload: serde_json::json!({"body": {}}),
+            state,
+            scheduled_at: t,
+            next_attempt_at: None,
+            attempts: 3,
+            max_attempts: None,
+            retry_policy: "default".into(),
+            semantics: Semantics::AtLeastOnce,
+            expires_at: None,
+            lease_until: None,
+            lease_owner: None,
+            request_fingerprint: Some("ab".repeat(32)),
+            provider_message_id: None,
+            last_error_class: None,
+            delivery_status: None,
+            delivery_status_at: None,
+            created_at: t,
+            updated_at: t,
+            retry_policy_version: None,
+            state_reason: None,
+            message_key: None,
+            enqueued_by: None,
+            attempt_base: 0,
+        }
+    }
+
+    fn req(force: bool) -> ReplayRequest {
+        ReplayRequest {
+            reason: Reason::parse("fixed").unwrap(),
+            force,
+            expires_at: None,
+        }
+    }
+
+    fn at() -> DateTime<Utc> {
+        "2026-12-01T11:00:00Z".parse().unwrap()
+    }
+
+    #[test]
+    fn exit_codes_and_the_cli_name() {
+        assert_eq!(exit_code(&SupportError::NotFound), EXIT_REFUSED);
+        assert_eq!(
+            exit_code(&SupportError::Refused(Refusal::Canceled)),
+            EXIT_REFUSED
+        );
+        assert_eq!(exit_code(&SupportError::Moved), EXIT_REFUSED);
+        assert_eq!(exit_code(&SupportError::Invalid(vec![])), EXIT_INVALID);
+        assert_eq!(
+            exit_code(&SupportError::Ambiguous(vec![], false)),
+            EXIT_AMBIGUOUS
+        );
+        assert_eq!(cli_who(Some("ana".into())), "cli:ana");
+        assert_eq!(cli_who(Some("a\nb c".into())), "cli:abc");
+        assert_eq!(cli_who(None), "cli:unknown");
+        let e = redrive_request(&[("class".into(), "x".into())], "", Some(1001), None).unwrap_err();
+        assert_eq!(
+            error_json(&e)["fields"],
+            serde_json::json!(["class", "limit", "reason"])
+        );
+    }
+
+    #[test]
+    fn which_states_replay() {
+        for state in State::ALL.iter().copied() {
+            for force in [false, true] {
+                let got = plan_replay(&row(state), &req(force), "ana", at());
+                let want = match (state, force) {
+                    (State::DeadLetter | State::Unconfirmed | State::Expired, _) => Ok(false),
+                    (State::Delivered, true) => Ok(true),
+                    (State::Delivered, false) => Err(Refusal::NeedsForce),
+                    (State::Canceled, _) => Err(Refusal::Canceled),
+                    (State::Sending, _) => Err(Refusal::InFlight),
+                    (s, _) => Err(Refusal::Pending(s)),
+                };
+                assert_eq!(
+                    got.as_ref().map(|p| p.forced),
+                    want.as_ref().map(|f| *f),
+                    "{state} force={force}"
+                );
+                if let Ok(p) = got {
+                    assert_eq!(p.from_state, state);
+                    assert_eq!(p.attempts, 3, "the fence and the series base");
+                    assert_eq!(p.event_id, "e-7");
+                    assert_eq!(p.who, "ana");
+                    assert_eq!(p.expires_at, None, "expires_at kept unless asked");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn expires_at_is_changed_only_when_asked_and_never_left_in_the_past() {
+        let mut r = row(State::Expired);
+        r.expires_at = Some("2026-12-01T10:30:00Z".parse().unwrap());
+        assert_eq!(
+            plan_replay(&r, &req(false), "ana", at()),
+            Err(Refusal::WouldExpire("2026-12-01T10:30:00.000000Z".into()))
+        );
+        let clear = ReplayRequest {
+            expires_at: Some(None),
+            ..req(false)
+        };
+        let p = plan_replay(&r, &clear, "ana", at()).unwrap();
+        assert_eq!(p.expires_at, Some(None));
+        assert_eq!(p.expires_at_before, r.expires_at);
+        let later: DateTime<Utc> = "2026-12-02T00:00:00Z".parse().unwrap();
+        let extend = ReplayRequest {
+            expires_at: Some(Some(later)),
+            ..req(false)
+        };
+        assert_eq!(
+            plan_replay(&r, &extend, "ana", at()).unwrap().expires_at,
+            Some(Some(later))
+        );
+        let past = ReplayRequest {
+            expires_at: Some(Some(at())),
+            ..req(false)
+        };
+        assert!(matches!(
+            plan_replay(&r, &past, "ana", at()),
+            Err(Refusal::WouldExpire(_))
+        ));
+        // A future expires_at is kept as it is.
+        r.expires_at = Some(later);
+        assert_eq!(
+            plan_replay(&r, &req(false), "ana", at())
+                .unwrap()
+                .expires_at,
+            None
+        );
+    }
+
+    #[test]
+    fn reasons_are_required_bounded_and_printable() {
+        assert_eq!(
+            Reason::parse("  endpoint fixed ").unwrap().as_str(),
+            "endpoint fixed"
+        );
+        for bad in ["", "   ", "two\nlines", "tab\there", &"x".repeat(501)] {
+            assert_eq!(Reason::parse(bad).unwrap_err().field, "reason", "{bad:?}");
+        }
+        assert!(Reason::parse(&"é".repeat(500)).is_ok());
+    }
+
+    #[test]
+    fn replay_bodies_name_their_bad_fields() {
+        let ok =
+            parse_replay_body(br#"{"reason":"fixed","force":true,"expires_at":null}"#).unwrap();
+        assert!(ok.force);
+        assert_eq!(ok.expires_at, Some(None));
+        let ok = parse_replay_body(br#"{"reason":"fixed"}"#).unwrap();
+        assert_eq!((ok.force, ok.expires_at), (false, None));
+        let fields = |b: &str| {
+            parse_replay_body(b.as_bytes())
+                .unwrap_err()
+                .into_iter()
+                .map(|e| e.field)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(fields(r#"{}"#), ["reason"]);
+        assert_eq!(fields(r#"{"reason":""}"#), ["reason"]);
+        assert_eq!(
+            fields(r#"{"reason":1,"force":"yes","expires_at":"soon","x":1}"#),
+            ["x", "reason", "force", "expires_at"]
+        );
+        assert_eq!(fields("[]"), ["body"]);
+    }
+
+    #[test]
+    fn fingerprint_prefixes() {
+        assert_eq!(
+            Lookup::fingerprint("ABCDEF12").unwrap(),
+            Lookup::Fingerprint("abcdef12".into())
+        );
+        assert!(Lookup::fingerprint(&"a".repeat(64)).is_ok());
+        for bad in ["abcdef1", "abcdefgh", &"a".repeat(65), "abcd-ef12"] {
+            assert_eq!(
+                Lookup::fingerprint(bad).unwrap_err().field,
+                "fingerprint",
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn cursors_round_trip_and_refuse_anything_else() {
+        let c = Cursor {
+            at: "2026-12-01T10:00:00.123456Z".parse().unwrap(),
+            id: 42,
+        };
+        assert_eq!(Cursor::decode(&c.encode()).unwrap(), c);
+        for bad in [
+            "",
+            "x",
+            &URL_SAFE_NO_PAD.encode("v2:1:2"),
+            &URL_SAFE_NO_PAD.encode("v1:1"),
+            &URL_SAFE_NO_PAD.encode("v1:a:2"),
+        ] {
+            assert_eq!(Cursor::decode(bad).unwrap_err().field, "after", "{bad}");
+        }
+    }
+
+    #[test]
+    fn listing_and_redrive_parameters() {
+        let pairs = |v: &[(&str, &str)]| {
+            v.iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect::<Vec<_>>()
+        };
+        let r = parse_list_query(&pairs(&[
+            ("class", "permanent"),
+            ("destination", "Hooks.Example.com"),
+            ("channel", "webhook"),
+            ("since", "2026-12-01T00:00:00Z"),
+            ("limit", "10"),
+        ]))
+        .unwrap();
+        assert_eq!(r.filter.class, Some(AttemptClass::Permanent));
+        assert_eq!(
+            r.filter.destination,
+            Some(DestinationMatch::Host("hooks.example.com".into()))
+        );
+        assert_eq!(r.limit, Some(10));
+        let r = parse_list_query(&pairs(&[
+            ("class", "unconfirmed"),
+            ("destination", "endpoint:billing"),
+        ]))
+        .unwrap();
+        assert_eq!(r.filter.state_reason.as_deref(), Some("unconfirmed"));
+        assert_eq!(
+            r.filter.destination,
+            Some(DestinationMatch::Endpoint("billing".into()))
+        );
+        let fields = |v: &[(&str, &str)]| {
+            parse_list_query(&pairs(v))
+                .unwrap_err()
+                .into_iter()
+                .map(|e| e.field)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            fields(&[
+                ("class", "late"),
+                ("limit", "1001"),
+                ("destination", "a/b"),
+                ("until", "x"),
+                ("page", "2"),
+                ("after", "zz")
+            ]),
+            ["class", "limit", "destination", "until", "page", "after"]
+        );
+        assert_eq!(fields(&[("limit", "0")]), ["limit"]);
+
+        let r =
+            parse_redrive_body(br#"{"reason":"fixed","class":"exhausted","limit":1000}"#).unwrap();
+        assert_eq!(
+            (r.limit, r.filter.class),
+            (1000, Some(AttemptClass::Exhausted))
+        );
+        assert_eq!(
+            parse_redrive_body(br#"{"reason":"fixed"}"#).unwrap().limit,
+            REDRIVE_DEFAULT
+        );
+        let fields = |b: &str| {
+            parse_redrive_body(b.as_bytes())
+                .unwrap_err()
+                .into_iter()
+                .map(|e| e.field)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(fields(r#"{"reason":"fixed","limit":1001}"#), ["limit"]);
+        assert_eq!(fields(r#"{"reason":"fixed","limit":0}"#), ["limit"]);
+        assert_eq!(fields(r#"{"limit":5}"#), ["reason"]);
+        assert_eq!(
+            fields(r#"{"reason":"x","channel":"sms","after":"c"}"#),
+            ["after", "channel"]
+        );
+    }
+}

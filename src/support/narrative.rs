@@ -1,0 +1,506 @@
+//! The plain-language paragraph of an explanation: a pure function of the facts already in the
+//! [`Explanation`] (attempts, replays, receipts, state). It states what the rows say, in their
+//! order, and guesses nothing: where a fact is missing the sentence leaves it out.
+
+use crate::domain::{AttemptClass, Channel, State};
+
+use super::view::{AttemptEntry, Explanation, ReceiptEntry, ReplayEntry};
+
+/// A duration in milliseconds as a person reads it: `850 ms`, `4.08 s`, `126 s`, `2 min 6 s`.
+pub fn human_ms(ms: i64) -> String {
+    let ms = ms.max(0);
+    if ms < 1000 {
+        return format!("{ms} ms");
+    }
+    if ms < 60_000 {
+        let s = ms as f64 / 1000.0;
+        let text = format!("{s:.2}");
+        let text = text.trim_end_matches('0').trim_end_matches('.');
+        return format!("{text} s");
+    }
+    let total = ms / 1000;
+    let (h, m, s) = (total / 3600, (total % 3600) / 60, total % 60);
+    match (h, s) {
+        (0, 0) => format!("{m} min"),
+        (0, _) => format!("{m} min {s} s"),
+        (_, _) => format!("{h} h {m} min"),
+    }
+}
+
+/// A Retry-After as sent: seconds as `120 s`, a date as it is.
+fn human_retry_after(raw: &str) -> String {
+    match raw.trim().parse::<u64>() {
+        Ok(s) => human_ms((s as i64).saturating_mul(1000)),
+        Err(_) => raw.trim().to_owned(),
+    }
+}
+
+/// Herald's delay reason without its leading `class: ` (the sentence names the class already).
+fn reason_text(a: &AttemptEntry) -> Option<&str> {
+    let r = a.delay_reason.as_deref()?;
+    let prefix = format!("{}: ", a.class);
+    Some(r.strip_prefix(prefix.as_str()).unwrap_or(r))
+}
+
+fn attempt_sentence(a: &AttemptEntry) -> String {
+    let mut s = format!("Attempt {} at {} ", a.attempt, a.started_at);
+    match (a.status, a.error_kind.as_deref()) {
+        (Some(code), _) => s.push_str(&format!("got {code}")),
+        (None, Some("lease_expired")) => {
+            s.push_str("lost its sender before an outcome was recorded")
+        }
+        (None, Some(kind)) => s.push_str(&format!("failed ({kind})")),
+        (None, None) => s.push_str("ended without a status"),
+    }
+    if let Some(ra) = a.retry_after.as_deref() {
+        s.push_str(&format!(" with Retry-After {}", human_retry_after(ra)));
+    }
+    s.push_str(&format!(
+        " after {}, classified {}",
+        human_ms(a.duration_ms),
+        a.class
+    ));
+    let why = reason_text(a);
+    match a.next_state.as_str() {
+        "retryable" => {
+            match a.delay_ms {
+                Some(ms) => s.push_str(&format!("; Herald waited {}", human_ms(ms))),
+                None => s.push_str("; Herald scheduled a retry"),
+            }
+            if let Some(why) = why {
+                s.push_str(&format!(" ({why})"));
+            }
+        }
+        "delivered" => s.push_str(&format!(
+            "; the receiver accepted it: delivered at {}",
+            a.finished_at
+        )),
+        "dead_letter" => {
+            s.push_str("; Herald dead-lettered it");
+            if let Some(why) = why {
+                s.push_str(&format!(" ({why})"));
+            }
+        }
+        "unconfirmed" => {
+            s.push_str("; Herald left it unconfirmed");
+            if let Some(why) = why {
+                s.push_str(&format!(" ({why})"));
+            }
+        }
+        "lease_lost" => s.push_str(
+            "; its outcome arrived after another sender had taken the message over and was not applied",
+        ),
+        other => s.push_str(&format!("; it became {other}")),
+    }
+    s.push('.');
+    s
+}
+
+fn replay_sentence(r: &ReplayEntry) -> String {
+    let mut s = format!(
+        "At {} {} replayed it from {}{} (reason: \u{201c}{}\u{201d}); a new attempt series began at attempt {} with the same event id",
+        r.replayed_at,
+        r.who,
+        r.from_state,
+        if r.forced { ", forced" } else { "" },
+        r.reason,
+        r.series_start
+    );
+    if r.expires_at_before != r.expires_at_after {
+        match &r.expires_at_after {
+            Some(t) => s.push_str(&format!(" and expires_at set to {t}")),
+            None => s.push_str(" and expires_at cleared"),
+        }
+    }
+    s.push('.');
+    s
+}
+
+fn receipt_sentence(r: &ReceiptEntry) -> String {
+    let when = r
+        .event_time
+        .as_deref()
+        .map(|t| format!(" at {t}"))
+        .unwrap_or_else(|| " (no event time given)".to_owned());
+    let what = match r.event_type.as_str() {
+        "delivered" => format!("the provider reported it delivered{when}"),
+        "bounced" => format!("the recipient's server bounced it{when}"),
+        "complained" => format!("the recipient marked it as spam{when}"),
+        "failed" => format!("the provider reported that it failed{when}"),
+        "deferred" => format!("the provider reported a delay{when}"),
+        other => format!("the provider reported {other}{when}"),
+    };
+    let mut s = format!(
+        "Receipt from {}: {what} (arrived {}",
+        r.source, r.received_at
+    );
+    match (r.outcome.as_deref(), r.outcome_reason.as_deref()) {
+        (Some(o), Some(why)) => s.push_str(&format!("; {o}: {why})")),
+        (Some(o), None) => s.push_str(&format!("; {o})")),
+        (None, _) => s.push_str("; not applied yet)"),
+    }
+    s.push('.');
+    s
+}
+
+fn state_sentence(e: &Explanation) -> String {
+    match e.state {
+        State::Delivered => "It is delivered.".to_owned(),
+        State::DeadLetter => {
+            let why = if e.state_reason.as_deref() == Some("unconfirmed") {
+                "it stayed unconfirmed past the deadline and no receipt settled it".to_owned()
+            } else {
+                match e.last_error_class {
+                    Some(AttemptClass::Permanent) => {
+                        "the receiver refused it permanently".to_owned()
+                    }
+                    Some(AttemptClass::Exhausted) => format!(
+                        "its attempt budget was spent ({} of {} in this series)",
+                        e.series_attempts, e.max_attempts
+                    ),
+                    Some(c) => format!("of a {c} outcome"),
+                    None => "of an outcome not recorded on the message".to_owned(),
+                }
+            };
+            format!("It is dead-lettered because {why}; it stays dead until someone replays it.")
+        }
+        State::Unconfirmed => {
+            let why = match e.last_error_class {
+                Some(AttemptClass::Conflict) => {
+                    "the receiver answered 409, so it may already have this event"
+                }
+                Some(AttemptClass::Ambiguous) => {
+                    "the last attempt's outcome is unknown and it is at_most_once"
+                }
+                _ => "its last outcome was not definite",
+            };
+            format!(
+                "It is unconfirmed: {why}. Herald does not send it again on its own; a receipt can settle it, or a replay sends it again with the same event id."
+            )
+        }
+        State::Expired => match &e.expires_at {
+            Some(t) => format!(
+                "It expired: its expires_at ({t}) passed before it could be sent, so no further request was made."
+            ),
+            None => "It expired before it could be sent.".to_owned(),
+        },
+        State::Canceled => format!(
+            "It was canceled (at {}); nothing more is sent.",
+            e.updated_at
+        ),
+        State::Scheduled | State::Retryable => match &e.next_attempt_at {
+            Some(t) => format!("It is {}; the next attempt is due at {t}.", e.state),
+            None => format!("It is {}.", e.state),
+        },
+        State::Sending => "An attempt is in flight now.".to_owned(),
+    }
+}
+
+/// The paragraph for `e`.
+pub fn narrate(e: &Explanation) -> String {
+    let channel = match e.channel {
+        Channel::Email => "Email",
+        Channel::Webhook => "Webhook",
+    };
+    let mut parts = vec![format!(
+        "{channel} message {} to {} was created at {}{}.",
+        e.event_id,
+        e.destination,
+        e.created_at,
+        if e.scheduled_at != e.created_at {
+            format!(" for {}", e.scheduled_at)
+        } else {
+            String::new()
+        }
+    )];
+    if e.attempt_timeline.is_empty() {
+        parts.push("No attempt has been made.".to_owned());
+    }
+    let mut replays = e.replays.iter().peekable();
+    for a in &e.attempt_timeline {
+        while let Some(r) = replays.next_if(|r| r.series_start <= a.attempt) {
+            parts.push(replay_sentence(r));
+        }
+        parts.push(attempt_sentence(a));
+    }
+    for r in replays {
+        parts.push(replay_sentence(r));
+    }
+    for r in &e.receipt_timeline {
+        parts.push(receipt_sentence(r));
+    }
+    parts.push(state_sentence(e));
+    if let Some(status) = &e.delivery_status {
+        let at = e
+            .delivery_status_at
+            .as_deref()
+            .map(|t| format!(" (event time {t})"))
+            .unwrap_or_default();
+        parts.push(format!(
+            "Its delivery status from receipts is {status}{at}."
+        ));
+    }
+    parts.join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Semantics;
+
+    fn base(state: State) -> Explanation {
+        Explanation {
+            event_id: "order-1:shipped".into(),
+            fingerprint: Some("ab".repeat(32)),
+            channel: Channel::Webhook,
+            destination: "https://hooks.example.com/…".into(),
+            semantics: Semantics::AtLeastOnce,
+            enqueued_by: Some("shop".into()),
+            created_at: "2026-12-01T10:00:00.000000Z".into(),
+            scheduled_at: "2026-12-01T10:00:00.000000Z".into(),
+            expires_at: None,
+            updated_at: "2026-12-01T10:05:00.000000Z".into(),
+            state,
+            state_reason: None,
+            last_error_class: None,
+            next_attempt_at: None,
+            delivery_status: None,
+            delivery_status_at: None,
+            provider_message_id: None,
+            attempts: 0,
+            max_attempts: 4,
+            series_start: 1,
+            series_attempts: 0,
+            retry_policy: "default".into(),
+            retry_policy_version: Some("default@0000".into()),
+            attempt_timeline: Vec::new(),
+            receipt_timeline: Vec::new(),
+            replays: Vec::new(),
+            explanation: String::new(),
+        }
+    }
+
+    fn attempt(n: i32, status: Option<i32>, class: AttemptClass, next: &str) -> AttemptEntry {
+        AttemptEntry {
+            attempt: n,
+            series: 1,
+            started_at: format!("2026-12-01T10:0{n}:00.000000Z"),
+            finished_at: format!("2026-12-01T10:0{n}:00.250000Z"),
+            duration_ms: 250,
+            status,
+            error_kind: None,
+            class,
+            retry_after: None,
+            delay_ms: None,
+            delay_reason: None,
+            policy_version: "default@0000".into(),
+            next_state: next.into(),
+            provider_message_id: None,
+        }
+    }
+
+    #[test]
+    fn durations_read_naturally() {
+        assert_eq!(human_ms(850), "850 ms");
+        assert_eq!(human_ms(4080), "4.08 s");
+        assert_eq!(human_ms(1000), "1 s");
+        assert_eq!(human_ms(59_990), "59.99 s");
+        assert_eq!(human_ms(126_000), "2 min 6 s");
+        assert_eq!(human_ms(120_000), "2 min");
+        assert_eq!(human_ms(7_260_000), "2 h 1 min");
+        assert_eq!(human_ms(-5), "0 ms");
+    }
+
+    #[test]
+    fn delivered_at_once() {
+        let mut e = base(State::Delivered);
+        e.attempts = 1;
+        e.attempt_timeline = vec![attempt(1, Some(200), AttemptClass::Accepted, "delivered")];
+        e.attempt_timeline[0].delay_reason = Some("accepted by the receiver".into());
+        assert_eq!(
+            narrate(&e),
+            "Webhook message order-1:shipped to https://hooks.example.com/… was created at \
+             2026-12-01T10:00:00.000000Z. Attempt 1 at 2026-12-01T10:01:00.000000Z got 200 after \
+             250 ms, classified accepted; the receiver accepted it: delivered at \
+             2026-12-01T10:01:00.250000Z. It is delivered."
+        );
+    }
+
+    #[test]
+    fn retried_then_delivered_names_each_delay_and_why() {
+        let mut e = base(State::Delivered);
+        let mut a1 = attempt(1, Some(503), AttemptClass::Transient, "retryable");
+        a1.delay_ms = Some(1040);
+        a1.delay_reason = Some(
+            "transient: backoff after attempt 1: min(cap 60s, base 1s × 2^0) = 1.000s, jitter +4.0% → 1.040s".into(),
+        );
+        let mut a2 = attempt(2, Some(429), AttemptClass::RateLimited, "retryable");
+        a2.retry_after = Some("120".into());
+        a2.delay_ms = Some(126_000);
+        a2.delay_reason = Some("rate_limited: Retry-After 120s, jitter +6.000s → 126.000s".into());
+        let a3 = attempt(3, Some(200), AttemptClass::Accepted, "delivered");
+        e.attempt_timeline = vec![a1, a2, a3];
+        e.delivery_status = Some("bounced".into());
+        e.delivery_status_at = Some("2026-12-01T10:09:00.000000Z".into());
+        e.receipt_timeline = vec![ReceiptEntry {
+            source: "resend".into(),
+            provider_event_id: "evt_1".into(),
+            event_type: "bounced".into(),
+            provider_type: "email.bounced".into(),
+            event_time: Some("2026-12-01T10:09:00.000000Z".into()),
+            received_at: "2026-12-01T10:09:02.000000Z".into(),
+            reconciled_at: Some("2026-12-01T10:09:02.100000Z".into()),
+            outcome: Some("applied".into()),
+            outcome_reason: Some("newer than the current status".into()),
+        }];
+        let text = narrate(&e);
+        for want in [
+            "Attempt 1 at 2026-12-01T10:01:00.000000Z got 503 after 250 ms, classified transient; \
+             Herald waited 1.04 s (backoff after attempt 1: min(cap 60s, base 1s × 2^0) = 1.000s, \
+             jitter +4.0% → 1.040s).",
+            "Attempt 2 at 2026-12-01T10:02:00.000000Z got 429 with Retry-After 2 min after 250 ms, \
+             classified rate_limited; Herald waited 2 min 6 s (Retry-After 120s, jitter +6.000s → \
+             126.000s).",
+            "Attempt 3 at 2026-12-01T10:03:00.000000Z got 200 after 250 ms, classified accepted; \
+             the receiver accepted it: delivered at 2026-12-01T10:03:00.250000Z.",
+            "Receipt from resend: the recipient's server bounced it at 2026-12-01T10:09:00.000000Z \
+             (arrived 2026-12-01T10:09:02.000000Z; applied: newer than the current status).",
+            "It is delivered. Its delivery status from receipts is bounced (event time \
+             2026-12-01T10:09:00.000000Z).",
+        ] {
+            assert!(text.contains(want), "missing {want:?} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn dead_lettered_permanent_and_exhausted() {
+        let mut e = base(State::DeadLetter);
+        e.last_error_class = Some(AttemptClass::Permanent);
+        let mut a = attempt(1, Some(404), AttemptClass::Permanent, "dead_letter");
+        a.delay_reason = Some("permanent refusal: dead-lettered at once".into());
+        e.attempt_timeline = vec![a];
+        let text = narrate(&e);
+        assert!(
+            text.contains("got 404 after 250 ms, classified permanent; Herald dead-lettered it (permanent refusal: dead-lettered at once)."),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("It is dead-lettered because the receiver refused it permanently; it stays dead until someone replays it."),
+            "{text}"
+        );
+
+        let mut e = base(State::DeadLetter);
+        e.last_error_class = Some(AttemptClass::Exhausted);
+        e.attempts = 2;
+        e.series_attempts = 2;
+        e.max_attempts = 2;
+        let mut a1 = attempt(1, None, AttemptClass::NotSent, "retryable");
+        a1.error_kind = Some("connect".into());
+        a1.delay_ms = Some(1000);
+        let mut a2 = attempt(2, Some(500), AttemptClass::Transient, "dead_letter");
+        a2.delay_reason = Some("attempt budget spent (2 of 2); last attempt was transient".into());
+        e.attempt_timeline = vec![a1, a2];
+        let text = narrate(&e);
+        assert!(
+            text.contains("failed (connect) after 250 ms, classified not_sent; Herald waited 1 s."),
+            "{text}"
+        );
+        assert!(
+            text.contains("Herald dead-lettered it (attempt budget spent (2 of 2); last attempt was transient)."),
+            "{text}"
+        );
+        assert!(
+            text.contains("its attempt budget was spent (2 of 2 in this series)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn unconfirmed_after_a_409() {
+        let mut e = base(State::Unconfirmed);
+        e.last_error_class = Some(AttemptClass::Conflict);
+        let mut a = attempt(1, Some(409), AttemptClass::Conflict, "unconfirmed");
+        a.delay_reason = Some("409 conflict: the receiver may already have this event; settle by event id, no blind retry".into());
+        e.attempt_timeline = vec![a];
+        let text = narrate(&e);
+        assert!(text.contains("got 409 after 250 ms, classified conflict; Herald left it unconfirmed (409 conflict: the receiver may already have this event"), "{text}");
+        assert!(
+            text.contains("It is unconfirmed: the receiver answered 409, so it may already have this event. Herald does not send it again on its own"),
+            "{text}"
+        );
+        // Dead-lettered at the unconfirmed deadline.
+        e.state = State::DeadLetter;
+        e.state_reason = Some("unconfirmed".into());
+        assert!(narrate(&e).contains(
+            "dead-lettered because it stayed unconfirmed past the deadline and no receipt settled it"
+        ));
+    }
+
+    #[test]
+    fn expired_before_any_attempt() {
+        let mut e = base(State::Expired);
+        e.expires_at = Some("2026-12-01T10:01:00.000000Z".into());
+        assert_eq!(
+            narrate(&e),
+            "Webhook message order-1:shipped to https://hooks.example.com/… was created at \
+             2026-12-01T10:00:00.000000Z. No attempt has been made. It expired: its expires_at \
+             (2026-12-01T10:01:00.000000Z) passed before it could be sent, so no further request \
+             was made."
+        );
+    }
+
+    #[test]
+    fn a_replay_sits_between_the_series() {
+        let mut e = base(State::Delivered);
+        e.attempt_timeline = vec![
+            attempt(1, Some(404), AttemptClass::Permanent, "dead_letter"),
+            attempt(2, Some(200), AttemptClass::Accepted, "delivered"),
+        ];
+        e.replays = vec![ReplayEntry {
+            replayed_at: "2026-12-01T10:01:30.000000Z".into(),
+            who: "support-ana".into(),
+            reason: "endpoint fixed".into(),
+            from_state: State::DeadLetter,
+            forced: false,
+            series_start: 2,
+            expires_at_before: Some("2026-12-01T10:01:10.000000Z".into()),
+            expires_at_after: None,
+        }];
+        let text = narrate(&e);
+        let replay = text
+            .find("At 2026-12-01T10:01:30.000000Z support-ana replayed it from dead_letter (reason: \u{201c}endpoint fixed\u{201d}); a new attempt series began at attempt 2 with the same event id and expires_at cleared.")
+            .expect(&text);
+        assert!(text.find("Attempt 1 ").unwrap() < replay);
+        assert!(replay < text.find("Attempt 2 ").unwrap());
+    }
+
+    #[test]
+    fn pending_in_flight_and_canceled() {
+        let mut e = base(State::Retryable);
+        e.next_attempt_at = Some("2026-12-01T10:07:00.000000Z".into());
+        assert!(
+            narrate(&e).ends_with(
+                "It is retryable; the next attempt is due at 2026-12-01T10:07:00.000000Z."
+            )
+        );
+        assert!(narrate(&base(State::Sending)).ends_with("An attempt is in flight now."));
+        assert!(
+            narrate(&base(State::Canceled)).ends_with(
+                "It was canceled (at 2026-12-01T10:05:00.000000Z); nothing more is sent."
+            )
+        );
+        let mut e = base(State::Delivered);
+        e.channel = Channel::Email;
+        e.scheduled_at = "2026-12-01T11:00:00.000000Z".into();
+        assert!(narrate(&e).starts_with("Email message order-1:shipped to https://hooks.example.com/… was created at 2026-12-01T10:00:00.000000Z for 2026-12-01T11:00:00.000000Z."));
+    }
+
+    #[test]
+    fn an_expired_lease_and_a_lost_one_are_told_apart() {
+        let mut a = attempt(1, None, AttemptClass::Ambiguous, "retryable");
+        a.error_kind = Some("lease_expired".into());
+        assert!(attempt_sentence(&a).contains("lost its sender before an outcome was recorded"));
+        let a = attempt(1, Some(200), AttemptClass::Accepted, "lease_lost");
+        assert!(attempt_sentence(&a).contains("was not applied"));
+    }
+}

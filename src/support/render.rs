@@ -1,0 +1,309 @@
+//! Support views as text for a terminal (`herald explain`, `herald dlq list` …): aligned tables
+//! of the same facts the JSON carries, nothing more.
+
+use std::fmt::Write;
+
+use super::view::Explanation;
+use super::{DeadLetterPage, RedriveReport, Replayed};
+
+/// Left-aligned columns, two spaces apart; a `-` for an empty cell.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    let cell = |s: &str| {
+        if s.is_empty() {
+            "-".to_owned()
+        } else {
+            s.to_owned()
+        }
+    };
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            if let Some(w) = widths.get_mut(i) {
+                *w = (*w).max(cell(c).chars().count());
+            }
+        }
+    }
+    let mut out = String::new();
+    let line = |out: &mut String, cells: Vec<String>| {
+        let mut l = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            let w = widths.get(i).copied().unwrap_or(0);
+            if i + 1 == cells.len() {
+                l.push_str(c);
+            } else {
+                let _ = write!(l, "{c:<w$}  ");
+            }
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(&mut out, headers.iter().map(|h| h.to_string()).collect());
+    for r in rows {
+        line(&mut out, r.iter().map(|c| cell(c)).collect());
+    }
+    out
+}
+
+fn opt<T: ToString>(v: &Option<T>) -> String {
+    v.as_ref().map(|x| x.to_string()).unwrap_or_default()
+}
+
+/// `herald explain FP`.
+pub fn explanation(e: &Explanation) -> String {
+    let mut out = String::new();
+    let fields: Vec<(&str, String)> = vec![
+        ("event id", e.event_id.clone()),
+        ("fingerprint", opt(&e.fingerprint)),
+        ("channel", e.channel.to_string()),
+        ("destination", e.destination.clone()),
+        ("semantics", e.semantics.to_string()),
+        ("enqueued by", opt(&e.enqueued_by)),
+        ("created", e.created_at.clone()),
+        ("scheduled", e.scheduled_at.clone()),
+        ("expires", opt(&e.expires_at)),
+        (
+            "state",
+            match (&e.state_reason, &e.last_error_class) {
+                (Some(r), _) => format!("{} ({r})", e.state),
+                (None, Some(c)) => format!("{} ({c})", e.state),
+                (None, None) => e.state.to_string(),
+            },
+        ),
+        ("next attempt", opt(&e.next_attempt_at)),
+        (
+            "delivery status",
+            match (&e.delivery_status, &e.delivery_status_at) {
+                (Some(s), Some(t)) => format!("{s} (event time {t})"),
+                (Some(s), None) => s.clone(),
+                _ => String::new(),
+            },
+        ),
+        ("provider id", opt(&e.provider_message_id)),
+        (
+            "attempts",
+            format!(
+                "{} in all; {} of {} in the current series (from attempt {})",
+                e.attempts, e.series_attempts, e.max_attempts, e.series_start
+            ),
+        ),
+    ];
+    for (k, v) in fields {
+        let v = if v.is_empty() { "-".to_owned() } else { v };
+        let _ = writeln!(out, "{k:<16} {v}");
+    }
+    out.push_str("\nAttempts\n");
+    if e.attempt_timeline.is_empty() {
+        out.push_str("  none\n");
+    } else {
+        let rows: Vec<Vec<String>> = e
+            .attempt_timeline
+            .iter()
+            .map(|a| {
+                vec![
+                    a.attempt.to_string(),
+                    a.series.to_string(),
+                    a.started_at.clone(),
+                    format!("{} ms", a.duration_ms),
+                    match (a.status, &a.error_kind) {
+                        (Some(s), _) => s.to_string(),
+                        (None, Some(k)) => k.clone(),
+                        (None, None) => String::new(),
+                    },
+                    a.class.to_string(),
+                    opt(&a.retry_after),
+                    a.delay_ms
+                        .map(super::narrative::human_ms)
+                        .unwrap_or_default(),
+                    a.next_state.clone(),
+                    a.policy_version.clone(),
+                    opt(&a.delay_reason),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &[
+                "#",
+                "SERIES",
+                "STARTED",
+                "TOOK",
+                "STATUS",
+                "CLASS",
+                "RETRY-AFTER",
+                "DELAY",
+                "THEN",
+                "POLICY",
+                "WHY",
+            ],
+            &rows,
+        ));
+    }
+    out.push_str("\nReceipts\n");
+    if e.receipt_timeline.is_empty() {
+        out.push_str("  none\n");
+    } else {
+        let rows: Vec<Vec<String>> = e
+            .receipt_timeline
+            .iter()
+            .map(|r| {
+                vec![
+                    opt(&r.event_time),
+                    r.received_at.clone(),
+                    r.source.clone(),
+                    r.event_type.clone(),
+                    opt(&r.outcome),
+                    opt(&r.outcome_reason),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &["EVENT TIME", "ARRIVED", "SOURCE", "TYPE", "OUTCOME", "WHY"],
+            &rows,
+        ));
+    }
+    out.push_str("\nReplays\n");
+    if e.replays.is_empty() {
+        out.push_str("  none\n");
+    } else {
+        let rows: Vec<Vec<String>> = e
+            .replays
+            .iter()
+            .map(|r| {
+                vec![
+                    r.replayed_at.clone(),
+                    r.who.clone(),
+                    r.from_state.to_string(),
+                    if r.forced { "yes".into() } else { "no".into() },
+                    r.series_start.to_string(),
+                    r.reason.clone(),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &["AT", "WHO", "FROM", "FORCED", "SERIES FROM", "REASON"],
+            &rows,
+        ));
+    }
+    out.push('\n');
+    out.push_str(&e.explanation);
+    out.push('\n');
+    out
+}
+
+/// `herald dlq list`.
+pub fn dead_letters(page: &DeadLetterPage) -> String {
+    let rows: Vec<Vec<String>> = page
+        .dead_letters
+        .iter()
+        .map(|d| {
+            vec![
+                d.dead_lettered_at.clone(),
+                d.fingerprint
+                    .as_deref()
+                    .map(|f| f.chars().take(12).collect())
+                    .unwrap_or_default(),
+                d.event_id.clone(),
+                d.channel.to_string(),
+                d.destination.clone(),
+                match (&d.state_reason, &d.class) {
+                    (Some(r), _) => r.clone(),
+                    (None, c) => opt(c),
+                },
+                d.attempts.to_string(),
+                d.last_attempt
+                    .as_ref()
+                    .map(|l| match (l.status, &l.error_kind) {
+                        (Some(s), _) => format!("{s} {}", l.class),
+                        (None, Some(k)) => format!("{k} {}", l.class),
+                        (None, None) => l.class.to_string(),
+                    })
+                    .unwrap_or_default(),
+            ]
+        })
+        .collect();
+    let mut out = table(
+        &[
+            "DEAD-LETTERED",
+            "FINGERPRINT",
+            "EVENT ID",
+            "CHANNEL",
+            "DESTINATION",
+            "CLASS",
+            "ATTEMPTS",
+            "LAST",
+        ],
+        &rows,
+    );
+    let _ = writeln!(out, "{} dead letter(s)", page.dead_letters.len());
+    if let Some(next) = &page.next {
+        let _ = writeln!(out, "more: --after {next}");
+    }
+    out
+}
+
+/// `herald replay FP`.
+pub fn replayed(r: &Replayed) -> String {
+    format!(
+        "replayed {} (fingerprint {}) from {}{}: now {}, a new attempt series from attempt {}, due {}\n",
+        r.event_id,
+        opt(&r.fingerprint),
+        r.replay.from_state,
+        if r.replay.forced { ", forced" } else { "" },
+        r.state,
+        r.replay.series_start,
+        opt(&r.next_attempt_at),
+    )
+}
+
+/// `herald dlq redrive`.
+pub fn redrive(r: &RedriveReport) -> String {
+    let mut out = String::new();
+    if !r.redriven.is_empty() {
+        let rows: Vec<Vec<String>> = r
+            .redriven
+            .iter()
+            .map(|x| {
+                vec![
+                    opt(&x.fingerprint),
+                    x.event_id.clone(),
+                    x.from_state.to_string(),
+                    x.series_start.to_string(),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &["FINGERPRINT", "EVENT ID", "FROM", "SERIES FROM"],
+            &rows,
+        ));
+    }
+    for s in &r.skipped {
+        let _ = writeln!(out, "skipped {}: {}", s.event_id, s.reason);
+    }
+    let _ = writeln!(
+        out,
+        "{} redriven, {} skipped (limit {}){}",
+        r.redriven.len(),
+        r.skipped.len(),
+        r.limit,
+        if r.more {
+            "; more dead letters match: run it again"
+        } else {
+            ""
+        }
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tables_align_and_mark_empty_cells() {
+        let t = super::table(
+            &["A", "BB", "C"],
+            &[
+                vec!["xxx".into(), "".into(), "last".into()],
+                vec!["y".into(), "z".into(), "".into()],
+            ],
+        );
+        assert_eq!(t, "A    BB  C\nxxx  -   last\ny    z   -\n");
+    }
+}

@@ -1,0 +1,334 @@
+//! What support sees of a message: identifiers, times, classes, statuses and Herald's own
+//! reasons — never a body, a provider's response text, an address in clear, a URL path or query,
+//! or a secret. Every view here is built from rows by these functions only, so that is the one
+//! place to check.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+
+use crate::domain::{AttemptClass, Channel, Semantics, State};
+use crate::storage::models::{AttemptRow, LastAttempt, OutboxRow, ReceiptRow, ReplayRow};
+use crate::telemetry::{mask_email, mask_emails_in, mask_url};
+
+/// RFC 3339 in UTC with microseconds, as the rest of the API writes times.
+pub fn ts(t: &DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+/// A destination as support may see it: a webhook URL reduced to scheme and host (no path,
+/// query or credentials), `endpoint:NAME` as it is (the name is configuration, not data), an
+/// email address masked (`u***@e***.com`).
+pub fn mask_destination(channel: Channel, destination: &str) -> String {
+    match channel {
+        Channel::Email => mask_email(destination),
+        Channel::Webhook if destination.starts_with("endpoint:") => destination.to_owned(),
+        Channel::Webhook => mask_url(destination),
+    }
+}
+
+/// Free text a person typed (a replay reason) with every word that holds an `@` masked: a
+/// support engineer may paste a customer's address into it.
+pub fn mask_free_text(text: &str) -> String {
+    text.split(' ')
+        .map(|w| {
+            if w.contains('@') {
+                mask_emails_in(w)
+            } else {
+                w.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The explanation of one message (`GET /v1/sends/{fingerprint}`, `herald explain`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Explanation {
+    pub event_id: String,
+    pub fingerprint: Option<String>,
+    pub channel: Channel,
+    /// Masked: see [`mask_destination`].
+    pub destination: String,
+    pub semantics: Semantics,
+    /// The API token that enqueued it (`None`: SQL or the library).
+    pub enqueued_by: Option<String>,
+    pub created_at: String,
+    pub scheduled_at: String,
+    pub expires_at: Option<String>,
+    pub updated_at: String,
+    pub state: State,
+    pub state_reason: Option<String>,
+    pub last_error_class: Option<AttemptClass>,
+    pub next_attempt_at: Option<String>,
+    pub delivery_status: Option<String>,
+    pub delivery_status_at: Option<String>,
+    pub provider_message_id: Option<String>,
+    /// Every attempt ever made.
+    pub attempts: i32,
+    /// The attempt budget of a series.
+    pub max_attempts: i64,
+    /// The attempt number the current series started at (1 unless replayed).
+    pub series_start: i32,
+    /// Attempts made in the current series (what the budget counts).
+    pub series_attempts: i32,
+    pub retry_policy: String,
+    pub retry_policy_version: Option<String>,
+    pub attempt_timeline: Vec<AttemptEntry>,
+    pub receipt_timeline: Vec<ReceiptEntry>,
+    pub replays: Vec<ReplayEntry>,
+    /// One plain-language paragraph built from the facts above.
+    pub explanation: String,
+}
+
+/// One attempt in the timeline.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AttemptEntry {
+    pub attempt: i32,
+    /// 1 for the first series, 2 after the first replay, …
+    pub series: usize,
+    pub started_at: String,
+    pub finished_at: String,
+    pub duration_ms: i64,
+    /// The HTTP status or SMTP reply code.
+    pub status: Option<i32>,
+    /// Why there was no status (`timeout`, `connect`, `lease_expired`, …).
+    pub error_kind: Option<String>,
+    pub class: AttemptClass,
+    /// The Retry-After the receiver sent, as sent.
+    pub retry_after: Option<String>,
+    /// The delay Herald chose before the next attempt.
+    pub delay_ms: Option<i64>,
+    /// Why that delay, or why it stopped (Herald's words).
+    pub delay_reason: Option<String>,
+    pub policy_version: String,
+    /// The state the attempt led to, or `lease_lost` (its outcome was not applied).
+    pub next_state: String,
+    pub provider_message_id: Option<String>,
+}
+
+/// One receipt in the timeline, in event-time order.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReceiptEntry {
+    pub source: String,
+    /// Masked where a provider's composite id holds an address.
+    pub provider_event_id: String,
+    pub event_type: String,
+    pub provider_type: String,
+    /// When the provider says it happened.
+    pub event_time: Option<String>,
+    /// When Herald received it.
+    pub received_at: String,
+    pub reconciled_at: Option<String>,
+    /// `applied`, `superseded`, `unchanged` or `history`.
+    pub outcome: Option<String>,
+    pub outcome_reason: Option<String>,
+}
+
+/// One replay, as audited.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplayEntry {
+    pub replayed_at: String,
+    pub who: String,
+    /// Words holding an `@` masked.
+    pub reason: String,
+    pub from_state: State,
+    pub forced: bool,
+    pub series_start: i32,
+    pub expires_at_before: Option<String>,
+    pub expires_at_after: Option<String>,
+}
+
+impl AttemptEntry {
+    pub fn new(a: &AttemptRow, replays: &[ReplayRow]) -> Self {
+        let series = 1 + replays
+            .iter()
+            .filter(|r| r.series_start <= a.attempt_number)
+            .count();
+        Self {
+            attempt: a.attempt_number,
+            series,
+            started_at: ts(&a.started_at),
+            finished_at: ts(&a.finished_at),
+            duration_ms: a.duration_ms,
+            status: a.response_status,
+            error_kind: a.error_kind.clone(),
+            class: a.class,
+            retry_after: a.retry_after.clone(),
+            delay_ms: a.delay_ms,
+            delay_reason: a.delay_reason.clone(),
+            policy_version: a.policy_version.clone(),
+            next_state: a.next_state.clone(),
+            provider_message_id: a.provider_message_id.clone(),
+        }
+    }
+}
+
+impl ReceiptEntry {
+    pub fn new(r: &ReceiptRow) -> Self {
+        Self {
+            source: r.source.clone(),
+            provider_event_id: mask_emails_in(&r.provider_event_id),
+            event_type: r.event_type.clone(),
+            provider_type: r.provider_type.clone(),
+            event_time: r.event_time.as_ref().map(ts),
+            received_at: ts(&r.received_at),
+            reconciled_at: r.reconciled_at.as_ref().map(ts),
+            outcome: r.outcome.clone(),
+            outcome_reason: r.outcome_reason.as_deref().map(mask_emails_in),
+        }
+    }
+}
+
+impl ReplayEntry {
+    pub fn new(r: &ReplayRow) -> Self {
+        Self {
+            replayed_at: ts(&r.replayed_at),
+            who: r.who.clone(),
+            reason: mask_free_text(&r.reason),
+            from_state: r.from_state,
+            forced: r.forced,
+            series_start: r.series_start,
+            expires_at_before: r.expires_at_before.as_ref().map(ts),
+            expires_at_after: r.expires_at_after.as_ref().map(ts),
+        }
+    }
+}
+
+/// The fingerprint a support lookup finds the message by: the stored one. A message inserted by
+/// plain SQL has none until its first attempt records it (one that expired before any attempt
+/// never gets one); it is found by its event id.
+pub fn fingerprint_of_row(row: &OutboxRow) -> Option<String> {
+    row.request_fingerprint.clone()
+}
+
+impl Explanation {
+    /// The facts; the paragraph is filled in by [`super::narrative::narrate`].
+    pub fn facts(
+        row: &OutboxRow,
+        attempts: &[AttemptRow],
+        receipts: &[ReceiptRow],
+        replays: &[ReplayRow],
+        default_max_attempts: u32,
+    ) -> Self {
+        Self {
+            event_id: row.event_id.clone(),
+            fingerprint: fingerprint_of_row(row),
+            channel: row.channel,
+            destination: mask_destination(row.channel, &row.destination),
+            semantics: row.semantics,
+            enqueued_by: row.enqueued_by.clone(),
+            created_at: ts(&row.created_at),
+            scheduled_at: ts(&row.scheduled_at),
+            expires_at: row.expires_at.as_ref().map(ts),
+            updated_at: ts(&row.updated_at),
+            state: row.state,
+            state_reason: row.state_reason.clone(),
+            last_error_class: row.last_error_class,
+            next_attempt_at: row.next_attempt_at.as_ref().map(ts),
+            delivery_status: row.delivery_status.clone(),
+            delivery_status_at: row.delivery_status_at.as_ref().map(ts),
+            provider_message_id: row.provider_message_id.clone(),
+            attempts: row.attempts,
+            max_attempts: row
+                .max_attempts
+                .map(i64::from)
+                .unwrap_or(i64::from(default_max_attempts)),
+            series_start: row.attempt_base + 1,
+            series_attempts: row.attempts - row.attempt_base,
+            retry_policy: row.retry_policy.clone(),
+            retry_policy_version: row.retry_policy_version.clone(),
+            attempt_timeline: attempts
+                .iter()
+                .map(|a| AttemptEntry::new(a, replays))
+                .collect(),
+            receipt_timeline: receipts.iter().map(ReceiptEntry::new).collect(),
+            replays: replays.iter().map(ReplayEntry::new).collect(),
+            explanation: String::new(),
+        }
+    }
+}
+
+/// One dead letter in a listing: identifiers, class, attempts, last status — never a body.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeadLetterEntry {
+    pub event_id: String,
+    pub fingerprint: Option<String>,
+    pub channel: Channel,
+    /// Masked: see [`mask_destination`].
+    pub destination: String,
+    /// The class that dead-lettered it (`permanent`, `exhausted`, …).
+    pub class: Option<AttemptClass>,
+    /// `unconfirmed`: dead-lettered at the unconfirmed deadline without a receipt.
+    pub state_reason: Option<String>,
+    pub attempts: i32,
+    pub series_attempts: i32,
+    pub last_attempt: Option<LastAttemptEntry>,
+    /// When it was dead-lettered.
+    pub dead_lettered_at: String,
+    pub created_at: String,
+}
+
+/// The last attempt of a dead letter.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LastAttemptEntry {
+    pub attempt: i32,
+    pub status: Option<i32>,
+    pub error_kind: Option<String>,
+    pub class: AttemptClass,
+}
+
+impl DeadLetterEntry {
+    pub fn new(row: &OutboxRow, last: Option<&LastAttempt>) -> Self {
+        Self {
+            event_id: row.event_id.clone(),
+            fingerprint: fingerprint_of_row(row),
+            channel: row.channel,
+            destination: mask_destination(row.channel, &row.destination),
+            class: row.last_error_class,
+            state_reason: row.state_reason.clone(),
+            attempts: row.attempts,
+            series_attempts: row.attempts - row.attempt_base,
+            last_attempt: last.map(|l| LastAttemptEntry {
+                attempt: l.attempt_number,
+                status: l.response_status,
+                error_kind: l.error_kind.clone(),
+                class: l.class,
+            }),
+            dead_lettered_at: ts(&row.updated_at),
+            created_at: ts(&row.created_at),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn destinations_are_masked_per_channel() {
+        assert_eq!(
+            mask_destination(
+                Channel::Webhook,
+                "https://user:pw@hooks.example.com:8443/t/SECRET?token=x"
+            ),
+            "https://hooks.example.com/…"
+        );
+        assert_eq!(
+            mask_destination(Channel::Webhook, "endpoint:billing"),
+            "endpoint:billing"
+        );
+        assert_eq!(
+            mask_destination(Channel::Email, "ada@example.com"),
+            "a***@e***.com"
+        );
+        assert_eq!(mask_destination(Channel::Webhook, "not a url"), "[9 chars]");
+    }
+
+    #[test]
+    fn free_text_keeps_words_and_masks_addresses() {
+        assert_eq!(
+            mask_free_text("customer ada@example.com asked, ticket #42"),
+            "customer a***@e***.com asked, ticket #42"
+        );
+    }
+}
