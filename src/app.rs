@@ -10,6 +10,7 @@ use anyhow::Context;
 use tokio::sync::{Notify, watch};
 use tracing::info;
 
+use crate::admin::AdminState;
 use crate::channels::email::{EmailChannel, MessageOptions, SmtpLimits};
 use crate::channels::webhook::{WebhookChannel, WebhookTimeouts};
 use crate::clock::Clock;
@@ -36,6 +37,8 @@ pub struct Herald {
     pub duplicate_receipts: Arc<std::sync::atomic::AtomicU64>,
     /// Receipts refused as replays, since start (see [`AppState::replayed_receipts`]).
     pub replayed_receipts: Arc<std::sync::atomic::AtomicU64>,
+    /// The admin page's session key and replay hook.
+    pub admin: AdminState,
 }
 
 /// Opens the database (and migrates it unless told not to). Blocking.
@@ -133,6 +136,7 @@ impl Herald {
             relay: settings.smtp_provider,
             dkim: settings.dkim.clone(),
         });
+        let admin = AdminState::load(&db).context("cannot set up the admin page")?;
         let wake = Arc::new(Notify::new());
         let sender = Sender::new(
             db.clone(),
@@ -172,6 +176,7 @@ impl Herald {
             reconciler,
             duplicate_receipts: Arc::default(),
             replayed_receipts: Arc::default(),
+            admin,
         })
     }
 
@@ -201,9 +206,12 @@ impl Herald {
         workers: usize,
     ) -> std::io::Result<actix_web::dev::Server> {
         let state = web::Data::new(self.app_state());
+        let admin = web::Data::new(self.admin.clone());
         Ok(HttpServer::new(move || {
             App::new()
                 .app_data(state.clone())
+                .app_data(admin.clone())
+                .configure(crate::admin::configure)
                 .configure(http::configure)
         })
         .workers(workers)

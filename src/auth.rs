@@ -235,6 +235,18 @@ impl Tokens {
         })
     }
 
+    /// What a browser session made with the token named `name` is bound to: its scope and a
+    /// SHA-256 of its digest (never the digest itself). A session whose binding no longer matches
+    /// (the token was removed, replaced under the same name or given another scope) has ended.
+    pub fn session_binding(&self, name: &str) -> Option<(Scope, [u8; 32])> {
+        self.entries.iter().find(|e| e.name == name).map(|e| {
+            let mut h = Sha256::new();
+            h.update(b"herald-session-binding\0");
+            h.update(e.digest);
+            (e.scope, h.finalize().into())
+        })
+    }
+
     /// The token of an `Authorization` header value: `Bearer <token>` (the scheme's case is
     /// ignored, as RFC 9110 says).
     pub fn bearer(header: &str) -> Option<&str> {

@@ -5,6 +5,7 @@
 //! records; [`storage`] is the only place that speaks SQL; [`domain`] holds the contract's
 //! vocabulary; the pure decisions live in [`sender::decide`] and [`sender::policy`].
 
+pub mod admin;
 pub mod app;
 pub mod auth;
 pub mod channels;
