@@ -356,6 +356,28 @@ mod tests {
     }
 
     #[test]
+    fn session_bindings_follow_the_token_not_its_name() {
+        let t = tokens();
+        let (scope, a) = t.session_binding("desk").unwrap();
+        assert_eq!(scope, Scope::Support);
+        assert_ne!(
+            a,
+            Sha256::digest(b"desk-token-0123456789").as_slice(),
+            "not the digest"
+        );
+        assert_eq!(t.session_binding("nobody"), None);
+        let mut other = Tokens::default();
+        other
+            .add_digest("desk", &digest_hex("desk-token-9876543210"), "support")
+            .unwrap();
+        assert_ne!(
+            other.session_binding("desk").unwrap().1,
+            a,
+            "replaced token"
+        );
+    }
+
+    #[test]
     fn bearer_header() {
         assert_eq!(Tokens::bearer("Bearer abc"), Some("abc"));
         assert_eq!(Tokens::bearer("bearer abc "), Some("abc"));

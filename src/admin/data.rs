@@ -228,13 +228,16 @@ pub fn search(db: &Db, query: &Query) -> Result<Found, StorageError> {
     })
 }
 
+/// Where a page of dead letters ends: `(updated_at, id)` of its last row.
+pub type Cursor = (DateTime<Utc>, i64);
+
 /// One page of dead letters, with the cursor of the next page when there is one. The wiring
 /// step swaps in the support module's listing (richer filters: reason, destination).
 pub fn dead_letters(
     db: &Db,
     filter: &DeadLetterFilter,
     page: usize,
-) -> Result<(Vec<MessageSummary>, Option<(DateTime<Utc>, i64)>), StorageError> {
+) -> Result<(Vec<MessageSummary>, Option<Cursor>), StorageError> {
     let mut rows = db.admin_dead_letters(filter, page as i64 + 1)?;
     let next = if rows.len() > page {
         rows.truncate(page);

@@ -104,6 +104,9 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     );
 }
 
+/// An answer that ends a handler early (boxed: `HttpResponse` is large).
+type Halt = Box<HttpResponse>;
+
 fn page(status: StatusCode, markup: Markup) -> HttpResponse {
     HttpResponse::build(status)
         .content_type("text/html; charset=utf-8")
@@ -144,14 +147,14 @@ fn for_page(
     req: &HttpRequest,
     state: &AppState,
     admin: &AdminState,
-) -> Result<(Session, String), HttpResponse> {
-    let s = current(req, state, admin).ok_or_else(|| see_other("/admin/sign-in"))?;
+) -> Result<(Session, String), Halt> {
+    let s = current(req, state, admin).ok_or_else(|| Box::new(see_other("/admin/sign-in")))?;
     let csrf = session::csrf_token(&admin.key, &s);
     Ok((s, csrf))
 }
 
-fn refuse(status: StatusCode, title: &str, detail: &str) -> HttpResponse {
-    page(status, pages::error(None, title, detail))
+fn refuse(status: StatusCode, title: &str, detail: &str) -> Halt {
+    Box::new(page(status, pages::error(None, title, detail)))
 }
 
 /// A `POST`'s checks, in order: from this site (403), a session (401), its CSRF token (403).
@@ -160,7 +163,7 @@ fn for_action(
     state: &AppState,
     admin: &AdminState,
     form: &Form,
-) -> Result<(Session, String), HttpResponse> {
+) -> Result<(Session, String), Halt> {
     same_site(req)?;
     let s = current(req, state, admin).ok_or_else(|| {
         refuse(
@@ -181,7 +184,7 @@ fn for_action(
     Ok((s, csrf))
 }
 
-fn same_site(req: &HttpRequest) -> Result<(), HttpResponse> {
+fn same_site(req: &HttpRequest) -> Result<(), Halt> {
     guard::same_origin(
         header_str(req, "sec-fetch-site"),
         header_str(req, "origin"),
@@ -213,7 +216,7 @@ impl Form {
     }
 }
 
-async fn read_form(payload: web::Payload) -> Result<Form, HttpResponse> {
+async fn read_form(payload: web::Payload) -> Result<Form, Halt> {
     use futures_util::StreamExt;
     let mut payload = payload;
     let mut body = web::BytesMut::new();
@@ -246,7 +249,7 @@ fn query(req: &HttpRequest) -> Form {
 async fn blocking<T: Send + 'static>(
     viewer: Option<&Viewer<'_>>,
     f: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
-) -> Result<T, HttpResponse> {
+) -> Result<T, Halt> {
     match web::block(f).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => {
@@ -261,16 +264,16 @@ async fn blocking<T: Send + 'static>(
             );
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
-            Err(r)
+            Err(Box::new(r))
         }
-        Err(_) => Err(page(
+        Err(_) => Err(Box::new(page(
             StatusCode::INTERNAL_SERVER_ERROR,
             pages::error(
                 viewer,
                 "Internal error",
                 "The request could not be handled.",
             ),
-        )),
+        ))),
     }
 }
 
@@ -278,7 +281,7 @@ macro_rules! tri {
     ($e:expr) => {
         match $e {
             Ok(v) => v,
-            Err(response) => return response,
+            Err(response) => return *response,
         }
     };
 }

@@ -312,7 +312,7 @@ pub fn message(viewer: &Viewer, d: &MessageDetail, notice: Option<Notice>) -> Ma
                     dt { "Last class" } dd { @if let Some(c) = m.last_error_class { span class=(format!("class k-{c}")) { (c) } } @else { "—" } }
                     dt { "Fingerprint" } dd.mono #fingerprint { (m.fingerprint.as_deref().unwrap_or("— (not sent yet)")) }
                     dt { "Semantics" } dd { (m.semantics) }
-                    dt { "Retry policy" } dd { (m.retry_policy) @if let Some(v) = &m.retry_policy_version { " v" (v) } }
+                    dt { "Retry policy" } dd { (m.retry_policy) @if let Some(v) = &m.retry_policy_version { " (version " (v) ")" } }
                     dt { "Provider message id" } dd.mono { (m.provider_message_id.as_deref().unwrap_or("—")) }
                     dt { "Enqueued by" } dd { (m.enqueued_by.as_deref().unwrap_or("SQL or the library")) }
                     dt { "Created" } dd { (ts(&m.created_at)) }
