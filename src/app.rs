@@ -10,6 +10,7 @@ use anyhow::Context;
 use tokio::sync::{Notify, watch};
 use tracing::info;
 
+use crate::admin::AdminState;
 use crate::channels::email::{EmailChannel, MessageOptions, SmtpLimits};
 use crate::channels::webhook::{WebhookChannel, WebhookTimeouts};
 use crate::clock::Clock;
@@ -38,6 +39,8 @@ pub struct Herald {
     /// This Herald's metrics (its own registry: several Heralds in one process never mix counts).
     pub metrics: Metrics,
     pub retention: Retention,
+    /// The admin page's session key and replay hook.
+    pub admin: AdminState,
 }
 
 /// Opens the database (and migrates it unless told not to). Blocking.
@@ -216,6 +219,7 @@ impl Herald {
         });
         let metrics = Metrics::new(settings.sources.keys().map(String::as_str))
             .context("cannot register the metrics")?;
+        let admin = AdminState::load(&db, clock.clone()).context("cannot set up the admin page")?;
         let wake = Arc::new(Notify::new());
         let sender = Sender::new(
             db.clone(),
@@ -259,6 +263,7 @@ impl Herald {
             reconciler,
             metrics,
             retention,
+            admin,
         })
     }
 
@@ -289,9 +294,12 @@ impl Herald {
         workers: usize,
     ) -> std::io::Result<actix_web::dev::Server> {
         let state = web::Data::new(self.app_state());
+        let admin = web::Data::new(self.admin.clone());
         Ok(HttpServer::new(move || {
             App::new()
                 .app_data(state.clone())
+                .app_data(admin.clone())
+                .configure(crate::admin::configure)
                 .configure(http::configure)
         })
         .workers(workers)

@@ -235,6 +235,18 @@ impl Tokens {
         })
     }
 
+    /// What a browser session made with the token named `name` is bound to: its scope and a
+    /// SHA-256 of its digest (never the digest itself). A session whose binding no longer matches
+    /// (the token was removed, replaced under the same name or given another scope) has ended.
+    pub fn session_binding(&self, name: &str) -> Option<(Scope, [u8; 32])> {
+        self.entries.iter().find(|e| e.name == name).map(|e| {
+            let mut h = Sha256::new();
+            h.update(b"herald-session-binding\0");
+            h.update(e.digest);
+            (e.scope, h.finalize().into())
+        })
+    }
+
     /// The token of an `Authorization` header value: `Bearer <token>` (the scheme's case is
     /// ignored, as RFC 9110 says).
     pub fn bearer(header: &str) -> Option<&str> {
@@ -341,6 +353,28 @@ mod tests {
         );
         t.add_digest("x", &d.to_uppercase(), "send").unwrap();
         assert!(t.authenticate("another-token-0123456789").is_some());
+    }
+
+    #[test]
+    fn session_bindings_follow_the_token_not_its_name() {
+        let t = tokens();
+        let (scope, a) = t.session_binding("desk").unwrap();
+        assert_eq!(scope, Scope::Support);
+        assert_ne!(
+            a,
+            Sha256::digest(b"desk-token-0123456789").as_slice(),
+            "not the digest"
+        );
+        assert_eq!(t.session_binding("nobody"), None);
+        let mut other = Tokens::default();
+        other
+            .add_digest("desk", &digest_hex("desk-token-9876543210"), "support")
+            .unwrap();
+        assert_ne!(
+            other.session_binding("desk").unwrap().1,
+            a,
+            "replaced token"
+        );
     }
 
     #[test]

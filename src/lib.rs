@@ -6,6 +6,7 @@
 //! vocabulary; the pure decisions live in [`sender::decide`] and [`sender::policy`]. Each built
 //! Herald counts its work in its own [`metrics::Metrics`]; [`health`] decides readiness.
 
+pub mod admin;
 pub mod app;
 pub mod auth;
 pub mod channels;

@@ -7,6 +7,7 @@
 //! SQLite: WAL, `busy_timeout`, `synchronous=FULL` (an acknowledged write survives power loss),
 //! and every write transaction is `BEGIN IMMEDIATE` behind one in-process writer lock.
 
+pub mod admin;
 pub mod attempts;
 pub mod endpoints;
 pub mod fanout;

@@ -6,6 +6,7 @@ pub use super::sql::{PG_CLAIM_SQL, PG_UPDATE_OUTCOMES_SQL, SQLITE_CLAIM_SQL};
 
 /// The PostgreSQL bodies.
 pub mod pg {
+    pub use crate::storage::admin::pg::*;
     pub use crate::storage::attempts::pg::*;
     pub use crate::storage::endpoints::pg::*;
     pub use crate::storage::fanout::pg::*;
@@ -19,6 +20,7 @@ pub mod pg {
 
 /// The SQLite bodies.
 pub mod sqlite {
+    pub use crate::storage::admin::sqlite::*;
     pub use crate::storage::attempts::sqlite::*;
     pub use crate::storage::endpoints::sqlite::*;
     pub use crate::storage::fanout::sqlite::*;

@@ -1013,3 +1013,64 @@ async fn serve_fans_out_and_purges_in_the_background() {
     let status = herald.terminate().await;
     assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_offers_the_admin_page_and_its_sessions_survive_a_restart() {
+    use crate::support::admin::{client as no_redirects, form, session_cookie};
+    let listen = free_addr();
+    let base = format!("http://{listen}");
+    let mut herald = Herald::spawn(&["serve"], &[("HERALD_LISTEN", &listen)]);
+    herald.wait_healthy(&base).await;
+    let http = no_redirects();
+    let r = http.get(format!("{base}/admin")).send().await.unwrap();
+    assert_eq!(r.status(), 303);
+    assert_eq!(r.headers()["location"], "/admin/sign-in");
+    let r = http
+        .get(format!("{base}/admin/sign-in"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-security-policy"], herald::admin::CSP);
+    // HERALD_API_TOKEN is an admin token: it signs in.
+    let r = http
+        .post(format!("{base}/admin/sign-in"))
+        .header("origin", &base)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("token", BIN_TOKEN)]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    let (cookie, _) = session_cookie(&r);
+    let page = |cookie: String| {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            http.get(format!("{base}/admin"))
+                .header("cookie", cookie)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let r = page(cookie.clone()).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains("default (admin)"));
+    assert!(herald.terminate().await.success());
+
+    // The session key is in the database: after a restart the session still holds.
+    let dir = std::mem::replace(&mut herald.dir, tempfile::tempdir().unwrap());
+    let mut again = Herald::spawn_in(
+        dir,
+        &["serve"],
+        &[("HERALD_API_TOKEN", BIN_TOKEN), ("HERALD_LISTEN", &listen)],
+        None,
+    );
+    again.wait_healthy(&base).await;
+    assert_eq!(page(cookie.clone()).await.status(), 200);
+    let status = again.terminate().await;
+    let log = again.stderr();
+    assert!(status.success(), "{status}; stderr:\n{log}");
+    let value = cookie.split_once('=').unwrap().1;
+    assert!(!log.contains(BIN_TOKEN) && !log.contains(value), "{log}");
+}

@@ -3,6 +3,8 @@
 
 mod support;
 
+mod admin;
+mod admin_browser;
 mod binary;
 mod classification;
 mod concurrency;

@@ -147,6 +147,29 @@ fn server() -> &'static PgServer {
         .expect("connect to template");
         db.migrate().expect("migrate template");
         drop(db);
+        // The pool closes its connections on its own threads: wait (bounded) until none is left,
+        // or the first CREATE DATABASE … TEMPLATE finds the template "accessed by other users".
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            #[derive(diesel::QueryableByName)]
+            struct Count {
+                #[diesel(sql_type = diesel::sql_types::BigInt)]
+                n: i64,
+            }
+            let c: Count = diesel::sql_query(format!(
+                "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = '{TEMPLATE}'"
+            ))
+            .get_result(&mut admin)
+            .expect("count template connections");
+            if c.n == 0 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "connections to the template database stay open"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         server
     })
 }

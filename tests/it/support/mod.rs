@@ -1,7 +1,9 @@
 //! Test support: a throwaway PostgreSQL, SQLite files, a scripted HTTP receiver and a running
 //! Herald per test.
 
+pub mod admin;
 pub mod app;
+pub mod browser;
 pub mod db;
 pub mod prom;
 pub mod receiver;

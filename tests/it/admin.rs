@@ -1,0 +1,406 @@
+//! The admin page over plain HTTP: sign-in and its refusals, the cookie's attributes, session
+//! expiry by the injected clock, one session key shared by every process on a database,
+//! CSRF and cross-site refusals, the security headers, and pages that show what happened
+//! without a body, an address or a secret. (The browser test is `admin_browser`.)
+
+use std::time::Duration;
+
+use crate::both_backends;
+use crate::support::admin::{
+    DESK, SHOP, assert_reveals_nothing, client, csrf_of, get, post, session, session_cookie,
+    sign_in, spawn, story,
+};
+use crate::support::app::{ADMIN_TOKEN, spawn_on};
+use crate::support::{Backend, TestDb};
+
+/// A replay form's fields.
+fn fields(csrf: &str) -> Vec<(&str, &str)> {
+    vec![
+        ("csrf", csrf),
+        ("event_id", "order-1842:shipped"),
+        ("reason", "receiver fixed"),
+    ]
+}
+
+fn location(r: &reqwest::Response) -> &str {
+    r.headers()["location"].to_str().unwrap()
+}
+
+async fn sign_in_takes_support_or_admin_tokens_and_sets_a_strict_cookie(backend: Backend) {
+    let app = spawn(backend).await;
+    // Nothing without a session: pages send the browser to sign in.
+    for path in [
+        "/admin",
+        "/admin/",
+        "/admin/search?q=x",
+        "/admin/message?event_id=x",
+        "/admin/dead-letters",
+        "/admin/nope",
+    ] {
+        let r = get(&app, path, None).await;
+        assert_eq!(r.status(), 303, "{path}");
+        assert_eq!(location(&r), "/admin/sign-in", "{path}");
+    }
+    let r = get(&app, "/admin/sign-in", None).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains("name=\"token\""));
+
+    // A send token: a clear refusal on the page, and no session.
+    let r = sign_in(&app, SHOP).await;
+    assert_eq!(r.status(), 403);
+    assert!(r.headers().get("set-cookie").is_none());
+    let html = r.text().await.unwrap();
+    assert!(html.contains("has the send scope"), "{html}");
+    assert!(!html.contains(SHOP), "the token is not echoed");
+    let r = sign_in(&app, "not-a-token-0123456789").await;
+    assert_eq!(r.status(), 401);
+    assert!(r.headers().get("set-cookie").is_none());
+    assert!(r.text().await.unwrap().contains("not known to Herald"));
+
+    // A support token: a session cookie, HttpOnly, SameSite=Strict, for /admin, 8 hours.
+    let r = sign_in(&app, DESK).await;
+    assert_eq!(r.status(), 303);
+    assert_eq!(location(&r), "/admin");
+    let (cookie, header) = session_cookie(&r);
+    assert!(!header.contains(DESK));
+    for attr in [
+        "HttpOnly",
+        "SameSite=Strict",
+        "Path=/admin",
+        "Max-Age=28800",
+    ] {
+        assert!(header.contains(attr), "{attr} in {header}");
+    }
+    assert!(!header.contains("Secure"), "plain HTTP: {header}");
+    let r = get(&app, "/admin", Some(&cookie)).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains("desk (support)"));
+
+    // The admin token too; behind a TLS proxy the cookie is Secure.
+    let r = client()
+        .post(format!("{}/admin/sign-in", app.base))
+        .header("origin", &app.base)
+        .header("x-forwarded-proto", "https")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("token={ADMIN_TOKEN}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    assert!(session_cookie(&r).1.ends_with("; Secure"));
+    app.stop().await;
+}
+
+async fn sessions_expire_and_every_process_on_the_database_accepts_them(backend: Backend) {
+    let app = spawn(backend).await;
+    let cookie = session(&app, DESK).await;
+    // A second Herald on the same database (the session key is stored there), with the same
+    // tokens: the same session is valid there.
+    let other = spawn_on(
+        TestDb::attach(&app.test_db.url, backend),
+        &crate::support::admin::tokens_toml(),
+    )
+    .await;
+    assert_eq!(get(&other, "/admin", Some(&cookie)).await.status(), 200);
+    // A Herald whose configuration no longer has the token: the session is over there.
+    let without = spawn_on(TestDb::attach(&app.test_db.url, backend), "").await;
+    let r = get(&without, "/admin", Some(&cookie)).await;
+    assert_eq!(r.status(), 303);
+    assert_eq!(location(&r), "/admin/sign-in");
+
+    // Eight hours later (the injected clock), it has expired.
+    app.advance(Duration::from_secs(8 * 3600 - 60));
+    assert_eq!(get(&app, "/admin", Some(&cookie)).await.status(), 200);
+    app.advance(Duration::from_secs(60));
+    let r = get(&app, "/admin", Some(&cookie)).await;
+    assert_eq!(r.status(), 303);
+    assert_eq!(location(&r), "/admin/sign-in");
+    // A forged cookie is no session either.
+    let forged = format!("{}x", cookie);
+    assert_eq!(get(&other, "/admin", Some(&forged)).await.status(), 303);
+    other.stop().await;
+    without.stop().await;
+    app.stop().await;
+}
+
+async fn actions_need_this_site_a_session_and_its_csrf_token(backend: Backend) {
+    let app = spawn(backend).await;
+    let (story, _rx) = story(&app).await;
+    let cookie = session(&app, DESK).await;
+    let page = get(
+        &app,
+        &format!("/admin/message?event_id={}", story.dead),
+        Some(&cookie),
+    )
+    .await
+    .text()
+    .await
+    .unwrap();
+    let csrf = csrf_of(&page);
+    let csrf = csrf.as_str();
+
+    // No session: 401, whatever the form holds.
+    let r = post(&app, "/admin/replay", None, &fields(csrf)).await;
+    assert_eq!(r.status(), 401);
+    // Missing or wrong CSRF token: 403.
+    let r = post(&app, "/admin/replay", Some(&cookie), &fields("")[1..]).await;
+    assert_eq!(r.status(), 403);
+    let r = post(&app, "/admin/replay", Some(&cookie), &fields("AAAA")).await;
+    assert_eq!(r.status(), 403);
+    // Another session's token does not fit this one.
+    let other = session(&app, DESK).await;
+    let r = post(&app, "/admin/replay", Some(&other), &fields(csrf)).await;
+    assert_eq!(r.status(), 403);
+    // From another site (Origin, or the browser's Sec-Fetch-Site), or saying neither: 403.
+    let send = |origin: Option<&str>, site: Option<&str>| {
+        let mut rq = client()
+            .post(format!("{}/admin/replay", app.base))
+            .header("cookie", &cookie)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(crate::support::admin::form(&fields(csrf)));
+        if let Some(o) = origin {
+            rq = rq.header("origin", o);
+        }
+        if let Some(s) = site {
+            rq = rq.header("sec-fetch-site", s);
+        }
+        rq.send()
+    };
+    for (origin, site) in [
+        (Some("https://evil.example"), None),
+        (Some("null"), None),
+        (None, Some("cross-site")),
+        (None, Some("same-site")),
+        (None, None),
+    ] {
+        let r = send(origin, site).await.unwrap();
+        assert_eq!(r.status(), 403, "{origin:?} {site:?}");
+    }
+    // A cross-site sign-in (login CSRF) is refused too, and sets nothing.
+    let r = client()
+        .post(format!("{}/admin/sign-in", app.base))
+        .header("sec-fetch-site", "cross-site")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("token={DESK}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(r.headers().get("set-cookie").is_none());
+
+    // The right token from this site: replayed, and sent back to the message's page.
+    let r = send(None, Some("same-origin")).await.unwrap();
+    assert_eq!(r.status(), 303);
+    assert!(
+        r.headers()["location"]
+            .to_str()
+            .unwrap()
+            .contains("replayed=1")
+    );
+    assert_eq!(app.row(&story.dead).state.as_str(), "scheduled");
+    // A reason is required.
+    let r = post(
+        &app,
+        "/admin/replay",
+        Some(&cookie),
+        &[("csrf", csrf), ("event_id", &story.dead), ("reason", "  ")],
+    )
+    .await;
+    assert_eq!(r.status(), 422);
+    assert!(r.text().await.unwrap().contains("needs a reason"));
+    assert_eq!(
+        app.row(&story.dead).state.as_str(),
+        "scheduled",
+        "nothing more happened"
+    );
+
+    // Sign-out is an action too; then the cookie is cleared.
+    let r = post(&app, "/admin/sign-out", Some(&cookie), &[]).await;
+    assert_eq!(r.status(), 403, "without the CSRF token");
+    let r = post(&app, "/admin/sign-out", Some(&cookie), &[("csrf", csrf)]).await;
+    assert_eq!(r.status(), 303);
+    assert_eq!(location(&r), "/admin/sign-in");
+    assert!(session_cookie(&r).1.contains("Max-Age=0"));
+    app.stop().await;
+}
+
+async fn every_answer_carries_the_security_headers(backend: Backend) {
+    let app = spawn(backend).await;
+    let cookie = session(&app, DESK).await;
+    for (path, c) in [
+        ("/admin/sign-in", None),
+        ("/admin", Some(cookie.as_str())),
+        ("/admin/dead-letters", Some(cookie.as_str())),
+        ("/admin/nope", Some(cookie.as_str())),
+        ("/admin/message", None),
+    ] {
+        let r = get(&app, path, c).await;
+        let h = r.headers();
+        assert_eq!(h["content-security-policy"], herald::admin::CSP, "{path}");
+        assert_eq!(h["x-content-type-options"], "nosniff", "{path}");
+        assert_eq!(h["referrer-policy"], "no-referrer", "{path}");
+        assert_eq!(h["cache-control"], "no-store", "{path}");
+        assert_eq!(h["x-frame-options"], "DENY", "{path}");
+    }
+    let r = get(&app, "/admin/nope", Some(&cookie)).await;
+    assert_eq!(r.status(), 404);
+    let css = get(&app, "/admin/static/admin.css", None).await;
+    assert_eq!(css.status(), 200);
+    assert_eq!(css.headers()["content-type"], "text/css; charset=utf-8");
+    assert_eq!(css.headers()["x-content-type-options"], "nosniff");
+    let html = get(&app, "/admin", Some(&cookie))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(!html.contains("<script"), "no script at all");
+    assert!(
+        !html.contains("style="),
+        "no inline style (the CSP refuses it)"
+    );
+    assert!(
+        !html.contains("http://") && !html.contains("https://"),
+        "no external asset"
+    );
+    app.stop().await;
+}
+
+async fn pages_show_what_happened_and_nothing_secret(backend: Backend) {
+    let app = spawn(backend).await;
+    let (story, rx) = story(&app).await;
+    let cookie = session(&app, DESK).await;
+    let c = Some(cookie.as_str());
+
+    // Search by event id, then by a fingerprint prefix (any case): straight to the message.
+    let r = get(&app, &format!("/admin/search?q={}", story.dead), c).await;
+    assert_eq!(r.status(), 303);
+    assert_eq!(location(&r), "/admin/message?event_id=order-1842%3Ashipped");
+    let prefix = story.dead_fingerprint[..12].to_uppercase();
+    let r = get(&app, &format!("/admin/search?q={prefix}"), c).await;
+    assert_eq!(r.status(), 303);
+    assert_eq!(location(&r), "/admin/message?event_id=order-1842%3Ashipped");
+    let r = get(&app, "/admin/search?q=0000000000ffffff", c).await;
+    assert_eq!(r.status(), 404);
+    assert!(r.text().await.unwrap().contains("nothing-found"));
+
+    // The message page: the timeline with the 400 and its class, masked destination.
+    let html = get(&app, "/admin/message?event_id=order-1842%3Ashipped", c)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(html.contains("answered 400"), "{html}");
+    assert!(html.contains("classified permanent"));
+    assert!(html.contains(">dead_letter<"));
+    assert!(html.contains(&story.dead_fingerprint));
+    assert!(html.contains("http://127.0.0.1/…"), "scheme and host only");
+    assert!(
+        html.contains("id=\"replay\""),
+        "a dead letter can be replayed"
+    );
+    assert_reveals_nothing(&html, &rx);
+    // The retried one: 503 then 200, with the delay and its reason.
+    let html = get(
+        &app,
+        &format!("/admin/message?event_id={}", story.retried),
+        c,
+    )
+    .await
+    .text()
+    .await
+    .unwrap();
+    assert!(html.contains("answered 503"), "{html}");
+    assert!(html.contains("classified transient; retry in"));
+    assert!(html.contains("answered 200"));
+    assert!(
+        html.contains("name=\"force\""),
+        "delivered: only with force"
+    );
+    assert_reveals_nothing(&html, &rx);
+    // The email: the address masked, the subject and text nowhere.
+    let html = get(&app, &format!("/admin/message?event_id={}", story.email), c)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(html.contains("a***@e***.com"), "{html}");
+    assert!(!html.contains("Your order"));
+    assert_reveals_nothing(&html, &rx);
+
+    // Dead letters, with filters.
+    let html = get(&app, "/admin/dead-letters", c)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(html.contains("order-1842:shipped"));
+    assert!(!html.contains(&story.retried));
+    assert_reveals_nothing(&html, &rx);
+    for (q, listed) in [
+        ("class=permanent", true),
+        ("class=transient", false),
+        ("channel=webhook&class=permanent", true),
+        ("channel=email", false),
+    ] {
+        let html = get(&app, &format!("/admin/dead-letters?{q}"), c)
+            .await
+            .text()
+            .await
+            .unwrap();
+        assert_eq!(html.contains("order-1842:shipped"), listed, "{q}");
+    }
+    let r = get(&app, "/admin/dead-letters?class=bogus", c).await;
+    assert_eq!(r.status(), 400);
+
+    // The chart counts the attempts by class: 1 permanent, 1 transient, 1 accepted.
+    let html = get(&app, "/admin", c).await.text().await.unwrap();
+    for class in ["permanent 1", "transient 1", "accepted 1", "conflict 0"] {
+        assert!(html.contains(class), "{class} in the legend");
+    }
+    assert_eq!(html.matches("<rect").count(), 3, "{html}");
+    app.stop().await;
+}
+
+async fn dead_letters_page_newest_first_by_keyset(backend: Backend) {
+    use herald::admin::data::dead_letters;
+    use herald::storage::admin::DeadLetterFilter;
+    let app = spawn(backend).await;
+    let rx = crate::support::Receiver::start().await;
+    rx.script((0..3).map(|_| crate::support::Reply::Status(422)));
+    for i in 0..3 {
+        app.post_message(crate::support::app::webhook(
+            &format!("dl-{i}"),
+            &rx.url,
+            serde_json::json!({}),
+        ))
+        .await;
+        app.run_until_idle().await;
+        app.advance(Duration::from_secs(1));
+    }
+    let db = app.db.clone();
+    let pages = tokio::task::spawn_blocking(move || {
+        let mut filter = DeadLetterFilter::default();
+        let mut seen = Vec::new();
+        loop {
+            let (rows, next) = dead_letters(&db, &filter, 2).unwrap();
+            seen.push(rows.iter().map(|r| r.event_id.clone()).collect::<Vec<_>>());
+            match next {
+                Some(c) => filter.before = Some(c),
+                None => break seen,
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(pages, [vec!["dl-2", "dl-1"], vec!["dl-0"]]);
+    app.stop().await;
+}
+
+both_backends!(
+    sign_in_takes_support_or_admin_tokens_and_sets_a_strict_cookie,
+    sessions_expire_and_every_process_on_the_database_accepts_them,
+    actions_need_this_site_a_session_and_its_csrf_token,
+    every_answer_carries_the_security_headers,
+    pages_show_what_happened_and_nothing_secret,
+    dead_letters_page_newest_first_by_keyset,
+);
