@@ -150,6 +150,15 @@ const RETRY_CLASSES: &[AttemptClass] = &[
     AttemptClass::Ambiguous,
 ];
 
+/// Why a claimed message was put back without a request (`herald_held_total{reason}`).
+pub const HELD_REASONS: &[&str] = &[
+    "paused",
+    "rate_limit",
+    "max_in_flight",
+    "endpoint_disabled",
+    "smtp_pool",
+];
+
 /// Every metric of one Herald. Cheap to clone (shared).
 #[derive(Clone)]
 pub struct Metrics {
@@ -170,6 +179,8 @@ struct Inner {
     retry_delay: HistogramVec,
     dead_letters: IntCounterVec,
     lease_expiries: IntCounterVec,
+    held: IntCounterVec,
+    endpoints_disabled: IntCounterVec,
     claim_batch: Histogram,
     receipts: IntCounterVec,
     ingest_requests: IntCounterVec,
@@ -241,6 +252,16 @@ impl Metrics {
             "herald_lease_expiries_total",
             "Expired sending leases returned by the watchdog, by the state they moved to.",
             &["next_state"],
+        )?;
+        let held = counter(
+            "herald_held_total",
+            "Claimed messages put back without a request or a spent attempt, by why: paused (the destination asked to slow down), rate_limit, max_in_flight, endpoint_disabled, smtp_pool.",
+            &["reason"],
+        )?;
+        let endpoints_disabled = counter(
+            "herald_endpoints_disabled_total",
+            "Named endpoints this process disabled after repeated failures, by configured endpoint name.",
+            &["endpoint"],
         )?;
         let claim_batch = {
             let h = Histogram::with_opts(
@@ -321,6 +342,9 @@ impl Metrics {
         ] {
             dead_letters.with_label_values(&[r.as_str()]);
         }
+        for r in HELD_REASONS {
+            held.with_label_values(&[r]);
+        }
         for s in LEASE_NEXT_STATES {
             lease_expiries.with_label_values(&[s.as_str()]);
         }
@@ -345,6 +369,8 @@ impl Metrics {
                 retry_delay,
                 dead_letters,
                 lease_expiries,
+                held,
+                endpoints_disabled,
                 claim_batch,
                 receipts,
                 ingest_requests,
@@ -402,6 +428,20 @@ impl Metrics {
             .lease_expiries
             .with_label_values(&[next_state.as_str()])
             .inc_by(n);
+    }
+
+    /// A claimed message put back without a request: `reason` is one of [`HELD_REASONS`].
+    pub fn held(&self, reason: &'static str) {
+        debug_assert!(HELD_REASONS.contains(&reason), "{reason}");
+        self.inner.held.with_label_values(&[reason]).inc();
+    }
+
+    /// A named endpoint (a configured name: bounded) disabled by this process.
+    pub fn endpoint_disabled(&self, endpoint: &str) {
+        self.inner
+            .endpoints_disabled
+            .with_label_values(&[endpoint])
+            .inc();
     }
 
     /// A claim that leased `rows` rows (callers skip empty claims).

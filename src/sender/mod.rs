@@ -321,6 +321,7 @@ impl Sender {
                     }
                 }
                 if changed {
+                    self.inner.metrics.endpoint_disabled(&name);
                     warn!(endpoint = %name, failures = tripped.failures, %reason, "endpoint disabled: its messages wait until it is enabled again");
                 }
             }
@@ -395,6 +396,7 @@ impl Sender {
             && self.is_disabled(&e.name)
         {
             info!(endpoint = %e.name, "endpoint disabled: put back without a request");
+            self.inner.metrics.held("endpoint_disabled");
             let until = now + chrono::TimeDelta::from_std(DISABLED_WAIT).unwrap_or_default();
             return Err(Box::new(put_back(
                 base,
@@ -409,6 +411,7 @@ impl Sender {
             .and_then(|d| self.inner.throttle.paused_until(d, now))
         {
             info!(%until, "destination slowed down: put back without a request");
+            self.inner.metrics.held("paused");
             return Err(Box::new(put_back(
                 base,
                 row.attempts,
@@ -440,6 +443,7 @@ impl Sender {
             Err(held) if held.why == limits::HeldBy::InFlight => None,
             Err(held) => {
                 debug!(held_by = held.why.as_str(), until = %held.until, "destination limit: put back without a request");
+                self.inner.metrics.held(held.why.as_str());
                 return Err(Box::new(put_back(
                     base,
                     row.attempts,
@@ -492,6 +496,7 @@ impl Sender {
                     Ok(p) => p,
                     Err(held) => {
                         let now = self.inner.clock.now();
+                        self.inner.metrics.held(held.why.as_str());
                         debug!(held_by = held.why.as_str(), until = %held.until, "destination limit: put back without a request");
                         return put_back(
                             base,
@@ -524,6 +529,7 @@ impl Sender {
             // tried, so no attempt is spent on it (more sends in flight than the pool's size
             // must not dead-letter mail that never left).
             info!("no SMTP connection free in time: put back without an attempt");
+            self.inner.metrics.held("smtp_pool");
             let until = now + chrono::TimeDelta::from_std(policy.base).unwrap_or_default();
             return put_back(base, row.attempts, now, until, AttemptClass::NotSent);
         }

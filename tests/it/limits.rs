@@ -10,6 +10,7 @@ use serde_json::json;
 
 use crate::both_backends;
 use crate::support::app::{client_with_token, spawn_app_with, webhook};
+use crate::support::prom::{scrape, value};
 use crate::support::{Backend, Receiver, Reply};
 
 async fn an_endpoint_rate_holds_messages_for_their_slots_in_order(backend: Backend) {
@@ -44,6 +45,11 @@ async fn an_endpoint_rate_holds_messages_for_their_slots_in_order(backend: Backe
             "{id}: no request, no attempt row"
         );
     }
+    let (_, m) = scrape(&app.http, &app.base).await;
+    assert_eq!(
+        value(&m, "herald_held_total", &[("reason", "rate_limit")]),
+        3.0
+    );
     for pair in held.windows(2) {
         let gap = (pair[1].next_attempt_at.unwrap() - pair[0].next_attempt_at.unwrap())
             .num_milliseconds();
@@ -101,6 +107,11 @@ async fn a_hanging_host_gets_at_most_its_cap_of_send_slots(backend: Backend) {
         .filter(|r| r.attempts == 0)
         .collect();
     assert_eq!(held.len(), 3, "three held back, their attempts unspent");
+    let (_, m) = scrape(&app.http, &app.base).await;
+    assert_eq!(
+        value(&m, "herald_held_total", &[("reason", "max_in_flight")]),
+        3.0
+    );
     for r in &held {
         assert_eq!(
             (r.state, r.last_error_class),
@@ -163,6 +174,20 @@ async fn an_endpoint_that_keeps_failing_is_disabled_until_enabled(backend: Backe
     assert!(
         !listed.to_string().contains("/hook"),
         "no URL path: {listed}"
+    );
+
+    let (_, m) = scrape(&app.http, &app.base).await;
+    assert_eq!(
+        value(
+            &m,
+            "herald_endpoints_disabled_total",
+            &[("endpoint", "flaky")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(&m, "herald_held_total", &[("reason", "endpoint_disabled")]),
+        2.0
     );
 
     // It stays disabled: time passing does not enable it.

@@ -167,6 +167,7 @@ pub fn assert_bounded_labels(samples: &[Sample], sources: &[&str]) {
     let states: Vec<&str> = State::ALL.iter().map(|s| s.as_str()).collect();
     let mut reasons = classes.clone();
     reasons.push("unconfirmed_deadline");
+    reasons.extend_from_slice(herald::metrics::HELD_REASONS);
     let mut source_labels = sources.to_vec();
     source_labels.push(herald::metrics::UNKNOWN_SOURCE);
     let verdicts: Vec<&str> = herald::metrics::IngestVerdict::ALL
