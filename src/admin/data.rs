@@ -36,6 +36,8 @@ pub struct MessageFacts {
     pub delivery_status: Option<String>,
     pub delivery_status_at: Option<DateTime<Utc>>,
     pub attempts: i32,
+    /// `attempts` when the current series began (a replay starts a new one).
+    pub attempt_base: i32,
     pub max_attempts: Option<i32>,
     pub semantics: Semantics,
     pub fingerprint: Option<String>,
@@ -61,6 +63,7 @@ impl MessageFacts {
             delivery_status: row.delivery_status.clone(),
             delivery_status_at: row.delivery_status_at,
             attempts: row.attempts,
+            attempt_base: row.attempt_base,
             max_attempts: row.max_attempts,
             semantics: row.semantics,
             fingerprint: row.request_fingerprint.clone(),

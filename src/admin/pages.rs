@@ -308,7 +308,9 @@ pub fn message(viewer: &Viewer, d: &MessageDetail, notice: Option<Notice>) -> Ma
                         @if m.delivery_status_at.is_some() { " at " (opt_ts(&m.delivery_status_at)) } }
                     dt { "Channel" } dd { (m.channel) }
                     dt { "Destination" } dd #destination { (m.destination) }
-                    dt { "Attempts" } dd { (m.attempts) @if let Some(max) = m.max_attempts { " of " (max) } }
+                    dt { "Attempts" } dd { (m.attempts)
+                        @if m.attempt_base > 0 { " (" (m.attempts - m.attempt_base) " since the last replay)" }
+                        @if let Some(max) = m.max_attempts { " — budget " (max) " per series" } }
                     dt { "Last class" } dd { @if let Some(c) = m.last_error_class { span class=(format!("class k-{c}")) { (c) } } @else { "—" } }
                     dt { "Fingerprint" } dd.mono #fingerprint { (m.fingerprint.as_deref().unwrap_or("— (not sent yet)")) }
                     dt { "Semantics" } dd { (m.semantics) }
@@ -481,6 +483,7 @@ mod tests {
                 delivery_status: None,
                 delivery_status_at: None,
                 attempts: 2,
+                attempt_base: 0,
                 max_attempts: Some(4),
                 semantics: Semantics::AtLeastOnce,
                 fingerprint: Some("ab".repeat(32)),

@@ -292,6 +292,12 @@ async fn create_message(
             Ok(Prepared::Message(row)) => row,
         };
         row.enqueued_by = Some(owner);
+        if !db.fanout_of(&row.event_id)?.is_empty() {
+            return Ok(Err(vec![InvalidField::new(
+                "event_id",
+                "is already the event id of a fan-out",
+            )]));
+        }
         let (created, stored) = db.enqueue(&row)?;
         // A message that was already there may have its history already.
         let receipts = if created {
@@ -305,13 +311,18 @@ async fn create_message(
     .map_err(Problem::invalid)?;
     let (created, owners) = match &written {
         Written::Message(created, stored, _) => (*created, vec![stored.enqueued_by.clone()]),
-        Written::FanOut(f) => (
-            f.created,
-            f.children
+        Written::FanOut(f) => {
+            let mut owners: Vec<_> = f
+                .children
                 .iter()
                 .filter_map(|(_, m)| m.as_ref().map(|m| m.enqueued_by.clone()))
-                .collect(),
-        ),
+                .collect();
+            if owners.is_empty() {
+                // Every child purged: nothing shows whose it was; only support and admin see it.
+                owners.push(None);
+            }
+            (f.created, owners)
+        }
     };
     if !created
         && owners
@@ -397,10 +408,17 @@ async fn show_message(
     let (row, receipts) = match found.ok_or_else(|| Problem::not_found("message"))? {
         Ok(found) => found,
         Err(fanout) => {
-            for (_, m) in &fanout.children {
-                if let Some(m) = m {
-                    permit(&who, Access::OwnMessage, m.enqueued_by.as_deref())?;
-                }
+            let mut owners = fanout
+                .children
+                .iter()
+                .filter_map(|(_, m)| m.as_ref())
+                .peekable();
+            if owners.peek().is_none() {
+                // Every child purged: nothing shows whose it was; only support and admin see it.
+                permit(&who, Access::OwnMessage, None)?;
+            }
+            for m in owners {
+                permit(&who, Access::OwnMessage, m.enqueued_by.as_deref())?;
             }
             return Ok(
                 HttpResponse::Ok().json(FanOutView::new(&fanout, state.default_max_attempts))

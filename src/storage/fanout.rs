@@ -114,9 +114,32 @@ per_backend! {
             Ok(c) => c,
             Err(e) => return Ok(Err(e)),
         };
+        // One logical outcome per event id: the fan-out's own id must not be a plain message's,
+        // and no child's id may be taken — refused, nothing written.
+        let plain: i64 = o::table.filter(o::event_id.eq(event_id)).count().get_result(conn)?;
+        if plain > 0 {
+            return Ok(Err(vec![InvalidField::new(
+                "event_id",
+                "is already the event id of a message that is not a fan-out",
+            )]));
+        }
+        let ids: Vec<&str> = children.iter().map(|c| c.row.event_id.as_str()).collect();
+        let taken: Vec<String> = o::table
+            .filter(o::event_id.eq_any(&ids))
+            .select(o::event_id)
+            .load(conn)?;
+        if let Some(t) = taken.first() {
+            return Ok(Err(vec![InvalidField::new(
+                "event_id",
+                format!("the fan-out child event id {t:?} is already taken by another message"),
+            )]));
+        }
         let mut created = false;
         for c in &children {
-            q::insert_message(conn, &c.row)?;
+            if q::insert_message(conn, &c.row)?.is_none() {
+                // Taken between the check and the insert (a concurrent writer): undo it all.
+                return Err(diesel::result::Error::RollbackTransaction);
+            }
             let n = diesel::insert_into(f::table)
                 .values((
                     f::event_id.eq(event_id),

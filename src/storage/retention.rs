@@ -6,7 +6,7 @@
 //! PostgreSQL the batch's rows are locked with `FOR UPDATE SKIP LOCKED`, so a concurrent replay
 //! or a second Herald process never waits on retention (and retention never deletes a row that
 //! a replay moved back to `scheduled` meanwhile). The state lists are literal SQL, so the
-//! planner uses the partial indexes `herald_outbox_done` and `herald_outbox_dead` (and
+//! planner uses the partial indexes `herald_outbox_done` and `herald_outbox_dead_letters` (and
 //! `herald_receipts_unmatched_age` for unmatched receipts).
 
 use chrono::{DateTime, Utc};

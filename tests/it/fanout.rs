@@ -422,7 +422,62 @@ async fn herald_enqueue_fans_out_on_postgres() {
     app.stop().await;
 }
 
+/// One logical outcome per event id: a fan-out whose id (or a child's id) is a plain message's
+/// is refused naming `event_id`, nothing written, and a plain message cannot take a fan-out's id.
+async fn a_fan_out_never_takes_over_another_messages_event_id(backend: Backend) {
+    use crate::support::app::{client_with_token, webhook};
+    let digest = herald::auth::digest_hex("blog-token-0123456789");
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "[endpoints.a]\nurl = \"https://a.example/hook\"\nevent_types = [\"order.*\"]\n\
+             [endpoints.b]\nurl = \"https://b.example/hook\"\nevent_types = [\"order.*\"]\n\
+             [tokens.blog]\nsha256 = \"{digest}\"\nscope = \"send\"\n"
+        ),
+    )
+    .await;
+    // Another token's plain message holds the id a child would get.
+    let blog = client_with_token("blog-token-0123456789");
+    let url = format!("{}/v1/messages", app.base);
+    let r = blog
+        .post(&url)
+        .json(&webhook("ord-1:a", "https://x.example/h", json!({})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let r = app.post_message(fanout("ord-1", "order.placed")).await;
+    assert_eq!(r.status(), 422);
+    let p: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(p["field"], "event_id", "{p}");
+    assert!(
+        !p.to_string().contains("x.example"),
+        "nothing of the other message: {p}"
+    );
+    assert!(
+        app.db.find_by_event_id("ord-1:b").unwrap().is_none(),
+        "nothing written"
+    );
+    assert!(app.db.fanout_of("ord-1").unwrap().is_empty());
+    // A plain message with the id of a fan-out, and a fan-out with a plain message's id.
+    assert_eq!(
+        app.post_message(fanout("ord-2", "order.placed"))
+            .await
+            .status(),
+        201
+    );
+    let r = app
+        .post_message(webhook("ord-2", "https://x.example/h", json!({})))
+        .await;
+    assert_eq!(r.status(), 422);
+    assert!(app.db.find_by_event_id("ord-2").unwrap().is_none());
+    let r = app.post_message(fanout("ord-1:a", "order.placed")).await;
+    assert_eq!(r.status(), 422, "a plain message's id");
+    app.stop().await;
+}
+
 both_backends!(
+    a_fan_out_never_takes_over_another_messages_event_id,
     one_failing_endpoint_never_holds_back_the_others,
     no_subscriber_or_a_bad_type_is_a_422_naming_destination,
     the_rust_library_fans_out_in_the_callers_transaction,

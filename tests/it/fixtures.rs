@@ -408,7 +408,7 @@ async fn sms_examples_get_the_documented_verdict(backend: Backend) {
         (
             "telnyx/generated-valid-group-finalized",
             (
-                format!("{TFIN}:+18665550001"),
+                format!("{TFIN}:15a0f99725beb029"),
                 "delivered",
                 "message.finalized:delivered",
                 Some(1548267009),
@@ -418,7 +418,7 @@ async fn sms_examples_get_the_documented_verdict(backend: Backend) {
         (
             "telnyx/generated-valid-group-finalized",
             (
-                format!("{TFIN}:+18665550002"),
+                format!("{TFIN}:72d1ca41de9f8121"),
                 "failed",
                 "message.finalized:delivery_failed",
                 Some(1548267009),
@@ -468,7 +468,7 @@ async fn sms_examples_get_the_documented_verdict(backend: Backend) {
         (
             "messagebird/derived-valid-status-report-get",
             (
-                "efa6405d518d4c0c88cce11f7db775fb:31612345678:delivered:2021-07-05T09:59:58+00:00"
+                "efa6405d518d4c0c88cce11f7db775fb:e03d152bbe638d9f:delivered:2021-07-05T09:59:58+00:00"
                     .into(),
                 "delivered",
                 "delivered",

@@ -105,7 +105,7 @@ impl Source for MessageBird {
         let recipient = params.get("recipient").cloned().unwrap_or_default();
         let at = params.get("statusDatetime").cloned().unwrap_or_default();
         Ok(vec![ReceiptEvent {
-            provider_event_id: format!("{id}:{recipient}:{status}:{at}"),
+            provider_event_id: format!("{id}:{}:{status}:{at}", super::recipient_tag(&recipient)),
             event_type: vocabulary(status).into(),
             provider_type: status.clone(),
             event_time: iso_time(&serde_json::Value::String(at)),
@@ -206,7 +206,7 @@ mod tests {
                 e.provider_message_id.as_deref()
             ),
             (
-                "mb-1:31612345678:delivered:2024-03-04T05:06:07+00:00",
+                "mb-1:e03d152bbe638d9f:delivered:2024-03-04T05:06:07+00:00",
                 "delivered",
                 1709528767,
                 Some("mb-1")

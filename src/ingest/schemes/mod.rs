@@ -324,6 +324,14 @@ fn postmark_source(field: &str, c: &SourceConfig) -> Result<postmark::Postmark, 
 }
 
 /// HMAC-SHA256 of `parts` under `key`.
+/// A recipient (phone number, address) as it may appear in a provider event id: the first 16
+/// hex digits of its SHA-256. Event ids are shown in listings, explain and the admin page, which
+/// never show a recipient; the hash keeps ids distinct and stable.
+pub fn recipient_tag(recipient: &str) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(&Sha256::digest(recipient.as_bytes())[..8])
+}
+
 pub fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     use hmac::{Hmac, Mac};
     let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(key)

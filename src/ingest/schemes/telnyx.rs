@@ -96,7 +96,7 @@ fn normalize(body: Value) -> Result<Vec<ReceiptEvent>, VerifyError> {
             let phone = str_at(to, "/phone_number").unwrap_or_default();
             ReceiptEvent {
                 provider_event_id: if several {
-                    format!("{id}:{phone}")
+                    format!("{id}:{}", super::recipient_tag(&phone))
                 } else {
                     id.clone()
                 },
@@ -215,8 +215,8 @@ mod tests {
         assert_eq!(
             got,
             [
-                ("ev-1:+15551230001", "delivered"),
-                ("ev-1:+15551230002", "failed")
+                ("ev-1:b3595101de7d3cc8", "delivered"),
+                ("ev-1:a3e06f517972a0e0", "failed")
             ]
         );
         assert_eq!(e[0].event_time.unwrap().timestamp_millis(), 1705349767588);
