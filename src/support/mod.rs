@@ -69,7 +69,7 @@ impl Lookup {
 }
 
 /// One message a fingerprint prefix matches.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Candidate {
     pub fingerprint: Option<String>,
     pub event_id: String,
@@ -320,7 +320,7 @@ pub fn plan_replay(
 }
 
 /// What a replay did.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Replayed {
     pub event_id: String,
     pub fingerprint: Option<String>,
@@ -538,7 +538,7 @@ pub fn parse_list_query(pairs: &[(String, String)]) -> Result<ListRequest, Vec<I
 }
 
 /// A page of dead letters.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct DeadLetterPage {
     pub dead_letters: Vec<DeadLetterEntry>,
     /// Pass as `after` for the next page; `None` on the last page.
@@ -628,7 +628,7 @@ pub fn parse_redrive_body(body: &[u8]) -> Result<RedriveRequest, Vec<InvalidFiel
 }
 
 /// One message a bulk redrive replayed.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Redriven {
     pub event_id: String,
     pub fingerprint: Option<String>,
@@ -637,7 +637,7 @@ pub struct Redriven {
 }
 
 /// One message a bulk redrive left alone, and why.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Skipped {
     pub event_id: String,
     pub fingerprint: Option<String>,
@@ -645,7 +645,7 @@ pub struct Skipped {
 }
 
 /// What a bulk redrive did.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct RedriveReport {
     pub limit: u32,
     pub redriven: Vec<Redriven>,

@@ -42,7 +42,7 @@ pub fn mask_free_text(text: &str) -> String {
 }
 
 /// The explanation of one message (`GET /v1/sends/{fingerprint}`, `herald explain`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Explanation {
     pub event_id: String,
     pub fingerprint: Option<String>,
@@ -81,7 +81,7 @@ pub struct Explanation {
 }
 
 /// One attempt in the timeline.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct AttemptEntry {
     pub attempt: i32,
     /// 1 for the first series, 2 after the first replay, …
@@ -107,7 +107,7 @@ pub struct AttemptEntry {
 }
 
 /// One receipt in the timeline, in event-time order.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct ReceiptEntry {
     pub source: String,
     /// Masked where a provider's composite id holds an address.
@@ -125,7 +125,7 @@ pub struct ReceiptEntry {
 }
 
 /// One replay, as audited.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct ReplayEntry {
     pub replayed_at: String,
     pub who: String,
@@ -249,7 +249,7 @@ impl Explanation {
 }
 
 /// One dead letter in a listing: identifiers, class, attempts, last status — never a body.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct DeadLetterEntry {
     pub event_id: String,
     pub fingerprint: Option<String>,
@@ -269,7 +269,7 @@ pub struct DeadLetterEntry {
 }
 
 /// The last attempt of a dead letter.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct LastAttemptEntry {
     pub attempt: i32,
     pub status: Option<i32>,
