@@ -96,7 +96,6 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 #[utoipa::path(
     get,
     path = "/healthz",
-    tag = "operations",
     description = "Liveness: 200 while the process runs. Unauthenticated.",
     responses((status = 200, description = "`ok`", content_type = "text/plain", body = String, example = "ok\n"))
 )]
@@ -109,7 +108,6 @@ async fn healthz() -> HttpResponse {
 #[utoipa::path(
     get,
     path = "/readyz",
-    tag = "operations",
     description = "Readiness: the database answers, migrations are applied, the sender loop beats. Unauthenticated.",
     responses(
         (status = 200, description = "Ready", body = view::Ready),
@@ -161,7 +159,6 @@ async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
 #[utoipa::path(
     get,
     path = "/metrics",
-    tag = "operations",
     description = "Prometheus text format. Unauthenticated (scrape it on an internal address).",
     responses((status = 200, description = "The metrics", content_type = "text/plain; version=0.0.4", body = String))
 )]
@@ -248,7 +245,6 @@ async fn read_body(mut payload: web::Payload, limit: usize) -> Result<web::Bytes
 #[utoipa::path(
     post,
     path = "/v1/messages",
-    tag = "messages",
     description = "Enqueue a message (or a fan-out, `destination = type:EVENT.TYPE`). Acknowledged only once committed. A `send` token may read back only what it enqueued.",
     params(("Idempotency-Key" = Option<String>, Header, description = "The event id, if the body has none (both: they must be equal)")),
     request_body(content = openapi::NewMessageRequest, description = "The message"),
@@ -406,7 +402,6 @@ enum Written {
 #[utoipa::path(
     get,
     path = "/v1/messages/{event_id}",
-    tag = "messages",
     description = "A message with its receipt history, or a fan-out's children by the original event id. A `send` token sees only what it enqueued (another's is a 404).",
     params(("event_id" = String, Path, description = "The message's event id")),
     security(("bearer" = ["send"]), ("bearer" = ["support"]), ("bearer" = ["admin"])),
@@ -464,7 +459,6 @@ async fn show_message(
 #[utoipa::path(
     get,
     path = "/v1/receipts/unmatched",
-    tag = "receipts",
     security(("bearer" = ["support"]), ("bearer" = ["admin"])),
     responses((status = 200, description = "Receipts no message has claimed yet: counted, the oldest 100 listed", body = view::UnmatchedReceipts))
 )]
@@ -495,7 +489,6 @@ async fn unmatched_receipts(
 #[utoipa::path(
     get,
     path = "/v1/endpoints",
-    tag = "endpoints",
     security(("bearer" = ["support"]), ("bearer" = ["admin"])),
     responses((status = 200, description = "The named endpoints", body = view::EndpointList))
 )]
@@ -534,7 +527,6 @@ async fn list_endpoints(
 #[utoipa::path(
     post,
     path = "/v1/endpoints/{name}/enable",
-    tag = "endpoints",
     description = "End an automatic disabling; held messages go out as they come due again.",
     params(("name" = String, Path, description = "The endpoint's name")),
     security(("bearer" = ["admin"])),
@@ -586,7 +578,6 @@ async fn explain(
 #[utoipa::path(
     get,
     path = "/v1/sends/{fingerprint}",
-    tag = "support",
     description = "Everything that happened to a send, with a plain-language explanation.",
     params(("fingerprint" = String, Path, description = "A fingerprint, or a unique prefix of at least 8 hex digits")),
     security(("bearer" = ["support"]), ("bearer" = ["admin"])),
@@ -610,7 +601,6 @@ async fn explain_send(
 #[utoipa::path(
     get,
     path = "/v1/messages/{event_id}/explain",
-    tag = "support",
     description = "The explanation of a send, by event id.",
     params(("event_id" = String, Path, description = "The message's event id")),
     security(("bearer" = ["support"]), ("bearer" = ["admin"])),
@@ -651,7 +641,6 @@ async fn replay(
 #[utoipa::path(
     post,
     path = "/v1/sends/{fingerprint}/replay",
-    tag = "support",
     description = "Send a dead-lettered, unconfirmed or expired message again (a delivered one with `force`); audited.",
     params(("fingerprint" = String, Path, description = "A fingerprint, or a unique prefix of at least 8 hex digits")),
     request_body(content = openapi::ReplayRequestBody),
@@ -679,7 +668,6 @@ async fn replay_send(
 #[utoipa::path(
     post,
     path = "/v1/messages/{event_id}/replay",
-    tag = "support",
     description = "The replay of a send, by event id.",
     params(("event_id" = String, Path, description = "The message's event id")),
     request_body(content = openapi::ReplayRequestBody),
@@ -707,7 +695,6 @@ async fn replay_by_event_id(
 #[utoipa::path(
     get,
     path = "/v1/dead-letters",
-    tag = "support",
     description = "Dead letters, oldest first, in stable keyset pages.",
     params(
         ("class" = Option<String>, Query, description = "An attempt class, or `unconfirmed`"),
@@ -749,7 +736,6 @@ async fn list_dead_letters(
 #[utoipa::path(
     post,
     path = "/v1/dead-letters/redrive",
-    tag = "support",
     description = "Replay up to `limit` dead letters matching the filters, oldest first, in one transaction; each audited.",
     request_body(content = openapi::RedriveRequestBody),
     security(("bearer" = ["support"]), ("bearer" = ["admin"])),
@@ -780,7 +766,6 @@ async fn redrive_dead_letters(
 #[utoipa::path(
     post,
     path = "/v1/messages/{event_id}/cancel",
-    tag = "messages",
     description = "Cancel a message not yet sent (already canceled: the same answer).",
     params(("event_id" = String, Path, description = "The message's event id")),
     security(("bearer" = ["send"]), ("bearer" = ["support"]), ("bearer" = ["admin"])),
@@ -818,7 +803,6 @@ async fn cancel_message(
 #[utoipa::path(
     post,
     path = "/v1/ingest/{source}",
-    tag = "receipts",
     description = "A provider's delivery receipts. Authenticated by the provider's signature (the source's `scheme`), not a token.",
     params(("source" = String, Path, description = "The `[sources.NAME]` name")),
     request_body(content = String, description = "The provider's request, as it sent it", content_type = "*/*"),
@@ -856,7 +840,6 @@ async fn ingest_receipts(
 #[utoipa::path(
     get,
     path = "/v1/ingest/{source}",
-    tag = "receipts",
     description = "Delivery receipts a provider sends as a signed GET (MessageBird, Vonage SMS). Authenticated by the provider's signature, not a token.",
     params(("source" = String, Path, description = "The `[sources.NAME]` name")),
     responses(

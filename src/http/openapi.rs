@@ -172,6 +172,37 @@ fn problem_response(description: &str) -> RefOr<utoipa::openapi::Response> {
         .into()
 }
 
+/// The document's tags (groups of operations, as generated clients name their modules).
+const TAGS: &[(&str, &str)] = &[
+    ("messages", "Enqueue messages and follow them"),
+    ("receipts", "Providers' delivery receipts"),
+    ("endpoints", "Named webhook endpoints"),
+    (
+        "support",
+        "Explain, replay, dead letters and redrive (scope support or admin)",
+    ),
+    ("operations", "Health, readiness, metrics and this document"),
+];
+
+/// The tag of the operation at `path` (by the route's resource).
+fn tag_of(path: &str) -> &'static str {
+    let support = path.starts_with("/v1/sends/")
+        || path.starts_with("/v1/dead-letters")
+        || path.ends_with("/explain")
+        || path.ends_with("/replay");
+    if support {
+        "support"
+    } else if path.starts_with("/v1/messages") {
+        "messages"
+    } else if path.starts_with("/v1/ingest/") || path.starts_with("/v1/receipts/") {
+        "receipts"
+    } else if path.starts_with("/v1/endpoints") {
+        "endpoints"
+    } else {
+        "operations"
+    }
+}
+
 /// Fills in what every operation of a kind shares: the scopes, the token errors, and the
 /// storage errors (500, 503 with `Retry-After`) of every route that reads the database.
 fn complete(op: &mut Operation) {
@@ -217,6 +248,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
     let mut paths = Paths::new();
     for l in listing().0 {
         let mut op = l.operation;
+        op.tags = Some(vec![tag_of(&l.path).to_owned()]);
         complete(&mut op);
         let method = match l.method.as_str() {
             "GET" => HttpMethod::Get,
@@ -231,6 +263,15 @@ pub fn document() -> utoipa::openapi::OpenApi {
         paths.add_path_operation(&l.path, vec![method], op);
     }
     api.paths = paths;
+    api.tags = Some(
+        TAGS.iter()
+            .map(|(name, about)| {
+                let mut t = utoipa::openapi::tag::Tag::new(*name);
+                t.description = Some((*about).to_owned());
+                t
+            })
+            .collect(),
+    );
     api
 }
 
@@ -238,7 +279,6 @@ pub fn document() -> utoipa::openapi::OpenApi {
 #[utoipa::path(
     get,
     path = "/openapi.json",
-    tag = "operations",
     description = "This OpenAPI 3.1 document. Unauthenticated.",
     responses((status = 200, description = "The OpenAPI document", content_type = "application/json", body = Object))
 )]
@@ -534,6 +574,22 @@ mod tests {
             d["components"]["securitySchemes"][BEARER]["scheme"],
             "bearer"
         );
+        // Every operation is in one declared tag, and every tag has an operation.
+        let declared: BTreeSet<&str> = TAGS.iter().map(|(t, _)| *t).collect();
+        let used: BTreeSet<String> = operations(&d)
+            .iter()
+            .map(|(_, _, op)| {
+                let tags = op["tags"].as_array().unwrap();
+                assert_eq!(tags.len(), 1);
+                tags[0].as_str().unwrap().to_owned()
+            })
+            .collect();
+        assert_eq!(
+            used.iter().map(String::as_str).collect::<BTreeSet<_>>(),
+            declared
+        );
+        assert_eq!(tag_of("/v1/messages/{event_id}/replay"), "support");
+        assert_eq!(tag_of("/v1/messages/{event_id}/cancel"), "messages");
     }
 
     #[test]

@@ -27,14 +27,20 @@ pub struct MessageView {
     /// The policy version it was enqueued under (set at the first claim for a plain SQL insert).
     pub retry_policy_version: Option<String>,
     pub fingerprint: Option<String>,
+    #[schema(format = DateTime)]
     pub scheduled_at: String,
+    #[schema(format = DateTime)]
     pub next_attempt_at: Option<String>,
+    #[schema(format = DateTime)]
     pub expires_at: Option<String>,
     pub last_error_class: Option<AttemptClass>,
     pub provider_message_id: Option<String>,
     pub delivery_status: Option<String>,
+    #[schema(format = DateTime)]
     pub delivery_status_at: Option<String>,
+    #[schema(format = DateTime)]
     pub created_at: String,
+    #[schema(format = DateTime)]
     pub updated_at: String,
     /// Why it is in its state when the state alone does not say (`unconfirmed`).
     pub state_reason: Option<String>,
@@ -51,8 +57,11 @@ pub struct ReceiptView {
     pub provider_event_id: String,
     pub event_type: String,
     pub provider_type: String,
+    #[schema(format = DateTime)]
     pub event_time: Option<String>,
+    #[schema(format = DateTime)]
     pub received_at: String,
+    #[schema(format = DateTime)]
     pub reconciled_at: Option<String>,
     /// `applied`, `superseded`, `unchanged` or `history`.
     pub outcome: Option<String>,

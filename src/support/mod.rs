@@ -74,6 +74,7 @@ pub struct Candidate {
     pub fingerprint: Option<String>,
     pub event_id: String,
     pub state: State,
+    #[schema(format = DateTime)]
     pub created_at: String,
 }
 
@@ -326,6 +327,7 @@ pub struct Replayed {
     pub fingerprint: Option<String>,
     /// `scheduled`, due now.
     pub state: State,
+    #[schema(format = DateTime)]
     pub next_attempt_at: Option<String>,
     pub replay: ReplayEntry,
 }

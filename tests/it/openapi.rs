@@ -82,8 +82,8 @@ fn resolve<'a>(d: &'a Value, schema: &'a Value) -> &'a Value {
 }
 
 /// Checks `v` against `schema` (the subset utoipa writes: `type` (one or several), `enum`,
-/// `properties`, `required`, `items`, `oneOf`, `$ref`), treating every object with `properties`
-/// as closed. Returns where it does not match.
+/// `properties`, `required`, `items`, `oneOf`, `$ref`, `format: date-time`), treating every object
+/// with `properties` as closed. Returns where it does not match.
 fn check(d: &Value, schema: &Value, v: &Value, at: &str) -> Result<(), String> {
     let schema = resolve(d, schema);
     if let Some(alts) = schema["oneOf"].as_array() {
@@ -113,6 +113,12 @@ fn check(d: &Value, schema: &Value, v: &Value, at: &str) -> Result<(), String> {
         if !types.iter().any(|ty| is(ty)) {
             return Err(format!("{at}: {v} is not {types:?}"));
         }
+    }
+    if schema["format"] == "date-time"
+        && let Some(t) = v.as_str()
+        && chrono::DateTime::parse_from_rfc3339(t).is_err()
+    {
+        return Err(format!("{at}: {t:?} is not an RFC 3339 time"));
     }
     if let Some(values) = schema["enum"].as_array()
         && !values.contains(v)
@@ -193,6 +199,9 @@ async fn real_answers_match_their_schemas(backend: Backend) {
     );
     assert!(check(&d, view, &json!({"stored": "1", "duplicates": 0}), "$").is_err());
     assert!(check(&d, view, &json!({"stored": 1}), "$").is_err());
+    let time = &json!({"type": "string", "format": "date-time"});
+    assert!(check(&d, time, &json!("2026-12-01T09:00:00.000000Z"), "$").is_ok());
+    assert!(check(&d, time, &json!("tomorrow"), "$").is_err());
 
     rx.script([Reply::Status(200)]);
     let msg = json!({"event_id": "oa-1", "channel": "webhook", "destination": rx.url,
