@@ -35,38 +35,109 @@ async fn every_documented_operation_is_served(backend: Backend) {
     let status = r.status().as_u16();
     assert!(is_default_404(status, &r.json().await.unwrap()));
     let mut probed = 0;
-    for (path, item) in d["paths"].as_object().unwrap() {
-        let concrete = path
-            .replace("{event_id}", "openapi-probe")
-            .replace("{fingerprint}", "0123456789abcdef")
-            .replace("{name}", "no-such-endpoint")
-            .replace("{source}", "no-such-source");
+    for (method, path, _) in operations(&d) {
+        let (status, body) = probe(&t, &t.http, &method, &path).await;
         assert!(
-            !concrete.contains('{'),
-            "{path}: a parameter the probe does not know"
+            !is_default_404(status, &body),
+            "{method} {path} is documented but not served"
         );
-        for method in item.as_object().unwrap().keys() {
-            let url = format!("{}{concrete}", t.base);
-            let req = match method.as_str() {
-                "get" => t.http.get(&url),
-                // An empty object: refused for its fields, nothing written.
-                "post" => t.http.post(&url).json(&json!({})),
-                other => panic!("{other} {path}: a method the probe does not send"),
-            };
-            let r = req.send().await.unwrap();
-            let status = r.status().as_u16();
-            let text = r.text().await.unwrap();
-            let body = serde_json::from_str(&text).unwrap_or(Value::Null);
-            assert!(
-                !is_default_404(status, &body),
-                "{method} {path} is documented but not served"
-            );
-            probed += 1;
-        }
+        probed += 1;
     }
     // Every route `configure` registers was probed.
     assert_eq!(probed, herald::http::openapi::listing().0.len());
     assert!(probed >= 18, "{probed} operations");
+    t.stop().await;
+}
+
+/// (method, path, operation) of every operation in the document.
+fn operations(d: &Value) -> Vec<(String, String, Value)> {
+    let mut ops = Vec::new();
+    for (path, item) in d["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            ops.push((method.clone(), path.clone(), op.clone()));
+        }
+    }
+    ops
+}
+
+/// Calls `method path` with made-up parameters (no such message, endpoint or source) and, for a
+/// POST, an empty object (refused for its fields: nothing is written).
+async fn probe(
+    t: &crate::support::TestApp,
+    client: &reqwest::Client,
+    method: &str,
+    path: &str,
+) -> (u16, Value) {
+    let concrete = path
+        .replace("{event_id}", "openapi-probe")
+        .replace("{fingerprint}", "0123456789abcdef")
+        .replace("{name}", "no-such-endpoint")
+        .replace("{source}", "no-such-source");
+    assert!(
+        !concrete.contains('{'),
+        "{path}: a parameter the probe does not know"
+    );
+    let url = format!("{}{concrete}", t.base);
+    let req = match method {
+        "get" => client.get(&url),
+        "post" => client.post(&url).json(&json!({})),
+        other => panic!("{other} {path}: a method the probe does not send"),
+    };
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// The scopes each operation documents are the ones Herald enforces: no token is a 401 on every
+/// token route (and on no open one), a token whose scope is listed passes the guard, any other
+/// is a 403.
+async fn documented_scopes_are_the_enforced_ones(backend: Backend) {
+    let digest = herald::auth::digest_hex;
+    let extra = format!(
+        "[tokens.shop]\nsha256 = \"{}\"\nscope = \"send\"\n\
+         [tokens.desk]\nsha256 = \"{}\"\nscope = \"support\"\n",
+        digest("oa-send-token-0123456789"),
+        digest("oa-support-token-0123456789"),
+    );
+    let t = app::spawn_app_with(backend, &extra).await;
+    let d = document(&t).await;
+    let clients = [
+        ("send", app::client_with_token("oa-send-token-0123456789")),
+        (
+            "support",
+            app::client_with_token("oa-support-token-0123456789"),
+        ),
+        ("admin", app::client_with_token(app::ADMIN_TOKEN)),
+    ];
+    let anonymous = reqwest::Client::new();
+    let mut guarded = 0;
+    for (method, path, op) in operations(&d) {
+        let what = format!("{method} {path}");
+        let scopes: Vec<String> =
+            serde_json::from_value(op["x-herald-scope"].clone()).unwrap_or_default();
+        let (status, _) = probe(&t, &anonymous, &method, &path).await;
+        assert_eq!(
+            status == 401,
+            !scopes.is_empty(),
+            "{what} without a token: {status}"
+        );
+        if scopes.is_empty() {
+            continue;
+        }
+        guarded += 1;
+        for (scope, client) in &clients {
+            let (status, body) = probe(&t, client, &method, &path).await;
+            let listed = scopes.iter().any(|s| s == scope);
+            assert_ne!(status, 401, "{what} as {scope}");
+            assert_eq!(
+                status == 403,
+                !listed,
+                "{what} as {scope}: {status} {body}, documented {scopes:?}"
+            );
+        }
+    }
+    assert!(guarded >= 12, "{guarded} token routes");
     t.stop().await;
 }
 
@@ -368,5 +439,6 @@ async fn real_answers_match_their_schemas(backend: Backend) {
 
 both_backends!(
     every_documented_operation_is_served,
+    documented_scopes_are_the_enforced_ones,
     real_answers_match_their_schemas
 );
