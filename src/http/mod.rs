@@ -15,8 +15,7 @@ use serde_json::{Map, Value};
 use tokio::sync::Notify;
 
 use self::openapi::Routes;
-use self::problem::Problem;
-use self::problem::ProblemBody;
+use self::problem::{Problem, ProblemBody};
 use self::view::{FanOutView, MessageView, ReceiptView};
 use crate::auth::{Access, Principal, Tokens, Verdict};
 use crate::channels::webhook::{AllowList, Endpoint};

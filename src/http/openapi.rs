@@ -463,6 +463,7 @@ mod tests {
             ("GET", "/v1/messages/{event_id}"),
             ("POST", "/v1/messages/{event_id}/cancel"),
             ("POST", "/v1/ingest/{source}"),
+            ("GET", "/v1/ingest/{source}"),
             ("GET", "/v1/sends/{fingerprint}"),
             ("POST", "/v1/sends/{fingerprint}/replay"),
             ("GET", "/v1/dead-letters"),
