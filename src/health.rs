@@ -60,7 +60,7 @@ impl Heartbeat {
 }
 
 /// One reason `/readyz` is not ready.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct NotReady {
     /// `database`, `migrations_pending` or `sender_stalled`.
     pub reason: &'static str,

@@ -113,6 +113,18 @@ macro_rules! contract_enum {
             }
         }
 
+        /// A string with one of the contract values (`/openapi.json`).
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                utoipa::openapi::ObjectBuilder::new()
+                    .schema_type(utoipa::openapi::Type::String)
+                    .enum_values(Some([$($text),+]))
+                    .into()
+            }
+        }
+
+        impl utoipa::ToSchema for $name {}
+
         impl<DB> diesel::deserialize::FromSql<diesel::sql_types::Text, DB> for $name
         where
             DB: diesel::backend::Backend,

@@ -1,5 +1,6 @@
 //! HTTP: routes and thin handlers. Extract, parse, one service call, map the result; no SQL.
 
+pub mod openapi;
 pub mod problem;
 mod view;
 
@@ -13,7 +14,8 @@ use futures_util::StreamExt;
 use serde_json::{Map, Value};
 use tokio::sync::Notify;
 
-use self::problem::Problem;
+use self::openapi::Routes;
+use self::problem::{Problem, ProblemBody};
 use self::view::{FanOutView, MessageView, ReceiptView};
 use crate::auth::{Access, Principal, Tokens, Verdict};
 use crate::channels::webhook::{AllowList, Endpoint};
@@ -53,59 +55,64 @@ pub struct AppState {
     pub sender_heartbeat: Arc<Heartbeat>,
 }
 
-pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/healthz", web::get().to(healthz))
-        .route("/readyz", web::get().to(readyz))
-        .route("/metrics", web::get().to(metrics))
-        .route("/v1/messages", web::post().to(create_message))
-        .route("/v1/messages/{event_id}", web::get().to(show_message))
-        .route(
-            "/v1/messages/{event_id}/cancel",
-            web::post().to(cancel_message),
-        )
-        .route("/v1/ingest/{source}", web::post().to(ingest_receipts))
-        // GET-signed receipts (MessageBird status reports, Vonage SMS GET receipts): the same
-        // handler, the same persist-before-acknowledge rule.
-        .route("/v1/ingest/{source}", web::get().to(ingest_receipts))
-        .route("/v1/receipts/unmatched", web::get().to(unmatched_receipts))
-        .route("/v1/endpoints", web::get().to(list_endpoints))
-        .route(
-            "/v1/endpoints/{name}/enable",
-            web::post().to(enable_endpoint),
-        )
-        .route(
-            "/v1/messages/{event_id}/explain",
-            web::get().to(explain_by_event_id),
-        )
-        .route(
-            "/v1/messages/{event_id}/replay",
-            web::post().to(replay_by_event_id),
-        )
-        .route("/v1/sends/{fingerprint}", web::get().to(explain_send))
-        .route(
-            "/v1/sends/{fingerprint}/replay",
-            web::post().to(replay_send),
-        )
-        .route("/v1/dead-letters", web::get().to(list_dead_letters))
-        .route(
-            "/v1/dead-letters/redrive",
-            web::post().to(redrive_dead_letters),
-        )
-        .default_service(web::to(|| async {
-            Err::<HttpResponse, _>(Problem::new(
-                StatusCode::NOT_FOUND,
-                "not-found",
-                "No such route",
-            ))
-        }));
+/// Every route Herald serves, in one list: [`configure`] registers each handler at the
+/// method(s) and path its `#[utoipa::path]` declares, and `/openapi.json` documents exactly
+/// these ([`openapi::document`]). A new route goes here, with its annotation.
+pub fn routes(r: &mut impl Routes) {
+    r.add::<__path_healthz, _, _>(healthz);
+    r.add::<__path_readyz, _, _>(readyz);
+    r.add::<__path_metrics, _, _>(metrics);
+    r.add::<openapi::__path_openapi_json, _, _>(openapi::openapi_json);
+    r.add::<__path_create_message, _, _>(create_message);
+    r.add::<__path_show_message, _, _>(show_message);
+    r.add::<__path_cancel_message, _, _>(cancel_message);
+    r.add::<__path_ingest_receipts, _, _>(ingest_receipts);
+    // GET-signed receipts (MessageBird status reports, Vonage SMS GET receipts): the same
+    // handler, the same persist-before-acknowledge rule.
+    r.add::<__path_ingest_receipts_get, _, _>(ingest_receipts_get);
+    r.add::<__path_unmatched_receipts, _, _>(unmatched_receipts);
+    r.add::<__path_list_endpoints, _, _>(list_endpoints);
+    r.add::<__path_enable_endpoint, _, _>(enable_endpoint);
+    r.add::<__path_explain_by_event_id, _, _>(explain_by_event_id);
+    r.add::<__path_replay_by_event_id, _, _>(replay_by_event_id);
+    r.add::<__path_explain_send, _, _>(explain_send);
+    r.add::<__path_replay_send, _, _>(replay_send);
+    r.add::<__path_list_dead_letters, _, _>(list_dead_letters);
+    r.add::<__path_redrive_dead_letters, _, _>(redrive_dead_letters);
 }
 
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    routes(cfg);
+    cfg.default_service(web::to(|| async {
+        Err::<HttpResponse, _>(Problem::new(
+            StatusCode::NOT_FOUND,
+            "not-found",
+            "No such route",
+        ))
+    }));
+}
+
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    description = "Liveness: 200 while the process runs. Unauthenticated.",
+    responses((status = 200, description = "`ok`", content_type = "text/plain", body = String, example = "ok\n"))
+)]
 async fn healthz() -> HttpResponse {
     HttpResponse::Ok().content_type("text/plain").body("ok\n")
 }
 
 /// `GET /readyz`: 200 when ready; else 503 problem+json whose `reasons` say why (the database
 /// does not answer, embedded migrations are not applied, the sender loop has stalled).
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    description = "Readiness: the database answers, migrations are applied, the sender loop beats. Unauthenticated.",
+    responses(
+        (status = 200, description = "Ready", body = view::Ready),
+        (status = 503, description = "Not ready: `reasons` say why", body = view::NotReadyProblem, content_type = "application/problem+json"),
+    )
+)]
 async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
     let db = state.db.clone();
     let (database, pending_migrations) = web::block(move || match db.ping() {
@@ -126,7 +133,7 @@ async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
     };
     let reasons = readiness(&findings);
     if reasons.is_empty() {
-        return Ok(HttpResponse::Ok().json(serde_json::json!({"status": "ready"})));
+        return Ok(HttpResponse::Ok().json(view::Ready { status: "ready" }));
     }
     let detail = reasons
         .iter()
@@ -136,18 +143,24 @@ async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
     tracing::warn!(reasons = %reasons.iter().map(|r| r.reason).collect::<Vec<_>>().join(","), "not ready");
     Ok(HttpResponse::ServiceUnavailable()
         .content_type("application/problem+json")
-        .json(serde_json::json!({
-            "type": "https://herald.dev/problems/not-ready",
-            "title": "Not ready",
-            "status": 503,
-            "detail": detail,
-            "reasons": reasons,
-        })))
+        .json(view::NotReadyProblem {
+            kind: "https://herald.dev/problems/not-ready",
+            title: "Not ready",
+            status: 503,
+            detail,
+            reasons,
+        }))
 }
 
 /// `GET /metrics`: the Prometheus text format. Unauthenticated (scrape it on an internal
 /// address); no label names an address, URL, path or event id. The database gauges are left out
 /// (and `herald_database_up` is 0) when the database cannot be read: the counters still answer.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    description = "Prometheus text format. Unauthenticated (scrape it on an internal address).",
+    responses((status = 200, description = "The metrics", content_type = "text/plain; version=0.0.4", body = String))
+)]
 async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
     let db = state.db.clone();
     let now = state.clock.storage_now();
@@ -228,6 +241,22 @@ async fn read_body(mut payload: web::Payload, limit: usize) -> Result<web::Bytes
     Ok(body)
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/messages",
+    description = "Enqueue a message (or a fan-out, `destination = type:EVENT.TYPE`). Acknowledged only once committed. A `send` token may read back only what it enqueued.",
+    params(("Idempotency-Key" = Option<String>, Header, description = "The event id, if the body has none (both: they must be equal)")),
+    request_body(content = openapi::NewMessageRequest, description = "The message"),
+    security(("bearer" = ["send"]), ("bearer" = ["admin"])),
+    responses(
+        (status = 201, description = "Created", body = openapi::Enqueued),
+        (status = 200, description = "A message with this event id was already there (enqueued by this token)", body = openapi::Enqueued),
+        (status = 400, description = "The body is not JSON", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "The event id was taken by another token (`event-id-taken`)", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 413, description = "The body is too large", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid fields, each named in `errors`", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
 async fn create_message(
     req: HttpRequest,
     state: web::Data<AppState>,
@@ -380,6 +409,17 @@ enum Written {
     FanOut(FanOut),
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/messages/{event_id}",
+    description = "A message with its receipt history, or a fan-out's children by the original event id. A `send` token sees only what it enqueued (another's is a 404).",
+    params(("event_id" = String, Path, description = "The message's event id")),
+    security(("bearer" = ["send"]), ("bearer" = ["support"]), ("bearer" = ["admin"])),
+    responses(
+        (status = 200, description = "The message or fan-out", body = openapi::Enqueued),
+        (status = 404, description = "No such message", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
 async fn show_message(
     req: HttpRequest,
     state: web::Data<AppState>,
@@ -433,6 +473,12 @@ async fn show_message(
 
 /// `GET /v1/receipts/unmatched`: receipts no message has claimed yet (they are tried again with
 /// backoff), counted, the oldest 100 listed — identifiers and types only.
+#[utoipa::path(
+    get,
+    path = "/v1/receipts/unmatched",
+    security(("bearer" = ["support"]), ("bearer" = ["admin"])),
+    responses((status = 200, description = "Receipts no message has claimed yet: counted, the oldest 100 listed", body = view::UnmatchedReceipts))
+)]
 async fn unmatched_receipts(
     req: HttpRequest,
     state: web::Data<AppState>,
@@ -442,20 +488,27 @@ async fn unmatched_receipts(
     let (count, rows) = web::block(move || db.unmatched_receipts(100)).await??;
     let listed: Vec<_> = rows
         .iter()
-        .map(|r| {
-            serde_json::json!({
-                "receipt": ReceiptView::new(r),
-                "herald_event_id": r.herald_event_id,
-                "provider_message_id": r.provider_message_id,
-                "match_attempts": r.match_attempts,
-            })
+        .map(|r| view::UnmatchedReceipt {
+            receipt: ReceiptView::new(r),
+            herald_event_id: r.herald_event_id.clone(),
+            provider_message_id: r.provider_message_id.clone(),
+            match_attempts: r.match_attempts,
         })
         .collect();
-    Ok(HttpResponse::Ok().json(serde_json::json!({"count": count, "receipts": listed})))
+    Ok(HttpResponse::Ok().json(view::UnmatchedReceipts {
+        count,
+        receipts: listed,
+    }))
 }
 
 /// `GET /v1/endpoints`: the named endpoints, each with its host, limits and whether Herald
 /// disabled it (and why). Never its URL path, secrets or headers.
+#[utoipa::path(
+    get,
+    path = "/v1/endpoints",
+    security(("bearer" = ["support"]), ("bearer" = ["admin"])),
+    responses((status = 200, description = "The named endpoints", body = view::EndpointList))
+)]
 async fn list_endpoints(
     req: HttpRequest,
     state: web::Data<AppState>,
@@ -468,26 +521,37 @@ async fn list_endpoints(
         .values()
         .map(|e| {
             let off = disabled.iter().find(|d| d.name == e.name);
-            serde_json::json!({
-                "name": e.name,
-                "host": e.url.host_str(),
-                "event_types": e.event_types,
-                "rate_limit_per_second": e.limit.per_second,
-                "burst": e.limit.burst,
-                "max_in_flight": e.limit.max_in_flight,
-                "disable_after_failures": e.auto_disable.map(|a| a.failures),
-                "disable_after_seconds": e.auto_disable.map(|a| a.over.as_secs()),
-                "disabled": off.is_some(),
-                "disabled_at": off.map(|d| d.disabled_at),
-                "disabled_reason": off.and_then(|d| d.reason.clone()),
-            })
+            view::EndpointView {
+                name: e.name.clone(),
+                host: e.url.host_str().map(str::to_owned),
+                event_types: e.event_types.clone(),
+                rate_limit_per_second: e.limit.per_second,
+                burst: e.limit.burst,
+                max_in_flight: e.limit.max_in_flight,
+                disable_after_failures: e.auto_disable.map(|a| a.failures),
+                disable_after_seconds: e.auto_disable.map(|a| a.over.as_secs()),
+                disabled: off.is_some(),
+                disabled_at: off.map(|d| d.disabled_at),
+                disabled_reason: off.and_then(|d| d.reason.clone()),
+            }
         })
         .collect();
-    Ok(HttpResponse::Ok().json(serde_json::json!({ "endpoints": listed })))
+    Ok(HttpResponse::Ok().json(view::EndpointList { endpoints: listed }))
 }
 
 /// `POST /v1/endpoints/{name}/enable`: ends an automatic disabling (admin scope). Its held
 /// messages go out as they come due again (within half a minute).
+#[utoipa::path(
+    post,
+    path = "/v1/endpoints/{name}/enable",
+    description = "End an automatic disabling; held messages go out as they come due again.",
+    params(("name" = String, Path, description = "The endpoint's name")),
+    security(("bearer" = ["admin"])),
+    responses(
+        (status = 200, description = "Enabled", body = view::EndpointEnabled),
+        (status = 404, description = "No such endpoint", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
 async fn enable_endpoint(
     req: HttpRequest,
     state: web::Data<AppState>,
@@ -505,8 +569,11 @@ async fn enable_endpoint(
     if changed {
         tracing::warn!(endpoint = %name, token = %who.name, "endpoint enabled again");
     }
-    Ok(HttpResponse::Ok()
-        .json(serde_json::json!({"name": name, "enabled": true, "changed": changed})))
+    Ok(HttpResponse::Ok().json(view::EndpointEnabled {
+        name,
+        enabled: true,
+        changed,
+    }))
 }
 
 /// The largest support request body (a reason and a few filters).
@@ -525,6 +592,19 @@ async fn explain(
 
 /// `GET /v1/sends/{fingerprint}`: everything that happened to a send (a unique prefix of at least
 /// 8 hex digits will do; an ambiguous one is a 409 listing the candidates).
+#[utoipa::path(
+    get,
+    path = "/v1/sends/{fingerprint}",
+    description = "Everything that happened to a send, with a plain-language explanation.",
+    params(("fingerprint" = String, Path, description = "A fingerprint, or a unique prefix of at least 8 hex digits")),
+    security(("bearer" = ["support"]), ("bearer" = ["admin"])),
+    responses(
+        (status = 200, description = "The explanation", body = crate::support::view::Explanation),
+        (status = 404, description = "No such message", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "The prefix is ambiguous (`candidates`)", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 422, description = "Not 8 to 64 hex digits", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
 async fn explain_send(
     req: HttpRequest,
     state: web::Data<AppState>,
@@ -535,6 +615,17 @@ async fn explain_send(
 }
 
 /// `GET /v1/messages/{event_id}/explain`: the same by event id.
+#[utoipa::path(
+    get,
+    path = "/v1/messages/{event_id}/explain",
+    description = "The explanation of a send, by event id.",
+    params(("event_id" = String, Path, description = "The message's event id")),
+    security(("bearer" = ["support"]), ("bearer" = ["admin"])),
+    responses(
+        (status = 200, description = "The explanation", body = crate::support::view::Explanation),
+        (status = 404, description = "No such message", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
 async fn explain_by_event_id(
     req: HttpRequest,
     state: web::Data<AppState>,
@@ -564,6 +655,22 @@ async fn replay(
 }
 
 /// `POST /v1/sends/{fingerprint}/replay` `{"reason", "force"?, "expires_at"?}`.
+#[utoipa::path(
+    post,
+    path = "/v1/sends/{fingerprint}/replay",
+    description = "Send a dead-lettered, unconfirmed or expired message again (a delivered one with `force`); audited.",
+    params(("fingerprint" = String, Path, description = "A fingerprint, or a unique prefix of at least 8 hex digits")),
+    request_body(content = openapi::ReplayRequestBody),
+    security(("bearer" = ["support"]), ("bearer" = ["admin"])),
+    responses(
+        (status = 200, description = "Replayed: due now", body = crate::support::Replayed),
+        (status = 400, description = "The body is not JSON", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 404, description = "No such message", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "`force-required`, `in-flight`, `not-replayable`, `changed` or an ambiguous prefix", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 413, description = "The body is too large", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid fields (`reason`, `expires_at`, `fingerprint`, …)", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
 async fn replay_send(
     req: HttpRequest,
     state: web::Data<AppState>,
@@ -575,6 +682,22 @@ async fn replay_send(
 }
 
 /// `POST /v1/messages/{event_id}/replay`: the same by event id.
+#[utoipa::path(
+    post,
+    path = "/v1/messages/{event_id}/replay",
+    description = "The replay of a send, by event id.",
+    params(("event_id" = String, Path, description = "The message's event id")),
+    request_body(content = openapi::ReplayRequestBody),
+    security(("bearer" = ["support"]), ("bearer" = ["admin"])),
+    responses(
+        (status = 200, description = "Replayed: due now", body = crate::support::Replayed),
+        (status = 400, description = "The body is not JSON", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 404, description = "No such message", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "`force-required`, `in-flight`, `not-replayable` or `changed`", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 413, description = "The body is too large", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid fields (`reason`, `expires_at`, …)", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
 async fn replay_by_event_id(
     req: HttpRequest,
     state: web::Data<AppState>,
@@ -586,6 +709,26 @@ async fn replay_by_event_id(
 }
 
 /// `GET /v1/dead-letters?class=&destination=&channel=&since=&until=&after=&limit=`.
+#[utoipa::path(
+    get,
+    path = "/v1/dead-letters",
+    description = "Dead letters, oldest first, in stable keyset pages.",
+    params(
+        ("class" = Option<String>, Query, description = "An attempt class, or `unconfirmed`"),
+        ("destination" = Option<String>, Query, description = "`endpoint:NAME` or a host (webhook URLs of that host, email addresses at that domain)"),
+        ("channel" = Option<crate::domain::Channel>, Query),
+        ("since" = Option<String>, Query, format = DateTime, description = "Dead-lettered at or after"),
+        ("until" = Option<String>, Query, format = DateTime, description = "Dead-lettered before"),
+        ("after" = Option<String>, Query, description = "The `next` of the previous page"),
+        ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "Page size (default 50)"),
+    ),
+    security(("bearer" = ["support"]), ("bearer" = ["admin"])),
+    responses(
+        (status = 200, description = "A page", body = crate::support::DeadLetterPage),
+        (status = 400, description = "The query string is malformed", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 422, description = "A bad or unknown parameter, named", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
 async fn list_dead_letters(
     req: HttpRequest,
     state: web::Data<AppState>,
@@ -607,6 +750,19 @@ async fn list_dead_letters(
 }
 
 /// `POST /v1/dead-letters/redrive` `{"reason", "limit"?, "expires_at"?, filters…}`.
+#[utoipa::path(
+    post,
+    path = "/v1/dead-letters/redrive",
+    description = "Replay up to `limit` dead letters matching the filters, oldest first, in one transaction; each audited.",
+    request_body(content = openapi::RedriveRequestBody),
+    security(("bearer" = ["support"]), ("bearer" = ["admin"])),
+    responses(
+        (status = 200, description = "What was redriven and skipped", body = crate::support::RedriveReport),
+        (status = 400, description = "The body is not JSON", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 413, description = "The body is too large", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid fields, each named", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
 async fn redrive_dead_letters(
     req: HttpRequest,
     state: web::Data<AppState>,
@@ -624,6 +780,18 @@ async fn redrive_dead_letters(
     Ok(HttpResponse::Ok().json(report))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/messages/{event_id}/cancel",
+    description = "Cancel a message not yet sent (already canceled: the same answer).",
+    params(("event_id" = String, Path, description = "The message's event id")),
+    security(("bearer" = ["send"]), ("bearer" = ["support"]), ("bearer" = ["admin"])),
+    responses(
+        (status = 200, description = "Now (or already) canceled", body = MessageView),
+        (status = 404, description = "No such message", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "Already sending or finished (`not-cancelable`)", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
 async fn cancel_message(
     req: HttpRequest,
     state: web::Data<AppState>,
@@ -649,6 +817,21 @@ async fn cancel_message(
 
 /// `POST` (or `GET`) `/v1/ingest/{source}`: verify over the raw bytes, store every event of the request in one
 /// transaction, and only then answer 200. Authenticated by the provider's signature, not a token.
+#[utoipa::path(
+    post,
+    path = "/v1/ingest/{source}",
+    description = "A provider's delivery receipts. Authenticated by the provider's signature (the source's `scheme`), not a token.",
+    params(("source" = String, Path, description = "The `[sources.NAME]` name")),
+    request_body(content = String, description = "The provider's request, as it sent it", content_type = "*/*"),
+    responses(
+        (status = 200, description = "Every event of the request committed (only then)", body = view::IngestAck),
+        (status = 400, description = "Verified, but the body cannot be parsed (`unparsable`)", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 401, description = "The signature does not verify, or a replay (`unauthenticated`); nothing stored", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 404, description = "No such receipt source", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 413, description = "The body is too large", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "Cannot verify now (a certificate fetch failed) or storage is down: retry (`Retry-After`)", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
 async fn ingest_receipts(
     req: HttpRequest,
     state: web::Data<AppState>,
@@ -667,6 +850,31 @@ async fn ingest_receipts(
         .metrics
         .ingest_request(&name, verdict, started.elapsed());
     answer.map_err(|(_, p)| p)
+}
+
+/// `GET /v1/ingest/{source}`: the same handler (MessageBird status reports, Vonage SMS GET
+/// receipts sign the query string), documented as its own operation.
+#[utoipa::path(
+    get,
+    path = "/v1/ingest/{source}",
+    description = "Delivery receipts a provider sends as a signed GET (MessageBird, Vonage SMS). Authenticated by the provider's signature, not a token.",
+    params(("source" = String, Path, description = "The `[sources.NAME]` name")),
+    responses(
+        (status = 200, description = "Every event of the request committed (only then)", body = view::IngestAck),
+        (status = 400, description = "Verified, but the body cannot be parsed (`unparsable`)", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 401, description = "The signature does not verify, or a replay (`unauthenticated`); nothing stored", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 404, description = "No such receipt source", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 413, description = "The body is too large", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "Cannot verify now (a certificate fetch failed) or storage is down: retry (`Retry-After`)", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+async fn ingest_receipts_get(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, Problem> {
+    ingest_receipts(req, state, path, payload).await
 }
 
 /// The ingest request's work; a refusal comes with its verdict.
@@ -745,7 +953,7 @@ async fn ingest_into(
     m.receipts(&name, ReceiptVerdict::Stored, stored as u64);
     m.receipts(&name, ReceiptVerdict::Duplicate, duplicates as u64);
     tracing::info!(source = %name, scheme = source.source.scheme(), stored, duplicates, "receipts stored");
-    Ok(HttpResponse::Ok().json(serde_json::json!({"stored": stored, "duplicates": duplicates})))
+    Ok(HttpResponse::Ok().json(view::IngestAck { stored, duplicates }))
 }
 
 /// Parses the `POST /v1/messages` body, naming every offending field.

@@ -12,7 +12,8 @@ use crate::outbox::CancelError;
 use crate::storage::StorageError;
 use crate::support::{Refusal, SupportError};
 
-#[derive(Debug, Clone, Serialize)]
+/// One offending field of a problem.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct FieldError {
     pub field: String,
     pub message: String,
@@ -36,11 +37,14 @@ impl std::ops::DerefMut for Problem {
 }
 
 /// The body of a problem+json answer.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[schema(as = Problem)]
 pub struct ProblemBody {
+    /// `https://herald.dev/problems/KIND` (`validation`, `not-found`, `unauthorized`, …).
     #[serde(rename = "type")]
     pub kind: String,
     pub title: String,
+    /// The HTTP status.
     pub status: u16,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
@@ -51,6 +55,7 @@ pub struct ProblemBody {
     pub errors: Vec<FieldError>,
     /// The messages an ambiguous fingerprint prefix matches (identifiers only).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<crate::support::Candidate>>)]
     pub candidates: Option<serde_json::Value>,
     #[serde(skip)]
     retry_after: Option<u32>,

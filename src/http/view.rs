@@ -1,7 +1,9 @@
-//! The message view returned by `/v1/messages`.
+//! The views the `/v1/messages`, `/v1/receipts`, `/v1/endpoints`, `/v1/ingest` and `/readyz`
+//! handlers answer with; each is also its schema in `/openapi.json`.
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
+use utoipa::ToSchema;
 
 use crate::domain::{AttemptClass, Channel, Semantics, State};
 use crate::outbox::FanOut;
@@ -12,7 +14,7 @@ fn ts(t: &DateTime<Utc>) -> String {
 }
 
 /// `GET /v1/messages/{event_id}`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct MessageView {
     pub event_id: String,
     pub channel: Channel,
@@ -25,14 +27,20 @@ pub struct MessageView {
     /// The policy version it was enqueued under (set at the first claim for a plain SQL insert).
     pub retry_policy_version: Option<String>,
     pub fingerprint: Option<String>,
+    #[schema(format = DateTime)]
     pub scheduled_at: String,
+    #[schema(format = DateTime)]
     pub next_attempt_at: Option<String>,
+    #[schema(format = DateTime)]
     pub expires_at: Option<String>,
     pub last_error_class: Option<AttemptClass>,
     pub provider_message_id: Option<String>,
     pub delivery_status: Option<String>,
+    #[schema(format = DateTime)]
     pub delivery_status_at: Option<String>,
+    #[schema(format = DateTime)]
     pub created_at: String,
+    #[schema(format = DateTime)]
     pub updated_at: String,
     /// Why it is in its state when the state alone does not say (`unconfirmed`).
     pub state_reason: Option<String>,
@@ -43,14 +51,17 @@ pub struct MessageView {
 
 /// One receipt in a message's history: identifiers and types only, never the provider's body
 /// (it holds addresses).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ReceiptView {
     pub source: String,
     pub provider_event_id: String,
     pub event_type: String,
     pub provider_type: String,
+    #[schema(format = DateTime)]
     pub event_time: Option<String>,
+    #[schema(format = DateTime)]
     pub received_at: String,
+    #[schema(format = DateTime)]
     pub reconciled_at: Option<String>,
     /// `applied`, `superseded`, `unchanged` or `history`.
     pub outcome: Option<String>,
@@ -107,7 +118,7 @@ impl MessageView {
 
 /// A fan-out (`destination = "type:EVENT.TYPE"`): `POST /v1/messages` and
 /// `GET /v1/messages/{event_id}` of the original event id.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct FanOutView {
     pub event_id: String,
     pub channel: Channel,
@@ -135,4 +146,84 @@ impl FanOutView {
                 .collect(),
         }
     }
+}
+
+/// `GET /readyz` when ready.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Ready {
+    /// Always `ready`.
+    #[schema(example = "ready")]
+    pub status: &'static str,
+}
+
+/// `GET /readyz` when not ready: a problem (`type` …`/not-ready`, status 503) with the reasons.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct NotReadyProblem {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub title: &'static str,
+    pub status: u16,
+    /// Every reason's detail, joined by `; `.
+    pub detail: String,
+    pub reasons: Vec<crate::health::NotReady>,
+}
+
+/// One receipt no message has claimed yet (`GET /v1/receipts/unmatched`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UnmatchedReceipt {
+    pub receipt: ReceiptView,
+    /// The Herald event id the provider echoed, if any.
+    pub herald_event_id: Option<String>,
+    pub provider_message_id: Option<String>,
+    /// How often matching it was tried.
+    pub match_attempts: i32,
+}
+
+/// `GET /v1/receipts/unmatched`: how many, and the oldest 100.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UnmatchedReceipts {
+    pub count: i64,
+    pub receipts: Vec<UnmatchedReceipt>,
+}
+
+/// One named endpoint (`GET /v1/endpoints`): never its URL path, secrets or headers.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EndpointView {
+    pub name: String,
+    pub host: Option<String>,
+    pub event_types: Vec<String>,
+    pub rate_limit_per_second: Option<f64>,
+    pub burst: Option<u32>,
+    pub max_in_flight: Option<u32>,
+    pub disable_after_failures: Option<u32>,
+    pub disable_after_seconds: Option<u64>,
+    pub disabled: bool,
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub disabled_at: Option<DateTime<Utc>>,
+    pub disabled_reason: Option<String>,
+}
+
+/// `GET /v1/endpoints`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EndpointList {
+    pub endpoints: Vec<EndpointView>,
+}
+
+/// `POST /v1/endpoints/{name}/enable`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EndpointEnabled {
+    pub name: String,
+    /// Always `true`.
+    pub enabled: bool,
+    /// `false`: it was not disabled.
+    pub changed: bool,
+}
+
+/// `POST /v1/ingest/{source}`: what was stored.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct IngestAck {
+    /// New receipts stored.
+    pub stored: usize,
+    /// Receipts already stored before (a provider's retry).
+    pub duplicates: usize,
 }

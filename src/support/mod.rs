@@ -69,11 +69,12 @@ impl Lookup {
 }
 
 /// One message a fingerprint prefix matches.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Candidate {
     pub fingerprint: Option<String>,
     pub event_id: String,
     pub state: State,
+    #[schema(format = DateTime)]
     pub created_at: String,
 }
 
@@ -320,12 +321,13 @@ pub fn plan_replay(
 }
 
 /// What a replay did.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Replayed {
     pub event_id: String,
     pub fingerprint: Option<String>,
     /// `scheduled`, due now.
     pub state: State,
+    #[schema(format = DateTime)]
     pub next_attempt_at: Option<String>,
     pub replay: ReplayEntry,
 }
@@ -538,7 +540,7 @@ pub fn parse_list_query(pairs: &[(String, String)]) -> Result<ListRequest, Vec<I
 }
 
 /// A page of dead letters.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct DeadLetterPage {
     pub dead_letters: Vec<DeadLetterEntry>,
     /// Pass as `after` for the next page; `None` on the last page.
@@ -628,7 +630,7 @@ pub fn parse_redrive_body(body: &[u8]) -> Result<RedriveRequest, Vec<InvalidFiel
 }
 
 /// One message a bulk redrive replayed.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Redriven {
     pub event_id: String,
     pub fingerprint: Option<String>,
@@ -637,7 +639,7 @@ pub struct Redriven {
 }
 
 /// One message a bulk redrive left alone, and why.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Skipped {
     pub event_id: String,
     pub fingerprint: Option<String>,
@@ -645,7 +647,7 @@ pub struct Skipped {
 }
 
 /// What a bulk redrive did.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct RedriveReport {
     pub limit: u32,
     pub redriven: Vec<Redriven>,

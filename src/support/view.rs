@@ -42,7 +42,7 @@ pub fn mask_free_text(text: &str) -> String {
 }
 
 /// The explanation of one message (`GET /v1/sends/{fingerprint}`, `herald explain`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Explanation {
     pub event_id: String,
     pub fingerprint: Option<String>,
@@ -52,15 +52,21 @@ pub struct Explanation {
     pub semantics: Semantics,
     /// The API token that enqueued it (`None`: SQL or the library).
     pub enqueued_by: Option<String>,
+    #[schema(format = DateTime)]
     pub created_at: String,
+    #[schema(format = DateTime)]
     pub scheduled_at: String,
+    #[schema(format = DateTime)]
     pub expires_at: Option<String>,
+    #[schema(format = DateTime)]
     pub updated_at: String,
     pub state: State,
     pub state_reason: Option<String>,
     pub last_error_class: Option<AttemptClass>,
+    #[schema(format = DateTime)]
     pub next_attempt_at: Option<String>,
     pub delivery_status: Option<String>,
+    #[schema(format = DateTime)]
     pub delivery_status_at: Option<String>,
     pub provider_message_id: Option<String>,
     /// Every attempt ever made.
@@ -81,12 +87,14 @@ pub struct Explanation {
 }
 
 /// One attempt in the timeline.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct AttemptEntry {
     pub attempt: i32,
     /// 1 for the first series, 2 after the first replay, …
     pub series: usize,
+    #[schema(format = DateTime)]
     pub started_at: String,
+    #[schema(format = DateTime)]
     pub finished_at: String,
     pub duration_ms: i64,
     /// The HTTP status or SMTP reply code.
@@ -107,7 +115,7 @@ pub struct AttemptEntry {
 }
 
 /// One receipt in the timeline, in event-time order.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct ReceiptEntry {
     pub source: String,
     /// Masked where a provider's composite id holds an address.
@@ -115,9 +123,12 @@ pub struct ReceiptEntry {
     pub event_type: String,
     pub provider_type: String,
     /// When the provider says it happened.
+    #[schema(format = DateTime)]
     pub event_time: Option<String>,
     /// When Herald received it.
+    #[schema(format = DateTime)]
     pub received_at: String,
+    #[schema(format = DateTime)]
     pub reconciled_at: Option<String>,
     /// `applied`, `superseded`, `unchanged` or `history`.
     pub outcome: Option<String>,
@@ -125,8 +136,9 @@ pub struct ReceiptEntry {
 }
 
 /// One replay, as audited.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct ReplayEntry {
+    #[schema(format = DateTime)]
     pub replayed_at: String,
     pub who: String,
     /// Words holding an `@` masked.
@@ -134,7 +146,9 @@ pub struct ReplayEntry {
     pub from_state: State,
     pub forced: bool,
     pub series_start: i32,
+    #[schema(format = DateTime)]
     pub expires_at_before: Option<String>,
+    #[schema(format = DateTime)]
     pub expires_at_after: Option<String>,
 }
 
@@ -249,7 +263,7 @@ impl Explanation {
 }
 
 /// One dead letter in a listing: identifiers, class, attempts, last status — never a body.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct DeadLetterEntry {
     pub event_id: String,
     pub fingerprint: Option<String>,
@@ -264,12 +278,14 @@ pub struct DeadLetterEntry {
     pub series_attempts: i32,
     pub last_attempt: Option<LastAttemptEntry>,
     /// When it was dead-lettered.
+    #[schema(format = DateTime)]
     pub dead_lettered_at: String,
+    #[schema(format = DateTime)]
     pub created_at: String,
 }
 
 /// The last attempt of a dead letter.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct LastAttemptEntry {
     pub attempt: i32,
     pub status: Option<i32>,

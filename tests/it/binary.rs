@@ -1074,3 +1074,23 @@ async fn serve_offers_the_admin_page_and_its_sessions_survive_a_restart() {
     let value = cookie.split_once('=').unwrap().1;
     assert!(!log.contains(BIN_TOKEN) && !log.contains(value), "{log}");
 }
+
+/// A running `herald serve` answers `GET /openapi.json` without a token: the document the
+/// library generates, OpenAPI 3, listing the contract's routes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_answers_its_openapi_document_without_a_token() {
+    let listen = free_addr();
+    let base = format!("http://{listen}");
+    let mut herald = Herald::spawn(&["serve"], &[("HERALD_LISTEN", &listen)]);
+    herald.wait_healthy(&base).await;
+    let r = reqwest::get(format!("{base}/openapi.json")).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "application/json");
+    let served: serde_json::Value = r.json().await.unwrap();
+    assert!(served["openapi"].as_str().unwrap().starts_with("3."));
+    assert!(served["paths"]["/v1/messages"]["post"].is_object());
+    assert!(served["paths"]["/openapi.json"]["get"].is_object());
+    let generated = serde_json::to_value(herald::http::openapi::document()).unwrap();
+    assert_eq!(served, generated);
+    assert!(herald.terminate().await.success());
+}

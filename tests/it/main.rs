@@ -19,6 +19,7 @@ mod lifecycle;
 mod limits;
 mod metrics;
 mod migrations;
+mod openapi;
 mod reconcile;
 mod retention;
 mod slowdown;
