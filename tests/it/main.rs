@@ -6,6 +6,7 @@ mod support;
 mod binary;
 mod classification;
 mod concurrency;
+mod drills;
 mod email_payload;
 mod enqueue;
 mod fanout;
