@@ -496,3 +496,300 @@ async fn database_restart_while_sending_and_ingesting() {
     assert!(h.terminate().await.success(), "{}", h.stderr());
     let _ = BIN_TOKEN;
 }
+
+// --- Drill 3: two Herald processes on one database, one killed mid-batch ------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_one_killed_mid_batch() {
+    const MESSAGES: usize = 800;
+    const ROLLBACKS: usize = 5;
+    let mut rng = rng_for("two-processes");
+    let db = TestDb::new(Backend::Postgres);
+    let rx = Receiver::start().await;
+    enqueue_by_sql(Backend::Postgres, &db.url, "two", MESSAGES, &rx.url);
+    let (mut a, _) = serve(&db.url, &[], None).await;
+    let (mut b, _) = serve(&db.url, &[], None).await;
+
+    // Meanwhile an application enqueues inside transactions that roll back.
+    let (url, rx_url) = (db.url.clone(), rx.url.clone());
+    let rollbacks = tokio::task::spawn_blocking(move || {
+        let mut c = diesel::pg::PgConnection::establish(&url).unwrap();
+        for k in 0..ROLLBACKS {
+            c.batch_execute(&format!(
+                "BEGIN; \
+                 INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+                 VALUES ('rolled-back-{k}', 'webhook', '{rx_url}', '{{\"body\": {{\"n\": -1}}}}'); \
+                 SELECT pg_sleep(0.2); ROLLBACK;"
+            ))
+            .unwrap();
+        }
+    });
+
+    rx.wait_for(rng.random_range(100..300), 60).await;
+    tokio::time::sleep(Duration::from_millis(rng.random_range(0..30))).await;
+    let pid = a.child.id();
+    a.sigkill();
+    let leased_to_killed = count(
+        Backend::Postgres,
+        &db.url,
+        &format!(
+            "SELECT count(*) AS n FROM herald_outbox \
+             WHERE state = 'sending' AND lease_owner LIKE 'herald-{pid}-%'"
+        ),
+    );
+    rollbacks.await.unwrap();
+    wait_count(
+        Backend::Postgres,
+        &db.url,
+        "SELECT count(*) AS n FROM herald_outbox WHERE state = 'delivered'",
+        MESSAGES as i64,
+        "delivered",
+    )
+    .await;
+    assert!(b.terminate().await.success(), "{}", b.stderr());
+
+    let requests = rx.requests();
+    for r in &requests {
+        let id = r.header("webhook-id").unwrap();
+        assert!(
+            !id.starts_with("rolled-back-"),
+            "a rolled-back enqueue was sent: {id}"
+        );
+    }
+    assert_eq!(
+        count(
+            Backend::Postgres,
+            &db.url,
+            "SELECT count(*) AS n FROM herald_outbox WHERE event_id LIKE 'rolled-back-%'"
+        ),
+        0
+    );
+    let by_id = requests_by_id(&requests, "two");
+    assert_eq!(by_id.len(), MESSAGES, "every message was received");
+    // No claim was sent by both while its lease held: a second request for an event id comes
+    // only after the first one's lease ran out (claimed at most a send timeout and a moment
+    // before its request arrived) and the watchdog returned it.
+    let lease = Duration::from_secs(LEASE_SECONDS);
+    let slack = Duration::from_millis(WEBHOOK_TIMEOUT_MS + 200);
+    let mut resent = Vec::new();
+    for (id, rs) in &by_id {
+        for pair in rs.windows(2) {
+            let gap = pair[1].at.duration_since(pair[0].at);
+            assert!(
+                gap + slack >= lease,
+                "{id} was sent twice {gap:?} apart, within one {lease:?} lease"
+            );
+        }
+        if rs.len() > 1 {
+            resent.push(id.clone());
+        }
+    }
+    let duplicates = requests.len() - by_id.len();
+    if !resent.is_empty() {
+        let list = resent
+            .iter()
+            .map(|i| format!("'{i}'"))
+            .collect::<Vec<_>>()
+            .join(",");
+        assert_eq!(
+            count(
+                Backend::Postgres,
+                &db.url,
+                &format!(
+                    "SELECT count(DISTINCT event_id) AS n FROM herald_attempts \
+                     WHERE error_kind = 'lease_expired' AND event_id IN ({list})"
+                )
+            ),
+            resent.len() as i64,
+            "every resent message went through the watchdog"
+        );
+    }
+    assert!(
+        duplicates as i64 <= leased_to_killed,
+        "{duplicates} duplicates, {leased_to_killed} rows leased to the killed process"
+    );
+    assert_eq!(
+        count(
+            Backend::Postgres,
+            &db.url,
+            "SELECT count(*) AS n FROM herald_attempts WHERE next_state = 'lease_lost'"
+        ),
+        0,
+        "no outcome was refused by the fence: no lease was taken over while it held"
+    );
+    assert!(
+        leased_to_killed > 0,
+        "the killed process held no claim: not killed mid-batch"
+    );
+    eprintln!(
+        "DRILL two-processes messages={MESSAGES} leased_to_killed={leased_to_killed} \
+         duplicates={duplicates} rolled_back={ROLLBACKS} rolled_back_sent=0"
+    );
+}
+
+// --- Drill 4: receivers misbehaving at scale ----------------------------------------------------
+
+/// What the receivers answer, as the classification table sees it.
+fn class_of(reply: &Reply) -> herald::domain::AttemptClass {
+    use herald::domain::AttemptClass;
+    use herald::domain::classify::classify_http_status;
+    match reply {
+        Reply::Status(s) | Reply::Full(s, _, _) => classify_http_status(*s),
+        // README "States and classification": a timeout after the request was sent, or the
+        // connection lost after sending, is ambiguous.
+        Reply::Hang | Reply::Drop => AttemptClass::Ambiguous,
+    }
+}
+
+/// The end a message must reach when its attempts get `script` in turn (then 200s): the state,
+/// its `last_error_class` and the number of attempts, by the sender's own pure decision.
+fn expected_end(
+    script: &[Reply],
+    max_attempts: u32,
+    semantics: herald::domain::Semantics,
+) -> (
+    herald::domain::State,
+    Option<herald::domain::AttemptClass>,
+    u32,
+) {
+    use herald::sender::decide::{AttemptFacts, decide};
+    let policy =
+        herald::sender::policy::RetryPolicy::new("drill".into(), 0.05, 0.5, 15, 1.0, 0.2).unwrap();
+    let now = chrono::Utc::now();
+    for attempt in 1.. {
+        let reply = script
+            .get(attempt as usize - 1)
+            .unwrap_or(&Reply::Status(200));
+        let class = class_of(reply);
+        let retry_after = matches!(reply, Reply::Full(429, _, _)).then(|| Duration::from_secs(1));
+        let d = decide(
+            AttemptFacts {
+                class,
+                retry_after,
+                attempt,
+                max_attempts,
+                semantics,
+            },
+            &policy,
+            now,
+            0.5,
+        );
+        if d.state != herald::domain::State::Retryable {
+            return (d.state, d.error_class, attempt);
+        }
+    }
+    unreachable!()
+}
+
+async fn receivers_misbehaving_at_scale(backend: Backend) {
+    use herald::domain::{Semantics, State};
+    const MESSAGES: usize = 300;
+    const RECEIVERS: usize = 4;
+    let mut rng = rng_for(&format!("misbehaving-{backend:?}"));
+    let app = crate::support::app::spawn_app_with(
+        backend,
+        &format!(
+            "poll_interval_ms = 20\nlease_seconds = {LEASE_SECONDS}\n\
+             webhook_timeout_ms = {WEBHOOK_TIMEOUT_MS}\nwebhook_connect_timeout_ms = 250\n\
+             retry_base_seconds = 0.05\nretry_cap_seconds = 0.5\nretry_after_max_seconds = 1\n\
+             retry_max_attempts = 15\nsender_concurrency = 32\n"
+        ),
+    )
+    .await;
+    let mut receivers = Vec::new();
+    for _ in 0..RECEIVERS {
+        receivers.push(Receiver::start().await);
+    }
+    let menu = |rng: &mut StdRng| match rng.random_range(0..10) {
+        0..=2 => Reply::Status(200),
+        3 => Reply::Full(429, vec![("Retry-After".into(), "1".into())], String::new()),
+        4 | 5 => Reply::Status(503),
+        6 => Reply::Status(409),
+        7 => Reply::Hang,
+        8 => Reply::Drop,
+        _ => Reply::Status(400),
+    };
+    let mut plan = Vec::new();
+    let mut values = Vec::new();
+    for i in 0..MESSAGES {
+        let script: Vec<Reply> = (0..rng.random_range(0..4))
+            .map(|_| menu(&mut rng))
+            .collect();
+        let max_attempts = rng.random_range(1..=4u32);
+        let semantics = if rng.random_bool(0.25) {
+            Semantics::AtMostOnce
+        } else {
+            Semantics::AtLeastOnce
+        };
+        let rx = &receivers[i % RECEIVERS];
+        let path = format!("/m/{i}");
+        rx.script_path(&path, script.clone());
+        values.push(format!(
+            "('mis-{i}', 'webhook', '{}', '{{\"body\": {{\"n\": {i}}}}}', '{semantics}', {max_attempts})",
+            rx.url_for(&path)
+        ));
+        let expected = expected_end(&script, max_attempts, semantics);
+        plan.push((format!("mis-{i}"), i % RECEIVERS, path, script, expected));
+    }
+    app.raw_sql(&format!(
+        "INSERT INTO herald_outbox (event_id, channel, destination, payload, semantics, max_attempts) \
+         VALUES {}",
+        values.join(", ")
+    ));
+    let started = Instant::now();
+    let sender = app.start_sender();
+    wait_count(
+        backend,
+        &app.test_db.url,
+        "SELECT count(*) AS n FROM herald_outbox \
+         WHERE state IN ('delivered', 'dead_letter', 'unconfirmed')",
+        MESSAGES as i64,
+        "settled",
+    )
+    .await;
+    let took = started.elapsed();
+    sender.stop().await;
+
+    let mut by_state: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut requests = 0;
+    for (id, r, path, script, (state, class, attempts)) in &plan {
+        let row = app.row(id);
+        assert_eq!(
+            (row.state, row.last_error_class, row.attempts),
+            (*state, *class, *attempts as i32),
+            "{id}: state, class, attempts"
+        );
+        let got = receivers[*r].requests_to(path);
+        assert_eq!(got.len(), *attempts as usize, "{id}: requests received");
+        assert!(
+            got.iter()
+                .all(|g| g.header("webhook-id") == Some(id.as_str()))
+        );
+        let rows = app.attempts(id);
+        assert_eq!(
+            rows.len(),
+            *attempts as usize,
+            "{id}: one attempt row per request"
+        );
+        for (k, a) in rows.iter().enumerate() {
+            let answered = script
+                .get(k)
+                .map_or(herald::domain::AttemptClass::Accepted, class_of);
+            assert_eq!(a.class, answered, "{id}: attempt {} classified", k + 1);
+        }
+        assert!(
+            row.attempts <= row.max_attempts.unwrap(),
+            "{id}: attempt budget respected"
+        );
+        assert_ne!(row.state, State::Sending);
+        *by_state.entry(format!("{state}")).or_default() += 1;
+        requests += got.len();
+    }
+    eprintln!(
+        "DRILL misbehaving backend={backend:?} messages={MESSAGES} requests={requests} \
+         end_states={by_state:?} took_ms={}",
+        took.as_millis()
+    );
+}
+
+crate::both_backends!(receivers_misbehaving_at_scale);
