@@ -12,6 +12,7 @@ mod enqueue;
 mod fanout;
 mod fixtures;
 mod foundation;
+mod hostile;
 mod http_api;
 mod ingest;
 mod lifecycle;
