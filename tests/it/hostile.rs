@@ -511,13 +511,33 @@ proptest! {
             3 => json_value().prop_map(|v| v.to_string()),
             1 => any::<String>(),
         ],
-        message_id in "[ -~]{1,40}",
+        message_id in text(),
     ) {
         let (body, cert) = signed_ses(message, message_id);
         let v = verify_offline("ses", &[], &[h("x-amz-sns-message-type", "Notification")], &body, None, Some(cert), at())
             .unwrap();
         assert_sane("ses", &v);
     }
+}
+
+/// Found by `signed_hostile_ses_messages`: a correctly signed envelope with an empty `MessageId`
+/// was refused as "missing signature" (401); it is verified but malformed: 400.
+#[test]
+fn a_signed_envelope_without_a_message_id_is_unparsable() {
+    let (body, cert) = signed_ses("{}".into(), String::new());
+    let v = verify_offline(
+        "ses",
+        &[],
+        &[h("x-amz-sns-message-type", "Notification")],
+        &body,
+        None,
+        Some(cert),
+        at(),
+    )
+    .unwrap();
+    assert!(v.signature_valid, "{v:?}");
+    assert_eq!(v.status, 400, "{v:?}");
+    assert_eq!(v.error.as_deref(), Some("unparsable body: no MessageId"));
 }
 
 // --- Header parsers -----------------------------------------------------------------------------
