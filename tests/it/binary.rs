@@ -11,11 +11,11 @@ use serde_json::json;
 use crate::support::smtp_sink::SmtpSink;
 
 /// Generous bounds for a loaded machine; every wait below ends as soon as its condition holds.
-pub(crate) const START_WITHIN: Duration = Duration::from_secs(60);
-pub(crate) const EXIT_WITHIN: Duration = Duration::from_secs(30);
+const START_WITHIN: Duration = Duration::from_secs(60);
+const EXIT_WITHIN: Duration = Duration::from_secs(30);
 
 /// The API token every child process is given (`HERALD_API_TOKEN`) unless a test says otherwise.
-pub(crate) const BIN_TOKEN: &str = "tok-binary-test-7f3a";
+const BIN_TOKEN: &str = "tok-binary-test-7f3a";
 
 /// A client that sends [`BIN_TOKEN`].
 pub(crate) fn client() -> reqwest::Client {
@@ -34,11 +34,11 @@ pub(crate) fn free_addr() -> String {
 /// "")` in `env` unsets it) and `env` on top.
 pub(crate) struct Herald {
     pub(crate) child: Child,
-    pub(crate) dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Herald {
-    pub(crate) fn spawn(args: &[&str], env: &[(&str, &str)]) -> Self {
+    fn spawn(args: &[&str], env: &[(&str, &str)]) -> Self {
         Self::spawn_with_config(args, env, None)
     }
 
@@ -54,7 +54,7 @@ impl Herald {
     }
 
     /// `herald ARGS` in `dir` with exactly `env` (no API token unless given).
-    pub(crate) fn spawn_in(
+    fn spawn_in(
         dir: tempfile::TempDir,
         args: &[&str],
         env: &[(&str, &str)],
@@ -124,7 +124,7 @@ impl Herald {
     }
 
     /// Waits (bounded) for the process to exit by itself; kills it and fails if it does not.
-    pub(crate) async fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+    async fn wait_exit(&mut self, within: Duration) -> ExitStatus {
         let deadline = Instant::now() + within;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {

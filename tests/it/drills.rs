@@ -18,7 +18,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-use crate::binary::{BIN_TOKEN, Herald, client, free_addr};
+use crate::binary::{Herald, client, free_addr};
 use crate::support::receiver::Recorded;
 use crate::support::{Backend, Receiver, Reply, TestDb};
 
@@ -494,7 +494,6 @@ async fn database_restart_while_sending_and_ingesting() {
         messages.len(),
     );
     assert!(h.terminate().await.success(), "{}", h.stderr());
-    let _ = BIN_TOKEN;
 }
 
 // --- Drill 3: two Herald processes on one database, one killed mid-batch ------------------------
