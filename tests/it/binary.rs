@@ -18,12 +18,12 @@ const EXIT_WITHIN: Duration = Duration::from_secs(30);
 const BIN_TOKEN: &str = "tok-binary-test-7f3a";
 
 /// A client that sends [`BIN_TOKEN`].
-fn client() -> reqwest::Client {
+pub(crate) fn client() -> reqwest::Client {
     crate::support::app::client_with_token(BIN_TOKEN)
 }
 
 /// A free loopback address (bound, read, released).
-fn free_addr() -> String {
+pub(crate) fn free_addr() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().to_string()
 }
@@ -32,8 +32,8 @@ fn free_addr() -> String {
 /// inherited `HERALD_*` variable, a SQLite database in that directory,
 /// `HERALD_ALLOW_NETWORKS=127.0.0.0/8` (the receivers listen there; `("HERALD_ALLOW_NETWORKS",
 /// "")` in `env` unsets it) and `env` on top.
-struct Herald {
-    child: Child,
+pub(crate) struct Herald {
+    pub(crate) child: Child,
     dir: tempfile::TempDir,
 }
 
@@ -43,7 +43,11 @@ impl Herald {
     }
 
     /// As [`Herald::spawn`], with `herald.toml` in its directory when given.
-    fn spawn_with_config(args: &[&str], env: &[(&str, &str)], toml: Option<&str>) -> Self {
+    pub(crate) fn spawn_with_config(
+        args: &[&str],
+        env: &[(&str, &str)],
+        toml: Option<&str>,
+    ) -> Self {
         let mut with_token = vec![("HERALD_API_TOKEN", BIN_TOKEN)];
         with_token.extend_from_slice(env);
         Self::spawn_in(tempfile::tempdir().unwrap(), args, &with_token, toml)
@@ -85,7 +89,7 @@ impl Herald {
         Herald { child, dir }
     }
 
-    fn stderr(&self) -> String {
+    pub(crate) fn stderr(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("stderr")).unwrap_or_default()
     }
 
@@ -94,7 +98,7 @@ impl Herald {
     }
 
     /// Polls `GET /healthz` until it answers 200; fails at once if the process exits.
-    async fn wait_healthy(&mut self, base: &str) {
+    pub(crate) async fn wait_healthy(&mut self, base: &str) {
         herald::channels::install_crypto_provider();
         let http = reqwest::Client::new();
         let deadline = Instant::now() + START_WITHIN;
@@ -139,7 +143,7 @@ impl Herald {
     }
 
     /// SIGTERM, then the exit status (bounded).
-    async fn terminate(&mut self) -> ExitStatus {
+    pub(crate) async fn terminate(&mut self) -> ExitStatus {
         let sent = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status()

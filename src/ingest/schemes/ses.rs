@@ -414,7 +414,10 @@ impl Source for Ses {
                 Ok(Vec::new())
             }
             _ => {
-                let id = str_at(&env, "/MessageId").ok_or(VerifyError::Missing("MessageId"))?;
+                // Verified already: an envelope without its MessageId is malformed (400), not
+                // unauthenticated.
+                let id = str_at(&env, "/MessageId")
+                    .ok_or_else(|| VerifyError::Unparsable("no MessageId".into()))?;
                 let message = str_at(&env, "/Message").unwrap_or_default();
                 let ses: Value = serde_json::from_str(&message)
                     .ok()

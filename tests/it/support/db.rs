@@ -340,3 +340,117 @@ fn start_cluster() -> PgServer {
     }
     server
 }
+
+/// A PostgreSQL cluster of one test's own (initdb on a free loopback port), for drills that stop
+/// and start the server under a running Herald — which the shared cluster cannot do while other
+/// tests use it. Stopped and removed when dropped.
+pub struct Cluster {
+    bin: PathBuf,
+    dir: PathBuf,
+    port: u16,
+    root: bool,
+}
+
+impl Cluster {
+    /// initdb, then start it (the commits of a test stay durable across a stop: synchronous
+    /// commit is on; fsync is off, as the OS keeps the files across a server crash).
+    pub fn start_new() -> Self {
+        let bin = pg_bin_dir().expect("no PostgreSQL server binaries (initdb)");
+        let root = is_root();
+        let dir = std::env::temp_dir().join(format!(
+            "herald-drill-pg-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        std::fs::create_dir_all(&dir).expect("create cluster dir");
+        if root {
+            let ok = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&dir)
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            assert!(ok, "cannot chown the cluster directory");
+        }
+        let init = sh(
+            &format!(
+                "'{}/initdb' -D '{}/data' -U herald --auth=trust -E UTF8 --no-sync >'{}/initdb.log' 2>&1",
+                bin.display(),
+                dir.display(),
+                dir.display()
+            ),
+            root,
+        )
+        .status()
+        .expect("run initdb");
+        assert!(
+            init.success(),
+            "initdb failed; see {}/initdb.log",
+            dir.display()
+        );
+        let cluster = Cluster {
+            bin,
+            dir,
+            port: free_port(),
+            root,
+        };
+        cluster.start();
+        cluster
+    }
+
+    /// `postgres://herald@127.0.0.1:PORT/DB`.
+    pub fn url_for(&self, db: &str) -> String {
+        format!("postgres://herald@127.0.0.1:{}/{db}", self.port)
+    }
+
+    fn pg_ctl(&self, action: &str) -> bool {
+        sh(
+            &format!(
+                "'{bin}/pg_ctl' -D '{dir}/data' -l '{dir}/postgres.log' -w -t 60 \
+                 -o \"-p {port} -c listen_addresses=127.0.0.1 -k '{dir}' -c fsync=off \
+                 -c full_page_writes=off -c max_connections=100\" {action} >>'{dir}/pg_ctl.log' 2>&1",
+                bin = self.bin.display(),
+                dir = self.dir.display(),
+                port = self.port,
+            ),
+            self.root,
+        )
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+    }
+
+    /// Starts the server and returns once it accepts connections.
+    pub fn start(&self) {
+        assert!(
+            self.pg_ctl("start"),
+            "pg_ctl start failed; see {}/postgres.log",
+            self.dir.display()
+        );
+    }
+
+    /// Stops the server at once (`-m immediate`: every session cut, crash recovery at the next
+    /// start) and returns once it is gone.
+    pub fn stop_immediately(&self) {
+        assert!(
+            self.pg_ctl("-m immediate stop"),
+            "pg_ctl stop failed; see {}/pg_ctl.log",
+            self.dir.display()
+        );
+    }
+
+    /// `CREATE DATABASE name`.
+    pub fn create_database(&self, name: &str) {
+        PgConnection::establish(&self.url_for("postgres"))
+            .expect("connect to the drill cluster")
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .expect("create database");
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self.pg_ctl("-m immediate stop");
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

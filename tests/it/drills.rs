@@ -1,0 +1,794 @@
+//! Failure drills: the real `herald serve` killed with SIGKILL mid-send, PostgreSQL stopped and
+//! started under a running Herald, two Herald processes on one database with one killed, and
+//! receivers misbehaving at scale. Each ends by checking that nothing was lost, that every
+//! duplicate carried its original's event id, and that every message is in the state the
+//! classification table prescribes. Each prints its figures on a line starting with `DRILL`
+//! (`cargo test --test it drills -- --nocapture`); random moments come from a seeded RNG whose seed
+//! is printed (`HERALD_DRILL_SEED=N` repeats a run).
+//!
+//! Timing: short leases (6 s, the least a 500 ms webhook timeout allows), 20 ms polls, a 50 ms
+//! retry base; every wait ends as soon as its condition holds, under a generous deadline.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use diesel::connection::SimpleConnection;
+use diesel::{Connection, QueryableByName, RunQueryDsl};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+
+use crate::binary::{Herald, client, free_addr};
+use crate::support::receiver::Recorded;
+use crate::support::{Backend, Receiver, Reply, TestDb};
+
+/// Lease of every drill process; the watchdog sweeps every half lease.
+const LEASE_SECONDS: u64 = 6;
+const WEBHOOK_TIMEOUT_MS: u64 = 500;
+const CONCURRENCY: usize = 16;
+/// Bound on any one drill's wait for its end state.
+const SETTLE_WITHIN: Duration = Duration::from_secs(90);
+
+/// The seed of a drill's random moments: `HERALD_DRILL_SEED`, else the clock; printed.
+fn rng_for(drill: &str) -> StdRng {
+    let seed = std::env::var("HERALD_DRILL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!("DRILL {drill} seed={seed}");
+    StdRng::seed_from_u64(seed)
+}
+
+/// `herald serve` on `db_url` with the drills' fast settings, `extra` on top; healthy on return.
+async fn serve(db_url: &str, extra: &[(&str, &str)], toml: Option<&str>) -> (Herald, String) {
+    let listen = free_addr();
+    let base = format!("http://{listen}");
+    let lease = LEASE_SECONDS.to_string();
+    let timeout = WEBHOOK_TIMEOUT_MS.to_string();
+    let concurrency = CONCURRENCY.to_string();
+    let mut env = vec![
+        ("HERALD_LISTEN", listen.as_str()),
+        ("HERALD_DATABASE_URL", db_url),
+        ("HERALD_POLL_INTERVAL_MS", "20"),
+        ("HERALD_LEASE_SECONDS", lease.as_str()),
+        ("HERALD_WEBHOOK_TIMEOUT_MS", timeout.as_str()),
+        ("HERALD_SENDER_CONCURRENCY", concurrency.as_str()),
+        ("HERALD_RETRY_BASE_SECONDS", "0.05"),
+        ("HERALD_RETRY_CAP_SECONDS", "0.5"),
+        ("HERALD_RETRY_AFTER_MAX_SECONDS", "1"),
+        ("HERALD_RECONCILE_INTERVAL_MS", "100"),
+    ];
+    env.extend_from_slice(extra);
+    let mut h = Herald::spawn_with_config(&["serve"], &env, toml);
+    h.wait_healthy(&base).await;
+    (h, base)
+}
+
+impl Herald {
+    /// SIGKILL, and the process reaped: no shutdown path of its own runs.
+    pub(crate) fn sigkill(&mut self) {
+        self.child.kill().expect("SIGKILL herald");
+        self.child.wait().expect("reap herald");
+    }
+}
+
+/// Raw SQL on a plain connection, as an application would run it.
+fn sql(backend: Backend, url: &str, statements: &str) {
+    match backend {
+        Backend::Postgres => diesel::pg::PgConnection::establish(url)
+            .unwrap()
+            .batch_execute(statements)
+            .unwrap(),
+        Backend::Sqlite => {
+            let path = herald::storage::sqlite_path(url).unwrap();
+            let mut c = diesel::sqlite::SqliteConnection::establish(path).unwrap();
+            c.batch_execute("PRAGMA busy_timeout = 10000").unwrap();
+            c.batch_execute(statements).unwrap();
+        }
+    }
+}
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    n: i64,
+}
+
+/// `SELECT count(*) AS n FROM …` (the query given whole).
+fn count(backend: Backend, url: &str, query: &str) -> i64 {
+    let rows: Vec<Count> = match backend {
+        Backend::Postgres => {
+            let mut c = diesel::pg::PgConnection::establish(url).unwrap();
+            diesel::sql_query(query).load(&mut c).unwrap()
+        }
+        Backend::Sqlite => {
+            let path = herald::storage::sqlite_path(url).unwrap();
+            let mut c = diesel::sqlite::SqliteConnection::establish(path).unwrap();
+            c.batch_execute("PRAGMA busy_timeout = 10000").unwrap();
+            diesel::sql_query(query).load(&mut c).unwrap()
+        }
+    };
+    rows[0].n
+}
+
+/// `n` webhook messages `{prefix}-{i}` (body `{"n": i}`) to `url`, in one plain-SQL statement.
+fn enqueue_by_sql(backend: Backend, db_url: &str, prefix: &str, n: usize, url: &str) {
+    let statement = match backend {
+        Backend::Postgres => format!(
+            "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+             SELECT '{prefix}-' || i, 'webhook', '{url}', \
+                    jsonb_build_object('body', jsonb_build_object('n', i)) \
+             FROM generate_series(1, {n}) AS i"
+        ),
+        Backend::Sqlite => format!(
+            "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < {n}) \
+             INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+             SELECT '{prefix}-' || i, 'webhook', '{url}', \
+                    json_object('body', json_object('n', i)) FROM s"
+        ),
+    };
+    sql(backend, db_url, &statement);
+}
+
+/// Waits (bounded) until `SELECT count(*)…` reaches `want`.
+async fn wait_count(backend: Backend, url: &str, query: &str, want: i64, what: &str) {
+    let deadline = Instant::now() + SETTLE_WITHIN;
+    loop {
+        let (u, q) = (url.to_owned(), query.to_owned());
+        let n = tokio::task::spawn_blocking(move || count(backend, &u, &q))
+            .await
+            .unwrap();
+        if n >= want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {n} of {want} within {SETTLE_WITHIN:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Requests per `webhook-id`, after checking that each request's body is its own message's
+/// (`{"n": i}` for `{prefix}-{i}`): a duplicate carries its original's event id, never another's.
+fn requests_by_id(requests: &[Recorded], prefix: &str) -> HashMap<String, Vec<Recorded>> {
+    let mut by_id: HashMap<String, Vec<Recorded>> = HashMap::new();
+    for r in requests {
+        let id = r
+            .header("webhook-id")
+            .expect("every request carries webhook-id");
+        assert_eq!(
+            r.header("idempotency-key"),
+            Some(id),
+            "Idempotency-Key is the event id"
+        );
+        let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(
+            Some(id.to_owned()),
+            body["n"].as_i64().map(|n| format!("{prefix}-{n}")),
+            "the request for body {body} carries another message's event id"
+        );
+        by_id.entry(id.to_owned()).or_default().push(r.clone());
+    }
+    by_id
+}
+
+// --- Drill 1: SIGKILL while sending -------------------------------------------------------------
+
+const KILL_MESSAGES: usize = 1200;
+const KILLS: usize = 3;
+
+async fn sigkill_while_sending(backend: Backend) {
+    let mut rng = rng_for(&format!("sigkill-{backend:?}"));
+    let db = TestDb::new(backend);
+    let rx = Receiver::start().await;
+    enqueue_by_sql(backend, &db.url, "kill", KILL_MESSAGES, &rx.url);
+    let started = Instant::now();
+    let mut in_flight_at_kill = Vec::new();
+    for _ in 0..KILLS {
+        let (mut h, _) = serve(&db.url, &[], None).await;
+        // A random moment while it sends: after a random number of further requests, plus a
+        // random few milliseconds.
+        let seen = rx.requests().len();
+        let more = rng.random_range(50..250);
+        rx.wait_for(seen + more, 60).await;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..30))).await;
+        let pid = h.child.id();
+        h.sigkill();
+        let leased = count(
+            backend,
+            &db.url,
+            &format!(
+                "SELECT count(*) AS n FROM herald_outbox \
+                 WHERE state = 'sending' AND lease_owner LIKE 'herald-{pid}-%'"
+            ),
+        );
+        in_flight_at_kill.push(leased);
+    }
+    // The last process finishes the work, the dead ones' leases included.
+    let (mut h, _) = serve(&db.url, &[], None).await;
+    wait_count(
+        backend,
+        &db.url,
+        "SELECT count(*) AS n FROM herald_outbox WHERE state = 'delivered'",
+        KILL_MESSAGES as i64,
+        "delivered",
+    )
+    .await;
+    let took = started.elapsed();
+    assert!(h.terminate().await.success(), "{}", h.stderr());
+
+    assert_eq!(
+        count(backend, &db.url, "SELECT count(*) AS n FROM herald_outbox"),
+        KILL_MESSAGES as i64
+    );
+    let requests = rx.requests();
+    let by_id = requests_by_id(&requests, "kill");
+    let expected: HashSet<String> = (1..=KILL_MESSAGES).map(|i| format!("kill-{i}")).collect();
+    let seen: HashSet<String> = by_id.keys().cloned().collect();
+    assert_eq!(
+        seen, expected,
+        "the receiver saw every event id, and no other"
+    );
+    let duplicates = requests.len() - by_id.len();
+    eprintln!(
+        "DRILL sigkill backend={backend:?} messages={KILL_MESSAGES} kills={KILLS} \
+         requests={} duplicates={duplicates} duplicates_per_kill={:.1} \
+         leased_at_kill={in_flight_at_kill:?} took_ms={}",
+        requests.len(),
+        duplicates as f64 / KILLS as f64,
+        took.as_millis()
+    );
+    // A duplicate is a send whose outcome died with its process: only a row still leased to a
+    // killed process (counted right after each kill, before the next process started) can be
+    // sent again.
+    let leased: i64 = in_flight_at_kill.iter().sum();
+    assert!(
+        duplicates as i64 <= leased,
+        "{duplicates} duplicates, but only {leased} rows were leased to the killed processes"
+    );
+    assert!(
+        in_flight_at_kill.iter().any(|&n| n > 0),
+        "no kill caught a process mid-send: {in_flight_at_kill:?}"
+    );
+}
+
+crate::both_backends!(sigkill_while_sending);
+
+// --- Drill 2: the database restarted while sending and ingesting --------------------------------
+
+/// One request of a load loop: when it was sent and answered, what came back.
+#[derive(Debug, Clone)]
+struct Answered {
+    id: String,
+    sent: Instant,
+    answered: Instant,
+    /// `None`: no HTTP answer at all.
+    status: Option<u16>,
+}
+
+/// Posts signed receipts (`kind = "ingest"`) or messages (`"message"`) one after another until
+/// `stop`, each with a fresh id; returns every request's fate.
+async fn load_loop(
+    kind: &'static str,
+    lane: usize,
+    base: String,
+    rx_url: String,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Vec<Answered> {
+    use hmac::{Hmac, Mac};
+    let http = client();
+    let mut out = Vec::new();
+    let mut i = 0usize;
+    while !*stop.borrow() {
+        i += 1;
+        let id = format!("{kind}-{lane}-{i}");
+        let sent = Instant::now();
+        let request = if kind == "ingest" {
+            let body = serde_json::to_vec(&json!({
+                "id": id, "type": "delivered", "herald_event_id": format!("kill-{i}")
+            }))
+            .unwrap();
+            let mut mac = Hmac::<sha2::Sha256>::new_from_slice(b"drill-esp").unwrap();
+            mac.update(&body);
+            http.post(format!("{base}/v1/ingest/esp"))
+                .header("x-signature", hex::encode(mac.finalize().into_bytes()))
+                .body(body)
+        } else {
+            http.post(format!("{base}/v1/messages"))
+                .json(&crate::support::app::webhook(
+                    &id,
+                    &rx_url,
+                    json!({"id": id}),
+                ))
+        };
+        let status = request
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .ok()
+            .map(|r| r.status().as_u16());
+        out.push(Answered {
+            id,
+            sent,
+            answered: Instant::now(),
+            status,
+        });
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_restart_while_sending_and_ingesting() {
+    let mut rng = rng_for("db-restart");
+    let cluster = tokio::task::spawn_blocking(crate::support::db::Cluster::start_new)
+        .await
+        .unwrap();
+    cluster.create_database("herald");
+    let url = cluster.url_for("herald");
+    let rx = Receiver::start().await;
+    let toml = "[sources.esp]\nscheme = \"hmac\"\nsecrets = [\"drill-esp\"]\n";
+    let (mut h, base) = serve(&url, &[], Some(toml)).await;
+    const BACKLOG: usize = 600;
+    enqueue_by_sql(Backend::Postgres, &url, "kill", BACKLOG, &rx.url);
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut loops = Vec::new();
+    for (kind, lane) in [("ingest", 0), ("ingest", 1), ("message", 0)] {
+        loops.push(tokio::spawn(load_loop(
+            kind,
+            lane,
+            base.clone(),
+            rx.url.clone(),
+            stop_rx.clone(),
+        )));
+    }
+    // Stop the server at a random moment while the backlog is being sent.
+    rx.wait_for(rng.random_range(50..250), 60).await;
+    tokio::time::sleep(Duration::from_millis(rng.random_range(0..50))).await;
+    let c = &cluster;
+    std::thread::scope(|s| s.spawn(|| c.stop_immediately()).join().unwrap());
+    let stopped = Instant::now();
+    // Down long enough for requests to begin and end while it is: a request waits up to the
+    // pool's 5 s connection timeout before its 503, and the first ones began before the stop.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let starting = Instant::now();
+    std::thread::scope(|s| s.spawn(|| c.start()).join().unwrap());
+    let up = Instant::now();
+    // Load goes on until both ingest and sending have recovered, then a little longer.
+    let deadline = up + SETTLE_WITHIN;
+    let sent_after_up = loop {
+        if let Some(r) = rx.requests().iter().find(|r| r.at > up) {
+            break r.at;
+        }
+        assert!(Instant::now() < deadline, "sending never resumed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop_tx.send(true).unwrap();
+    let mut answers: Vec<(&str, Answered)> = Vec::new();
+    for (l, kind) in loops.into_iter().zip(["ingest", "ingest", "message"]) {
+        answers.extend(l.await.unwrap().into_iter().map(|a| (kind, a)));
+    }
+    assert!(
+        h.child.try_wait().unwrap().is_none(),
+        "the same process rode out the restart:\n{}",
+        h.stderr()
+    );
+
+    // While it was down: 503, never 2xx; at any time: 2xx or 503, nothing else.
+    let mut down_503 = 0;
+    for (kind, a) in &answers {
+        let status = a
+            .status
+            .unwrap_or_else(|| panic!("{kind} {} got no answer", a.id));
+        assert!(
+            (200..300).contains(&status) || status == 503,
+            "{kind} {}: {status}",
+            a.id
+        );
+        if a.sent >= stopped && a.answered <= starting {
+            assert_eq!(status, 503, "{kind} {} answered {status} while down", a.id);
+            down_503 += 1;
+        }
+    }
+    if down_503 == 0 {
+        for (kind, a) in &answers {
+            if a.answered >= stopped && a.sent <= up {
+                eprintln!(
+                    "{kind} {} sent {:?} answered {:?} (after the stop) {:?}",
+                    a.id,
+                    a.sent.checked_duration_since(stopped),
+                    a.answered.duration_since(stopped),
+                    a.status
+                );
+            }
+        }
+    }
+    assert!(
+        down_503 > 0,
+        "no request was answered while the database was down"
+    );
+    let first_ingest_ok = answers
+        .iter()
+        .filter(|(k, a)| *k == "ingest" && a.answered > up && a.status == Some(200))
+        .map(|(_, a)| a.answered)
+        .min()
+        .expect("ingest recovered");
+
+    // Nothing acknowledged is lost: every 2xx receipt is stored, every 2xx message delivered
+    // (with the backlog), and received.
+    let acked = |kind: &str| -> Vec<String> {
+        answers
+            .iter()
+            .filter(|(k, a)| *k == kind && a.status.is_some_and(|s| (200..300).contains(&s)))
+            .map(|(_, a)| a.id.clone())
+            .collect()
+    };
+    let receipts = acked("ingest");
+    let messages = acked("message");
+    let list = |ids: &[String]| {
+        ids.iter()
+            .map(|i| format!("'{i}'"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    assert_eq!(
+        count(
+            Backend::Postgres,
+            &url,
+            &format!(
+                "SELECT count(*) AS n FROM herald_receipts WHERE provider_event_id IN ({})",
+                list(&receipts)
+            )
+        ),
+        receipts.len() as i64,
+        "an acknowledged receipt is missing"
+    );
+    let total = BACKLOG + messages.len();
+    wait_count(
+        Backend::Postgres,
+        &url,
+        "SELECT count(*) AS n FROM herald_outbox WHERE state = 'delivered'",
+        total as i64,
+        "delivered",
+    )
+    .await;
+    assert_eq!(
+        count(
+            Backend::Postgres,
+            &url,
+            &format!(
+                "SELECT count(*) AS n FROM herald_outbox WHERE state = 'delivered' \
+                 AND (event_id LIKE 'kill-%' OR event_id IN ({}))",
+                list(&messages)
+            )
+        ),
+        total as i64
+    );
+    let seen: HashSet<String> = rx.event_ids().into_iter().collect();
+    for id in messages.iter().chain(
+        (1..=BACKLOG)
+            .map(|i| format!("kill-{i}"))
+            .collect::<Vec<_>>()
+            .iter(),
+    ) {
+        assert!(seen.contains(id), "{id} acknowledged but never received");
+    }
+    let r = client().get(format!("{base}/readyz")).send().await.unwrap();
+    assert_eq!(r.status(), 200, "ready again after the restart");
+    let duplicates = rx.requests().len() - seen.len();
+    eprintln!(
+        "DRILL db-restart down_ms={} ingest_recovery_ms={} sending_recovery_ms={} \
+         answered_503_while_down={down_503} receipts_acked={} messages_acked={} backlog={BACKLOG} \
+         duplicates={duplicates}",
+        starting.duration_since(stopped).as_millis(),
+        first_ingest_ok.duration_since(up).as_millis(),
+        sent_after_up.duration_since(up).as_millis(),
+        receipts.len(),
+        messages.len(),
+    );
+    assert!(h.terminate().await.success(), "{}", h.stderr());
+}
+
+// --- Drill 3: two Herald processes on one database, one killed mid-batch ------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_one_killed_mid_batch() {
+    const MESSAGES: usize = 800;
+    const ROLLBACKS: usize = 5;
+    let mut rng = rng_for("two-processes");
+    let db = TestDb::new(Backend::Postgres);
+    let rx = Receiver::start().await;
+    enqueue_by_sql(Backend::Postgres, &db.url, "two", MESSAGES, &rx.url);
+    let (mut a, _) = serve(&db.url, &[], None).await;
+    let (mut b, _) = serve(&db.url, &[], None).await;
+
+    // Meanwhile an application enqueues inside transactions that roll back.
+    let (url, rx_url) = (db.url.clone(), rx.url.clone());
+    let rollbacks = tokio::task::spawn_blocking(move || {
+        let mut c = diesel::pg::PgConnection::establish(&url).unwrap();
+        for k in 0..ROLLBACKS {
+            c.batch_execute(&format!(
+                "BEGIN; \
+                 INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+                 VALUES ('rolled-back-{k}', 'webhook', '{rx_url}', '{{\"body\": {{\"n\": -1}}}}'); \
+                 SELECT pg_sleep(0.2); ROLLBACK;"
+            ))
+            .unwrap();
+        }
+    });
+
+    rx.wait_for(rng.random_range(100..300), 60).await;
+    tokio::time::sleep(Duration::from_millis(rng.random_range(0..30))).await;
+    let pid = a.child.id();
+    a.sigkill();
+    let leased_to_killed = count(
+        Backend::Postgres,
+        &db.url,
+        &format!(
+            "SELECT count(*) AS n FROM herald_outbox \
+             WHERE state = 'sending' AND lease_owner LIKE 'herald-{pid}-%'"
+        ),
+    );
+    rollbacks.await.unwrap();
+    wait_count(
+        Backend::Postgres,
+        &db.url,
+        "SELECT count(*) AS n FROM herald_outbox WHERE state = 'delivered'",
+        MESSAGES as i64,
+        "delivered",
+    )
+    .await;
+    assert!(b.terminate().await.success(), "{}", b.stderr());
+
+    let requests = rx.requests();
+    for r in &requests {
+        let id = r.header("webhook-id").unwrap();
+        assert!(
+            !id.starts_with("rolled-back-"),
+            "a rolled-back enqueue was sent: {id}"
+        );
+    }
+    assert_eq!(
+        count(
+            Backend::Postgres,
+            &db.url,
+            "SELECT count(*) AS n FROM herald_outbox WHERE event_id LIKE 'rolled-back-%'"
+        ),
+        0
+    );
+    let by_id = requests_by_id(&requests, "two");
+    assert_eq!(by_id.len(), MESSAGES, "every message was received");
+    // No claim was sent by both while its lease held: a second request for an event id comes
+    // only after the first one's lease ran out (claimed at most a send timeout and a moment
+    // before its request arrived) and the watchdog returned it.
+    let lease = Duration::from_secs(LEASE_SECONDS);
+    let slack = Duration::from_millis(WEBHOOK_TIMEOUT_MS + 200);
+    let mut resent = Vec::new();
+    for (id, rs) in &by_id {
+        for pair in rs.windows(2) {
+            let gap = pair[1].at.duration_since(pair[0].at);
+            assert!(
+                gap + slack >= lease,
+                "{id} was sent twice {gap:?} apart, within one {lease:?} lease"
+            );
+        }
+        if rs.len() > 1 {
+            resent.push(id.clone());
+        }
+    }
+    let duplicates = requests.len() - by_id.len();
+    if !resent.is_empty() {
+        let list = resent
+            .iter()
+            .map(|i| format!("'{i}'"))
+            .collect::<Vec<_>>()
+            .join(",");
+        assert_eq!(
+            count(
+                Backend::Postgres,
+                &db.url,
+                &format!(
+                    "SELECT count(DISTINCT event_id) AS n FROM herald_attempts \
+                     WHERE error_kind = 'lease_expired' AND event_id IN ({list})"
+                )
+            ),
+            resent.len() as i64,
+            "every resent message went through the watchdog"
+        );
+    }
+    assert!(
+        duplicates as i64 <= leased_to_killed,
+        "{duplicates} duplicates, {leased_to_killed} rows leased to the killed process"
+    );
+    assert_eq!(
+        count(
+            Backend::Postgres,
+            &db.url,
+            "SELECT count(*) AS n FROM herald_attempts WHERE next_state = 'lease_lost'"
+        ),
+        0,
+        "no outcome was refused by the fence: no lease was taken over while it held"
+    );
+    assert!(
+        leased_to_killed > 0,
+        "the killed process held no claim: not killed mid-batch"
+    );
+    eprintln!(
+        "DRILL two-processes messages={MESSAGES} leased_to_killed={leased_to_killed} \
+         duplicates={duplicates} rolled_back={ROLLBACKS} rolled_back_sent=0"
+    );
+}
+
+// --- Drill 4: receivers misbehaving at scale ----------------------------------------------------
+
+/// What the receivers answer, as the classification table sees it.
+fn class_of(reply: &Reply) -> herald::domain::AttemptClass {
+    use herald::domain::AttemptClass;
+    use herald::domain::classify::classify_http_status;
+    match reply {
+        Reply::Status(s) | Reply::Full(s, _, _) => classify_http_status(*s),
+        // README "States and classification": a timeout after the request was sent, or the
+        // connection lost after sending, is ambiguous.
+        Reply::Hang | Reply::Drop => AttemptClass::Ambiguous,
+    }
+}
+
+/// The end a message must reach when its attempts get `script` in turn (then 200s): the state,
+/// its `last_error_class` and the number of attempts, by the sender's own pure decision.
+fn expected_end(
+    script: &[Reply],
+    max_attempts: u32,
+    semantics: herald::domain::Semantics,
+) -> (
+    herald::domain::State,
+    Option<herald::domain::AttemptClass>,
+    u32,
+) {
+    use herald::sender::decide::{AttemptFacts, decide};
+    let policy =
+        herald::sender::policy::RetryPolicy::new("drill".into(), 0.05, 0.5, 15, 1.0, 0.2).unwrap();
+    let now = chrono::Utc::now();
+    for attempt in 1.. {
+        let reply = script
+            .get(attempt as usize - 1)
+            .unwrap_or(&Reply::Status(200));
+        let class = class_of(reply);
+        let retry_after = matches!(reply, Reply::Full(429, _, _)).then(|| Duration::from_secs(1));
+        let d = decide(
+            AttemptFacts {
+                class,
+                retry_after,
+                attempt,
+                max_attempts,
+                semantics,
+            },
+            &policy,
+            now,
+            0.5,
+        );
+        if d.state != herald::domain::State::Retryable {
+            return (d.state, d.error_class, attempt);
+        }
+    }
+    unreachable!()
+}
+
+async fn receivers_misbehaving_at_scale(backend: Backend) {
+    use herald::domain::{Semantics, State};
+    const MESSAGES: usize = 300;
+    const RECEIVERS: usize = 4;
+    let mut rng = rng_for(&format!("misbehaving-{backend:?}"));
+    let app = crate::support::app::spawn_app_with(
+        backend,
+        &format!(
+            "poll_interval_ms = 20\nlease_seconds = {LEASE_SECONDS}\n\
+             webhook_timeout_ms = {WEBHOOK_TIMEOUT_MS}\nwebhook_connect_timeout_ms = 250\n\
+             retry_base_seconds = 0.05\nretry_cap_seconds = 0.5\nretry_after_max_seconds = 1\n\
+             retry_max_attempts = 15\nsender_concurrency = 32\n"
+        ),
+    )
+    .await;
+    let mut receivers = Vec::new();
+    for _ in 0..RECEIVERS {
+        receivers.push(Receiver::start().await);
+    }
+    let menu = |rng: &mut StdRng| match rng.random_range(0..10) {
+        0..=2 => Reply::Status(200),
+        3 => Reply::Full(429, vec![("Retry-After".into(), "1".into())], String::new()),
+        4 | 5 => Reply::Status(503),
+        6 => Reply::Status(409),
+        7 => Reply::Hang,
+        8 => Reply::Drop,
+        _ => Reply::Status(400),
+    };
+    let mut plan = Vec::new();
+    let mut values = Vec::new();
+    for i in 0..MESSAGES {
+        let script: Vec<Reply> = (0..rng.random_range(0..4))
+            .map(|_| menu(&mut rng))
+            .collect();
+        let max_attempts = rng.random_range(1..=4u32);
+        let semantics = if rng.random_bool(0.25) {
+            Semantics::AtMostOnce
+        } else {
+            Semantics::AtLeastOnce
+        };
+        let rx = &receivers[i % RECEIVERS];
+        let path = format!("/m/{i}");
+        rx.script_path(&path, script.clone());
+        values.push(format!(
+            "('mis-{i}', 'webhook', '{}', '{{\"body\": {{\"n\": {i}}}}}', '{semantics}', {max_attempts})",
+            rx.url_for(&path)
+        ));
+        let expected = expected_end(&script, max_attempts, semantics);
+        plan.push((format!("mis-{i}"), i % RECEIVERS, path, script, expected));
+    }
+    app.raw_sql(&format!(
+        "INSERT INTO herald_outbox (event_id, channel, destination, payload, semantics, max_attempts) \
+         VALUES {}",
+        values.join(", ")
+    ));
+    let started = Instant::now();
+    let sender = app.start_sender();
+    wait_count(
+        backend,
+        &app.test_db.url,
+        "SELECT count(*) AS n FROM herald_outbox \
+         WHERE state IN ('delivered', 'dead_letter', 'unconfirmed')",
+        MESSAGES as i64,
+        "settled",
+    )
+    .await;
+    let took = started.elapsed();
+    sender.stop().await;
+
+    let mut by_state: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut requests = 0;
+    for (id, r, path, script, (state, class, attempts)) in &plan {
+        let row = app.row(id);
+        assert_eq!(
+            (row.state, row.last_error_class, row.attempts),
+            (*state, *class, *attempts as i32),
+            "{id}: state, class, attempts"
+        );
+        let got = receivers[*r].requests_to(path);
+        assert_eq!(got.len(), *attempts as usize, "{id}: requests received");
+        assert!(
+            got.iter()
+                .all(|g| g.header("webhook-id") == Some(id.as_str()))
+        );
+        let rows = app.attempts(id);
+        assert_eq!(
+            rows.len(),
+            *attempts as usize,
+            "{id}: one attempt row per request"
+        );
+        for (k, a) in rows.iter().enumerate() {
+            let answered = script
+                .get(k)
+                .map_or(herald::domain::AttemptClass::Accepted, class_of);
+            assert_eq!(a.class, answered, "{id}: attempt {} classified", k + 1);
+        }
+        assert!(
+            row.attempts <= row.max_attempts.unwrap(),
+            "{id}: attempt budget respected"
+        );
+        assert_ne!(row.state, State::Sending);
+        *by_state.entry(format!("{state}")).or_default() += 1;
+        requests += got.len();
+    }
+    eprintln!(
+        "DRILL misbehaving backend={backend:?} messages={MESSAGES} requests={requests} \
+         end_states={by_state:?} took_ms={}",
+        took.as_millis()
+    );
+}
+
+crate::both_backends!(receivers_misbehaving_at_scale);
