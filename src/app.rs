@@ -20,6 +20,7 @@ use crate::metrics::Metrics;
 use crate::reconcile::{Reconciler, ReconcilerConfig};
 use crate::retention::Retention;
 use crate::sender::{Sender, SenderConfig};
+use crate::storage::group_commit::ReceiptWriter;
 use crate::storage::{Backend, Db, PoolOptions};
 
 /// The key under which a generated webhook secret is stored in `herald_settings`.
@@ -38,6 +39,8 @@ pub struct Herald {
     /// This Herald's metrics (its own registry: several Heralds in one process never mix counts).
     pub metrics: Metrics,
     pub retention: Retention,
+    /// Ingest's group-commit writer: concurrent requests' receipts share one transaction.
+    pub receipt_writer: ReceiptWriter,
 }
 
 /// Opens the database (and migrates it unless told not to). Blocking.
@@ -250,6 +253,8 @@ impl Herald {
             metrics.clone(),
         );
         let retention = Retention::new(db.clone(), clock.clone(), settings.retention);
+        let receipt_writer =
+            ReceiptWriter::spawn(db.clone()).context("cannot start the receipt writer")?;
         Ok(Self {
             settings,
             db,
@@ -259,6 +264,7 @@ impl Herald {
             reconciler,
             metrics,
             retention,
+            receipt_writer,
         })
     }
 
@@ -279,6 +285,7 @@ impl Herald {
             reconcile_wake: self.reconciler.wake_handle(),
             metrics: self.metrics.clone(),
             sender_heartbeat: self.sender.heartbeat(),
+            receipt_writer: self.receipt_writer.clone(),
         }
     }
 

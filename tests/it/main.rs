@@ -11,6 +11,7 @@ mod enqueue;
 mod fanout;
 mod fixtures;
 mod foundation;
+mod group_commit;
 mod http_api;
 mod ingest;
 mod lifecycle;
