@@ -3,6 +3,7 @@
 
 mod support;
 
+mod bench_smoke;
 mod binary;
 mod classification;
 mod concurrency;
