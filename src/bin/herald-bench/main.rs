@@ -127,12 +127,12 @@ impl Sizes {
         if quick {
             Sizes {
                 quick,
-                dispatch_messages: 10_000,
-                procs_messages: 5_000,
-                window_secs: 3,
-                latency_secs: 3,
+                dispatch_messages: 20_000,
+                procs_messages: 10_000,
+                window_secs: 5,
+                latency_secs: 5,
                 claim_rows: 250_000,
-                email_messages: 2_000,
+                email_messages: 4_000,
             }
         } else {
             Sizes {
