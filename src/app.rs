@@ -21,6 +21,7 @@ use crate::metrics::Metrics;
 use crate::reconcile::{Reconciler, ReconcilerConfig};
 use crate::retention::Retention;
 use crate::sender::{Sender, SenderConfig};
+use crate::storage::group_commit::ReceiptWriter;
 use crate::storage::{Backend, Db, PoolOptions};
 
 /// The key under which a generated webhook secret is stored in `herald_settings`.
@@ -41,6 +42,8 @@ pub struct Herald {
     pub retention: Retention,
     /// The admin page's session key and replay hook.
     pub admin: AdminState,
+    /// Ingest's group-commit writer: concurrent requests' receipts share one transaction.
+    pub receipt_writer: ReceiptWriter,
 }
 
 /// Opens the database (and migrates it unless told not to). Blocking.
@@ -254,6 +257,8 @@ impl Herald {
             metrics.clone(),
         );
         let retention = Retention::new(db.clone(), clock.clone(), settings.retention);
+        let receipt_writer =
+            ReceiptWriter::spawn(db.clone()).context("cannot start the receipt writer")?;
         Ok(Self {
             settings,
             db,
@@ -264,6 +269,7 @@ impl Herald {
             metrics,
             retention,
             admin,
+            receipt_writer,
         })
     }
 
@@ -284,6 +290,7 @@ impl Herald {
             reconcile_wake: self.reconciler.wake_handle(),
             metrics: self.metrics.clone(),
             sender_heartbeat: self.sender.heartbeat(),
+            receipt_writer: self.receipt_writer.clone(),
         }
     }
 

@@ -26,6 +26,7 @@ use crate::health::{Findings, Heartbeat, readiness};
 use crate::ingest::RawRequest;
 use crate::metrics::{IngestVerdict, Metrics, ReceiptVerdict};
 use crate::outbox::{FanOut, Limits, NewMessage, Prepared};
+use crate::storage::group_commit::ReceiptWriter;
 use crate::storage::receipts::Stored;
 use crate::storage::{Db, StorageError};
 use crate::support::{self, SupportError};
@@ -53,6 +54,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// The sender loop's heartbeat (`/readyz`: a stalled sender is not ready).
     pub sender_heartbeat: Arc<Heartbeat>,
+    /// Ingest's group-commit writer (on `db`): a request is answered after its group commits.
+    pub receipt_writer: ReceiptWriter,
 }
 
 /// Every route Herald serves, in one list: [`configure`] registers each handler at the
@@ -905,6 +908,8 @@ async fn ingest_into(
     let query = req.uri().query().map(str::to_owned);
     let method = req.method().as_str().to_owned();
     let verifier = source.source.clone();
+    // From here on the writer may wait (briefly) for this request to join its next group.
+    let coming = state.receipt_writer.begin();
     // Signature checks (RSA, ECDSA) and an occasional certificate fetch run off the executor.
     let verdict = web::block(move || {
         let raw = RawRequest {
@@ -928,11 +933,12 @@ async fn ingest_into(
         };
         (verdict, Problem::from(e))
     })?;
-    let db = state.db.clone();
-    let source_name = name.clone();
-    let outcome = web::block(move || db.store_unless_replayed(&source_name, &events, now))
+    // Committed with the next group (one transaction, one fsync for every request in it); the
+    // answer comes after that commit.
+    let outcome = state
+        .receipt_writer
+        .store(coming, &name, events, now)
         .await
-        .map_err(|e| refused(e.into()))?
         .map_err(|e| refused(e.into()))?;
     let (stored, duplicates) = match outcome {
         Stored::Receipts { new, duplicates } => (new, duplicates),

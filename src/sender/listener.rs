@@ -22,7 +22,7 @@ use tracing::{info, warn};
 pub const APPLICATION_NAME: &str = "herald-listen";
 
 /// How often pending notifications are drained.
-const DRAIN_EVERY: Duration = Duration::from_millis(20);
+const DRAIN_EVERY: Duration = Duration::from_millis(2);
 /// How often the registration is renewed (which also checks the connection). The trigger counts
 /// a registration as live for 30 s: three renewals.
 pub const CHECK_EVERY: Duration = Duration::from_secs(10);

@@ -11,6 +11,7 @@ pub mod admin;
 pub mod attempts;
 pub mod endpoints;
 pub mod fanout;
+pub mod group_commit;
 pub mod models;
 pub mod outbox;
 pub mod queries;
@@ -201,6 +202,10 @@ impl Db {
                 .max_size(options.max_size)
                 .min_idle(Some(1))
                 .connection_timeout(options.connection_timeout)
+                // No `SELECT 1` on every checkout (a round trip and a transaction each time): a
+                // connection that broke fails its first statement, is reported unavailable
+                // (503 / retry) and is dropped by the pool as broken.
+                .test_on_check_out(false)
                 // A database that is down now is an error at the first use, not at start-up.
                 .build_unchecked(ConnectionManager::<PgConnection>::new(url));
             Ok(Db::Pg(pool))
@@ -213,6 +218,8 @@ impl Db {
             let pool = Pool::builder()
                 .max_size(options.max_size.min(8))
                 .connection_timeout(options.connection_timeout)
+                // A file on this machine: nothing to ping.
+                .test_on_check_out(false)
                 .connection_customizer(Box::new(SqlitePragmas))
                 .build(ConnectionManager::<SqliteConnection>::new(path))?;
             Ok(Db::Sqlite(SqliteDb {
@@ -304,6 +311,35 @@ impl SqliteDb {
     }
 }
 
+/// Runs `f` in a transaction on a pooled PostgreSQL connection. Connections are not pinged at
+/// checkout (a round trip and a transaction each time); one that broke while idle (the database
+/// restarted, its backend was terminated) fails at `BEGIN` — before anything of `f` was sent —
+/// and is dropped by the pool as broken, and the next connection is tried (at most the pool's
+/// size, plus one, in all).
+pub(crate) fn pg_transaction<T, E>(
+    pool: &PgPool,
+    f: impl FnOnce(&mut PgConnection) -> Result<T, E>,
+) -> Result<T, E>
+where
+    E: From<DieselError> + From<StorageError>,
+{
+    use diesel::r2d2::R2D2Connection;
+    let mut f = Some(f);
+    let mut tries = pool.max_size() as usize + 1;
+    loop {
+        let mut conn = pool.get().map_err(|e| E::from(StorageError::from(e)))?;
+        let r = diesel::Connection::transaction(&mut *conn, |c| match f.take() {
+            Some(f) => f(c),
+            None => Err(E::from(DieselError::BrokenTransactionManager)),
+        });
+        match r {
+            // `f` never ran: the BEGIN failed. Retry on another connection if this one is dead.
+            Err(_) if f.is_some() && tries > 1 && conn.is_broken() => tries -= 1,
+            r => return r,
+        }
+    }
+}
+
 /// Runs a body once per backend, with `schema` bound to that backend's schema module and `q`
 /// to its compiled [`queries`] module. `read` runs on a pooled connection; `write` in a
 /// transaction (`BEGIN IMMEDIATE` behind the writer lock on SQLite).
@@ -331,9 +367,8 @@ macro_rules! db_run {
             $crate::storage::Db::Pg(pool) => {
                 #[allow(unused_imports)]
                 use $crate::storage::queries::pg as $q;
-                let mut pooled = pool.get()?;
-                ::diesel::Connection::transaction(
-                    &mut *pooled,
+                $crate::storage::pg_transaction(
+                    pool,
                     |$conn: &mut ::diesel::pg::PgConnection| -> Result<_, $crate::storage::StorageError> { $body },
                 )
             }

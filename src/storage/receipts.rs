@@ -63,6 +63,44 @@ per_backend! {
         Ok(inserted)
     }
 
+    /// Stores the receipts of several requests (each with its source and arrival time) in
+    /// multi-row statements, ignoring those whose (source, provider_event_id) exists; returns
+    /// the keys that were new. The caller passes each key once, in key order (see
+    /// [`insert_receipts`] on deadlocks).
+    pub fn insert_receipts_returning(
+        conn: &mut Conn,
+        rows: &[(&str, &NewReceipt, DateTime<Utc>)],
+    ) -> QueryResult<Vec<(String, String)>> {
+        let mut new = Vec::new();
+        for chunk in rows.chunks(500) {
+            let values: Vec<_> = chunk
+                .iter()
+                .map(|(source, x, now)| {
+                    (
+                        r::source.eq(*source),
+                        r::provider_event_id.eq(&x.provider_event_id),
+                        r::event_type.eq(&x.event_type),
+                        r::provider_type.eq(&x.provider_type),
+                        r::event_time.eq(x.event_time),
+                        r::received_at.eq(*now),
+                        r::herald_event_id.eq(&x.herald_event_id),
+                        r::provider_message_id.eq(&x.provider_message_id),
+                        r::raw.eq(&x.raw),
+                        r::replay_key.eq(&x.replay_key),
+                    )
+                })
+                .collect();
+            new.extend(
+                diesel::insert_into(r::table)
+                    .values(values)
+                    .on_conflict_do_nothing()
+                    .returning((r::source, r::provider_event_id))
+                    .get_results::<(String, String)>(conn)?,
+            );
+        }
+        Ok(new)
+    }
+
     /// A message's receipts, in event-time order (the history).
     pub fn receipts_of_message(conn: &mut Conn, message_id: i64) -> QueryResult<Vec<ReceiptRow>> {
         r::table
@@ -320,9 +358,15 @@ pub enum Stored {
 }
 
 /// Why a transaction ended early.
-enum Abort {
+pub(super) enum Abort {
     Replayed(usize),
     Storage(StorageError),
+}
+
+impl From<StorageError> for Abort {
+    fn from(e: StorageError) -> Self {
+        Abort::Storage(e)
+    }
 }
 
 impl From<diesel::result::Error> for Abort {
@@ -357,6 +401,7 @@ macro_rules! store_unless_replayed {
         Ok((inserted, $receipts.len() - inserted))
     }};
 }
+pub(super) use store_unless_replayed;
 
 impl Db {
     /// Stores a verified request's receipts in one transaction, unless one of them is a replay
@@ -374,9 +419,8 @@ impl Db {
         let result = match self {
             Db::Pg(pool) => {
                 use super::queries::pg as q;
-                let mut pooled = pool.get()?;
-                diesel::Connection::transaction(
-                    &mut *pooled,
+                super::pg_transaction(
+                    pool,
                     |c: &mut diesel::pg::PgConnection| -> Result<_, Abort> {
                         store_unless_replayed!(c, q, schema_pg, source, receipts, now)
                     },

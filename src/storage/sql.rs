@@ -35,6 +35,9 @@ macro_rules! pg_now {
 
 /// The PostgreSQL claim: lock due rows with SKIP LOCKED in a CTE (never `id IN (subquery)`,
 /// which can lock more rows than its LIMIT), lease them, count the attempt, return their ids.
+/// The update finds its rows by `id = ANY(ARRAY(…))`, an index scan of the primary key: a join
+/// with the CTE let the planner pick a hash join over a sequential scan of the whole outbox
+/// (measured: 1.8 ms per claim at 10,000 rows, growing with the table).
 /// A due row whose `expires_at` has passed becomes `expired` in the same statement: no lease, no
 /// attempt, no request. Every time is the database's ([`pg_now!`]); the lease is `$4` µs long.
 /// A row inserted by plain SQL gets the policy version in force (`$5`) at its first claim.
@@ -63,8 +66,8 @@ SET state = CASE WHEN o.expires_at <= t.now THEN 'expired' ELSE 'sending' END,
     message_key = COALESCE(o.message_key, CASE WHEN o.channel = 'email'
         THEN encode(substring(sha256(convert_to(o.event_id, 'UTF8')) FROM 1 FOR 16), 'hex') END),
     updated_at = t.now
-FROM due, t
-WHERE o.id = due.id
+FROM t
+WHERE o.id = ANY(ARRAY(SELECT id FROM due))
 RETURNING o.id"
 );
 
@@ -227,6 +230,11 @@ pub fn sqlite_expired_leases(
 
 /// The PostgreSQL outcome update: the whole batch in one statement over `unnest`ed arrays, with
 /// the same fence as [`sqlite::update_outcomes`] (one round trip instead of one per row).
+/// The rows are fetched by primary key (`o.id = ANY($3)`). The fence on the state is written
+/// `(o.state || '') = 'sending'` on purpose: as a plain `o.state = 'sending'` it let the planner
+/// walk the partial index `herald_outbox_leased`, whose dead entries (every message passes
+/// through `sending`) pile up until vacuum — 5 ms per batch at 10,000 messages, 10 ms at 20,000.
+/// The expression matches no index predicate, so only the primary key is used.
 /// Retries are due after their delay by the database's clock ([`pg_now!`]).
 pub const PG_UPDATE_OUTCOMES_SQL: &str = concat!(
     "WITH t AS (SELECT ",
@@ -240,7 +248,8 @@ SET state = v.state, attempts = v.attempts_after,
     request_fingerprint = COALESCE(o.request_fingerprint, v.fingerprint), updated_at = t.now
 FROM t, unnest($3::bigint[], $4::int[], $5::int[], $6::text[], $7::bigint[], $8::text[], $9::text[], $10::text[])
     AS v(id, claimed, attempts_after, state, delay_ms, error_class, fingerprint, provider_message_id)
-WHERE o.id = v.id AND o.state = 'sending' AND o.lease_owner = $2 AND o.attempts = v.claimed
+WHERE o.id = ANY($3::bigint[]) AND o.id = v.id AND (o.state || '') = 'sending'
+  AND o.lease_owner = $2 AND o.attempts = v.claimed
 RETURNING o.id"
 );
 

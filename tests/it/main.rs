@@ -5,6 +5,7 @@ mod support;
 
 mod admin;
 mod admin_browser;
+mod bench_smoke;
 mod binary;
 mod classification;
 mod concurrency;
@@ -14,6 +15,7 @@ mod enqueue;
 mod fanout;
 mod fixtures;
 mod foundation;
+mod group_commit;
 mod hostile;
 mod http_api;
 mod ingest;

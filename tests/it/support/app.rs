@@ -195,6 +195,8 @@ pub async fn call_with_db(
     requests: Vec<actix_web::test::TestRequest>,
 ) -> Vec<actix_web::dev::ServiceResponse> {
     let mut state = app.herald.app_state();
+    // Ingest writes through its group-commit writer: one on the replacement database too.
+    state.receipt_writer = herald::storage::group_commit::ReceiptWriter::spawn(db.clone()).unwrap();
     state.db = db;
     let srv = actix_web::test::init_service(
         actix_web::App::new()

@@ -1,0 +1,222 @@
+//! The local peers: an HTTP/1.1 receiver and an SMTP server on 127.0.0.1:0, both lean (they
+//! count, remember each request's event id and arrival time, and answer at once) so that they
+//! are not what is measured.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+#[derive(Default)]
+struct Seen {
+    /// Event id (the `webhook-id` header, or the email's `X-Herald-Event-Id`) → first arrival.
+    first: HashMap<String, Instant>,
+    duplicates: usize,
+}
+
+/// What a peer has received.
+#[derive(Clone, Default)]
+pub struct Tally {
+    count: Arc<AtomicUsize>,
+    seen: Arc<Mutex<Seen>>,
+}
+
+impl Tally {
+    fn record(&self, id: Option<String>) {
+        if let Some(id) = id {
+            let mut s = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+            match s.first.entry(id) {
+                std::collections::hash_map::Entry::Occupied(_) => s.duplicates += 1,
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(Instant::now());
+                }
+            }
+        }
+        self.count.fetch_add(1, Ordering::Release);
+    }
+
+    pub fn count(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+
+    pub fn duplicates(&self) -> usize {
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .duplicates
+    }
+
+    pub fn first_arrival(&self, id: &str) -> Option<Instant> {
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .first
+            .get(id)
+            .copied()
+    }
+
+    /// Waits until `n` requests have arrived; false after `limit`.
+    pub async fn wait_for(&self, n: usize, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        while self.count() < n {
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        true
+    }
+}
+
+pub struct HttpReceiver {
+    pub url: String,
+    pub tally: Tally,
+}
+
+impl HttpReceiver {
+    pub async fn start() -> Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}/hook", listener.local_addr()?);
+        let tally = Tally::default();
+        let t = tally.clone();
+        tokio::spawn(async move {
+            while let Ok((sock, _)) = listener.accept().await {
+                let _ = sock.set_nodelay(true);
+                tokio::spawn(serve_http(sock, t.clone()));
+            }
+        });
+        Ok(HttpReceiver { url, tally })
+    }
+}
+
+async fn serve_http(sock: TcpStream, tally: Tally) {
+    let (r, mut w) = sock.into_split();
+    let mut r = BufReader::new(r);
+    let mut line = String::new();
+    loop {
+        // Request line.
+        line.clear();
+        match r.read_line(&mut line).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let mut length = 0usize;
+        let mut id = None;
+        loop {
+            line.clear();
+            match r.read_line(&mut line).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = l.split_once(':') {
+                let value = value.trim();
+                if name.eq_ignore_ascii_case("content-length") {
+                    length = value.parse().unwrap_or(0);
+                } else if name.eq_ignore_ascii_case("webhook-id") {
+                    id = Some(value.to_owned());
+                }
+            }
+        }
+        let mut body = vec![0u8; length];
+        if r.read_exact(&mut body).await.is_err() {
+            return;
+        }
+        tally.record(id);
+        if w.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+pub struct SmtpServer {
+    pub url: String,
+    pub tally: Tally,
+}
+
+impl SmtpServer {
+    pub async fn start() -> Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("smtp://{}", listener.local_addr()?);
+        let tally = Tally::default();
+        let t = tally.clone();
+        tokio::spawn(async move {
+            while let Ok((sock, _)) = listener.accept().await {
+                let _ = sock.set_nodelay(true);
+                tokio::spawn(serve_smtp(sock, t.clone()));
+            }
+        });
+        Ok(SmtpServer { url, tally })
+    }
+
+    pub fn addr(&self) -> String {
+        self.url.trim_start_matches("smtp://").to_owned()
+    }
+}
+
+async fn serve_smtp(sock: TcpStream, tally: Tally) {
+    let (r, mut w) = sock.into_split();
+    let mut r = BufReader::new(r);
+    if w.write_all(b"220 bench.localhost ESMTP\r\n").await.is_err() {
+        return;
+    }
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match r.read_line(&mut line).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let verb = line.get(..4).unwrap_or("").to_ascii_uppercase();
+        let reply: &[u8] = match verb.as_str() {
+            "EHLO" => b"250-bench.localhost\r\n250-PIPELINING\r\n250 8BITMIME\r\n",
+            "HELO" | "MAIL" | "RCPT" | "RSET" | "NOOP" => b"250 OK\r\n",
+            "QUIT" => {
+                let _ = w.write_all(b"221 bye\r\n").await;
+                return;
+            }
+            "DATA" => {
+                if w.write_all(b"354 go on\r\n").await.is_err() {
+                    return;
+                }
+                let mut id = None;
+                loop {
+                    line.clear();
+                    match r.read_line(&mut line).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {}
+                    }
+                    if line == ".\r\n" || line == ".\n" {
+                        break;
+                    }
+                    if id.is_none() {
+                        let l = line.trim_end();
+                        if let Some((n, v)) = l.split_once(':') {
+                            if n.eq_ignore_ascii_case("x-herald-event-id")
+                                || n.eq_ignore_ascii_case("message-id")
+                            {
+                                id = Some(v.trim().to_owned());
+                            }
+                        }
+                    }
+                }
+                tally.record(id);
+                b"250 queued\r\n"
+            }
+            _ => b"502 unknown\r\n",
+        };
+        if w.write_all(reply).await.is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,710 @@
+//! The scenarios. Each is bounded (a message count or a time window, and a time limit on
+//! waits) and returns its figures; the baselines are measured here, in the same run.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use diesel::connection::SimpleConnection;
+use diesel::pg::PgConnection;
+use diesel::sqlite::SqliteConnection;
+use diesel::{Connection, QueryableByName, RunQueryDsl};
+
+use crate::peers::{HttpReceiver, SmtpServer};
+use crate::pg::{DbStats, MARK};
+use crate::proc::HeraldProc;
+use crate::{Ctx, Figure, Target};
+
+/// Concurrent sends: Herald's `sender_concurrency` and the baseline client's.
+pub const CONCURRENCY: usize = 64;
+/// Concurrent ingest clients (and pgbench clients for the baseline).
+pub const INGEST_CLIENTS: usize = 16;
+/// The longest any wait for deliveries may take.
+const WAIT_LIMIT: Duration = Duration::from_secs(600);
+
+/// The webhook body every dispatch scenario sends (and the baseline client too).
+fn body_json_sql() -> &'static str {
+    "jsonb_build_object('body', jsonb_build_object('type', 'order.placed', 'data', \
+     jsonb_build_object('id', i, 'note', repeat('x', 200))))"
+}
+
+fn baseline_payload() -> Vec<u8> {
+    serde_json::to_vec(
+        &serde_json::json!({"type": "order.placed", "data": {"id": 1, "note": "x".repeat(200)}}),
+    )
+    .unwrap_or_default()
+}
+
+/// Sender settings of every dispatch scenario. `destination_max_in_flight` defaults to half of
+/// `sender_concurrency`; with a single receiver it is raised to the full concurrency, so that
+/// Herald and the baseline run the same number of requests at once.
+fn sender_toml(poll_ms: u64) -> String {
+    format!(
+        "sender_concurrency = {CONCURRENCY}\nsender_batch_size = 100\n\
+         destination_max_in_flight = {CONCURRENCY}\npoll_interval_ms = {poll_ms}\n"
+    )
+}
+
+/// The same HTTP client (reqwest), concurrency, receiver and payload, with no database.
+fn http_baseline(ctx: &mut Ctx) -> Result<f64> {
+    if let Some(b) = ctx.http_baseline {
+        return Ok(b);
+    }
+    let n = ctx.sizes.dispatch_messages;
+    let rate = ctx.rt.block_on(async move {
+        let rx = HttpReceiver::start().await?;
+        let client = reqwest::Client::new();
+        let payload = baseline_payload();
+        let next = Arc::new(AtomicUsize::new(0));
+        let start = Instant::now();
+        // At least `n` requests and at least two seconds: a short burst on a shared machine
+        // says more about the neighbours than about the receiver.
+        let window = Duration::from_secs(2);
+        let mut tasks = Vec::new();
+        for _ in 0..CONCURRENCY {
+            let (client, url, payload, next) = (
+                client.clone(),
+                rx.url.clone(),
+                payload.clone(),
+                next.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                while next.fetch_add(1, Ordering::Relaxed) < n || start.elapsed() < window {
+                    let r = client
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .body(payload.clone())
+                        .send()
+                        .await?;
+                    ensure!(
+                        r.status().is_success(),
+                        "baseline receiver said {}",
+                        r.status()
+                    );
+                }
+                Ok(())
+            }));
+        }
+        for t in tasks {
+            t.await??;
+        }
+        Ok::<_, anyhow::Error>(rx.tally.count() as f64 / start.elapsed().as_secs_f64())
+    })?;
+    ctx.http_baseline = Some(rate);
+    Ok(rate)
+}
+
+fn count_sql(conn: &mut PgConnection, sql: &str) -> Result<i64> {
+    #[derive(QueryableByName)]
+    struct N {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let r: N = diesel::sql_query(format!("{MARK} {sql}")).get_result(conn)?;
+    Ok(r.n)
+}
+
+/// What one PostgreSQL dispatch run measured.
+struct DispatchRun {
+    rate: f64,
+    stats: DbStats,
+    messages: usize,
+    duplicates: usize,
+    rss_peak: f64,
+}
+
+/// `procs` Herald processes on one fresh database; `n` rows enqueued by one SQL statement;
+/// timed from its commit until every row is `delivered`.
+fn run_dispatch_pg(ctx: &mut Ctx, db: &str, procs: usize, n: usize) -> Result<DispatchRun> {
+    let url = ctx.cluster()?.fresh(db)?;
+    ctx.rt.block_on(async move {
+        let rx = HttpReceiver::start().await?;
+        let mut own_xacts = 0i64;
+        let before = {
+            let mut c = PgConnection::establish(&url)?;
+            own_xacts += 1;
+            DbStats::read(&mut c)?
+        };
+        let mut herald = Vec::new();
+        for _ in 0..procs {
+            herald.push(HeraldProc::start(&url, &sender_toml(1000)).await?);
+        }
+        let mut conn = PgConnection::establish(&url)?;
+        let insert = format!(
+            "{MARK} INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+             SELECT 'm-' || i, 'webhook', '{}', {} FROM generate_series(1, {n}) AS i",
+            rx.url,
+            body_json_sql()
+        );
+        conn.batch_execute(&insert)?;
+        own_xacts += 1;
+        let start = Instant::now();
+        ensure!(
+            rx.tally.wait_for(n, WAIT_LIMIT).await,
+            "only {} of {n} messages arrived",
+            rx.tally.count()
+        );
+        loop {
+            own_xacts += 1;
+            let done = count_sql(
+                &mut conn,
+                "SELECT count(*) AS n FROM herald_outbox WHERE state = 'delivered'",
+            )?;
+            if done as usize >= n {
+                break;
+            }
+            ensure!(start.elapsed() < WAIT_LIMIT, "outcomes not recorded");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let rate = n as f64 / start.elapsed().as_secs_f64();
+        let mut rss_peak = 0.0f64;
+        for h in &herald {
+            rss_peak = rss_peak.max(h.rss_mib()?.1);
+        }
+        for h in herald {
+            h.stop().await?;
+        }
+        drop(conn);
+        // Backends report their transaction counts when they end.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let mut c = PgConnection::establish(&url)?;
+        let mut stats = DbStats::read(&mut c)?.since(before);
+        stats.xacts -= own_xacts;
+        if procs == 1 {
+            eprintln!("   top statements (total ms, calls):");
+            for (q, calls, total) in crate::pg::top_statements(&mut c, 8)? {
+                eprintln!("   {total:>9.1} ms {calls:>7}  {q}");
+            }
+        }
+        Ok(DispatchRun {
+            rate,
+            stats,
+            messages: n,
+            duplicates: rx.tally.duplicates(),
+            rss_peak,
+        })
+    })
+}
+
+pub fn dispatch_pg(ctx: &mut Ctx) -> Result<Vec<Figure>> {
+    let baseline = http_baseline(ctx)?;
+    let n = ctx.sizes.dispatch_messages;
+    let r = run_dispatch_pg(ctx, "bench_dispatch", 1, n)?;
+    ensure!(r.duplicates == 0, "{} duplicate deliveries", r.duplicates);
+    let per = r.messages as f64;
+    Ok(vec![
+        Figure::measured("dispatch_pg", r.rate, baseline, "msg/s")
+            .target(Target::RatioAtLeast(0.25))
+            .note(format!(
+                "{n} rows by SQL, {CONCURRENCY} concurrent, baseline: reqwest without a database"
+            )),
+        Figure::against_target(
+            "db_us_per_message",
+            r.stats.exec_ms * 1000.0 / per,
+            Target::AtMost(15.0),
+            "us",
+        )
+        .note(format!("pg_stat_statements, {} statements", r.stats.calls)),
+        Figure::against_target(
+            "tx_per_message",
+            r.stats.xacts as f64 / per,
+            Target::AtMost(0.05),
+            "tx",
+        )
+        .note(format!("pg_stat_database, {} transactions", r.stats.xacts)),
+        Figure::against_target("rss_peak_mib", r.rss_peak, Target::AtMost(128.0), "MiB")
+            .note("VmHWM of herald serve during dispatch_pg"),
+    ])
+}
+
+pub fn dispatch_pg_procs(ctx: &mut Ctx) -> Result<Vec<Figure>> {
+    let n = ctx.sizes.procs_messages;
+    let mut rates = Vec::new();
+    let mut figs = Vec::new();
+    for procs in [1usize, 2, 4] {
+        let r = run_dispatch_pg(ctx, &format!("bench_procs_{procs}"), procs, n)?;
+        ensure!(
+            r.duplicates == 0,
+            "{procs} processes: {} duplicate deliveries",
+            r.duplicates
+        );
+        rates.push(r.rate);
+        let one = rates[0];
+        let mut f = Figure::measured(&format!("dispatch_pg_procs_{procs}"), r.rate, one, "msg/s")
+            .note(format!("{n} messages, 0 duplicates; baseline: 1 process"));
+        if procs == 2 {
+            f = f.target(Target::RatioAtLeast(1.0));
+        }
+        figs.push(f);
+    }
+    Ok(figs)
+}
+
+/// A signed Standard Webhooks receipt of about 1 KiB.
+fn receipt(n: usize) -> (String, String, String, Vec<u8>) {
+    let id = format!("msg_{n}");
+    let body = format!(
+        r#"{{"type":"email.delivered","created_at":"2026-11-30T10:00:00Z","data":{{"email_id":"em_{n}","to":["user{n}@example.com"],"subject":"Order {n}","note":"{}"}}}}"#,
+        "x".repeat(860)
+    )
+    .into_bytes();
+    let t = chrono::Utc::now().timestamp();
+    let sig = herald::crypto::signing::SigningKey::parse(crate::proc::SECRET)
+        .map(|k| k.sign(&id, t, &body))
+        .unwrap_or_default();
+    (id, t.to_string(), sig, body)
+}
+
+/// `INGEST_CLIENTS` clients posting receipts for `window`; (receipts/s, p50 ms, p99 ms).
+async fn ingest_load(base: &str, window: Duration) -> Result<(f64, f64, f64)> {
+    let client = reqwest::Client::new();
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let deadline = start + window;
+    let mut tasks = Vec::new();
+    for _ in 0..INGEST_CLIENTS {
+        let (client, next, url) = (
+            client.clone(),
+            next.clone(),
+            format!("{base}/v1/ingest/bench"),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            while Instant::now() < deadline {
+                let (id, t, sig, body) = receipt(next.fetch_add(1, Ordering::Relaxed));
+                let sent = Instant::now();
+                let r = client
+                    .post(&url)
+                    .header("webhook-id", id)
+                    .header("webhook-timestamp", t)
+                    .header("webhook-signature", sig)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await?;
+                let status = r.status();
+                let text = r.text().await.unwrap_or_default();
+                ensure!(status == 200, "ingest answered {status}: {text}");
+                lat.push(sent.elapsed().as_secs_f64() * 1000.0);
+            }
+            Ok::<_, anyhow::Error>(lat)
+        }));
+    }
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.extend(t.await??);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    lat.sort_by(f64::total_cmp);
+    ensure!(!lat.is_empty(), "no ingest request completed");
+    Ok((
+        lat.len() as f64 / elapsed,
+        percentile(&lat, 50.0),
+        percentile(&lat, 99.0),
+    ))
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+pub fn ingest_pg(ctx: &mut Ctx) -> Result<Vec<Figure>> {
+    let window = Duration::from_secs(ctx.sizes.window_secs);
+    let cluster = ctx.cluster()?;
+    let url = cluster.fresh("bench_ingest")?;
+    PgConnection::establish(&url)?.batch_execute(
+        "CREATE TABLE bench_single (id bigserial PRIMARY KEY, v bigint NOT NULL, body text NOT NULL, \
+         at timestamptz NOT NULL DEFAULT now())",
+    )?;
+    let tps = cluster.pgbench(
+        "bench_ingest",
+        INGEST_CLIENTS,
+        window,
+        "\\set v random(1, 1000000000)\nINSERT INTO bench_single (v, body) VALUES (:v, repeat('x', 1000));\n",
+    )?;
+    let (rate, p50, p99) = ctx.rt.block_on(async {
+        let h = HeraldProc::start(&url, "").await?;
+        let r = ingest_load(&h.base, window).await;
+        h.stop().await?;
+        r
+    })?;
+    let note = format!(
+        "{INGEST_CLIENTS} clients, ~1 KiB standard-webhooks receipts, {}s",
+        window.as_secs()
+    );
+    Ok(vec![
+        Figure::measured("ingest_pg", rate, tps, "receipts/s")
+            .target(Target::RatioAtLeast(1.0))
+            .note(format!(
+                "{note}; baseline: pgbench single-row INSERT, {INGEST_CLIENTS} clients"
+            )),
+        Figure::measured(
+            "ingest_pg_p50_ms",
+            p50,
+            1000.0 * INGEST_CLIENTS as f64 / tps,
+            "ms",
+        )
+        .note("baseline: pgbench's mean latency (clients / tps)"),
+        Figure::measured(
+            "ingest_pg_p99_ms",
+            p99,
+            1000.0 * INGEST_CLIENTS as f64 / tps,
+            "ms",
+        )
+        .note("baseline: pgbench's mean latency (clients / tps)"),
+    ])
+}
+
+/// Insert → first attempt, one message every 20 ms for `secs`, each inserted by SQL on the
+/// benchmark's own connection; (p50, p99) ms.
+async fn latency_run(url: &str, extra: &str, secs: u64) -> Result<(f64, f64, usize)> {
+    let rx = HttpReceiver::start().await?;
+    let h = HeraldProc::start(url, extra).await?;
+    let mut conn = PgConnection::establish(url)?;
+    let mut committed = Vec::new();
+    let end = Instant::now() + Duration::from_secs(secs);
+    let mut i = 0;
+    while Instant::now() < end {
+        let id = format!("lat-{i}");
+        conn.batch_execute(&format!(
+            "{MARK} INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+             VALUES ('{id}', 'webhook', '{}', '{{\"body\": {{\"i\": {i}}}}}')",
+            rx.url
+        ))?;
+        committed.push((id, Instant::now()));
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    ensure!(
+        rx.tally
+            .wait_for(committed.len(), Duration::from_secs(30))
+            .await,
+        "latency: not every message arrived"
+    );
+    h.stop().await?;
+    let mut lat: Vec<f64> = committed
+        .iter()
+        .filter_map(|(id, t)| {
+            rx.tally
+                .first_arrival(id)
+                .map(|a| a.saturating_duration_since(*t))
+        })
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .collect();
+    lat.sort_by(f64::total_cmp);
+    Ok((percentile(&lat, 50.0), percentile(&lat, 99.0), lat.len()))
+}
+
+pub fn latency(ctx: &mut Ctx) -> Result<Vec<Figure>> {
+    let secs = ctx.sizes.latency_secs;
+    let url = ctx.cluster()?.fresh("bench_latency")?;
+    let poll_url = ctx.cluster()?.fresh("bench_latency_poll")?;
+    let (p50, p99, n) = ctx
+        .rt
+        .block_on(latency_run(&url, &sender_toml(1000), secs))?;
+    // Polling only: the production default interval (1 s).
+    let (poll50, _, m) = ctx.rt.block_on(latency_run(
+        &poll_url,
+        &format!("{}listen_notify = false\n", sender_toml(1000)),
+        secs,
+    ))?;
+    Ok(vec![
+        Figure::against_target("latency_notify_p50_ms", p50, Target::AtMost(5.0), "ms")
+            .note(format!("{n} messages at 50/s, LISTEN/NOTIFY, poll 1 s")),
+        Figure::against_target("latency_notify_p99_ms", p99, Target::AtMost(20.0), "ms")
+            .note(format!("{n} messages at 50/s")),
+        Figure::measured("latency_poll_p50_ms", poll50, 1000.0, "ms").note(format!(
+            "{m} messages, polling only; baseline: the poll interval"
+        )),
+    ])
+}
+
+pub fn claim_at_1m(ctx: &mut Ctx) -> Result<Vec<Figure>> {
+    let rows = ctx.sizes.claim_rows;
+    let url = ctx.cluster()?.fresh("bench_claim")?;
+    let mut conn = PgConnection::establish(&url)?;
+    // 2 % due now, the rest due tomorrow.
+    let due = rows / 50;
+    conn.batch_execute(&format!(
+        "{MARK} INSERT INTO herald_outbox (event_id, channel, destination, payload, scheduled_at) \
+         SELECT 'c-' || i, 'webhook', 'http://127.0.0.1:9/hook', '{{\"body\": {{}}}}', \
+         CASE WHEN i <= {due} THEN now() ELSE now() + interval '1 day' END \
+         FROM generate_series(1, {rows}) AS i"
+    ))?;
+    conn.batch_execute("VACUUM ANALYZE herald_outbox")?;
+    let db = herald::storage::Db::connect(&url, &herald::storage::PoolOptions::default())?;
+    let mut lat = Vec::new();
+    let mut claimed = 0usize;
+    while claimed < due {
+        let now = herald::clock::Now {
+            local: chrono::Utc::now(),
+            shift: chrono::Duration::zero(),
+        };
+        let t = Instant::now();
+        let (batch, _) = db.claim(now, 100, "bench", Duration::from_secs(60), "bench-1")?;
+        lat.push(t.elapsed().as_secs_f64() * 1000.0);
+        if batch.is_empty() {
+            break;
+        }
+        claimed += batch.len();
+        let ids: Vec<String> = batch.iter().map(|r| r.id.to_string()).collect();
+        // Finished rows leave the claimable set, as delivered ones do.
+        conn.batch_execute(&format!(
+            "{MARK} UPDATE herald_outbox SET state = 'delivered', lease_owner = NULL, \
+             lease_until = NULL, next_attempt_at = NULL WHERE id IN ({})",
+            ids.join(",")
+        ))?;
+    }
+    ensure!(claimed >= due, "claimed {claimed} of {due} due rows");
+    lat.sort_by(f64::total_cmp);
+    Ok(vec![
+        Figure::against_target(
+            "claim_p99_ms_at_1m",
+            percentile(&lat, 99.0),
+            Target::AtMost(5.0),
+            "ms",
+        )
+        .note(format!(
+            "{rows} rows pending, {due} due, {} claims of 100, p50 {:.2} ms",
+            lat.len(),
+            percentile(&lat, 50.0)
+        )),
+    ])
+}
+
+fn sqlite_conn(path: &std::path::Path) -> Result<SqliteConnection> {
+    let mut c = SqliteConnection::establish(&path.display().to_string())?;
+    c.batch_execute(
+        "PRAGMA busy_timeout = 10000; PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL",
+    )?;
+    Ok(c)
+}
+
+fn fresh_sqlite(ctx: &Ctx, name: &str) -> Result<(std::path::PathBuf, String)> {
+    let path = ctx.work_dir.join(format!("{name}.db"));
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    let url = format!("sqlite://{}", path.display());
+    let db = herald::storage::Db::connect(&url, &herald::storage::PoolOptions::default())?;
+    db.migrate()?;
+    Ok((path, url))
+}
+
+/// Waits until `n` rows of the SQLite outbox are `delivered`.
+async fn wait_delivered_sqlite(path: &std::path::Path, n: usize, start: Instant) -> Result<()> {
+    let mut c = sqlite_conn(path)?;
+    #[derive(QueryableByName)]
+    struct N {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    loop {
+        let r: N =
+            diesel::sql_query("SELECT count(*) AS n FROM herald_outbox WHERE state = 'delivered'")
+                .get_result(&mut c)?;
+        if r.n as usize >= n {
+            return Ok(());
+        }
+        if start.elapsed() > WAIT_LIMIT {
+            bail!("only {} of {n} delivered", r.n);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+pub fn dispatch_sqlite(ctx: &mut Ctx) -> Result<Vec<Figure>> {
+    let baseline = http_baseline(ctx)?;
+    let n = ctx.sizes.dispatch_messages;
+    let (path, url) = fresh_sqlite(ctx, "dispatch")?;
+    let rate = ctx.rt.block_on(async {
+        let rx = HttpReceiver::start().await?;
+        let h = HeraldProc::start(&url, &sender_toml(50)).await?;
+        let mut c = sqlite_conn(&path)?;
+        c.batch_execute(&format!(
+            "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < {n}) \
+             INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+             SELECT 'm-' || i, 'webhook', '{}', json_object('body', json_object('type', 'order.placed', \
+             'data', json_object('id', i, 'note', printf('%.200c', 'x')))) FROM s",
+            rx.url
+        ))?;
+        let start = Instant::now();
+        ensure!(rx.tally.wait_for(n, WAIT_LIMIT).await, "only {} arrived", rx.tally.count());
+        wait_delivered_sqlite(&path, n, start).await?;
+        let rate = n as f64 / start.elapsed().as_secs_f64();
+        ensure!(rx.tally.duplicates() == 0, "duplicate deliveries");
+        h.stop().await?;
+        Ok::<_, anyhow::Error>(rate)
+    })?;
+    Ok(vec![
+        Figure::measured("dispatch_sqlite", rate, baseline, "msg/s")
+            .target(Target::AtLeast(5000.0))
+            .note(format!(
+                "{n} rows by SQL, poll 50 ms; baseline: reqwest without a database"
+            )),
+    ])
+}
+
+pub fn ingest_sqlite(ctx: &mut Ctx) -> Result<Vec<Figure>> {
+    let window = Duration::from_secs(ctx.sizes.window_secs);
+    // Baseline: SQLite's own single-row INSERT + commit (WAL, synchronous=FULL) from
+    // INGEST_CLIENTS threads, one writer at a time (SQLite has one).
+    let base_path = ctx.work_dir.join("baseline.db");
+    let mut c = sqlite_conn(&base_path)?;
+    c.batch_execute(
+        "CREATE TABLE IF NOT EXISTS bench_single (id INTEGER PRIMARY KEY, v INTEGER NOT NULL, body TEXT NOT NULL)",
+    )?;
+    drop(c);
+    let lock = Arc::new(std::sync::Mutex::new(()));
+    let done = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let threads: Vec<_> = (0..INGEST_CLIENTS)
+        .map(|k| {
+            let (lock, done, path) = (lock.clone(), done.clone(), base_path.clone());
+            std::thread::spawn(move || -> Result<()> {
+                let mut c = sqlite_conn(&path)?;
+                let body = "x".repeat(1000);
+                let mut v = k as i64;
+                while start.elapsed() < window {
+                    let _w = lock.lock().unwrap_or_else(|p| p.into_inner());
+                    diesel::sql_query("INSERT INTO bench_single (v, body) VALUES (?, ?)")
+                        .bind::<diesel::sql_types::BigInt, _>(v)
+                        .bind::<diesel::sql_types::Text, _>(&body)
+                        .execute(&mut c)?;
+                    v += INGEST_CLIENTS as i64;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join()
+            .map_err(|_| anyhow::anyhow!("baseline thread panicked"))??;
+    }
+    let baseline = done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+    let (_, url) = fresh_sqlite(ctx, "ingest")?;
+    let (rate, p50, p99) = ctx.rt.block_on(async {
+        let h = HeraldProc::start(&url, "").await?;
+        let r = ingest_load(&h.base, window).await;
+        h.stop().await?;
+        r
+    })?;
+    Ok(vec![
+        Figure::measured("ingest_sqlite", rate, baseline, "receipts/s")
+            .target(Target::AtLeast(5000.0))
+            .note(format!(
+                "{INGEST_CLIENTS} clients; p50 {p50:.1} ms, p99 {p99:.1} ms; baseline: single-row INSERT+commit, synchronous=FULL"
+            )),
+    ])
+}
+
+pub fn email_smtp(ctx: &mut Ctx) -> Result<Vec<Figure>> {
+    let n = ctx.sizes.email_messages;
+    let (path, url) = fresh_sqlite(ctx, "email")?;
+    let (baseline, rate) = ctx.rt.block_on(async {
+        let baseline = lettre_loop(n).await?;
+        let sink = SmtpServer::start().await?;
+        let h = HeraldProc::start(
+            &url,
+            &format!("{}smtp_url = \"{}\"\n", sender_toml(50), sink.url),
+        )
+        .await?;
+        let mut c = sqlite_conn(&path)?;
+        c.batch_execute(&format!(
+            "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < {n}) \
+             INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+             SELECT 'mail-' || i, 'email', 'user' || i || '@example.com', \
+             json_object('subject', 'Order ' || i, 'text', printf('%.200c', 'x')) FROM s"
+        ))?;
+        let start = Instant::now();
+        ensure!(
+            sink.tally.wait_for(n, WAIT_LIMIT).await,
+            "only {} mails",
+            sink.tally.count()
+        );
+        wait_delivered_sqlite(&path, n, start).await?;
+        let rate = n as f64 / start.elapsed().as_secs_f64();
+        ensure!(sink.tally.duplicates() == 0, "duplicate mails");
+        h.stop().await?;
+        Ok::<_, anyhow::Error>((baseline, rate))
+    })?;
+    Ok(vec![
+        Figure::measured("email_smtp", rate, baseline, "msg/s")
+            .target(Target::RatioAtLeast(0.5))
+            .note(format!(
+                "{n} mails, SQLite, SMTP pool of 10; baseline: plain lettre loop, 10 connections"
+            )),
+    ])
+}
+
+/// The SMTP server's ceiling: as many lettre connections as Herald's pool (10), Nagle off as
+/// Herald's are, each sending one message after another.
+async fn lettre_loop(n: usize) -> Result<f64> {
+    use lettre::address::Envelope;
+    use lettre::transport::smtp::client::AsyncSmtpConnection;
+    use lettre::transport::smtp::extension::ClientId;
+    let sink = SmtpServer::start().await?;
+    let addr = sink.addr();
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..10 {
+        let (addr, next) = (addr.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            let hello = ClientId::Domain("bench.localhost".into());
+            let tcp = tokio::net::TcpStream::connect(addr.as_str()).await?;
+            tcp.set_nodelay(true)?;
+            let mut conn = AsyncSmtpConnection::connect_with_transport(Box::new(tcp), &hello).await?;
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    break;
+                }
+                let envelope = Envelope::new(
+                    Some("herald@localhost".parse()?),
+                    vec![format!("user{i}@example.com").parse()?],
+                )?;
+                let msg = format!(
+                    "From: Herald <herald@localhost>\r\nTo: user{i}@example.com\r\nSubject: Order {i}\r\n\
+                     Message-ID: <{i}@bench.localhost>\r\n\r\n{}\r\n",
+                    "x".repeat(200)
+                );
+                conn.send(&envelope, msg.as_bytes()).await?;
+            }
+            conn.quit().await.ok();
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await.context("lettre task")??;
+    }
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    ensure!(
+        sink.tally.count() == n,
+        "the baseline sent {} of {n}",
+        sink.tally.count()
+    );
+    Ok(rate)
+}
+
+pub fn rss_idle(ctx: &mut Ctx) -> Result<Vec<Figure>> {
+    let (_, url) = fresh_sqlite(ctx, "idle")?;
+    let rss = ctx.rt.block_on(async {
+        let h = HeraldProc::start(&url, "").await?;
+        // Idle: a few poll, reconcile and retention cycles.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let (rss, _) = h.rss_mib()?;
+        h.stop().await?;
+        Ok::<_, anyhow::Error>(rss)
+    })?;
+    Ok(vec![
+        Figure::against_target("rss_idle_mib", rss, Target::AtMost(32.0), "MiB")
+            .note("VmRSS of herald serve (SQLite) idle for 3 s"),
+    ])
+}

@@ -1,0 +1,260 @@
+//! Group commit for ingest, on both backends: concurrent requests' receipts share one
+//! transaction, none is answered before the commit that holds its receipts, a replay undoes only
+//! its own request, and a group that fails to commit answers 503 to every request in it.
+//!
+//! The writer's before-commit hook holds the first group's commit open (a gate the test opens)
+//! while the next requests queue up behind it: no sleeps decide anything here.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use herald::crypto::signing::SigningKey;
+use herald::storage::StorageError;
+use serde_json::{Value, json};
+
+use crate::both_backends;
+use crate::support::Backend;
+use crate::support::app::{TestApp, spawn_app_with};
+
+const RESEND: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+fn sources() -> String {
+    format!(
+        "[sources.resend]\nscheme = \"standard-webhooks\"\nsecrets = [\"{RESEND}\"]\n\
+         [sources.mg]\nscheme = \"mailgun\"\nsecrets = [\"key-1\"]\n"
+    )
+}
+
+/// A signed Standard Webhooks request for event `id`.
+fn resend(id: &str) -> (String, Vec<(&'static str, String)>, Vec<u8>) {
+    let body = serde_json::to_vec(&json!({
+        "type": "email.delivered", "created_at": "2026-11-30T10:00:00.000Z",
+        "data": {"email_id": format!("em_{id}")}
+    }))
+    .unwrap();
+    let t = Utc::now().timestamp();
+    let sig = SigningKey::parse(RESEND).unwrap().sign(id, t, &body);
+    (
+        "resend".into(),
+        vec![
+            ("svix-id", id.to_owned()),
+            ("svix-timestamp", t.to_string()),
+            ("svix-signature", sig),
+        ],
+        body,
+    )
+}
+
+/// A Mailgun request for event `id` under the one signature (token `tok-1`): a second event
+/// under it is a replay.
+fn mailgun(id: &str) -> (String, Vec<(&'static str, String)>, Vec<u8>) {
+    use hmac::{Hmac, Mac};
+    let t = Utc::now().timestamp().to_string();
+    let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(b"key-1").unwrap();
+    mac.update(format!("{t}tok-1").as_bytes());
+    let signature = hex::encode(mac.finalize().into_bytes());
+    let body = serde_json::to_vec(&json!({
+        "signature": {"timestamp": t, "token": "tok-1", "signature": signature},
+        "event-data": {"id": id, "event": "delivered", "timestamp": 1_700_000_000.5}
+    }))
+    .unwrap();
+    ("mg".into(), Vec::new(), body)
+}
+
+/// What the hook saw at each group's commit: (requests in the group, requests answered so far).
+type Seen = Arc<Mutex<Vec<(usize, usize)>>>;
+
+struct Gate {
+    open: std::sync::mpsc::Sender<()>,
+    entered: Arc<Mutex<std::sync::mpsc::Receiver<()>>>,
+    seen: Seen,
+    answered: Arc<AtomicUsize>,
+}
+
+/// Installs a hook that holds the first group's commit until [`Gate::open`], records every
+/// group, and fails the groups numbered in `fail` (0 = the first).
+fn gate(app: &TestApp, fail: &'static [usize]) -> Gate {
+    let (open, gate_rx) = std::sync::mpsc::channel::<()>();
+    let (entered_tx, entered) = std::sync::mpsc::channel::<()>();
+    let gate_rx = Mutex::new(gate_rx);
+    let seen: Seen = Arc::default();
+    let answered = Arc::new(AtomicUsize::new(0));
+    let (s, a) = (seen.clone(), answered.clone());
+    app.herald
+        .receipt_writer
+        .set_before_commit(Some(Box::new(move |n| {
+            let k = {
+                let mut seen = s.lock().unwrap();
+                seen.push((n, a.load(Ordering::SeqCst)));
+                seen.len() - 1
+            };
+            if k == 0 {
+                entered_tx.send(()).unwrap();
+                gate_rx.lock().unwrap().recv().unwrap();
+            }
+            if fail.contains(&k) {
+                return Err(StorageError::Unavailable(Box::new(std::io::Error::other(
+                    "injected commit failure",
+                ))));
+            }
+            Ok(())
+        })));
+    Gate {
+        open,
+        entered: Arc::new(Mutex::new(entered)),
+        seen,
+        answered,
+    }
+}
+
+impl Gate {
+    async fn wait_entered(&self) {
+        let e = self.entered.clone();
+        tokio::task::spawn_blocking(move || {
+            e.lock()
+                .unwrap()
+                .recv_timeout(Duration::from_secs(10))
+                .expect("the first group reaches its commit")
+        })
+        .await
+        .unwrap();
+    }
+}
+
+/// Sends a request in its own task; the gate counts it answered when its response arrives.
+fn send(
+    app: &TestApp,
+    gate: &Gate,
+    (source, headers, body): (String, Vec<(&'static str, String)>, Vec<u8>),
+) -> tokio::task::JoinHandle<(u16, Value)> {
+    let mut r = app
+        .http
+        .post(format!("{}/v1/ingest/{source}", app.base))
+        .body(body);
+    for (n, v) in headers {
+        r = r.header(n, v);
+    }
+    let answered = gate.answered.clone();
+    tokio::spawn(async move {
+        let resp = r.send().await.expect("POST /v1/ingest");
+        answered.fetch_add(1, Ordering::SeqCst);
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    })
+}
+
+/// Waits until `n` requests are queued behind the held commit.
+async fn queued(app: &TestApp, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.herald.receipt_writer.queued() < n {
+        assert!(Instant::now() < deadline, "requests did not queue up");
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+async fn concurrent_requests_share_one_commit_and_are_answered_after_it(backend: Backend) {
+    let app = spawn_app_with(backend, &sources()).await;
+    let gate = gate(&app, &[]);
+    let first = send(&app, &gate, resend("msg_0"));
+    gate.wait_entered().await;
+    let rest: Vec<_> = (1..=5)
+        .map(|i| send(&app, &gate, resend(&format!("msg_{i}"))))
+        .collect();
+    queued(&app, 5).await;
+    // The first group is inside its transaction, the others wait for theirs: nobody is answered.
+    assert!(!first.is_finished() && rest.iter().all(|t| !t.is_finished()));
+    assert_eq!(gate.answered.load(Ordering::SeqCst), 0);
+    assert_eq!(app.db.receipts_of_source("resend").unwrap().len(), 0);
+    gate.open.send(()).unwrap();
+    assert_eq!(
+        first.await.unwrap(),
+        (200, json!({"stored": 1, "duplicates": 0}))
+    );
+    for t in rest {
+        assert_eq!(
+            t.await.unwrap(),
+            (200, json!({"stored": 1, "duplicates": 0}))
+        );
+    }
+    let seen = gate.seen.lock().unwrap().clone();
+    // Two commits: the held one, then the five queued requests together — and at that second
+    // commit none of those five had been answered (at most the first).
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[0], (1, 0));
+    assert_eq!(seen[1].0, 5);
+    assert!(seen[1].1 <= 1, "{seen:?}");
+    assert_eq!(app.herald.receipt_writer.commits(), 2);
+    assert_eq!(app.db.receipts_of_source("resend").unwrap().len(), 6);
+    app.stop().await;
+}
+
+both_backends!(concurrent_requests_share_one_commit_and_are_answered_after_it);
+
+async fn a_failed_group_commit_answers_503_to_every_request_in_it(backend: Backend) {
+    let app = spawn_app_with(backend, &sources()).await;
+    let gate = gate(&app, &[1]);
+    let first = send(&app, &gate, resend("msg_0"));
+    gate.wait_entered().await;
+    let rest: Vec<_> = (1..=4)
+        .map(|i| send(&app, &gate, resend(&format!("msg_{i}"))))
+        .collect();
+    queued(&app, 4).await;
+    gate.open.send(()).unwrap();
+    assert_eq!(first.await.unwrap().0, 200);
+    for t in rest {
+        let (status, problem) = t.await.unwrap();
+        assert_eq!(status, 503, "{problem}");
+    }
+    assert_eq!(gate.seen.lock().unwrap()[1].0, 4);
+    // Nothing of the failed group was stored; the providers' retries store it.
+    let stored = |app: &TestApp| app.db.receipts_of_source("resend").unwrap().len();
+    assert_eq!(stored(&app), 1);
+    let retry = send(&app, &gate, resend("msg_1")).await.unwrap();
+    assert_eq!(retry, (200, json!({"stored": 1, "duplicates": 0})));
+    assert_eq!(stored(&app), 2);
+    app.stop().await;
+}
+
+both_backends!(a_failed_group_commit_answers_503_to_every_request_in_it);
+
+async fn a_replay_in_a_group_undoes_only_its_own_request(backend: Backend) {
+    let app = spawn_app_with(backend, &sources()).await;
+    let gate = gate(&app, &[]);
+    let first = send(&app, &gate, resend("msg_0"));
+    gate.wait_entered().await;
+    // One after another, so that the group holds them in this order.
+    let genuine = send(&app, &gate, mailgun("ev-1"));
+    queued(&app, 1).await;
+    let forged = send(&app, &gate, mailgun("ev-forged"));
+    queued(&app, 2).await;
+    let other = send(&app, &gate, resend("msg_9"));
+    queued(&app, 3).await;
+    gate.open.send(()).unwrap();
+    assert_eq!(first.await.unwrap().0, 200);
+    assert_eq!(
+        genuine.await.unwrap(),
+        (200, json!({"stored": 1, "duplicates": 0}))
+    );
+    let (status, problem) = forged.await.unwrap();
+    assert_eq!(status, 401, "{problem}");
+    assert_eq!(
+        other.await.unwrap(),
+        (200, json!({"stored": 1, "duplicates": 0}))
+    );
+    let seen = gate.seen.lock().unwrap().clone();
+    assert_eq!(seen.iter().map(|s| s.0).collect::<Vec<_>>(), [1, 3]);
+    let mg = app.db.receipts_of_source("mg").unwrap();
+    assert_eq!(
+        mg.iter()
+            .map(|r| r.provider_event_id.as_str())
+            .collect::<Vec<_>>(),
+        ["ev-1"]
+    );
+    assert_eq!(app.db.receipts_of_source("resend").unwrap().len(), 2);
+    app.stop().await;
+}
+
+both_backends!(a_replay_in_a_group_undoes_only_its_own_request);
