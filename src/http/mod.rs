@@ -81,6 +81,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             "/v1/messages/{event_id}/replay",
             web::post().to(replay_by_event_id),
         )
+        .route(
+            "/v1/messages/{event_id}/skip",
+            web::post().to(skip_message),
+        )
         .route("/v1/sends/{fingerprint}", web::get().to(explain_send))
         .route(
             "/v1/sends/{fingerprint}/replay",
@@ -391,10 +395,11 @@ async fn show_message(
             return Ok(Some(Err(FanOut::from_stored(&event_id, stored))));
         };
         let receipts = db.receipts_of_message(row.id)?;
-        Ok(Some(Ok((row, receipts))))
+        let head = db.key_head(&row)?;
+        Ok(Some(Ok((row, receipts, head))))
     })
     .await??;
-    let (row, receipts) = match found.ok_or_else(|| Problem::not_found("message"))? {
+    let (row, receipts, head) = match found.ok_or_else(|| Problem::not_found("message"))? {
         Ok(found) => found,
         Err(fanout) => {
             for (_, m) in &fanout.children {
@@ -410,6 +415,8 @@ async fn show_message(
     permit(&who, Access::OwnMessage, row.enqueued_by.as_deref())?;
     let mut view = MessageView::new(&row, state.default_max_attempts);
     view.receipts = Some(receipts.iter().map(ReceiptView::new).collect());
+    view.blocked_by = crate::storage::ordering::blocked_by(&row, head.as_ref())
+        .map(|h| h.event_id.clone());
     Ok(HttpResponse::Ok().json(view))
 }
 
@@ -606,6 +613,25 @@ async fn redrive_dead_letters(
     Ok(HttpResponse::Ok().json(report))
 }
 
+/// `POST /v1/messages/{event_id}/skip` `{"reason"}`: a dead or unconfirmed head of an ordering
+/// key stops holding its key; the key's next message becomes due. 409 when it holds no key.
+async fn skip_message(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, Problem> {
+    let who = authorize(&req, &state, Access::Support)?;
+    let body = read_body(payload, SUPPORT_BODY_LIMIT).await?;
+    let request = support::parse_skip_body(&body).map_err(SupportError::from)?;
+    let event_id = path.into_inner();
+    let db = state.db.clone();
+    let now = state.clock.storage_now();
+    let row = web::block(move || support::skip(&db, now, &event_id, &request, &who.name)).await??;
+    state.wake.notify_one();
+    Ok(HttpResponse::Ok().json(MessageView::new(&row, state.default_max_attempts)))
+}
+
 async fn cancel_message(
     req: HttpRequest,
     state: web::Data<AppState>,
@@ -750,6 +776,8 @@ pub fn parse_new_message(
         "expires_at",
         "semantics",
         "max_attempts",
+        "ordering_key",
+        "ordering_policy",
     ];
     for k in obj.keys().filter(|k| !KNOWN.contains(&k.as_str())) {
         errors.push(InvalidField::new(k.clone(), "is not a known field"));
@@ -775,6 +803,17 @@ pub fn parse_new_message(
     let scheduled_at = string(&obj, "scheduled_at", false);
     let expires_at = string(&obj, "expires_at", false);
     let semantics = string(&obj, "semantics", false);
+    let ordering_key = string(&obj, "ordering_key", false);
+    let ordering_policy = string(&obj, "ordering_policy", false).and_then(|p| {
+        crate::domain::OrderingPolicy::parse(&p)
+            .map_err(|e| errors.push(e))
+            .ok()
+    });
+    if let Some(k) = &ordering_key
+        && let Err(e) = crate::domain::OrderingKey::parse(k)
+    {
+        errors.push(e);
+    }
     let event_id = match (body_event_id, idempotency_key) {
         (Some(a), Some(b)) if a != b => {
             errors.push(InvalidField::new(
@@ -851,6 +890,8 @@ pub fn parse_new_message(
                 expires_at,
                 semantics,
                 max_attempts,
+                ordering_key,
+                ordering_policy,
             })
         }
         _ => Err(errors),

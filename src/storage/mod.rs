@@ -11,6 +11,7 @@ pub mod attempts;
 pub mod endpoints;
 pub mod fanout;
 pub mod models;
+pub mod ordering;
 pub mod outbox;
 pub mod queries;
 pub mod receipts;

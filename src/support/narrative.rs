@@ -4,7 +4,7 @@
 
 use crate::domain::{AttemptClass, Channel, State};
 
-use super::view::{AttemptEntry, Explanation, ReceiptEntry, ReplayEntry};
+use super::view::{AttemptEntry, Explanation, OrderingFacts, ReceiptEntry, ReplayEntry};
 
 /// A duration in milliseconds as a person reads it: `850 ms`, `4.08 s`, `126 s`, `2 min 6 s`.
 pub fn human_ms(ms: i64) -> String {
@@ -143,6 +143,47 @@ fn receipt_sentence(r: &ReceiptEntry) -> String {
     s
 }
 
+/// Where a keyed message stands in its key.
+fn ordering_sentence(e: &Explanation, o: &OrderingFacts) -> String {
+    let place = o.seq.map(|n| format!(" (place {n})")).unwrap_or_default();
+    if let Some(by) = &o.blocked_by {
+        let state = o.head_state.map(|s| s.as_str()).unwrap_or("dead_letter");
+        return format!(
+            "It waits in ordering key {}{place}: blocked by {by}, the key's head, which is {state}; \
+             the key moves on when {by} is replayed, canceled or skipped.",
+            o.key
+        );
+    }
+    if let Some(at) = &o.released_at {
+        return format!(
+            "It no longer holds ordering key {}{place}: it was released at {at} (skip), so the \
+             key's later messages went on.",
+            o.key
+        );
+    }
+    if o.head.as_deref() == Some(e.event_id.as_str()) {
+        return if matches!(e.state, State::DeadLetter | State::Unconfirmed) {
+            format!(
+                "It holds ordering key {}{place}: the key's later messages wait until it is \
+                 replayed, canceled or skipped (head-of-line policy block).",
+                o.key
+            )
+        } else {
+            format!(
+                "It is the head of ordering key {}{place}: the key's later messages wait for it.",
+                o.key
+            )
+        };
+    }
+    match (&o.head, o.head_state) {
+        (Some(h), Some(s)) if e.state == State::Scheduled && e.next_attempt_at.is_none() => format!(
+            "It waits in ordering key {}{place} behind {h}, the key's head ({s}).",
+            o.key
+        ),
+        _ => format!("It is in ordering key {}{place}.", o.key),
+    }
+}
+
 fn state_sentence(e: &Explanation) -> String {
     match e.state {
         State::Delivered => "It is delivered.".to_owned(),
@@ -230,6 +271,9 @@ pub fn narrate(e: &Explanation) -> String {
         parts.push(receipt_sentence(r));
     }
     parts.push(state_sentence(e));
+    if let Some(o) = &e.ordering {
+        parts.push(ordering_sentence(e, o));
+    }
     if let Some(status) = &e.delivery_status {
         let at = e
             .delivery_status_at
@@ -276,6 +320,7 @@ mod tests {
             attempt_timeline: Vec::new(),
             receipt_timeline: Vec::new(),
             replays: Vec::new(),
+            ordering: None,
             explanation: String::new(),
         }
     }
