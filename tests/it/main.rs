@@ -17,6 +17,7 @@ mod lifecycle;
 mod limits;
 mod metrics;
 mod migrations;
+mod ordering;
 mod reconcile;
 mod retention;
 mod slowdown;
