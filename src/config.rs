@@ -984,9 +984,9 @@ impl Timings {
 
 /// The endpoint's policy over the global one; a refusal names `endpoints.NAME.retry.KEY`.
 pub fn endpoint_retry_policy(
-r: &EndpointRetryConfig,
-endpoint: &str,
-global: &RetryPolicy,
+    r: &EndpointRetryConfig,
+    endpoint: &str,
+    global: &RetryPolicy,
 ) -> Result<RetryPolicy, crate::domain::InvalidField> {
     let key = format!("endpoints.{endpoint}.retry");
     let base = r.base_seconds.unwrap_or(global.base.as_secs_f64());
@@ -1016,7 +1016,6 @@ global: &RetryPolicy,
         crate::domain::InvalidField::new(format!("{key}.{field}"), e.message)
     })
 }
-
 
 /// Backoff base and cap: each default follows the other setting when that one is set, so
 /// setting only one never makes `cap < base` (an explicit pair is still checked).

@@ -81,10 +81,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             "/v1/messages/{event_id}/replay",
             web::post().to(replay_by_event_id),
         )
-        .route(
-            "/v1/messages/{event_id}/skip",
-            web::post().to(skip_message),
-        )
+        .route("/v1/messages/{event_id}/skip", web::post().to(skip_message))
         .route("/v1/sends/{fingerprint}", web::get().to(explain_send))
         .route(
             "/v1/sends/{fingerprint}/replay",
@@ -415,8 +412,8 @@ async fn show_message(
     permit(&who, Access::OwnMessage, row.enqueued_by.as_deref())?;
     let mut view = MessageView::new(&row, state.default_max_attempts);
     view.receipts = Some(receipts.iter().map(ReceiptView::new).collect());
-    view.blocked_by = crate::storage::ordering::blocked_by(&row, head.as_ref())
-        .map(|h| h.event_id.clone());
+    view.blocked_by =
+        crate::storage::ordering::blocked_by(&row, head.as_ref()).map(|h| h.event_id.clone());
     Ok(HttpResponse::Ok().json(view))
 }
 

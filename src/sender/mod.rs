@@ -712,7 +712,10 @@ impl Sender {
     pub async fn sweep_leases(&self) -> Result<LeaseSweep, SenderError> {
         let now = self.inner.clock.storage_now();
         // Each row's endpoint, for its retry and head-of-line policies.
-        let endpoints: std::collections::BTreeMap<String, (RetryPolicy, Option<crate::domain::OrderingPolicy>)> = self
+        let endpoints: std::collections::BTreeMap<
+            String,
+            (RetryPolicy, Option<crate::domain::OrderingPolicy>),
+        > = self
             .inner
             .webhook
             .endpoints()

@@ -13,7 +13,10 @@ use super::{Db, StorageError, per_backend};
 #[derive(Debug, Clone, PartialEq)]
 pub enum SkipWrite {
     /// The head was released; `due` are the messages of its key that became due.
-    Done { row: Box<OutboxRow>, due: usize },
+    Done {
+        row: Box<OutboxRow>,
+        due: usize,
+    },
     /// Nothing to skip: not keyed, not dead or unconfirmed, or already released.
     NotBlocking(Box<OutboxRow>),
     NotFound,

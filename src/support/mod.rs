@@ -917,6 +917,10 @@ mod tests {
             message_key: None,
             enqueued_by: None,
             attempt_base: 0,
+            ordering_key: None,
+            ordering_seq: None,
+            ordering_policy: None,
+            ordering_released_at: None,
         }
     }
 

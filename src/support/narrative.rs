@@ -176,10 +176,12 @@ fn ordering_sentence(e: &Explanation, o: &OrderingFacts) -> String {
         };
     }
     match (&o.head, o.head_state) {
-        (Some(h), Some(s)) if e.state == State::Scheduled && e.next_attempt_at.is_none() => format!(
-            "It waits in ordering key {}{place} behind {h}, the key's head ({s}).",
-            o.key
-        ),
+        (Some(h), Some(s)) if e.state == State::Scheduled && e.next_attempt_at.is_none() => {
+            format!(
+                "It waits in ordering key {}{place} behind {h}, the key's head ({s}).",
+                o.key
+            )
+        }
         _ => format!("It is in ordering key {}{place}.", o.key),
     }
 }

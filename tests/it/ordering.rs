@@ -118,9 +118,22 @@ async fn keyed_messages_go_one_at_a_time_in_order(backend: Backend) {
     // Round-robin over the keys, with unkeyed messages in between.
     for n in 1..=PER_KEY {
         for k in 0..KEYS {
-            post(&app, keyed(&format!("k{k}.{n}"), &rx.url, &format!("order-{k}"), json!({}))).await;
+            post(
+                &app,
+                keyed(
+                    &format!("k{k}.{n}"),
+                    &rx.url,
+                    &format!("order-{k}"),
+                    json!({}),
+                ),
+            )
+            .await;
         }
-        post(&app, crate::support::app::webhook(&format!("free-{n}"), &rx.url, json!({}))).await;
+        post(
+            &app,
+            crate::support::app::webhook(&format!("free-{n}"), &rx.url, json!({})),
+        )
+        .await;
     }
     let total = KEYS * PER_KEY as usize + PER_KEY as usize;
     let a = app.herald.sender.clone();
@@ -166,7 +179,10 @@ async fn a_dead_head_blocks_only_its_key_until_replayed(backend: Backend) {
     assert_eq!(v["blocked_by"], "a.1", "{v}");
     assert_eq!(v["ordering_key"], "order-1", "{v}");
     assert_eq!(v["ordering_seq"], 2, "{v}");
-    assert!(v["next_attempt_at"].is_null(), "a waiting message is not due: {v}");
+    assert!(
+        v["next_attempt_at"].is_null(),
+        "a waiting message is not due: {v}"
+    );
     let e: Value = app
         .http
         .get(format!("{}/v1/messages/a.3/explain", app.base))
@@ -189,7 +205,10 @@ async fn a_dead_head_blocks_only_its_key_until_replayed(backend: Backend) {
         .await
         .unwrap();
     assert!(
-        head["explanation"].as_str().unwrap().contains("holds ordering key order-1"),
+        head["explanation"]
+            .as_str()
+            .unwrap()
+            .contains("holds ordering key order-1"),
         "{head}"
     );
     assert_eq!(blocked_keys_gauge(&app).await, 1.0);
@@ -246,13 +265,26 @@ async fn skip_lets_the_rest_of_the_key_through(backend: Backend) {
     );
     rx.script_path("/strict", [Reply::Status(400)]);
     // The message's own policy.
-    post(&app, keyed("m.1", &m, "k", json!({"ordering_policy": "skip"}))).await;
+    post(
+        &app,
+        keyed("m.1", &m, "k", json!({"ordering_policy": "skip"})),
+    )
+    .await;
     post(&app, keyed("m.2", &m, "k", json!({}))).await;
     post(&app, keyed("m.3", &m, "k", json!({}))).await;
     // The endpoint's policy, and a message that overrides it with block.
     post(&app, keyed("e.1", "endpoint:lenient", "k", json!({}))).await;
     post(&app, keyed("e.2", "endpoint:lenient", "k", json!({}))).await;
-    post(&app, keyed("e.3", "endpoint:lenient", "k", json!({"ordering_policy": "block"}))).await;
+    post(
+        &app,
+        keyed(
+            "e.3",
+            "endpoint:lenient",
+            "k",
+            json!({"ordering_policy": "block"}),
+        ),
+    )
+    .await;
     post(&app, keyed("e.4", "endpoint:lenient", "k", json!({}))).await;
     // No policy anywhere: block.
     post(&app, keyed("s.1", &strict, "k", json!({}))).await;
@@ -260,7 +292,11 @@ async fn skip_lets_the_rest_of_the_key_through(backend: Backend) {
     app.run_until_idle().await;
     let ids = |path: &str| rx.requests_to(path).iter().map(id_of).collect::<Vec<_>>();
     assert_eq!(ids("/m"), ["m.1", "m.2", "m.3"]);
-    assert_eq!(ids("/lenient"), ["e.1", "e.2", "e.3"], "e.3 blocks (its own policy)");
+    assert_eq!(
+        ids("/lenient"),
+        ["e.1", "e.2", "e.3"],
+        "e.3 blocks (its own policy)"
+    );
     assert_eq!(ids("/strict"), ["s.1"]);
     assert!(app.row("m.1").ordering_released_at.is_some());
     assert_eq!(app.message("e.4").await["blocked_by"], "e.3");
@@ -277,11 +313,15 @@ async fn an_explicit_skip_or_a_cancel_releases_a_blocked_key(backend: Backend) {
     for n in 1..=3 {
         post(&app, keyed(&format!("x.{n}"), &x, "x", json!({}))).await;
     }
-    post(&app, crate::support::app::webhook("plain", &rx.url_for("/plain"), json!({}))).await;
+    post(
+        &app,
+        crate::support::app::webhook("plain", &rx.url_for("/plain"), json!({})),
+    )
+    .await;
     app.run_until_idle().await;
     assert_eq!(app.message("x.2").await["blocked_by"], "x.1");
     let skip = |id: &str| {
-        let (http, base, id) = (app.http.clone(), app.base.clone(), id.replace('.', "."));
+        let (http, base, id) = (app.http.clone(), app.base.clone(), id.to_owned());
         async move {
             http.post(format!("{base}/v1/messages/{id}/skip"))
                 .json(&json!({"reason": "order superseded"}))
@@ -365,8 +405,10 @@ async fn a_key_goes_in_commit_order_not_id_order(backend: Backend) {
     match backend {
         Backend::Postgres => {
             let mut c = PgConnection::establish(&app.test_db.url).unwrap();
-            c.batch_execute(&format!("BEGIN; {sql_second}; COMMIT; BEGIN; {sql_first}; COMMIT;"))
-                .unwrap();
+            c.batch_execute(&format!(
+                "BEGIN; {sql_second}; COMMIT; BEGIN; {sql_first}; COMMIT;"
+            ))
+            .unwrap();
         }
         Backend::Sqlite => {
             let mut c = sqlite_conn(&app);
@@ -379,7 +421,10 @@ async fn a_key_goes_in_commit_order_not_id_order(backend: Backend) {
     let (late, early) = (app.row("late-id.1"), app.row("early-id.2"));
     assert!(early.id < late.id);
     assert_eq!((late.ordering_seq, early.ordering_seq), (Some(1), Some(2)));
-    assert!(early.next_attempt_at.is_none(), "the later commit waits its turn");
+    assert!(
+        early.next_attempt_at.is_none(),
+        "the later commit waits its turn"
+    );
     app.run_until_idle().await;
     let ids: Vec<_> = rx.requests().iter().map(id_of).collect();
     assert_eq!(ids, ["late-id.1", "early-id.2"]);
@@ -427,10 +472,17 @@ async fn concurrent_transactions_on_one_key_deliver_in_commit_order() {
         if w.n == 1 {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "the second insert never waited");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second insert never waited"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(app.run_until_idle().await, 0, "nothing of the key is committed yet");
+    assert_eq!(
+        app.run_until_idle().await,
+        0,
+        "nothing of the key is committed yet"
+    );
     first.batch_execute("COMMIT;").unwrap();
     tokio::task::spawn_blocking(move || second.join().unwrap())
         .await
@@ -456,13 +508,25 @@ async fn an_endpoint_retry_policy_decides_its_attempts(backend: Backend) {
     .await;
     rx.script_path("/strict", [Reply::Status(503), Reply::Status(503)]);
     rx.script_path("/plain", [Reply::Status(503)]);
-    post(&app, crate::support::app::webhook("to-strict", "endpoint:strict", json!({}))).await;
-    post(&app, crate::support::app::webhook("to-plain", &rx.url_for("/plain"), json!({}))).await;
+    post(
+        &app,
+        crate::support::app::webhook("to-strict", "endpoint:strict", json!({})),
+    )
+    .await;
+    post(
+        &app,
+        crate::support::app::webhook("to-plain", &rx.url_for("/plain"), json!({})),
+    )
+    .await;
     app.run_until_idle().await;
     app.advance(Duration::from_secs(2));
     app.run_until_idle().await;
     let strict_row = app.row("to-strict");
-    assert_eq!(strict_row.state.as_str(), "dead_letter", "budget of 2 spent");
+    assert_eq!(
+        strict_row.state.as_str(),
+        "dead_letter",
+        "budget of 2 spent"
+    );
     let versions: Vec<String> = app
         .attempts("to-strict")
         .into_iter()
@@ -514,11 +578,19 @@ async fn the_table_contract_and_http_take_an_ordering_key(backend: Backend) {
     let problem: Value = r.json().await.unwrap();
     assert!(problem.to_string().contains("ordering_key"), "{problem}");
     let r = app
-        .post_message(keyed("h.1", &rx.url, "k", json!({"ordering_policy": "later"})))
+        .post_message(keyed(
+            "h.1",
+            &rx.url,
+            "k",
+            json!({"ordering_policy": "later"}),
+        ))
         .await;
     assert_eq!(r.status(), 422);
     assert!(r.text().await.unwrap().contains("ordering_policy"));
-    assert!(app.db.find_by_event_id("h.1").unwrap().is_none(), "nothing half-written");
+    assert!(
+        app.db.find_by_event_id("h.1").unwrap().is_none(),
+        "nothing half-written"
+    );
     app.run_until_idle().await;
     let ids: Vec<_> = rx.requests().iter().map(id_of).collect();
     assert_eq!(ids, ["p.1", "p.2"]);
@@ -534,3 +606,168 @@ both_backends!(
     an_endpoint_retry_policy_decides_its_attempts,
     the_table_contract_and_http_take_an_ordering_key,
 );
+
+/// `herald serve` on `db_url` as a child process, with a short lease; killed when dropped.
+struct Serving {
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn serve(db_url: &str) -> (Serving, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let listen = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_herald"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("HERALD_") || k == "RUST_LOG" {
+            cmd.env_remove(k);
+        }
+    }
+    let stderr = std::fs::File::create(dir.path().join("stderr")).unwrap();
+    cmd.arg("serve")
+        .current_dir(dir.path())
+        .envs([
+            ("HERALD_DATABASE_URL", db_url),
+            ("HERALD_LISTEN", listen.as_str()),
+            ("HERALD_API_TOKEN", crate::support::app::ADMIN_TOKEN),
+            ("HERALD_WEBHOOK_SECRET", crate::support::app::SECRET),
+            (
+                "HERALD_ALLOW_NETWORKS",
+                crate::support::app::TEST_ALLOW_NETWORKS,
+            ),
+            ("HERALD_POLL_INTERVAL_MS", "50"),
+            ("HERALD_WEBHOOK_TIMEOUT_MS", "1000"),
+            ("HERALD_LEASE_SECONDS", "6"),
+            ("HERALD_RETRY_BASE_SECONDS", "0.2"),
+            ("HERALD_RETRY_CAP_SECONDS", "1"),
+            ("HERALD_SENDER_CONCURRENCY", "8"),
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr);
+    let child = cmd.spawn().expect("spawn herald");
+    (Serving { child, _dir: dir }, format!("http://{listen}"))
+}
+
+async fn wait_healthy(s: &mut Serving, base: &str) {
+    herald::channels::install_crypto_provider();
+    let http = reqwest::Client::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(
+            s.child.try_wait().unwrap().is_none(),
+            "herald exited at start-up"
+        );
+        if let Ok(r) = http.get(format!("{base}/healthz")).send().await
+            && r.status() == 200
+        {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "herald not healthy");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Two real Herald processes on one PostgreSQL, one killed (SIGKILL) mid-run: per key, the
+/// receiver still sees the places in order (a resend of the same message after the lost lease
+/// is the only repeat) and never two requests of one key at once; nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_keep_each_keys_order_when_one_is_killed() {
+    let db = TestDb::new(Backend::Postgres);
+    let rx = Receiver::start().await;
+    const KEYS: usize = 10;
+    const PER_KEY: u32 = 12;
+    let total = KEYS * PER_KEY as usize;
+    let mut rng = rand::rng();
+    rx.script((0..total + 40).map(|_| Reply::Delayed(rng.random_range(5..40), 200)));
+    {
+        let mut c = PgConnection::establish(&db.url).unwrap();
+        let mut sql = String::from("BEGIN;");
+        for n in 1..=PER_KEY {
+            for k in 0..KEYS {
+                sql.push_str(&format!(
+                    "SELECT herald_enqueue('k{k}.{n}', 'webhook', '{}', '{{\"body\": {{}}}}'::jsonb, \
+                     p_ordering_key => 'key-{k}');",
+                    rx.url
+                ));
+            }
+        }
+        sql.push_str("COMMIT;");
+        c.batch_execute(&sql).unwrap();
+    }
+    let (mut a, base_a) = serve(&db.url);
+    let (mut b, base_b) = serve(&db.url);
+    wait_healthy(&mut a, &base_a).await;
+    wait_healthy(&mut b, &base_b).await;
+    rx.wait_for(total / 4, 60).await;
+    // Kill it while it holds a lease: a request of its own is in flight.
+    let mut c = PgConnection::establish(&db.url).unwrap();
+    #[derive(diesel::QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let held = format!(
+        "SELECT count(*) AS n FROM herald_outbox WHERE state = 'sending' \
+         AND lease_owner LIKE 'herald-{}-%'",
+        a.child.id()
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let n: Count = diesel::sql_query(&held).get_result(&mut c).unwrap();
+        if n.n > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first process never held a lease"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    // The survivor finishes, the killed one's leases included once they expire.
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let done: Count =
+            diesel::sql_query("SELECT count(*) AS n FROM herald_outbox WHERE state = 'delivered'")
+                .get_result(&mut c)
+                .unwrap();
+        if done.n as usize == total {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {} of {total} delivered",
+            done.n
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        b.child.try_wait().unwrap().is_none(),
+        "the survivor kept running"
+    );
+    let expired: Count = diesel::sql_query(
+        "SELECT count(*) AS n FROM herald_attempts WHERE error_kind = 'lease_expired'",
+    )
+    .get_result(&mut c)
+    .unwrap();
+    assert!(
+        expired.n > 0,
+        "the survivor took over the killed one's leases"
+    );
+    let requests = rx.requests();
+    assert!(requests.len() >= total);
+    assert_ordered(&requests, KEYS, PER_KEY);
+}

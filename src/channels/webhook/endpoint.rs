@@ -74,7 +74,6 @@ pub struct EndpointRetryConfig {
     pub jitter: Option<f64>,
 }
 
-
 /// When a named endpoint is disabled automatically: `failures` failed attempts in a row spanning
 /// at least `over`. Re-enabled only by an explicit call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,9 +132,10 @@ impl Endpoint {
         let key = format!("endpoints.{name}");
         let ordering_policy = match &e.ordering_policy {
             None => None,
-            Some(p) => Some(crate::domain::OrderingPolicy::parse(p).map_err(|m| {
-                InvalidField::new(format!("{key}.ordering_policy"), m.message)
-            })?),
+            Some(p) => Some(
+                crate::domain::OrderingPolicy::parse(p)
+                    .map_err(|m| InvalidField::new(format!("{key}.ordering_policy"), m.message))?,
+            ),
         };
         let retry = e.retry.clone();
         let url = super::parse_webhook_url(&e.url)
