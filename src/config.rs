@@ -1107,6 +1107,68 @@ mod tests {
     }
 
     #[test]
+    fn an_endpoint_retry_policy_inherits_the_global_keys_and_is_versioned() {
+        let s = Settings::from_toml(
+            "retry_max_attempts = 6\nretry_jitter = 0.1\n\
+             [endpoints.a]\nurl = \"https://a.example/h\"\nordering_policy = \"skip\"\n\
+             [endpoints.a.retry]\nbase_seconds = 2\nmax_attempts = 3\n\
+             [endpoints.b]\nurl = \"https://b.example/h\"\n",
+        )
+        .unwrap();
+        let a = &s.endpoint_retry["a"];
+        assert_eq!((a.base, a.max_attempts), (Duration::from_secs(2), 3));
+        assert_eq!(
+            (a.cap, a.jitter),
+            (s.retry.cap, 0.1),
+            "left out: the global value"
+        );
+        assert!(a.version.starts_with("endpoint-a@"), "{}", a.version);
+        assert_ne!(a.version, s.retry.version);
+        assert!(!s.endpoint_retry.contains_key("b"));
+        assert_eq!(
+            s.endpoints["a"].ordering_policy,
+            Some(crate::domain::OrderingPolicy::Skip)
+        );
+        assert_eq!(s.endpoints["b"].ordering_policy, None);
+        // Same parameters, same version; another parameter, another version.
+        let again = |extra: &str| {
+            Settings::from_toml(&format!(
+                "[endpoints.a]\nurl = \"https://a.example/h\"\n[endpoints.a.retry]\nname = \"x\"\n{extra}"
+            ))
+            .unwrap()
+            .endpoint_retry["a"]
+            .version
+            .clone()
+        };
+        assert_eq!(again("base_seconds = 1\n"), again("base_seconds = 1\n"));
+        assert_ne!(again("base_seconds = 1\n"), again("base_seconds = 3\n"));
+        assert!(again("").starts_with("x@"));
+        for (bad, field) in [
+            ("jitter = 2", "endpoints.a.retry.jitter"),
+            ("max_attempts = 0", "endpoints.a.retry.max_attempts"),
+            (
+                "base_seconds = 10\ncap_seconds = 5",
+                "endpoints.a.retry.cap_seconds",
+            ),
+            ("name = \"a b\"", "endpoints.a.retry.name"),
+        ] {
+            let err = Settings::from_toml(&format!(
+                "[endpoints.a]\nurl = \"https://a.example/h\"\n[endpoints.a.retry]\n{bad}\n"
+            ))
+            .unwrap_err();
+            assert!(err.to_string().starts_with(field), "{bad}: {err}");
+        }
+        let err = Settings::from_toml(
+            "[endpoints.a]\nurl = \"https://a.example/h\"\nordering_policy = \"later\"\n",
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().starts_with("endpoints.a.ordering_policy"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn endpoint_subscriptions_are_checked_and_listed() {
         let s = Settings::from_toml(
             "[endpoints.a]\nurl = \"https://a.example/h\"\nevent_types = [\"order.*\", \"*\"]\n\

@@ -269,6 +269,22 @@ contract_enum!(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_ordering_key_is_visible_ascii_up_to_255() {
+        assert!(OrderingKey::parse("order-42").is_ok());
+        assert!(OrderingKey::parse(&"k".repeat(255)).is_ok());
+        for bad in ["", "has space", "tab\t", "é", &"k".repeat(256)] {
+            let e = OrderingKey::parse(bad).unwrap_err();
+            assert_eq!(e.field, "ordering_key", "{bad:?}");
+        }
+        assert_eq!(OrderingPolicy::parse("skip"), Ok(OrderingPolicy::Skip));
+        assert_eq!(OrderingPolicy::Block.as_str(), "block");
+        assert_eq!(
+            OrderingPolicy::parse("Block").unwrap_err().field,
+            "ordering_policy"
+        );
+    }
     use super::*;
 
     #[test]

@@ -897,6 +897,41 @@ pub fn parse_new_message(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn parses_an_ordering_key_and_policy_and_names_bad_ones() {
+        let m = parse_new_message(
+            br#"{"event_id":"e1","channel":"webhook","destination":"https://a.example/h",
+                "payload":{"body":{}},"ordering_key":"order-42","ordering_policy":"skip"}"#,
+            None,
+        )
+        .unwrap();
+        assert_eq!(m.ordering_key.as_deref(), Some("order-42"));
+        assert_eq!(m.ordering_policy, Some(crate::domain::OrderingPolicy::Skip));
+        let unkeyed = parse_new_message(
+            br#"{"event_id":"e1","channel":"webhook","destination":"https://a.example/h","payload":{"body":{}}}"#,
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            (unkeyed.ordering_key, unkeyed.ordering_policy),
+            (None, None)
+        );
+        let body = |extra: &str| {
+            format!(
+                r#"{{"event_id":"e1","channel":"webhook","destination":"https://a.example/h","payload":{{"body":{{}}}},{extra}}}"#
+            )
+        };
+        assert_eq!(
+            fields(&body(r#""ordering_key":"a b""#), None),
+            ["ordering_key"]
+        );
+        assert_eq!(fields(&body(r#""ordering_key":7"#), None), ["ordering_key"]);
+        assert_eq!(
+            fields(&body(r#""ordering_policy":"fifo""#), None),
+            ["ordering_policy"]
+        );
+    }
     use super::*;
 
     fn fields(body: &str, key: Option<&str>) -> Vec<String> {

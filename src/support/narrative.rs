@@ -550,4 +550,48 @@ mod tests {
         let a = attempt(1, Some(200), AttemptClass::Accepted, "lease_lost");
         assert!(attempt_sentence(&a).contains("was not applied"));
     }
+
+    fn keyed(e: &mut Explanation, head: &str, head_state: State, blocked: bool) {
+        e.ordering = Some(OrderingFacts {
+            key: "order-1".into(),
+            seq: Some(2),
+            policy: None,
+            head: Some(head.into()),
+            head_state: Some(head_state),
+            blocked_by: blocked.then(|| head.to_owned()),
+            released_at: None,
+        });
+    }
+
+    #[test]
+    fn a_keyed_message_says_where_it_stands_in_its_key() {
+        let mut e = base(State::Scheduled);
+        keyed(&mut e, "order-1:created", State::DeadLetter, true);
+        let text = narrate(&e);
+        assert!(
+            text.contains("blocked by order-1:created, the key's head, which is dead_letter"),
+            "{text}"
+        );
+        assert!(text.contains("replayed, canceled or skipped"), "{text}");
+        let mut e = base(State::Scheduled);
+        keyed(&mut e, "order-1:created", State::Sending, false);
+        let text = narrate(&e);
+        assert!(
+            text.contains("waits in ordering key order-1 (place 2) behind order-1:created"),
+            "{text}"
+        );
+        let mut e = base(State::DeadLetter);
+        keyed(&mut e, "order-1:shipped", State::DeadLetter, false);
+        assert!(narrate(&e).contains("It holds ordering key order-1 (place 2)"));
+        let mut e = base(State::DeadLetter);
+        keyed(&mut e, "x", State::Sending, false);
+        if let Some(o) = e.ordering.as_mut() {
+            o.released_at = Some("2026-12-01T10:06:00.000000Z".into());
+        }
+        assert!(narrate(&e).contains("released at 2026-12-01T10:06:00.000000Z (skip)"));
+        let mut e = base(State::Delivered);
+        keyed(&mut e, "x", State::Sending, false);
+        assert!(narrate(&e).ends_with("It is in ordering key order-1 (place 2)."));
+        assert!(!narrate(&base(State::Delivered)).contains("ordering key"));
+    }
 }
