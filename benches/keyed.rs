@@ -104,6 +104,9 @@ async fn dispatch(n: usize, key: impl Fn(usize) -> Option<String>) -> f64 {
         }
         // Fresh statistics, as autovacuum would have them after a bulk load.
         c.batch_execute("ANALYZE herald_outbox;").unwrap();
+        if std::env::var_os("HERALD_BENCH_EXPLAIN").is_some() {
+            explain_claim(&mut c);
+        }
     })
     .await
     .unwrap();
@@ -130,4 +133,29 @@ async fn dispatch(n: usize, key: impl Fn(usize) -> Option<String>) -> f64 {
     assert_eq!(rx.requests().len(), n, "every message sent exactly once");
     app.stop().await;
     n as f64 / elapsed.as_secs_f64()
+}
+
+#[derive(diesel::QueryableByName)]
+struct PlanLine {
+    #[diesel(sql_type = diesel::sql_types::Text, column_name = "QUERY PLAN")]
+    line: String,
+}
+
+/// The claim's plan as PostgreSQL chooses it now (`HERALD_BENCH_EXPLAIN=1`), on stderr.
+fn explain_claim(c: &mut PgConnection) {
+    use diesel::sql_types::{BigInt, Double, Text};
+    let plan: Vec<PlanLine> = diesel::sql_query(format!(
+        "EXPLAIN (COSTS OFF) {}",
+        herald::storage::queries::PG_CLAIM_SQL
+    ))
+    .bind::<Double, _>(0.0)
+    .bind::<BigInt, _>(100)
+    .bind::<Text, _>("explain")
+    .bind::<Double, _>(1e6)
+    .bind::<Text, _>("v")
+    .load(c)
+    .unwrap();
+    for p in plan {
+        eprintln!("  {}", p.line);
+    }
 }

@@ -771,3 +771,56 @@ async fn two_processes_keep_each_keys_order_when_one_is_killed() {
     assert!(requests.len() >= total);
     assert_ordered(&requests, KEYS, PER_KEY);
 }
+
+/// `herald skip EVENT_ID --reason R` (the real binary) releases a blocked key of the database an
+/// application and a running Herald share; exit 1 when the message holds no key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_skips_a_dead_head() {
+    let app = crate::support::spawn_app(Backend::Sqlite).await;
+    let rx = Receiver::start().await;
+    rx.script([Reply::Status(400)]);
+    for n in 1..=2 {
+        post(&app, keyed(&format!("c.{n}"), &rx.url, "cli", json!({}))).await;
+    }
+    app.run_until_idle().await;
+    assert_eq!(app.message("c.2").await["blocked_by"], "c.1");
+    let url = app.test_db.url.clone();
+    let skip = move |args: &[&str]| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_herald"));
+        for (k, _) in std::env::vars() {
+            if k.starts_with("HERALD_") || k == "RUST_LOG" {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("HERALD_DATABASE_URL", &url)
+            .env("USER", "tester")
+            .arg("skip")
+            .args(args)
+            .output()
+            .expect("run herald")
+    };
+    let s = skip.clone();
+    let out = tokio::task::spawn_blocking(move || s(&["c.1", "--reason", "superseded", "--json"]))
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["state"], "dead_letter", "{v}");
+    assert!(v["ordering_released_at"].is_string(), "{v}");
+    for args in [
+        &["c.1", "--reason", "again"][..],
+        &["nope", "--reason", "x"][..],
+    ] {
+        let s = skip.clone();
+        let owned: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let out = tokio::task::spawn_blocking(move || {
+            s(&owned.iter().map(String::as_str).collect::<Vec<_>>())
+        })
+        .await
+        .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {out:?}");
+    }
+    app.run_until_idle().await;
+    assert_eq!(app.row("c.2").state.as_str(), "delivered");
+    app.stop().await;
+}
