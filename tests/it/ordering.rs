@@ -824,3 +824,39 @@ async fn the_cli_skips_a_dead_head() {
     assert_eq!(app.row("c.2").state.as_str(), "delivered");
     app.stop().await;
 }
+
+/// A fan-out's children each take their place in their own endpoint's key: a dead child at one
+/// endpoint holds only that endpoint's sequence.
+async fn a_fan_out_orders_each_endpoint_on_its_own(backend: Backend) {
+    let rx = Receiver::start().await;
+    let (a, b) = (rx.url_for("/a"), rx.url_for("/b"));
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "[endpoints.a]\nurl = \"{a}\"\nevent_types = [\"order.*\"]\n\
+             [endpoints.b]\nurl = \"{b}\"\nevent_types = [\"order.*\"]\n"
+        ),
+    )
+    .await;
+    rx.script_path("/a", [Reply::Status(400)]);
+    for n in 1..=3 {
+        post(
+            &app,
+            keyed(&format!("f.{n}"), "type:order.placed", "order-9", json!({})),
+        )
+        .await;
+    }
+    app.run_until_idle().await;
+    let ids = |path: &str| rx.requests_to(path).iter().map(id_of).collect::<Vec<_>>();
+    assert_eq!(ids("/a"), ["f.1:a"]);
+    assert_eq!(ids("/b"), ["f.1:b", "f.2:b", "f.3:b"]);
+    let child = app.row("f.3:a");
+    assert_eq!(
+        (child.ordering_key.as_deref(), child.ordering_seq),
+        (Some("order-9"), Some(3))
+    );
+    assert_eq!(app.message("f.2:a").await["blocked_by"], "f.1:a");
+    app.stop().await;
+}
+
+both_backends!(a_fan_out_orders_each_endpoint_on_its_own);
