@@ -228,6 +228,8 @@ impl Sender {
             self.refresh_disabled().await?;
         }
         if expired > 0 {
+            // An expired head released its key.
+            self.inner.wake.notify_one();
             info!(
                 expired,
                 "due messages past their expires_at marked expired; no request made"
@@ -605,6 +607,17 @@ impl Sender {
                     .map(|a| (a, outcomes))
             })
             .await?;
+        // A keyed message that ended made its key's next message due: claim again now (the
+        // release is an UPDATE, which no insert notification announces).
+        if applied.1.iter().any(|o| {
+            o.ordering.is_some()
+                && matches!(
+                    o.state,
+                    State::Delivered | State::DeadLetter | State::Unconfirmed
+                )
+        }) {
+            self.inner.wake.notify_one();
+        }
         for (a, o) in applied.0.iter().zip(&applied.1) {
             self.count_outcome(*a, o);
             match a {
@@ -704,6 +717,7 @@ impl Sender {
         let n = self.blocking(|db| db.release_waiting()).await?;
         if n > 0 {
             debug!(released = n, "waiting heads of ordering keys made due");
+            self.inner.wake.notify_one();
         }
         Ok(n)
     }
@@ -752,6 +766,7 @@ impl Sender {
             sweep.to_dead_letter as u64,
         );
         if sweep.total() > 0 {
+            self.inner.wake.notify_one();
             warn!(
                 to_retryable = sweep.to_retryable,
                 to_unconfirmed = sweep.to_unconfirmed,

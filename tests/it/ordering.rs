@@ -860,3 +860,22 @@ async fn a_fan_out_orders_each_endpoint_on_its_own(backend: Backend) {
 }
 
 both_backends!(a_fan_out_orders_each_endpoint_on_its_own);
+
+/// The production loop claims a key's next message as soon as the head's outcome is written,
+/// not at the next poll (a release is an update, which no insert notification announces).
+async fn the_next_message_of_a_key_goes_without_waiting_for_a_poll(backend: Backend) {
+    let app = spawn_app_with(backend, "poll_interval_ms = 30000\n").await;
+    let rx = Receiver::start().await;
+    let sender = app.start_sender();
+    for n in 1..=5 {
+        post(&app, keyed(&format!("w.{n}"), &rx.url, "w", json!({}))).await;
+    }
+    // Five polls would take minutes; the wake-ups take milliseconds.
+    let got = rx.wait_for(5, 20).await;
+    let ids: Vec<_> = got.iter().map(id_of).collect();
+    assert_eq!(ids, ["w.1", "w.2", "w.3", "w.4", "w.5"]);
+    sender.stop().await;
+    app.stop().await;
+}
+
+both_backends!(the_next_message_of_a_key_goes_without_waiting_for_a_poll);
