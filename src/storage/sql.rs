@@ -34,18 +34,21 @@ macro_rules! pg_now {
 }
 
 /// The ordering gate of the claim, for the candidate row `c`: an unkeyed row passes at once (one
-/// NULL test, nothing else); a keyed row only when no earlier place of its key is still open —
-/// waiting, due, in flight, or a dead or unconfirmed head that blocks (not released). It reads
-/// `herald_outbox_ordering_open` (the predicate below is that index's), and only the places before
-/// the candidate: for a key's head that is nothing, or its released dead heads.
+/// NULL test, nothing else); a keyed row only when it is its key's head — no earlier place of its
+/// key is still open (waiting, due, in flight, or a dead or unconfirmed head that blocks, i.e. not
+/// released). Written as "the first open place that counts is not before `c`", an `ORDER BY …
+/// LIMIT 1` walk of `herald_outbox_ordering_open` (the predicate below is that index's) that
+/// stops at the first entry that counts: for a head, itself (after any released dead heads). A
+/// `NOT EXISTS` form lets PostgreSQL pick a sequential scan for a hot key (it expects to find an
+/// earlier place at once, and there is none). Fails closed: no row found is no claim.
 macro_rules! key_head {
     () => {
-        "(c.ordering_key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM herald_outbox AS h
+        "(c.ordering_key IS NULL OR c.ordering_seq <= (
+        SELECT h.ordering_seq FROM herald_outbox AS h
         WHERE h.ordering_key = c.ordering_key AND h.destination = c.destination
-          AND h.ordering_seq < c.ordering_seq
           AND h.state IN ('scheduled', 'retryable', 'sending', 'dead_letter', 'unconfirmed')
-          AND (h.state IN ('scheduled', 'retryable', 'sending') OR h.ordering_released_at IS NULL)))"
+          AND (h.state IN ('scheduled', 'retryable', 'sending') OR h.ordering_released_at IS NULL)
+        ORDER BY h.ordering_seq LIMIT 1))"
     };
 }
 
