@@ -234,6 +234,7 @@ impl Herald {
                 concurrency: settings.sender_concurrency,
                 poll_interval: settings.poll_interval,
                 policy: settings.retry.clone(),
+                endpoint_policies: settings.endpoint_retry.clone(),
                 limits: settings.limits.clone(),
             },
             webhook,

@@ -15,7 +15,7 @@ use crate::auth::{Scope, Tokens};
 use crate::channels::email::dkim::{DkimError, DkimSigner};
 use crate::channels::email::relay::RelayProvider;
 use crate::channels::email::{self, EmailConfigError};
-use crate::channels::webhook::{AllowList, Endpoint, EndpointConfig, ssrf};
+use crate::channels::webhook::{AllowList, Endpoint, EndpointConfig, EndpointRetryConfig, ssrf};
 use crate::crypto::signing::SigningKey;
 use crate::ingest::Source;
 use crate::ingest::schemes::SourceConfig;
@@ -201,6 +201,8 @@ pub struct Settings {
     /// `dkim_selector` + `dkim_domain` + `dkim_key_file`: sign every email (key read at load).
     pub dkim: Option<Arc<DkimSigner>>,
     pub endpoints: BTreeMap<String, Endpoint>,
+    /// `[endpoints.NAME.retry]`, built over the global policy, by endpoint name.
+    pub endpoint_retry: BTreeMap<String, RetryPolicy>,
     pub ingest_max_body_bytes: usize,
     pub sources: BTreeMap<String, ConfiguredSource>,
     /// How often the reconciler looks for pending receipts (it also wakes on ingest).
@@ -480,6 +482,7 @@ impl Settings {
         }
 
         let mut endpoints = BTreeMap::new();
+        let mut endpoint_retry = BTreeMap::new();
         for (name, e) in f.endpoints {
             let endpoint =
                 Endpoint::from_config(name.clone(), e).map_err(|e| invalid(e.field, e.message))?;
@@ -501,6 +504,11 @@ impl Settings {
                         }
                     ),
                 ));
+            }
+            if let Some(r) = &endpoint.retry {
+                let policy = endpoint_retry_policy(r, &name, &retry)
+                    .map_err(|e| invalid(e.field, e.message))?;
+                endpoint_retry.insert(name.clone(), policy);
             }
             endpoints.insert(name, endpoint);
         }
@@ -678,6 +686,7 @@ impl Settings {
             smtp_provider,
             dkim,
             endpoints,
+            endpoint_retry,
             ingest_max_body_bytes: f.ingest_max_body_bytes.unwrap_or(1024 * 1024),
             sources,
             reconcile_interval,
@@ -973,6 +982,41 @@ impl Timings {
     }
 }
 
+/// The endpoint's policy over the global one; a refusal names `endpoints.NAME.retry.KEY`.
+pub fn endpoint_retry_policy(
+    r: &EndpointRetryConfig,
+    endpoint: &str,
+    global: &RetryPolicy,
+) -> Result<RetryPolicy, crate::domain::InvalidField> {
+    let key = format!("endpoints.{endpoint}.retry");
+    let base = r.base_seconds.unwrap_or(global.base.as_secs_f64());
+    let cap = r
+        .cap_seconds
+        .unwrap_or_else(|| global.cap.as_secs_f64().max(base));
+    RetryPolicy::new(
+        r.name
+            .clone()
+            .unwrap_or_else(|| format!("endpoint-{endpoint}")),
+        base,
+        cap,
+        r.max_attempts.unwrap_or(global.max_attempts),
+        r.retry_after_max_seconds
+            .unwrap_or(global.retry_after_max.as_secs_f64()),
+        r.jitter.unwrap_or(global.jitter),
+    )
+    .map_err(|e| {
+        let field = match e.field.as_str() {
+            "retry_base_seconds" => "base_seconds",
+            "retry_cap_seconds" => "cap_seconds",
+            "retry_max_attempts" => "max_attempts",
+            "retry_jitter" => "jitter",
+            "retry_policy_name" => "name",
+            other => other,
+        };
+        crate::domain::InvalidField::new(format!("{key}.{field}"), e.message)
+    })
+}
+
 /// Backoff base and cap: each default follows the other setting when that one is set, so
 /// setting only one never makes `cap < base` (an explicit pair is still checked).
 fn retry_defaults(base: Option<f64>, cap: Option<f64>) -> (f64, f64) {
@@ -1060,6 +1104,68 @@ mod tests {
             let err = Settings::from_toml(bad).unwrap_err();
             assert!(err.to_string().starts_with(key), "{err}");
         }
+    }
+
+    #[test]
+    fn an_endpoint_retry_policy_inherits_the_global_keys_and_is_versioned() {
+        let s = Settings::from_toml(
+            "retry_max_attempts = 6\nretry_jitter = 0.1\n\
+             [endpoints.a]\nurl = \"https://a.example/h\"\nordering_policy = \"skip\"\n\
+             [endpoints.a.retry]\nbase_seconds = 2\nmax_attempts = 3\n\
+             [endpoints.b]\nurl = \"https://b.example/h\"\n",
+        )
+        .unwrap();
+        let a = &s.endpoint_retry["a"];
+        assert_eq!((a.base, a.max_attempts), (Duration::from_secs(2), 3));
+        assert_eq!(
+            (a.cap, a.jitter),
+            (s.retry.cap, 0.1),
+            "left out: the global value"
+        );
+        assert!(a.version.starts_with("endpoint-a@"), "{}", a.version);
+        assert_ne!(a.version, s.retry.version);
+        assert!(!s.endpoint_retry.contains_key("b"));
+        assert_eq!(
+            s.endpoints["a"].ordering_policy,
+            Some(crate::domain::OrderingPolicy::Skip)
+        );
+        assert_eq!(s.endpoints["b"].ordering_policy, None);
+        // Same parameters, same version; another parameter, another version.
+        let again = |extra: &str| {
+            Settings::from_toml(&format!(
+                "[endpoints.a]\nurl = \"https://a.example/h\"\n[endpoints.a.retry]\nname = \"x\"\n{extra}"
+            ))
+            .unwrap()
+            .endpoint_retry["a"]
+            .version
+            .clone()
+        };
+        assert_eq!(again("base_seconds = 1\n"), again("base_seconds = 1\n"));
+        assert_ne!(again("base_seconds = 1\n"), again("base_seconds = 3\n"));
+        assert!(again("").starts_with("x@"));
+        for (bad, field) in [
+            ("jitter = 2", "endpoints.a.retry.jitter"),
+            ("max_attempts = 0", "endpoints.a.retry.max_attempts"),
+            (
+                "base_seconds = 10\ncap_seconds = 5",
+                "endpoints.a.retry.cap_seconds",
+            ),
+            ("name = \"a b\"", "endpoints.a.retry.name"),
+        ] {
+            let err = Settings::from_toml(&format!(
+                "[endpoints.a]\nurl = \"https://a.example/h\"\n[endpoints.a.retry]\n{bad}\n"
+            ))
+            .unwrap_err();
+            assert!(err.to_string().starts_with(field), "{bad}: {err}");
+        }
+        let err = Settings::from_toml(
+            "[endpoints.a]\nurl = \"https://a.example/h\"\nordering_policy = \"later\"\n",
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().starts_with("endpoints.a.ordering_policy"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -123,6 +123,20 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Release an ordering key held by its dead_letter or unconfirmed head (block policy): the
+    /// head stays as it is (it can still be replayed) and the key's next message becomes due.
+    /// Logged with who (cli:$USER) and why. Exit status: 0 skipped, 1 not found or holding no
+    /// key, 2 bad input or configuration.
+    Skip {
+        /// The head's event id.
+        event_id: String,
+        /// Why (required; logged).
+        #[arg(long)]
+        reason: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Replay (redrive) a dead_letter, unconfirmed or expired message with its original event
     /// id: a new attempt series under the current policy, the history kept, audited with who
     /// (cli:$USER), when and why. Exit status: 0 replayed, 1 not found or not replayable,
@@ -362,9 +376,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("migrations applied");
             Ok(ExitCode::SUCCESS)
         }
-        Command::Explain { .. } | Command::Replay { .. } | Command::Dlq { .. } => {
-            support_command(cli.command, &settings)
-        }
+        Command::Explain { .. }
+        | Command::Replay { .. }
+        | Command::Skip { .. }
+        | Command::Dlq { .. } => support_command(cli.command, &settings),
         Command::VerifyReceipt { .. } | Command::Token { .. } => {
             unreachable!("handled before configuration is loaded")
         }
@@ -497,6 +512,34 @@ fn support_command(command: Command, settings: &Settings) -> anyhow::Result<Exit
                 support::replay(&db, now(), &l, &request, &who)
             })()
             .map(|r| (render::replayed(&r), serde_json::json!(r))),
+        ),
+        Command::Skip {
+            event_id,
+            reason,
+            json,
+        } => (
+            json,
+            (|| {
+                let request = support::SkipRequest {
+                    reason: support::Reason::parse(&reason)?,
+                };
+                support::skip(&db, now(), &event_id, &request, &who)
+            })()
+            .map(|row| {
+                (
+                    format!(
+                        "skipped: {} no longer holds ordering key {}; the key's next message is due",
+                        row.event_id,
+                        row.ordering_key.as_deref().unwrap_or("")
+                    ),
+                    serde_json::json!({
+                        "event_id": row.event_id,
+                        "state": row.state,
+                        "ordering_key": row.ordering_key,
+                        "ordering_released_at": row.ordering_released_at,
+                    }),
+                )
+            }),
         ),
         Command::Dlq {
             command:

@@ -189,6 +189,7 @@ struct Inner {
     oldest_due: Gauge,
     reconciler_lag: Gauge,
     unmatched: IntGauge,
+    blocked_keys: IntGauge,
     database_up: IntGauge,
     sender_heartbeat_age: Gauge,
     /// One scrape at a time sets the gauges and renders.
@@ -313,6 +314,10 @@ impl Metrics {
             "herald_receipts_unmatched",
             "Receipts that match no message yet (tried again with backoff).",
         )?;
+        let blocked_keys = int_gauge(
+            "herald_ordering_blocked_keys",
+            "Ordering keys held by a dead_letter or unconfirmed head (block policy): their later messages wait until it is replayed, canceled or skipped.",
+        )?;
         let database_up = int_gauge(
             "herald_database_up",
             "1 when the scrape could read the database gauges, else 0 (they are then left out).",
@@ -379,6 +384,7 @@ impl Metrics {
                 oldest_due,
                 reconciler_lag,
                 unmatched,
+                blocked_keys,
                 database_up,
                 sender_heartbeat_age,
                 scrape: Mutex::new(()),
@@ -517,6 +523,7 @@ impl Metrics {
             i.oldest_due.set(age(s.at, s.oldest_due));
             i.reconciler_lag.set(age(s.at, s.oldest_pending_receipt));
             i.unmatched.set(s.unmatched_receipts);
+            i.blocked_keys.set(s.blocked_keys);
         }
         let heartbeat = sender_last_beat.map(|t| age(now, Some(t)));
         if let Some(a) = heartbeat {
@@ -529,6 +536,7 @@ impl Metrics {
                     | "herald_oldest_due_message_age_seconds"
                     | "herald_reconciler_lag_seconds"
                     | "herald_receipts_unmatched"
+                    | "herald_ordering_blocked_keys"
             );
             let absent = (db_gauge && stats.is_none())
                 || (f.name() == "herald_sender_heartbeat_age_seconds" && heartbeat.is_none());
@@ -552,6 +560,7 @@ mod tests {
             oldest_due: Some(at - chrono::Duration::milliseconds(2500)),
             oldest_pending_receipt: None,
             unmatched_receipts: 2,
+            blocked_keys: 1,
         }
     }
 
@@ -586,6 +595,7 @@ mod tests {
             "herald_oldest_due_message_age_seconds 2.5",
             "herald_reconciler_lag_seconds 0",
             "herald_receipts_unmatched 2",
+            "herald_ordering_blocked_keys 1",
             "herald_database_up 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in\n{text}");

@@ -185,6 +185,44 @@ macro_rules! contract_enum {
 }
 
 contract_enum!(
+    /// What a key does when its head message ends `dead_letter` or `unconfirmed`: `block` (the
+    /// key halts until the head is replayed, canceled or skipped) or `skip` (the rest proceed).
+    OrderingPolicy, "ordering_policy" { Block => "block", Skip => "skip" }
+);
+
+/// A message's ordering key: messages with the same key and destination are attempted one at a
+/// time, in their order. 1 to 255 visible ASCII characters (as an event id).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OrderingKey(String);
+
+impl OrderingKey {
+    pub const MAX_LEN: usize = 255;
+
+    pub fn parse(raw: &str) -> Result<Self, InvalidField> {
+        if raw.is_empty() {
+            return Err(InvalidField::new("ordering_key", "must not be empty"));
+        }
+        if raw.len() > Self::MAX_LEN {
+            return Err(InvalidField::new(
+                "ordering_key",
+                format!("must be at most {} characters", Self::MAX_LEN),
+            ));
+        }
+        if !raw.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+            return Err(InvalidField::new(
+                "ordering_key",
+                "must be visible ASCII characters without spaces",
+            ));
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+contract_enum!(
     /// How a message travels.
     Channel, "channel" { Email => "email", Webhook => "webhook" }
 );
@@ -243,6 +281,22 @@ contract_enum!(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_ordering_key_is_visible_ascii_up_to_255() {
+        assert!(OrderingKey::parse("order-42").is_ok());
+        assert!(OrderingKey::parse(&"k".repeat(255)).is_ok());
+        for bad in ["", "has space", "tab\t", "é", &"k".repeat(256)] {
+            let e = OrderingKey::parse(bad).unwrap_err();
+            assert_eq!(e.field, "ordering_key", "{bad:?}");
+        }
+        assert_eq!(OrderingPolicy::parse("skip"), Ok(OrderingPolicy::Skip));
+        assert_eq!(OrderingPolicy::Block.as_str(), "block");
+        assert_eq!(
+            OrderingPolicy::parse("Block").unwrap_err().field,
+            "ordering_policy"
+        );
+    }
     use super::*;
 
     #[test]

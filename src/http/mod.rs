@@ -78,6 +78,7 @@ pub fn routes(r: &mut impl Routes) {
     r.add::<__path_enable_endpoint, _, _>(enable_endpoint);
     r.add::<__path_explain_by_event_id, _, _>(explain_by_event_id);
     r.add::<__path_replay_by_event_id, _, _>(replay_by_event_id);
+    r.add::<__path_skip_message, _, _>(skip_message);
     r.add::<__path_explain_send, _, _>(explain_send);
     r.add::<__path_replay_send, _, _>(replay_send);
     r.add::<__path_list_dead_letters, _, _>(list_dead_letters);
@@ -445,10 +446,11 @@ async fn show_message(
             return Ok(Some(Err(FanOut::from_stored(&event_id, stored))));
         };
         let receipts = db.receipts_of_message(row.id)?;
-        Ok(Some(Ok((row, receipts))))
+        let head = db.key_head(&row)?;
+        Ok(Some(Ok((row, receipts, head))))
     })
     .await??;
-    let (row, receipts) = match found.ok_or_else(|| Problem::not_found("message"))? {
+    let (row, receipts, head) = match found.ok_or_else(|| Problem::not_found("message"))? {
         Ok(found) => found,
         Err(fanout) => {
             let mut owners = fanout
@@ -471,6 +473,8 @@ async fn show_message(
     permit(&who, Access::OwnMessage, row.enqueued_by.as_deref())?;
     let mut view = MessageView::new(&row, state.default_max_attempts);
     view.receipts = Some(receipts.iter().map(ReceiptView::new).collect());
+    view.blocked_by =
+        crate::storage::ordering::blocked_by(&row, head.as_ref()).map(|h| h.event_id.clone());
     Ok(HttpResponse::Ok().json(view))
 }
 
@@ -783,6 +787,41 @@ async fn redrive_dead_letters(
     Ok(HttpResponse::Ok().json(report))
 }
 
+/// `POST /v1/messages/{event_id}/skip` `{"reason"}`: a dead or unconfirmed head of an ordering
+/// key stops holding its key; the key's next message becomes due. 409 when it holds no key.
+#[utoipa::path(
+    post,
+    path = "/v1/messages/{event_id}/skip",
+    description = "Release an ordering key blocked by this dead or unconfirmed head: the key's next message becomes due; audited.",
+    params(("event_id" = String, Path, description = "The blocking message's event id")),
+    request_body(content = openapi::SkipRequestBody),
+    security(("bearer" = ["support"]), ("bearer" = ["admin"])),
+    responses(
+        (status = 200, description = "Skipped: the key's next message is due", body = MessageView),
+        (status = 400, description = "The body is not JSON", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 404, description = "No such message", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "It holds no key (not a blocked head, or skipped already)", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 413, description = "The body is too large", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid fields (`reason`)", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+async fn skip_message(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, Problem> {
+    let who = authorize(&req, &state, Access::Support)?;
+    let body = read_body(payload, SUPPORT_BODY_LIMIT).await?;
+    let request = support::parse_skip_body(&body).map_err(SupportError::from)?;
+    let event_id = path.into_inner();
+    let db = state.db.clone();
+    let now = state.clock.storage_now();
+    let row = web::block(move || support::skip(&db, now, &event_id, &request, &who.name)).await??;
+    state.wake.notify_one();
+    Ok(HttpResponse::Ok().json(MessageView::new(&row, state.default_max_attempts)))
+}
+
 #[utoipa::path(
     post,
     path = "/v1/messages/{event_id}/cancel",
@@ -982,6 +1021,8 @@ pub fn parse_new_message(
         "expires_at",
         "semantics",
         "max_attempts",
+        "ordering_key",
+        "ordering_policy",
     ];
     for k in obj.keys().filter(|k| !KNOWN.contains(&k.as_str())) {
         errors.push(InvalidField::new(k.clone(), "is not a known field"));
@@ -1007,6 +1048,17 @@ pub fn parse_new_message(
     let scheduled_at = string(&obj, "scheduled_at", false);
     let expires_at = string(&obj, "expires_at", false);
     let semantics = string(&obj, "semantics", false);
+    let ordering_key = string(&obj, "ordering_key", false);
+    let ordering_policy = string(&obj, "ordering_policy", false).and_then(|p| {
+        crate::domain::OrderingPolicy::parse(&p)
+            .map_err(|e| errors.push(e))
+            .ok()
+    });
+    if let Some(k) = &ordering_key
+        && let Err(e) = crate::domain::OrderingKey::parse(k)
+    {
+        errors.push(e);
+    }
     let event_id = match (body_event_id, idempotency_key) {
         (Some(a), Some(b)) if a != b => {
             errors.push(InvalidField::new(
@@ -1083,6 +1135,8 @@ pub fn parse_new_message(
                 expires_at,
                 semantics,
                 max_attempts,
+                ordering_key,
+                ordering_policy,
             })
         }
         _ => Err(errors),
@@ -1091,6 +1145,41 @@ pub fn parse_new_message(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn parses_an_ordering_key_and_policy_and_names_bad_ones() {
+        let m = parse_new_message(
+            br#"{"event_id":"e1","channel":"webhook","destination":"https://a.example/h",
+                "payload":{"body":{}},"ordering_key":"order-42","ordering_policy":"skip"}"#,
+            None,
+        )
+        .unwrap();
+        assert_eq!(m.ordering_key.as_deref(), Some("order-42"));
+        assert_eq!(m.ordering_policy, Some(crate::domain::OrderingPolicy::Skip));
+        let unkeyed = parse_new_message(
+            br#"{"event_id":"e1","channel":"webhook","destination":"https://a.example/h","payload":{"body":{}}}"#,
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            (unkeyed.ordering_key, unkeyed.ordering_policy),
+            (None, None)
+        );
+        let body = |extra: &str| {
+            format!(
+                r#"{{"event_id":"e1","channel":"webhook","destination":"https://a.example/h","payload":{{"body":{{}}}},{extra}}}"#
+            )
+        };
+        assert_eq!(
+            fields(&body(r#""ordering_key":"a b""#), None),
+            ["ordering_key"]
+        );
+        assert_eq!(fields(&body(r#""ordering_key":7"#), None), ["ordering_key"]);
+        assert_eq!(
+            fields(&body(r#""ordering_policy":"fifo""#), None),
+            ["ordering_policy"]
+        );
+    }
     use super::*;
 
     fn fields(body: &str, key: Option<&str>) -> Vec<String> {

@@ -126,6 +126,7 @@ pub fn listing() -> Listing {
         EmailPayload,
         EmailAttachment,
         ReplayRequestBody,
+        SkipRequestBody,
         RedriveRequestBody,
         super::problem::ProblemBody,
         super::view::Ready,
@@ -189,7 +190,8 @@ fn tag_of(path: &str) -> &'static str {
     let support = path.starts_with("/v1/sends/")
         || path.starts_with("/v1/dead-letters")
         || path.ends_with("/explain")
-        || path.ends_with("/replay");
+        || path.ends_with("/replay")
+        || path.ends_with("/skip");
     if support {
         "support"
     } else if path.starts_with("/v1/messages") {
@@ -385,6 +387,15 @@ pub struct EmailAttachment {
     content_type: String,
     /// Standard base64 with padding.
     content_base64: String,
+}
+
+/// `POST /v1/messages/{event_id}/skip`.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // A schema only: `support::parse_skip_body` reads the body.
+pub struct SkipRequestBody {
+    /// Why (at most 500 characters, no control characters); audited.
+    reason: String,
 }
 
 /// `POST /v1/sends/{fingerprint}/replay` and `POST /v1/messages/{event_id}/replay`.

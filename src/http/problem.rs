@@ -280,6 +280,12 @@ impl From<SupportError> for Problem {
                 p.field = field.map(str::to_owned);
                 p
             }
+            SupportError::NotSkippable(_) => Problem::new(
+                StatusCode::CONFLICT,
+                "not-skippable",
+                "The message holds no ordering key",
+            )
+            .detail(e.to_string()),
             SupportError::Moved => Problem::new(
                 StatusCode::CONFLICT,
                 "changed",

@@ -44,6 +44,16 @@ pub struct MessageView {
     pub updated_at: String,
     /// Why it is in its state when the state alone does not say (`unconfirmed`).
     pub state_reason: Option<String>,
+    /// Its ordering key, place and own head-of-line policy (left out when unkeyed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ordering_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ordering_seq: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ordering_policy: Option<crate::domain::OrderingPolicy>,
+    /// The event id of the dead or unconfirmed head that holds its key ("blocked by").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blocked_by: Option<String>,
     /// The receipt history, in event-time order.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub receipts: Option<Vec<ReceiptView>>,
@@ -111,6 +121,10 @@ impl MessageView {
             created_at: ts(&row.created_at),
             updated_at: ts(&row.updated_at),
             state_reason: row.state_reason.clone(),
+            ordering_key: row.ordering_key.clone(),
+            ordering_seq: row.ordering_seq,
+            ordering_policy: row.ordering_policy,
+            blocked_by: None,
             receipts: None,
         }
     }

@@ -41,6 +41,12 @@ pub struct NewMessage {
     pub semantics: Semantics,
     /// Default: the retry policy's `max_attempts`.
     pub max_attempts: Option<u32>,
+    /// Messages with the same key and destination are attempted one at a time, in their order
+    /// (README, "Ordered delivery"). `None`: no ordering.
+    pub ordering_key: Option<String>,
+    /// What the key does when this message ends dead or unconfirmed; `None`: its endpoint's
+    /// `ordering_policy`, else `block`.
+    pub ordering_policy: Option<crate::domain::OrderingPolicy>,
 }
 
 impl NewMessage {
@@ -59,6 +65,8 @@ impl NewMessage {
             expires_at: None,
             semantics: Semantics::AtLeastOnce,
             max_attempts: None,
+            ordering_key: None,
+            ordering_policy: None,
         }
     }
 
@@ -78,6 +86,8 @@ impl NewMessage {
             expires_at: None,
             semantics: Semantics::AtLeastOnce,
             max_attempts: None,
+            ordering_key: None,
+            ordering_policy: None,
         }
     }
 
@@ -203,6 +213,11 @@ impl NewMessage {
                 "must be between 1 and 100",
             ));
         }
+        if let Some(key) = &self.ordering_key
+            && let Err(e) = crate::domain::OrderingKey::parse(key)
+        {
+            errors.push(e);
+        }
         let scheduled_at = self.scheduled_at.unwrap_or(now);
         if let Some(expires) = self.expires_at
             && expires <= scheduled_at
@@ -236,6 +251,8 @@ impl NewMessage {
             expires_at: self.expires_at.map(trunc),
             request_fingerprint: fingerprint.map(|f| f.as_str().to_owned()),
             enqueued_by: None,
+            ordering_key: self.ordering_key.clone(),
+            ordering_policy: self.ordering_policy,
             now,
         })
     }

@@ -52,6 +52,8 @@ pub struct SenderConfig {
     pub concurrency: u32,
     pub poll_interval: Duration,
     pub policy: RetryPolicy,
+    /// `[endpoints.NAME.retry]` by endpoint name; any other destination uses `policy`.
+    pub endpoint_policies: std::collections::BTreeMap<String, RetryPolicy>,
     pub limits: LimitsConfig,
 }
 
@@ -226,6 +228,8 @@ impl Sender {
             self.refresh_disabled().await?;
         }
         if expired > 0 {
+            // An expired head released its key.
+            self.inner.wake.notify_one();
             info!(
                 expired,
                 "due messages past their expires_at marked expired; no request made"
@@ -366,7 +370,7 @@ impl Sender {
             &row.payload,
         )
         .map(|f| f.as_str().to_owned());
-        let base = OutcomeRecord {
+        let mut base = OutcomeRecord {
             message_id: row.id,
             event_id: row.event_id.clone(),
             claimed_attempt: row.attempts,
@@ -378,6 +382,7 @@ impl Sender {
             request_fingerprint: fingerprint,
             provider_message_id: None,
             attempt: None,
+            ordering: None,
         };
         // The destination it is bound to; while that is slowed down, the message is put back
         // for after the pause's end without a request and without spending an attempt.
@@ -387,6 +392,7 @@ impl Sender {
             Channel::Email => None,
         };
         let endpoint = binding.as_ref().and_then(|b| b.endpoint);
+        base.ordering = ordering_policy(&row, endpoint);
         let destination = match row.channel {
             Channel::Webhook => binding.as_ref().map(|b| b.key.clone()),
             Channel::Email => Some(SMTP_RELAY.to_owned()),
@@ -510,7 +516,7 @@ impl Sender {
             }
         };
         let now = self.inner.clock.now();
-        let policy = &self.inner.config.policy;
+        let policy = self.policy_of(endpoint.as_deref());
         let endpoint = endpoint.and_then(|n| self.inner.webhook.endpoint(&n));
         let outgoing = Outgoing {
             event_id: &row.event_id,
@@ -607,6 +613,17 @@ impl Sender {
                     .map(|a| (a, outcomes))
             })
             .await?;
+        // A keyed message that ended made its key's next message due: claim again now (the
+        // release is an UPDATE, which no insert notification announces).
+        if applied.1.iter().any(|o| {
+            o.ordering.is_some()
+                && matches!(
+                    o.state,
+                    State::Delivered | State::DeadLetter | State::Unconfirmed
+                )
+        }) {
+            self.inner.wake.notify_one();
+        }
         for (a, o) in applied.0.iter().zip(&applied.1) {
             self.count_outcome(*a, o);
             match a {
@@ -692,13 +709,58 @@ impl Sender {
         }
     }
 
+    /// The retry policy of a named endpoint's messages (`[endpoints.NAME.retry]`), else the
+    /// global one.
+    fn policy_of(&self, endpoint: Option<&str>) -> &RetryPolicy {
+        endpoint
+            .and_then(|n| self.inner.config.endpoint_policies.get(n))
+            .unwrap_or(&self.inner.config.policy)
+    }
+
+    /// Makes due the head of every key that waits with nothing left to release it (see
+    /// `storage::ordering`); returns how many. The production loop runs it every poll interval.
+    pub async fn release_waiting(&self) -> Result<usize, SenderError> {
+        let n = self.blocking(|db| db.release_waiting()).await?;
+        if n > 0 {
+            debug!(released = n, "waiting heads of ordering keys made due");
+            self.inner.wake.notify_one();
+        }
+        Ok(n)
+    }
+
     /// The watchdog pass: expired leases back to `retryable` (or `unconfirmed`/`dead_letter`).
     pub async fn sweep_leases(&self) -> Result<LeaseSweep, SenderError> {
         let now = self.inner.clock.storage_now();
-        let policy = self.inner.config.policy.clone();
+        // Each row's endpoint, for its retry and head-of-line policies.
+        let endpoints: std::collections::BTreeMap<
+            String,
+            (RetryPolicy, Option<crate::domain::OrderingPolicy>),
+        > = self
+            .inner
+            .webhook
+            .endpoints()
+            .map(|e| {
+                (
+                    format!("endpoint:{}", e.name),
+                    (self.policy_of(Some(&e.name)).clone(), e.ordering_policy),
+                )
+            })
+            .collect();
+        let global = self.inner.config.policy.clone();
         let sweep = self
             .blocking(move |db| {
-                db.sweep_expired_leases(now, &|row, at| lease_expired_decision(&policy, row, at))
+                db.sweep_expired_leases(now, &|row, at| {
+                    let (policy, endpoint_ordering) = endpoints
+                        .get(&row.destination)
+                        .map_or((&global, None), |(p, o)| (p, *o));
+                    let mut d = lease_expired_decision(policy, row, at);
+                    d.ordering = row.ordering_key.as_ref().map(|_| {
+                        row.ordering_policy
+                            .or(endpoint_ordering)
+                            .unwrap_or(crate::domain::OrderingPolicy::Block)
+                    });
+                    d
+                })
             })
             .await?;
         let m = &self.inner.metrics;
@@ -710,6 +772,7 @@ impl Sender {
             sweep.to_dead_letter as u64,
         );
         if sweep.total() > 0 {
+            self.inner.wake.notify_one();
             warn!(
                 to_retryable = sweep.to_retryable,
                 to_unconfirmed = sweep.to_unconfirmed,
@@ -730,6 +793,7 @@ impl Sender {
         let flusher = tokio::spawn(self.clone().flush_loop(rx));
         let sweep_every = (cfg.lease / 2).max(Duration::from_secs(1));
         let mut next_sweep = tokio::time::Instant::now();
+        let mut next_release = tokio::time::Instant::now();
         let mut failures = 0u32;
         let heartbeat = &self.inner.heartbeat;
         heartbeat.beat(self.inner.clock.now());
@@ -745,6 +809,12 @@ impl Sender {
                     warn!(error = %e, "lease watchdog failed; will retry");
                 }
                 next_sweep = tokio::time::Instant::now() + sweep_every;
+            }
+            if tokio::time::Instant::now() >= next_release {
+                if let Err(e) = self.release_waiting().await {
+                    warn!(error = %e, "releasing waiting ordering keys failed; will retry");
+                }
+                next_release = tokio::time::Instant::now() + cfg.poll_interval;
             }
             // While many sends are in flight, let some finish so the next claim is a batch rather
             // than a trickle of one-row transactions (waits at most CLAIM_LINGER).
@@ -881,7 +951,21 @@ pub fn lease_expired_decision(
         delay_ms: d.delay.map(|d| d.as_millis() as i64),
         reason: d.reason,
         policy_version: policy.version.clone(),
+        ordering: None,
     }
+}
+
+/// A keyed message's head-of-line policy: its own, else its endpoint's, else `block`; `None` for
+/// an unkeyed message.
+pub fn ordering_policy(
+    row: &OutboxRow,
+    endpoint: Option<&crate::channels::webhook::Endpoint>,
+) -> Option<crate::domain::OrderingPolicy> {
+    row.ordering_key.as_ref().map(|_| {
+        row.ordering_policy
+            .or(endpoint.and_then(|e| e.ordering_policy))
+            .unwrap_or(crate::domain::OrderingPolicy::Block)
+    })
 }
 
 /// A claimed message put back without a request: `retryable` after `wait_ms`, the claim's attempt

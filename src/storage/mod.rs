@@ -13,6 +13,7 @@ pub mod endpoints;
 pub mod fanout;
 pub mod group_commit;
 pub mod models;
+pub mod ordering;
 pub mod outbox;
 pub mod queries;
 pub mod receipts;

@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use diesel::Queryable;
 use serde::Serialize;
 
-use crate::domain::{AttemptClass, Channel, Semantics, State};
+use crate::domain::{AttemptClass, Channel, OrderingPolicy, Semantics, State};
 
 /// One `herald_outbox` row.
 #[derive(Debug, Clone, PartialEq, Queryable)]
@@ -45,6 +45,14 @@ pub struct OutboxRow {
     /// `attempts` when the current attempt series began (0 until a replay): the attempt budget
     /// counts `attempts - attempt_base`; `attempts` keeps counting every attempt ever made.
     pub attempt_base: i32,
+    /// Messages with the same key and destination go one at a time, in `ordering_seq` order.
+    pub ordering_key: Option<String>,
+    /// Its place in its key (assigned at insert, in commit order).
+    pub ordering_seq: Option<i64>,
+    /// Its own head-of-line policy (`None`: its endpoint's, else `block`).
+    pub ordering_policy: Option<OrderingPolicy>,
+    /// When this dead or unconfirmed head stopped holding its key (`None` while it blocks).
+    pub ordering_released_at: Option<DateTime<Utc>>,
 }
 
 /// What the watchdog reads of a `sending` row whose lease ran out: what the decision and the
@@ -62,6 +70,9 @@ pub struct ExpiredLease {
     pub request_fingerprint: Option<String>,
     /// Set by the claim: when the attempt started.
     pub updated_at: DateTime<Utc>,
+    pub destination: String,
+    pub ordering_key: Option<String>,
+    pub ordering_policy: Option<OrderingPolicy>,
 }
 
 /// One `herald_attempts` row.
@@ -110,6 +121,8 @@ pub struct NewOutboxRow {
     pub request_fingerprint: Option<String>,
     /// The name of the API token that enqueued it over HTTP.
     pub enqueued_by: Option<String>,
+    pub ordering_key: Option<String>,
+    pub ordering_policy: Option<OrderingPolicy>,
     pub now: DateTime<Utc>,
 }
 
@@ -134,6 +147,9 @@ pub struct OutcomeRecord {
     pub provider_message_id: Option<String>,
     /// `None` when no request was made (expired before sending): no attempt row.
     pub attempt: Option<NewAttempt>,
+    /// A keyed message's head-of-line policy in force (its own, else its endpoint's, else
+    /// `block`); `None` for an unkeyed message, which costs the outcome write nothing more.
+    pub ordering: Option<OrderingPolicy>,
 }
 
 /// An attempt row to insert.
@@ -185,6 +201,8 @@ pub struct LeaseDecision {
     pub delay_ms: Option<i64>,
     pub reason: String,
     pub policy_version: String,
+    /// As [`OutcomeRecord::ordering`].
+    pub ordering: Option<OrderingPolicy>,
 }
 
 /// What `/metrics` reads of the database at scrape time, by the database's clock (`at`).
@@ -200,6 +218,8 @@ pub struct DbStats {
     pub oldest_pending_receipt: Option<DateTime<Utc>>,
     /// Receipts that match no message yet.
     pub unmatched_receipts: i64,
+    /// Ordering keys held by a dead or unconfirmed head (README, "Ordered delivery").
+    pub blocked_keys: i64,
 }
 
 /// Counts from one watchdog pass over expired leases.
@@ -258,6 +278,7 @@ impl OutcomeRecord {
                 policy_version: d.policy_version.clone(),
                 response_excerpt: None,
             }),
+            ordering: d.ordering,
         }
     }
 }

@@ -37,6 +37,8 @@ per_backend! {
                 o::expires_at.eq(m.expires_at),
                 o::request_fingerprint.eq(&m.request_fingerprint),
                 o::enqueued_by.eq(&m.enqueued_by),
+                o::ordering_key.eq(&m.ordering_key),
+                o::ordering_policy.eq(m.ordering_policy),
                 o::created_at.eq(m.now),
                 o::updated_at.eq(m.now),
             ))
@@ -64,16 +66,21 @@ per_backend! {
             .load(conn)
     }
 
-    /// `scheduled|retryable → canceled`; returns whether the row changed.
+    /// `scheduled|retryable → canceled`, and a keyed `dead_letter|unconfirmed` head that
+    /// holds its key (canceling it releases the key); returns whether the row changed.
     pub fn cancel(
         conn: &mut Conn,
         event_id: &str,
         now: DateTime<Utc>,
     ) -> QueryResult<bool> {
+        let blocking_head = o::ordering_key
+            .is_not_null()
+            .and(o::state.eq_any([State::DeadLetter, State::Unconfirmed]))
+            .and(o::ordering_released_at.is_null());
         let n = diesel::update(
             o::table
                 .filter(o::event_id.eq(event_id))
-                .filter(o::state.eq_any([State::Scheduled, State::Retryable])),
+                .filter(o::state.eq_any([State::Scheduled, State::Retryable]).or(blocking_head)),
         )
         .set((
             o::state.eq(State::Canceled),
@@ -81,6 +88,14 @@ per_backend! {
             o::updated_at.eq(now),
         ))
         .execute(conn)?;
+        if n == 1 {
+            let ids: Vec<i64> = o::table
+                .filter(o::event_id.eq(event_id))
+                .filter(o::ordering_key.is_not_null())
+                .select(o::id)
+                .load(conn)?;
+            q::release_heads(conn, &ids)?;
+        }
         Ok(n == 1)
     }
 
@@ -99,7 +114,14 @@ per_backend! {
             return Ok((Vec::new(), 0));
         }
         let mut rows = find_by_ids(conn, &ids)?;
+        let expired: Vec<i64> = rows
+            .iter()
+            .filter(|r| r.state != State::Sending && r.ordering_key.is_some())
+            .map(|r| r.id)
+            .collect();
         rows.retain(|r| r.state == State::Sending);
+        // An expired head no longer holds its key.
+        q::release_heads(conn, &expired)?;
         let expired = ids.len() - rows.len();
         Ok((rows, expired))
     }
@@ -125,7 +147,36 @@ per_backend! {
             }
         }
         q::insert_attempts(conn, Some(owner), outcomes, &applied)?;
+        end_heads(conn, at, outcomes.iter().zip(&applied).filter(|(_, a)| **a != Applied::LeaseLost).map(|(x, _)| x))?;
         Ok(applied)
+    }
+
+    /// Keyed messages whose outcome ended their turn: a dead or unconfirmed one under `skip`
+    /// stops holding its key, and each key's next place becomes due where its head is done.
+    /// Nothing at all for a batch without keyed messages.
+    fn end_heads<'a>(
+        conn: &mut Conn,
+        at: DateTime<Utc>,
+        outcomes: impl Iterator<Item = &'a OutcomeRecord>,
+    ) -> QueryResult<()> {
+        let mut skip = Vec::new();
+        let mut ended = Vec::new();
+        for x in outcomes {
+            let Some(policy) = x.ordering else { continue };
+            match x.state {
+                State::DeadLetter | State::Unconfirmed => {
+                    if policy == crate::domain::OrderingPolicy::Skip {
+                        skip.push(x.message_id);
+                    }
+                    ended.push(x.message_id);
+                }
+                State::Delivered | State::Canceled | State::Expired => ended.push(x.message_id),
+                State::Scheduled | State::Sending | State::Retryable => {}
+            }
+        }
+        q::mark_released(conn, at, &skip)?;
+        q::release_heads(conn, &ended)?;
+        Ok(())
     }
 
     /// A definite 2xx that comes back after the watchdog moved its `at_most_once`
@@ -198,6 +249,7 @@ per_backend! {
         }
         let applied = vec![Applied::Yes; outcomes.len()];
         q::insert_attempts(conn, None, &outcomes, &applied)?;
+        end_heads(conn, at, outcomes.iter())?;
         Ok(sweep)
     }
 }

@@ -10,6 +10,7 @@ pub mod pg {
     pub use crate::storage::attempts::pg::*;
     pub use crate::storage::endpoints::pg::*;
     pub use crate::storage::fanout::pg::*;
+    pub use crate::storage::ordering::pg::*;
     pub use crate::storage::outbox::pg::*;
     pub use crate::storage::receipts::pg::*;
     pub use crate::storage::retention::pg::*;
@@ -24,6 +25,7 @@ pub mod sqlite {
     pub use crate::storage::attempts::sqlite::*;
     pub use crate::storage::endpoints::sqlite::*;
     pub use crate::storage::fanout::sqlite::*;
+    pub use crate::storage::ordering::sqlite::*;
     pub use crate::storage::outbox::sqlite::*;
     pub use crate::storage::receipts::sqlite::*;
     pub use crate::storage::retention::sqlite::*;

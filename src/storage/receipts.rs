@@ -257,9 +257,11 @@ per_backend! {
         changed.dedup();
         let statuses: Vec<&MatchedMessage> = changed.iter().map(|id| &messages[id]).collect();
         sql::write_statuses(conn, &statuses)?;
+        let mut settled = Vec::new();
         for id in changed {
             let m = &messages[&id];
             if m.state == State::Delivered {
+                settled.push(id);
                 diesel::update(
                     o::table
                         .filter(o::id.eq(id))
@@ -273,6 +275,8 @@ per_backend! {
                 .execute(conn)?;
             }
         }
+        // A settled head of an ordering key no longer holds it.
+        q::release_heads(conn, &settled)?;
         Ok(pass)
     }
 
@@ -295,7 +299,7 @@ per_backend! {
                 .filter(r::message_id.eq(o::id.nullable()))
                 .filter(r::event_type.eq_any(accepting)),
         );
-        let settled = diesel::update(
+        let settled: Vec<i64> = diesel::update(
             o::table
                 .filter(o::state.eq(State::Unconfirmed))
                 .filter(proven),
@@ -305,7 +309,10 @@ per_backend! {
             o::last_error_class.eq(None::<AttemptClass>),
             o::updated_at.eq(at),
         ))
-        .execute(conn)?;
+        .returning(o::id)
+        .get_results(conn)?;
+        q::release_heads(conn, &settled)?;
+        let settled = settled.len();
         let before = at - chrono::Duration::from_std(deadline).unwrap_or(chrono::Duration::MAX);
         let expired = diesel::update(
             o::table

@@ -79,6 +79,10 @@ diesel::table! {
         message_key -> Nullable<Text>,
         enqueued_by -> Nullable<Text>,
         attempt_base -> Int4,
+        ordering_key -> Nullable<Text>,
+        ordering_seq -> Nullable<Int8>,
+        ordering_policy -> Nullable<Text>,
+        ordering_released_at -> Nullable<Timestamptz>,
     }
 }
 

@@ -72,6 +72,10 @@ diesel::table! {
         message_key -> Nullable<Text>,
         enqueued_by -> Nullable<Text>,
         attempt_base -> Integer,
+        ordering_key -> Nullable<Text>,
+        ordering_seq -> Nullable<BigInt>,
+        ordering_policy -> Nullable<Text>,
+        ordering_released_at -> Nullable<TimestamptzSqlite>,
     }
 }
 

@@ -33,6 +33,25 @@ macro_rules! pg_now {
     };
 }
 
+/// The ordering gate of the claim, for the candidate row `c`: an unkeyed row passes at once (one
+/// NULL test, nothing else); a keyed row only when it is its key's head — no earlier place of its
+/// key is still open (waiting, due, in flight, or a dead or unconfirmed head that blocks, i.e. not
+/// released). Written as "the first open place that counts is not before `c`", an `ORDER BY …
+/// LIMIT 1` walk of `herald_outbox_ordering_open` (the predicate below is that index's) that
+/// stops at the first entry that counts: for a head, itself (after any released dead heads). A
+/// `NOT EXISTS` form lets PostgreSQL pick a sequential scan for a hot key (it expects to find an
+/// earlier place at once, and there is none). Fails closed: no row found is no claim.
+macro_rules! key_head {
+    () => {
+        "(c.ordering_key IS NULL OR c.ordering_seq <= (
+        SELECT h.ordering_seq FROM herald_outbox AS h
+        WHERE h.ordering_key = c.ordering_key AND h.destination = c.destination
+          AND h.state IN ('scheduled', 'retryable', 'sending', 'dead_letter', 'unconfirmed')
+          AND (h.state IN ('scheduled', 'retryable', 'sending') OR h.ordering_released_at IS NULL)
+        ORDER BY h.ordering_seq LIMIT 1))"
+    };
+}
+
 /// The PostgreSQL claim: lock due rows with SKIP LOCKED in a CTE (never `id IN (subquery)`,
 /// which can lock more rows than its LIMIT), lease them, count the attempt, return their ids.
 /// The update finds its rows by `id = ANY(ARRAY(…))`, an index scan of the primary key: a join
@@ -45,9 +64,12 @@ macro_rules! pg_now {
 /// literal SQL, not bound parameters, so the planner can match the index.
 pub const PG_CLAIM_SQL: &str = concat!(
     "WITH due AS (
-    SELECT id FROM herald_outbox
+    SELECT id FROM herald_outbox AS c
     WHERE state IN ('scheduled', 'retryable') AND next_attempt_at <= ",
     pg_now!(),
+    "
+      AND ",
+    key_head!(),
     "
     ORDER BY next_attempt_at, id
     LIMIT $2
@@ -74,8 +96,8 @@ RETURNING o.id"
 /// The SQLite claim: the same predicate, order and lease in one statement; it runs inside
 /// `BEGIN IMMEDIATE` behind the writer lock, which is what makes it exclusive. One process, so
 /// its clock is the only one: `?1` now, `?4` the lease's end.
-pub const SQLITE_CLAIM_SQL: &str = "\
-UPDATE herald_outbox
+pub const SQLITE_CLAIM_SQL: &str = concat!(
+    "UPDATE herald_outbox
 SET state = CASE WHEN expires_at <= ?1 THEN 'expired' ELSE 'sending' END,
     attempts = CASE WHEN expires_at <= ?1 THEN attempts ELSE attempts + 1 END,
     lease_owner = CASE WHEN expires_at <= ?1 THEN NULL ELSE ?3 END,
@@ -84,12 +106,16 @@ SET state = CASE WHEN expires_at <= ?1 THEN 'expired' ELSE 'sending' END,
     retry_policy_version = COALESCE(retry_policy_version, ?5),
     updated_at = ?1
 WHERE id IN (
-    SELECT id FROM herald_outbox
+    SELECT id FROM herald_outbox AS c
     WHERE state IN ('scheduled', 'retryable') AND next_attempt_at <= ?1
+      AND ",
+    key_head!(),
+    "
     ORDER BY next_attempt_at, id
     LIMIT ?2
 )
-RETURNING id";
+RETURNING id"
+);
 
 pub fn pg_claim_ids(
     conn: &mut diesel::pg::PgConnection,
@@ -187,6 +213,9 @@ macro_rules! expired_lease_columns {
             $o::lease_owner,
             $o::request_fingerprint,
             $o::updated_at,
+            $o::destination,
+            $o::ordering_key,
+            $o::ordering_policy,
         )
     };
 }
@@ -531,7 +560,7 @@ pub mod pg {
     pub use super::pg_scheduled_at as scheduled_at;
     pub use super::{
         pg_claim_ids as claim_ids, pg_expired_leases as expired_leases, pg_now as now,
-        pg_update_outcomes as update_outcomes,
+        pg_release_heads as release_heads, pg_update_outcomes as update_outcomes,
     };
     pub use super::{
         pg_lock_messages as lock_messages, pg_mark_reconciled as mark_reconciled,
@@ -548,6 +577,7 @@ pub mod sqlite {
     pub use super::sqlite_scheduled_at as scheduled_at;
     pub use super::{
         sqlite_claim_ids as claim_ids, sqlite_expired_leases as expired_leases, sqlite_now as now,
+        sqlite_release_heads as release_heads,
     };
     pub use super::{
         sqlite_lock_messages as lock_messages, sqlite_mark_reconciled as mark_reconciled,
@@ -602,4 +632,80 @@ pub mod sqlite {
         }
         Ok(applied)
     }
+}
+
+/// The keys' heads released: for each key of `$keys` (a query of `(ordering_key, destination)`),
+/// its first open place that still counts (not a released dead head); when that is a waiting
+/// message, it becomes due at its `scheduled_at`. Idempotent: a key whose head is due, in
+/// flight, retrying or a blocking dead letter is left as it is. Reads `herald_outbox_ordering_open`.
+macro_rules! release_heads {
+    ($keys:expr) => {
+        concat!(
+            "WITH k AS (",
+            $keys,
+            "), head AS (
+    SELECT (SELECT h.id FROM herald_outbox AS h
+            WHERE h.ordering_key = k.ordering_key AND h.destination = k.destination
+              AND h.state IN ('scheduled', 'retryable', 'sending', 'dead_letter', 'unconfirmed')
+              AND (h.state IN ('scheduled', 'retryable', 'sending') OR h.ordering_released_at IS NULL)
+            ORDER BY h.ordering_seq LIMIT 1) AS id
+    FROM k
+)
+UPDATE herald_outbox SET next_attempt_at = scheduled_at
+WHERE id IN (SELECT id FROM head) AND state = 'scheduled' AND next_attempt_at IS NULL
+RETURNING id"
+        )
+    };
+}
+
+/// The keys with a waiting message (the watchdog's pass over every key).
+macro_rules! waiting_keys {
+    () => {
+        "SELECT DISTINCT ordering_key, destination FROM herald_outbox
+    WHERE ordering_key IS NOT NULL AND state = 'scheduled' AND next_attempt_at IS NULL"
+    };
+}
+
+pub const PG_RELEASE_SQL: &str = release_heads!(
+    "SELECT DISTINCT ordering_key, destination FROM herald_outbox
+    WHERE id = ANY($1::bigint[]) AND ordering_key IS NOT NULL"
+);
+pub const SQLITE_RELEASE_SQL: &str = release_heads!(
+    "SELECT DISTINCT ordering_key, destination FROM herald_outbox
+    WHERE id IN (SELECT value FROM json_each(?1)) AND ordering_key IS NOT NULL"
+);
+pub const RELEASE_WAITING_SQL: &str = release_heads!(waiting_keys!());
+
+/// Releases the heads of the keys of messages `ids` (see [`release_heads!`]); returns the ids
+/// that became due.
+pub fn pg_release_heads(
+    conn: &mut diesel::pg::PgConnection,
+    ids: Option<&[i64]>,
+) -> diesel::QueryResult<Vec<i64>> {
+    use diesel::RunQueryDsl;
+    use diesel::sql_types::Array;
+    let rows: Vec<IdRow> = match ids {
+        Some(ids) => diesel::sql_query(PG_RELEASE_SQL)
+            .bind::<Array<BigInt>, _>(ids)
+            .load(conn)?,
+        None => diesel::sql_query(RELEASE_WAITING_SQL).load(conn)?,
+    };
+    Ok(rows.into_iter().map(|r| r.id).collect())
+}
+
+pub fn sqlite_release_heads(
+    conn: &mut diesel::sqlite::SqliteConnection,
+    ids: Option<&[i64]>,
+) -> diesel::QueryResult<Vec<i64>> {
+    use diesel::RunQueryDsl;
+    let rows: Vec<IdRow> = match ids {
+        Some(ids) => {
+            let list = serde_json::to_string(ids).unwrap_or_else(|_| "[]".to_owned());
+            diesel::sql_query(SQLITE_RELEASE_SQL)
+                .bind::<Text, _>(list)
+                .load(conn)?
+        }
+        None => diesel::sql_query(RELEASE_WAITING_SQL).load(conn)?,
+    };
+    Ok(rows.into_iter().map(|r| r.id).collect())
 }

@@ -59,6 +59,7 @@ per_backend! {
             oldest_due: oldest_due.flatten(),
             oldest_pending_receipt,
             unmatched_receipts,
+            blocked_keys: q::blocked_keys(conn)?,
         })
     }
 

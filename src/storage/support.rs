@@ -66,12 +66,15 @@ per_backend! {
             o::lease_owner.eq(None::<String>),
             o::lease_until.eq(None::<DateTime<Utc>>),
             r.expires_at.map(|e| o::expires_at.eq(e)),
+            o::ordering_released_at.eq(None::<DateTime<Utc>>),
             o::updated_at.eq(at),
         ))
         .execute(conn)?;
         if n != 1 {
             return Ok(None);
         }
+        // A keyed message takes its place in its key again (it may have to wait its turn).
+        q::rejoin(conn, r.message_id)?;
         let after = match r.expires_at {
             Some(e) => e,
             None => r.expires_at_before,

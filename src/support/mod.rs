@@ -109,6 +109,8 @@ pub enum SupportError {
     Refused(Refusal),
     #[error("the message changed while it was being replayed; look at it again")]
     Moved,
+    #[error("cannot skip: {0}")]
+    NotSkippable(String),
     #[error(transparent)]
     Storage(#[from] StorageError),
 }
@@ -165,7 +167,9 @@ pub fn explain(
     let attempts = db.attempts_of(row.id)?;
     let receipts = db.receipts_of_message(row.id)?;
     let replays = db.replays_of(row.id)?;
+    let head = db.key_head(&row)?;
     let mut e = Explanation::facts(&row, &attempts, &receipts, &replays, default_max_attempts);
+    e.ordering = view::OrderingFacts::new(&row, head.as_ref());
     e.explanation = narrative::narrate(&e);
     Ok(e)
 }
@@ -279,6 +283,65 @@ pub fn parse_replay_body(body: &[u8]) -> Result<ReplayRequest, Vec<InvalidField>
             expires_at,
         }),
         _ => Err(errors),
+    }
+}
+
+/// A skip as asked for: why (required, as for a replay).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SkipRequest {
+    pub reason: Reason,
+}
+
+/// `POST /v1/messages/{event_id}/skip` body: `{"reason"}`.
+pub fn parse_skip_body(body: &[u8]) -> Result<SkipRequest, Vec<InvalidField>> {
+    let obj = as_object(body)?;
+    let mut errors: Vec<InvalidField> = obj
+        .keys()
+        .filter(|k| k.as_str() != "reason")
+        .map(|k| InvalidField::new(k.clone(), "is not a known field"))
+        .collect();
+    let reason = parse_reason_value(obj.get("reason"))
+        .map_err(|e| errors.push(e))
+        .ok();
+    match reason {
+        Some(reason) if errors.is_empty() => Ok(SkipRequest { reason }),
+        _ => Err(errors),
+    }
+}
+
+/// Skips the dead or unconfirmed head of an ordering key (README, "Ordered delivery"): it stops
+/// holding its key and the key's next message becomes due; the message itself stays as it is
+/// (it can still be replayed). Logged with who and why.
+pub fn skip(
+    db: &Db,
+    now: Now,
+    event_id: &str,
+    req: &SkipRequest,
+    who: &str,
+) -> Result<OutboxRow, SupportError> {
+    use crate::storage::ordering::SkipWrite;
+    match db.skip_head(event_id, now)? {
+        SkipWrite::Done { row, due } => {
+            tracing::info!(
+                event_id = %row.event_id,
+                who,
+                reason = %req.reason.as_str(),
+                due,
+                "ordering key released by an explicit skip"
+            );
+            Ok(*row)
+        }
+        SkipWrite::NotBlocking(row) => Err(SupportError::NotSkippable(match &row.ordering_key {
+            None => "it has no ordering key".to_owned(),
+            Some(_) if row.ordering_released_at.is_some() => {
+                "it no longer holds its ordering key (already skipped)".to_owned()
+            }
+            Some(_) => format!(
+                "it is {}; only a dead_letter or unconfirmed head holds its key",
+                row.state
+            ),
+        })),
+        SkipWrite::NotFound => Err(SupportError::NotFound),
     }
 }
 
@@ -724,6 +787,7 @@ pub fn exit_code(e: &SupportError) -> u8 {
         SupportError::NotFound
         | SupportError::Refused(_)
         | SupportError::Moved
+        | SupportError::NotSkippable(_)
         | SupportError::Storage(_) => EXIT_REFUSED,
         SupportError::Invalid(_) => EXIT_INVALID,
         SupportError::Ambiguous(..) => EXIT_AMBIGUOUS,
@@ -739,6 +803,7 @@ pub fn error_json(e: &SupportError) -> Value {
         SupportError::Invalid(_) => "invalid",
         SupportError::Refused(_) => "refused",
         SupportError::Moved => "changed",
+        SupportError::NotSkippable(_) => "refused",
         SupportError::Storage(_) => "storage",
     };
     let detail = match e {
@@ -854,6 +919,10 @@ mod tests {
             message_key: None,
             enqueued_by: None,
             attempt_base: 0,
+            ordering_key: None,
+            ordering_seq: None,
+            ordering_policy: None,
+            ordering_released_at: None,
         }
     }
 

@@ -4,7 +4,7 @@
 
 use crate::domain::{AttemptClass, Channel, State};
 
-use super::view::{AttemptEntry, Explanation, ReceiptEntry, ReplayEntry};
+use super::view::{AttemptEntry, Explanation, OrderingFacts, ReceiptEntry, ReplayEntry};
 
 /// A duration in milliseconds as a person reads it: `850 ms`, `4.08 s`, `126 s`, `2 min 6 s`.
 pub fn human_ms(ms: i64) -> String {
@@ -143,6 +143,49 @@ fn receipt_sentence(r: &ReceiptEntry) -> String {
     s
 }
 
+/// Where a keyed message stands in its key.
+fn ordering_sentence(e: &Explanation, o: &OrderingFacts) -> String {
+    let place = o.seq.map(|n| format!(" (place {n})")).unwrap_or_default();
+    if let Some(by) = &o.blocked_by {
+        let state = o.head_state.map(|s| s.as_str()).unwrap_or("dead_letter");
+        return format!(
+            "It waits in ordering key {}{place}: blocked by {by}, the key's head, which is {state}; \
+             the key moves on when {by} is replayed, canceled or skipped.",
+            o.key
+        );
+    }
+    if let Some(at) = &o.released_at {
+        return format!(
+            "It no longer holds ordering key {}{place}: it was released at {at} (skip), so the \
+             key's later messages went on.",
+            o.key
+        );
+    }
+    if o.head.as_deref() == Some(e.event_id.as_str()) {
+        return if matches!(e.state, State::DeadLetter | State::Unconfirmed) {
+            format!(
+                "It holds ordering key {}{place}: the key's later messages wait until it is \
+                 replayed, canceled or skipped (head-of-line policy block).",
+                o.key
+            )
+        } else {
+            format!(
+                "It is the head of ordering key {}{place}: the key's later messages wait for it.",
+                o.key
+            )
+        };
+    }
+    match (&o.head, o.head_state) {
+        (Some(h), Some(s)) if e.state == State::Scheduled && e.next_attempt_at.is_none() => {
+            format!(
+                "It waits in ordering key {}{place} behind {h}, the key's head ({s}).",
+                o.key
+            )
+        }
+        _ => format!("It is in ordering key {}{place}.", o.key),
+    }
+}
+
 fn state_sentence(e: &Explanation) -> String {
     match e.state {
         State::Delivered => "It is delivered.".to_owned(),
@@ -230,6 +273,9 @@ pub fn narrate(e: &Explanation) -> String {
         parts.push(receipt_sentence(r));
     }
     parts.push(state_sentence(e));
+    if let Some(o) = &e.ordering {
+        parts.push(ordering_sentence(e, o));
+    }
     if let Some(status) = &e.delivery_status {
         let at = e
             .delivery_status_at
@@ -276,6 +322,7 @@ mod tests {
             attempt_timeline: Vec::new(),
             receipt_timeline: Vec::new(),
             replays: Vec::new(),
+            ordering: None,
             explanation: String::new(),
         }
     }
@@ -502,5 +549,49 @@ mod tests {
         assert!(attempt_sentence(&a).contains("lost its sender before an outcome was recorded"));
         let a = attempt(1, Some(200), AttemptClass::Accepted, "lease_lost");
         assert!(attempt_sentence(&a).contains("was not applied"));
+    }
+
+    fn keyed(e: &mut Explanation, head: &str, head_state: State, blocked: bool) {
+        e.ordering = Some(OrderingFacts {
+            key: "order-1".into(),
+            seq: Some(2),
+            policy: None,
+            head: Some(head.into()),
+            head_state: Some(head_state),
+            blocked_by: blocked.then(|| head.to_owned()),
+            released_at: None,
+        });
+    }
+
+    #[test]
+    fn a_keyed_message_says_where_it_stands_in_its_key() {
+        let mut e = base(State::Scheduled);
+        keyed(&mut e, "order-1:created", State::DeadLetter, true);
+        let text = narrate(&e);
+        assert!(
+            text.contains("blocked by order-1:created, the key's head, which is dead_letter"),
+            "{text}"
+        );
+        assert!(text.contains("replayed, canceled or skipped"), "{text}");
+        let mut e = base(State::Scheduled);
+        keyed(&mut e, "order-1:created", State::Sending, false);
+        let text = narrate(&e);
+        assert!(
+            text.contains("waits in ordering key order-1 (place 2) behind order-1:created"),
+            "{text}"
+        );
+        let mut e = base(State::DeadLetter);
+        keyed(&mut e, "order-1:shipped", State::DeadLetter, false);
+        assert!(narrate(&e).contains("It holds ordering key order-1 (place 2)"));
+        let mut e = base(State::DeadLetter);
+        keyed(&mut e, "x", State::Sending, false);
+        if let Some(o) = e.ordering.as_mut() {
+            o.released_at = Some("2026-12-01T10:06:00.000000Z".into());
+        }
+        assert!(narrate(&e).contains("released at 2026-12-01T10:06:00.000000Z (skip)"));
+        let mut e = base(State::Delivered);
+        keyed(&mut e, "x", State::Sending, false);
+        assert!(narrate(&e).ends_with("It is in ordering key order-1 (place 2)."));
+        assert!(!narrate(&base(State::Delivered)).contains("ordering key"));
     }
 }

@@ -82,8 +82,47 @@ pub struct Explanation {
     pub attempt_timeline: Vec<AttemptEntry>,
     pub receipt_timeline: Vec<ReceiptEntry>,
     pub replays: Vec<ReplayEntry>,
+    /// Its ordering key and where it stands in it (left out for an unkeyed message).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ordering: Option<OrderingFacts>,
     /// One plain-language paragraph built from the facts above.
     pub explanation: String,
+}
+
+/// A keyed message's place in its key (README, "Ordered delivery").
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct OrderingFacts {
+    pub key: String,
+    /// Its place in the key.
+    pub seq: Option<i64>,
+    /// Its own head-of-line policy (`None`: its endpoint's, else `block`).
+    pub policy: Option<crate::domain::OrderingPolicy>,
+    /// The event id of the key's head (its first open place that still counts), if any.
+    pub head: Option<String>,
+    /// The head's state.
+    pub head_state: Option<State>,
+    /// The dead or unconfirmed head that holds the key, when that is another message:
+    /// "blocked by {event id}".
+    pub blocked_by: Option<String>,
+    /// When this dead or unconfirmed message stopped holding its key (skip).
+    #[schema(format = DateTime)]
+    pub released_at: Option<String>,
+}
+
+impl OrderingFacts {
+    /// `None` for an unkeyed message; `head` is its key's head (`Db::key_head`).
+    pub fn new(row: &OutboxRow, head: Option<&OutboxRow>) -> Option<Self> {
+        let key = row.ordering_key.clone()?;
+        Some(Self {
+            key,
+            seq: row.ordering_seq,
+            policy: row.ordering_policy,
+            head: head.map(|h| h.event_id.clone()),
+            head_state: head.map(|h| h.state),
+            blocked_by: crate::storage::ordering::blocked_by(row, head).map(|h| h.event_id.clone()),
+            released_at: row.ordering_released_at.as_ref().map(ts),
+        })
+    }
 }
 
 /// One attempt in the timeline.
@@ -257,6 +296,7 @@ impl Explanation {
                 .collect(),
             receipt_timeline: receipts.iter().map(ReceiptEntry::new).collect(),
             replays: replays.iter().map(ReplayEntry::new).collect(),
+            ordering: None,
             explanation: String::new(),
         }
     }

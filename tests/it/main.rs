@@ -24,6 +24,7 @@ mod limits;
 mod metrics;
 mod migrations;
 mod openapi;
+mod ordering;
 mod reconcile;
 mod retention;
 mod slowdown;

@@ -46,6 +46,32 @@ pub struct EndpointConfig {
     /// … that span at least this long (default 0: the count alone decides).
     #[serde(default)]
     pub disable_after_seconds: Option<u64>,
+    /// What a key does when its head ends dead or unconfirmed: `block` (default) or `skip`.
+    #[serde(default)]
+    pub ordering_policy: Option<String>,
+    /// `[endpoints.NAME.retry]`: this endpoint's own retry policy.
+    #[serde(default)]
+    pub retry: Option<EndpointRetryConfig>,
+}
+
+/// `[endpoints.NAME.retry]`: the global policy's keys without their `retry_` prefix; a key left
+/// out keeps the global value. Versioned like the global policy (`NAME@hash`), under `name`
+/// (default `endpoint-NAME`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointRetryConfig {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub base_seconds: Option<f64>,
+    #[serde(default)]
+    pub cap_seconds: Option<f64>,
+    #[serde(default)]
+    pub max_attempts: Option<u32>,
+    #[serde(default)]
+    pub retry_after_max_seconds: Option<f64>,
+    #[serde(default)]
+    pub jitter: Option<f64>,
 }
 
 /// When a named endpoint is disabled automatically: `failures` failed attempts in a row spanning
@@ -77,6 +103,10 @@ pub struct Endpoint {
     pub event_types: Vec<String>,
     pub limit: crate::channels::Limit,
     pub auto_disable: Option<AutoDisable>,
+    /// Its head-of-line policy for keyed messages (`None`: `block`).
+    pub ordering_policy: Option<crate::domain::OrderingPolicy>,
+    /// `[endpoints.NAME.retry]` as written (`config` builds and checks the policy).
+    pub retry: Option<EndpointRetryConfig>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -100,6 +130,14 @@ impl Endpoint {
     /// Validates `[endpoints.NAME]`; a refusal names the offending key (`endpoints.NAME.url` …).
     pub fn from_config(name: String, e: EndpointConfig) -> Result<Self, InvalidField> {
         let key = format!("endpoints.{name}");
+        let ordering_policy = match &e.ordering_policy {
+            None => None,
+            Some(p) => Some(
+                crate::domain::OrderingPolicy::parse(p)
+                    .map_err(|m| InvalidField::new(format!("{key}.ordering_policy"), m.message))?,
+            ),
+        };
+        let retry = e.retry.clone();
         let url = super::parse_webhook_url(&e.url)
             .map_err(|m| InvalidField::new(format!("{key}.url"), m.to_string()))?;
         let mut keys = Vec::new();
@@ -165,6 +203,8 @@ impl Endpoint {
             event_types: e.event_types,
             limit,
             auto_disable,
+            ordering_policy,
+            retry,
         })
     }
 }

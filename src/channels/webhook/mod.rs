@@ -10,7 +10,9 @@
 mod endpoint;
 pub mod ssrf;
 
-pub use self::endpoint::{AutoDisable, Endpoint, EndpointAuth, EndpointConfig};
+pub use self::endpoint::{
+    AutoDisable, Endpoint, EndpointAuth, EndpointConfig, EndpointRetryConfig,
+};
 pub use self::ssrf::AllowList;
 use crate::crypto::signing;
 

@@ -18,6 +18,8 @@ pub enum Reply {
     Hang,
     /// Read the request, then close the connection without a word.
     Drop,
+    /// Answer with this status after this many milliseconds.
+    Delayed(u64, u16),
 }
 
 /// One request as received.
@@ -30,6 +32,8 @@ pub struct Recorded {
     pub body: Vec<u8>,
     /// When it arrived (its headers and body read).
     pub at: std::time::Instant,
+    /// When its answer started to be written (`None`: not answered, or not yet).
+    pub answered_at: Option<std::time::Instant>,
 }
 
 impl Recorded {
@@ -165,8 +169,9 @@ async fn serve(sock: TcpStream, state: Arc<Mutex<State>>, arrived: Arc<Notify>) 
         if reader.read_exact(&mut body).await.is_err() {
             return;
         }
-        let reply = {
+        let (reply, index) = {
             let mut st = state.lock().unwrap();
+            let index = st.requests.len();
             let by_path = st.by_path.get_mut(&path).and_then(VecDeque::pop_front);
             st.requests.push(Recorded {
                 method,
@@ -174,10 +179,12 @@ async fn serve(sock: TcpStream, state: Arc<Mutex<State>>, arrived: Arc<Notify>) 
                 headers,
                 body,
                 at: std::time::Instant::now(),
+                answered_at: None,
             });
-            by_path
+            let reply = by_path
                 .or_else(|| st.script.pop_front())
-                .unwrap_or(Reply::Status(200))
+                .unwrap_or(Reply::Status(200));
+            (reply, index)
         };
         arrived.notify_waiters();
         let (status, extra, text) = match reply {
@@ -190,7 +197,13 @@ async fn serve(sock: TcpStream, state: Arc<Mutex<State>>, arrived: Arc<Notify>) 
                 return;
             }
             Reply::Drop => return,
+            Reply::Delayed(ms, s) => {
+                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                (s, Vec::new(), String::new())
+            }
         };
+        // Before the first byte of the answer: the sender cannot have seen it earlier.
+        state.lock().unwrap().requests[index].answered_at = Some(std::time::Instant::now());
         let mut out = format!(
             "HTTP/1.1 {status} Scripted\r\ncontent-length: {}\r\n",
             text.len()

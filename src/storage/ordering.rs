@@ -1,0 +1,191 @@
+//! Ordered delivery's bookkeeping (README, "Ordered delivery"). A keyed message waits
+//! (`scheduled`, `next_attempt_at` NULL: outside the due index) while an earlier place of its key
+//! is open; a key's head is its first open place that still counts — not a dead or unconfirmed
+//! message released by the `skip` policy or an explicit skip. Whenever a head ends, the next place
+//! becomes due ([`release_heads`]); the watchdog's pass over every waiting key
+//! ([`release_waiting`]) catches what a race left waiting. Releasing is idempotent: it only ever
+//! makes a key's head due, and the claim's own gate (`sql::key_head!`) is what keeps order.
+
+use super::models::{Now, OutboxRow};
+use super::{Db, StorageError, per_backend};
+
+/// What an explicit skip did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SkipWrite {
+    /// The head was released; `due` are the messages of its key that became due.
+    Done {
+        row: Box<OutboxRow>,
+        due: usize,
+    },
+    /// Nothing to skip: not keyed, not dead or unconfirmed, or already released.
+    NotBlocking(Box<OutboxRow>),
+    NotFound,
+}
+
+per_backend! {
+    use chrono::{DateTime, Utc};
+    use diesel::dsl::sql;
+    use diesel::prelude::*;
+    use diesel::sql_types::Bool;
+
+    use crate::domain::State;
+    use crate::storage::models::*;
+    use super::SkipWrite;
+    use self::schema::herald_outbox as o;
+
+    /// The predicate of `herald_outbox_ordering_open`, as literal SQL (so the planner matches
+    /// the partial index), and "still counts" (not a released dead head).
+    fn open_counting() -> diesel::expression::SqlLiteral<Bool> {
+        sql::<Bool>(
+            "ordering_key IS NOT NULL \
+             AND state IN ('scheduled', 'retryable', 'sending', 'dead_letter', 'unconfirmed') \
+             AND (state IN ('scheduled', 'retryable', 'sending') OR ordering_released_at IS NULL)",
+        )
+    }
+
+    /// Makes the heads of the keys of `ids` due where they wait; returns how many.
+    pub fn release_heads(conn: &mut Conn, ids: &[i64]) -> QueryResult<usize> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        Ok(sql::release_heads(conn, Some(ids))?.len())
+    }
+
+    /// [`release_heads`] over every key with a waiting message.
+    pub fn release_waiting(conn: &mut Conn) -> QueryResult<usize> {
+        Ok(sql::release_heads(conn, None)?.len())
+    }
+
+    /// Dead or unconfirmed messages of `ids` stop holding their keys (the `skip` policy).
+    pub fn mark_released(conn: &mut Conn, at: DateTime<Utc>, ids: &[i64]) -> QueryResult<usize> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        diesel::update(
+            o::table
+                .filter(o::id.eq_any(ids))
+                .filter(o::ordering_key.is_not_null())
+                .filter(o::state.eq_any([State::DeadLetter, State::Unconfirmed]))
+                .filter(o::ordering_released_at.is_null()),
+        )
+        .set(o::ordering_released_at.eq(Some(at)))
+        .execute(conn)
+    }
+
+    /// The head of a key: its first open place that still counts.
+    pub fn key_head(conn: &mut Conn, key: &str, destination: &str) -> QueryResult<Option<OutboxRow>> {
+        o::table
+            .filter(o::ordering_key.eq(key))
+            .filter(o::destination.eq(destination))
+            .filter(open_counting())
+            .order(o::ordering_seq)
+            .first(conn)
+            .optional()
+    }
+
+    /// Keys held by a dead or unconfirmed head that was not released.
+    pub fn blocked_keys(conn: &mut Conn) -> QueryResult<i64> {
+        let keys: Vec<(Option<String>, String)> = o::table
+            .filter(sql::<Bool>(
+                "ordering_key IS NOT NULL AND state IN ('dead_letter', 'unconfirmed') \
+                 AND ordering_released_at IS NULL",
+            ))
+            .select((o::ordering_key, o::destination))
+            .distinct()
+            .load(conn)?;
+        Ok(keys.len() as i64)
+    }
+
+    /// A replayed keyed message takes its place in its key again: it waits when another message
+    /// of the key is due or in flight, or an earlier place is still open; else it is due now.
+    pub fn rejoin(conn: &mut Conn, id: i64) -> QueryResult<()> {
+        let Some(row) = o::table.filter(o::id.eq(id)).first::<OutboxRow>(conn).optional()? else {
+            return Ok(());
+        };
+        let (Some(key), Some(seq)) = (row.ordering_key.as_deref(), row.ordering_seq) else {
+            return Ok(());
+        };
+        let others = o::table
+            .filter(o::ordering_key.eq(key))
+            .filter(o::destination.eq(&row.destination))
+            .filter(o::id.ne(id))
+            .filter(open_counting());
+        let active: i64 = others
+            .filter(sql::<Bool>(
+                "(state IN ('retryable', 'sending') OR (state = 'scheduled' AND next_attempt_at IS NOT NULL))",
+            ))
+            .count()
+            .get_result(conn)?;
+        let earlier: i64 = o::table
+            .filter(o::ordering_key.eq(key))
+            .filter(o::destination.eq(&row.destination))
+            .filter(o::ordering_seq.lt(seq))
+            .filter(open_counting())
+            .count()
+            .get_result(conn)?;
+        if active > 0 || earlier > 0 {
+            diesel::update(o::table.filter(o::id.eq(id)).filter(o::state.eq(State::Scheduled)))
+                .set(o::next_attempt_at.eq(None::<DateTime<Utc>>))
+                .execute(conn)?;
+        }
+        Ok(())
+    }
+
+    /// An explicit skip: a dead or unconfirmed head stops holding its key, and the next place
+    /// becomes due. The message itself stays as it is (it can still be replayed).
+    pub fn skip(conn: &mut Conn, now: &Now, event_id: &str) -> QueryResult<SkipWrite> {
+        let at = sql::now(conn, now)?;
+        let Some(row) = o::table.filter(o::event_id.eq(event_id)).first::<OutboxRow>(conn).optional()? else {
+            return Ok(SkipWrite::NotFound);
+        };
+        if mark_released(conn, at, &[row.id])? == 0 {
+            return Ok(SkipWrite::NotBlocking(Box::new(row)));
+        }
+        let due = release_heads(conn, &[row.id])?;
+        let row = o::table.filter(o::id.eq(row.id)).first::<OutboxRow>(conn)?;
+        Ok(SkipWrite::Done { row: Box::new(row), due })
+    }
+}
+
+impl Db {
+    /// The watchdog's pass over every key with a waiting message: heads that nothing released
+    /// (a message committed at the instant its key's head ended; a head removed by retention)
+    /// become due. Returns how many.
+    pub fn release_waiting(&self) -> Result<usize, StorageError> {
+        crate::storage::db_run! { self, write |c, q| Ok(q::release_waiting(c)?) }
+    }
+
+    /// The head of a message's key (`None` for an unkeyed message or a key with nothing open).
+    pub fn key_head(&self, row: &OutboxRow) -> Result<Option<OutboxRow>, StorageError> {
+        let Some(key) = row.ordering_key.as_deref() else {
+            return Ok(None);
+        };
+        crate::storage::db_run! { self, read |c, q| Ok(q::key_head(c, key, &row.destination)?) }
+    }
+
+    /// How many keys a dead or unconfirmed head holds (the `herald_ordering_blocked_keys` gauge).
+    pub fn blocked_keys(&self) -> Result<i64, StorageError> {
+        crate::storage::db_run! { self, read |c, q| Ok(q::blocked_keys(c)?) }
+    }
+
+    /// Releases a blocked key by skipping its dead or unconfirmed head (`event_id`).
+    pub fn skip_head(&self, event_id: &str, now: Now) -> Result<SkipWrite, StorageError> {
+        if event_id.contains('\0') {
+            return Ok(SkipWrite::NotFound);
+        }
+        crate::storage::db_run! { self, write |c, q| Ok(q::skip(c, &now, event_id)?) }
+    }
+}
+
+/// Who decides a message is blocked: the head of its key, when that is a dead or unconfirmed
+/// message that still holds the key and is not the message itself.
+pub fn blocked_by<'a>(row: &OutboxRow, head: Option<&'a OutboxRow>) -> Option<&'a OutboxRow> {
+    head.filter(|h| {
+        h.id != row.id
+            && matches!(
+                h.state,
+                crate::domain::State::DeadLetter | crate::domain::State::Unconfirmed
+            )
+            && h.ordering_released_at.is_none()
+    })
+}

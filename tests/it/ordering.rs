@@ -1,0 +1,881 @@
+//! Ordered delivery per key (README, "Ordered delivery"): one message of a key in flight, in the
+//! key's order, on both backends and across Herald processes; a dead head blocks only its own
+//! key until it is replayed, canceled or skipped; `skip` lets the rest through; concurrent
+//! application transactions deliver in commit order; `[endpoints.NAME.retry]` decides its
+//! endpoint's attempts.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use diesel::connection::SimpleConnection;
+use diesel::pg::PgConnection;
+use diesel::sqlite::SqliteConnection;
+use diesel::{Connection, RunQueryDsl};
+use rand::Rng;
+use serde_json::{Value, json};
+
+use crate::both_backends;
+use crate::support::app::{spawn_app_with, spawn_on};
+use crate::support::receiver::Recorded;
+use crate::support::{Backend, Receiver, Reply, TestApp, TestDb};
+
+/// A keyed webhook for `POST /v1/messages`.
+fn keyed(event_id: &str, url: &str, key: &str, extra: Value) -> Value {
+    let mut m = json!({
+        "event_id": event_id,
+        "channel": "webhook",
+        "destination": url,
+        "payload": {"body": {"id": event_id}},
+        "ordering_key": key,
+    });
+    if let (Value::Object(m), Value::Object(extra)) = (&mut m, extra) {
+        m.extend(extra);
+    }
+    m
+}
+
+async fn post(app: &TestApp, body: Value) {
+    let r = app.post_message(body.clone()).await;
+    assert_eq!(r.status(), 201, "{body}: {}", r.text().await.unwrap());
+}
+
+/// The event id of a request (`webhook-id`).
+fn id_of(r: &Recorded) -> String {
+    r.header("webhook-id").unwrap_or_default().to_owned()
+}
+
+/// Per key (the part of the event id before `.`), the requests in arrival order.
+fn by_key(requests: &[Recorded]) -> BTreeMap<String, Vec<Recorded>> {
+    let mut keys: BTreeMap<String, Vec<Recorded>> = BTreeMap::new();
+    for r in requests {
+        let id = id_of(r);
+        if let Some((key, _)) = id.split_once('.') {
+            keys.entry(key.to_owned()).or_default().push(r.clone());
+        }
+    }
+    keys
+}
+
+/// The place of an event id `KEY.N`.
+fn place(r: &Recorded) -> u32 {
+    id_of(r)
+        .split_once('.')
+        .and_then(|(_, n)| n.parse().ok())
+        .unwrap()
+}
+
+/// Per key: the places are strictly increasing once a repeat of the same message right after
+/// itself (an at-least-once resend after a lost lease) is folded, every place is there, and no
+/// request of the key arrived before the previous one was answered.
+fn assert_ordered(requests: &[Recorded], keys: usize, per_key: u32) {
+    let keys_seen = by_key(requests);
+    assert_eq!(keys_seen.len(), keys, "every key was sent");
+    for (key, reqs) in &keys_seen {
+        let mut places: Vec<u32> = reqs.iter().map(place).collect();
+        places.dedup();
+        assert_eq!(
+            places,
+            (1..=per_key).collect::<Vec<_>>(),
+            "key {key}: places in order, each once"
+        );
+        for pair in reqs.windows(2) {
+            let answered = pair[0]
+                .answered_at
+                .unwrap_or_else(|| panic!("key {key}: {} never answered", id_of(&pair[0])));
+            assert!(
+                pair[1].at >= answered,
+                "key {key}: {} arrived while {} was in flight",
+                id_of(&pair[1]),
+                id_of(&pair[0])
+            );
+        }
+    }
+}
+
+/// Random short answer delays (0–15 ms), `n` of them.
+fn random_delays(rx: &Receiver, n: usize) {
+    let mut rng = rand::rng();
+    rx.script((0..n).map(|_| Reply::Delayed(rng.random_range(0..15), 200)));
+}
+
+async fn keyed_messages_go_one_at_a_time_in_order(backend: Backend) {
+    let app = spawn_app_with(backend, "sender_concurrency = 16\nsender_batch_size = 16\n").await;
+    // On PostgreSQL a second Herald on the same database claims at the same time.
+    let second = match backend {
+        Backend::Postgres => Some(
+            spawn_on(
+                TestDb::attach(&app.test_db.url, backend),
+                "sender_concurrency = 16\nsender_batch_size = 16\n",
+            )
+            .await,
+        ),
+        Backend::Sqlite => None,
+    };
+    let rx = Receiver::start().await;
+    const KEYS: usize = 6;
+    const PER_KEY: u32 = 8;
+    random_delays(&rx, KEYS * PER_KEY as usize + 8);
+    // Round-robin over the keys, with unkeyed messages in between.
+    for n in 1..=PER_KEY {
+        for k in 0..KEYS {
+            post(
+                &app,
+                keyed(
+                    &format!("k{k}.{n}"),
+                    &rx.url,
+                    &format!("order-{k}"),
+                    json!({}),
+                ),
+            )
+            .await;
+        }
+        post(
+            &app,
+            crate::support::app::webhook(&format!("free-{n}"), &rx.url, json!({})),
+        )
+        .await;
+    }
+    let total = KEYS * PER_KEY as usize + PER_KEY as usize;
+    let a = app.herald.sender.clone();
+    let b = second.as_ref().map(|s| s.herald.sender.clone());
+    let (na, nb) = tokio::join!(
+        async move { a.run_until_idle().await.unwrap() },
+        async move {
+            match b {
+                Some(b) => b.run_until_idle().await.unwrap(),
+                None => 0,
+            }
+        },
+    );
+    // A sender that found nothing due while the other held a key's head stops early: drain.
+    let rest = app.run_until_idle().await;
+    assert_eq!(na + nb + rest, total, "every message sent once");
+    let requests = rx.wait_for(total, 30).await;
+    assert_ordered(&requests, KEYS, PER_KEY);
+    if let Some(s) = second {
+        s.stop().await;
+    }
+    app.stop().await;
+}
+
+async fn a_dead_head_blocks_only_its_key_until_replayed(backend: Backend) {
+    let app = crate::support::spawn_app(backend).await;
+    let rx = Receiver::start().await;
+    let (a, b) = (rx.url_for("/a"), rx.url_for("/b"));
+    rx.script_path("/a", [Reply::Status(400)]);
+    for n in 1..=3 {
+        post(&app, keyed(&format!("a.{n}"), &a, "order-1", json!({}))).await;
+    }
+    for n in 1..=2 {
+        post(&app, keyed(&format!("b.{n}"), &b, "order-2", json!({}))).await;
+    }
+    app.run_until_idle().await;
+    let ids = |path: &str| rx.requests_to(path).iter().map(id_of).collect::<Vec<_>>();
+    assert_eq!(ids("/a"), ["a.1"], "the key stops at its dead head");
+    assert_eq!(ids("/b"), ["b.1", "b.2"], "another key is not held");
+    assert_eq!(app.row("a.1").state.as_str(), "dead_letter");
+    let v = app.message("a.2").await;
+    assert_eq!(v["state"], "scheduled", "{v}");
+    assert_eq!(v["blocked_by"], "a.1", "{v}");
+    assert_eq!(v["ordering_key"], "order-1", "{v}");
+    assert_eq!(v["ordering_seq"], 2, "{v}");
+    assert!(
+        v["next_attempt_at"].is_null(),
+        "a waiting message is not due: {v}"
+    );
+    let e: Value = app
+        .http
+        .get(format!("{}/v1/messages/a.3/explain", app.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(e["ordering"]["blocked_by"], "a.1", "{e}");
+    let text = e["explanation"].as_str().unwrap();
+    assert!(text.contains("blocked by a.1"), "{text}");
+    let head: Value = app
+        .http
+        .get(format!("{}/v1/messages/a.1/explain", app.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        head["explanation"]
+            .as_str()
+            .unwrap()
+            .contains("holds ordering key order-1"),
+        "{head}"
+    );
+    assert_eq!(blocked_keys_gauge(&app).await, 1.0);
+    // Time passing releases nothing: the key stays blocked (watchdog pass included).
+    app.advance(Duration::from_secs(6 * 3600));
+    app.herald.sender.release_waiting().await.unwrap();
+    app.herald.sender.sweep_leases().await.unwrap();
+    assert_eq!(app.run_until_idle().await, 0);
+    // A replay releases it: the head goes again, then the rest, in order.
+    let r = app
+        .http
+        .post(format!("{}/v1/messages/a.1/replay", app.base))
+        .json(&json!({"reason": "receiver fixed"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    app.run_until_idle().await;
+    assert_eq!(ids("/a"), ["a.1", "a.1", "a.2", "a.3"]);
+    for id in ["a.1", "a.2", "a.3"] {
+        assert_eq!(app.row(id).state.as_str(), "delivered", "{id}");
+    }
+    assert_eq!(blocked_keys_gauge(&app).await, 0.0);
+    app.stop().await;
+}
+
+async fn blocked_keys_gauge(app: &TestApp) -> f64 {
+    let text = app
+        .http
+        .get(format!("{}/metrics", app.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let samples = crate::support::prom::parse(&text);
+    crate::support::prom::value(&samples, "herald_ordering_blocked_keys", &[])
+}
+
+async fn skip_lets_the_rest_of_the_key_through(backend: Backend) {
+    let rx = Receiver::start().await;
+    let lenient = rx.url_for("/lenient");
+    let app = spawn_app_with(
+        backend,
+        &format!("[endpoints.lenient]\nurl = \"{lenient}\"\nordering_policy = \"skip\"\n"),
+    )
+    .await;
+    let (m, strict) = (rx.url_for("/m"), rx.url_for("/strict"));
+    rx.script_path("/m", [Reply::Status(400)]);
+    rx.script_path(
+        "/lenient",
+        [Reply::Status(400), Reply::Status(400), Reply::Status(400)],
+    );
+    rx.script_path("/strict", [Reply::Status(400)]);
+    // The message's own policy.
+    post(
+        &app,
+        keyed("m.1", &m, "k", json!({"ordering_policy": "skip"})),
+    )
+    .await;
+    post(&app, keyed("m.2", &m, "k", json!({}))).await;
+    post(&app, keyed("m.3", &m, "k", json!({}))).await;
+    // The endpoint's policy, and a message that overrides it with block.
+    post(&app, keyed("e.1", "endpoint:lenient", "k", json!({}))).await;
+    post(&app, keyed("e.2", "endpoint:lenient", "k", json!({}))).await;
+    post(
+        &app,
+        keyed(
+            "e.3",
+            "endpoint:lenient",
+            "k",
+            json!({"ordering_policy": "block"}),
+        ),
+    )
+    .await;
+    post(&app, keyed("e.4", "endpoint:lenient", "k", json!({}))).await;
+    // No policy anywhere: block.
+    post(&app, keyed("s.1", &strict, "k", json!({}))).await;
+    post(&app, keyed("s.2", &strict, "k", json!({}))).await;
+    app.run_until_idle().await;
+    let ids = |path: &str| rx.requests_to(path).iter().map(id_of).collect::<Vec<_>>();
+    assert_eq!(ids("/m"), ["m.1", "m.2", "m.3"]);
+    assert_eq!(
+        ids("/lenient"),
+        ["e.1", "e.2", "e.3"],
+        "e.3 blocks (its own policy)"
+    );
+    assert_eq!(ids("/strict"), ["s.1"]);
+    assert!(app.row("m.1").ordering_released_at.is_some());
+    assert_eq!(app.message("e.4").await["blocked_by"], "e.3");
+    assert_eq!(app.message("s.2").await["blocked_by"], "s.1");
+    assert!(app.message("m.3").await.get("blocked_by").is_none());
+    app.stop().await;
+}
+
+async fn an_explicit_skip_or_a_cancel_releases_a_blocked_key(backend: Backend) {
+    let app = crate::support::spawn_app(backend).await;
+    let rx = Receiver::start().await;
+    let x = rx.url_for("/x");
+    rx.script_path("/x", [Reply::Status(400), Reply::Status(400)]);
+    for n in 1..=3 {
+        post(&app, keyed(&format!("x.{n}"), &x, "x", json!({}))).await;
+    }
+    post(
+        &app,
+        crate::support::app::webhook("plain", &rx.url_for("/plain"), json!({})),
+    )
+    .await;
+    app.run_until_idle().await;
+    assert_eq!(app.message("x.2").await["blocked_by"], "x.1");
+    let skip = |id: &str| {
+        let (http, base, id) = (app.http.clone(), app.base.clone(), id.to_owned());
+        async move {
+            http.post(format!("{base}/v1/messages/{id}/skip"))
+                .json(&json!({"reason": "order superseded"}))
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let r = skip("x.1").await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    // Nothing to skip any more, and an unkeyed message never holds a key: 409.
+    assert_eq!(skip("x.1").await.status(), 409);
+    assert_eq!(skip("plain").await.status(), 409);
+    let r = app
+        .http
+        .post(format!("{}/v1/messages/x.1/skip", app.base))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422, "a skip needs a reason");
+    app.run_until_idle().await;
+    // x.2 was the next head and died too; canceling it releases x.3.
+    assert_eq!(app.row("x.2").state.as_str(), "dead_letter");
+    assert_eq!(app.message("x.3").await["blocked_by"], "x.2");
+    let r = app
+        .http
+        .post(format!("{}/v1/messages/x.2/cancel", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(app.row("x.2").state.as_str(), "canceled");
+    app.run_until_idle().await;
+    let ids: Vec<_> = rx.requests().iter().map(id_of).collect();
+    let keyed: Vec<_> = ids.iter().filter(|i| i.starts_with("x.")).collect();
+    assert_eq!(keyed, ["x.1", "x.2", "x.3"]);
+    assert_eq!(app.row("x.3").state.as_str(), "delivered");
+    // A skipped head can still be replayed: it goes again (its key has nothing open).
+    let r = app
+        .http
+        .post(format!("{}/v1/messages/x.1/replay", app.base))
+        .json(&json!({"reason": "send it after all"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    app.run_until_idle().await;
+    assert_eq!(app.row("x.1").state.as_str(), "delivered");
+    app.stop().await;
+}
+
+/// Runs `f` on a plain diesel connection of the app's database, as an application would.
+fn sqlite_conn(app: &TestApp) -> SqliteConnection {
+    let path = herald::storage::sqlite_path(&app.test_db.url).unwrap();
+    let mut c = SqliteConnection::establish(path).unwrap();
+    c.batch_execute("PRAGMA busy_timeout = 5000").unwrap();
+    c
+}
+
+const INSERT_WITH_ID: &str = "INSERT INTO herald_outbox (id, event_id, channel, destination, \
+     payload, ordering_key) VALUES ({id}, '{event_id}', 'webhook', '{url}', \
+     '{{\"body\": {{}}}}', 'k')";
+
+fn insert_with_id(id: i64, event_id: &str, url: &str) -> String {
+    INSERT_WITH_ID
+        .replace("{id}", &id.to_string())
+        .replace("{event_id}", event_id)
+        .replace("{url}", url)
+        .replace("{{", "{")
+        .replace("}}", "}")
+}
+
+/// A key's order is the order its inserting transactions commit, not the order of ids (which
+/// are assigned before commit): a message with a lower id committed later goes later.
+async fn a_key_goes_in_commit_order_not_id_order(backend: Backend) {
+    let app = crate::support::spawn_app(backend).await;
+    let rx = Receiver::start().await;
+    let sql_second = insert_with_id(1000, "late-id.1", &rx.url);
+    let sql_first = insert_with_id(999, "early-id.2", &rx.url);
+    match backend {
+        Backend::Postgres => {
+            let mut c = PgConnection::establish(&app.test_db.url).unwrap();
+            c.batch_execute(&format!(
+                "BEGIN; {sql_second}; COMMIT; BEGIN; {sql_first}; COMMIT;"
+            ))
+            .unwrap();
+        }
+        Backend::Sqlite => {
+            let mut c = sqlite_conn(&app);
+            c.batch_execute(&format!(
+                "BEGIN IMMEDIATE; {sql_second}; COMMIT; BEGIN IMMEDIATE; {sql_first}; COMMIT;"
+            ))
+            .unwrap();
+        }
+    }
+    let (late, early) = (app.row("late-id.1"), app.row("early-id.2"));
+    assert!(early.id < late.id);
+    assert_eq!((late.ordering_seq, early.ordering_seq), (Some(1), Some(2)));
+    assert!(
+        early.next_attempt_at.is_none(),
+        "the later commit waits its turn"
+    );
+    app.run_until_idle().await;
+    let ids: Vec<_> = rx.requests().iter().map(id_of).collect();
+    assert_eq!(ids, ["late-id.1", "early-id.2"]);
+    app.stop().await;
+}
+
+/// PostgreSQL: a transaction inserting into a key waits for an earlier, still uncommitted
+/// transaction on the same key (`herald_enqueue(…, p_ordering_key => …)`), so a later message
+/// can never be sent while an earlier one may still commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_transactions_on_one_key_deliver_in_commit_order() {
+    let app = crate::support::spawn_app(Backend::Postgres).await;
+    let rx = Receiver::start().await;
+    let enqueue = |id: &str| {
+        format!(
+            "SELECT herald_enqueue('{id}', 'webhook', '{}', '{{\"body\": {{}}}}'::jsonb, \
+             p_ordering_key => 'order-7')",
+            rx.url
+        )
+    };
+    let mut first = PgConnection::establish(&app.test_db.url).unwrap();
+    first
+        .batch_execute(&format!("BEGIN; {};", enqueue("t1.1")))
+        .unwrap();
+    // The second transaction gets its id now, and waits for the key's lock.
+    let url = app.test_db.url.clone();
+    let sql = enqueue("t2.2");
+    let second = std::thread::spawn(move || {
+        let mut c = PgConnection::establish(&url).unwrap();
+        c.batch_execute(&format!("BEGIN; {sql}; COMMIT;")).unwrap();
+    });
+    let mut watcher = PgConnection::establish(&app.test_db.url).unwrap();
+    #[derive(diesel::QueryableByName)]
+    struct Waiting {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let w: Waiting = diesel::sql_query(
+            "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+        )
+        .get_result(&mut watcher)
+        .unwrap();
+        if w.n == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second insert never waited"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        app.run_until_idle().await,
+        0,
+        "nothing of the key is committed yet"
+    );
+    first.batch_execute("COMMIT;").unwrap();
+    tokio::task::spawn_blocking(move || second.join().unwrap())
+        .await
+        .unwrap();
+    app.run_until_idle().await;
+    let ids: Vec<_> = rx.requests().iter().map(id_of).collect();
+    assert_eq!(ids, ["t1.1", "t2.2"]);
+    let (t1, t2) = (app.row("t1.1"), app.row("t2.2"));
+    assert_eq!((t1.ordering_seq, t2.ordering_seq), (Some(1), Some(2)));
+    app.stop().await;
+}
+
+/// `[endpoints.NAME.retry]` decides its endpoint's attempts and is recorded on each of them.
+async fn an_endpoint_retry_policy_decides_its_attempts(backend: Backend) {
+    let rx = Receiver::start().await;
+    let strict = rx.url_for("/strict");
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "[endpoints.strict]\nurl = \"{strict}\"\n[endpoints.strict.retry]\nmax_attempts = 2\nbase_seconds = 0.5\n"
+        ),
+    )
+    .await;
+    rx.script_path("/strict", [Reply::Status(503), Reply::Status(503)]);
+    rx.script_path("/plain", [Reply::Status(503)]);
+    post(
+        &app,
+        crate::support::app::webhook("to-strict", "endpoint:strict", json!({})),
+    )
+    .await;
+    post(
+        &app,
+        crate::support::app::webhook("to-plain", &rx.url_for("/plain"), json!({})),
+    )
+    .await;
+    app.run_until_idle().await;
+    app.advance(Duration::from_secs(2));
+    app.run_until_idle().await;
+    let strict_row = app.row("to-strict");
+    assert_eq!(
+        strict_row.state.as_str(),
+        "dead_letter",
+        "budget of 2 spent"
+    );
+    let versions: Vec<String> = app
+        .attempts("to-strict")
+        .into_iter()
+        .map(|a| a.policy_version)
+        .collect();
+    assert_eq!(versions.len(), 2);
+    assert!(
+        versions.iter().all(|v| v.starts_with("endpoint-strict@")),
+        "{versions:?}"
+    );
+    let plain = app.attempts("to-plain");
+    assert!(plain[0].policy_version.starts_with("default@"), "{plain:?}");
+    assert_eq!(app.row("to-plain").state.as_str(), "delivered");
+    app.stop().await;
+}
+
+/// The table contract: a plain INSERT with `ordering_key` and nothing else of ordering; a key
+/// that is not visible ASCII is refused by the database and over HTTP (naming the field).
+async fn the_table_contract_and_http_take_an_ordering_key(backend: Backend) {
+    let app = crate::support::spawn_app(backend).await;
+    let rx = Receiver::start().await;
+    let ok = |id: &str, key: &str| {
+        format!(
+            "INSERT INTO herald_outbox (event_id, channel, destination, payload, ordering_key) \
+             VALUES ('{id}', 'webhook', '{}', '{{\"body\": {{}}}}', '{key}')",
+            rx.url
+        )
+    };
+    let bad = ok("bad", "has space");
+    let (r1, r2) = match backend {
+        Backend::Postgres => {
+            let mut c = PgConnection::establish(&app.test_db.url).unwrap();
+            c.batch_execute(&format!("{}; {};", ok("p.1", "k"), ok("p.2", "k")))
+                .unwrap();
+            (c.batch_execute(&bad).is_err(), true)
+        }
+        Backend::Sqlite => {
+            let mut c = sqlite_conn(&app);
+            c.batch_execute(&format!("{}; {};", ok("p.1", "k"), ok("p.2", "k")))
+                .unwrap();
+            (c.batch_execute(&bad).is_err(), true)
+        }
+    };
+    assert!(r1 && r2, "a key with a space is refused by the table");
+    let r = app
+        .post_message(keyed("h.1", &rx.url, &"x".repeat(256), json!({})))
+        .await;
+    assert_eq!(r.status(), 422);
+    let problem: Value = r.json().await.unwrap();
+    assert!(problem.to_string().contains("ordering_key"), "{problem}");
+    let r = app
+        .post_message(keyed(
+            "h.1",
+            &rx.url,
+            "k",
+            json!({"ordering_policy": "later"}),
+        ))
+        .await;
+    assert_eq!(r.status(), 422);
+    assert!(r.text().await.unwrap().contains("ordering_policy"));
+    assert!(
+        app.db.find_by_event_id("h.1").unwrap().is_none(),
+        "nothing half-written"
+    );
+    app.run_until_idle().await;
+    let ids: Vec<_> = rx.requests().iter().map(id_of).collect();
+    assert_eq!(ids, ["p.1", "p.2"]);
+    app.stop().await;
+}
+
+both_backends!(
+    keyed_messages_go_one_at_a_time_in_order,
+    a_dead_head_blocks_only_its_key_until_replayed,
+    skip_lets_the_rest_of_the_key_through,
+    an_explicit_skip_or_a_cancel_releases_a_blocked_key,
+    a_key_goes_in_commit_order_not_id_order,
+    an_endpoint_retry_policy_decides_its_attempts,
+    the_table_contract_and_http_take_an_ordering_key,
+);
+
+/// `herald serve` on `db_url` as a child process, with a short lease; killed when dropped.
+struct Serving {
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn serve(db_url: &str) -> (Serving, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let listen = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_herald"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("HERALD_") || k == "RUST_LOG" {
+            cmd.env_remove(k);
+        }
+    }
+    let stderr = std::fs::File::create(dir.path().join("stderr")).unwrap();
+    cmd.arg("serve")
+        .current_dir(dir.path())
+        .envs([
+            ("HERALD_DATABASE_URL", db_url),
+            ("HERALD_LISTEN", listen.as_str()),
+            ("HERALD_API_TOKEN", crate::support::app::ADMIN_TOKEN),
+            ("HERALD_WEBHOOK_SECRET", crate::support::app::SECRET),
+            (
+                "HERALD_ALLOW_NETWORKS",
+                crate::support::app::TEST_ALLOW_NETWORKS,
+            ),
+            ("HERALD_POLL_INTERVAL_MS", "50"),
+            ("HERALD_WEBHOOK_TIMEOUT_MS", "1000"),
+            ("HERALD_LEASE_SECONDS", "6"),
+            ("HERALD_RETRY_BASE_SECONDS", "0.2"),
+            ("HERALD_RETRY_CAP_SECONDS", "1"),
+            ("HERALD_SENDER_CONCURRENCY", "8"),
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr);
+    let child = cmd.spawn().expect("spawn herald");
+    (Serving { child, _dir: dir }, format!("http://{listen}"))
+}
+
+async fn wait_healthy(s: &mut Serving, base: &str) {
+    herald::channels::install_crypto_provider();
+    let http = reqwest::Client::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(
+            s.child.try_wait().unwrap().is_none(),
+            "herald exited at start-up"
+        );
+        if let Ok(r) = http.get(format!("{base}/healthz")).send().await
+            && r.status() == 200
+        {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "herald not healthy");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Two real Herald processes on one PostgreSQL, one killed (SIGKILL) mid-run: per key, the
+/// receiver still sees the places in order (a resend of the same message after the lost lease
+/// is the only repeat) and never two requests of one key at once; nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_keep_each_keys_order_when_one_is_killed() {
+    let db = TestDb::new(Backend::Postgres);
+    let rx = Receiver::start().await;
+    const KEYS: usize = 10;
+    const PER_KEY: u32 = 12;
+    let total = KEYS * PER_KEY as usize;
+    let mut rng = rand::rng();
+    rx.script((0..total + 40).map(|_| Reply::Delayed(rng.random_range(5..40), 200)));
+    {
+        let mut c = PgConnection::establish(&db.url).unwrap();
+        let mut sql = String::from("BEGIN;");
+        for n in 1..=PER_KEY {
+            for k in 0..KEYS {
+                sql.push_str(&format!(
+                    "SELECT herald_enqueue('k{k}.{n}', 'webhook', '{}', '{{\"body\": {{}}}}'::jsonb, \
+                     p_ordering_key => 'key-{k}');",
+                    rx.url
+                ));
+            }
+        }
+        sql.push_str("COMMIT;");
+        c.batch_execute(&sql).unwrap();
+    }
+    let (mut a, base_a) = serve(&db.url);
+    let (mut b, base_b) = serve(&db.url);
+    wait_healthy(&mut a, &base_a).await;
+    wait_healthy(&mut b, &base_b).await;
+    rx.wait_for(total / 4, 60).await;
+    // Kill it while it holds a lease: a request of its own is in flight.
+    let mut c = PgConnection::establish(&db.url).unwrap();
+    #[derive(diesel::QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let held = format!(
+        "SELECT count(*) AS n FROM herald_outbox WHERE state = 'sending' \
+         AND lease_owner LIKE 'herald-{}-%'",
+        a.child.id()
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let n: Count = diesel::sql_query(&held).get_result(&mut c).unwrap();
+        if n.n > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first process never held a lease"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    // The survivor finishes, the killed one's leases included once they expire.
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let done: Count =
+            diesel::sql_query("SELECT count(*) AS n FROM herald_outbox WHERE state = 'delivered'")
+                .get_result(&mut c)
+                .unwrap();
+        if done.n as usize == total {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {} of {total} delivered",
+            done.n
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        b.child.try_wait().unwrap().is_none(),
+        "the survivor kept running"
+    );
+    let expired: Count = diesel::sql_query(
+        "SELECT count(*) AS n FROM herald_attempts WHERE error_kind = 'lease_expired'",
+    )
+    .get_result(&mut c)
+    .unwrap();
+    assert!(
+        expired.n > 0,
+        "the survivor took over the killed one's leases"
+    );
+    let requests = rx.requests();
+    assert!(requests.len() >= total);
+    assert_ordered(&requests, KEYS, PER_KEY);
+}
+
+/// `herald skip EVENT_ID --reason R` (the real binary) releases a blocked key of the database an
+/// application and a running Herald share; exit 1 when the message holds no key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_skips_a_dead_head() {
+    let app = crate::support::spawn_app(Backend::Sqlite).await;
+    let rx = Receiver::start().await;
+    rx.script([Reply::Status(400)]);
+    for n in 1..=2 {
+        post(&app, keyed(&format!("c.{n}"), &rx.url, "cli", json!({}))).await;
+    }
+    app.run_until_idle().await;
+    assert_eq!(app.message("c.2").await["blocked_by"], "c.1");
+    let url = app.test_db.url.clone();
+    let skip = move |args: &[&str]| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_herald"));
+        for (k, _) in std::env::vars() {
+            if k.starts_with("HERALD_") || k == "RUST_LOG" {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("HERALD_DATABASE_URL", &url)
+            .env("USER", "tester")
+            .arg("skip")
+            .args(args)
+            .output()
+            .expect("run herald")
+    };
+    let s = skip.clone();
+    let out = tokio::task::spawn_blocking(move || s(&["c.1", "--reason", "superseded", "--json"]))
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["state"], "dead_letter", "{v}");
+    assert!(v["ordering_released_at"].is_string(), "{v}");
+    for args in [
+        &["c.1", "--reason", "again"][..],
+        &["nope", "--reason", "x"][..],
+    ] {
+        let s = skip.clone();
+        let owned: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let out = tokio::task::spawn_blocking(move || {
+            s(&owned.iter().map(String::as_str).collect::<Vec<_>>())
+        })
+        .await
+        .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {out:?}");
+    }
+    app.run_until_idle().await;
+    assert_eq!(app.row("c.2").state.as_str(), "delivered");
+    app.stop().await;
+}
+
+/// A fan-out's children each take their place in their own endpoint's key: a dead child at one
+/// endpoint holds only that endpoint's sequence.
+async fn a_fan_out_orders_each_endpoint_on_its_own(backend: Backend) {
+    let rx = Receiver::start().await;
+    let (a, b) = (rx.url_for("/a"), rx.url_for("/b"));
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "[endpoints.a]\nurl = \"{a}\"\nevent_types = [\"order.*\"]\n\
+             [endpoints.b]\nurl = \"{b}\"\nevent_types = [\"order.*\"]\n"
+        ),
+    )
+    .await;
+    rx.script_path("/a", [Reply::Status(400)]);
+    for n in 1..=3 {
+        post(
+            &app,
+            keyed(&format!("f.{n}"), "type:order.placed", "order-9", json!({})),
+        )
+        .await;
+    }
+    app.run_until_idle().await;
+    let ids = |path: &str| rx.requests_to(path).iter().map(id_of).collect::<Vec<_>>();
+    assert_eq!(ids("/a"), ["f.1:a"]);
+    assert_eq!(ids("/b"), ["f.1:b", "f.2:b", "f.3:b"]);
+    let child = app.row("f.3:a");
+    assert_eq!(
+        (child.ordering_key.as_deref(), child.ordering_seq),
+        (Some("order-9"), Some(3))
+    );
+    assert_eq!(app.message("f.2:a").await["blocked_by"], "f.1:a");
+    app.stop().await;
+}
+
+both_backends!(a_fan_out_orders_each_endpoint_on_its_own);
+
+/// The production loop claims a key's next message as soon as the head's outcome is written,
+/// not at the next poll (a release is an update, which no insert notification announces).
+async fn the_next_message_of_a_key_goes_without_waiting_for_a_poll(backend: Backend) {
+    let app = spawn_app_with(backend, "poll_interval_ms = 30000\n").await;
+    let rx = Receiver::start().await;
+    let sender = app.start_sender();
+    for n in 1..=5 {
+        post(&app, keyed(&format!("w.{n}"), &rx.url, "w", json!({}))).await;
+    }
+    // Five polls would take minutes; the wake-ups take milliseconds.
+    let got = rx.wait_for(5, 20).await;
+    let ids: Vec<_> = got.iter().map(id_of).collect();
+    assert_eq!(ids, ["w.1", "w.2", "w.3", "w.4", "w.5"]);
+    sender.stop().await;
+    app.stop().await;
+}
+
+both_backends!(the_next_message_of_a_key_goes_without_waiting_for_a_poll);
