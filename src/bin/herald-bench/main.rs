@@ -175,6 +175,7 @@ pub const SCENARIOS: &[(&str, ScenarioFn)] = &[
     ("rss_idle", scenarios::rss_idle),
     ("dispatch_pg", scenarios::dispatch_pg),
     ("dispatch_pg_procs", scenarios::dispatch_pg_procs),
+    ("dispatch_pg_keyed", scenarios::dispatch_pg_keyed),
     ("ingest_pg", scenarios::ingest_pg),
     ("latency", scenarios::latency),
     ("claim", scenarios::claim_at_1m),

@@ -117,7 +117,23 @@ struct DispatchRun {
 /// `procs` Herald processes on one fresh database; `n` rows enqueued by one SQL statement;
 /// timed from its commit until every row is `delivered`.
 fn run_dispatch_pg(ctx: &mut Ctx, db: &str, procs: usize, n: usize) -> Result<DispatchRun> {
+    run_dispatch_pg_keyed(ctx, db, procs, n, None)
+}
+
+/// As [`run_dispatch_pg`], each row's `ordering_key` the SQL expression `key` of the series
+/// number `i` (README, "Ordered delivery"); `None`: unkeyed.
+fn run_dispatch_pg_keyed(
+    ctx: &mut Ctx,
+    db: &str,
+    procs: usize,
+    n: usize,
+    key: Option<&str>,
+) -> Result<DispatchRun> {
     let url = ctx.cluster()?.fresh(db)?;
+    let (key_col, key_val) = match key {
+        Some(k) => (", ordering_key", format!(", {k}")),
+        None => ("", String::new()),
+    };
     ctx.rt.block_on(async move {
         let rx = HttpReceiver::start().await?;
         let mut own_xacts = 0i64;
@@ -132,8 +148,8 @@ fn run_dispatch_pg(ctx: &mut Ctx, db: &str, procs: usize, n: usize) -> Result<Di
         }
         let mut conn = PgConnection::establish(&url)?;
         let insert = format!(
-            "{MARK} INSERT INTO herald_outbox (event_id, channel, destination, payload) \
-             SELECT 'm-' || i, 'webhook', '{}', {} FROM generate_series(1, {n}) AS i",
+            "{MARK} INSERT INTO herald_outbox (event_id, channel, destination, payload{key_col}) \
+             SELECT 'm-' || i, 'webhook', '{}', {}{key_val} FROM generate_series(1, {n}) AS i",
             rx.url,
             body_json_sql()
         );
@@ -215,6 +231,36 @@ pub fn dispatch_pg(ctx: &mut Ctx) -> Result<Vec<Figure>> {
         .note(format!("pg_stat_database, {} transactions", r.stats.xacts)),
         Figure::against_target("rss_peak_mib", r.rss_peak, Target::AtMost(128.0), "MiB")
             .note("VmHWM of herald serve during dispatch_pg"),
+    ])
+}
+
+/// Ordered delivery's cost: `n` rows over 1,000 ordering keys, and fewer rows in one hot key
+/// (one message of a key in flight at a time: one round trip each), each against the unkeyed
+/// rate measured in this run.
+pub fn dispatch_pg_keyed(ctx: &mut Ctx) -> Result<Vec<Figure>> {
+    let n = ctx.sizes.dispatch_messages;
+    let hot = (n / 10).max(100);
+    let unkeyed = run_dispatch_pg_keyed(ctx, "bench_unkeyed", 1, n, None)?;
+    let keyed = run_dispatch_pg_keyed(ctx, "bench_keyed", 1, n, Some("'order-' || (i % 1000)"))?;
+    let hot_key = run_dispatch_pg_keyed(ctx, "bench_hot_key", 1, hot, Some("'order-hot'"))?;
+    for (name, r) in [
+        ("keyed", &keyed),
+        ("hot key", &hot_key),
+        ("unkeyed", &unkeyed),
+    ] {
+        ensure!(
+            r.duplicates == 0,
+            "{name}: {} duplicate deliveries",
+            r.duplicates
+        );
+    }
+    Ok(vec![
+        Figure::measured("dispatch_pg_keyed", keyed.rate, unkeyed.rate, "msg/s").note(format!(
+            "{n} rows over 1,000 keys; baseline: {n} unkeyed rows in this run"
+        )),
+        Figure::measured("dispatch_pg_hot_key", hot_key.rate, unkeyed.rate, "msg/s").note(format!(
+            "{hot} rows in one key; baseline: {n} unkeyed rows in this run"
+        )),
     ])
 }
 
