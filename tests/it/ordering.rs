@@ -597,7 +597,44 @@ async fn the_table_contract_and_http_take_an_ordering_key(backend: Backend) {
     app.stop().await;
 }
 
+/// A 429 with `Retry-After` on a keyed head delays its key only: the key's next message waits for
+/// the head's retry to succeed (no attempt of its own spent), while another key at another
+/// destination goes on at once.
+async fn a_429_on_a_keyed_head_delays_only_its_key(backend: Backend) {
+    let app = crate::support::spawn_app(backend).await;
+    let (slow, other) = (Receiver::start().await, Receiver::start().await);
+    slow.script([Reply::Full(
+        429,
+        vec![("Retry-After".into(), "30".into())],
+        String::new(),
+    )]);
+    for n in 1..=2 {
+        post(&app, keyed(&format!("r.{n}"), &slow.url, "k-r", json!({}))).await;
+        post(&app, keyed(&format!("o.{n}"), &other.url, "k-o", json!({}))).await;
+    }
+    app.run_until_idle().await;
+    let ids = |rx: &Receiver| rx.requests().iter().map(id_of).collect::<Vec<_>>();
+    assert_eq!(ids(&slow), ["r.1"]);
+    assert_eq!(ids(&other), ["o.1", "o.2"], "another key goes on");
+    let head = app.row("r.1");
+    assert_eq!((head.state.as_str(), head.attempts), ("retryable", 1));
+    let next = app.row("r.2");
+    assert_eq!((next.state.as_str(), next.attempts), ("scheduled", 0));
+    assert!(next.next_attempt_at.is_none(), "waits behind its head");
+    // Before the Retry-After has passed nothing of the key goes; after it, the head, then the next.
+    app.advance(Duration::from_secs(20));
+    app.run_until_idle().await;
+    assert_eq!(ids(&slow), ["r.1"]);
+    app.advance(Duration::from_secs(60));
+    app.run_until_idle().await;
+    assert_eq!(ids(&slow), ["r.1", "r.1", "r.2"]);
+    assert_eq!(app.row("r.2").attempts, 1);
+    assert_eq!(app.row("r.2").state.as_str(), "delivered");
+    app.stop().await;
+}
+
 both_backends!(
+    a_429_on_a_keyed_head_delays_only_its_key,
     keyed_messages_go_one_at_a_time_in_order,
     a_dead_head_blocks_only_its_key_until_replayed,
     skip_lets_the_rest_of_the_key_through,
