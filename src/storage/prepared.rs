@@ -119,6 +119,13 @@ mod tests {
         let mut c = SqliteConnection::establish(":memory:").unwrap();
         c.batch_execute("CREATE TABLE t (n INTEGER, s TEXT)")
             .unwrap();
+        let prepared = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let seen = prepared.clone();
+        c.set_instrumentation(move |e: diesel::connection::InstrumentationEvent<'_>| {
+            if let diesel::connection::InstrumentationEvent::CacheQuery { sql, .. } = e {
+                seen.lock().unwrap().push(sql.to_owned());
+            }
+        });
         for (n, s) in [(1i64, "a"), (2, "b"), (3, "c")] {
             let inserted = cached("INSERT INTO t (s, n) VALUES (?2, ?1 * 10 + ?1)")
                 .bind::<BigInt, _>(n)
@@ -127,6 +134,11 @@ mod tests {
                 .unwrap();
             assert_eq!(inserted, 1);
         }
+        // Prepared and cached once, then executed from the cache.
+        assert_eq!(
+            *prepared.lock().unwrap(),
+            ["/* ?? */ INSERT INTO t (s, n) VALUES (?2, ?1 * 10 + ?1)"]
+        );
         let rows: Vec<Row> = cached("SELECT n, s FROM t WHERE n > ?1 ORDER BY n")
             .bind::<BigInt, _>(15)
             .load(&mut c)
