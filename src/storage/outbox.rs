@@ -59,13 +59,6 @@ per_backend! {
             .optional()
     }
 
-    pub fn find_by_ids(conn: &mut Conn, ids: &[i64]) -> QueryResult<Vec<OutboxRow>> {
-        o::table
-            .filter(o::id.eq_any(ids))
-            .order((o::next_attempt_at, o::id))
-            .load(conn)
-    }
-
     /// `scheduled|retryable → canceled`, and a keyed `dead_letter|unconfirmed` head that
     /// holds its key (canceling it releases the key); returns whether the row changed.
     pub fn cancel(
@@ -109,11 +102,11 @@ per_backend! {
         lease: std::time::Duration,
         policy_version: &str,
     ) -> QueryResult<(Vec<OutboxRow>, usize)> {
-        let ids = sql::claim_ids(conn, now, limit, owner, lease, policy_version)?;
-        if ids.is_empty() {
+        let mut rows = sql::claim_rows(conn, now, limit, owner, lease, policy_version)?;
+        if rows.is_empty() {
             return Ok((Vec::new(), 0));
         }
-        let mut rows = find_by_ids(conn, &ids)?;
+        let claimed = rows.len();
         let expired: Vec<i64> = rows
             .iter()
             .filter(|r| r.state != State::Sending && r.ordering_key.is_some())
@@ -122,7 +115,7 @@ per_backend! {
         rows.retain(|r| r.state == State::Sending);
         // An expired head no longer holds its key.
         q::release_heads(conn, &expired)?;
-        let expired = ids.len() - rows.len();
+        let expired = claimed - rows.len();
         Ok((rows, expired))
     }
 

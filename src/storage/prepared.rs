@@ -19,15 +19,21 @@ use diesel::sql_types::{HasSqlType, Untyped};
 use diesel::{QueryResult, RunQueryDsl};
 
 /// A raw SQL statement with its binds that diesel may cache prepared; see the module docs.
+/// Its rows are read by name (`QueryableByName`) unless [`Cached::typed`] gives their SQL types.
 #[must_use = "a statement does nothing until it is run"]
-pub struct Cached<B> {
+pub struct Cached<B, ST = Untyped> {
     sql: &'static str,
     binds: B,
+    _rows: std::marker::PhantomData<ST>,
 }
 
 /// A statement from static SQL text; its parameters are added with [`Cached::bind`], in order.
 pub fn cached(sql: &'static str) -> Cached<()> {
-    Cached { sql, binds: () }
+    Cached {
+        sql,
+        binds: (),
+        _rows: std::marker::PhantomData,
+    }
 }
 
 /// One bound value of SQL type `ST`.
@@ -36,9 +42,9 @@ pub struct Bound<ST, T> {
     _type: std::marker::PhantomData<ST>,
 }
 
-impl<B> Cached<B> {
+impl<B, Rows> Cached<B, Rows> {
     /// Adds the next parameter (`$n` on PostgreSQL, `?n` on SQLite, n counted from 1).
-    pub fn bind<ST, T>(self, value: T) -> Cached<(B, Bound<ST, T>)> {
+    pub fn bind<ST, T>(self, value: T) -> Cached<(B, Bound<ST, T>), Rows> {
         Cached {
             sql: self.sql,
             binds: (
@@ -48,6 +54,18 @@ impl<B> Cached<B> {
                     _type: std::marker::PhantomData,
                 },
             ),
+            _rows: std::marker::PhantomData,
+        }
+    }
+
+    /// Its rows have the SQL types `ST`, column by column (read with `Queryable`): for
+    /// `RETURNING t.*` into a table's row struct, the table's `all_columns` type — the schema
+    /// check keeps `schema_*.rs` in the database's column order.
+    pub fn typed<ST>(self) -> Cached<B, ST> {
+        Cached {
+            sql: self.sql,
+            binds: self.binds,
+            _rows: std::marker::PhantomData,
         }
     }
 }
@@ -75,7 +93,7 @@ where
     }
 }
 
-impl<DB: Backend, B: Binds<DB>> QueryFragment<DB> for Cached<B> {
+impl<DB: Backend, B: Binds<DB>, Rows> QueryFragment<DB> for Cached<B, Rows> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         out.push_sql("/* ");
         self.binds.push(&mut out)?;
@@ -85,17 +103,17 @@ impl<DB: Backend, B: Binds<DB>> QueryFragment<DB> for Cached<B> {
     }
 }
 
-impl<B> QueryId for Cached<B> {
+impl<B, Rows> QueryId for Cached<B, Rows> {
     type QueryId = ();
     // Not a static type: diesel keys the cache by the SQL text (and bind types) instead.
     const HAS_STATIC_QUERY_ID: bool = false;
 }
 
-impl<B> Query for Cached<B> {
-    type SqlType = Untyped;
+impl<B, Rows> Query for Cached<B, Rows> {
+    type SqlType = Rows;
 }
 
-impl<Conn, B> RunQueryDsl<Conn> for Cached<B> {}
+impl<Conn, B, Rows> RunQueryDsl<Conn> for Cached<B, Rows> {}
 
 #[cfg(test)]
 mod tests {

@@ -1,7 +1,7 @@
 //! The SQL that differs between the backends: the claim, the database's clock, the locked read
 //! of expired leases and the batched outcome update. [`pg`] and [`sqlite`] give each the same
 //! name, so the per-table query bodies (compiled once per backend by `per_backend!`) call
-//! `sql::claim_ids(…)` and get their backend's arm.
+//! `sql::claim_rows(…)` and get their backend's arm.
 
 use chrono::{DateTime, Utc};
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
@@ -9,8 +9,8 @@ use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use crate::domain::State;
 
 use super::models::{
-    Applied, ExpiredLease, MatchedMessage, NewOutboxRow, Now, OutcomeRecord, PendingReceipt,
-    Reconciled,
+    Applied, ExpiredLease, MatchedMessage, NewOutboxRow, Now, OutboxRow, OutcomeRecord,
+    PendingReceipt, Reconciled,
 };
 
 diesel::define_sql_function! {
@@ -90,7 +90,7 @@ SET state = CASE WHEN o.expires_at <= t.now THEN 'expired' ELSE 'sending' END,
     updated_at = t.now
 FROM t
 WHERE o.id = ANY(ARRAY(SELECT id FROM due))
-RETURNING o.id"
+RETURNING o.*"
 );
 
 /// The SQLite claim: the same predicate, order and lease in one statement; it runs inside
@@ -114,65 +114,73 @@ WHERE id IN (
     ORDER BY next_attempt_at, id
     LIMIT ?2
 )
-RETURNING id"
+RETURNING *"
 );
 
-pub fn pg_claim_ids(
+/// The rows the claim changed, as they now are (`RETURNING o.*`: no second `SELECT`), in claim
+/// order.
+pub fn pg_claim_rows(
     conn: &mut diesel::pg::PgConnection,
     now: &Now,
     limit: i64,
     owner: &str,
     lease: std::time::Duration,
     policy_version: &str,
-) -> diesel::QueryResult<Vec<i64>> {
+) -> diesel::QueryResult<Vec<OutboxRow>> {
+    use super::schema_pg::herald_outbox as o;
     use diesel::RunQueryDsl;
     use diesel::sql_types::Double;
-    let rows: Vec<IdRow> = super::prepared::cached(PG_CLAIM_SQL)
+    let mut rows: Vec<OutboxRow> = super::prepared::cached(PG_CLAIM_SQL)
         .bind::<Double, _>(now.shift_micros())
         .bind::<BigInt, _>(limit)
         .bind::<Text, _>(owner)
         .bind::<Double, _>(lease.as_micros() as f64)
         .bind::<Text, _>(policy_version)
+        .typed::<diesel::dsl::SqlTypeOf<<o::table as diesel::Table>::AllColumns>>()
         .load(conn)?;
-    Ok(rows.into_iter().map(|r| r.id).collect())
+    rows.sort_by_key(claim_order);
+    Ok(rows)
 }
 
-pub fn sqlite_claim_ids(
+/// The order rows were claimed in (the due index's): `RETURNING` does not keep it. Expired
+/// rows (no `next_attempt_at` any more) are not sent and may come anywhere.
+fn claim_order(r: &OutboxRow) -> (Option<DateTime<Utc>>, i64) {
+    (r.next_attempt_at, r.id)
+}
+
+pub fn sqlite_claim_rows(
     conn: &mut diesel::sqlite::SqliteConnection,
     now: &Now,
     limit: i64,
     owner: &str,
     lease: std::time::Duration,
     policy_version: &str,
-) -> diesel::QueryResult<Vec<i64>> {
+) -> diesel::QueryResult<Vec<OutboxRow>> {
     use super::schema_sqlite::herald_outbox as o;
     use diesel::prelude::*;
     use diesel::sql_types::TimestamptzSqlite;
     let lease_until = now.local + chrono::Duration::from_std(lease).unwrap_or_default();
-    let rows: Vec<IdRow> = super::prepared::cached(SQLITE_CLAIM_SQL)
+    let mut rows: Vec<OutboxRow> = super::prepared::cached(SQLITE_CLAIM_SQL)
         .bind::<TimestamptzSqlite, _>(now.local)
         .bind::<BigInt, _>(limit)
         .bind::<Text, _>(owner)
         .bind::<TimestamptzSqlite, _>(lease_until)
         .bind::<Text, _>(policy_version)
+        .typed::<diesel::dsl::SqlTypeOf<<o::table as diesel::Table>::AllColumns>>()
         .load(conn)?;
-    let ids: Vec<i64> = rows.into_iter().map(|r| r.id).collect();
-    if ids.is_empty() {
-        return Ok(ids);
-    }
     // SQLite has no SHA-256: an email inserted by plain SQL gets its Message-ID key here.
-    let missing: Vec<(i64, String)> = o::table
-        .filter(o::id.eq_any(&ids))
-        .filter(o::channel.eq(crate::domain::Channel::Email))
-        .filter(o::message_key.is_null())
-        .select((o::id, o::event_id))
-        .load(conn)?;
-    for (id, event_id) in missing {
-        diesel::update(o::table.filter(o::id.eq(id)))
-            .set(o::message_key.eq(crate::domain::email_message_key(&event_id)))
+    for r in rows
+        .iter_mut()
+        .filter(|r| r.channel == crate::domain::Channel::Email && r.message_key.is_none())
+    {
+        let key = crate::domain::email_message_key(&r.event_id);
+        diesel::update(o::table.filter(o::id.eq(r.id)))
+            .set(o::message_key.eq(&key))
             .execute(conn)?;
+        r.message_key = Some(key);
     }
-    Ok(ids)
+    rows.sort_by_key(claim_order);
+    Ok(rows)
 }
 
 #[derive(diesel::QueryableByName)]
@@ -563,7 +571,7 @@ pub fn sqlite_scheduled_at(m: &NewOutboxRow) -> Option<DateTime<Utc>> {
 pub mod pg {
     pub use super::pg_scheduled_at as scheduled_at;
     pub use super::{
-        pg_claim_ids as claim_ids, pg_expired_leases as expired_leases, pg_now as now,
+        pg_claim_rows as claim_rows, pg_expired_leases as expired_leases, pg_now as now,
         pg_release_heads as release_heads, pg_update_outcomes as update_outcomes,
     };
     pub use super::{
@@ -580,8 +588,8 @@ pub mod sqlite {
     use super::coalesce_text;
     pub use super::sqlite_scheduled_at as scheduled_at;
     pub use super::{
-        sqlite_claim_ids as claim_ids, sqlite_expired_leases as expired_leases, sqlite_now as now,
-        sqlite_release_heads as release_heads,
+        sqlite_claim_rows as claim_rows, sqlite_expired_leases as expired_leases,
+        sqlite_now as now, sqlite_release_heads as release_heads,
     };
     pub use super::{
         sqlite_lock_messages as lock_messages, sqlite_mark_reconciled as mark_reconciled,
