@@ -15,7 +15,19 @@ per_backend! {
             .load(conn)
     }
 
+    /// One attempt row per outcome that made a request, saying what became of it; one
+    /// statement (on PostgreSQL a prepared `unnest` insert, see `sql::insert_attempts`).
     pub fn insert_attempts(
+        conn: &mut Conn,
+        owner: Option<&str>,
+        outcomes: &[OutcomeRecord],
+        applied: &[Applied],
+    ) -> QueryResult<()> {
+        sql::insert_attempts(conn, owner, outcomes, applied)
+    }
+
+    /// The same as a query-builder multi-row insert (its SQL text varies with the row count).
+    pub fn insert_attempt_rows(
         conn: &mut Conn,
         owner: Option<&str>,
         outcomes: &[OutcomeRecord],

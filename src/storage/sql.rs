@@ -344,6 +344,66 @@ pub fn pg_update_outcomes(
         .collect())
 }
 
+/// The attempt rows of a batch in one statement whose text does not depend on the row count
+/// (one array per column, `unnest`ed), so it stays prepared; duplicates of
+/// `herald_attempts_once` are skipped as the query-builder insert does.
+pub const PG_INSERT_ATTEMPTS_SQL: &str = "INSERT INTO herald_attempts (message_id, event_id, \
+    attempt_number, started_at, finished_at, duration_ms, request_fingerprint, response_status, \
+    error_kind, class, retry_after, delay_ms, delay_reason, policy_version, provider_message_id, \
+    response_excerpt, lease_owner, next_state)
+SELECT v.message_id, v.event_id, v.attempt_number, v.started_at, v.finished_at, v.duration_ms,
+    v.request_fingerprint, v.response_status, v.error_kind, v.class, v.retry_after, v.delay_ms,
+    v.delay_reason, v.policy_version, v.provider_message_id, v.response_excerpt, $1, v.next_state
+FROM unnest($2::bigint[], $3::text[], $4::int[], $5::timestamptz[], $6::timestamptz[],
+    $7::bigint[], $8::text[], $9::int[], $10::text[], $11::text[], $12::text[], $13::bigint[],
+    $14::text[], $15::text[], $16::text[], $17::text[], $18::text[])
+    AS v(message_id, event_id, attempt_number, started_at, finished_at, duration_ms,
+         request_fingerprint, response_status, error_kind, class, retry_after, delay_ms,
+         delay_reason, policy_version, provider_message_id, response_excerpt, next_state)
+ON CONFLICT DO NOTHING";
+
+pub fn pg_insert_attempts(
+    conn: &mut diesel::pg::PgConnection,
+    owner: Option<&str>,
+    outcomes: &[OutcomeRecord],
+    applied: &[Applied],
+) -> diesel::QueryResult<()> {
+    use diesel::RunQueryDsl;
+    use diesel::sql_types::{Array, Timestamptz};
+    let made: Vec<_> = outcomes
+        .iter()
+        .zip(applied)
+        .filter_map(|(x, a)| x.attempt.as_ref().map(|t| (x, t, a)))
+        .collect();
+    if made.is_empty() {
+        return Ok(());
+    }
+    fn col<T, U>(rows: &[T], f: impl Fn(&T) -> U) -> Vec<U> {
+        rows.iter().map(f).collect()
+    }
+    super::prepared::cached(PG_INSERT_ATTEMPTS_SQL)
+        .bind::<Nullable<Text>, _>(owner)
+        .bind::<Array<BigInt>, _>(col(&made, |(x, _, _)| x.message_id))
+        .bind::<Array<Text>, _>(col(&made, |(x, _, _)| x.event_id.as_str()))
+        .bind::<Array<Integer>, _>(col(&made, |(x, _, _)| x.claimed_attempt))
+        .bind::<Array<Timestamptz>, _>(col(&made, |(_, t, _)| t.started_at))
+        .bind::<Array<Timestamptz>, _>(col(&made, |(_, t, _)| t.finished_at))
+        .bind::<Array<BigInt>, _>(col(&made, |(_, t, _)| t.duration_ms))
+        .bind::<Array<Nullable<Text>>, _>(col(&made, |(x, _, _)| x.request_fingerprint.as_deref()))
+        .bind::<Array<Nullable<Integer>>, _>(col(&made, |(_, t, _)| t.response_status))
+        .bind::<Array<Nullable<Text>>, _>(col(&made, |(_, t, _)| t.error_kind.as_deref()))
+        .bind::<Array<Text>, _>(col(&made, |(_, t, _)| t.class.as_str()))
+        .bind::<Array<Nullable<Text>>, _>(col(&made, |(_, t, _)| t.retry_after.as_deref()))
+        .bind::<Array<Nullable<BigInt>>, _>(col(&made, |(_, t, _)| t.delay_ms))
+        .bind::<Array<Nullable<Text>>, _>(col(&made, |(_, t, _)| t.delay_reason.as_deref()))
+        .bind::<Array<Text>, _>(col(&made, |(_, t, _)| t.policy_version.as_str()))
+        .bind::<Array<Nullable<Text>>, _>(col(&made, |(x, _, _)| x.provider_message_id.as_deref()))
+        .bind::<Array<Nullable<Text>>, _>(col(&made, |(_, t, _)| t.response_excerpt.as_deref()))
+        .bind::<Array<Text>, _>(col(&made, |(x, _, a)| a.next_state(x.state)))
+        .execute(conn)?;
+    Ok(())
+}
+
 /// The columns of [`PendingReceipt`], in its field order.
 macro_rules! pending_receipt_columns {
     ($r:ident) => {
@@ -569,6 +629,7 @@ pub fn sqlite_scheduled_at(m: &NewOutboxRow) -> Option<DateTime<Utc>> {
 
 /// The PostgreSQL arm of each backend-specific query.
 pub mod pg {
+    pub use super::pg_insert_attempts as insert_attempts;
     pub use super::pg_scheduled_at as scheduled_at;
     pub use super::{
         pg_claim_rows as claim_rows, pg_expired_leases as expired_leases, pg_now as now,
@@ -596,6 +657,7 @@ pub mod sqlite {
         sqlite_pending_receipts as pending_receipts, sqlite_write_statuses as write_statuses,
     };
     use crate::domain::State;
+    pub use crate::storage::attempts::sqlite::insert_attempt_rows as insert_attempts;
     use crate::storage::models::{Applied, Now, OutcomeRecord};
     use crate::storage::schema_sqlite::herald_outbox as o;
 
