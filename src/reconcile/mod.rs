@@ -24,6 +24,10 @@ use crate::outbox::{Limits, NewMessage};
 use crate::storage::models::{MatchedMessage, PendingReceipt, ReceiptDecision, ReconcilePass};
 use crate::storage::{Db, StorageError};
 
+/// How long the background loop waits after being woken by stored receipts before its pass:
+/// receipts stored meanwhile join the same pass (one transaction for many requests).
+pub const WAKE_LINGER: Duration = Duration::from_millis(20);
+
 /// Delivery statuses, lowest precedence first: at equal event times the later entry wins.
 /// Providers without event times (Twilio) are ordered by this alone, which is their status
 /// lattice (`queued < sent < delivered < failed`).
@@ -282,6 +286,12 @@ impl Reconciler {
 
     /// One pass: a batch of pending receipts, then the unconfirmed deadline.
     pub async fn run_once(&self) -> Result<ReconcilePass, ReconcileError> {
+        self.pass(true).await
+    }
+
+    /// A batch of pending receipts, and the unconfirmed deadline when `deadline` (the background
+    /// loop checks it once per interval, not on every pass: it is a transaction of its own).
+    async fn pass(&self, deadline: bool) -> Result<ReconcilePass, ReconcileError> {
         let this = self.clone();
         let now = self.clock.storage_now();
         let span = tracing::Span::current();
@@ -294,11 +304,15 @@ impl Reconciler {
                     &|r, m| this.decide(r, m),
                 )?;
                 let accepting: Vec<&str> = PRECEDENCE.iter().chain(ENGAGEMENT).copied().collect();
-                let (settled, expired) = this.db.settle_or_expire_unconfirmed(
-                    now,
-                    this.config.unconfirmed_deadline,
-                    &accepting,
-                )?;
+                let (settled, expired) = if deadline {
+                    this.db.settle_or_expire_unconfirmed(
+                        now,
+                        this.config.unconfirmed_deadline,
+                        &accepting,
+                    )?
+                } else {
+                    (0, 0)
+                };
                 Ok((
                     ReconcilePass {
                         settled: pass.settled + settled,
@@ -341,12 +355,19 @@ impl Reconciler {
         }
     }
 
-    /// The background loop: a pass every `interval`, or at once when receipts were stored.
+    /// The background loop: a pass every `interval`, or soon after receipts were stored (at most
+    /// [`WAKE_LINGER`] later, so that receipts arriving together are reconciled in one pass
+    /// rather than a pass per request); the unconfirmed deadline once per interval.
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         let mut failures = 0u32;
+        let mut next_deadline = tokio::time::Instant::now();
         info!("reconciler started");
         while !*shutdown.borrow() {
-            let busy = match self.run_once().await {
+            let deadline = tokio::time::Instant::now() >= next_deadline;
+            if deadline {
+                next_deadline = tokio::time::Instant::now() + self.config.interval;
+            }
+            let busy = match self.pass(deadline).await {
                 Ok(pass) => {
                     failures = 0;
                     pass.applied + pass.unmatched >= self.config.batch_size as usize
@@ -362,7 +383,12 @@ impl Reconciler {
             }
             let pause = self.config.interval * failures.clamp(1, 10);
             tokio::select! {
-                _ = self.wake.notified() => {}
+                _ = self.wake.notified() => {
+                    tokio::select! {
+                        _ = tokio::time::sleep(WAKE_LINGER) => {}
+                        _ = shutdown.changed() => {}
+                    }
+                }
                 _ = tokio::time::sleep(pause) => {}
                 _ = shutdown.changed() => {}
             }

@@ -408,6 +408,16 @@ pub struct Reconciled {
     pub reason: String,
 }
 
+/// A receipt the reconciler matched to no message, as it is marked: tried `tries` times, next
+/// at `next` (`None`: no longer tried).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unmatched {
+    pub receipt_id: i64,
+    pub tries: i32,
+    pub next: Option<DateTime<Utc>>,
+    pub reason: &'static str,
+}
+
 /// Counts from one reconciler pass.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ReconcilePass {

@@ -67,7 +67,17 @@ per_backend! {
     /// multi-row statements, ignoring those whose (source, provider_event_id) exists; returns
     /// the keys that were new. The caller passes each key once, in key order (see
     /// [`insert_receipts`] on deadlocks).
+    /// On PostgreSQL one prepared `unnest` insert (see `sql::insert_receipts_returning`).
     pub fn insert_receipts_returning(
+        conn: &mut Conn,
+        rows: &[(&str, &NewReceipt, DateTime<Utc>)],
+    ) -> QueryResult<Vec<(String, String)>> {
+        sql::insert_receipts_returning(conn, rows)
+    }
+
+    /// [`insert_receipts_returning`] with the query builder (its SQL text varies with the row
+    /// count).
+    pub fn insert_receipt_rows_returning(
         conn: &mut Conn,
         rows: &[(&str, &NewReceipt, DateTime<Utc>)],
     ) -> QueryResult<Vec<(String, String)>> {
@@ -201,6 +211,7 @@ per_backend! {
             .collect();
         let mut changed: Vec<i64> = Vec::new();
         let mut done: Vec<Reconciled> = Vec::with_capacity(batch.len());
+        let mut unmatched: Vec<Unmatched> = Vec::new();
         let mut pass = ReconcilePass::default();
         for receipt in &batch {
             let Some(id) = target(receipt) else {
@@ -214,14 +225,7 @@ per_backend! {
                 } else {
                     "no message with its event id or provider message id within a day: no longer tried"
                 };
-                diesel::update(r::table.filter(r::id.eq(receipt.id)))
-                    .set((
-                        r::outcome.eq("unmatched"),
-                        r::outcome_reason.eq(reason),
-                        r::match_attempts.eq(tries),
-                        r::next_match_at.eq(next),
-                    ))
-                    .execute(conn)?;
+                unmatched.push(Unmatched { receipt_id: receipt.id, tries, next, reason });
                 pass.unmatched += 1;
                 continue;
             };
@@ -252,6 +256,7 @@ per_backend! {
             pass.applied += 1;
         }
         sql::mark_reconciled(conn, at, &done)?;
+        sql::mark_unmatched(conn, &unmatched)?;
         // Each changed message written once, with what the whole batch made of it.
         changed.sort_unstable();
         changed.dedup();

@@ -9,8 +9,8 @@ use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use crate::domain::State;
 
 use super::models::{
-    Applied, ExpiredLease, MatchedMessage, NewOutboxRow, Now, OutboxRow, OutcomeRecord,
-    PendingReceipt, Reconciled,
+    Applied, ExpiredLease, MatchedMessage, NewOutboxRow, NewReceipt, Now, OutboxRow, OutcomeRecord,
+    PendingReceipt, Reconciled, Unmatched,
 };
 
 diesel::define_sql_function! {
@@ -404,6 +404,57 @@ pub fn pg_insert_attempts(
     Ok(())
 }
 
+/// Receipts of a group in one statement whose text does not depend on the row count, so it
+/// stays prepared: rows in the order given (key order, see `insert_receipts`), those whose key
+/// exists skipped; returns the `(source, provider_event_id)` of the new ones.
+pub const PG_INSERT_RECEIPTS_SQL: &str = "INSERT INTO herald_receipts (source, provider_event_id, \
+    event_type, provider_type, event_time, received_at, herald_event_id, provider_message_id, raw, \
+    replay_key)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::timestamptz[],
+    $6::timestamptz[], $7::text[], $8::text[], $9::jsonb[], $10::text[])
+ON CONFLICT DO NOTHING
+RETURNING source, provider_event_id";
+
+pub fn pg_insert_receipts_returning(
+    conn: &mut diesel::pg::PgConnection,
+    rows: &[(&str, &NewReceipt, DateTime<Utc>)],
+) -> diesel::QueryResult<Vec<(String, String)>> {
+    use diesel::RunQueryDsl;
+    use diesel::sql_types::{Array, Jsonb, Timestamptz};
+    #[derive(diesel::QueryableByName)]
+    struct Key {
+        #[diesel(sql_type = Text)]
+        source: String,
+        #[diesel(sql_type = Text)]
+        provider_event_id: String,
+    }
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    fn col<'a, U>(
+        rows: &'a [(&'a str, &'a NewReceipt, DateTime<Utc>)],
+        f: impl Fn(&'a (&'a str, &'a NewReceipt, DateTime<Utc>)) -> U,
+    ) -> Vec<U> {
+        rows.iter().map(f).collect()
+    }
+    let new: Vec<Key> = super::prepared::cached(PG_INSERT_RECEIPTS_SQL)
+        .bind::<Array<Text>, _>(col(rows, |r| r.0))
+        .bind::<Array<Text>, _>(col(rows, |r| r.1.provider_event_id.as_str()))
+        .bind::<Array<Text>, _>(col(rows, |r| r.1.event_type.as_str()))
+        .bind::<Array<Text>, _>(col(rows, |r| r.1.provider_type.as_str()))
+        .bind::<Array<Nullable<Timestamptz>>, _>(col(rows, |r| r.1.event_time))
+        .bind::<Array<Timestamptz>, _>(col(rows, |r| r.2))
+        .bind::<Array<Nullable<Text>>, _>(col(rows, |r| r.1.herald_event_id.as_deref()))
+        .bind::<Array<Nullable<Text>>, _>(col(rows, |r| r.1.provider_message_id.as_deref()))
+        .bind::<Array<Jsonb>, _>(col(rows, |r| &r.1.raw))
+        .bind::<Array<Nullable<Text>>, _>(col(rows, |r| r.1.replay_key.as_deref()))
+        .load(conn)?;
+    Ok(new
+        .into_iter()
+        .map(|k| (k.source, k.provider_event_id))
+        .collect())
+}
+
 /// The columns of [`PendingReceipt`], in its field order.
 macro_rules! pending_receipt_columns {
     ($r:ident) => {
@@ -511,6 +562,51 @@ pub fn pg_mark_reconciled(
     .bind::<Array<Text>, _>(done.iter().map(|d| d.outcome).collect::<Vec<_>>())
     .bind::<Array<Text>, _>(done.iter().map(|d| d.reason.as_str()).collect::<Vec<_>>())
     .execute(conn)?;
+    Ok(())
+}
+
+/// Marks the pass's unmatched receipts (to be tried again at their `next`): one statement.
+pub fn pg_mark_unmatched(
+    conn: &mut diesel::pg::PgConnection,
+    unmatched: &[Unmatched],
+) -> diesel::QueryResult<()> {
+    use diesel::RunQueryDsl;
+    use diesel::sql_types::{Array, Timestamptz};
+    if unmatched.is_empty() {
+        return Ok(());
+    }
+    super::prepared::cached(
+        "UPDATE herald_receipts AS r SET outcome = 'unmatched', outcome_reason = v.reason, \
+         match_attempts = v.tries, next_match_at = v.next \
+         FROM unnest($1::bigint[], $2::int[], $3::timestamptz[], $4::text[]) \
+             AS v(id, tries, next, reason) \
+         WHERE r.id = v.id",
+    )
+    .bind::<Array<BigInt>, _>(unmatched.iter().map(|u| u.receipt_id).collect::<Vec<_>>())
+    .bind::<Array<Integer>, _>(unmatched.iter().map(|u| u.tries).collect::<Vec<_>>())
+    .bind::<Array<Nullable<Timestamptz>>, _>(unmatched.iter().map(|u| u.next).collect::<Vec<_>>())
+    .bind::<Array<Text>, _>(unmatched.iter().map(|u| u.reason).collect::<Vec<_>>())
+    .execute(conn)?;
+    Ok(())
+}
+
+/// SQLite: a statement per receipt.
+pub fn sqlite_mark_unmatched(
+    conn: &mut diesel::sqlite::SqliteConnection,
+    unmatched: &[Unmatched],
+) -> diesel::QueryResult<()> {
+    use super::schema_sqlite::herald_receipts as r;
+    use diesel::prelude::*;
+    for u in unmatched {
+        diesel::update(r::table.filter(r::id.eq(u.receipt_id)))
+            .set((
+                r::outcome.eq("unmatched"),
+                r::outcome_reason.eq(u.reason),
+                r::match_attempts.eq(u.tries),
+                r::next_match_at.eq(u.next),
+            ))
+            .execute(conn)?;
+    }
     Ok(())
 }
 
@@ -630,6 +726,7 @@ pub fn sqlite_scheduled_at(m: &NewOutboxRow) -> Option<DateTime<Utc>> {
 /// The PostgreSQL arm of each backend-specific query.
 pub mod pg {
     pub use super::pg_insert_attempts as insert_attempts;
+    pub use super::pg_insert_receipts_returning as insert_receipts_returning;
     pub use super::pg_scheduled_at as scheduled_at;
     pub use super::{
         pg_claim_rows as claim_rows, pg_expired_leases as expired_leases, pg_now as now,
@@ -637,7 +734,8 @@ pub mod pg {
     };
     pub use super::{
         pg_lock_messages as lock_messages, pg_mark_reconciled as mark_reconciled,
-        pg_pending_receipts as pending_receipts, pg_write_statuses as write_statuses,
+        pg_mark_unmatched as mark_unmatched, pg_pending_receipts as pending_receipts,
+        pg_write_statuses as write_statuses,
     };
 }
 
@@ -654,11 +752,13 @@ pub mod sqlite {
     };
     pub use super::{
         sqlite_lock_messages as lock_messages, sqlite_mark_reconciled as mark_reconciled,
-        sqlite_pending_receipts as pending_receipts, sqlite_write_statuses as write_statuses,
+        sqlite_mark_unmatched as mark_unmatched, sqlite_pending_receipts as pending_receipts,
+        sqlite_write_statuses as write_statuses,
     };
     use crate::domain::State;
     pub use crate::storage::attempts::sqlite::insert_attempt_rows as insert_attempts;
     use crate::storage::models::{Applied, Now, OutcomeRecord};
+    pub use crate::storage::receipts::sqlite::insert_receipt_rows_returning as insert_receipts_returning;
     use crate::storage::schema_sqlite::herald_outbox as o;
 
     type Conn = diesel::sqlite::SqliteConnection;

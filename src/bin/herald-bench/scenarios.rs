@@ -24,6 +24,16 @@ pub const INGEST_CLIENTS: usize = 16;
 const WAIT_LIMIT: Duration = Duration::from_secs(600);
 
 /// The webhook body every dispatch scenario sends (and the baseline client too).
+/// The statements that took the most database time since the last reset, on stderr (where the
+/// profile in the README's Performance section starts).
+fn print_top_statements(conn: &mut PgConnection) -> Result<()> {
+    eprintln!("   top statements (total ms, calls):");
+    for (q, calls, total) in crate::pg::top_statements(conn, 8)? {
+        eprintln!("   {total:>9.1} ms {calls:>7}  {q}");
+    }
+    Ok(())
+}
+
 fn body_json_sql() -> &'static str {
     "jsonb_build_object('body', jsonb_build_object('type', 'order.placed', 'data', \
      jsonb_build_object('id', i, 'note', repeat('x', 200))))"
@@ -188,10 +198,7 @@ fn run_dispatch_pg_keyed(
         let mut stats = DbStats::read(&mut c)?.since(before);
         stats.xacts -= own_xacts;
         if procs == 1 {
-            eprintln!("   top statements (total ms, calls):");
-            for (q, calls, total) in crate::pg::top_statements(&mut c, 8)? {
-                eprintln!("   {total:>9.1} ms {calls:>7}  {q}");
-            }
+            print_top_statements(&mut c)?;
         }
         Ok(DispatchRun {
             rate,
@@ -373,12 +380,15 @@ pub fn ingest_pg(ctx: &mut Ctx) -> Result<Vec<Figure>> {
         window,
         "\\set v random(1, 1000000000)\nINSERT INTO bench_single (v, body) VALUES (:v, repeat('x', 1000));\n",
     )?;
+    let mut conn = PgConnection::establish(&url)?;
+    conn.batch_execute(&format!("{MARK} SELECT pg_stat_statements_reset()"))?;
     let (rate, p50, p99) = ctx.rt.block_on(async {
         let h = HeraldProc::start(&url, "").await?;
         let r = ingest_load(&h.base, window).await;
         h.stop().await?;
         r
     })?;
+    print_top_statements(&mut conn)?;
     let note = format!(
         "{INGEST_CLIENTS} clients, ~1 KiB standard-webhooks receipts, {}s",
         window.as_secs()
@@ -635,12 +645,15 @@ pub fn ingest_sqlite(ctx: &mut Ctx) -> Result<Vec<Figure>> {
     }
     let baseline = done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
     let (_, url) = fresh_sqlite(ctx, "ingest")?;
+    let mut conn = PgConnection::establish(&url)?;
+    conn.batch_execute(&format!("{MARK} SELECT pg_stat_statements_reset()"))?;
     let (rate, p50, p99) = ctx.rt.block_on(async {
         let h = HeraldProc::start(&url, "").await?;
         let r = ingest_load(&h.base, window).await;
         h.stop().await?;
         r
     })?;
+    print_top_statements(&mut conn)?;
     Ok(vec![
         Figure::measured("ingest_sqlite", rate, baseline, "receipts/s")
             .target(Target::AtLeast(5000.0))
