@@ -517,6 +517,11 @@ pub fn claim_at_1m(ctx: &mut Ctx) -> Result<Vec<Figure>> {
         ))?;
     }
     ensure!(claimed >= due, "claimed {claimed} of {due} due rows");
+    ensure!(lat.len() >= 2, "too few claims to measure");
+    // The first claim on the connection also prepares the statement and plans it (once per
+    // pooled connection, at start-up in a running Herald): reported on its own line, and the
+    // percentile is over the claims of a running sender.
+    let first = lat.remove(0);
     lat.sort_by(f64::total_cmp);
     Ok(vec![
         Figure::against_target(
@@ -526,10 +531,13 @@ pub fn claim_at_1m(ctx: &mut Ctx) -> Result<Vec<Figure>> {
             "ms",
         )
         .note(format!(
-            "{rows} rows pending, {due} due, {} claims of 100, p50 {:.2} ms",
+            "{rows} rows pending, {due} due, {} claims of 100 after the first, p50 {:.2} ms",
             lat.len(),
             percentile(&lat, 50.0)
         )),
+        Figure::measured("claim_first_ms_at_1m", first, percentile(&lat, 50.0), "ms").note(
+            "the first claim on a new connection (statement prepared and planned); baseline: p50",
+        ),
     ])
 }
 
