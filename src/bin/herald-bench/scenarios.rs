@@ -653,15 +653,12 @@ pub fn ingest_sqlite(ctx: &mut Ctx) -> Result<Vec<Figure>> {
     }
     let baseline = done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
     let (_, url) = fresh_sqlite(ctx, "ingest")?;
-    let mut conn = PgConnection::establish(&url)?;
-    conn.batch_execute(&format!("{MARK} SELECT pg_stat_statements_reset()"))?;
     let (rate, p50, p99) = ctx.rt.block_on(async {
         let h = HeraldProc::start(&url, "").await?;
         let r = ingest_load(&h.base, window).await;
         h.stop().await?;
         r
     })?;
-    print_top_statements(&mut conn)?;
     Ok(vec![
         Figure::measured("ingest_sqlite", rate, baseline, "receipts/s")
             .target(Target::AtLeast(5000.0))
