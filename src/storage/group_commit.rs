@@ -24,8 +24,12 @@ use super::models::NewReceipt;
 use super::receipts::{Abort, Stored, store_unless_replayed};
 use super::{Db, StorageError};
 
-/// The longest the writer waits for more requests before committing a group.
-pub const GROUP_WAIT: Duration = Duration::from_millis(1);
+/// The longest the writer waits for more requests before committing a group. Short: under load
+/// the group forms by itself while the previous commit runs (requests queue meanwhile), and a
+/// longer wait was dead time for the writer — measured with `herald-bench --quick ingest_pg`,
+/// 1 ms gave about 6,000–6,400 receipts/s (p50 2.1–2.4 ms), 200 µs and no wait at all both
+/// about 7,000 (p50 1.9 ms).
+pub const GROUP_WAIT: Duration = Duration::from_micros(200);
 /// The most requests in one group.
 pub const GROUP_MAX: usize = 256;
 
