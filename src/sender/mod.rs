@@ -157,7 +157,19 @@ struct Inner {
     disabled: std::sync::Mutex<(Option<chrono::DateTime<chrono::Utc>>, Vec<String>)>,
     metrics: Metrics,
     heartbeat: Arc<Heartbeat>,
+    /// Ended keyed messages whose key an uncommitted insert held when their outcome was written
+    /// (`Db::release_rechecked`): released again on the loop's next iterations.
+    recheck: std::sync::Mutex<Vec<i64>>,
 }
+
+fn lock_recheck(m: &std::sync::Mutex<Vec<i64>>) -> std::sync::MutexGuard<'_, Vec<i64>> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// While some key waits for an insert to end ([`Inner::recheck`]), the loop looks again at least
+/// this often (the insert's commit normally wakes it first: its notification, or the HTTP
+/// enqueue's wake-up).
+const RECHECK_EVERY: Duration = Duration::from_millis(20);
 
 impl Sender {
     pub fn new(
@@ -188,6 +200,7 @@ impl Sender {
                 disabled: std::sync::Mutex::new((None, Vec::new())),
                 metrics,
                 heartbeat,
+                recheck: std::sync::Mutex::new(Vec::new()),
             }),
         }
     }
@@ -607,12 +620,20 @@ impl Sender {
     pub async fn record(&self, outcomes: Vec<OutcomeRecord>) -> Result<Vec<Applied>, SenderError> {
         let owner = self.inner.config.owner.clone();
         let now = self.inner.clock.storage_now();
-        let applied = self
+        let ((applied, busy), outcomes) = self
             .blocking(move |db| {
                 db.record_outcomes(&owner, now, &outcomes)
                     .map(|a| (a, outcomes))
             })
             .await?;
+        if !busy.is_empty() {
+            debug!(
+                messages = busy.len(),
+                "ordering keys busy with an insert: released again once it commits"
+            );
+            lock_recheck(&self.inner.recheck).extend(busy);
+        }
+        let applied = (applied, outcomes);
         // A keyed message that ended made its key's next message due: claim again now (the
         // release is an UPDATE, which no insert notification announces).
         if applied.1.iter().any(|o| {
@@ -719,6 +740,36 @@ impl Sender {
 
     /// Makes due the head of every key that waits with nothing left to release it (see
     /// `storage::ordering`); returns how many. The production loop runs it every poll interval.
+    /// Releases the keys that were busy with an insert when their head's outcome was written,
+    /// where the insert has ended (see `Db::release_rechecked`); keeps the others for later.
+    pub async fn release_rechecked(&self) -> Result<usize, SenderError> {
+        let ids = std::mem::take(&mut *lock_recheck(&self.inner.recheck));
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let kept = ids.clone();
+        let (n, busy) = match self.blocking(move |db| db.release_rechecked(&ids)).await {
+            Ok(r) => r,
+            Err(e) => {
+                lock_recheck(&self.inner.recheck).extend(kept);
+                return Err(e);
+            }
+        };
+        lock_recheck(&self.inner.recheck).extend(busy);
+        if n > 0 {
+            debug!(
+                released = n,
+                "heads of ordering keys made due after an insert ended"
+            );
+            self.inner.wake.notify_one();
+        }
+        Ok(n)
+    }
+
+    fn recheck_pending(&self) -> bool {
+        !lock_recheck(&self.inner.recheck).is_empty()
+    }
+
     pub async fn release_waiting(&self) -> Result<usize, SenderError> {
         let n = self.blocking(|db| db.release_waiting()).await?;
         if n > 0 {
@@ -816,6 +867,11 @@ impl Sender {
                 }
                 next_release = tokio::time::Instant::now() + cfg.poll_interval;
             }
+            if self.recheck_pending()
+                && let Err(e) = self.release_rechecked().await
+            {
+                warn!(error = %e, "releasing ordering keys after an insert failed; will retry");
+            }
             // While many sends are in flight, let some finish so the next claim is a batch rather
             // than a trickle of one-row transactions (waits at most CLAIM_LINGER).
             let want = cfg.batch_size.min(cfg.concurrency).div_ceil(2);
@@ -873,9 +929,14 @@ impl Sender {
                 });
             }
             if !full {
+                let idle = if self.recheck_pending() {
+                    cfg.poll_interval.min(RECHECK_EVERY)
+                } else {
+                    cfg.poll_interval
+                };
                 tokio::select! {
                     _ = self.inner.wake.notified() => debug!("woken"),
-                    _ = tokio::time::sleep(cfg.poll_interval) => {}
+                    _ = tokio::time::sleep(idle) => {}
                     _ = shutdown.changed() => {}
                 }
             }

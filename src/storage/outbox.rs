@@ -122,13 +122,14 @@ per_backend! {
     /// Writes a batch of outcomes: each row only if still leased to `owner` for that
     /// attempt (a fence against a lease that expired and was claimed again), and one
     /// attempt row per request made, saying what really became of it (`lease_lost`
-    /// when the fence refused it).
+    /// when the fence refused it). Also returns the ended keyed messages whose key was
+    /// busy with an insert (`sql::busy_keys`): to be released again once it is free.
     pub fn record_outcomes(
         conn: &mut Conn,
         owner: &str,
         now: &Now,
         outcomes: &[OutcomeRecord],
-    ) -> QueryResult<Vec<Applied>> {
+    ) -> QueryResult<(Vec<Applied>, Vec<i64>)> {
         let at = sql::now(conn, now)?;
         let mut applied = sql::update_outcomes(conn, owner, now, at, outcomes)?;
         for (a, x) in applied.iter_mut().zip(outcomes) {
@@ -140,18 +141,19 @@ per_backend! {
             }
         }
         q::insert_attempts(conn, Some(owner), outcomes, &applied)?;
-        end_heads(conn, at, outcomes.iter().zip(&applied).filter(|(_, a)| **a != Applied::LeaseLost).map(|(x, _)| x))?;
-        Ok(applied)
+        let busy = end_heads(conn, at, outcomes.iter().zip(&applied).filter(|(_, a)| **a != Applied::LeaseLost).map(|(x, _)| x))?;
+        Ok((applied, busy))
     }
 
     /// Keyed messages whose outcome ended their turn: a dead or unconfirmed one under `skip`
     /// stops holding its key, and each key's next place becomes due where its head is done.
-    /// Nothing at all for a batch without keyed messages.
+    /// Nothing at all for a batch without keyed messages. Returns those of them whose key an
+    /// uncommitted insert holds (`sql::busy_keys`).
     fn end_heads<'a>(
         conn: &mut Conn,
         at: DateTime<Utc>,
         outcomes: impl Iterator<Item = &'a OutcomeRecord>,
-    ) -> QueryResult<()> {
+    ) -> QueryResult<Vec<i64>> {
         let mut skip = Vec::new();
         let mut ended = Vec::new();
         for x in outcomes {
@@ -167,9 +169,19 @@ per_backend! {
                 State::Scheduled | State::Sending | State::Retryable => {}
             }
         }
+        // Before the release: its statement must see every insert that held a key's lock.
+        let busy = sql::busy_keys(conn, &ended)?;
         q::mark_released(conn, at, &skip)?;
         q::release_heads(conn, &ended)?;
-        Ok(())
+        Ok(busy)
+    }
+
+    /// Releases the keys of `ids` again where no insert holds them now; returns how many
+    /// messages became due and the ids whose key is still busy.
+    pub fn release_rechecked(conn: &mut Conn, ids: &[i64]) -> QueryResult<(usize, Vec<i64>)> {
+        let busy = sql::busy_keys(conn, ids)?;
+        let free: Vec<i64> = ids.iter().copied().filter(|id| !busy.contains(id)).collect();
+        Ok((q::release_heads(conn, &free)?, busy))
     }
 
     /// A definite 2xx that comes back after the watchdog moved its `at_most_once`
@@ -242,6 +254,7 @@ per_backend! {
         }
         let applied = vec![Applied::Yes; outcomes.len()];
         q::insert_attempts(conn, None, &outcomes, &applied)?;
+        // A key busy with an insert here waits for the periodic release (expiries are rare).
         end_heads(conn, at, outcomes.iter())?;
         Ok(sweep)
     }
@@ -289,13 +302,22 @@ impl Db {
         crate::storage::db_run! { self, write |c, q| Ok(q::claim(c, &now, limit, owner, lease, policy_version)?) }
     }
 
+    /// The outcome transaction (see the per-backend body): what each outcome did, and the ended
+    /// keyed messages to pass to [`Db::release_rechecked`] later.
     pub fn record_outcomes(
         &self,
         owner: &str,
         now: Now,
         outcomes: &[OutcomeRecord],
-    ) -> Result<Vec<Applied>, StorageError> {
+    ) -> Result<(Vec<Applied>, Vec<i64>), StorageError> {
         crate::storage::db_run! { self, write |c, q| Ok(q::record_outcomes(c, owner, &now, outcomes)?) }
+    }
+
+    /// Releases the keys of messages whose outcome found their key busy with an insert (see
+    /// `sql::busy_keys`), where the insert has ended; returns how many messages became due and
+    /// the ids still busy (to try again when the sender is next woken).
+    pub fn release_rechecked(&self, ids: &[i64]) -> Result<(usize, Vec<i64>), StorageError> {
+        crate::storage::db_run! { self, write |c, q| Ok(q::release_rechecked(c, ids)?) }
     }
 
     /// One watchdog pass; `decide` is the sender's decision for an expired lease.

@@ -725,6 +725,7 @@ pub fn sqlite_scheduled_at(m: &NewOutboxRow) -> Option<DateTime<Utc>> {
 
 /// The PostgreSQL arm of each backend-specific query.
 pub mod pg {
+    pub use super::pg_busy_keys as busy_keys;
     pub use super::pg_insert_attempts as insert_attempts;
     pub use super::pg_insert_receipts_returning as insert_receipts_returning;
     pub use super::pg_scheduled_at as scheduled_at;
@@ -745,6 +746,7 @@ pub mod sqlite {
     use diesel::prelude::*;
 
     use super::coalesce_text;
+    pub use super::sqlite_busy_keys as busy_keys;
     pub use super::sqlite_scheduled_at as scheduled_at;
     pub use super::{
         sqlite_claim_rows as claim_rows, sqlite_expired_leases as expired_leases,
@@ -849,6 +851,46 @@ pub const SQLITE_RELEASE_SQL: &str = release_heads!(
     WHERE id IN (SELECT value FROM json_each(?1)) AND ordering_key IS NOT NULL"
 );
 pub const RELEASE_WAITING_SQL: &str = release_heads!(waiting_keys!());
+
+/// The keyed messages of `ids` whose key another transaction is inserting into right now (it
+/// holds the key's insert lock, taken by the `herald_outbox_ordering` trigger): takes the lock of
+/// every other key, without waiting, until this transaction ends.
+///
+/// Why: an insert into a key whose head is still open (in flight) makes the new message wait,
+/// and the head's outcome releases it. An outcome committed while that insert was still
+/// uncommitted cannot see the new message, and the insert saw the head still open: nobody would
+/// release it before the periodic pass. With the lock held, a later insert waits for this
+/// transaction and then sees the head done; where the lock was busy, the caller releases the
+/// key again once it is free ([`crate::storage::Db::release_rechecked`]). Never waiting for
+/// the lock means never deadlocking with an application's transaction that inserts into
+/// several keys.
+pub fn pg_busy_keys(
+    conn: &mut diesel::pg::PgConnection,
+    ids: &[i64],
+) -> diesel::QueryResult<Vec<i64>> {
+    use diesel::RunQueryDsl;
+    use diesel::sql_types::Array;
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows: Vec<IdRow> = super::prepared::cached(
+        "SELECT o.id FROM herald_outbox AS o \
+         WHERE o.id = ANY($1::bigint[]) AND o.ordering_key IS NOT NULL \
+           AND NOT pg_try_advisory_xact_lock(1751477356, \
+                   hashtext(o.destination || chr(10) || o.ordering_key))",
+    )
+    .bind::<Array<BigInt>, _>(ids)
+    .load(conn)?;
+    Ok(rows.into_iter().map(|r| r.id).collect())
+}
+
+/// SQLite: inserts and outcomes run one at a time behind the writer lock; no key is ever busy.
+pub fn sqlite_busy_keys(
+    _conn: &mut diesel::sqlite::SqliteConnection,
+    _ids: &[i64],
+) -> diesel::QueryResult<Vec<i64>> {
+    Ok(Vec::new())
+}
 
 /// Releases the heads of the keys of messages `ids` (see [`release_heads!`]); returns the ids
 /// that became due.

@@ -495,6 +495,45 @@ async fn concurrent_transactions_on_one_key_deliver_in_commit_order() {
     app.stop().await;
 }
 
+/// PostgreSQL: the head's outcome is written while another transaction is inserting the key's
+/// next message — uncommitted, so the outcome cannot see it, and the insert saw the head still
+/// open, so it waits. It still goes as soon as that insert commits, not at the next poll (30 s
+/// here): the outcome found the key's insert lock busy and the sender releases the key again
+/// once it is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_inserted_while_its_head_ends_goes_when_its_insert_commits() {
+    let app = spawn_app_with(Backend::Postgres, "poll_interval_ms = 30000\n").await;
+    let rx = Receiver::start().await;
+    let enqueue = |id: &str| {
+        format!(
+            "SELECT herald_enqueue('{id}', 'webhook', '{}', '{{\"body\": {{}}}}'::jsonb, \
+             p_ordering_key => 'k')",
+            rx.url
+        )
+    };
+    app.raw_sql(&enqueue("r.1"));
+    let mut open = PgConnection::establish(&app.test_db.url).unwrap();
+    open.batch_execute(&format!("BEGIN; {};", enqueue("r.2")))
+        .unwrap();
+    let sender = app.start_sender();
+    // The head is sent and its outcome committed while r.2's insert is still open.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while app.row("r.1").state != herald::domain::State::Delivered {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the head was not delivered"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(rx.requests().len(), 1);
+    open.batch_execute("COMMIT;").unwrap();
+    let got = rx.wait_for(2, 10).await;
+    let ids: Vec<_> = got.iter().map(id_of).collect();
+    assert_eq!(ids, ["r.1", "r.2"]);
+    sender.stop().await;
+    app.stop().await;
+}
+
 /// `[endpoints.NAME.retry]` decides its endpoint's attempts and is recorded on each of them.
 async fn an_endpoint_retry_policy_decides_its_attempts(backend: Backend) {
     let rx = Receiver::start().await;
