@@ -738,12 +738,12 @@ impl Sender {
             .unwrap_or(&self.inner.config.policy)
     }
 
-    /// Makes due the head of every key that waits with nothing left to release it (see
-    /// `storage::ordering`); returns how many. The production loop runs it every poll interval.
     /// Releases the keys that were busy with an insert when their head's outcome was written,
     /// where the insert has ended (see `Db::release_rechecked`); keeps the others for later.
     pub async fn release_rechecked(&self) -> Result<usize, SenderError> {
-        let ids = std::mem::take(&mut *lock_recheck(&self.inner.recheck));
+        let mut ids = std::mem::take(&mut *lock_recheck(&self.inner.recheck));
+        ids.sort_unstable();
+        ids.dedup();
         if ids.is_empty() {
             return Ok(0);
         }
@@ -770,6 +770,8 @@ impl Sender {
         !lock_recheck(&self.inner.recheck).is_empty()
     }
 
+    /// Makes due the head of every key that waits with nothing left to release it (see
+    /// `storage::ordering`); returns how many. The production loop runs it every poll interval.
     pub async fn release_waiting(&self) -> Result<usize, SenderError> {
         let n = self.blocking(|db| db.release_waiting()).await?;
         if n > 0 {
