@@ -255,14 +255,11 @@ impl Sender {
     }
 
     /// Rereads the disabled endpoints when the last read is older than [`DISABLED_REFRESH`]
-    /// (only when some endpoint can be disabled at all).
+    /// (only when some endpoint is named at all).
     async fn refresh_disabled(&self) -> Result<(), SenderError> {
-        if !self
-            .inner
-            .webhook
-            .endpoints()
-            .any(|e| e.auto_disable.is_some())
-        {
+        // Any named endpoint, rule or not: one disabled under a rule since taken out of the
+        // configuration stays disabled until it is enabled (as `GET /v1/endpoints` says).
+        if self.inner.webhook.endpoints().next().is_none() {
             return Ok(());
         }
         let now = self.inner.clock.now();
@@ -411,7 +408,6 @@ impl Sender {
             Channel::Email => Some(SMTP_RELAY.to_owned()),
         };
         if let Some(e) = endpoint
-            && e.auto_disable.is_some()
             && self.is_disabled(&e.name)
         {
             info!(endpoint = %e.name, "endpoint disabled: put back without a request");

@@ -226,7 +226,52 @@ async fn an_endpoint_that_keeps_failing_is_disabled_until_enabled(backend: Backe
     app.stop().await;
 }
 
+/// A disabled endpoint stays disabled when its `disable_after_*` rule is taken out of the
+/// configuration (a restart with the endpoint still named): nothing is sent to it until an admin
+/// enables it, as `GET /v1/endpoints` keeps saying.
+async fn a_disabled_endpoint_stays_disabled_without_its_rule(backend: Backend) {
+    let rx = Receiver::start().await;
+    rx.script([Reply::Status(500), Reply::Status(500)]);
+    let endpoint = format!(
+        "sender_concurrency = 1\n[endpoints.flaky]\nurl = \"{}\"\n",
+        rx.url
+    );
+    let first = spawn_app_with(backend, &format!("{endpoint}disable_after_failures = 2\n")).await;
+    for i in 1..=3 {
+        let r = first
+            .post_message(webhook(&format!("g-{i}"), "endpoint:flaky", json!({})))
+            .await;
+        assert_eq!(r.status(), 201);
+    }
+    first.run_until_idle().await;
+    assert_eq!(rx.requests().len(), 2, "two failures, then disabled");
+    // The same database, the rule gone.
+    let app = crate::support::app::spawn_on(
+        crate::support::TestDb::attach(&first.test_db.url, backend),
+        &endpoint,
+    )
+    .await;
+    app.advance(Duration::from_secs(120));
+    app.run_until_idle().await;
+    assert_eq!(rx.requests().len(), 2, "still disabled");
+    let r = app
+        .http
+        .post(format!("{}/v1/endpoints/flaky/enable", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    app.advance(Duration::from_secs(31));
+    app.run_until_idle().await;
+    for i in 1..=3 {
+        assert_eq!(app.row(&format!("g-{i}")).state, State::Delivered, "g-{i}");
+    }
+    app.stop().await;
+    first.stop().await;
+}
+
 both_backends!(
+    a_disabled_endpoint_stays_disabled_without_its_rule,
     an_endpoint_rate_holds_messages_for_their_slots_in_order,
     a_hanging_host_gets_at_most_its_cap_of_send_slots,
     an_endpoint_that_keeps_failing_is_disabled_until_enabled,
