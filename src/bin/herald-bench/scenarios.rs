@@ -676,7 +676,7 @@ pub fn email_smtp(ctx: &mut Ctx) -> Result<Vec<Figure>> {
         let sink = SmtpServer::start().await?;
         let h = HeraldProc::start(
             &url,
-            &format!("{}smtp_url = \"{}\"\n", sender_toml(50), sink.url),
+            &format!("sender_concurrency = 256\nsender_batch_size = 256\ndestination_max_in_flight = 256\npoll_interval_ms = 50\nsmtp_url = \"{}\"\n", sink.url),
         )
         .await?;
         let mut c = sqlite_conn(&path)?;
