@@ -476,7 +476,44 @@ async fn a_fan_out_never_takes_over_another_messages_event_id(backend: Backend) 
     app.stop().await;
 }
 
+/// The same rule for plain SQL fan-outs (the triggers): a fan-out under a plain message's event
+/// id, or whose message would take one, is refused and writes nothing; a fan-out inserted again
+/// is still a no-op.
+async fn plain_sql_keeps_message_and_fan_out_event_ids_apart(backend: Backend) {
+    let (app, _rx) = three_endpoints(backend).await;
+    let row = |id: &str, destination: &str| {
+        format!(
+            "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+             VALUES ('{id}', 'webhook', '{destination}', '{{\"body\": {{}}}}')"
+        )
+    };
+    let exec = |sql: String| {
+        with_app_conn(
+            &app,
+            |c| c.batch_execute(&sql).map_err(|e| e.to_string()),
+            |c| c.batch_execute(&sql).map_err(|e| e.to_string()),
+        )
+    };
+    exec(row("plain-1", "https://x.example/h")).unwrap();
+    let e = exec(row("plain-1", "type:order.placed")).unwrap_err();
+    assert!(e.contains("a fan-out needs an event id of its own"), "{e}");
+    assert!(app.db.fanout_of("plain-1").unwrap().is_empty());
+    assert!(app.db.find_by_event_id("plain-1:a").unwrap().is_none());
+    // A plain message holds the event id one of the fan-out's messages would get.
+    exec(row("fan-2:b", "https://x.example/h")).unwrap();
+    assert!(exec(row("fan-2", "type:order.placed")).is_err());
+    assert!(app.db.fanout_of("fan-2").unwrap().is_empty());
+    assert!(app.db.find_by_event_id("fan-2:a").unwrap().is_none());
+    exec(row("fan-3", "type:order.placed")).unwrap();
+    assert_eq!(app.db.fanout_of("fan-3").unwrap().len(), 3);
+    // Inserted again: still a no-op.
+    exec(row("fan-3", "type:order.placed")).unwrap();
+    assert_eq!(app.db.fanout_of("fan-3").unwrap().len(), 3);
+    app.stop().await;
+}
+
 both_backends!(
+    plain_sql_keeps_message_and_fan_out_event_ids_apart,
     a_fan_out_never_takes_over_another_messages_event_id,
     one_failing_endpoint_never_holds_back_the_others,
     no_subscriber_or_a_bad_type_is_a_422_naming_destination,
