@@ -169,6 +169,15 @@ async fn no_subscriber_or_a_bad_type_is_a_422_naming_destination(backend: Backen
 }
 
 /// Runs `f` on a plain diesel connection of the app's database, as an application would.
+/// Runs SQL on a plain connection of the app's database; the error's text on failure.
+fn exec_sql(app: &TestApp, sql: &str) -> Result<(), String> {
+    with_app_conn(
+        app,
+        |c| c.batch_execute(sql).map_err(|e| e.to_string()),
+        |c| c.batch_execute(sql).map_err(|e| e.to_string()),
+    )
+}
+
 fn with_app_conn<T>(
     app: &TestApp,
     pg: impl FnOnce(&mut PgConnection) -> T,
@@ -257,13 +266,7 @@ async fn plain_sql_inserts_fan_out_in_the_callers_transaction(backend: Backend) 
              VALUES ('{id}', 'webhook', 'type:{t}', '{{\"body\": {{\"from\": \"sql\"}}}}')"
         )
     };
-    let exec = |sql: String| {
-        with_app_conn(
-            &app,
-            |c| c.batch_execute(&sql).map_err(|e| e.to_string()),
-            |c| c.batch_execute(&sql).map_err(|e| e.to_string()),
-        )
-    };
+    let exec = |sql: String| exec_sql(&app, &sql);
     // Rolled back: nothing, on either backend.
     exec(format!(
         "BEGIN; {}; ROLLBACK;",
@@ -487,13 +490,7 @@ async fn plain_sql_keeps_message_and_fan_out_event_ids_apart(backend: Backend) {
              VALUES ('{id}', 'webhook', '{destination}', '{{\"body\": {{}}}}')"
         )
     };
-    let exec = |sql: String| {
-        with_app_conn(
-            &app,
-            |c| c.batch_execute(&sql).map_err(|e| e.to_string()),
-            |c| c.batch_execute(&sql).map_err(|e| e.to_string()),
-        )
-    };
+    let exec = |sql: String| exec_sql(&app, &sql);
     exec(row("plain-1", "https://x.example/h")).unwrap();
     let e = exec(row("plain-1", "type:order.placed")).unwrap_err();
     assert!(e.contains("a fan-out needs an event id of its own"), "{e}");
