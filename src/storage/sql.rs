@@ -117,8 +117,36 @@ WHERE id IN (
 RETURNING *"
 );
 
-/// The rows the claim changed, as they now are (`RETURNING o.*`: no second `SELECT`), in claim
-/// order.
+/// `text` with its `RETURNING` clause (`star`: `RETURNING o.*`, `RETURNING *`) listing the
+/// outbox's columns instead, as this build's schema names them and in its order, each
+/// `table_ref` (how the rendered list qualifies a column) replaced by `prefix`. A `*` would
+/// follow the database: a column added by a newer Herald's migration during a rolling upgrade
+/// would break the older processes' claims (more columns than their row type, and PostgreSQL
+/// refuses a prepared statement whose result changed); named columns keep them working.
+fn returning_outbox_columns<DB, T>(text: &str, star: &str, table_ref: &str, prefix: &str) -> String
+where
+    DB: diesel::backend::Backend + Default,
+    DB::QueryBuilder: Default,
+    T: diesel::Table
+        + diesel::query_dsl::methods::SelectDsl<<T as diesel::Table>::AllColumns>
+        + Default,
+    <T as diesel::query_dsl::methods::SelectDsl<<T as diesel::Table>::AllColumns>>::Output:
+        diesel::query_builder::QueryFragment<DB>,
+{
+    let select = T::default().select(T::all_columns());
+    let rendered = diesel::debug_query::<DB, _>(&select).to_string();
+    let list = rendered
+        .strip_prefix("SELECT ")
+        .and_then(|r| r.split(" FROM ").next())
+        .map(|l| l.replace(table_ref, prefix));
+    match (text.rsplit_once(star), list) {
+        (Some((head, tail)), Some(list)) => format!("{head}RETURNING {list}{tail}"),
+        _ => text.to_owned(),
+    }
+}
+
+/// The rows the claim changed, as they now are (`RETURNING` the outbox's columns: no second
+/// `SELECT`), in claim order.
 pub fn pg_claim_rows(
     conn: &mut diesel::pg::PgConnection,
     now: &Now,
@@ -130,7 +158,16 @@ pub fn pg_claim_rows(
     use super::schema_pg::herald_outbox as o;
     use diesel::RunQueryDsl;
     use diesel::sql_types::Double;
-    let mut rows: Vec<OutboxRow> = super::prepared::cached(PG_CLAIM_SQL)
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let sql = SQL.get_or_init(|| {
+        returning_outbox_columns::<diesel::pg::Pg, o::table>(
+            PG_CLAIM_SQL,
+            "RETURNING o.*",
+            "\"herald_outbox\".",
+            "o.",
+        )
+    });
+    let mut rows: Vec<OutboxRow> = super::prepared::cached(sql)
         .bind::<Double, _>(now.shift_micros())
         .bind::<BigInt, _>(limit)
         .bind::<Text, _>(owner)
@@ -160,7 +197,16 @@ pub fn sqlite_claim_rows(
     use diesel::prelude::*;
     use diesel::sql_types::TimestamptzSqlite;
     let lease_until = now.local + chrono::Duration::from_std(lease).unwrap_or_default();
-    let mut rows: Vec<OutboxRow> = super::prepared::cached(SQLITE_CLAIM_SQL)
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let sql = SQL.get_or_init(|| {
+        returning_outbox_columns::<diesel::sqlite::Sqlite, o::table>(
+            SQLITE_CLAIM_SQL,
+            "RETURNING *",
+            "`herald_outbox`.",
+            "",
+        )
+    });
+    let mut rows: Vec<OutboxRow> = super::prepared::cached(sql)
         .bind::<TimestamptzSqlite, _>(now.local)
         .bind::<BigInt, _>(limit)
         .bind::<Text, _>(owner)
@@ -924,4 +970,25 @@ pub fn sqlite_release_heads(
         None => super::prepared::cached(RELEASE_WAITING_SQL).load(conn)?,
     };
     Ok(rows.into_iter().map(|r| r.id).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The claims return the schema's columns by name, in its order, and nothing else.
+    #[test]
+    fn the_claims_return_the_outbox_columns_by_name() {
+        let pg = returning_outbox_columns::<
+            diesel::pg::Pg,
+            super::super::schema_pg::herald_outbox::table,
+        >(PG_CLAIM_SQL, "RETURNING o.*", "\"herald_outbox\".", "o.");
+        assert!(pg.ends_with("RETURNING o.\"id\", o.\"event_id\", o.\"channel\", o.\"destination\", o.\"payload\", o.\"state\", o.\"scheduled_at\", o.\"next_attempt_at\", o.\"attempts\", o.\"max_attempts\", o.\"retry_policy\", o.\"semantics\", o.\"expires_at\", o.\"lease_until\", o.\"lease_owner\", o.\"request_fingerprint\", o.\"provider_message_id\", o.\"last_error_class\", o.\"delivery_status\", o.\"delivery_status_at\", o.\"created_at\", o.\"updated_at\", o.\"retry_policy_version\", o.\"state_reason\", o.\"message_key\", o.\"enqueued_by\", o.\"attempt_base\", o.\"ordering_key\", o.\"ordering_seq\", o.\"ordering_policy\", o.\"ordering_released_at\""), "{pg}");
+        assert!(!pg.contains("o.*"));
+        let sqlite = returning_outbox_columns::<
+            diesel::sqlite::Sqlite,
+            super::super::schema_sqlite::herald_outbox::table,
+        >(SQLITE_CLAIM_SQL, "RETURNING *", "`herald_outbox`.", "");
+        assert!(sqlite.ends_with("RETURNING `id`, `event_id`, `channel`, `destination`, `payload`, `state`, `scheduled_at`, `next_attempt_at`, `attempts`, `max_attempts`, `retry_policy`, `semantics`, `expires_at`, `lease_until`, `lease_owner`, `request_fingerprint`, `provider_message_id`, `last_error_class`, `delivery_status`, `delivery_status_at`, `created_at`, `updated_at`, `retry_policy_version`, `state_reason`, `message_key`, `enqueued_by`, `attempt_base`, `ordering_key`, `ordering_seq`, `ordering_policy`, `ordering_released_at`"), "{sqlite}");
+    }
 }
