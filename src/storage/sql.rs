@@ -919,11 +919,15 @@ pub fn pg_busy_keys(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
+    // The rows asked about first (MATERIALIZED): in one WHERE clause the planner may order the
+    // lock call before `id = ANY(…)` and take the lock of every keyed row it scans.
     let rows: Vec<IdRow> = super::prepared::cached(
-        "SELECT o.id FROM herald_outbox AS o \
-         WHERE o.id = ANY($1::bigint[]) AND o.ordering_key IS NOT NULL \
-           AND NOT pg_try_advisory_xact_lock(1751477356, \
-                   hashtext(o.destination || chr(10) || o.ordering_key))",
+        "WITH k AS MATERIALIZED ( \
+             SELECT o.id, o.destination, o.ordering_key FROM herald_outbox AS o \
+             WHERE o.id = ANY($1::bigint[]) AND o.ordering_key IS NOT NULL) \
+         SELECT k.id FROM k \
+         WHERE NOT pg_try_advisory_xact_lock(1751477356, \
+                   hashtext(k.destination || chr(10) || k.ordering_key))",
     )
     .bind::<Array<BigInt>, _>(ids)
     .load(conn)?;
