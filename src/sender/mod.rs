@@ -237,8 +237,12 @@ impl Sender {
         let (rows, expired) = self
             .blocking(move |db| db.claim(now, limit, &owner, lease, &version))
             .await?;
-        if !rows.is_empty() {
-            self.refresh_disabled().await?;
+        // The rows are claimed (committed): a failed reread keeps the last list rather than
+        // leaving them leased and unsent until their lease runs out.
+        if !rows.is_empty()
+            && let Err(e) = self.refresh_disabled().await
+        {
+            warn!(error = %e, "rereading the disabled endpoints failed; using the last list");
         }
         if expired > 0 {
             // An expired head released its key.
