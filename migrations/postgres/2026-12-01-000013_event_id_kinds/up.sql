@@ -18,12 +18,12 @@ BEGIN
             USING ERRCODE = 'check_violation',
                   HINT = 'segments of letters, digits, _ and - separated by single dots (type:order.placed)';
     END IF;
+    IF EXISTS (SELECT 1 FROM herald_fanouts WHERE event_id = NEW.event_id) THEN
+        RETURN NULL;
+    END IF;
     IF EXISTS (SELECT 1 FROM herald_outbox WHERE event_id = NEW.event_id) THEN
         RAISE EXCEPTION 'herald: event id % is a message''s: a fan-out needs an event id of its own',
             quote_literal(NEW.event_id) USING ERRCODE = 'unique_violation';
-    END IF;
-    IF EXISTS (SELECT 1 FROM herald_fanouts WHERE event_id = NEW.event_id) THEN
-        RETURN NULL;
     END IF;
     FOR v_sub IN
         SELECT DISTINCT endpoint FROM herald_subscriptions
@@ -34,9 +34,18 @@ BEGIN
             'event_id', NEW.event_id || ':' || v_sub.endpoint,
             'destination', 'endpoint:' || v_sub.endpoint,
             'request_fingerprint', NULL));
-        -- No ON CONFLICT: a child's event id held by another message is refused
-        -- (unique_violation), as the HTTP path refuses it.
-        INSERT INTO herald_outbox VALUES (v_child.*);
+        INSERT INTO herald_outbox VALUES (v_child.*) ON CONFLICT (event_id) DO NOTHING;
+        IF NOT FOUND THEN
+            -- The child's event id is taken. By the same fan-out committed meanwhile (this
+            -- insert waited for it): a no-op, as an event id fanned out already is. By another
+            -- message: refused, as the HTTP path refuses it.
+            IF EXISTS (SELECT 1 FROM herald_fanouts
+                       WHERE event_id = NEW.event_id AND endpoint = v_sub.endpoint) THEN
+                RETURN NULL;
+            END IF;
+            RAISE EXCEPTION 'herald: event id % is a message''s: a fan-out needs event ids of its own',
+                quote_literal(v_child.event_id) USING ERRCODE = 'unique_violation';
+        END IF;
         INSERT INTO herald_fanouts (event_id, endpoint, event_type, message_event_id, created_at)
         VALUES (NEW.event_id, v_sub.endpoint, v_type, v_child.event_id, NEW.created_at)
         ON CONFLICT DO NOTHING;
