@@ -364,12 +364,12 @@ impl Reconciler {
         info!("reconciler started");
         while !*shutdown.borrow() {
             let deadline = tokio::time::Instant::now() >= next_deadline;
-            if deadline {
-                next_deadline = tokio::time::Instant::now() + self.config.interval;
-            }
             let busy = match self.pass(deadline).await {
                 Ok(pass) => {
                     failures = 0;
+                    if deadline {
+                        next_deadline = tokio::time::Instant::now() + self.config.interval;
+                    }
                     pass.applied + pass.unmatched >= self.config.batch_size as usize
                 }
                 Err(e) => {
