@@ -10,7 +10,9 @@
 //! The statement's text refers to its parameters by number (`$1`, `?1`, …) as with `sql_query`;
 //! the placeholders diesel writes for the binds, in bind order, go into a leading comment
 //! (`/* $1$2 */`, `/* ?? */`), where neither backend's parser looks. The binds are sent in that
-//! same order, so `$n` / `?n` is the n-th `bind`.
+//! same order, so `$n` / `?n` is the n-th `bind`. Every bind must be used by the text: PostgreSQL
+//! accepts an unused one (its type is sent with it), but SQLite sizes its parameters by the
+//! highest `?n` in the text and refuses a bind past it (`SQLITE_RANGE`).
 
 use diesel::backend::Backend;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};

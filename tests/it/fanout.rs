@@ -168,7 +168,6 @@ async fn no_subscriber_or_a_bad_type_is_a_422_naming_destination(backend: Backen
     app.stop().await;
 }
 
-/// Runs `f` on a plain diesel connection of the app's database, as an application would.
 /// Runs SQL on a plain connection of the app's database; the error's text on failure.
 fn exec_sql(app: &TestApp, sql: &str) -> Result<(), String> {
     with_app_conn(
@@ -178,6 +177,7 @@ fn exec_sql(app: &TestApp, sql: &str) -> Result<(), String> {
     )
 }
 
+/// Runs `f` on a plain diesel connection of the app's database, as an application would.
 fn with_app_conn<T>(
     app: &TestApp,
     pg: impl FnOnce(&mut PgConnection) -> T,

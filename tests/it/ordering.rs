@@ -465,7 +465,8 @@ async fn concurrent_transactions_on_one_key_deliver_in_commit_order() {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let w: Waiting = diesel::sql_query(
-            "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+            "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
         )
         .get_result(&mut watcher)
         .unwrap();
