@@ -633,10 +633,9 @@ impl Sender {
             );
             lock_recheck(&self.inner.recheck).extend(busy);
         }
-        let applied = (applied, outcomes);
         // A keyed message that ended made its key's next message due: claim again now (the
         // release is an UPDATE, which no insert notification announces).
-        if applied.1.iter().any(|o| {
+        if outcomes.iter().any(|o| {
             o.ordering.is_some()
                 && matches!(
                     o.state,
@@ -645,7 +644,7 @@ impl Sender {
         }) {
             self.inner.wake.notify_one();
         }
-        for (a, o) in applied.0.iter().zip(&applied.1) {
+        for (a, o) in applied.iter().zip(&outcomes) {
             self.count_outcome(*a, o);
             match a {
                 Applied::LeaseLost => {
@@ -657,7 +656,7 @@ impl Sender {
                 Applied::Yes => {}
             }
         }
-        Ok(applied.0)
+        Ok(applied)
     }
 
     /// Counts what a committed outcome did: a dead letter, or a retry after an attempt (a message
