@@ -26,50 +26,6 @@ per_backend! {
         sql::insert_attempts(conn, owner, outcomes, applied)
     }
 
-    /// The same as a query-builder multi-row insert (its SQL text varies with the row count).
-    pub fn insert_attempt_rows(
-        conn: &mut Conn,
-        owner: Option<&str>,
-        outcomes: &[OutcomeRecord],
-        applied: &[Applied],
-    ) -> QueryResult<()> {
-        let rows: Vec<_> = outcomes
-            .iter()
-            .zip(applied)
-            .filter_map(|(x, a)| x.attempt.as_ref().map(|t| (x, t, a)))
-            .map(|(x, t, applied)| {
-                (
-                    a::message_id.eq(x.message_id),
-                    a::event_id.eq(&x.event_id),
-                    a::attempt_number.eq(x.claimed_attempt),
-                    a::started_at.eq(t.started_at),
-                    a::finished_at.eq(t.finished_at),
-                    a::duration_ms.eq(t.duration_ms),
-                    a::request_fingerprint.eq(&x.request_fingerprint),
-                    a::response_status.eq(t.response_status),
-                    a::error_kind.eq(&t.error_kind),
-                    a::class.eq(t.class),
-                    a::retry_after.eq(&t.retry_after),
-                    a::delay_ms.eq(t.delay_ms),
-                    a::delay_reason.eq(&t.delay_reason),
-                    a::policy_version.eq(&t.policy_version),
-                    (
-                        a::provider_message_id.eq(&x.provider_message_id),
-                        a::response_excerpt.eq(&t.response_excerpt),
-                        a::lease_owner.eq(owner),
-                        a::next_state.eq(applied.next_state(x.state)),
-                    ),
-                )
-            })
-            .collect();
-        if !rows.is_empty() {
-            diesel::insert_into(a::table)
-                .values(rows)
-                .on_conflict_do_nothing()
-                .execute(conn)?;
-        }
-        Ok(())
-    }
 }
 
 impl Db {

@@ -75,42 +75,6 @@ per_backend! {
         sql::insert_receipts_returning(conn, rows)
     }
 
-    /// [`insert_receipts_returning`] with the query builder (its SQL text varies with the row
-    /// count).
-    pub fn insert_receipt_rows_returning(
-        conn: &mut Conn,
-        rows: &[(&str, &NewReceipt, DateTime<Utc>)],
-    ) -> QueryResult<Vec<(String, String)>> {
-        let mut new = Vec::new();
-        for chunk in rows.chunks(500) {
-            let values: Vec<_> = chunk
-                .iter()
-                .map(|(source, x, now)| {
-                    (
-                        r::source.eq(*source),
-                        r::provider_event_id.eq(&x.provider_event_id),
-                        r::event_type.eq(&x.event_type),
-                        r::provider_type.eq(&x.provider_type),
-                        r::event_time.eq(x.event_time),
-                        r::received_at.eq(*now),
-                        r::herald_event_id.eq(&x.herald_event_id),
-                        r::provider_message_id.eq(&x.provider_message_id),
-                        r::raw.eq(&x.raw),
-                        r::replay_key.eq(&x.replay_key),
-                    )
-                })
-                .collect();
-            new.extend(
-                diesel::insert_into(r::table)
-                    .values(values)
-                    .on_conflict_do_nothing()
-                    .returning((r::source, r::provider_event_id))
-                    .get_results::<(String, String)>(conn)?,
-            );
-        }
-        Ok(new)
-    }
-
     /// A message's receipts, in event-time order (the history).
     pub fn receipts_of_message(conn: &mut Conn, message_id: i64) -> QueryResult<Vec<ReceiptRow>> {
         r::table

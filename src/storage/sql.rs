@@ -390,6 +390,11 @@ pub fn pg_update_outcomes(
         .collect())
 }
 
+/// One bind array of a batched (`unnest`) statement: `f` of every row, in row order.
+fn column<'a, T, U>(rows: &'a [T], f: impl Fn(&'a T) -> U) -> Vec<U> {
+    rows.iter().map(f).collect()
+}
+
 /// The attempt rows of a batch in one statement whose text does not depend on the row count
 /// (one array per column, `unnest`ed), so it stays prepared; duplicates of
 /// `herald_attempts_once` are skipped as the query-builder insert does.
@@ -424,28 +429,29 @@ pub fn pg_insert_attempts(
     if made.is_empty() {
         return Ok(());
     }
-    fn col<T, U>(rows: &[T], f: impl Fn(&T) -> U) -> Vec<U> {
-        rows.iter().map(f).collect()
-    }
     super::prepared::cached(PG_INSERT_ATTEMPTS_SQL)
         .bind::<Nullable<Text>, _>(owner)
-        .bind::<Array<BigInt>, _>(col(&made, |(x, _, _)| x.message_id))
-        .bind::<Array<Text>, _>(col(&made, |(x, _, _)| x.event_id.as_str()))
-        .bind::<Array<Integer>, _>(col(&made, |(x, _, _)| x.claimed_attempt))
-        .bind::<Array<Timestamptz>, _>(col(&made, |(_, t, _)| t.started_at))
-        .bind::<Array<Timestamptz>, _>(col(&made, |(_, t, _)| t.finished_at))
-        .bind::<Array<BigInt>, _>(col(&made, |(_, t, _)| t.duration_ms))
-        .bind::<Array<Nullable<Text>>, _>(col(&made, |(x, _, _)| x.request_fingerprint.as_deref()))
-        .bind::<Array<Nullable<Integer>>, _>(col(&made, |(_, t, _)| t.response_status))
-        .bind::<Array<Nullable<Text>>, _>(col(&made, |(_, t, _)| t.error_kind.as_deref()))
-        .bind::<Array<Text>, _>(col(&made, |(_, t, _)| t.class.as_str()))
-        .bind::<Array<Nullable<Text>>, _>(col(&made, |(_, t, _)| t.retry_after.as_deref()))
-        .bind::<Array<Nullable<BigInt>>, _>(col(&made, |(_, t, _)| t.delay_ms))
-        .bind::<Array<Nullable<Text>>, _>(col(&made, |(_, t, _)| t.delay_reason.as_deref()))
-        .bind::<Array<Text>, _>(col(&made, |(_, t, _)| t.policy_version.as_str()))
-        .bind::<Array<Nullable<Text>>, _>(col(&made, |(x, _, _)| x.provider_message_id.as_deref()))
-        .bind::<Array<Nullable<Text>>, _>(col(&made, |(_, t, _)| t.response_excerpt.as_deref()))
-        .bind::<Array<Text>, _>(col(&made, |(x, _, a)| a.next_state(x.state)))
+        .bind::<Array<BigInt>, _>(column(&made, |(x, _, _)| x.message_id))
+        .bind::<Array<Text>, _>(column(&made, |(x, _, _)| x.event_id.as_str()))
+        .bind::<Array<Integer>, _>(column(&made, |(x, _, _)| x.claimed_attempt))
+        .bind::<Array<Timestamptz>, _>(column(&made, |(_, t, _)| t.started_at))
+        .bind::<Array<Timestamptz>, _>(column(&made, |(_, t, _)| t.finished_at))
+        .bind::<Array<BigInt>, _>(column(&made, |(_, t, _)| t.duration_ms))
+        .bind::<Array<Nullable<Text>>, _>(column(&made, |(x, _, _)| {
+            x.request_fingerprint.as_deref()
+        }))
+        .bind::<Array<Nullable<Integer>>, _>(column(&made, |(_, t, _)| t.response_status))
+        .bind::<Array<Nullable<Text>>, _>(column(&made, |(_, t, _)| t.error_kind.as_deref()))
+        .bind::<Array<Text>, _>(column(&made, |(_, t, _)| t.class.as_str()))
+        .bind::<Array<Nullable<Text>>, _>(column(&made, |(_, t, _)| t.retry_after.as_deref()))
+        .bind::<Array<Nullable<BigInt>>, _>(column(&made, |(_, t, _)| t.delay_ms))
+        .bind::<Array<Nullable<Text>>, _>(column(&made, |(_, t, _)| t.delay_reason.as_deref()))
+        .bind::<Array<Text>, _>(column(&made, |(_, t, _)| t.policy_version.as_str()))
+        .bind::<Array<Nullable<Text>>, _>(column(&made, |(x, _, _)| {
+            x.provider_message_id.as_deref()
+        }))
+        .bind::<Array<Nullable<Text>>, _>(column(&made, |(_, t, _)| t.response_excerpt.as_deref()))
+        .bind::<Array<Text>, _>(column(&made, |(x, _, a)| a.next_state(x.state)))
         .execute(conn)?;
     Ok(())
 }
@@ -477,28 +483,107 @@ pub fn pg_insert_receipts_returning(
     if rows.is_empty() {
         return Ok(Vec::new());
     }
-    fn col<'a, U>(
-        rows: &'a [(&'a str, &'a NewReceipt, DateTime<Utc>)],
-        f: impl Fn(&'a (&'a str, &'a NewReceipt, DateTime<Utc>)) -> U,
-    ) -> Vec<U> {
-        rows.iter().map(f).collect()
-    }
     let new: Vec<Key> = super::prepared::cached(PG_INSERT_RECEIPTS_SQL)
-        .bind::<Array<Text>, _>(col(rows, |r| r.0))
-        .bind::<Array<Text>, _>(col(rows, |r| r.1.provider_event_id.as_str()))
-        .bind::<Array<Text>, _>(col(rows, |r| r.1.event_type.as_str()))
-        .bind::<Array<Text>, _>(col(rows, |r| r.1.provider_type.as_str()))
-        .bind::<Array<Nullable<Timestamptz>>, _>(col(rows, |r| r.1.event_time))
-        .bind::<Array<Timestamptz>, _>(col(rows, |r| r.2))
-        .bind::<Array<Nullable<Text>>, _>(col(rows, |r| r.1.herald_event_id.as_deref()))
-        .bind::<Array<Nullable<Text>>, _>(col(rows, |r| r.1.provider_message_id.as_deref()))
-        .bind::<Array<Jsonb>, _>(col(rows, |r| &r.1.raw))
-        .bind::<Array<Nullable<Text>>, _>(col(rows, |r| r.1.replay_key.as_deref()))
+        .bind::<Array<Text>, _>(column(rows, |r| r.0))
+        .bind::<Array<Text>, _>(column(rows, |r| r.1.provider_event_id.as_str()))
+        .bind::<Array<Text>, _>(column(rows, |r| r.1.event_type.as_str()))
+        .bind::<Array<Text>, _>(column(rows, |r| r.1.provider_type.as_str()))
+        .bind::<Array<Nullable<Timestamptz>>, _>(column(rows, |r| r.1.event_time))
+        .bind::<Array<Timestamptz>, _>(column(rows, |r| r.2))
+        .bind::<Array<Nullable<Text>>, _>(column(rows, |r| r.1.herald_event_id.as_deref()))
+        .bind::<Array<Nullable<Text>>, _>(column(rows, |r| r.1.provider_message_id.as_deref()))
+        .bind::<Array<Jsonb>, _>(column(rows, |r| &r.1.raw))
+        .bind::<Array<Nullable<Text>>, _>(column(rows, |r| r.1.replay_key.as_deref()))
         .load(conn)?;
     Ok(new
         .into_iter()
         .map(|k| (k.source, k.provider_event_id))
         .collect())
+}
+
+/// SQLite: the attempt rows with the query builder, one multi-row insert (in-process, so a
+/// statement prepared per batch costs no round trip).
+pub fn sqlite_insert_attempts(
+    conn: &mut diesel::sqlite::SqliteConnection,
+    owner: Option<&str>,
+    outcomes: &[OutcomeRecord],
+    applied: &[Applied],
+) -> diesel::QueryResult<()> {
+    use super::schema_sqlite::herald_attempts as a;
+    use diesel::prelude::*;
+    let rows: Vec<_> = outcomes
+        .iter()
+        .zip(applied)
+        .filter_map(|(x, a)| x.attempt.as_ref().map(|t| (x, t, a)))
+        .map(|(x, t, applied)| {
+            (
+                a::message_id.eq(x.message_id),
+                a::event_id.eq(&x.event_id),
+                a::attempt_number.eq(x.claimed_attempt),
+                a::started_at.eq(t.started_at),
+                a::finished_at.eq(t.finished_at),
+                a::duration_ms.eq(t.duration_ms),
+                a::request_fingerprint.eq(&x.request_fingerprint),
+                a::response_status.eq(t.response_status),
+                a::error_kind.eq(&t.error_kind),
+                a::class.eq(t.class),
+                a::retry_after.eq(&t.retry_after),
+                a::delay_ms.eq(t.delay_ms),
+                a::delay_reason.eq(&t.delay_reason),
+                a::policy_version.eq(&t.policy_version),
+                (
+                    a::provider_message_id.eq(&x.provider_message_id),
+                    a::response_excerpt.eq(&t.response_excerpt),
+                    a::lease_owner.eq(owner),
+                    a::next_state.eq(applied.next_state(x.state)),
+                ),
+            )
+        })
+        .collect();
+    if !rows.is_empty() {
+        diesel::insert_into(a::table)
+            .values(rows)
+            .on_conflict_do_nothing()
+            .execute(conn)?;
+    }
+    Ok(())
+}
+
+/// SQLite: the receipts of a group with the query builder, in multi-row statements.
+pub fn sqlite_insert_receipts_returning(
+    conn: &mut diesel::sqlite::SqliteConnection,
+    rows: &[(&str, &NewReceipt, DateTime<Utc>)],
+) -> diesel::QueryResult<Vec<(String, String)>> {
+    use super::schema_sqlite::herald_receipts as r;
+    use diesel::prelude::*;
+    let mut new = Vec::new();
+    for chunk in rows.chunks(500) {
+        let values: Vec<_> = chunk
+            .iter()
+            .map(|(source, x, now)| {
+                (
+                    r::source.eq(*source),
+                    r::provider_event_id.eq(&x.provider_event_id),
+                    r::event_type.eq(&x.event_type),
+                    r::provider_type.eq(&x.provider_type),
+                    r::event_time.eq(x.event_time),
+                    r::received_at.eq(*now),
+                    r::herald_event_id.eq(&x.herald_event_id),
+                    r::provider_message_id.eq(&x.provider_message_id),
+                    r::raw.eq(&x.raw),
+                    r::replay_key.eq(&x.replay_key),
+                )
+            })
+            .collect();
+        new.extend(
+            diesel::insert_into(r::table)
+                .values(values)
+                .on_conflict_do_nothing()
+                .returning((r::source, r::provider_event_id))
+                .get_results::<(String, String)>(conn)?,
+        );
+    }
+    Ok(new)
 }
 
 /// The columns of [`PendingReceipt`], in its field order.
@@ -793,6 +878,8 @@ pub mod sqlite {
 
     use super::coalesce_text;
     pub use super::sqlite_busy_keys as busy_keys;
+    pub use super::sqlite_insert_attempts as insert_attempts;
+    pub use super::sqlite_insert_receipts_returning as insert_receipts_returning;
     pub use super::sqlite_scheduled_at as scheduled_at;
     pub use super::{
         sqlite_claim_rows as claim_rows, sqlite_expired_leases as expired_leases,
@@ -804,9 +891,7 @@ pub mod sqlite {
         sqlite_write_statuses as write_statuses,
     };
     use crate::domain::State;
-    pub use crate::storage::attempts::sqlite::insert_attempt_rows as insert_attempts;
     use crate::storage::models::{Applied, Now, OutcomeRecord};
-    pub use crate::storage::receipts::sqlite::insert_receipt_rows_returning as insert_receipts_returning;
     use crate::storage::schema_sqlite::herald_outbox as o;
 
     type Conn = diesel::sqlite::SqliteConnection;
