@@ -10,6 +10,7 @@
 //!
 //! A scenario is one entry of [`SCENARIOS`]: a name and a function returning its figures.
 
+mod peer;
 mod peers;
 mod pg;
 mod proc;
@@ -184,11 +185,25 @@ pub const SCENARIOS: &[(&str, ScenarioFn)] = &[
     ("email_smtp", scenarios::email_smtp),
 ];
 
+/// Scenarios run only when named: they need more than the machine's PostgreSQL (a peer's
+/// runtime, a package registry).
+pub const BY_NAME_ONLY: &[(&str, ScenarioFn)] = &[("peer_graphile", peer::graphile)];
+
+fn scenario(name: &str) -> Option<ScenarioFn> {
+    SCENARIOS
+        .iter()
+        .chain(BY_NAME_ONLY)
+        .find(|(n, _)| *n == name)
+        .map(|(_, f)| *f)
+}
+
 fn usage() -> String {
     let names: Vec<_> = SCENARIOS.iter().map(|(n, _)| *n).collect();
+    let named: Vec<_> = BY_NAME_ONLY.iter().map(|(n, _)| *n).collect();
     format!(
-        "usage: herald-bench all|SCENARIO... [--quick] [--out DIR]\nscenarios: {}",
-        names.join(", ")
+        "usage: herald-bench all|SCENARIO... [--quick] [--out DIR]\nscenarios: {}\nby name only (not in all): {}",
+        names.join(", "),
+        named.join(", ")
     )
 }
 
@@ -206,7 +221,7 @@ fn main() -> Result<()> {
                 return Ok(());
             }
             "all" => chosen.extend(SCENARIOS.iter().map(|(n, _)| n.to_string())),
-            other if SCENARIOS.iter().any(|(n, _)| *n == other) => chosen.push(other.into()),
+            other if scenario(other).is_some() => chosen.push(other.into()),
             other => bail!("unknown argument {other:?}\n{}", usage()),
         }
     }
@@ -231,7 +246,7 @@ fn main() -> Result<()> {
     let started = Instant::now();
     let mut failed = Vec::new();
     for name in &chosen {
-        let Some((_, run)) = SCENARIOS.iter().find(|(n, _)| n == name) else {
+        let Some(run) = scenario(name) else {
             continue;
         };
         eprintln!("== {name}");

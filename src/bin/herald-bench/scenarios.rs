@@ -12,7 +12,8 @@ use diesel::sqlite::SqliteConnection;
 use diesel::{Connection, QueryableByName, RunQueryDsl};
 
 use crate::peers::{HttpReceiver, SmtpServer};
-use crate::pg::{DbStats, MARK};
+use crate::pg::DbStats;
+pub use crate::pg::MARK;
 use crate::proc::HeraldProc;
 use crate::{Ctx, Figure, Target};
 
@@ -21,7 +22,7 @@ pub const CONCURRENCY: usize = 64;
 /// Concurrent ingest clients (and pgbench clients for the baseline).
 pub const INGEST_CLIENTS: usize = 16;
 /// The longest any wait for deliveries may take.
-const WAIT_LIMIT: Duration = Duration::from_secs(600);
+pub const WAIT_LIMIT: Duration = Duration::from_secs(600);
 
 /// The webhook body every dispatch scenario sends (and the baseline client too).
 /// The statements that took the most database time since the last reset, on stderr (where the
@@ -34,7 +35,8 @@ fn print_top_statements(conn: &mut PgConnection) -> Result<()> {
     Ok(())
 }
 
-fn body_json_sql() -> &'static str {
+/// The SQL expression of row `i`'s payload: `{"body": …}` of about 250 bytes.
+pub fn body_json_sql() -> &'static str {
     "jsonb_build_object('body', jsonb_build_object('type', 'order.placed', 'data', \
      jsonb_build_object('id', i, 'note', repeat('x', 200))))"
 }
@@ -105,7 +107,8 @@ fn http_baseline(ctx: &mut Ctx) -> Result<f64> {
     Ok(rate)
 }
 
-fn count_sql(conn: &mut PgConnection, sql: &str) -> Result<i64> {
+/// `sql`'s one `n` (a count), marked as the benchmark's own statement.
+pub fn count_sql(conn: &mut PgConnection, sql: &str) -> Result<i64> {
     #[derive(QueryableByName)]
     struct N {
         #[diesel(sql_type = diesel::sql_types::BigInt)]
@@ -208,6 +211,13 @@ fn run_dispatch_pg_keyed(
             rss_peak,
         })
     })
+}
+
+/// One Herald process draining `n` rows on a fresh database `db`, msg/s (no duplicate allowed).
+pub fn dispatch_rate(ctx: &mut Ctx, db: &str, n: usize) -> Result<f64> {
+    let r = run_dispatch_pg(ctx, db, 1, n)?;
+    ensure!(r.duplicates == 0, "{} duplicate deliveries", r.duplicates);
+    Ok(r.rate)
 }
 
 pub fn dispatch_pg(ctx: &mut Ctx) -> Result<Vec<Figure>> {
