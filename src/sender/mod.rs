@@ -159,17 +159,53 @@ struct Inner {
     heartbeat: Arc<Heartbeat>,
     /// Ended keyed messages whose key an uncommitted insert held when their outcome was written
     /// (`Db::release_rechecked`): released again on the loop's next iterations.
-    recheck: std::sync::Mutex<Vec<i64>>,
+    recheck: std::sync::Mutex<Recheck>,
 }
 
-fn lock_recheck(m: &std::sync::Mutex<Vec<i64>>) -> std::sync::MutexGuard<'_, Vec<i64>> {
+/// The keys to release again ([`Inner::recheck`]) and how long the idle loop may wait before
+/// looking again.
+#[derive(Debug)]
+struct Recheck {
+    ids: Vec<i64>,
+    wait: Duration,
+}
+
+impl Recheck {
+    fn new() -> Recheck {
+        Recheck {
+            ids: Vec::new(),
+            wait: RECHECK_FIRST,
+        }
+    }
+
+    /// New keys to look at: soon.
+    fn add(&mut self, ids: Vec<i64>) {
+        if !ids.is_empty() {
+            self.ids.extend(ids);
+            self.wait = RECHECK_FIRST;
+        }
+    }
+
+    /// Keys still busy after a look: twice as long before the next one, up to [`RECHECK_MAX`].
+    fn still_busy(&mut self, ids: Vec<i64>) {
+        if !ids.is_empty() {
+            self.ids.extend(ids);
+            self.wait = (self.wait * 2).min(RECHECK_MAX);
+        }
+    }
+}
+
+fn lock_recheck(m: &std::sync::Mutex<Recheck>) -> std::sync::MutexGuard<'_, Recheck> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// While some key waits for an insert to end ([`Inner::recheck`]), the loop looks again at least
-/// this often (the insert's commit normally wakes it first: its notification, or the HTTP
-/// enqueue's wake-up).
-const RECHECK_EVERY: Duration = Duration::from_millis(20);
+/// While some key waits for an insert to end ([`Inner::recheck`]), the idle loop looks again
+/// after this long at first (the insert's commit normally wakes it sooner: its notification, or
+/// the HTTP enqueue's wake-up), then twice as long each time the key is still busy (an
+/// application holding its transaction open), up to [`RECHECK_MAX`] — and never later than
+/// `poll_interval`, whose periodic release also covers these keys.
+const RECHECK_FIRST: Duration = Duration::from_millis(20);
+const RECHECK_MAX: Duration = Duration::from_secs(1);
 
 impl Sender {
     pub fn new(
@@ -200,7 +236,7 @@ impl Sender {
                 disabled: std::sync::Mutex::new((None, Vec::new())),
                 metrics,
                 heartbeat,
-                recheck: std::sync::Mutex::new(Vec::new()),
+                recheck: std::sync::Mutex::new(Recheck::new()),
             }),
         }
     }
@@ -631,7 +667,7 @@ impl Sender {
                 messages = busy.len(),
                 "ordering keys busy with an insert: released again once it commits"
             );
-            lock_recheck(&self.inner.recheck).extend(busy);
+            lock_recheck(&self.inner.recheck).add(busy);
         }
         // A keyed message that ended made its key's next message due: claim again now (the
         // release is an UPDATE, which no insert notification announces).
@@ -718,9 +754,12 @@ impl Sender {
     }
 
     /// Runs [`Sender::run_once`] until nothing is due; returns the total handled (tests, CLI).
+    /// Each round first releases the keys whose insert has ended ([`Sender::release_rechecked`]);
+    /// a key still busy with an open insert is left for a later call.
     pub async fn run_until_idle(&self) -> Result<usize, SenderError> {
         let mut total = 0;
         loop {
+            self.release_rechecked().await?;
             let n = self.run_once().await?;
             if n == 0 {
                 return Ok(total);
@@ -740,7 +779,7 @@ impl Sender {
     /// Releases the keys that were busy with an insert when their head's outcome was written,
     /// where the insert has ended (see `Db::release_rechecked`); keeps the others for later.
     pub async fn release_rechecked(&self) -> Result<usize, SenderError> {
-        let mut ids = std::mem::take(&mut *lock_recheck(&self.inner.recheck));
+        let mut ids = std::mem::take(&mut lock_recheck(&self.inner.recheck).ids);
         ids.sort_unstable();
         ids.dedup();
         if ids.is_empty() {
@@ -750,11 +789,11 @@ impl Sender {
         let (n, busy) = match self.blocking(move |db| db.release_rechecked(&ids)).await {
             Ok(r) => r,
             Err(e) => {
-                lock_recheck(&self.inner.recheck).extend(kept);
+                lock_recheck(&self.inner.recheck).still_busy(kept);
                 return Err(e);
             }
         };
-        lock_recheck(&self.inner.recheck).extend(busy);
+        lock_recheck(&self.inner.recheck).still_busy(busy);
         if n > 0 {
             debug!(
                 released = n,
@@ -765,8 +804,10 @@ impl Sender {
         Ok(n)
     }
 
-    fn recheck_pending(&self) -> bool {
-        !lock_recheck(&self.inner.recheck).is_empty()
+    /// How long the idle loop may wait for the keys to release again; `None`: there are none.
+    fn recheck_wait(&self) -> Option<Duration> {
+        let r = lock_recheck(&self.inner.recheck);
+        (!r.ids.is_empty()).then_some(r.wait)
     }
 
     /// Makes due the head of every key that waits with nothing left to release it (see
@@ -868,7 +909,7 @@ impl Sender {
                 }
                 next_release = tokio::time::Instant::now() + cfg.poll_interval;
             }
-            if self.recheck_pending()
+            if self.recheck_wait().is_some()
                 && let Err(e) = self.release_rechecked().await
             {
                 warn!(error = %e, "releasing ordering keys after an insert failed; will retry");
@@ -930,11 +971,9 @@ impl Sender {
                 });
             }
             if !full {
-                let idle = if self.recheck_pending() {
-                    cfg.poll_interval.min(RECHECK_EVERY)
-                } else {
-                    cfg.poll_interval
-                };
+                let idle = self
+                    .recheck_wait()
+                    .map_or(cfg.poll_interval, |w| cfg.poll_interval.min(w));
                 tokio::select! {
                     _ = self.inner.wake.notified() => debug!("woken"),
                     _ = tokio::time::sleep(idle) => {}
@@ -1052,5 +1091,33 @@ fn put_back(
         retry_delay_ms: Some(wait_us.saturating_add(999) / 1000),
         error_class: Some(class),
         ..base
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_busy_key_is_looked_at_less_often_and_a_new_one_soon() {
+        let mut r = Recheck::new();
+        assert_eq!(r.wait, RECHECK_FIRST);
+        r.add(vec![1]);
+        assert_eq!(r.wait, Duration::from_millis(20));
+        let waits: Vec<u128> = (0..8)
+            .map(|_| {
+                let ids = std::mem::take(&mut r.ids);
+                r.still_busy(ids);
+                r.wait.as_millis()
+            })
+            .collect();
+        assert_eq!(waits, [40, 80, 160, 320, 640, 1000, 1000, 1000]);
+        assert_eq!(r.ids, [1]);
+        // Nothing still busy: the wait stays; a new key makes it short again.
+        r.still_busy(Vec::new());
+        assert_eq!(r.wait, RECHECK_MAX);
+        r.add(vec![2]);
+        assert_eq!(r.wait, RECHECK_FIRST);
+        assert_eq!(r.ids, [1, 2]);
     }
 }

@@ -535,6 +535,35 @@ async fn a_message_inserted_while_its_head_ends_goes_when_its_insert_commits() {
     app.stop().await;
 }
 
+/// `run_until_idle` (tests, the CLI) also releases a key whose head ended while an insert on it
+/// was open, once that insert has committed: nothing waits for the periodic release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_until_idle_releases_a_key_once_its_open_insert_commits() {
+    let app = spawn_app_with(Backend::Postgres, "poll_interval_ms = 30000\n").await;
+    let rx = Receiver::start().await;
+    let enqueue = |id: &str| {
+        format!(
+            "SELECT herald_enqueue('{id}', 'webhook', '{}', '{{\"body\": {{}}}}'::jsonb, \
+             p_ordering_key => 'k')",
+            rx.url
+        )
+    };
+    app.raw_sql(&enqueue("u.1"));
+    let mut open = PgConnection::establish(&app.test_db.url).unwrap();
+    open.batch_execute(&format!("BEGIN; {};", enqueue("u.2")))
+        .unwrap();
+    assert_eq!(app.run_until_idle().await, 1);
+    assert_eq!(app.row("u.1").state, herald::domain::State::Delivered);
+    // Still open: its key stays busy, and run_until_idle returns rather than waiting for it.
+    assert_eq!(app.run_until_idle().await, 0);
+    open.batch_execute("COMMIT;").unwrap();
+    assert_eq!(app.run_until_idle().await, 1);
+    assert_eq!(app.row("u.2").state, herald::domain::State::Delivered);
+    let ids: Vec<_> = rx.requests().iter().map(id_of).collect();
+    assert_eq!(ids, ["u.1", "u.2"]);
+    app.stop().await;
+}
+
 /// `[endpoints.NAME.retry]` decides its endpoint's attempts and is recorded on each of them.
 async fn an_endpoint_retry_policy_decides_its_attempts(backend: Backend) {
     let rx = Receiver::start().await;
