@@ -753,7 +753,7 @@ impl Sender {
         Ok(n)
     }
 
-    /// Runs [`Sender::run_once`] until nothing is due; returns the total handled (tests, CLI).
+    /// Runs [`Sender::run_once`] until nothing is due; returns the total handled (tests).
     /// Each round first releases the keys whose insert has ended ([`Sender::release_rechecked`]);
     /// a key still busy with an open insert is left for a later call.
     pub async fn run_until_idle(&self) -> Result<usize, SenderError> {

@@ -496,6 +496,22 @@ async fn concurrent_transactions_on_one_key_deliver_in_commit_order() {
     app.stop().await;
 }
 
+/// PostgreSQL, key `k` to `url`: `head` enqueued and committed, then `next` enqueued in a
+/// transaction left open on the connection returned (`COMMIT` it to end the insert).
+fn head_then_open_insert(app: &TestApp, url: &str, head: &str, next: &str) -> PgConnection {
+    let enqueue = |id: &str| {
+        format!(
+            "SELECT herald_enqueue('{id}', 'webhook', '{url}', '{{\"body\": {{}}}}'::jsonb, \
+             p_ordering_key => 'k')"
+        )
+    };
+    app.raw_sql(&enqueue(head));
+    let mut open = PgConnection::establish(&app.test_db.url).unwrap();
+    open.batch_execute(&format!("BEGIN; {};", enqueue(next)))
+        .unwrap();
+    open
+}
+
 /// PostgreSQL: the head's outcome is written while another transaction is inserting the key's
 /// next message — uncommitted, so the outcome cannot see it, and the insert saw the head still
 /// open, so it waits. It still goes as soon as that insert commits, not at the next poll (30 s
@@ -505,17 +521,7 @@ async fn concurrent_transactions_on_one_key_deliver_in_commit_order() {
 async fn a_message_inserted_while_its_head_ends_goes_when_its_insert_commits() {
     let app = spawn_app_with(Backend::Postgres, "poll_interval_ms = 30000\n").await;
     let rx = Receiver::start().await;
-    let enqueue = |id: &str| {
-        format!(
-            "SELECT herald_enqueue('{id}', 'webhook', '{}', '{{\"body\": {{}}}}'::jsonb, \
-             p_ordering_key => 'k')",
-            rx.url
-        )
-    };
-    app.raw_sql(&enqueue("r.1"));
-    let mut open = PgConnection::establish(&app.test_db.url).unwrap();
-    open.batch_execute(&format!("BEGIN; {};", enqueue("r.2")))
-        .unwrap();
+    let mut open = head_then_open_insert(&app, &rx.url, "r.1", "r.2");
     let sender = app.start_sender();
     // The head is sent and its outcome committed while r.2's insert is still open.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -535,23 +541,13 @@ async fn a_message_inserted_while_its_head_ends_goes_when_its_insert_commits() {
     app.stop().await;
 }
 
-/// `run_until_idle` (tests, the CLI) also releases a key whose head ended while an insert on it
+/// `run_until_idle` (used by the tests) also releases a key whose head ended while an insert on it
 /// was open, once that insert has committed: nothing waits for the periodic release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_until_idle_releases_a_key_once_its_open_insert_commits() {
     let app = spawn_app_with(Backend::Postgres, "poll_interval_ms = 30000\n").await;
     let rx = Receiver::start().await;
-    let enqueue = |id: &str| {
-        format!(
-            "SELECT herald_enqueue('{id}', 'webhook', '{}', '{{\"body\": {{}}}}'::jsonb, \
-             p_ordering_key => 'k')",
-            rx.url
-        )
-    };
-    app.raw_sql(&enqueue("u.1"));
-    let mut open = PgConnection::establish(&app.test_db.url).unwrap();
-    open.batch_execute(&format!("BEGIN; {};", enqueue("u.2")))
-        .unwrap();
+    let mut open = head_then_open_insert(&app, &rx.url, "u.1", "u.2");
     assert_eq!(app.run_until_idle().await, 1);
     assert_eq!(app.row("u.1").state, herald::domain::State::Delivered);
     // Still open: its key stays busy, and run_until_idle returns rather than waiting for it.
