@@ -263,6 +263,11 @@ fn main() -> Result<()> {
                 failed.push(name.clone());
             }
         }
+        if let Some(c) = &ctx.cluster
+            && let Err(e) = c.drop_databases()
+        {
+            eprintln!("   could not drop the scenario's databases: {e:#}");
+        }
         eprintln!("   ({:.1} s)", t.elapsed().as_secs_f64());
     }
     print_table(&ctx.figures, quick, started.elapsed().as_secs_f64());

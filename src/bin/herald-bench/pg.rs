@@ -16,6 +16,8 @@ pub struct Cluster {
     pub bin: PathBuf,
     pub port: u16,
     pub dir: PathBuf,
+    /// The databases [`Cluster::fresh`] made, until [`Cluster::drop_databases`].
+    made: std::sync::Mutex<Vec<String>>,
 }
 
 pub fn free_port() -> Result<u16> {
@@ -130,6 +132,7 @@ impl Cluster {
             bin,
             port,
             dir,
+            made: Default::default(),
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -156,6 +159,10 @@ impl Cluster {
         // Two statements: neither may run inside a transaction block.
         admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))?;
         admin.batch_execute(&format!("CREATE DATABASE {name}"))?;
+        self.made
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(name.to_owned());
         let url = self.url(name);
         let db = herald::storage::Db::connect(&url, &herald::storage::PoolOptions::default())?;
         db.migrate()?;
@@ -163,6 +170,18 @@ impl Cluster {
         PgConnection::establish(&url)?
             .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")?;
         Ok(url)
+    }
+
+    /// Drops the databases made so far (between scenarios), so that autovacuum of a finished
+    /// scenario's tables cannot run during the next one (`claim_p99_ms_at_1m` measured 6.7 ms
+    /// after the other scenarios in one `all` run, 3.5–4.1 ms alone, 3.3 ms in `all` with this).
+    pub fn drop_databases(&self) -> Result<()> {
+        let made = std::mem::take(&mut *self.made.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut admin = PgConnection::establish(&self.url("postgres"))?;
+        for name in made {
+            admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))?;
+        }
+        Ok(())
     }
 
     /// pgbench for `window` with `clients` clients running `script` (a pgbench script).
