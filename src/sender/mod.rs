@@ -162,36 +162,39 @@ struct Inner {
     recheck: std::sync::Mutex<Recheck>,
 }
 
-/// The keys to release again ([`Inner::recheck`]) and how long the idle loop may wait before
-/// looking again.
-#[derive(Debug)]
+/// The keys to release again ([`Inner::recheck`]), and when the newest of them was found busy.
+#[derive(Debug, Default)]
 struct Recheck {
     ids: Vec<i64>,
-    wait: Duration,
+    newest: Option<std::time::Instant>,
 }
 
 impl Recheck {
-    fn new() -> Recheck {
-        Recheck {
-            ids: Vec::new(),
-            wait: RECHECK_FIRST,
+    /// Keys found busy at `now`.
+    fn add(&mut self, ids: Vec<i64>, now: std::time::Instant) {
+        if !ids.is_empty() {
+            self.ids.extend(ids);
+            self.newest = Some(now);
         }
     }
 
-    /// New keys to look at: soon.
-    fn add(&mut self, ids: Vec<i64>) {
-        if !ids.is_empty() {
-            self.ids.extend(ids);
-            self.wait = RECHECK_FIRST;
+    /// Keys taken for a look and not released (still busy, or the look failed).
+    fn put_back(&mut self, ids: Vec<i64>) {
+        self.ids.extend(ids);
+        if self.ids.is_empty() {
+            self.newest = None;
         }
     }
 
-    /// Keys still busy after a look: twice as long before the next one, up to [`RECHECK_MAX`].
-    fn still_busy(&mut self, ids: Vec<i64>) {
-        if !ids.is_empty() {
-            self.ids.extend(ids);
-            self.wait = (self.wait * 2).min(RECHECK_MAX);
-        }
+    /// How long the idle loop may sleep before it looks again: as long as the newest key has
+    /// waited so far, at least [`RECHECK_FIRST`] and at most [`RECHECK_MAX`]; `None` when no
+    /// key waits.
+    fn wait(&self, now: std::time::Instant) -> Option<Duration> {
+        let newest = self.newest.filter(|_| !self.ids.is_empty())?;
+        Some(
+            now.saturating_duration_since(newest)
+                .clamp(RECHECK_FIRST, RECHECK_MAX),
+        )
     }
 }
 
@@ -199,11 +202,12 @@ fn lock_recheck(m: &std::sync::Mutex<Recheck>) -> std::sync::MutexGuard<'_, Rech
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// While some key waits for an insert to end ([`Inner::recheck`]), the idle loop looks again
-/// after this long at first (the insert's commit normally wakes it sooner: its notification, or
-/// the HTTP enqueue's wake-up), then twice as long each time the key is still busy (an
-/// application holding its transaction open), up to [`RECHECK_MAX`] — and never later than
-/// `poll_interval`, whose periodic release also covers these keys.
+/// While some key waits for an insert to end ([`Inner::recheck`]), the loop looks again on every
+/// iteration — a wake-up included, and the insert's commit wakes it (its notification, or the
+/// HTTP enqueue's wake-up) — and an idle loop sleeps no longer than [`Recheck::wait`]: at first
+/// this long, then as long as the newest busy key has waited (an application holding its
+/// transaction open is looked at less and less often), up to [`RECHECK_MAX`] — and never longer
+/// than `poll_interval`, whose periodic release also covers these keys.
 const RECHECK_FIRST: Duration = Duration::from_millis(20);
 const RECHECK_MAX: Duration = Duration::from_secs(1);
 
@@ -236,7 +240,7 @@ impl Sender {
                 disabled: std::sync::Mutex::new((None, Vec::new())),
                 metrics,
                 heartbeat,
-                recheck: std::sync::Mutex::new(Recheck::new()),
+                recheck: std::sync::Mutex::new(Recheck::default()),
             }),
         }
     }
@@ -667,7 +671,7 @@ impl Sender {
                 messages = busy.len(),
                 "ordering keys busy with an insert: released again once it commits"
             );
-            lock_recheck(&self.inner.recheck).add(busy);
+            lock_recheck(&self.inner.recheck).add(busy, std::time::Instant::now());
         }
         // A keyed message that ended made its key's next message due: claim again now (the
         // release is an UPDATE, which no insert notification announces).
@@ -789,11 +793,11 @@ impl Sender {
         let (n, busy) = match self.blocking(move |db| db.release_rechecked(&ids)).await {
             Ok(r) => r,
             Err(e) => {
-                lock_recheck(&self.inner.recheck).still_busy(kept);
+                lock_recheck(&self.inner.recheck).put_back(kept);
                 return Err(e);
             }
         };
-        lock_recheck(&self.inner.recheck).still_busy(busy);
+        lock_recheck(&self.inner.recheck).put_back(busy);
         if n > 0 {
             debug!(
                 released = n,
@@ -804,10 +808,10 @@ impl Sender {
         Ok(n)
     }
 
-    /// How long the idle loop may wait for the keys to release again; `None`: there are none.
+    /// How long the idle loop may sleep before looking at the keys to release again; `None`:
+    /// there are none.
     fn recheck_wait(&self) -> Option<Duration> {
-        let r = lock_recheck(&self.inner.recheck);
-        (!r.ids.is_empty()).then_some(r.wait)
+        lock_recheck(&self.inner.recheck).wait(std::time::Instant::now())
     }
 
     /// Makes due the head of every key that waits with nothing left to release it (see
@@ -1099,25 +1103,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_busy_key_is_looked_at_less_often_and_a_new_one_soon() {
-        let mut r = Recheck::new();
-        assert_eq!(r.wait, RECHECK_FIRST);
-        r.add(vec![1]);
-        assert_eq!(r.wait, Duration::from_millis(20));
-        let waits: Vec<u128> = (0..8)
-            .map(|_| {
+    fn the_idle_wait_for_a_busy_key_grows_with_how_long_the_newest_has_waited() {
+        let t0 = std::time::Instant::now();
+        let ms = |n| Duration::from_millis(n);
+        let mut r = Recheck::default();
+        assert_eq!(r.wait(t0), None);
+        r.add(vec![1], t0);
+        // Looked at (taken) and still busy: put back, the clock of the newest key runs on.
+        let waits: Vec<Option<Duration>> = [0, 10, 50, 300, 1000, 60_000]
+            .into_iter()
+            .map(|at| {
                 let ids = std::mem::take(&mut r.ids);
-                r.still_busy(ids);
-                r.wait.as_millis()
+                r.put_back(ids);
+                r.wait(t0 + ms(at))
             })
             .collect();
-        assert_eq!(waits, [40, 80, 160, 320, 640, 1000, 1000, 1000]);
-        assert_eq!(r.ids, [1]);
-        // Nothing still busy: the wait stays; a new key makes it short again.
-        r.still_busy(Vec::new());
-        assert_eq!(r.wait, RECHECK_MAX);
-        r.add(vec![2]);
-        assert_eq!(r.wait, RECHECK_FIRST);
+        assert_eq!(
+            waits,
+            [ms(20), ms(20), ms(50), ms(300), ms(1000), ms(1000)].map(Some)
+        );
+        // A key found busy later makes the wait short again, whatever the older one's age.
+        r.add(vec![2], t0 + ms(60_000));
+        assert_eq!(r.wait(t0 + ms(60_005)), Some(ms(20)));
         assert_eq!(r.ids, [1, 2]);
+        // Added while a look was under way, then the look released the older one: the newer
+        // key keeps its own age.
+        let taken = std::mem::take(&mut r.ids);
+        r.add(vec![3], t0 + ms(60_100));
+        r.put_back(taken.into_iter().filter(|id| *id != 1).collect());
+        assert_eq!(r.wait(t0 + ms(60_110)), Some(ms(20)));
+        // Everything released: nothing to wait for.
+        let _ = std::mem::take(&mut r.ids);
+        r.put_back(Vec::new());
+        assert_eq!(r.wait(t0 + ms(60_200)), None);
+        assert_eq!(r.newest, None);
     }
 }
