@@ -102,6 +102,7 @@ per_backend! {
         lease: std::time::Duration,
         policy_version: &str,
     ) -> QueryResult<(Vec<OutboxRow>, usize)> {
+        sql::keep_to_indexes(conn)?;
         let mut rows = sql::claim_rows(conn, now, limit, owner, lease, policy_version)?;
         if rows.is_empty() {
             return Ok((Vec::new(), 0));
@@ -130,6 +131,7 @@ per_backend! {
         now: &Now,
         outcomes: &[OutcomeRecord],
     ) -> QueryResult<(Vec<Applied>, Vec<i64>)> {
+        sql::keep_to_indexes(conn)?;
         let at = sql::now(conn, now)?;
         let mut applied = sql::update_outcomes(conn, owner, now, at, outcomes)?;
         for (a, x) in applied.iter_mut().zip(outcomes) {

@@ -102,6 +102,7 @@ per_backend! {
 
         use crate::domain::{AttemptClass, State};
         use self::schema::herald_outbox as o;
+        sql::keep_to_indexes(conn)?;
         let at = sql::now(conn, now)?;
         let mut batch = sql::pending_receipts(conn, at, limit)?;
         batch.sort_by_key(|a| (a.event_time, a.id));

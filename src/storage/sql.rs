@@ -145,17 +145,29 @@ where
     }
 }
 
-/// Sent in the claim's transaction before the claim (one round trip, both settings ending with
-/// the transaction), so that the claim's plan walks `herald_outbox_due` in order and finds the
-/// rows by primary key whatever the statistics say. The claim stays prepared on each connection,
-/// and PostgreSQL keeps its generic plan until the table is analyzed. A Herald that polled an
-/// empty, never analyzed outbox (a fresh install) cached a plan made for a tiny table, and a
-/// burst of rows then got, until autovacuum's next analyze, a sequential scan of the whole
-/// outbox per claim (84 ms per claim of 100 at 200,000 rows, measured by hand) or a bitmap scan
-/// of every due row plus a sort (8–12 ms per claim at 20,000 rows in `dispatch_pg`).
-/// Test: `concurrency::the_claim_keeps_to_its_indexes_after_polling_an_empty_outbox`.
-pub const PG_CLAIM_PLANNER: &str =
-    "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off";
+/// Run first in the hot transactions — the claim, the outcome batch, the reconciler's pass —
+/// so that their statements walk their indexes whatever the statistics say (one round trip;
+/// both settings end with the transaction). Those statements stay prepared on each connection,
+/// and PostgreSQL keeps a generic plan until the table is analyzed. A Herald that ran them on
+/// an empty or tiny table that was never analyzed (a fresh install) cached plans made for a
+/// tiny table, and a burst of rows then got, until autovacuum's next analyze, a sequential scan
+/// of the whole table per statement — measured by hand at 200,000 rows: 84 ms per claim of 100,
+/// 24 ms per outcome batch — or, for the claim, a bitmap scan of every due row plus a sort
+/// (8–12 ms per claim at 20,000 rows in `dispatch_pg`).
+/// Test: `concurrency::hot_statements_keep_to_their_indexes_after_an_empty_outbox`.
+pub fn pg_keep_to_indexes(conn: &mut diesel::pg::PgConnection) -> diesel::QueryResult<()> {
+    diesel::connection::SimpleConnection::batch_execute(
+        conn,
+        "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off",
+    )
+}
+
+/// SQLite plans each statement against its own statistics-free heuristics: nothing to set.
+pub fn sqlite_keep_to_indexes(
+    _conn: &mut diesel::sqlite::SqliteConnection,
+) -> diesel::QueryResult<()> {
+    Ok(())
+}
 
 /// The rows the claim changed, as they now are (`RETURNING` the outbox's columns: no second
 /// `SELECT`), in claim order.
@@ -179,7 +191,6 @@ pub fn pg_claim_rows(
             "o.",
         )
     });
-    diesel::connection::SimpleConnection::batch_execute(conn, PG_CLAIM_PLANNER)?;
     let mut rows: Vec<OutboxRow> = super::prepared::cached(sql)
         .bind::<Double, _>(now.shift_micros())
         .bind::<BigInt, _>(limit)
@@ -872,6 +883,7 @@ pub mod pg {
     pub use super::pg_busy_keys as busy_keys;
     pub use super::pg_insert_attempts as insert_attempts;
     pub use super::pg_insert_receipts_returning as insert_receipts_returning;
+    pub use super::pg_keep_to_indexes as keep_to_indexes;
     pub use super::pg_scheduled_at as scheduled_at;
     pub use super::{
         pg_claim_rows as claim_rows, pg_expired_leases as expired_leases, pg_now as now,
@@ -893,6 +905,7 @@ pub mod sqlite {
     pub use super::sqlite_busy_keys as busy_keys;
     pub use super::sqlite_insert_attempts as insert_attempts;
     pub use super::sqlite_insert_receipts_returning as insert_receipts_returning;
+    pub use super::sqlite_keep_to_indexes as keep_to_indexes;
     pub use super::sqlite_scheduled_at as scheduled_at;
     pub use super::{
         sqlite_claim_rows as claim_rows, sqlite_expired_leases as expired_leases,

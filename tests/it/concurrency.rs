@@ -57,16 +57,21 @@ fn clone_of(db: &TestDb) -> TestDb {
     TestDb::attach(&db.url, db.backend)
 }
 
-/// A fresh install: Herald polls an empty outbox that was never analyzed, so the claim's cached
-/// plan is made for a tiny table; then a burst of rows arrives, before autovacuum analyzes it.
-/// The plan must still walk the due index and the primary key: a sequential scan of the whole
-/// outbox per claim (measured by hand on 200,000 rows: 84 ms per claim of 100) or a bitmap scan
-/// of every due row plus a sort would last until the next analyze.
+/// A fresh install: Herald runs its hot statements on empty tables that were never analyzed,
+/// so the plans its connections cache are made for tiny tables; then a burst of rows arrives,
+/// before autovacuum analyzes them. The claim, the outcome update and the reconciler's read must
+/// still walk their indexes: a sequential scan of the whole table per statement (measured by
+/// hand at 200,000 rows: 84 ms per claim of 100, 24 ms per outcome batch) would last until the
+/// next analyze. Each plan is read in the transaction of the call that used it, under the
+/// settings that call made.
 #[test]
-fn the_claim_keeps_to_its_indexes_after_polling_an_empty_outbox() {
+fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
     use diesel::connection::SimpleConnection;
     use diesel::pg::PgConnection;
     use diesel::{Connection, QueryableByName, RunQueryDsl};
+    use herald::domain::State;
+    use herald::storage::models::OutcomeRecord;
+    use herald::storage::{outbox, receipts};
 
     #[derive(QueryableByName)]
     struct Prepared {
@@ -81,6 +86,22 @@ fn the_claim_keeps_to_its_indexes_after_polling_an_empty_outbox() {
         #[diesel(column_name = "QUERY PLAN")]
         line: String,
     }
+    /// The plan of this connection's prepared statement whose text matches `like`, run with
+    /// `args`; with how many generic plans it was run.
+    fn plan(c: &mut PgConnection, like: &str, args: &str) -> diesel::QueryResult<String> {
+        let p: Prepared = diesel::sql_query(format!(
+            "SELECT name, generic_plans FROM pg_prepared_statements WHERE statement LIKE '{like}'"
+        ))
+        .get_result(c)?;
+        let lines: Vec<PlanLine> =
+            diesel::sql_query(format!("EXPLAIN EXECUTE {}({args})", p.name)).load(c)?;
+        let lines: Vec<String> = lines.into_iter().map(|l| l.line).collect();
+        Ok(format!(
+            "generic plans: {}\n{}",
+            p.generic_plans,
+            lines.join("\n")
+        ))
+    }
     let test_db = TestDb::new(Backend::Postgres);
     let mut c = PgConnection::establish(&test_db.url).unwrap();
     let now = || herald::clock::Now {
@@ -88,58 +109,113 @@ fn the_claim_keeps_to_its_indexes_after_polling_an_empty_outbox() {
         shift: chrono::Duration::zero(),
     };
     let lease = std::time::Duration::from_secs(30);
-    let claim = |c: &mut PgConnection| -> usize {
-        c.transaction(|c| {
-            herald::storage::outbox::pg::claim(c, &now(), 100, "plan-test", lease, "v1")
-        })
-        .unwrap()
-        .0
-        .len()
+    let outcome = |id: i64, state: State| OutcomeRecord {
+        message_id: id,
+        event_id: format!("e-{id}"),
+        claimed_attempt: 1,
+        attempts_after: 1,
+        state,
+        next_attempt_at: None,
+        retry_delay_ms: Some(0),
+        error_class: None,
+        request_fingerprint: None,
+        provider_message_id: None,
+        attempt: None,
+        ordering: None,
     };
+    let no_match = |_: &_, _: &_| -> herald::storage::models::ReceiptDecision {
+        unreachable!("no receipt matches a message here")
+    };
+    // Each in a transaction of its own, as Herald runs them.
     for _ in 0..8 {
-        assert_eq!(claim(&mut c), 0);
+        let claimed = c
+            .transaction(|c| outbox::pg::claim(c, &now(), 100, "plan-test", lease, "v1"))
+            .unwrap();
+        assert!(claimed.0.is_empty());
+        c.transaction(|c| {
+            outbox::pg::record_outcomes(c, "plan-test", &now(), &[outcome(-1, State::Retryable)])
+        })
+        .unwrap();
+        // One receipt a round: the reconciler marks it unmatched, on a tiny table.
+        c.batch_execute(
+            "INSERT INTO herald_receipts (source, provider_event_id, event_type, provider_type, \
+             raw) SELECT 'plan', 'warm-' || (count(*) + 1), 'delivered', 'message.delivered', \
+             '{}' FROM herald_receipts",
+        )
+        .unwrap();
+        c.transaction(|c| receipts::pg::reconcile(c, &now(), 100, "example.com", &no_match))
+            .unwrap();
     }
     c.batch_execute(
         "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
          SELECT 'burst-' || i, 'webhook', 'https://example.com/hook', '{\"body\": {}}' \
+         FROM generate_series(1, 2000) AS i; \
+         INSERT INTO herald_receipts (source, provider_event_id, event_type, provider_type, raw) \
+         SELECT 'plan', 'r-' || i, 'delivered', 'message.delivered', '{}' \
          FROM generate_series(1, 2000) AS i",
     )
     .unwrap();
-    let plan: Vec<String> = c
+    let claimed: Vec<i64> = c
         .transaction(|c| {
-            let n = herald::storage::outbox::pg::claim(c, &now(), 100, "plan-test", lease, "v1")
-                .map(|(rows, _)| rows.len())?;
-            assert_eq!(n, 100);
-            // The claim statement as this connection keeps it prepared, and the plan it uses
-            // (in the claim's transaction: under the claim's own planner settings).
-            let p: Prepared = diesel::sql_query(
-                "SELECT name, generic_plans FROM pg_prepared_statements \
-                 WHERE statement LIKE '%WITH due AS%'",
-            )
-            .get_result(c)?;
-            assert!(
-                p.generic_plans > 0,
-                "the cached generic plan is what is tested"
-            );
-            let lines: Vec<PlanLine> = diesel::sql_query(format!(
-                "EXPLAIN EXECUTE {}(0, 100, 'plan-test', 30000000, 'v1')",
-                p.name
-            ))
-            .load(c)?;
-            Ok::<_, diesel::result::Error>(lines.into_iter().map(|l| l.line).collect())
+            let rows = outbox::pg::claim(c, &now(), 100, "plan-test", lease, "v1")?.0;
+            let p = plan(c, "%WITH due AS%", "0, 100, 'plan-test', 30000000, 'v1'")?;
+            assert!(p.contains("Index Scan using herald_outbox_due"), "{p}");
+            assert!(p.contains("Index Scan using herald_outbox_pkey"), "{p}");
+            assert!(!p.contains("Seq Scan") && !p.contains("Bitmap"), "{p}");
+            Ok::<_, diesel::result::Error>(rows.into_iter().map(|r| r.id).collect())
         })
         .unwrap();
-    let text = plan.join("\n");
-    assert!(
-        text.contains("Index Scan using herald_outbox_due"),
-        "{text}"
-    );
-    assert!(
-        text.contains("Index Scan using herald_outbox_pkey"),
-        "{text}"
-    );
-    assert!(
-        !text.contains("Seq Scan") && !text.contains("Bitmap"),
-        "{text}"
-    );
+    assert_eq!(claimed.len(), 100);
+    c.transaction(|c| {
+        let done: Vec<OutcomeRecord> = claimed
+            .iter()
+            .map(|id| outcome(*id, State::Delivered))
+            .collect();
+        outbox::pg::record_outcomes(c, "plan-test", &now(), &done)?;
+        let p = plan(
+            c,
+            "%UPDATE herald_outbox AS o%unnest%",
+            &format!(
+                "0, 'plan-test', '{{{}}}', '{{1}}', '{{1}}', '{{delivered}}', '{{0}}', \
+                 '{{NULL}}', '{{NULL}}', '{{NULL}}'",
+                claimed[0]
+            ),
+        )?;
+        assert!(p.contains("Index Scan using herald_outbox_pkey"), "{p}");
+        assert!(!p.contains("Seq Scan"), "{p}");
+        Ok::<_, diesel::result::Error>(())
+    })
+    .unwrap();
+    c.transaction(|c| {
+        let pass = receipts::pg::reconcile(c, &now(), 100, "example.com", &no_match)?;
+        assert_eq!(pass.unmatched, 100);
+        let p = plan(c, "%\"outcome\" IS NULL%LIMIT $1%", "100")?;
+        assert!(
+            p.contains("Index Scan using herald_receipts_pending"),
+            "{p}"
+        );
+        assert!(!p.contains("Seq Scan") && !p.contains("Bitmap"), "{p}");
+        let p = plan(
+            c,
+            "%UPDATE herald_receipts AS r SET outcome = ''unmatched''%",
+            "'{1}', '{1}', '{NULL}', '{why}'",
+        )?;
+        assert!(p.contains("Index Scan using herald_receipts_pkey"), "{p}");
+        assert!(!p.contains("Seq Scan"), "{p}");
+        Ok::<_, diesel::result::Error>(())
+    })
+    .unwrap();
+    let delivered: i64 = c
+        .transaction(|c| {
+            #[derive(QueryableByName)]
+            struct N {
+                #[diesel(sql_type = diesel::sql_types::BigInt)]
+                n: i64,
+            }
+            diesel::sql_query("SELECT count(*) AS n FROM herald_outbox WHERE state = 'delivered'")
+                .get_result::<N>(c)
+                .map(|r| r.n)
+        })
+        .unwrap();
+    assert_eq!(delivered, 100);
 }
