@@ -162,7 +162,8 @@ pub fn pg_keep_to_indexes(conn: &mut diesel::pg::PgConnection) -> diesel::QueryR
     )
 }
 
-/// SQLite plans each statement against its own statistics-free heuristics: nothing to set.
+/// SQLite: Herald never runs `ANALYZE` there, so its planner has no statistics to go stale and
+/// plans a statement the same whatever the table's size: nothing to set.
 pub fn sqlite_keep_to_indexes(
     _conn: &mut diesel::sqlite::SqliteConnection,
 ) -> diesel::QueryResult<()> {
