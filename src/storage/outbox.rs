@@ -227,6 +227,7 @@ per_backend! {
         now: &Now,
         decide: &dyn Fn(&ExpiredLease, DateTime<Utc>) -> LeaseDecision,
     ) -> QueryResult<LeaseSweep> {
+        sql::keep_to_indexes(conn)?;
         let at = sql::now(conn, now)?;
         let mut sweep = LeaseSweep::default();
         let mut outcomes = Vec::new();

@@ -6,8 +6,6 @@
 use chrono::{DateTime, Utc};
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 
-use crate::domain::State;
-
 use super::models::{
     Applied, ExpiredLease, MatchedMessage, NewOutboxRow, NewReceipt, Now, OutboxRow, OutcomeRecord,
     PendingReceipt, Reconciled, Unmatched,
@@ -145,9 +143,9 @@ where
     }
 }
 
-/// Run first in the hot transactions — the claim, the outcome batch, the reconciler's pass —
-/// so that their statements walk their indexes whatever the statistics say (one round trip;
-/// both settings end with the transaction). Those statements stay prepared on each connection,
+/// Run first in the hot transactions — the claim, the outcome batch, the reconciler's pass, the
+/// lease watchdog's pass — so that their statements walk their indexes whatever the statistics
+/// say (one round trip; both settings end with the transaction). Those statements stay prepared on each connection,
 /// and PostgreSQL keeps a generic plan until the table is analyzed. A Herald that ran them on
 /// an empty or tiny table that was never analyzed (a fresh install) cached plans made for a
 /// tiny table, and a burst of rows then got, until autovacuum's next analyze, a sequential scan
@@ -308,8 +306,13 @@ macro_rules! expired_leases {
     ($conn:expr, $schema:ident, $at:expr $(, $lock:ident)*) => {{
         use super::$schema::herald_outbox as o;
         use diesel::prelude::*;
+        // The state as literal SQL, not a bound parameter. Bound (`state = $1`), the statement
+        // was cached, and a generic plan cannot use the partial index `herald_outbox_leased`
+        // (its predicate must be provable from the query's text): the plan cached on an empty
+        // outbox scanned and sorted the whole table. diesel never caches a statement holding
+        // literal SQL, so this one is planned afresh, for its index, at every pass.
         o::table
-            .filter(o::state.eq(State::Sending))
+            .filter(diesel::dsl::sql::<diesel::sql_types::Bool>("state = 'sending'"))
             .filter(o::lease_until.lt($at))
             .select(expired_lease_columns!(o))
             .order(o::id)
@@ -661,9 +664,11 @@ macro_rules! pending_receipts {
         let room = $limit - batch.len() as i64;
         if room > 0 {
             batch.extend(
+                // Literal, not bound, for the partial index `herald_receipts_unmatched` (see
+                // `expired_leases!`).
                 r::table
                     .filter(r::reconciled_at.is_null())
-                    .filter(r::outcome.eq("unmatched"))
+                    .filter(diesel::dsl::sql::<diesel::sql_types::Bool>("outcome = 'unmatched'"))
                     .filter(r::next_match_at.le($at))
                     .select(pending_receipt_columns!(r))
                     .order(r::next_match_at)

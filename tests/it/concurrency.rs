@@ -102,6 +102,19 @@ fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
             lines.join("\n")
         ))
     }
+    /// How many of this connection's prepared statements match `like`.
+    fn prepared(c: &mut PgConnection, like: &str) -> diesel::QueryResult<i64> {
+        #[derive(QueryableByName)]
+        struct N {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        diesel::sql_query(format!(
+            "SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE '{like}'"
+        ))
+        .get_result::<N>(c)
+        .map(|r| r.n)
+    }
     let test_db = TestDb::new(Backend::Postgres);
     let mut c = PgConnection::establish(&test_db.url).unwrap();
     let now = || herald::clock::Now {
@@ -126,6 +139,9 @@ fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
     let no_match = |_: &_, _: &_| -> herald::storage::models::ReceiptDecision {
         unreachable!("no receipt matches a message here")
     };
+    let no_lease_expires = |_: &_, _| -> herald::storage::models::LeaseDecision {
+        unreachable!("no lease expires here")
+    };
     // Each in a transaction of its own, as Herald runs them.
     for _ in 0..8 {
         let claimed = c
@@ -144,6 +160,8 @@ fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
         )
         .unwrap();
         c.transaction(|c| receipts::pg::reconcile(c, &now(), 100, "example.com", &no_match))
+            .unwrap();
+        c.transaction(|c| outbox::pg::sweep_expired_leases(c, &now(), &no_lease_expires))
             .unwrap();
     }
     c.batch_execute(
@@ -195,6 +213,13 @@ fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
             "{p}"
         );
         assert!(!p.contains("Seq Scan") && !p.contains("Bitmap"), "{p}");
+        // The read of unmatched receipts due again names its state in literal SQL, so that
+        // `herald_receipts_unmatched` can serve it: diesel never caches such a statement, it
+        // is planned afresh on every pass, and no plan of it can go stale.
+        assert_eq!(
+            prepared(c, "SELECT%FROM \"herald_receipts\"%\"next_match_at\" <= $%")?,
+            0
+        );
         let p = plan(
             c,
             "%UPDATE herald_receipts AS r SET outcome = ''unmatched''%",
@@ -202,6 +227,20 @@ fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
         )?;
         assert!(p.contains("Index Scan using herald_receipts_pkey"), "{p}");
         assert!(!p.contains("Seq Scan"), "{p}");
+        Ok::<_, diesel::result::Error>(())
+    })
+    .unwrap();
+    // The lease watchdog (a pass every few seconds; these 30 s leases have not expired): its
+    // read names the state in literal SQL too (for `herald_outbox_leased`), so it is planned
+    // afresh on every pass. With `state = $1`, its plan cached on the empty outbox was a
+    // sequential scan and a sort of the whole table.
+    c.transaction(|c| {
+        let sweep = outbox::pg::sweep_expired_leases(c, &now(), &no_lease_expires)?;
+        assert_eq!(sweep, herald::storage::models::LeaseSweep::default());
+        assert_eq!(
+            prepared(c, "SELECT%FROM \"herald_outbox\"%\"lease_until\" < $%")?,
+            0
+        );
         Ok::<_, diesel::result::Error>(())
     })
     .unwrap();
