@@ -258,14 +258,17 @@ async fn the_rust_library_fans_out_in_the_callers_transaction(backend: Backend) 
     app.stop().await;
 }
 
+/// A plain SQL insert of one webhook row into `herald_outbox`, its payload `{"body": BODY}`.
+fn outbox_insert(id: &str, destination: &str, body: &str) -> String {
+    format!(
+        "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+         VALUES ('{id}', 'webhook', '{destination}', '{{\"body\": {body}}}')"
+    )
+}
+
 async fn plain_sql_inserts_fan_out_in_the_callers_transaction(backend: Backend) {
     let (app, rx) = three_endpoints(backend).await;
-    let insert = |id: &str, t: &str| {
-        format!(
-            "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
-             VALUES ('{id}', 'webhook', 'type:{t}', '{{\"body\": {{\"from\": \"sql\"}}}}')"
-        )
-    };
+    let insert = |id: &str, t: &str| outbox_insert(id, &format!("type:{t}"), r#"{"from": "sql"}"#);
     let exec = |sql: String| exec_sql(&app, &sql);
     // Rolled back: nothing, on either backend.
     exec(format!(
@@ -484,12 +487,7 @@ async fn a_fan_out_never_takes_over_another_messages_event_id(backend: Backend) 
 /// is still a no-op.
 async fn plain_sql_keeps_message_and_fan_out_event_ids_apart(backend: Backend) {
     let (app, _rx) = three_endpoints(backend).await;
-    let row = |id: &str, destination: &str| {
-        format!(
-            "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
-             VALUES ('{id}', 'webhook', '{destination}', '{{\"body\": {{}}}}')"
-        )
-    };
+    let row = |id: &str, destination: &str| outbox_insert(id, destination, "{}");
     let exec = |sql: String| exec_sql(&app, &sql);
     exec(row("plain-1", "https://x.example/h")).unwrap();
     let e = exec(row("plain-1", "type:order.placed")).unwrap_err();
