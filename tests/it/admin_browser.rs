@@ -17,7 +17,7 @@ async fn screenshot(b: &Browser, name: &str, write: bool) {
     let png = b.client.screenshot().await.unwrap();
     assert!(png.starts_with(b"\x89PNG"), "a PNG");
     if write {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/screenshots");
+        let dir = crate::support::repo_path("docs/screenshots");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
     }

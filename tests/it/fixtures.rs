@@ -48,7 +48,7 @@ fn cases() -> Vec<Case> {
 }
 
 fn cases_of(schemes: &[&'static str]) -> Vec<Case> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/providers");
+    let root = crate::support::repo_path("fixtures/providers");
     let mut out = Vec::new();
     for scheme in schemes {
         let mut dirs: Vec<_> = std::fs::read_dir(root.join(scheme))

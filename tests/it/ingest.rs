@@ -222,7 +222,7 @@ async fn ingest_answers_503_while_postgres_is_unreachable() {
 async fn random_and_malformed_requests_never_get_a_5xx() {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
-    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/providers");
+    let fixtures = crate::support::repo_path("fixtures/providers");
     let sendgrid_key = serde_json::from_slice::<Value>(
         &std::fs::read(fixtures.join("sendgrid/sdk-valid-1/case.json")).unwrap(),
     )
@@ -399,8 +399,7 @@ both_backends!(postmark_accepts_any_configured_credential_pair);
 /// the source's configuration asks for it: sendgrid-python's published example, stale by one
 /// second, is refused and not stored; at its own time it is stored.
 async fn a_stale_sendgrid_timestamp_is_refused_by_default(backend: Backend) {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/providers/sendgrid/sdk-valid-1");
+    let dir = crate::support::repo_path("fixtures/providers/sendgrid/sdk-valid-1");
     let case: Value =
         serde_json::from_slice(&std::fs::read(dir.join("case.json")).unwrap()).unwrap();
     let body = std::fs::read(dir.join("body")).unwrap();

@@ -125,10 +125,7 @@ mod tests {
 
     /// messagebird/go-rest-api `signature_jwt/testdata/reference.json`, verbatim in fixtures.
     fn reference() -> Vec<Value> {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/fixtures/providers/messagebird/reference.json"
-        );
+        let path = crate::ingest::schemes::fixture_path("messagebird/reference.json");
         serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
     }
 

@@ -438,8 +438,7 @@ mod tests {
     /// genuine SignatureVersion 1 envelope, published 2015-09-20T01:22:14.001Z.
     fn published_at(at: i64, tolerance: Option<u64>) -> Result<Vec<ReceiptEvent>, VerifyError> {
         use chrono::TimeZone;
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("fixtures/providers/ses/sdk-valid-sns-v1");
+        let dir = crate::ingest::schemes::fixture_path("ses/sdk-valid-sns-v1");
         let case: Value =
             serde_json::from_slice(&std::fs::read(dir.join("case.json")).unwrap()).unwrap();
         let body = std::fs::read(dir.join("body")).unwrap();
