@@ -7,6 +7,12 @@
 //! per connection (keyed by its SQL text and bind types) and then only executes it, and PostgreSQL
 //! can keep its plan.
 //!
+//! diesel never caches a query-builder `UPDATE` (its changeset may skip `None` fields, so the
+//! text can vary) nor a multi-row `INSERT` (its text grows with the row count) either, on any
+//! backend. On SQLite, where such statements ran once per message, compiling them again was a
+//! third of Herald's CPU in `herald-bench email_smtp`; the hot ones are written here instead
+//! (`tests/it/concurrency.rs` checks each is compiled once per connection).
+//!
 //! The statement's text refers to its parameters by number (`$1`, `?1`, …) as with `sql_query`;
 //! the placeholders diesel writes for the binds, in bind order, go into a leading comment
 //! (`/* $1$2 */`, `/* ?? */`), where neither backend's parser looks. The binds are sent in that

@@ -243,8 +243,10 @@ pub fn sqlite_claim_rows(
         .filter(|r| r.channel == crate::domain::Channel::Email && r.message_key.is_none())
     {
         let key = crate::domain::email_message_key(&r.event_id);
-        diesel::update(o::table.filter(o::id.eq(r.id)))
-            .set(o::message_key.eq(&key))
+        // Kept prepared (diesel never caches a query-builder `UPDATE`): one per such email.
+        super::prepared::cached("UPDATE herald_outbox SET message_key = ?1 WHERE id = ?2")
+            .bind::<Text, _>(&key)
+            .bind::<BigInt, _>(r.id)
             .execute(conn)?;
         r.message_key = Some(key);
     }
@@ -338,6 +340,14 @@ pub fn sqlite_expired_leases(
 ) -> diesel::QueryResult<Vec<ExpiredLease>> {
     expired_leases!(conn, schema_sqlite, at)
 }
+
+/// The SQLite outcome update of one row, with the fence: applied only while the row is still
+/// `sending`, leased to this owner, at the attempt that was claimed.
+pub const SQLITE_UPDATE_OUTCOME_SQL: &str = "UPDATE herald_outbox
+SET state = ?1, attempts = ?2, next_attempt_at = ?3, lease_owner = NULL, lease_until = NULL,
+    last_error_class = ?4, provider_message_id = COALESCE(?5, provider_message_id),
+    request_fingerprint = COALESCE(request_fingerprint, ?6), updated_at = ?7
+WHERE id = ?8 AND state = 'sending' AND lease_owner = ?9 AND attempts = ?10";
 
 /// The PostgreSQL outcome update: the whole batch in one statement over `unnest`ed arrays, with
 /// the same fence as [`sqlite::update_outcomes`] (one round trip instead of one per row).
@@ -529,49 +539,49 @@ pub fn pg_insert_receipts_returning(
         .collect())
 }
 
-/// SQLite: the attempt rows with the query builder, one multi-row insert (in-process, so a
-/// statement prepared per batch costs no round trip).
+/// SQLite: one attempt row, duplicates of `herald_attempts_once` skipped as on PostgreSQL.
+pub const SQLITE_INSERT_ATTEMPT_SQL: &str = "INSERT INTO herald_attempts (message_id, event_id, \
+    attempt_number, started_at, finished_at, duration_ms, request_fingerprint, response_status, \
+    error_kind, class, retry_after, delay_ms, delay_reason, policy_version, provider_message_id, \
+    response_excerpt, lease_owner, next_state)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)
+ON CONFLICT DO NOTHING";
+
+/// SQLite: the attempt rows, one kept-prepared insert each (in-process, so a statement per row
+/// costs no round trip; a multi-row insert's text varies with its row count, so diesel compiled
+/// it again for every batch).
 pub fn sqlite_insert_attempts(
     conn: &mut diesel::sqlite::SqliteConnection,
     owner: Option<&str>,
     outcomes: &[OutcomeRecord],
     applied: &[Applied],
 ) -> diesel::QueryResult<()> {
-    use super::schema_sqlite::herald_attempts as a;
-    use diesel::prelude::*;
-    let rows: Vec<_> = outcomes
+    use diesel::RunQueryDsl;
+    use diesel::sql_types::TimestamptzSqlite;
+    let made = outcomes
         .iter()
         .zip(applied)
-        .filter_map(|(x, a)| x.attempt.as_ref().map(|t| (x, t, a)))
-        .map(|(x, t, applied)| {
-            (
-                a::message_id.eq(x.message_id),
-                a::event_id.eq(&x.event_id),
-                a::attempt_number.eq(x.claimed_attempt),
-                a::started_at.eq(t.started_at),
-                a::finished_at.eq(t.finished_at),
-                a::duration_ms.eq(t.duration_ms),
-                a::request_fingerprint.eq(&x.request_fingerprint),
-                a::response_status.eq(t.response_status),
-                a::error_kind.eq(&t.error_kind),
-                a::class.eq(t.class),
-                a::retry_after.eq(&t.retry_after),
-                a::delay_ms.eq(t.delay_ms),
-                a::delay_reason.eq(&t.delay_reason),
-                a::policy_version.eq(&t.policy_version),
-                (
-                    a::provider_message_id.eq(&x.provider_message_id),
-                    a::response_excerpt.eq(&t.response_excerpt),
-                    a::lease_owner.eq(owner),
-                    a::next_state.eq(applied.next_state(x.state)),
-                ),
-            )
-        })
-        .collect();
-    if !rows.is_empty() {
-        diesel::insert_into(a::table)
-            .values(rows)
-            .on_conflict_do_nothing()
+        .filter_map(|(x, a)| x.attempt.as_ref().map(|t| (x, t, a)));
+    for (x, t, applied) in made {
+        super::prepared::cached(SQLITE_INSERT_ATTEMPT_SQL)
+            .bind::<BigInt, _>(x.message_id)
+            .bind::<Text, _>(x.event_id.as_str())
+            .bind::<Integer, _>(x.claimed_attempt)
+            .bind::<TimestamptzSqlite, _>(t.started_at)
+            .bind::<TimestamptzSqlite, _>(t.finished_at)
+            .bind::<BigInt, _>(t.duration_ms)
+            .bind::<Nullable<Text>, _>(x.request_fingerprint.as_deref())
+            .bind::<Nullable<Integer>, _>(t.response_status)
+            .bind::<Nullable<Text>, _>(t.error_kind.as_deref())
+            .bind::<Text, _>(t.class.as_str())
+            .bind::<Nullable<Text>, _>(t.retry_after.as_deref())
+            .bind::<Nullable<BigInt>, _>(t.delay_ms)
+            .bind::<Nullable<Text>, _>(t.delay_reason.as_deref())
+            .bind::<Text, _>(t.policy_version.as_str())
+            .bind::<Nullable<Text>, _>(x.provider_message_id.as_deref())
+            .bind::<Nullable<Text>, _>(t.response_excerpt.as_deref())
+            .bind::<Nullable<Text>, _>(owner)
+            .bind::<Text, _>(applied.next_state(x.state))
             .execute(conn)?;
     }
     Ok(())
@@ -751,22 +761,23 @@ pub fn pg_mark_unmatched(
     Ok(())
 }
 
-/// SQLite: a statement per receipt.
+/// SQLite: a statement per receipt (in-process, cheap), kept prepared.
 pub fn sqlite_mark_unmatched(
     conn: &mut diesel::sqlite::SqliteConnection,
     unmatched: &[Unmatched],
 ) -> diesel::QueryResult<()> {
-    use super::schema_sqlite::herald_receipts as r;
-    use diesel::prelude::*;
+    use diesel::RunQueryDsl;
+    use diesel::sql_types::TimestamptzSqlite;
     for u in unmatched {
-        diesel::update(r::table.filter(r::id.eq(u.receipt_id)))
-            .set((
-                r::outcome.eq("unmatched"),
-                r::outcome_reason.eq(u.reason),
-                r::match_attempts.eq(u.tries),
-                r::next_match_at.eq(u.next),
-            ))
-            .execute(conn)?;
+        super::prepared::cached(
+            "UPDATE herald_receipts SET outcome = 'unmatched', outcome_reason = ?1, \
+             match_attempts = ?2, next_match_at = ?3 WHERE id = ?4",
+        )
+        .bind::<Text, _>(u.reason)
+        .bind::<Integer, _>(u.tries)
+        .bind::<Nullable<TimestamptzSqlite>, _>(u.next)
+        .bind::<BigInt, _>(u.receipt_id)
+        .execute(conn)?;
     }
     Ok(())
 }
@@ -807,37 +818,39 @@ pub fn sqlite_write_statuses(
     conn: &mut diesel::sqlite::SqliteConnection,
     messages: &[&MatchedMessage],
 ) -> diesel::QueryResult<()> {
-    use super::schema_sqlite::herald_outbox as o;
-    use diesel::prelude::*;
+    use diesel::RunQueryDsl;
+    use diesel::sql_types::TimestamptzSqlite;
     for m in messages {
-        diesel::update(o::table.filter(o::id.eq(m.id)))
-            .set((
-                o::delivery_status.eq(&m.delivery_status),
-                o::delivery_status_at.eq(m.delivery_status_at),
-            ))
-            .execute(conn)?;
+        super::prepared::cached(
+            "UPDATE herald_outbox SET delivery_status = ?1, delivery_status_at = ?2 WHERE id = ?3",
+        )
+        .bind::<Nullable<Text>, _>(m.delivery_status.as_deref())
+        .bind::<Nullable<TimestamptzSqlite>, _>(m.delivery_status_at)
+        .bind::<BigInt, _>(m.id)
+        .execute(conn)?;
     }
     Ok(())
 }
 
-/// SQLite: a statement per receipt (in-process, cheap).
+/// SQLite: a statement per receipt (in-process, cheap), kept prepared.
 pub fn sqlite_mark_reconciled(
     conn: &mut diesel::sqlite::SqliteConnection,
     at: DateTime<Utc>,
     done: &[Reconciled],
 ) -> diesel::QueryResult<()> {
-    use super::schema_sqlite::herald_receipts as r;
-    use diesel::prelude::*;
+    use diesel::RunQueryDsl;
+    use diesel::sql_types::TimestamptzSqlite;
     for d in done {
-        diesel::update(r::table.filter(r::id.eq(d.receipt_id)))
-            .set((
-                r::reconciled_at.eq(Some(at)),
-                r::message_id.eq(Some(d.message_id)),
-                r::outcome.eq(d.outcome),
-                r::outcome_reason.eq(&d.reason),
-                r::next_match_at.eq(None::<DateTime<Utc>>),
-            ))
-            .execute(conn)?;
+        super::prepared::cached(
+            "UPDATE herald_receipts SET reconciled_at = ?1, message_id = ?2, outcome = ?3, \
+             outcome_reason = ?4, next_match_at = NULL WHERE id = ?5",
+        )
+        .bind::<TimestamptzSqlite, _>(at)
+        .bind::<BigInt, _>(d.message_id)
+        .bind::<Text, _>(d.outcome)
+        .bind::<Text, _>(d.reason.as_str())
+        .bind::<BigInt, _>(d.receipt_id)
+        .execute(conn)?;
     }
     Ok(())
 }
@@ -907,7 +920,6 @@ pub mod sqlite {
     use chrono::{DateTime, Utc};
     use diesel::prelude::*;
 
-    use super::coalesce_text;
     pub use super::sqlite_busy_keys as busy_keys;
     pub use super::sqlite_insert_attempts as insert_attempts;
     pub use super::sqlite_insert_receipts_returning as insert_receipts_returning;
@@ -922,13 +934,13 @@ pub mod sqlite {
         sqlite_mark_unmatched as mark_unmatched, sqlite_pending_receipts as pending_receipts,
         sqlite_write_statuses as write_statuses,
     };
-    use crate::domain::State;
     use crate::storage::models::{Applied, Now, OutcomeRecord};
-    use crate::storage::schema_sqlite::herald_outbox as o;
 
     type Conn = diesel::sqlite::SqliteConnection;
 
-    /// The fenced outcome update, one statement per row.
+    /// The fenced outcome update, one statement per row (in-process: no round trip), kept
+    /// prepared: diesel never caches a query-builder `UPDATE`, and compiling it again for every
+    /// outcome was a third of Herald's CPU in `herald-bench email_smtp` (`sqlite3_prepare_v3`).
     pub fn update_outcomes(
         conn: &mut Conn,
         owner: &str,
@@ -936,33 +948,21 @@ pub mod sqlite {
         at: DateTime<Utc>,
         outcomes: &[OutcomeRecord],
     ) -> QueryResult<Vec<Applied>> {
+        use diesel::sql_types::{BigInt, Integer, Nullable, Text, TimestamptzSqlite};
         let mut applied = Vec::with_capacity(outcomes.len());
         for x in outcomes {
-            let n = diesel::update(
-                o::table
-                    .filter(o::id.eq(x.message_id))
-                    .filter(o::state.eq(State::Sending))
-                    .filter(o::lease_owner.eq(owner))
-                    .filter(o::attempts.eq(x.claimed_attempt)),
-            )
-            .set((
-                o::state.eq(x.state),
-                o::attempts.eq(x.attempts_after),
-                o::next_attempt_at.eq(x.next_attempt_at),
-                o::lease_owner.eq(None::<String>),
-                o::lease_until.eq(None::<DateTime<Utc>>),
-                o::last_error_class.eq(x.error_class),
-                o::provider_message_id.eq(coalesce_text(
-                    x.provider_message_id.as_deref(),
-                    o::provider_message_id,
-                )),
-                o::request_fingerprint.eq(coalesce_text(
-                    o::request_fingerprint,
-                    x.request_fingerprint.as_deref(),
-                )),
-                o::updated_at.eq(at),
-            ))
-            .execute(conn)?;
+            let n = crate::storage::prepared::cached(super::SQLITE_UPDATE_OUTCOME_SQL)
+                .bind::<Text, _>(x.state)
+                .bind::<Integer, _>(x.attempts_after)
+                .bind::<Nullable<TimestamptzSqlite>, _>(x.next_attempt_at)
+                .bind::<Nullable<Text>, _>(x.error_class)
+                .bind::<Nullable<Text>, _>(x.provider_message_id.as_deref())
+                .bind::<Nullable<Text>, _>(x.request_fingerprint.as_deref())
+                .bind::<TimestamptzSqlite, _>(at)
+                .bind::<BigInt, _>(x.message_id)
+                .bind::<Text, _>(owner)
+                .bind::<Integer, _>(x.claimed_attempt)
+                .execute(conn)?;
             applied.push(if n == 1 {
                 Applied::Yes
             } else {
