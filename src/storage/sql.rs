@@ -16,6 +16,21 @@ diesel::define_sql_function! {
     fn coalesce_text(x: Nullable<Text>, y: Nullable<Text>) -> Nullable<Text>;
 }
 
+diesel::define_sql_function! {
+    /// The key of Herald's email Message-ID for an event id ([`crate::domain::email_message_key`]),
+    /// as an SQL function on SQLite, which has no SHA-256 (PostgreSQL computes it in SQL). Only
+    /// on Herald's own connections: see [`sqlite_functions`].
+    fn herald_message_key(event_id: Text) -> Text;
+}
+
+/// Registers Herald's SQL functions on a SQLite connection (the pool does it for each new one;
+/// a connection opened by hand must too before it claims).
+pub fn sqlite_functions(conn: &mut diesel::sqlite::SqliteConnection) -> diesel::QueryResult<()> {
+    herald_message_key_utils::register_impl(conn, |event_id: String| {
+        crate::domain::email_message_key(&event_id)
+    })
+}
+
 #[derive(diesel::QueryableByName)]
 struct IdRow {
     #[diesel(sql_type = BigInt)]
@@ -93,7 +108,8 @@ RETURNING o.*"
 
 /// The SQLite claim: the same predicate, order and lease in one statement; it runs inside
 /// `BEGIN IMMEDIATE` behind the writer lock, which is what makes it exclusive. One process, so
-/// its clock is the only one: `?1` now, `?4` the lease's end.
+/// its clock is the only one: `?1` now, `?4` the lease's end. An email inserted by plain SQL
+/// gets its Message-ID key here too, from [`herald_message_key`] (SQLite has no SHA-256).
 pub const SQLITE_CLAIM_SQL: &str = concat!(
     "UPDATE herald_outbox
 SET state = CASE WHEN expires_at <= ?1 THEN 'expired' ELSE 'sending' END,
@@ -102,6 +118,8 @@ SET state = CASE WHEN expires_at <= ?1 THEN 'expired' ELSE 'sending' END,
     lease_until = CASE WHEN expires_at <= ?1 THEN NULL ELSE ?4 END,
     next_attempt_at = CASE WHEN expires_at <= ?1 THEN NULL ELSE next_attempt_at END,
     retry_policy_version = COALESCE(retry_policy_version, ?5),
+    message_key = COALESCE(message_key, CASE WHEN channel = 'email'
+        THEN herald_message_key(event_id) END),
     updated_at = ?1
 WHERE id IN (
     SELECT id FROM herald_outbox AS c
@@ -237,19 +255,6 @@ pub fn sqlite_claim_rows(
         .bind::<Text, _>(policy_version)
         .typed::<diesel::dsl::SqlTypeOf<<o::table as diesel::Table>::AllColumns>>()
         .load(conn)?;
-    // SQLite has no SHA-256: an email inserted by plain SQL gets its Message-ID key here.
-    for r in rows
-        .iter_mut()
-        .filter(|r| r.channel == crate::domain::Channel::Email && r.message_key.is_none())
-    {
-        let key = crate::domain::email_message_key(&r.event_id);
-        // Kept prepared (diesel never caches a query-builder `UPDATE`): one per such email.
-        super::prepared::cached("UPDATE herald_outbox SET message_key = ?1 WHERE id = ?2")
-            .bind::<Text, _>(&key)
-            .bind::<BigInt, _>(r.id)
-            .execute(conn)?;
-        r.message_key = Some(key);
-    }
     rows.sort_by_key(claim_order);
     Ok(rows)
 }

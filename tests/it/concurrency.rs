@@ -260,9 +260,9 @@ fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
     assert_eq!(delivered, 100);
 }
 
-/// SQLite: every statement of the sender's hot path — the claim (with the Message-ID key of an
-/// email inserted by plain SQL), the outcome update, the attempt rows — and of the reconciler's
-/// writes is compiled once per connection and then run from diesel's cache. diesel never caches
+/// SQLite: every statement of the sender's hot path — the claim (which also gives an email
+/// inserted by plain SQL its Message-ID key), the outcome update, the attempt rows — and of the
+/// reconciler's writes is compiled once per connection and then run from diesel's cache. diesel never caches
 /// a query-builder `UPDATE` or multi-row `INSERT`; compiling one per message was a third of
 /// Herald's CPU in `herald-bench email_smtp`.
 #[test]
@@ -278,6 +278,7 @@ fn sqlite_hot_statements_are_compiled_once_per_connection() {
 
     let test_db = TestDb::new(Backend::Sqlite);
     let mut c = SqliteConnection::establish(test_db.url.trim_start_matches("sqlite://")).unwrap();
+    herald::storage::sqlite_functions(&mut c).unwrap();
     // Every statement run, and every statement diesel put into its cache, by SQL text.
     let ran = Arc::new(Mutex::new(Vec::<String>::new()));
     let cached = Arc::new(Mutex::new(Vec::<String>::new()));
@@ -333,7 +334,15 @@ fn sqlite_hot_statements_are_compiled_once_per_connection() {
             .transaction(|c| outbox::sqlite::claim(c, &now(), 100, "cache-test", lease, "v1"))
             .unwrap();
         assert_eq!(rows.len(), 2);
-        assert!(rows.iter().all(|r| r.message_key.is_some()));
+        for r in &rows {
+            let key = herald::domain::email_message_key(&r.event_id);
+            assert_eq!(
+                r.message_key.as_deref(),
+                Some(key.as_str()),
+                "{}",
+                r.event_id
+            );
+        }
         let outcomes: Vec<OutcomeRecord> = rows
             .iter()
             .map(|r| OutcomeRecord {
@@ -395,7 +404,6 @@ fn sqlite_hot_statements_are_compiled_once_per_connection() {
     let cached = cached.lock().unwrap().clone();
     let hot = [
         "UPDATE herald_outbox SET state = CASE",
-        "UPDATE herald_outbox SET message_key",
         "UPDATE herald_outbox SET state = ?",
         "INSERT INTO herald_attempts",
         "UPDATE herald_receipts SET outcome",
