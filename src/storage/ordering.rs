@@ -51,8 +51,10 @@ per_backend! {
         Ok(sql::release_heads(conn, Some(ids))?.len())
     }
 
-    /// [`release_heads`] over every key with a waiting message.
+    /// [`release_heads`] over every key with a waiting message. Kept to its indexes like the
+    /// claim: a statement without parameters keeps its first plan until the table is analyzed.
     pub fn release_waiting(conn: &mut Conn) -> QueryResult<usize> {
+        sql::keep_to_indexes(conn)?;
         Ok(sql::release_heads(conn, None)?.len())
     }
 

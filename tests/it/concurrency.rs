@@ -94,8 +94,13 @@ fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
             "SELECT name, generic_plans FROM pg_prepared_statements WHERE statement LIKE '{like}'"
         ))
         .get_result(c)?;
+        let args = if args.is_empty() {
+            String::new()
+        } else {
+            format!("({args})")
+        };
         let lines: Vec<PlanLine> =
-            diesel::sql_query(format!("EXPLAIN EXECUTE {}({args})", p.name)).load(c)?;
+            diesel::sql_query(format!("EXPLAIN EXECUTE {}{args}", p.name)).load(c)?;
         let lines: Vec<String> = lines.into_iter().map(|l| l.line).collect();
         Ok(format!(
             "generic plans: {}\n{}",
@@ -163,6 +168,8 @@ fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
         c.transaction(|c| receipts::pg::reconcile(c, &now(), 100, "example.com", &no_match))
             .unwrap();
         c.transaction(|c| outbox::pg::sweep_expired_leases(c, &now(), &no_lease_expires))
+            .unwrap();
+        c.transaction(herald::storage::ordering::pg::release_waiting)
             .unwrap();
     }
     c.batch_execute(
@@ -242,6 +249,17 @@ fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
             prepared(c, "SELECT%FROM \"herald_outbox\"%\"lease_until\" < $%")?,
             0
         );
+        Ok::<_, diesel::result::Error>(())
+    })
+    .unwrap();
+    // The watchdog's pass over every waiting key (once per poll interval), a statement without
+    // parameters: PostgreSQL plans it once and keeps that plan until the table is analyzed.
+    c.transaction(|c| {
+        assert_eq!(herald::storage::ordering::pg::release_waiting(c)?, 0);
+        let p = plan(c, "%SELECT DISTINCT ordering_key, destination FROM herald_outbox%WHERE ordering_key IS NOT NULL AND state = ''scheduled''%", "")?;
+        assert!(p.contains("Index Scan using herald_outbox_due"), "{p}");
+        assert!(p.contains("Index Scan using herald_outbox_ordering_open"), "{p}");
+        assert!(!p.contains("Seq Scan") && !p.contains("Bitmap"), "{p}");
         Ok::<_, diesel::result::Error>(())
     })
     .unwrap();
