@@ -263,6 +263,7 @@ per_backend! {
         use crate::domain::{AttemptClass, State};
         use diesel::dsl::exists;
         use self::schema::herald_outbox as o;
+        sql::keep_to_indexes(conn)?;
         let at = sql::now(conn, now)?;
         let proven = exists(
             r::table

@@ -98,6 +98,8 @@ macro_rules! purge_unmatched {
     }};
 }
 
+/// PostgreSQL: each purge keeps to its indexes (`sql::keep_to_indexes`): its `DELETE`s by
+/// `= ANY($1)` stay prepared, and a plan made while the tables were small would outlive them.
 pub mod pg {
     use super::*;
     type Conn = diesel::pg::PgConnection;
@@ -108,6 +110,7 @@ pub mod pg {
         before: DateTime<Utc>,
         limit: i64,
     ) -> diesel::QueryResult<PurgedBatch> {
+        crate::storage::sql::pg_keep_to_indexes(conn)?;
         purge_messages!(
             conn,
             schema_pg,
@@ -124,6 +127,7 @@ pub mod pg {
         before: DateTime<Utc>,
         limit: i64,
     ) -> diesel::QueryResult<usize> {
+        crate::storage::sql::pg_keep_to_indexes(conn)?;
         purge_unmatched!(conn, schema_pg, before, limit, for_update, skip_locked)
     }
 }

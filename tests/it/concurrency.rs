@@ -253,7 +253,8 @@ fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
     })
     .unwrap();
     // The watchdog's pass over every waiting key (once per poll interval), a statement without
-    // parameters: PostgreSQL plans it once and keeps that plan until the table is analyzed.
+    // parameters: PostgreSQL plans it once and keeps that plan until the table is analyzed. (Its
+    // plan kept to the indexes even before it had the settings; the settings are checked below.)
     c.transaction(|c| {
         assert_eq!(herald::storage::ordering::pg::release_waiting(c)?, 0);
         let p = plan(c, "%SELECT DISTINCT ordering_key, destination FROM herald_outbox%WHERE ordering_key IS NOT NULL AND state = ''scheduled''%", "")?;
@@ -263,6 +264,57 @@ fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
         Ok::<_, diesel::result::Error>(())
     })
     .unwrap();
+    // Every periodic pass whose statements diesel keeps prepared runs under the settings: the
+    // key release, the unconfirmed-deadline pass (its `release_heads`) and retention (its
+    // `DELETE … = ANY($1)`s). Read inside each one's transaction, after it ran.
+    #[derive(QueryableByName)]
+    struct Setting {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        enable_seqscan: String,
+    }
+    let seqscan = |c: &mut PgConnection| -> diesel::QueryResult<String> {
+        diesel::sql_query("SHOW enable_seqscan")
+            .get_result::<Setting>(c)
+            .map(|s| s.enable_seqscan)
+    };
+    let long_ago = chrono::Utc::now() - chrono::Duration::days(365);
+    type Pass = Box<dyn Fn(&mut PgConnection) -> diesel::QueryResult<()>>;
+    let passes: [(&str, Pass); 4] = [
+        (
+            "release_waiting",
+            Box::new(|c| herald::storage::ordering::pg::release_waiting(c).map(drop)),
+        ),
+        (
+            "settle_or_expire_unconfirmed",
+            Box::new(move |c| {
+                let deadline = std::time::Duration::from_secs(3600);
+                receipts::pg::settle_or_expire_unconfirmed(c, &now(), deadline, &["delivered"])
+                    .map(drop)
+            }),
+        ),
+        (
+            "purge_messages",
+            Box::new(move |c| {
+                use herald::storage::retention::{Finished, pg};
+                pg::purge_messages(c, Finished::Done, long_ago, 100).map(drop)
+            }),
+        ),
+        (
+            "purge_unmatched_receipts",
+            Box::new(move |c| {
+                herald::storage::retention::pg::purge_unmatched_receipts(c, long_ago, 100).map(drop)
+            }),
+        ),
+    ];
+    for (name, pass) in &passes {
+        let setting = c.transaction(|c| {
+            pass(c)?;
+            seqscan(c)
+        });
+        assert_eq!(setting.unwrap(), "off", "{name}");
+    }
+    // Outside those transactions the settings are back to the server's.
+    assert_eq!(seqscan(&mut c).unwrap(), "on");
     let delivered: i64 = c
         .transaction(|c| {
             #[derive(QueryableByName)]
