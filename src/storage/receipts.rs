@@ -175,6 +175,7 @@ per_backend! {
             .map(|m| (m.id, m))
             .collect();
         let mut changed: Vec<i64> = Vec::new();
+        let mut settled: Vec<i64> = Vec::new();
         let mut done: Vec<Reconciled> = Vec::with_capacity(batch.len());
         let mut unmatched: Vec<Unmatched> = Vec::new();
         let mut pass = ReconcilePass::default();
@@ -207,6 +208,7 @@ per_backend! {
             if d.settle && message.state == State::Unconfirmed {
                 message.state = State::Delivered;
                 pass.settled += 1;
+                settled.push(id);
                 changed.push(id);
             }
             for m in &d.enqueue {
@@ -227,23 +229,20 @@ per_backend! {
         changed.dedup();
         let statuses: Vec<&MatchedMessage> = changed.iter().map(|id| &messages[id]).collect();
         sql::write_statuses(conn, &statuses)?;
-        let mut settled = Vec::new();
-        for id in changed {
-            let m = &messages[&id];
-            if m.state == State::Delivered {
-                settled.push(id);
-                diesel::update(
-                    o::table
-                        .filter(o::id.eq(id))
-                        .filter(o::state.eq(State::Unconfirmed)),
-                )
-                .set((
-                    o::state.eq(State::Delivered),
-                    o::last_error_class.eq(None::<AttemptClass>),
-                    o::updated_at.eq(at),
-                ))
-                .execute(conn)?;
-            }
+        // Only the messages this pass settled (it found them `unconfirmed`): a receipt for a
+        // message that was `delivered` already has nothing to settle, and no key to release.
+        for &id in &settled {
+            diesel::update(
+                o::table
+                    .filter(o::id.eq(id))
+                    .filter(o::state.eq(State::Unconfirmed)),
+            )
+            .set((
+                o::state.eq(State::Delivered),
+                o::last_error_class.eq(None::<AttemptClass>),
+                o::updated_at.eq(at),
+            ))
+            .execute(conn)?;
         }
         // A settled head of an ordering key no longer holds it.
         q::release_heads(conn, &settled)?;

@@ -109,7 +109,9 @@ RETURNING o.*"
 /// The SQLite claim: the same predicate, order and lease in one statement; it runs inside
 /// `BEGIN IMMEDIATE` behind the writer lock, which is what makes it exclusive. One process, so
 /// its clock is the only one: `?1` now, `?4` the lease's end. An email inserted by plain SQL
-/// gets its Message-ID key here too, from [`herald_message_key`] (SQLite has no SHA-256).
+/// gets its Message-ID key here too, from [`herald_message_key`] (SQLite has no SHA-256): on a
+/// connection not from Herald's pool, call [`sqlite_functions`] first, or the claim fails with
+/// "no such function".
 pub const SQLITE_CLAIM_SQL: &str = concat!(
     "UPDATE herald_outbox
 SET state = CASE WHEN expires_at <= ?1 THEN 'expired' ELSE 'sending' END,
