@@ -887,7 +887,7 @@ impl Sender {
         let cfg = &self.inner.config;
         let slots = Arc::new(Semaphore::new(cfg.concurrency as usize));
         let (tx, rx) = mpsc::channel::<OutcomeRecord>(cfg.concurrency as usize * 2);
-        let flusher = tokio::spawn(self.clone().flush_loop(rx));
+        let flusher = tokio::spawn(self.clone().flush_loop(rx, shutdown.clone()));
         let sweep_every = (cfg.lease / 2).max(Duration::from_secs(1));
         let mut next_sweep = tokio::time::Instant::now();
         let mut next_release = tokio::time::Instant::now();
@@ -995,7 +995,11 @@ impl Sender {
         info!("sender stopped");
     }
 
-    async fn flush_loop(self, mut rx: mpsc::Receiver<OutcomeRecord>) {
+    async fn flush_loop(
+        self,
+        mut rx: mpsc::Receiver<OutcomeRecord>,
+        shutdown: watch::Receiver<bool>,
+    ) {
         const MAX_BATCH: usize = 256;
         const LINGER: Duration = Duration::from_millis(2);
         while let Some(first) = rx.recv().await {
@@ -1015,19 +1019,41 @@ impl Sender {
                     Ok(_) => break,
                     Err(e) => {
                         tries += 1;
-                        // Outcomes not written are not lost work: their leases expire and the
-                        // watchdog returns the rows. Keep trying for a while first.
-                        if tries >= 20 {
-                            warn!(error = %e, rows = batch.len(), "giving up on writing outcomes; leases will expire");
+                        if give_up_writing_outcomes(&e, tries, *shutdown.borrow()) {
+                            warn!(error = %e, rows = batch.len(), tries, "giving up on writing outcomes; leases will expire");
                             break;
                         }
-                        warn!(error = %e, tries, "writing outcomes failed; retrying");
-                        tokio::time::sleep(Duration::from_millis(100 * u64::from(tries))).await;
+                        if tries == 1 || tries.is_multiple_of(10) {
+                            warn!(error = %e, rows = batch.len(), tries, "writing outcomes failed; retrying");
+                        }
+                        tokio::time::sleep(outcome_retry_pause(tries)).await;
                     }
                 }
             }
         }
     }
+}
+
+/// How many failed tries of an outcome write are given up after, when giving up is allowed (see
+/// [`give_up_writing_outcomes`]): about 19 s of pauses.
+const OUTCOME_TRIES: u32 = 20;
+
+/// Whether the flusher gives up on a batch of outcomes after `tries` failed writes. Outcomes not
+/// written are not lost work — their leases expire and the watchdog returns the rows — but each
+/// of those sends then counts again: a delivered webhook is sent a second time, an at-most-once
+/// one becomes `unconfirmed`. So a database that is only unavailable (down, restarting, failing
+/// over, out of connections) is waited for as long as it takes, and only another error, or a
+/// shutdown, gives up after [`OUTCOME_TRIES`]. Leases are no reason to stop: the outcome update
+/// is fenced on the lease's owner and attempt, not its time, so it still lands where no watchdog
+/// has returned the row meanwhile, and is recorded as `lease_lost` where one has.
+fn give_up_writing_outcomes(e: &SenderError, tries: u32, stopping: bool) -> bool {
+    let unavailable = matches!(e, SenderError::Storage(s) if s.is_unavailable());
+    tries >= OUTCOME_TRIES && (stopping || !unavailable)
+}
+
+/// The pause after the `tries`-th failed outcome write: 100 ms more each time, at most 2 s.
+fn outcome_retry_pause(tries: u32) -> Duration {
+    Duration::from_millis(100 * u64::from(tries.clamp(1, 20)))
 }
 
 /// What becomes of a message whose lease ran out: the same [`decide`] as for any ambiguous
@@ -1101,6 +1127,35 @@ fn put_back(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn outcomes_are_written_for_as_long_as_the_database_is_only_unavailable() {
+        let down = || {
+            SenderError::Storage(StorageError::Unavailable(Box::new(std::io::Error::other(
+                "connection refused",
+            ))))
+        };
+        let broken = || SenderError::Storage(StorageError::Query(diesel::result::Error::NotFound));
+        for tries in [1, 19] {
+            assert!(!give_up_writing_outcomes(&down(), tries, false));
+            assert!(!give_up_writing_outcomes(&down(), tries, true));
+            assert!(!give_up_writing_outcomes(&broken(), tries, false));
+        }
+        for tries in [20, 21, 1_000] {
+            // Unavailable: never while running; at shutdown, after the same tries as any error.
+            assert!(!give_up_writing_outcomes(&down(), tries, false), "{tries}");
+            assert!(give_up_writing_outcomes(&down(), tries, true), "{tries}");
+            assert!(give_up_writing_outcomes(&broken(), tries, false), "{tries}");
+        }
+        let pauses: Vec<u128> = [1, 2, 19, 20, 21, 500]
+            .into_iter()
+            .map(|t| outcome_retry_pause(t).as_millis())
+            .collect();
+        assert_eq!(pauses, [100, 200, 1_900, 2_000, 2_000, 2_000]);
+        // The tries a non-transient error gets: the pauses between them add up to 19 s.
+        let budget: Duration = (1..OUTCOME_TRIES).map(outcome_retry_pause).sum();
+        assert_eq!(budget, Duration::from_secs(19));
+    }
 
     #[test]
     fn the_idle_wait_for_a_busy_key_grows_with_how_long_the_newest_has_waited() {

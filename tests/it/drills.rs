@@ -496,6 +496,79 @@ async fn database_restart_while_sending_and_ingesting() {
     assert!(h.terminate().await.success(), "{}", h.stderr());
 }
 
+/// Outcomes that cannot be written while the database is unavailable are written once it is
+/// back, however many tries that takes: giving up (as the flusher did after 20 tries, whatever
+/// the error) made each of those sends count again once its lease ran out — a delivered webhook
+/// sent twice. The database here answers every attempt-row insert of the message with a
+/// serialization failure (SQLSTATE 40001, "try again later" to Herald) 21 times, from a trigger
+/// counting on a sequence, which no rollback resets; each try fails at once, so the test waits
+/// only for the flusher's pauses (about 23 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcomes_are_written_after_more_failed_tries_than_other_errors_get() {
+    const FAILURES: i64 = 21;
+    let app = crate::support::app::spawn_app_with(Backend::Postgres, "").await;
+    let rx = Receiver::start().await;
+    app.raw_sql(&format!(
+        "CREATE SEQUENCE drill_outage;
+         CREATE FUNCTION drill_outage() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.event_id = 'outage-1' AND nextval('drill_outage') <= {FAILURES} THEN
+                 RAISE EXCEPTION 'drill: not now' USING ERRCODE = '40001';
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER drill_outage BEFORE INSERT ON herald_attempts
+             FOR EACH ROW EXECUTE FUNCTION drill_outage();
+         INSERT INTO herald_outbox (event_id, channel, destination, payload)
+         VALUES ('outage-1', 'webhook', '{}', '{{\"body\": {{}}}}');",
+        rx.url
+    ));
+    let started = Instant::now();
+    let sender = app.start_sender();
+    rx.wait_for(1, 30).await;
+    let deadline = started + Duration::from_secs(60);
+    while app.row("outage-1").state != herald::domain::State::Delivered {
+        assert!(
+            Instant::now() < deadline,
+            "not delivered within 60 s: {:?} after {} failed writes",
+            app.row("outage-1").state,
+            count(
+                Backend::Postgres,
+                &app.test_db.url,
+                "SELECT last_value AS n FROM drill_outage"
+            )
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let took = started.elapsed();
+    sender.stop().await;
+    // Every failure was a try of this one outcome, and the next try wrote it.
+    assert_eq!(
+        count(
+            Backend::Postgres,
+            &app.test_db.url,
+            "SELECT last_value AS n FROM drill_outage"
+        ),
+        FAILURES + 1
+    );
+    let row = app.row("outage-1");
+    assert_eq!((row.attempts, row.lease_owner), (1, None));
+    assert_eq!(
+        count(
+            Backend::Postgres,
+            &app.test_db.url,
+            "SELECT count(*) AS n FROM herald_attempts WHERE event_id = 'outage-1' \
+             AND class = 'accepted' AND next_state = 'delivered'"
+        ),
+        1
+    );
+    assert_eq!(rx.requests().len(), 1, "sent once");
+    eprintln!(
+        "DRILL outcome-retries failed_writes={FAILURES} delivered_after_ms={}",
+        took.as_millis()
+    );
+}
+
 // --- Drill 3: two Herald processes on one database, one killed mid-batch ------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
