@@ -160,6 +160,9 @@ struct Inner {
     /// Ended keyed messages whose key an uncommitted insert held when their outcome was written
     /// (`Db::release_rechecked`): released again on the loop's next iterations.
     recheck: std::sync::Mutex<Recheck>,
+    /// Claims (message id, attempt) whose outcome the flusher holds but could not write yet: the
+    /// watchdog leaves their rows alone even once their lease has run out (see `flush_loop`).
+    unwritten: std::sync::Mutex<std::collections::HashSet<(i64, i32)>>,
 }
 
 /// The keys to release again ([`Inner::recheck`]), and when the newest of them was found busy.
@@ -241,6 +244,7 @@ impl Sender {
                 metrics,
                 heartbeat,
                 recheck: std::sync::Mutex::new(Recheck::default()),
+                unwritten: std::sync::Mutex::default(),
             }),
         }
     }
@@ -844,9 +848,15 @@ impl Sender {
             })
             .collect();
         let global = self.inner.config.policy.clone();
+        // This process's own sends whose outcome is still waiting to be written: their requests
+        // were made and answered; returning the rows would make them count again.
+        let unwritten = lock_unwritten(&self.inner.unwritten).clone();
         let sweep = self
             .blocking(move |db| {
                 db.sweep_expired_leases(now, &|row, at| {
+                    if unwritten.contains(&(row.id, row.attempts)) {
+                        return None;
+                    }
                     let (policy, endpoint_ordering) = endpoints
                         .get(&row.destination)
                         .map_or((&global, None), |(p, o)| (p, *o));
@@ -856,7 +866,7 @@ impl Sender {
                             .or(endpoint_ordering)
                             .unwrap_or(crate::domain::OrderingPolicy::Block)
                     });
-                    d
+                    Some(d)
                 })
             })
             .await?;
@@ -1014,11 +1024,18 @@ impl Sender {
                 }
             }
             let mut tries = 0u32;
+            let claims: Vec<(i64, i32)> = batch
+                .iter()
+                .map(|o| (o.message_id, o.claimed_attempt))
+                .collect();
             loop {
                 match self.record(batch.clone()).await {
                     Ok(_) => break,
                     Err(e) => {
                         tries += 1;
+                        if tries == 1 {
+                            lock_unwritten(&self.inner.unwritten).extend(claims.iter().copied());
+                        }
                         if give_up_writing_outcomes(&e, tries, *shutdown.borrow()) {
                             warn!(error = %e, rows = batch.len(), tries, "giving up on writing outcomes; leases will expire");
                             break;
@@ -1030,8 +1047,20 @@ impl Sender {
                     }
                 }
             }
+            if tries > 0 {
+                let mut unwritten = lock_unwritten(&self.inner.unwritten);
+                for c in &claims {
+                    unwritten.remove(c);
+                }
+            }
         }
     }
+}
+
+fn lock_unwritten(
+    m: &std::sync::Mutex<std::collections::HashSet<(i64, i32)>>,
+) -> std::sync::MutexGuard<'_, std::collections::HashSet<(i64, i32)>> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// How many failed tries of an outcome write are given up after, when giving up is allowed (see
@@ -1045,7 +1074,9 @@ const OUTCOME_TRIES: u32 = 20;
 /// over, out of connections) is waited for as long as it takes, and only another error, or a
 /// shutdown, gives up after [`OUTCOME_TRIES`]. Leases are no reason to stop: the outcome update
 /// is fenced on the lease's owner and attempt, not its time, so it still lands where no watchdog
-/// has returned the row meanwhile, and is recorded as `lease_lost` where one has.
+/// has returned the row meanwhile — this process's own watchdog leaves the rows of the outcomes
+/// the flusher holds ([`Inner::unwritten`]) — and is recorded as `lease_lost` where another
+/// process's watchdog has.
 fn give_up_writing_outcomes(e: &SenderError, tries: u32, stopping: bool) -> bool {
     let unavailable = matches!(e, SenderError::Storage(s) if s.is_unavailable());
     tries >= OUTCOME_TRIES && (stopping || !unavailable)

@@ -221,18 +221,21 @@ per_backend! {
     /// PostgreSQL) moves to the state `decide` chooses — the sender's own decision for
     /// an ambiguous attempt, with its backoff — and gets its `lease_expired` attempt
     /// row, in one transaction with the rows locked: two watchdogs never both move a
-    /// row, and an outcome committed first leaves nothing to move.
+    /// row, and an outcome committed first leaves nothing to move. A row `decide`
+    /// leaves (`None`: its sender still holds its outcome, to be written) stays as it is.
     pub fn sweep_expired_leases(
         conn: &mut Conn,
         now: &Now,
-        decide: &dyn Fn(&ExpiredLease, DateTime<Utc>) -> LeaseDecision,
+        decide: &dyn Fn(&ExpiredLease, DateTime<Utc>) -> Option<LeaseDecision>,
     ) -> QueryResult<LeaseSweep> {
         sql::keep_to_indexes(conn)?;
         let at = sql::now(conn, now)?;
         let mut sweep = LeaseSweep::default();
         let mut outcomes = Vec::new();
         for row in sql::expired_leases(conn, at)? {
-            let d = decide(&row, at);
+            let Some(d) = decide(&row, at) else {
+                continue;
+            };
             let next = d.delay_ms.map(|ms| at + chrono::Duration::milliseconds(ms));
             let n = diesel::update(
                 o::table
@@ -327,7 +330,7 @@ impl Db {
     pub fn sweep_expired_leases(
         &self,
         now: Now,
-        decide: &dyn Fn(&ExpiredLease, DateTime<Utc>) -> LeaseDecision,
+        decide: &dyn Fn(&ExpiredLease, DateTime<Utc>) -> Option<LeaseDecision>,
     ) -> Result<LeaseSweep, StorageError> {
         crate::storage::db_run! { self, write |c, q| Ok(q::sweep_expired_leases(c, &now, decide)?) }
     }

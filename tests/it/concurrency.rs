@@ -145,7 +145,7 @@ fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
     let no_match = |_: &_, _: &_| -> herald::storage::models::ReceiptDecision {
         unreachable!("no receipt matches a message here")
     };
-    let no_lease_expires = |_: &_, _| -> herald::storage::models::LeaseDecision {
+    let no_lease_expires = |_: &_, _| -> Option<herald::storage::models::LeaseDecision> {
         unreachable!("no lease expires here")
     };
     // Each in a transaction of its own, as Herald runs them.
