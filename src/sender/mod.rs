@@ -160,8 +160,9 @@ struct Inner {
     /// Ended keyed messages whose key an uncommitted insert held when their outcome was written
     /// (`Db::release_rechecked`): released again on the loop's next iterations.
     recheck: std::sync::Mutex<Recheck>,
-    /// Claims (message id, attempt) whose outcome the flusher holds but could not write yet: the
-    /// watchdog leaves their rows alone even once their lease has run out (see `flush_loop`).
+    /// Claims (message id, attempt) whose outcome is on its way to the database — queued for the
+    /// flusher, or in a batch it has not written yet: the watchdog leaves their rows alone even
+    /// once their lease has run out (see [`give_up_writing_outcomes`]).
     unwritten: std::sync::Mutex<std::collections::HashSet<(i64, i32)>>,
 }
 
@@ -968,6 +969,7 @@ impl Sender {
                 let cleared = match self.clear(row) {
                     Clearance::Go(c) => c,
                     Clearance::Held(held) => {
+                        self.unwritten(&held);
                         let _ = tx.send(held).await;
                         continue;
                     }
@@ -979,6 +981,7 @@ impl Sender {
                 let tx = tx.clone();
                 tokio::spawn(async move {
                     let outcome = this.send_cleared(cleared).await;
+                    this.unwritten(&outcome);
                     // The flusher outlives every sender task: it stops when all senders drop tx.
                     let _ = tx.send(outcome).await;
                     drop(permit);
@@ -1005,6 +1008,11 @@ impl Sender {
         info!("sender stopped");
     }
 
+    /// Notes an outcome on its way to the flusher ([`Inner::unwritten`]).
+    fn unwritten(&self, o: &OutcomeRecord) {
+        lock_unwritten(&self.inner.unwritten).insert((o.message_id, o.claimed_attempt));
+    }
+
     async fn flush_loop(
         self,
         mut rx: mpsc::Receiver<OutcomeRecord>,
@@ -1024,18 +1032,11 @@ impl Sender {
                 }
             }
             let mut tries = 0u32;
-            let claims: Vec<(i64, i32)> = batch
-                .iter()
-                .map(|o| (o.message_id, o.claimed_attempt))
-                .collect();
             loop {
                 match self.record(batch.clone()).await {
                     Ok(_) => break,
                     Err(e) => {
                         tries += 1;
-                        if tries == 1 {
-                            lock_unwritten(&self.inner.unwritten).extend(claims.iter().copied());
-                        }
                         if give_up_writing_outcomes(&e, tries, *shutdown.borrow()) {
                             warn!(error = %e, rows = batch.len(), tries, "giving up on writing outcomes; leases will expire");
                             break;
@@ -1047,11 +1048,10 @@ impl Sender {
                     }
                 }
             }
-            if tries > 0 {
-                let mut unwritten = lock_unwritten(&self.inner.unwritten);
-                for c in &claims {
-                    unwritten.remove(c);
-                }
+            // Written, or given up on (then the watchdog may return the rows).
+            let mut unwritten = lock_unwritten(&self.inner.unwritten);
+            for o in &batch {
+                unwritten.remove(&(o.message_id, o.claimed_attempt));
             }
         }
     }

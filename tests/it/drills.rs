@@ -499,21 +499,23 @@ async fn database_restart_while_sending_and_ingesting() {
 /// Outcomes that cannot be written while the database is unavailable are written once it is
 /// back, however many tries that takes: giving up (as the flusher did after 20 tries, whatever
 /// the error) made each of those sends count again once its lease ran out — a delivered webhook
-/// sent twice. The database here answers every attempt-row insert of the message with a
-/// serialization failure (SQLSTATE 40001, "try again later" to Herald) 21 times, from a trigger
-/// counting on a sequence, which no rollback resets; each try fails at once, so the test waits
-/// only for the flusher's pauses (about 23 s). The lease (7 s) runs out long before: this
-/// process's watchdog must leave the row alone (the trigger lets its `lease_expired` attempt row
-/// in, and the row it returned would be sent again).
+/// sent twice. The database here answers the attempt-row insert of one delivered webhook's
+/// outcome with a serialization failure (SQLSTATE 40001, "try again later" to Herald) 21 times,
+/// from a trigger counting on a sequence, which no rollback resets; each try fails at once, so
+/// the test waits only for the flusher's pauses (about 23 s). A second webhook, answered a second
+/// later, waits in the flusher's queue behind that batch. The lease (7 s) runs out long before:
+/// this process's watchdog must leave both rows alone (the trigger lets its `lease_expired`
+/// attempt rows in, and a row it returned would be sent again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outcomes_are_written_after_more_failed_tries_than_other_errors_get() {
     const FAILURES: i64 = 21;
     let app = crate::support::app::spawn_app_with(
         Backend::Postgres,
-        "lease_seconds = 7\nwebhook_timeout_ms = 1000\n",
+        "lease_seconds = 7\nwebhook_timeout_ms = 2000\n",
     )
     .await;
     let rx = Receiver::start().await;
+    rx.script_path("/queued", [Reply::Delayed(1_000, 200)]);
     app.raw_sql(&format!(
         "CREATE SEQUENCE drill_outage;
          CREATE FUNCTION drill_outage() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -527,18 +529,22 @@ async fn outcomes_are_written_after_more_failed_tries_than_other_errors_get() {
          CREATE TRIGGER drill_outage BEFORE INSERT ON herald_attempts
              FOR EACH ROW EXECUTE FUNCTION drill_outage();
          INSERT INTO herald_outbox (event_id, channel, destination, payload)
-         VALUES ('outage-1', 'webhook', '{}', '{{\"body\": {{}}}}');",
-        rx.url
+         VALUES ('outage-1', 'webhook', '{}', '{{\"body\": {{}}}}'),
+                ('outage-2', 'webhook', '{}', '{{\"body\": {{}}}}');",
+        rx.url_for("/stuck"),
+        rx.url_for("/queued"),
     ));
     let started = Instant::now();
     let sender = app.start_sender();
-    rx.wait_for(1, 30).await;
+    rx.wait_for(2, 30).await;
     let deadline = started + Duration::from_secs(60);
-    while app.row("outage-1").state != herald::domain::State::Delivered {
+    let delivered = |id: &str| app.row(id).state == herald::domain::State::Delivered;
+    while !(delivered("outage-1") && delivered("outage-2")) {
         assert!(
             Instant::now() < deadline,
-            "not delivered within 60 s: {:?} after {} failed writes",
+            "not delivered within 60 s: {:?}, {:?} after {} failed writes",
             app.row("outage-1").state,
+            app.row("outage-2").state,
             count(
                 Backend::Postgres,
                 &app.test_db.url,
@@ -549,7 +555,7 @@ async fn outcomes_are_written_after_more_failed_tries_than_other_errors_get() {
     }
     let took = started.elapsed();
     sender.stop().await;
-    // Every failure was a try of this one outcome, and the next try wrote it.
+    // Every failure was a try of the first outcome, and the next try wrote it.
     assert_eq!(
         count(
             Backend::Postgres,
@@ -558,18 +564,25 @@ async fn outcomes_are_written_after_more_failed_tries_than_other_errors_get() {
         ),
         FAILURES + 1
     );
-    let row = app.row("outage-1");
-    assert_eq!((row.attempts, row.lease_owner), (1, None));
-    assert_eq!(
-        count(
-            Backend::Postgres,
-            &app.test_db.url,
-            "SELECT count(*) AS n FROM herald_attempts WHERE event_id = 'outage-1' \
-             AND class = 'accepted' AND next_state = 'delivered'"
-        ),
-        1
-    );
-    assert_eq!(rx.requests().len(), 1, "sent once");
+    for id in ["outage-1", "outage-2"] {
+        let row = app.row(id);
+        assert_eq!((row.attempts, row.lease_owner), (1, None), "{id}");
+        assert_eq!(
+            count(
+                Backend::Postgres,
+                &app.test_db.url,
+                &format!(
+                    "SELECT count(*) AS n FROM herald_attempts WHERE event_id = '{id}' \
+                     AND class = 'accepted' AND next_state = 'delivered'"
+                )
+            ),
+            1,
+            "{id}"
+        );
+    }
+    let mut sent = rx.event_ids();
+    sent.sort();
+    assert_eq!(sent, ["outage-1", "outage-2"], "each sent once");
     eprintln!(
         "DRILL outcome-retries failed_writes={FAILURES} delivered_after_ms={}",
         took.as_millis()
