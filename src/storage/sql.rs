@@ -7,8 +7,8 @@ use chrono::{DateTime, Utc};
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 
 use super::models::{
-    Applied, ExpiredLease, MatchedMessage, NewOutboxRow, NewReceipt, Now, OutboxRow, OutcomeRecord,
-    PendingReceipt, Reconciled, Unmatched,
+    Applied, ExpiredLease, MatchedMessage, NewAttempt, NewOutboxRow, NewReceipt, Now, OutboxRow,
+    OutcomeRecord, PendingReceipt, Reconciled, Unmatched,
 };
 
 diesel::define_sql_function! {
@@ -440,14 +440,34 @@ fn column<'a, T, U>(rows: &'a [T], f: impl Fn(&'a T) -> U) -> Vec<U> {
     rows.iter().map(f).collect()
 }
 
+/// The start of both backends' attempt-row inserts, the columns in bind order.
+macro_rules! insert_attempts_into {
+    () => {
+        "INSERT INTO herald_attempts (message_id, event_id, attempt_number, started_at, \
+         finished_at, duration_ms, request_fingerprint, response_status, error_kind, class, \
+         retry_after, delay_ms, delay_reason, policy_version, provider_message_id, \
+         response_excerpt, lease_owner, next_state)\n"
+    };
+}
+
+/// The outcomes that made a request, with their attempt and how their write applied: one
+/// attempt row each.
+fn attempts_made<'a>(
+    outcomes: &'a [OutcomeRecord],
+    applied: &'a [Applied],
+) -> impl Iterator<Item = (&'a OutcomeRecord, &'a NewAttempt, &'a Applied)> {
+    outcomes
+        .iter()
+        .zip(applied)
+        .filter_map(|(x, a)| x.attempt.as_ref().map(|t| (x, t, a)))
+}
+
 /// The attempt rows of a batch in one statement whose text does not depend on the row count
 /// (one array per column, `unnest`ed), so it stays prepared; duplicates of
 /// `herald_attempts_once` are skipped as the query-builder insert does.
-pub const PG_INSERT_ATTEMPTS_SQL: &str = "INSERT INTO herald_attempts (message_id, event_id, \
-    attempt_number, started_at, finished_at, duration_ms, request_fingerprint, response_status, \
-    error_kind, class, retry_after, delay_ms, delay_reason, policy_version, provider_message_id, \
-    response_excerpt, lease_owner, next_state)
-SELECT v.message_id, v.event_id, v.attempt_number, v.started_at, v.finished_at, v.duration_ms,
+pub const PG_INSERT_ATTEMPTS_SQL: &str = concat!(
+    insert_attempts_into!(),
+    "SELECT v.message_id, v.event_id, v.attempt_number, v.started_at, v.finished_at, v.duration_ms,
     v.request_fingerprint, v.response_status, v.error_kind, v.class, v.retry_after, v.delay_ms,
     v.delay_reason, v.policy_version, v.provider_message_id, v.response_excerpt, $1, v.next_state
 FROM unnest($2::bigint[], $3::text[], $4::int[], $5::timestamptz[], $6::timestamptz[],
@@ -456,7 +476,8 @@ FROM unnest($2::bigint[], $3::text[], $4::int[], $5::timestamptz[], $6::timestam
     AS v(message_id, event_id, attempt_number, started_at, finished_at, duration_ms,
          request_fingerprint, response_status, error_kind, class, retry_after, delay_ms,
          delay_reason, policy_version, provider_message_id, response_excerpt, next_state)
-ON CONFLICT DO NOTHING";
+ON CONFLICT DO NOTHING"
+);
 
 pub fn pg_insert_attempts(
     conn: &mut diesel::pg::PgConnection,
@@ -466,11 +487,7 @@ pub fn pg_insert_attempts(
 ) -> diesel::QueryResult<()> {
     use diesel::RunQueryDsl;
     use diesel::sql_types::{Array, Timestamptz};
-    let made: Vec<_> = outcomes
-        .iter()
-        .zip(applied)
-        .filter_map(|(x, a)| x.attempt.as_ref().map(|t| (x, t, a)))
-        .collect();
+    let made: Vec<_> = attempts_made(outcomes, applied).collect();
     if made.is_empty() {
         return Ok(());
     }
@@ -547,12 +564,11 @@ pub fn pg_insert_receipts_returning(
 }
 
 /// SQLite: one attempt row, duplicates of `herald_attempts_once` skipped as on PostgreSQL.
-pub const SQLITE_INSERT_ATTEMPT_SQL: &str = "INSERT INTO herald_attempts (message_id, event_id, \
-    attempt_number, started_at, finished_at, duration_ms, request_fingerprint, response_status, \
-    error_kind, class, retry_after, delay_ms, delay_reason, policy_version, provider_message_id, \
-    response_excerpt, lease_owner, next_state)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)
-ON CONFLICT DO NOTHING";
+pub const SQLITE_INSERT_ATTEMPT_SQL: &str = concat!(
+    insert_attempts_into!(),
+    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)
+ON CONFLICT DO NOTHING"
+);
 
 /// SQLite: the attempt rows, one kept-prepared insert each (in-process, so a statement per row
 /// costs no round trip; a multi-row insert's text varies with its row count, so diesel compiled
@@ -565,11 +581,7 @@ pub fn sqlite_insert_attempts(
 ) -> diesel::QueryResult<()> {
     use diesel::RunQueryDsl;
     use diesel::sql_types::TimestamptzSqlite;
-    let made = outcomes
-        .iter()
-        .zip(applied)
-        .filter_map(|(x, a)| x.attempt.as_ref().map(|t| (x, t, a)));
-    for (x, t, applied) in made {
+    for (x, t, applied) in attempts_made(outcomes, applied) {
         super::prepared::cached(SQLITE_INSERT_ATTEMPT_SQL)
             .bind::<BigInt, _>(x.message_id)
             .bind::<Text, _>(x.event_id.as_str())
