@@ -207,6 +207,7 @@ impl Herald {
                 timeout: settings.smtp_timeout,
                 pool_size: settings.smtp_pool_size,
                 idle_timeout: settings.smtp_idle_timeout,
+                pipelining: settings.smtp_pipelining,
                 ca: settings.smtp_ca.clone(),
                 credentials: settings.smtp_credentials.clone(),
             },

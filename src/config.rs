@@ -93,6 +93,7 @@ struct FileConfig {
     smtp_timeout_ms: Option<u64>,
     smtp_pool_size: Option<u32>,
     smtp_idle_timeout_seconds: Option<u64>,
+    smtp_pipelining: Option<bool>,
     smtp_ca_file: Option<PathBuf>,
     smtp_username: Option<Secret>,
     smtp_password: Option<Secret>,
@@ -188,6 +189,8 @@ pub struct Settings {
     pub smtp_pool_size: usize,
     /// How long a parked SMTP connection stays open unused.
     pub smtp_idle_timeout: Duration,
+    /// Pipeline MAIL FROM, RCPT TO and DATA when the relay offers PIPELINING (default on).
+    pub smtp_pipelining: bool,
     /// `smtp_ca_file`: CA certificates trusted for the relay in addition to the webpki roots.
     pub smtp_ca: Option<email::SmtpCa>,
     /// `smtp_username` + `smtp_password`: AUTH credentials kept out of the URL (they win over
@@ -355,6 +358,7 @@ impl Settings {
             "HERALD_SMTP_IDLE_TIMEOUT_SECONDS",
             num
         );
+        over!(smtp_pipelining, "HERALD_SMTP_PIPELINING", flag);
         over!(smtp_ca_file, "HERALD_SMTP_CA_FILE", string);
         over!(smtp_username, "HERALD_SMTP_USERNAME", secret);
         over!(smtp_password, "HERALD_SMTP_PASSWORD", secret);
@@ -676,6 +680,7 @@ impl Settings {
             smtp_timeout: timings.smtp_timeout,
             smtp_pool_size,
             smtp_idle_timeout,
+            smtp_pipelining: f.smtp_pipelining.unwrap_or(true),
             smtp_ca,
             smtp_credentials,
             mail_dir: f.mail_dir.unwrap_or_else(|| PathBuf::from("mail")),
@@ -1480,6 +1485,26 @@ mod tests {
                 "{m}"
             );
         }
+    }
+
+    #[test]
+    fn smtp_pipelining_is_on_unless_switched_off() {
+        let build = |pairs: &[(&str, &str)]| Settings::build(FileConfig::default(), &env(pairs));
+        assert!(build(&[]).unwrap().smtp_pipelining);
+        assert!(
+            !build(&[("HERALD_SMTP_PIPELINING", "false")])
+                .unwrap()
+                .smtp_pipelining
+        );
+        assert!(
+            !Settings::from_toml("smtp_pipelining = false\n")
+                .unwrap()
+                .smtp_pipelining
+        );
+        let m = build(&[("HERALD_SMTP_PIPELINING", "sometimes")])
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("HERALD_SMTP_PIPELINING"), "{m}");
     }
 
     #[test]

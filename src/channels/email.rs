@@ -34,7 +34,7 @@ use lettre::message::header::{HeaderName, HeaderValue};
 use lettre::message::{Mailbox, MultiPart, SinglePart};
 use lettre::transport::smtp::authentication::{Credentials, DEFAULT_MECHANISMS};
 use lettre::transport::smtp::client::{AsyncSmtpConnection, Tls, TlsParameters};
-use lettre::transport::smtp::commands::{Data, Mail, Rcpt};
+use lettre::transport::smtp::commands::{Data, Ehlo, Mail, Rcpt};
 use lettre::transport::smtp::extension::{ClientId, Extension, MailBodyParameter, MailParameter};
 use lettre::transport::smtp::response::Response;
 use lettre::transport::smtp::{SMTP_PORT, SUBMISSION_PORT, SUBMISSIONS_PORT};
@@ -416,6 +416,8 @@ pub struct SmtpLimits {
     pub pool_size: usize,
     /// How long a parked connection stays open unused ([`DEFAULT_IDLE_TIMEOUT`]).
     pub idle_timeout: Duration,
+    /// Pipeline the envelope when the relay offers PIPELINING (`smtp_pipelining`).
+    pub pipelining: bool,
     /// `smtp_ca_file`: CA certificates trusted in addition to the webpki roots.
     pub ca: Option<SmtpCa>,
     /// `smtp_username` + `smtp_password` from the configuration: AUTH credentials that win over
@@ -664,10 +666,11 @@ pub enum Stage {
 /// The steps of opening a connection, each named in the error kind of a refusal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConnectStep {
-    /// DNS, TCP, TLS for `smtps://`, the server's greeting and its answer to EHLO (lettre reads
-    /// the greeting and sends EHLO in one call, so a refusal of either is `smtp_greeting_refused`).
+    /// DNS, TCP, TLS for `smtps://`, the server's greeting and its answers to EHLO (lettre reads
+    /// the greeting and sends EHLO in one call, so a refusal of either is `smtp_greeting_refused`;
+    /// the second EHLO, which asks for PIPELINING, counts here too).
     Hello,
-    /// STARTTLS and the EHLO after it.
+    /// STARTTLS and the EHLOs after it.
     StartTls,
     /// AUTH, when `smtp_url` carries credentials.
     Auth,
@@ -875,6 +878,8 @@ fn reuse_check_bound(timeout: Duration) -> Duration {
 /// connection is gone (dropped, or retired after its QUIT).
 struct Pooled {
     conn: AsyncSmtpConnection,
+    /// The server offered PIPELINING (RFC 2920) in its EHLO reply ([`offers_pipelining`]).
+    pipelining: bool,
     _slot: OwnedSemaphorePermit,
 }
 
@@ -889,6 +894,8 @@ pub struct SmtpPool {
     relay: SmtpRelay,
     timeout: Duration,
     idle_timeout: Duration,
+    /// `smtp_pipelining`: pipeline when the relay offers it.
+    pipelining: bool,
     /// Bound on the NOOP check of a parked connection ([`reuse_check_bound`]).
     reuse_check: Duration,
     /// One permit per open connection.
@@ -960,6 +967,7 @@ impl SmtpPool {
             relay,
             timeout: limits.timeout,
             idle_timeout: limits.idle_timeout,
+            pipelining: limits.pipelining,
             reuse_check: reuse_check_bound(limits.timeout),
             slots: Arc::new(Semaphore::new(limits.pool_size.max(1))),
             idle: Arc::default(),
@@ -974,7 +982,13 @@ impl SmtpPool {
         let mut stage = Stage::Envelope;
         let result = tokio::time::timeout_at(
             deadline,
-            transmit(&mut pooled.conn, envelope, content, &mut stage),
+            transmit(
+                &mut pooled.conn,
+                pooled.pipelining,
+                envelope,
+                content,
+                &mut stage,
+            ),
         )
         .await;
         match result {
@@ -1029,7 +1043,11 @@ impl SmtpPool {
             };
             let mut step = ConnectStep::Hello;
             return match tokio::time::timeout_at(deadline, self.connect(&mut step)).await {
-                Ok(Ok(conn)) => Ok(Pooled { conn, _slot: slot }),
+                Ok(Ok((conn, pipelining))) => Ok(Pooled {
+                    conn,
+                    pipelining,
+                    _slot: slot,
+                }),
                 Ok(Err(ConnectError::Tcp(e))) => Err(SmtpFailure::Tcp(e)),
                 Ok(Err(ConnectError::Smtp(e))) => Err(SmtpFailure::Smtp(Stage::Connect(step), e)),
                 Err(_) => Err(SmtpFailure::Timeout(Stage::Connect(step))),
@@ -1046,8 +1064,13 @@ impl SmtpPool {
     }
 
     /// TCP (and TLS for smtps), greeting, EHLO, STARTTLS when asked for, AUTH when configured;
-    /// `step` says how far it got.
-    async fn connect(&self, step: &mut ConnectStep) -> Result<AsyncSmtpConnection, ConnectError> {
+    /// `step` says how far it got. Also whether the server offers PIPELINING: lettre keeps only
+    /// the EHLO keywords it knows, so Herald asks again (EHLO may be repeated at any time, RFC
+    /// 5321 §4.1.4; one round trip per connection, not per message), after TLS and before AUTH.
+    async fn connect(
+        &self,
+        step: &mut ConnectStep,
+    ) -> Result<(AsyncSmtpConnection, bool), ConnectError> {
         *step = ConnectStep::Hello;
         let r = &self.relay;
         let mut conn = match &r.tls {
@@ -1083,11 +1106,13 @@ impl SmtpPool {
             }
             _ => {}
         }
+        let pipelining =
+            self.pipelining && offers_pipelining(&conn.command(Ehlo::new(r.hello.clone())).await?);
         if let Some(c) = &r.credentials {
             *step = ConnectStep::Auth;
             conn.auth(DEFAULT_MECHANISMS, c).await?;
         }
-        Ok(conn)
+        Ok((conn, pipelining))
     }
 
     /// Parks a healthy connection, with a reaper watching it (started when none is).
@@ -1131,14 +1156,42 @@ fn retire(mut p: Pooled) {
     }
 }
 
+/// Whether an EHLO reply offers PIPELINING: a keyword on a line after the first (which names
+/// the server, RFC 5321 §4.1.1.1), case-insensitive.
+fn offers_pipelining(ehlo: &Response) -> bool {
+    ehlo.message().skip(1).any(|line| {
+        line.split_whitespace()
+            .next()
+            .is_some_and(|k| k.eq_ignore_ascii_case("PIPELINING"))
+    })
+}
+
+/// Commands written as they are, in one write (a pipelined group ends with its last CRLF).
+struct Pipelined(String);
+
+impl std::fmt::Display for Pipelined {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// MAIL FROM, RCPT TO, DATA, then the content; `stage` says how far it got.
+///
+/// With `pipelining` (the server offered it, RFC 2920) MAIL FROM, every RCPT TO and DATA leave
+/// in one write and their replies are read in order: two round trips a message instead of
+/// three or more. Nothing of the content leaves before the server's 354, so the envelope stage
+/// stays what it was: the server cannot have accepted the message.
 ///
 /// Recipients: a refusal at RCPT TO (4xx or 5xx, but not 421) is recorded and the next recipient
 /// tried; when at least one was accepted the message goes to those and counts as accepted, the
-/// refused ones listed; when none was, nothing is sent ([`SmtpFailure::RecipientsRefused`]). A 421
-/// ends the session at once, wherever it comes.
+/// refused ones listed; when none was, nothing is sent ([`SmtpFailure::RecipientsRefused`]) —
+/// also when a pipelining server answered the DATA of such an envelope with 354 anyway (RFC 2920
+/// says it must not): the caller closes the connection, which ends that DATA without a message. A
+/// 421 ends the session at once, wherever it comes; so does any other failure (the caller closes
+/// the connection, unread replies with it).
 async fn transmit(
     conn: &mut AsyncSmtpConnection,
+    pipelining: bool,
     envelope: &Envelope,
     content: &[u8],
     stage: &mut Stage,
@@ -1167,13 +1220,27 @@ async fn transmit(
         }
         mail_options.push(MailParameter::Body(MailBodyParameter::EightBitMime));
     }
-    conn.command(Mail::new(envelope.from().cloned(), mail_options))
-        .await
-        .map_err(envelope_err)?;
+    let mail = Mail::new(envelope.from().cloned(), mail_options);
+    if pipelining {
+        let mut group = mail.to_string();
+        for to in envelope.to() {
+            group.push_str(&Rcpt::new(to.clone(), vec![]).to_string());
+        }
+        group.push_str(&Data.to_string());
+        // Writes the whole group, then reads MAIL FROM's reply.
+        conn.command(Pipelined(group)).await.map_err(envelope_err)?;
+    } else {
+        conn.command(mail).await.map_err(envelope_err)?;
+    }
     let mut accepted = 0usize;
     let mut refused = Vec::new();
     for to in envelope.to() {
-        match conn.command(Rcpt::new(to.clone(), vec![])).await {
+        let reply = if pipelining {
+            conn.read_response().await
+        } else {
+            conn.command(Rcpt::new(to.clone(), vec![])).await
+        };
+        match reply {
             Ok(_) => accepted += 1,
             Err(e) => match reply_code(&e) {
                 Some(code) if code != 421 => refused.push(RefusedRecipient {
@@ -1185,10 +1252,19 @@ async fn transmit(
             },
         }
     }
-    if accepted == 0 {
+    if accepted == 0 && !pipelining {
         return Err(SmtpFailure::RecipientsRefused(refused));
     }
-    conn.command(Data).await.map_err(envelope_err)?;
+    let data = if pipelining {
+        conn.read_response().await
+    } else {
+        conn.command(Data).await
+    };
+    match data {
+        _ if accepted == 0 => return Err(SmtpFailure::RecipientsRefused(refused)),
+        Ok(_) => {}
+        Err(e) => return Err(envelope_err(e)),
+    }
     *stage = Stage::Content;
     let reply = conn
         .message(content)
@@ -1269,6 +1345,33 @@ async fn write_eml(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn pipelining_is_an_ehlo_keyword_after_the_server_name() {
+        use lettre::transport::smtp::response::{Category, Code, Detail, Severity};
+        let ehlo = |lines: &[&str]| {
+            let code = Code::new(
+                Severity::PositiveCompletion,
+                Category::MailSystem,
+                Detail::Zero,
+            );
+            super::Response::new(code, lines.iter().map(|l| (*l).to_owned()).collect())
+        };
+        assert!(super::offers_pipelining(&ehlo(&[
+            "mx.example.com Hello",
+            "SIZE 10240000",
+            "PIPELINING",
+            "8BITMIME",
+        ])));
+        assert!(super::offers_pipelining(&ehlo(&["mx", "pipelining"])));
+        for without in [
+            &["mx.example.com", "8BITMIME", "XPIPELINING"][..],
+            &["PIPELINING"],
+            &["mx.example.com", "SIZE PIPELINING"],
+        ] {
+            assert!(!super::offers_pipelining(&ehlo(without)), "{without:?}");
+        }
+    }
+
     use super::*;
     use serde_json::json;
 
@@ -1277,6 +1380,7 @@ mod tests {
             timeout,
             pool_size,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            pipelining: true,
             ca: None,
             credentials: None,
         }

@@ -20,6 +20,26 @@ use crate::support::app::{base_toml, spawn_app_with};
 use crate::support::smtp_sink::{Auth, Script, SmtpSink, TestCa, TlsMode, refused_url};
 use crate::support::{Backend, TestApp};
 
+/// A sink offering PIPELINING or not.
+async fn sink_offering_pipelining(offered: bool) -> SmtpSink {
+    SmtpSink::start_scripted(Script {
+        no_pipelining: !offered,
+        ..Script::default()
+    })
+    .await
+}
+
+/// Every one of `envelopes` arrived pipelined (MAIL FROM with RCPT TO and DATA behind it) when
+/// `pipelined`, else each MAIL FROM alone, its reply awaited.
+fn assert_envelopes(sink: &SmtpSink, pipelined: bool, envelopes: usize) {
+    let want = if pipelined {
+        (envelopes, 0)
+    } else {
+        (0, envelopes)
+    };
+    assert_eq!(sink.envelopes(), want, "(pipelined, lockstep) envelopes");
+}
+
 async fn post_mail(app: &TestApp, id: &str, to: &str, from: Option<&str>, semantics: &str) {
     let mut payload = json!({"subject": "Hi", "text": "Hello"});
     if let Some(from) = from {
@@ -438,12 +458,31 @@ async fn smtp_the_queue_id_of_a_250_is_the_provider_message_id(backend: Backend)
 
 /// Three recipients (the destination, a cc and a bcc), one refused at RCPT TO: the message goes
 /// to the two others and the attempt is `accepted`, listing the refused one masked with its code.
+/// Pipelined (the sink offers PIPELINING, as Postfix does).
 async fn smtp_a_recipient_refused_at_rcpt_is_listed_masked_and_the_others_get_the_message(
     backend: Backend,
 ) {
+    recipient_refused_at_rcpt(backend, true, true).await;
+}
+
+/// The same, with a server that does not offer PIPELINING: one command, one reply.
+async fn smtp_a_recipient_refused_without_pipelining_is_listed_the_same(backend: Backend) {
+    recipient_refused_at_rcpt(backend, false, true).await;
+}
+
+/// The same, offered but switched off by `smtp_pipelining = false`.
+async fn smtp_pipelining_switched_off_is_not_used_when_offered(backend: Backend) {
+    recipient_refused_at_rcpt(backend, true, false).await;
+}
+
+async fn recipient_refused_at_rcpt(backend: Backend, offered: bool, enabled: bool) {
     let logs = captured_logs();
-    let sink = SmtpSink::start().await;
-    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    let sink = sink_offering_pipelining(offered).await;
+    let app = spawn_app_with(
+        backend,
+        &format!("smtp_url = \"{}\"\nsmtp_pipelining = {enabled}\n", sink.url),
+    )
+    .await;
     let payload = json!({
         "subject": "Hi", "text": "Hello",
         "cc": ["bob@example.com"], "bcc": ["rcpt550@example.com"],
@@ -481,13 +520,24 @@ async fn smtp_a_recipient_refused_at_rcpt_is_listed_masked_and_the_others_get_th
     for shown in [format!("{a:?}"), view, logs.text()] {
         assert!(!shown.contains("rcpt550@"), "{shown}");
     }
+    assert_envelopes(&sink, offered && enabled, 1);
     app.stop().await;
 }
 
 /// Every recipient refused: nothing is sent; any 4xx among the refusals makes it transient (that
-/// recipient may take it later), all 5xx permanent.
+/// recipient may take it later), all 5xx permanent. Pipelined: DATA left with the envelope and
+/// the server refused it (554, no valid recipients).
 async fn smtp_all_recipients_refused_is_decided_by_their_codes(backend: Backend) {
-    let sink = SmtpSink::start().await;
+    all_recipients_refused(backend, true).await;
+}
+
+/// The same without PIPELINING: DATA is never sent.
+async fn smtp_all_recipients_refused_without_pipelining_is_decided_the_same(backend: Backend) {
+    all_recipients_refused(backend, false).await;
+}
+
+async fn all_recipients_refused(backend: Backend, offered: bool) {
+    let sink = sink_offering_pipelining(offered).await;
     let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
     let table = [
         (
@@ -531,6 +581,42 @@ async fn smtp_all_recipients_refused_is_decided_by_their_codes(backend: Backend)
         );
     }
     assert!(sink.accepted().is_empty());
+    assert!(sink.received().is_empty(), "no content was sent");
+    assert_envelopes(&sink, offered, table.len());
+    app.stop().await;
+}
+
+/// A pipelining server that answers 354 to the DATA of an envelope whose every recipient it
+/// refused (RFC 2920 says it must not): Herald sends no content, the attempt is the refusal,
+/// and the connection is closed rather than parked in the middle of DATA.
+async fn smtp_a_354_after_every_recipient_refused_gets_no_content(backend: Backend) {
+    let sink = SmtpSink::start_scripted(Script {
+        lax_data: true,
+        ..Script::default()
+    })
+    .await;
+    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    post_mail(&app, "lax-1", "rcpt550@example.com", None, "at_most_once").await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    let (state, last, class, kind) = outcome(&app, "lax-1").await;
+    assert_eq!(
+        (state.as_str(), last.as_str(), class.as_str()),
+        ("dead_letter", "permanent", "permanent")
+    );
+    assert_eq!(kind.as_deref(), Some("recipients_refused"));
+    assert_envelopes(&sink, true, 1);
+    // The next message gets a new connection: the first was closed in the middle of DATA,
+    // which ended it without a message.
+    post_mail(&app, "lax-2", "ada@example.com", None, "at_most_once").await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    assert_eq!(app.message("lax-2").await["state"], "delivered");
+    assert_eq!(sink.connections(), 2);
+    let received = sink.received();
+    assert_eq!(received.len(), 1, "{received:?}");
+    assert!(
+        received[0].contains("X-Herald-Event-Id: lax-2"),
+        "{received:?}"
+    );
     app.stop().await;
 }
 
@@ -538,7 +624,16 @@ async fn smtp_all_recipients_refused_is_decided_by_their_codes(backend: Backend)
 /// reply is shown to be retried, not left unconfirmed): replies to MAIL FROM, to RCPT TO and to
 /// the content.
 async fn smtp_every_reply_code_is_classified(backend: Backend) {
-    let sink = SmtpSink::start().await;
+    every_reply_code_is_classified(backend, true).await;
+}
+
+/// The same table against a server that does not offer PIPELINING.
+async fn smtp_every_reply_code_is_classified_without_pipelining(backend: Backend) {
+    every_reply_code_is_classified(backend, false).await;
+}
+
+async fn every_reply_code_is_classified(backend: Backend, offered: bool) {
+    let sink = sink_offering_pipelining(offered).await;
     let app = spawn_app_with(
         backend,
         &format!("smtp_url = \"{}\"\nsmtp_pool_size = 20\n", sink.url),
@@ -618,6 +713,7 @@ async fn smtp_every_reply_code_is_classified(backend: Backend) {
         }
     }
     assert_eq!(sink.accepted().len(), 1, "only code-250 was taken");
+    assert_envelopes(&sink, offered, table.len());
     app.stop().await;
 }
 
@@ -998,6 +1094,11 @@ both_backends!(
     smtp_a_recipient_refused_at_rcpt_is_listed_masked_and_the_others_get_the_message,
     smtp_all_recipients_refused_is_decided_by_their_codes,
     smtp_every_reply_code_is_classified,
+    smtp_every_reply_code_is_classified_without_pipelining,
+    smtp_a_354_after_every_recipient_refused_gets_no_content,
+    smtp_a_recipient_refused_without_pipelining_is_listed_the_same,
+    smtp_pipelining_switched_off_is_not_used_when_offered,
+    smtp_all_recipients_refused_without_pipelining_is_decided_the_same,
     smtp_an_idle_connection_is_closed_after_the_idle_timeout,
     smtp_starttls_with_a_private_ca_delivers_over_tls,
     smtps_implicit_tls_with_a_private_ca_delivers,

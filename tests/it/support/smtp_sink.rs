@@ -88,6 +88,11 @@ pub struct Script {
     /// until a client authenticated.
     pub auth: Option<Auth>,
     pub tls: Option<TlsMode>,
+    /// Leave PIPELINING out of the EHLO reply (offered by default, as Postfix and Exim do).
+    pub no_pipelining: bool,
+    /// Answer DATA with 354 even when no recipient was accepted (RFC 2920 §3.1 says a
+    /// pipelining server must refuse it; this one does not).
+    pub lax_data: bool,
 }
 
 /// A certificate authority made for one test, and a server certificate it signed for
@@ -175,6 +180,10 @@ struct Counters {
     received: Mutex<Vec<String>>,
     /// The mechanism of every successful AUTH.
     authenticated: Mutex<Vec<String>>,
+    /// MAIL FROM lines that arrived with more commands behind them (the client did not wait
+    /// for the reply: pipelined), and those that arrived alone.
+    pipelined: AtomicUsize,
+    lockstep: AtomicUsize,
 }
 
 /// Counts a session as open from its accept until its task ends.
@@ -272,6 +281,15 @@ impl SmtpSink {
     /// The mechanism of every successful AUTH so far.
     pub fn authenticated(&self) -> Vec<String> {
         self.counters.authenticated.lock().unwrap().clone()
+    }
+
+    /// Envelopes whose MAIL FROM arrived with the next commands behind it (pipelined), and
+    /// those whose MAIL FROM arrived alone: (pipelined, lockstep).
+    pub fn envelopes(&self) -> (usize, usize) {
+        (
+            self.counters.pipelined.load(Ordering::SeqCst),
+            self.counters.lockstep.load(Ordering::SeqCst),
+        )
     }
 
     /// Sessions that completed a TLS handshake.
@@ -462,6 +480,9 @@ async fn session(
             } else if script.auth_reply.is_some() {
                 lines.push("250-AUTH PLAIN LOGIN".into());
             }
+            if !script.no_pipelining {
+                lines.push("250-PIPELINING".into());
+            }
             lines.push("250 8BITMIME".into());
             lines.join("\r\n")
         } else if upper.starts_with("STARTTLS") {
@@ -515,6 +536,12 @@ async fn session(
                     .into()
             }
         } else if upper.starts_with("MAIL FROM") {
+            let behind = if conn.buffer().is_empty() {
+                &counters.lockstep
+            } else {
+                &counters.pipelined
+            };
+            behind.fetch_add(1, Ordering::SeqCst);
             let from = path_of(&line);
             if from.contains("drop-at-mail@") {
                 return;
@@ -555,7 +582,7 @@ async fn session(
                 "250 2.1.5 ok".into()
             }
         } else if upper.starts_with("DATA") {
-            if rcpt.is_empty() {
+            if rcpt.is_empty() && !script.lax_data {
                 if !say(&mut conn, "554 5.5.1 no valid recipients").await {
                     return;
                 }
