@@ -201,8 +201,20 @@ async fn smtp_stall_or_drop_after_data_is_ambiguous(backend: Backend) {
     app.stop().await;
 }
 
+/// Pipelined: the NOOP of a reused connection leads its envelope, no round trip of its own.
 async fn smtp_connections_are_reused_and_a_closed_one_is_replaced(backend: Backend) {
-    let sink = SmtpSink::start().await;
+    connections_are_reused(backend, true).await;
+}
+
+/// Without PIPELINING: the NOOP is a round trip of its own before the envelope.
+async fn smtp_connections_are_reused_and_a_closed_one_is_replaced_without_pipelining(
+    backend: Backend,
+) {
+    connections_are_reused(backend, false).await;
+}
+
+async fn connections_are_reused(backend: Backend, offered: bool) {
+    let sink = sink_offering_pipelining(offered).await;
     let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
     // One at a time: the second send finds the first one's parked connection.
     for (id, to) in [("pool-1", "ada@example.com"), ("pool-2", "bye@example.com")] {
@@ -219,6 +231,13 @@ async fn smtp_connections_are_reused_and_a_closed_one_is_replaced(backend: Backe
     assert_eq!(app.attempts("pool-3").len(), 1);
     assert_eq!(sink.connections(), 2);
     assert_eq!(sink.accepted().len(), 3);
+    // pool-2's reuse was checked (pool-3's NOOP went to a closed connection).
+    assert_eq!(
+        sink.noops(),
+        if offered { (1, 0) } else { (0, 1) },
+        "(pipelined, alone) NOOPs"
+    );
+    assert_envelopes(&sink, offered, 3);
     app.stop().await;
 }
 
@@ -403,7 +422,17 @@ async fn smtp_open_connections_are_bounded_by_the_pool_size(backend: Backend) {
 /// A parked connection that stops answering (NOOP gets nothing) costs only the bounded reuse
 /// check: the same attempt opens a new connection and delivers.
 async fn smtp_a_parked_connection_that_went_silent_is_replaced(backend: Backend) {
-    let sink = SmtpSink::start().await;
+    parked_connection_went_silent(backend, true).await;
+}
+
+async fn smtp_a_parked_connection_that_went_silent_is_replaced_without_pipelining(
+    backend: Backend,
+) {
+    parked_connection_went_silent(backend, false).await;
+}
+
+async fn parked_connection_went_silent(backend: Backend, offered: bool) {
+    let sink = sink_offering_pipelining(offered).await;
     let app = spawn_app_with(
         backend,
         &format!("smtp_url = \"{}\"\nsmtp_timeout_ms = 2000\n", sink.url),
@@ -422,6 +451,9 @@ async fn smtp_a_parked_connection_that_went_silent_is_replaced(backend: Backend)
     assert_eq!(app.attempts("mute-2").len(), 1);
     assert_eq!(sink.connections(), 2);
     assert_eq!(sink.accepted().len(), 2);
+    // The silent connection read mute-2's NOOP (and, pipelined, its envelope) without a word:
+    // only the two envelopes it answered count.
+    assert_envelopes(&sink, offered, 2);
     app.stop().await;
 }
 
@@ -1095,6 +1127,8 @@ both_backends!(
     smtp_all_recipients_refused_is_decided_by_their_codes,
     smtp_every_reply_code_is_classified,
     smtp_every_reply_code_is_classified_without_pipelining,
+    smtp_connections_are_reused_and_a_closed_one_is_replaced_without_pipelining,
+    smtp_a_parked_connection_that_went_silent_is_replaced_without_pipelining,
     smtp_a_354_after_every_recipient_refused_gets_no_content,
     smtp_a_recipient_refused_without_pipelining_is_listed_the_same,
     smtp_pipelining_switched_off_is_not_used_when_offered,

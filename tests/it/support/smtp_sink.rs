@@ -184,6 +184,9 @@ struct Counters {
     /// for the reply: pipelined), and those that arrived alone.
     pipelined: AtomicUsize,
     lockstep: AtomicUsize,
+    /// NOOP lines that arrived with more commands behind them, and those that arrived alone.
+    noops_pipelined: AtomicUsize,
+    noops_alone: AtomicUsize,
 }
 
 /// Counts a session as open from its accept until its task ends.
@@ -289,6 +292,15 @@ impl SmtpSink {
         (
             self.counters.pipelined.load(Ordering::SeqCst),
             self.counters.lockstep.load(Ordering::SeqCst),
+        )
+    }
+
+    /// NOOPs that arrived with the envelope behind them, and NOOPs that arrived alone:
+    /// (pipelined, alone).
+    pub fn noops(&self) -> (usize, usize) {
+        (
+            self.counters.noops_pipelined.load(Ordering::SeqCst),
+            self.counters.noops_alone.load(Ordering::SeqCst),
         )
     }
 
@@ -560,6 +572,12 @@ async fn session(
                 "250 2.1.0 ok".into()
             }
         } else if upper.starts_with("NOOP") {
+            let behind = if conn.buffer().is_empty() {
+                &counters.noops_alone
+            } else {
+                &counters.noops_pipelined
+            };
+            behind.fetch_add(1, Ordering::SeqCst);
             "250 2.0.0 ok".into()
         } else if upper.starts_with("RSET") {
             rcpt.clear();
