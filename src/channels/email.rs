@@ -34,7 +34,7 @@ use lettre::message::header::{HeaderName, HeaderValue};
 use lettre::message::{Mailbox, MultiPart, SinglePart};
 use lettre::transport::smtp::authentication::{Credentials, DEFAULT_MECHANISMS};
 use lettre::transport::smtp::client::{AsyncSmtpConnection, Tls, TlsParameters};
-use lettre::transport::smtp::commands::{Data, Ehlo, Mail, Noop, Rcpt};
+use lettre::transport::smtp::commands::{Data, Ehlo, Mail, Rcpt};
 use lettre::transport::smtp::extension::{ClientId, Extension, MailBodyParameter, MailParameter};
 use lettre::transport::smtp::response::Response;
 use lettre::transport::smtp::{SMTP_PORT, SUBMISSION_PORT, SUBMISSIONS_PORT};
@@ -975,73 +975,52 @@ impl SmtpPool {
         }
     }
 
-    /// One attempt, bounded by the SMTP timeout as a whole, waiting for a slot included. A
-    /// parked connection found stale by the NOOP pipelined ahead of the envelope is closed and
-    /// the attempt goes on with another (at most every parked one, then a new one: a new
-    /// connection is never probed).
+    /// One attempt, bounded by the SMTP timeout as a whole, waiting for a slot included.
     pub async fn send(&self, envelope: &Envelope, content: &[u8]) -> Result<Accepted, SmtpFailure> {
         let deadline = tokio::time::Instant::now() + self.timeout;
-        loop {
-            let (mut pooled, parked) = self.checkout(deadline).await?;
-            let probe = (parked && pooled.pipelining)
-                .then(|| deadline.min(tokio::time::Instant::now() + self.reuse_check));
-            let mut stage = Stage::Envelope;
-            let result = tokio::time::timeout_at(
-                deadline,
-                transmit(
-                    &mut pooled.conn,
-                    pooled.pipelining,
-                    probe,
-                    envelope,
-                    content,
-                    &mut stage,
-                ),
-            )
-            .await;
-            return match result {
-                Ok(Ok(Transmitted::Accepted(resp))) => {
-                    self.checkin(pooled);
-                    Ok(resp)
-                }
-                // Closed (its slot with it); nothing of this message was taken by it.
-                Ok(Ok(Transmitted::Stale)) => {
-                    drop(pooled);
-                    continue;
-                }
-                // A failed dialogue is closed without QUIT: mid-content, a QUIT would be read as
-                // more of the message; after a 421 the server is closing the channel anyway.
-                Ok(Err(e)) => {
-                    drop(pooled);
-                    Err(e)
-                }
-                Err(_) => {
-                    drop(pooled);
-                    Err(SmtpFailure::Timeout(stage))
-                }
-            };
+        let mut pooled = self.checkout(deadline).await?;
+        let mut stage = Stage::Envelope;
+        let result = tokio::time::timeout_at(
+            deadline,
+            transmit(
+                &mut pooled.conn,
+                pooled.pipelining,
+                envelope,
+                content,
+                &mut stage,
+            ),
+        )
+        .await;
+        match result {
+            Ok(Ok(resp)) => {
+                self.checkin(pooled);
+                Ok(resp)
+            }
+            // A failed dialogue is closed without QUIT: mid-content, a QUIT would be read as
+            // more of the message; after a 421 the server is closing the channel anyway.
+            Ok(Err(e)) => {
+                drop(pooled);
+                Err(e)
+            }
+            Err(_) => {
+                drop(pooled);
+                Err(SmtpFailure::Timeout(stage))
+            }
         }
     }
 
     /// A parked connection that answers NOOP, else a new one in a free slot, else — waiting
-    /// until the deadline — whichever of the two comes first; and whether it was parked. A
-    /// parked connection to a pipelining server is not checked here: its NOOP leaves with the
-    /// envelope ([`transmit`]), saving the round trip.
-    async fn checkout(
-        &self,
-        deadline: tokio::time::Instant,
-    ) -> Result<(Pooled, bool), SmtpFailure> {
+    /// until the deadline — whichever of the two comes first.
+    async fn checkout(&self, deadline: tokio::time::Instant) -> Result<Pooled, SmtpFailure> {
         loop {
             // Registered before looking, so a connection parked after the look wakes this wait.
             let parked = self.parked.notified();
             tokio::pin!(parked);
             parked.as_mut().enable();
             if let Some(mut p) = self.take_idle() {
-                if p.pipelining {
-                    return Ok((p, true));
-                }
                 let check_until = deadline.min(tokio::time::Instant::now() + self.reuse_check);
                 match tokio::time::timeout_at(check_until, p.conn.test_connected()).await {
-                    Ok(true) => return Ok((p, true)),
+                    Ok(true) => return Ok(p),
                     // Closed by the server while parked, refused (a 421) or silent: closed (its
                     // slot with it), and the next parked one or a new connection carries this
                     // attempt.
@@ -1064,14 +1043,11 @@ impl SmtpPool {
             };
             let mut step = ConnectStep::Hello;
             return match tokio::time::timeout_at(deadline, self.connect(&mut step)).await {
-                Ok(Ok((conn, pipelining))) => Ok((
-                    Pooled {
-                        conn,
-                        pipelining,
-                        _slot: slot,
-                    },
-                    false,
-                )),
+                Ok(Ok((conn, pipelining))) => Ok(Pooled {
+                    conn,
+                    pipelining,
+                    _slot: slot,
+                }),
                 Ok(Err(ConnectError::Tcp(e))) => Err(SmtpFailure::Tcp(e)),
                 Ok(Err(ConnectError::Smtp(e))) => Err(SmtpFailure::Smtp(Stage::Connect(step), e)),
                 Err(_) => Err(SmtpFailure::Timeout(Stage::Connect(step))),
@@ -1199,23 +1175,12 @@ impl std::fmt::Display for Pipelined {
     }
 }
 
-/// How a dialogue on a connection ended, short of a failure.
-enum Transmitted {
-    Accepted(Accepted),
-    /// The parked connection did not answer the NOOP ahead of the envelope (closed, a 421, or
-    /// silent until the reuse check's bound): nothing of the message was taken.
-    Stale,
-}
-
 /// MAIL FROM, RCPT TO, DATA, then the content; `stage` says how far it got.
 ///
 /// With `pipelining` (the server offered it, RFC 2920) MAIL FROM, every RCPT TO and DATA leave
 /// in one write and their replies are read in order: two round trips a message instead of
 /// three or more. Nothing of the content leaves before the server's 354, so the envelope stage
-/// stays what it was: the server cannot have accepted the message. With `probe` (a parked
-/// connection), a NOOP leads the group; unless its reply is a 250 by the time given, the
-/// connection is [`Transmitted::Stale`] — a server that closed or went silent meanwhile has
-/// taken nothing, the content never having left.
+/// stays what it was: the server cannot have accepted the message.
 ///
 /// Recipients: a refusal at RCPT TO (4xx or 5xx, but not 421) is recorded and the next recipient
 /// tried; when at least one was accepted the message goes to those and counts as accepted, the
@@ -1227,11 +1192,10 @@ enum Transmitted {
 async fn transmit(
     conn: &mut AsyncSmtpConnection,
     pipelining: bool,
-    probe: Option<tokio::time::Instant>,
     envelope: &Envelope,
     content: &[u8],
     stage: &mut Stage,
-) -> Result<Transmitted, SmtpFailure> {
+) -> Result<Accepted, SmtpFailure> {
     *stage = Stage::Envelope;
     let envelope_err = |e| SmtpFailure::Smtp(Stage::Envelope, e);
     let mut mail_options = Vec::new();
@@ -1258,25 +1222,13 @@ async fn transmit(
     }
     let mail = Mail::new(envelope.from().cloned(), mail_options);
     if pipelining {
-        let mut group = probe.map(|_| Noop.to_string()).unwrap_or_default();
-        group.push_str(&mail.to_string());
+        let mut group = mail.to_string();
         for to in envelope.to() {
             group.push_str(&Rcpt::new(to.clone(), vec![]).to_string());
         }
         group.push_str(&Data.to_string());
-        // Writes the whole group, then reads its first reply.
-        let first = conn.command(Pipelined(group));
-        match probe {
-            Some(until) => {
-                if !matches!(tokio::time::timeout_at(until, first).await, Ok(Ok(_))) {
-                    return Ok(Transmitted::Stale);
-                }
-                conn.read_response().await.map_err(envelope_err)?;
-            }
-            None => {
-                first.await.map_err(envelope_err)?;
-            }
-        }
+        // Writes the whole group, then reads MAIL FROM's reply.
+        conn.command(Pipelined(group)).await.map_err(envelope_err)?;
     } else {
         conn.command(mail).await.map_err(envelope_err)?;
     }
@@ -1318,7 +1270,7 @@ async fn transmit(
         .message(content)
         .await
         .map_err(|e| SmtpFailure::Smtp(Stage::Content, e))?;
-    Ok(Transmitted::Accepted(Accepted { reply, refused }))
+    Ok(Accepted { reply, refused })
 }
 
 fn smtp_code(code: &str) -> u16 {

@@ -187,6 +187,9 @@ struct Counters {
     /// NOOP lines that arrived with more commands behind them, and those that arrived alone.
     noops_pipelined: AtomicUsize,
     noops_alone: AtomicUsize,
+    /// Commands that may only end a pipelined group (RFC 2920 §3.1: EHLO, DATA, VRFY, EXPN,
+    /// TURN, QUIT, NOOP; STARTTLS and AUTH by their own RFCs) that arrived with more behind them.
+    out_of_place: Mutex<Vec<String>>,
 }
 
 /// Counts a session as open from its accept until its task ends.
@@ -302,6 +305,12 @@ impl SmtpSink {
             self.counters.noops_pipelined.load(Ordering::SeqCst),
             self.counters.noops_alone.load(Ordering::SeqCst),
         )
+    }
+
+    /// Commands that arrived with more commands behind them although RFC 2920 lets them only
+    /// end a group (a client pipelining wrongly), each as its verb.
+    pub fn out_of_place(&self) -> Vec<String> {
+        self.counters.out_of_place.lock().unwrap().clone()
     }
 
     /// Sessions that completed a TLS handshake.
@@ -480,6 +489,13 @@ async fn session(
             return;
         };
         let upper = line.to_ascii_uppercase();
+        let verb = upper.split_whitespace().next().unwrap_or_default();
+        let last_only = [
+            "EHLO", "HELO", "DATA", "VRFY", "EXPN", "TURN", "QUIT", "NOOP", "STARTTLS", "AUTH",
+        ];
+        if last_only.contains(&verb) && !conn.buffer().is_empty() {
+            counters.out_of_place.lock().unwrap().push(verb.to_owned());
+        }
         let reply: String = if refused && !upper.starts_with("QUIT") {
             "503 5.5.1 no service here".into()
         } else if upper.starts_with("EHLO") || upper.starts_with("HELO") {
