@@ -668,9 +668,9 @@ pub enum Stage {
 pub enum ConnectStep {
     /// DNS, TCP, TLS for `smtps://`, the server's greeting and its answers to EHLO (lettre reads
     /// the greeting and sends EHLO in one call, so a refusal of either is `smtp_greeting_refused`;
-    /// the second EHLO, which asks for PIPELINING, counts here too).
+    /// without STARTTLS, the second EHLO, which asks for PIPELINING, counts here too).
     Hello,
-    /// STARTTLS and the EHLOs after it.
+    /// STARTTLS and the EHLOs after it (the one that asks for PIPELINING included).
     StartTls,
     /// AUTH, when `smtp_url` carries credentials.
     Auth,
@@ -1166,6 +1166,12 @@ fn offers_pipelining(ehlo: &Response) -> bool {
     })
 }
 
+/// The longest pipelined group Herald writes before reading a reply. RFC 2920 §3.1: a client
+/// that writes a whole group before reading must keep it within what the connection buffers
+/// both ways, or client and server can each wait for the other to read (a server writes a reply
+/// per command). About 60 recipients fit; an envelope with more goes one command at a time.
+const PIPELINED_GROUP_MAX: usize = 4096;
+
 /// Commands written as they are, in one write (a pipelined group ends with its last CRLF).
 struct Pipelined(String);
 
@@ -1178,17 +1184,19 @@ impl std::fmt::Display for Pipelined {
 /// MAIL FROM, RCPT TO, DATA, then the content; `stage` says how far it got.
 ///
 /// With `pipelining` (the server offered it, RFC 2920) MAIL FROM, every RCPT TO and DATA leave
-/// in one write and their replies are read in order: two round trips a message instead of
-/// three or more. Nothing of the content leaves before the server's 354, so the envelope stage
-/// stays what it was: the server cannot have accepted the message.
+/// in one write, up to [`PIPELINED_GROUP_MAX`] bytes, and their replies are read in order: two
+/// round trips a message instead of three or more. Nothing of the content leaves before the
+/// server's 354, so the envelope stage stays what it was: the server cannot have accepted the
+/// message.
 ///
 /// Recipients: a refusal at RCPT TO (4xx or 5xx, but not 421) is recorded and the next recipient
 /// tried; when at least one was accepted the message goes to those and counts as accepted, the
-/// refused ones listed; when none was, nothing is sent ([`SmtpFailure::RecipientsRefused`]) —
-/// also when a pipelining server answered the DATA of such an envelope with 354 anyway (RFC 2920
-/// says it must not): the caller closes the connection, which ends that DATA without a message. A
-/// 421 ends the session at once, wherever it comes; so does any other failure (the caller closes
-/// the connection, unread replies with it).
+/// refused ones listed; when none was, nothing is sent ([`SmtpFailure::RecipientsRefused`]).
+/// Pipelined, the DATA already left with the envelope and a server may have answered it 354
+/// (RFC 2920 warns a client not to assume a refusal): its reply is not waited for, and the
+/// caller closes the connection, which ends any DATA without a message. A 421 ends the session
+/// at once, wherever it comes; so does any other failure (the caller closes the connection,
+/// unread replies with it).
 async fn transmit(
     conn: &mut AsyncSmtpConnection,
     pipelining: bool,
@@ -1221,17 +1229,23 @@ async fn transmit(
         mail_options.push(MailParameter::Body(MailBodyParameter::EightBitMime));
     }
     let mail = Mail::new(envelope.from().cloned(), mail_options);
-    if pipelining {
+    let group = pipelining.then(|| {
         let mut group = mail.to_string();
         for to in envelope.to() {
             group.push_str(&Rcpt::new(to.clone(), vec![]).to_string());
         }
         group.push_str(&Data.to_string());
+        group
+    });
+    let pipelining = group
+        .as_ref()
+        .is_some_and(|g| g.len() <= PIPELINED_GROUP_MAX);
+    match group {
         // Writes the whole group, then reads MAIL FROM's reply.
-        conn.command(Pipelined(group)).await.map_err(envelope_err)?;
-    } else {
-        conn.command(mail).await.map_err(envelope_err)?;
+        Some(group) if pipelining => conn.command(Pipelined(group)).await,
+        _ => conn.command(mail).await,
     }
+    .map_err(envelope_err)?;
     let mut accepted = 0usize;
     let mut refused = Vec::new();
     for to in envelope.to() {
@@ -1252,19 +1266,15 @@ async fn transmit(
             },
         }
     }
-    if accepted == 0 && !pipelining {
+    if accepted == 0 {
         return Err(SmtpFailure::RecipientsRefused(refused));
     }
-    let data = if pipelining {
+    if pipelining {
         conn.read_response().await
     } else {
         conn.command(Data).await
-    };
-    match data {
-        _ if accepted == 0 => return Err(SmtpFailure::RecipientsRefused(refused)),
-        Ok(_) => {}
-        Err(e) => return Err(envelope_err(e)),
     }
+    .map_err(envelope_err)?;
     *stage = Stage::Content;
     let reply = conn
         .message(content)

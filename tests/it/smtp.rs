@@ -621,8 +621,9 @@ async fn all_recipients_refused(backend: Backend, offered: bool) {
 }
 
 /// A pipelining server that answers 354 to the DATA of an envelope whose every recipient it
-/// refused (RFC 2920 says it must not): Herald sends no content, the attempt is the refusal,
-/// and the connection is closed rather than parked in the middle of DATA.
+/// refused (RFC 2920 tells the client not to assume a refusal): Herald sends no content, the
+/// attempt is the refusal, and the connection is closed rather than parked in the middle of
+/// DATA.
 async fn smtp_a_354_after_every_recipient_refused_gets_no_content(backend: Backend) {
     let sink = SmtpSink::start_scripted(Script {
         lax_data: true,
@@ -651,6 +652,34 @@ async fn smtp_a_354_after_every_recipient_refused_gets_no_content(backend: Backe
         received[0].contains("X-Herald-Event-Id: lax-2"),
         "{received:?}"
     );
+    app.stop().await;
+}
+
+/// An envelope too long for one pipelined group (RFC 2920 §3.1: the whole group must fit what
+/// the connection buffers) goes one command at a time; a short one on the same relay is
+/// pipelined. Both are delivered to every recipient.
+async fn smtp_an_envelope_too_long_to_pipeline_goes_one_command_at_a_time(backend: Backend) {
+    let sink = SmtpSink::start().await;
+    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    // 100 recipients of 44 characters: RCPT TO lines alone past 4 KiB.
+    let cc: Vec<String> = (0..99)
+        .map(|i| format!("recipient-{i:03}-of-a-long-envelope@example.com"))
+        .collect();
+    let long = json!({"subject": "Hi", "text": "Hello", "cc": cc});
+    post_payload(&app, "long-env", "ada@example.com", long, "at_most_once").await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    assert_envelopes(&sink, false, 1);
+    let short = json!({"subject": "Hi", "text": "Hello", "cc": ["bob@example.com"]});
+    post_payload(&app, "short-env", "ada@example.com", short, "at_most_once").await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    assert_eq!(sink.envelopes(), (1, 1), "(pipelined, lockstep) envelopes");
+    let mails = sink.accepted();
+    assert_eq!(mails.len(), 2);
+    assert_eq!(mails[0].rcpts.len(), 100);
+    assert_eq!(mails[1].rcpts.len(), 2);
+    for id in ["long-env", "short-env"] {
+        assert_eq!(app.message(id).await["state"], "delivered", "{id}");
+    }
     app.stop().await;
 }
 
@@ -1132,6 +1161,7 @@ both_backends!(
     smtp_connections_are_reused_and_a_closed_one_is_replaced_without_pipelining,
     smtp_a_parked_connection_that_went_silent_is_replaced_without_pipelining,
     smtp_a_354_after_every_recipient_refused_gets_no_content,
+    smtp_an_envelope_too_long_to_pipeline_goes_one_command_at_a_time,
     smtp_a_recipient_refused_without_pipelining_is_listed_the_same,
     smtp_pipelining_switched_off_is_not_used_when_offered,
     smtp_all_recipients_refused_without_pipelining_is_decided_the_same,

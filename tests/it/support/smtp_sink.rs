@@ -90,8 +90,8 @@ pub struct Script {
     pub tls: Option<TlsMode>,
     /// Leave PIPELINING out of the EHLO reply (offered by default, as Postfix and Exim do).
     pub no_pipelining: bool,
-    /// Answer DATA with 354 even when no recipient was accepted (RFC 2920 §3.1 says a
-    /// pipelining server must refuse it; this one does not).
+    /// Answer DATA with 354 even when no recipient was accepted (a pipelining server may: RFC
+    /// 2920 §3.1 tells the client not to assume a refusal).
     pub lax_data: bool,
 }
 
@@ -180,8 +180,9 @@ struct Counters {
     received: Mutex<Vec<String>>,
     /// The mechanism of every successful AUTH.
     authenticated: Mutex<Vec<String>>,
-    /// MAIL FROM lines that arrived with more commands behind them (the client did not wait
-    /// for the reply: pipelined), and those that arrived alone.
+    /// MAIL FROM lines that arrived with the rest of their envelope behind them, up to its DATA
+    /// (the client did not wait for the replies: pipelined), and those that arrived alone. One
+    /// with some but not all of it behind is neither.
     pipelined: AtomicUsize,
     lockstep: AtomicUsize,
     /// NOOP lines that arrived with more commands behind them, and those that arrived alone.
@@ -564,12 +565,12 @@ async fn session(
                     .into()
             }
         } else if upper.starts_with("MAIL FROM") {
-            let behind = if conn.buffer().is_empty() {
-                &counters.lockstep
-            } else {
-                &counters.pipelined
-            };
-            behind.fetch_add(1, Ordering::SeqCst);
+            let behind = conn.buffer();
+            if behind.is_empty() {
+                counters.lockstep.fetch_add(1, Ordering::SeqCst);
+            } else if behind.to_ascii_uppercase().ends_with(b"DATA\r\n") {
+                counters.pipelined.fetch_add(1, Ordering::SeqCst);
+            }
             let from = path_of(&line);
             if from.contains("drop-at-mail@") {
                 return;
