@@ -1355,6 +1355,9 @@ async fn write_eml(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use serde_json::json;
+
     #[test]
     fn pipelining_is_an_ehlo_keyword_after_the_server_name() {
         use lettre::transport::smtp::response::{Category, Code, Detail, Severity};
@@ -1364,26 +1367,23 @@ mod tests {
                 Category::MailSystem,
                 Detail::Zero,
             );
-            super::Response::new(code, lines.iter().map(|l| (*l).to_owned()).collect())
+            Response::new(code, lines.iter().map(|l| (*l).to_owned()).collect())
         };
-        assert!(super::offers_pipelining(&ehlo(&[
+        assert!(offers_pipelining(&ehlo(&[
             "mx.example.com Hello",
             "SIZE 10240000",
             "PIPELINING",
             "8BITMIME",
         ])));
-        assert!(super::offers_pipelining(&ehlo(&["mx", "pipelining"])));
+        assert!(offers_pipelining(&ehlo(&["mx", "pipelining"])));
         for without in [
             &["mx.example.com", "8BITMIME", "XPIPELINING"][..],
             &["PIPELINING"],
             &["mx.example.com", "SIZE PIPELINING"],
         ] {
-            assert!(!super::offers_pipelining(&ehlo(without)), "{without:?}");
+            assert!(!offers_pipelining(&ehlo(without)), "{without:?}");
         }
     }
-
-    use super::*;
-    use serde_json::json;
 
     fn limits(timeout: Duration, pool_size: usize) -> SmtpLimits {
         SmtpLimits {
