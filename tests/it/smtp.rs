@@ -555,6 +555,9 @@ async fn recipient_refused_at_rcpt(backend: Backend, offered: bool, enabled: boo
         assert!(!shown.contains("rcpt550@"), "{shown}");
     }
     assert_envelopes(&sink, offered && enabled, 1);
+    // One connection: lettre's EHLO, and Herald's second one only while pipelining is on.
+    assert_eq!(sink.connections(), 1);
+    assert_eq!(sink.ehlos(), if enabled { 2 } else { 1 }, "EHLOs");
     app.stop().await;
 }
 

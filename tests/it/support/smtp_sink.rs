@@ -191,6 +191,8 @@ struct Counters {
     /// Commands that may only end a pipelined group (RFC 2920 §3.1: EHLO, DATA, VRFY, EXPN,
     /// TURN, QUIT, NOOP; STARTTLS and AUTH by their own RFCs) that arrived with more behind them.
     out_of_place: Mutex<Vec<String>>,
+    /// EHLO (and HELO) commands received.
+    ehlos: AtomicUsize,
 }
 
 /// Counts a session as open from its accept until its task ends.
@@ -312,6 +314,11 @@ impl SmtpSink {
     /// end a group (a client pipelining wrongly), each as its verb.
     pub fn out_of_place(&self) -> Vec<String> {
         self.counters.out_of_place.lock().unwrap().clone()
+    }
+
+    /// EHLO (and HELO) commands received so far, over every session.
+    pub fn ehlos(&self) -> usize {
+        self.counters.ehlos.load(Ordering::SeqCst)
     }
 
     /// Sessions that completed a TLS handshake.
@@ -500,6 +507,7 @@ async fn session(
         let reply: String = if refused && !upper.starts_with("QUIT") {
             "503 5.5.1 no service here".into()
         } else if upper.starts_with("EHLO") || upper.starts_with("HELO") {
+            counters.ehlos.fetch_add(1, Ordering::SeqCst);
             let mut lines = vec!["250-sink".to_owned()];
             if matches!(script.tls, Some(TlsMode::StartTls(_))) && !tls {
                 lines.push("250-STARTTLS".into());
