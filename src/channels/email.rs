@@ -1067,6 +1067,7 @@ impl SmtpPool {
     /// `step` says how far it got. Also whether the server offers PIPELINING: lettre keeps only
     /// the EHLO keywords it knows, so Herald asks again (EHLO may be repeated at any time, RFC
     /// 5321 §4.1.4; one round trip per connection, not per message), after TLS and before AUTH.
+    /// A server that refuses the repeated EHLO is used without pipelining.
     async fn connect(
         &self,
         step: &mut ConnectStep,
@@ -1106,8 +1107,14 @@ impl SmtpPool {
             }
             _ => {}
         }
-        let pipelining =
-            self.pipelining && offers_pipelining(&conn.command(Ehlo::new(r.hello.clone())).await?);
+        let pipelining = self.pipelining
+            && match conn.command(Ehlo::new(r.hello.clone())).await {
+                Ok(reply) => offers_pipelining(&reply),
+                // Refused (Python's smtpd answers a second EHLO `503 Duplicate HELO/EHLO`): the
+                // session is as it was after the first; it goes on without pipelining.
+                Err(e) if reply_code(&e).is_some_and(|code| code != 421) => false,
+                Err(e) => return Err(e.into()),
+            };
         if let Some(c) = &r.credentials {
             *step = ConnectStep::Auth;
             conn.auth(DEFAULT_MECHANISMS, c).await?;

@@ -686,6 +686,26 @@ async fn smtp_an_envelope_too_long_to_pipeline_goes_one_command_at_a_time(backen
     app.stop().await;
 }
 
+/// A server that refuses a repeated EHLO (Python's `smtpd`, the README's example, answers it
+/// `503 Duplicate HELO/EHLO`) is used without pipelining, the connection kept and reused.
+async fn smtp_a_refused_second_ehlo_means_no_pipelining(backend: Backend) {
+    let sink = SmtpSink::start_scripted(Script {
+        refuse_second_ehlo: true,
+        ..Script::default()
+    })
+    .await;
+    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    for id in ["dup-ehlo-1", "dup-ehlo-2"] {
+        post_mail(&app, id, "ada@example.com", None, "at_most_once").await;
+        assert_eq!(app.herald.sender.run_once().await.unwrap(), 1, "{id}");
+        assert_eq!(app.message(id).await["state"], "delivered", "{id}");
+    }
+    assert_eq!(sink.connections(), 1);
+    assert_eq!(sink.ehlos(), 2, "lettre's and the refused one");
+    assert_envelopes(&sink, false, 2);
+    app.stop().await;
+}
+
 /// The classification table's SMTP rows, one message each, under `at_most_once` (so a transient
 /// reply is shown to be retried, not left unconfirmed): replies to MAIL FROM, to RCPT TO and to
 /// the content.
@@ -1164,6 +1184,7 @@ both_backends!(
     smtp_connections_are_reused_and_a_closed_one_is_replaced_without_pipelining,
     smtp_a_parked_connection_that_went_silent_is_replaced_without_pipelining,
     smtp_a_354_after_every_recipient_refused_gets_no_content,
+    smtp_a_refused_second_ehlo_means_no_pipelining,
     smtp_an_envelope_too_long_to_pipeline_goes_one_command_at_a_time,
     smtp_a_recipient_refused_without_pipelining_is_listed_the_same,
     smtp_pipelining_switched_off_is_not_used_when_offered,

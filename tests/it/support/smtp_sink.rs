@@ -90,6 +90,9 @@ pub struct Script {
     pub tls: Option<TlsMode>,
     /// Leave PIPELINING out of the EHLO reply (offered by default, as Postfix and Exim do).
     pub no_pipelining: bool,
+    /// Answer a second EHLO in a session `503 Duplicate HELO/EHLO`, leaving the session as it
+    /// was, as Python's `smtpd` does (the README's example server).
+    pub refuse_second_ehlo: bool,
     /// Answer DATA with 354 even when no recipient was accepted (a pipelining server may: RFC
     /// 2920 §3.1 tells the client not to assume a refusal).
     pub lax_data: bool,
@@ -490,6 +493,7 @@ async fn session(
     }
     let refused = !greeting.starts_with("220");
     let mut authenticated = false;
+    let mut greeted = false;
     let mut mail_from = String::new();
     let mut rcpt: Vec<String> = Vec::new();
     loop {
@@ -506,6 +510,12 @@ async fn session(
         }
         let reply: String = if refused && !upper.starts_with("QUIT") {
             "503 5.5.1 no service here".into()
+        } else if (upper.starts_with("EHLO") || upper.starts_with("HELO"))
+            && script.refuse_second_ehlo
+            && std::mem::replace(&mut greeted, true)
+        {
+            counters.ehlos.fetch_add(1, Ordering::SeqCst);
+            "503 Duplicate HELO/EHLO".into()
         } else if upper.starts_with("EHLO") || upper.starts_with("HELO") {
             counters.ehlos.fetch_add(1, Ordering::SeqCst);
             let mut lines = vec!["250-sink".to_owned()];
