@@ -181,10 +181,11 @@ per_backend! {
         let mut pass = ReconcilePass::default();
         for receipt in &batch {
             let Some(id) = target(receipt) else {
-                // Tried again after 2 s, 4 s, … 512 s, for a day after it arrived; then it stays
-                // listed (and counted) as unmatched, no longer tried.
+                // Tried again with backoff for a day after it arrived
+                // ([`unmatched_retry_wait`]); then it stays listed (and counted) as
+                // unmatched, no longer tried.
                 let tries = receipt.match_attempts + 1;
-                let wait = chrono::Duration::seconds(1i64 << tries.clamp(0, 9));
+                let wait = crate::storage::receipts::unmatched_retry_wait(tries);
                 let next = Some(at + wait).filter(|n| *n - receipt.received_at < crate::storage::receipts::UNMATCHED_FOR);
                 let reason = if next.is_some() {
                     "no message with its event id or provider message id yet"
@@ -324,6 +325,20 @@ per_backend! {
 /// How long an unmatched receipt is tried again.
 const UNMATCHED_FOR: chrono::Duration = chrono::Duration::days(1);
 
+/// The longest wait between two tries of an unmatched receipt.
+pub const UNMATCHED_MAX_WAIT: chrono::Duration = chrono::Duration::hours(1);
+
+/// How long an unmatched receipt waits after its `tries`-th try: 2 s, 4 s, 8 s, … doubling up to
+/// [`UNMATCHED_MAX_WAIT`]. Each try rewrites the receipt's row (about 1 KiB, and every index
+/// entry of it: the update cannot be HOT), so the waits keep growing: a receipt that never
+/// matches (a provider account shared with mail Herald did not send) is tried 34 times in its
+/// day. With waits capped at 512 s it was tried 176 times. The early tries are the ones that
+/// match: a provider faster than the application's commit, or than the sender's outcome write.
+pub fn unmatched_retry_wait(tries: i32) -> chrono::Duration {
+    let doubling = chrono::Duration::seconds(1i64 << tries.clamp(1, 12));
+    doubling.min(UNMATCHED_MAX_WAIT)
+}
+
 /// What storing a request's receipts came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stored {
@@ -456,5 +471,46 @@ impl Db {
         accepting: &[&str],
     ) -> Result<(usize, usize), StorageError> {
         crate::storage::db_run! { self, write |c, q| Ok(q::settle_or_expire_unconfirmed(c, &now, deadline, accepting)?) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{UNMATCHED_FOR, UNMATCHED_MAX_WAIT, unmatched_retry_wait};
+
+    #[test]
+    fn unmatched_receipts_wait_twice_as_long_each_try_up_to_an_hour() {
+        let waits: Vec<i64> = (1..=14)
+            .map(|t| unmatched_retry_wait(t).num_seconds())
+            .collect();
+        assert_eq!(
+            waits,
+            [
+                2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 3600, 3600, 3600
+            ]
+        );
+        assert_eq!(unmatched_retry_wait(1_000), UNMATCHED_MAX_WAIT);
+        // A count from a corrupt row never shortens or overflows the wait.
+        assert_eq!(unmatched_retry_wait(0).num_seconds(), 2);
+        assert_eq!(unmatched_retry_wait(-5).num_seconds(), 2);
+        assert_eq!(unmatched_retry_wait(i32::MAX), UNMATCHED_MAX_WAIT);
+    }
+
+    /// The tries a receipt that never matches gets in its day, as the reconciler schedules
+    /// them (its first try on arrival; a next try only while it falls within the day).
+    #[test]
+    fn a_receipt_that_never_matches_is_tried_34_times_in_its_day() {
+        let mut since_arrival = chrono::Duration::zero();
+        let mut tries = 1;
+        loop {
+            let next = since_arrival + unmatched_retry_wait(tries);
+            if next >= UNMATCHED_FOR {
+                break;
+            }
+            since_arrival = next;
+            tries += 1;
+        }
+        assert_eq!(tries, 34);
+        assert!(since_arrival > UNMATCHED_FOR - UNMATCHED_MAX_WAIT);
     }
 }

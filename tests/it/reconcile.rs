@@ -309,6 +309,57 @@ async fn an_unmatched_receipt_is_tried_for_a_day(backend: Backend) {
     app.stop().await;
 }
 
+/// Walked through its day try by try (Herald's clock moved to each `next_match_at`), a receipt
+/// that never matches is tried with waits that keep doubling, up to an hour: each try rewrites
+/// its row, so a capped short wait would rewrite it every few minutes all day.
+async fn an_unmatched_receipt_waits_longer_after_each_try(backend: Backend) {
+    let app = spawn_app_with(backend, SOURCE).await;
+    assert_eq!(
+        post_receipt(
+            &app,
+            receipt("stray-2", "delivered", Some(1), "never-sent-2")
+        )
+        .await,
+        200
+    );
+    let mut waits = Vec::new();
+    for _ in 0..200 {
+        assert_eq!(reconcile(&app).await, 0);
+        let stored = app.db.receipts_of_source("esp").unwrap().remove(0);
+        let Some(next) = stored.next_match_at else {
+            break;
+        };
+        let now = app.clock_now();
+        waits.push((next - now).num_seconds());
+        // A second past it: the database's clock (PostgreSQL) and the test's may differ a little.
+        app.advance((next - now).to_std().unwrap_or_default() + Duration::from_secs(1));
+    }
+    let stored = app.db.receipts_of_source("esp").unwrap().remove(0);
+    assert_eq!(
+        (stored.outcome.as_deref(), stored.next_match_at),
+        (Some("unmatched"), None),
+        "no longer tried after its day"
+    );
+    assert_eq!(
+        stored.match_attempts, 34,
+        "tries in a day; waits: {waits:?}"
+    );
+    assert_eq!(waits.len(), 33);
+    let doubling = [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048];
+    for (i, (wait, expected)) in waits
+        .iter()
+        .zip(doubling.iter().chain(std::iter::repeat(&3600)))
+        .enumerate()
+    {
+        assert!(
+            (expected - 2..=*expected).contains(wait),
+            "wait {i}: {wait} s, expected about {expected} s; waits: {waits:?}"
+        );
+    }
+    assert_eq!(unmatched(&app).await["count"], 1, "still listed");
+    app.stop().await;
+}
+
 /// A receipt that carries only the provider's message id finds the message through the id the
 /// sender captured from the receiver's answer.
 async fn receipts_match_by_the_captured_provider_message_id(backend: Backend) {
@@ -581,6 +632,7 @@ both_backends!(
     every_arrival_order_ends_in_the_same_status,
     a_receipt_before_its_message_is_matched_once_it_appears,
     an_unmatched_receipt_is_tried_for_a_day,
+    an_unmatched_receipt_waits_longer_after_each_try,
     a_receipt_faster_than_the_senders_commit_is_matched_later,
     receipts_match_by_the_captured_provider_message_id,
     receipts_match_by_the_deterministic_message_id,
