@@ -1283,11 +1283,35 @@ async fn transmit(
     }
     .map_err(envelope_err)?;
     *stage = Stage::Content;
-    let reply = conn
-        .message(content)
-        .await
-        .map_err(|e| SmtpFailure::Smtp(Stage::Content, e))?;
+    // lettre's `message` writes the content and its final dot in two writes; as one buffer it is
+    // one (the same bytes). Content that is not UTF-8 (the one-buffer path goes through lettre's
+    // `command`, which takes text) is left to `message`.
+    let reply = match String::from_utf8(with_data_transparency(content)) {
+        Ok(data) => conn.command(Pipelined(data)).await,
+        Err(_) => conn.message(content).await,
+    }
+    .map_err(|e| SmtpFailure::Smtp(Stage::Content, e))?;
     Ok(Accepted { reply, refused })
+}
+
+/// `content` as it goes after DATA's 354 (RFC 5321 §4.5.2, transparency): a `.` that begins a
+/// line gets a second `.` before it, and `<CRLF>.<CRLF>` ends it. The same bytes as lettre's
+/// `message` writes (a line begins after `<CRLF>`, not after a bare `<CR>` or `<LF>`), in one
+/// buffer.
+fn with_data_transparency(content: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(content.len() + content.len() / 64 + 5);
+    let mut line_start = true;
+    let mut after_cr = false;
+    for &b in content {
+        if b == b'.' && line_start {
+            out.push(b'.');
+        }
+        out.push(b);
+        line_start = after_cr && b == b'\n';
+        after_cr = b == b'\r';
+    }
+    out.extend_from_slice(b"\r\n.\r\n");
+    out
 }
 
 fn smtp_code(code: &str) -> u16 {
@@ -1362,6 +1386,32 @@ async fn write_eml(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_dot_that_begins_a_line_is_doubled_and_the_content_ends_with_a_lone_dot() {
+        let cases: &[(&[u8], &[u8])] = &[
+            (b"", b"\r\n.\r\n"),
+            (b".", b"..\r\n.\r\n"),
+            (b"hello\r\n", b"hello\r\n\r\n.\r\n"),
+            (b".hidden\r\nok", b"..hidden\r\nok\r\n.\r\n"),
+            (b"a\r\n.\r\nb", b"a\r\n..\r\nb\r\n.\r\n"),
+            (b"a\r\n..x", b"a\r\n...x\r\n.\r\n"),
+            (b"a.b\r\nc.", b"a.b\r\nc.\r\n.\r\n"),
+            // A line begins after CRLF only, as lettre has it: not after a bare CR or LF.
+            (b"a\r.b", b"a\r.b\r\n.\r\n"),
+            (b"a\n.b", b"a\n.b\r\n.\r\n"),
+            (b"a\r\r\n.b", b"a\r\r\n..b\r\n.\r\n"),
+            ("\u{e9}\r\n.\u{e9}".as_bytes(), "\u{e9}\r\n..\u{e9}\r\n.\r\n".as_bytes()),
+        ];
+        for (content, sent) in cases {
+            assert_eq!(
+                super::with_data_transparency(content),
+                sent.to_vec(),
+                "{:?}",
+                String::from_utf8_lossy(content)
+            );
+        }
+    }
+
     use super::*;
     use serde_json::json;
 

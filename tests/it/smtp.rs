@@ -461,6 +461,45 @@ async fn parked_connection_went_silent(backend: Backend, offered: bool) {
 
 /// The queue id in the server's 250 to the content is the attempt's and the message's provider
 /// message id; a 250 without one leaves both empty.
+/// Lines of the text that begin with a dot go out with a second one (RFC 5321 transparency: a
+/// lone dot would end the content early), and the server takes out the dots it was given: the
+/// message arrives whole. The content and its final dot leave in one write now; the bytes are
+/// the ones lettre sent in two.
+async fn smtp_lines_that_begin_with_a_dot_arrive_whole(backend: Backend) {
+    let sink = SmtpSink::start().await;
+    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    let text = "first\n.hidden\n.\n..two\nlast.\n";
+    post_payload(
+        &app,
+        "dots-1",
+        "ada@example.com",
+        json!({"subject": "Dots", "text": text}),
+        "at_least_once",
+    )
+    .await;
+    assert_eq!(app.run_until_idle().await, 1);
+    assert_eq!(app.message("dots-1").await["state"], "delivered");
+    let received = sink.received();
+    assert_eq!(received.len(), 1);
+    let raw = &received[0];
+    for stuffed in ["\r\n..hidden\r\n", "\r\n..\r\n", "\r\n...two\r\n"] {
+        assert!(raw.contains(stuffed), "{stuffed:?} in {raw:?}");
+    }
+    // What the server stores: each line with its first dot taken out (RFC 5321 §4.5.2).
+    let unstuffed: String = raw
+        .split_inclusive("\r\n")
+        .map(|l| l.strip_prefix('.').unwrap_or(l))
+        .collect();
+    let parsed = mail_parser::MessageParser::default()
+        .parse(unstuffed.as_bytes())
+        .expect("an RFC 5322 message");
+    // The CRLF before the final dot ends the content's last line; it is not part of the text.
+    let body = parsed.body_text(0).map(|t| t.replace("\r\n", "\n"));
+    assert_eq!(body.as_deref().map(|b| b.trim_end()), Some(text.trim_end()));
+    assert!(body.unwrap().starts_with(text));
+    app.stop().await;
+}
+
 async fn smtp_the_queue_id_of_a_250_is_the_provider_message_id(backend: Backend) {
     let sink = SmtpSink::start().await;
     let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
@@ -1161,6 +1200,7 @@ async fn a_retry_carries_the_same_message_id_and_delivers_once(backend: Backend)
 
 both_backends!(
     a_530_at_mail_from_is_not_sent,
+    smtp_lines_that_begin_with_a_dot_arrive_whole,
     a_retry_carries_the_same_message_id_and_delivers_once,
     smtp_greeting_421_is_not_sent,
     smtp_greeting_554_is_not_sent,
