@@ -1400,7 +1400,10 @@ mod tests {
             (b"a\r.b", b"a\r.b\r\n.\r\n"),
             (b"a\n.b", b"a\n.b\r\n.\r\n"),
             (b"a\r\r\n.b", b"a\r\r\n..b\r\n.\r\n"),
-            ("\u{e9}\r\n.\u{e9}".as_bytes(), "\u{e9}\r\n..\u{e9}\r\n.\r\n".as_bytes()),
+            (
+                "\u{e9}\r\n.\u{e9}".as_bytes(),
+                "\u{e9}\r\n..\u{e9}\r\n.\r\n".as_bytes(),
+            ),
         ];
         for (content, sent) in cases {
             assert_eq!(
