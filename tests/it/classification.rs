@@ -115,10 +115,7 @@ async fn classification_table(backend: Backend) {
         receivers.insert(c.id, rx);
     }
     // A port nobody listens on: the request never leaves.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let closed = crate::support::closed_addr();
     post(&app, "refused", &format!("http://{closed}/hook"), json!({})).await;
 
     let before = app.clock_now();

@@ -173,10 +173,7 @@ pub async fn call_with_storage_down(
     app: &TestApp,
     requests: Vec<actix_web::test::TestRequest>,
 ) -> Vec<actix_web::dev::ServiceResponse> {
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let closed = super::closed_addr();
     let db = Db::connect(
         &format!("postgres://herald@{closed}/none"),
         &herald::storage::PoolOptions {

@@ -25,6 +25,25 @@ pub fn repo_path(rel: &str) -> std::path::PathBuf {
         .join(rel)
 }
 
+/// A loopback address where nothing listens for the whole test run: a socket bound to it but
+/// never listening (a connection to it is refused at once), kept open for the life of the test
+/// process. A listener bound and dropped would free its port, and a listener of another test
+/// running at the same time could be given it (seen once: a send to the "closed" port was
+/// delivered).
+pub fn closed_addr() -> std::net::SocketAddr {
+    static CLOSED: std::sync::OnceLock<(std::net::SocketAddr, tokio::net::TcpSocket)> =
+        std::sync::OnceLock::new();
+    CLOSED
+        .get_or_init(|| {
+            let socket = tokio::net::TcpSocket::new_v4().expect("a TCP socket");
+            socket
+                .bind("127.0.0.1:0".parse().unwrap())
+                .expect("bind a loopback port");
+            (socket.local_addr().expect("its address"), socket)
+        })
+        .0
+}
+
 /// Generates one test per backend from `async fn NAME(backend: Backend)`.
 #[macro_export]
 macro_rules! both_backends {

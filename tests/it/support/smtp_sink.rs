@@ -351,10 +351,7 @@ impl SmtpSink {
 
 /// `smtp://127.0.0.1:PORT` with nothing listening on PORT (connection refused).
 pub fn refused_url() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    drop(l);
-    format!("smtp://{addr}")
+    format!("smtp://{}", super::closed_addr())
 }
 
 async fn silent_session(mut sock: TcpStream) {
