@@ -1086,9 +1086,11 @@ impl SmtpPool {
                 .await?
             }
             _ => {
-                // Our own TCP connection, with Nagle off: lettre writes a message and its final
-                // `.` in two writes, and with Nagle on the second waits for the server's
-                // delayed ACK (~40 ms a message on Linux). (The caller bounds the time.)
+                // Our own TCP connection, with Nagle off: a small write right behind another
+                // one, before any reply (lettre's `message`, still used for content that is not
+                // UTF-8, writes the final `.` apart from the content), would wait with Nagle on
+                // for the server's delayed ACK (~40 ms a message on Linux). (The caller bounds
+                // the time.)
                 let tcp = tokio::net::TcpStream::connect((r.host.as_str(), r.port))
                     .await
                     .map_err(ConnectError::Tcp)?;
@@ -1283,35 +1285,39 @@ async fn transmit(
     }
     .map_err(envelope_err)?;
     *stage = Stage::Content;
-    // lettre's `message` writes the content and its final dot in two writes; as one buffer it is
-    // one (the same bytes). Content that is not UTF-8 (the one-buffer path goes through lettre's
-    // `command`, which takes text) is left to `message`.
-    let reply = match String::from_utf8(with_data_transparency(content)) {
-        Ok(data) => conn.command(Pipelined(data)).await,
+    // lettre's `message` writes the content and its final dot in two writes; this is one write of
+    // the same bytes. lettre's `command` takes text, so content that is not UTF-8 (Herald's own
+    // messages always are) is left to `message`.
+    let reply = match std::str::from_utf8(content) {
+        Ok(text) => conn.command(DataTransparent(text)).await,
         Err(_) => conn.message(content).await,
     }
     .map_err(|e| SmtpFailure::Smtp(Stage::Content, e))?;
     Ok(Accepted { reply, refused })
 }
 
-/// `content` as it goes after DATA's 354 (RFC 5321 §4.5.2, transparency): a `.` that begins a
-/// line gets a second `.` before it, and `<CRLF>.<CRLF>` ends it. The same bytes as lettre's
-/// `message` writes (a line begins after `<CRLF>`, not after a bare `<CR>` or `<LF>`), in one
-/// buffer.
-fn with_data_transparency(content: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(content.len() + content.len() / 64 + 5);
-    let mut line_start = true;
-    let mut after_cr = false;
-    for &b in content {
-        if b == b'.' && line_start {
-            out.push(b'.');
+/// The content as it goes after DATA's 354 (RFC 5321 §4.5.2, transparency): a `.` that begins
+/// a line gets a second `.` before it, and `<CRLF>.<CRLF>` ends it. The same bytes as lettre's
+/// `message` writes (a line begins after `<CRLF>`, not after a bare `<CR>` or `<LF>`), formatted
+/// straight into the one buffer lettre's `command` writes: no copy of the content of its own.
+struct DataTransparent<'a>(&'a str);
+
+impl std::fmt::Display for DataTransparent<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let text = self.0;
+        let (mut line_start, mut after_cr, mut from) = (true, false, 0);
+        for (i, b) in text.bytes().enumerate() {
+            if b == b'.' && line_start {
+                // Up to and including this dot, then the dot once more (ASCII: a char boundary).
+                f.write_str(&text[from..=i])?;
+                from = i;
+            }
+            line_start = after_cr && b == b'\n';
+            after_cr = b == b'\r';
         }
-        out.push(b);
-        line_start = after_cr && b == b'\n';
-        after_cr = b == b'\r';
+        f.write_str(&text[from..])?;
+        f.write_str("\r\n.\r\n")
     }
-    out.extend_from_slice(b"\r\n.\r\n");
-    out
 }
 
 fn smtp_code(code: &str) -> u16 {
@@ -1386,6 +1392,9 @@ async fn write_eml(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use serde_json::json;
+
     #[test]
     fn a_dot_that_begins_a_line_is_doubled_and_the_content_ends_with_a_lone_dot() {
         let cases: &[(&[u8], &[u8])] = &[
@@ -1400,23 +1409,87 @@ mod tests {
             (b"a\r.b", b"a\r.b\r\n.\r\n"),
             (b"a\n.b", b"a\n.b\r\n.\r\n"),
             (b"a\r\r\n.b", b"a\r\r\n..b\r\n.\r\n"),
+            (b"a\r", b"a\r\r\n.\r\n"),
+            (b"\r\n.x", b"\r\n..x\r\n.\r\n"),
+            (b"\n\r\n.x", b"\n\r\n..x\r\n.\r\n"),
+            (b"a\r\n\n.x", b"a\r\n\n.x\r\n.\r\n"),
             (
                 "\u{e9}\r\n.\u{e9}".as_bytes(),
                 "\u{e9}\r\n..\u{e9}\r\n.\r\n".as_bytes(),
             ),
         ];
         for (content, sent) in cases {
+            let content = std::str::from_utf8(content).unwrap();
             assert_eq!(
-                super::with_data_transparency(content),
-                sent.to_vec(),
-                "{:?}",
-                String::from_utf8_lossy(content)
+                DataTransparent(content).to_string().as_bytes(),
+                *sent,
+                "{content:?}"
             );
         }
     }
 
-    use super::*;
-    use serde_json::json;
+    /// Every content of up to 6 characters from `.`, CR, LF and `a` (5,461 of them, and a few
+    /// with a non-ASCII letter), sent both ways over one SMTP connection to a server on
+    /// loopback that records what reaches it: lettre's `message`, then Herald's one write. The
+    /// bytes must be the same.
+    #[tokio::test]
+    async fn the_content_in_one_write_is_what_lettre_sends_in_two() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            sock.write_all(b"220 recorder\r\n").await.unwrap();
+            let (mut got, mut buf, mut greeted) = (Vec::new(), Vec::new(), false);
+            let mut chunk = [0u8; 4096];
+            loop {
+                let n = sock.read(&mut chunk).await.unwrap();
+                if n == 0 {
+                    return got;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+                // The EHLO, then one content after another, each answered once it has ended (a
+                // stuffed content holds no CRLF . CRLF but its end).
+                if !greeted && buf.ends_with(b"\r\n") {
+                    greeted = true;
+                    buf.clear();
+                    sock.write_all(b"250 recorder\r\n").await.unwrap();
+                } else if greeted && buf.ends_with(b"\r\n.\r\n") {
+                    got.push(std::mem::take(&mut buf));
+                    sock.write_all(b"250 2.0.0 ok\r\n").await.unwrap();
+                }
+            }
+        });
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        // As Herald's own connections (see `connect`): with Nagle on, each `message` would wait
+        // about 40 ms for the recorder's delayed ACK before its final dot.
+        tcp.set_nodelay(true).unwrap();
+        let hello = lettre::transport::smtp::extension::ClientId::Domain("test".into());
+        let mut conn = AsyncSmtpConnection::connect_with_transport(Box::new(tcp), &hello)
+            .await
+            .unwrap();
+        let mut contents: Vec<String> = vec![String::new()];
+        for _ in 0..6 {
+            let longer: Vec<String> = contents
+                .iter()
+                .filter(|c| c.len() == contents.last().unwrap().len())
+                .flat_map(|c| [".", "\r", "\n", "a"].map(|x| format!("{c}{x}")))
+                .collect();
+            contents.extend(longer);
+        }
+        contents.extend(["\u{e9}\r\n.\u{e9}", ".\u{e9}.\r\n..", "\u{e9}\r\r\n."].map(String::from));
+        assert_eq!(contents.len(), 5_461 + 3);
+        for c in &contents {
+            conn.message(c.as_bytes()).await.unwrap();
+            conn.command(DataTransparent(c)).await.unwrap();
+        }
+        drop(conn);
+        let got = server.await.unwrap();
+        assert_eq!(got.len(), 2 * contents.len());
+        for (c, pair) in contents.iter().zip(got.chunks(2)) {
+            assert_eq!(pair[1], pair[0], "{c:?}");
+        }
+    }
 
     #[test]
     fn pipelining_is_an_ehlo_keyword_after_the_server_name() {

@@ -184,9 +184,8 @@ per_backend! {
                 // Tried again with backoff for a day after it arrived
                 // ([`unmatched_retry_wait`]); then it stays listed (and counted) as
                 // unmatched, no longer tried.
-                let tries = receipt.match_attempts + 1;
-                let wait = crate::storage::receipts::unmatched_retry_wait(tries);
-                let next = Some(at + wait).filter(|n| *n - receipt.received_at < crate::storage::receipts::UNMATCHED_FOR);
+                let tries = receipt.match_attempts.saturating_add(1);
+                let next = crate::storage::receipts::next_unmatched_try(receipt.received_at, at, tries);
                 let reason = if next.is_some() {
                     "no message with its event id or provider message id yet"
                 } else {
@@ -326,17 +325,30 @@ per_backend! {
 const UNMATCHED_FOR: chrono::Duration = chrono::Duration::days(1);
 
 /// The longest wait between two tries of an unmatched receipt.
-pub const UNMATCHED_MAX_WAIT: chrono::Duration = chrono::Duration::hours(1);
+pub(crate) const UNMATCHED_MAX_WAIT: chrono::Duration = chrono::Duration::hours(1);
 
 /// How long an unmatched receipt waits after its `tries`-th try: 2 s, 4 s, 8 s, … doubling up to
 /// [`UNMATCHED_MAX_WAIT`]. Each try rewrites the receipt's row (about 1 KiB, and every index
 /// entry of it: the update cannot be HOT), so the waits keep growing: a receipt that never
-/// matches (a provider account shared with mail Herald did not send) is tried 34 times in its
-/// day. With waits capped at 512 s it was tried 176 times. The early tries are the ones that
-/// match: a provider faster than the application's commit, or than the sender's outcome write.
-pub fn unmatched_retry_wait(tries: i32) -> chrono::Duration {
+/// matches (a provider account shared with mail Herald did not send) is tried 35 times in its
+/// day ([`next_unmatched_try`]). With waits capped at 512 s it was tried 176 times. The early
+/// tries are the ones that match: a provider faster than the application's commit, or than the
+/// sender's outcome write.
+pub(crate) fn unmatched_retry_wait(tries: i32) -> chrono::Duration {
     let doubling = chrono::Duration::seconds(1i64 << tries.clamp(1, 12));
     doubling.min(UNMATCHED_MAX_WAIT)
+}
+
+/// When a receipt that arrived at `received_at` and found no message at its `tries`-th try, at
+/// `at`, is tried next: after [`unmatched_retry_wait`], but no later than the end of its day
+/// ([`UNMATCHED_FOR`] after it arrived), which gets a try of its own; never once its day is over.
+pub(crate) fn next_unmatched_try(
+    received_at: DateTime<Utc>,
+    at: DateTime<Utc>,
+    tries: i32,
+) -> Option<DateTime<Utc>> {
+    let end = received_at + UNMATCHED_FOR;
+    (at < end).then(|| (at + unmatched_retry_wait(tries)).min(end))
 }
 
 /// What storing a request's receipts came to.
@@ -476,7 +488,9 @@ impl Db {
 
 #[cfg(test)]
 mod tests {
-    use super::{UNMATCHED_FOR, UNMATCHED_MAX_WAIT, unmatched_retry_wait};
+    use chrono::{DateTime, Utc};
+
+    use super::{UNMATCHED_FOR, UNMATCHED_MAX_WAIT, next_unmatched_try, unmatched_retry_wait};
 
     #[test]
     fn unmatched_receipts_wait_twice_as_long_each_try_up_to_an_hour() {
@@ -490,27 +504,39 @@ mod tests {
             ]
         );
         assert_eq!(unmatched_retry_wait(1_000), UNMATCHED_MAX_WAIT);
-        // A count from a corrupt row never shortens or overflows the wait.
+        // A count from a corrupt row neither shortens the wait nor overflows the shift.
         assert_eq!(unmatched_retry_wait(0).num_seconds(), 2);
         assert_eq!(unmatched_retry_wait(-5).num_seconds(), 2);
         assert_eq!(unmatched_retry_wait(i32::MAX), UNMATCHED_MAX_WAIT);
     }
 
-    /// The tries a receipt that never matches gets in its day, as the reconciler schedules
-    /// them (its first try on arrival; a next try only while it falls within the day).
+    /// The tries a receipt that never matches gets, each pass exactly when it is due: the first
+    /// on arrival, the last at the end of its day.
     #[test]
-    fn a_receipt_that_never_matches_is_tried_34_times_in_its_day() {
-        let mut since_arrival = chrono::Duration::zero();
-        let mut tries = 1;
-        loop {
-            let next = since_arrival + unmatched_retry_wait(tries);
-            if next >= UNMATCHED_FOR {
-                break;
-            }
-            since_arrival = next;
+    fn a_receipt_that_never_matches_is_tried_35_times_the_last_at_the_end_of_its_day() {
+        let received: DateTime<Utc> = "2026-12-01T00:00:00Z".parse().unwrap();
+        let (mut at, mut tries, mut waits) = (received, 1, Vec::new());
+        while let Some(next) = next_unmatched_try(received, at, tries) {
+            waits.push((next - at).num_seconds());
+            at = next;
             tries += 1;
         }
-        assert_eq!(tries, 34);
-        assert!(since_arrival > UNMATCHED_FOR - UNMATCHED_MAX_WAIT);
+        assert_eq!(tries, 35);
+        assert_eq!(at, received + UNMATCHED_FOR, "the last try ends its day");
+        assert_eq!(waits.len(), 34);
+        assert_eq!(
+            waits[..12],
+            [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 3600]
+        );
+        assert!(waits[12..33].iter().all(|w| *w == 3600), "{waits:?}");
+        assert_eq!(waits[33], 86_400 - 83_294);
+        // Past its day (a Herald that was down through its end): no more tries.
+        let late = received + UNMATCHED_FOR + chrono::Duration::hours(5);
+        assert_eq!(next_unmatched_try(received, late, 3), None);
+        // Tried on arrival, the next one follows the schedule.
+        assert_eq!(
+            next_unmatched_try(received, received, 1),
+            Some(received + chrono::Duration::seconds(2))
+        );
     }
 }

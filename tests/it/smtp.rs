@@ -459,12 +459,10 @@ async fn parked_connection_went_silent(backend: Backend, offered: bool) {
     app.stop().await;
 }
 
-/// The queue id in the server's 250 to the content is the attempt's and the message's provider
-/// message id; a 250 without one leaves both empty.
 /// Lines of the text that begin with a dot go out with a second one (RFC 5321 transparency: a
 /// lone dot would end the content early), and the server takes out the dots it was given: the
-/// message arrives whole. The content and its final dot leave in one write now; the bytes are
-/// the ones lettre sent in two.
+/// message arrives whole (the bytes are compared with lettre's own in the unit test
+/// `the_content_in_one_write_is_what_lettre_sends_in_two`).
 async fn smtp_lines_that_begin_with_a_dot_arrive_whole(backend: Backend) {
     let sink = SmtpSink::start().await;
     let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
@@ -500,6 +498,8 @@ async fn smtp_lines_that_begin_with_a_dot_arrive_whole(backend: Backend) {
     app.stop().await;
 }
 
+/// The queue id in the server's 250 to the content is the attempt's and the message's provider
+/// message id; a 250 without one leaves both empty.
 async fn smtp_the_queue_id_of_a_250_is_the_provider_message_id(backend: Backend) {
     let sink = SmtpSink::start().await;
     let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
