@@ -28,7 +28,6 @@ pub mod schema_pg;
 #[rustfmt::skip]
 pub mod schema_sqlite;
 
-pub use sql::sqlite_functions;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -171,7 +170,6 @@ impl CustomizeConnection<SqliteConnection, diesel::r2d2::Error> for SqlitePragma
             "PRAGMA busy_timeout = 5000; PRAGMA journal_mode = WAL; \
              PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;",
         )
-        .and_then(|()| sql::sqlite_functions(conn))
         .map_err(diesel::r2d2::Error::QueryError)
     }
 }

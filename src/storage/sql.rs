@@ -16,21 +16,6 @@ diesel::define_sql_function! {
     fn coalesce_text(x: Nullable<Text>, y: Nullable<Text>) -> Nullable<Text>;
 }
 
-diesel::define_sql_function! {
-    /// The key of Herald's email Message-ID for an event id ([`crate::domain::email_message_key`]),
-    /// as an SQL function on SQLite, which has no SHA-256 (PostgreSQL computes it in SQL). Only
-    /// on Herald's own connections: see [`sqlite_functions`].
-    fn herald_message_key(event_id: Text) -> Text;
-}
-
-/// Registers Herald's SQL functions on a SQLite connection (the pool does it for each new one;
-/// a connection opened by hand must too before it claims).
-pub fn sqlite_functions(conn: &mut diesel::sqlite::SqliteConnection) -> diesel::QueryResult<()> {
-    herald_message_key_utils::register_impl(conn, |event_id: String| {
-        crate::domain::email_message_key(&event_id)
-    })
-}
-
 #[derive(diesel::QueryableByName)]
 struct IdRow {
     #[diesel(sql_type = BigInt)]
@@ -108,10 +93,11 @@ RETURNING o.*"
 
 /// The SQLite claim: the same predicate, order and lease in one statement; it runs inside
 /// `BEGIN IMMEDIATE` behind the writer lock, which is what makes it exclusive. One process, so
-/// its clock is the only one: `?1` now, `?4` the lease's end. An email inserted by plain SQL
-/// gets its Message-ID key here too, from [`herald_message_key`] (SQLite has no SHA-256): on a
-/// connection not from Herald's pool, call [`sqlite_functions`] first, or the claim fails with
-/// "no such function".
+/// its clock is the only one: `?1` now, `?4` the lease's end. Unlike PostgreSQL's, it does not
+/// set the Message-ID key of an email inserted by plain SQL: SQLite rewrites an index entry for
+/// every column an `UPDATE` sets, changed or not, so `message_key = COALESCE(message_key, …)`
+/// rewrote the key's index entry at every claim of every email (a random page of that index
+/// each). [`SQLITE_SET_MESSAGE_KEY_SQL`] sets it for the claimed emails without one.
 pub const SQLITE_CLAIM_SQL: &str = concat!(
     "UPDATE herald_outbox
 SET state = CASE WHEN expires_at <= ?1 THEN 'expired' ELSE 'sending' END,
@@ -120,8 +106,6 @@ SET state = CASE WHEN expires_at <= ?1 THEN 'expired' ELSE 'sending' END,
     lease_until = CASE WHEN expires_at <= ?1 THEN NULL ELSE ?4 END,
     next_attempt_at = CASE WHEN expires_at <= ?1 THEN NULL ELSE next_attempt_at END,
     retry_policy_version = COALESCE(retry_policy_version, ?5),
-    message_key = COALESCE(message_key, CASE WHEN channel = 'email'
-        THEN herald_message_key(event_id) END),
     updated_at = ?1
 WHERE id IN (
     SELECT id FROM herald_outbox AS c
@@ -257,9 +241,30 @@ pub fn sqlite_claim_rows(
         .bind::<Text, _>(policy_version)
         .typed::<diesel::dsl::SqlTypeOf<<o::table as diesel::Table>::AllColumns>>()
         .load(conn)?;
+    for row in rows
+        .iter_mut()
+        .filter(|r| r.channel == crate::domain::Channel::Email && r.message_key.is_none())
+    {
+        let key = crate::domain::email_message_key(&row.event_id);
+        super::prepared::cached(SQLITE_SET_MESSAGE_KEY_SQL)
+            .bind::<Text, _>(&key)
+            .bind::<BigInt, _>(row.id)
+            .execute(conn)?;
+        row.message_key = Some(key);
+    }
     rows.sort_by_key(claim_order);
     Ok(rows)
 }
+
+/// The Message-ID key of a claimed email inserted by plain SQL (its first claim), set only where
+/// there is none, in the claim's transaction.
+pub const SQLITE_SET_MESSAGE_KEY_SQL: &str =
+    "UPDATE herald_outbox SET message_key = ?1 WHERE id = ?2 AND message_key IS NULL";
+
+/// The request fingerprint of a row inserted by plain SQL, from its first attempt: set only where
+/// there is none, so that the outcome update does not name the column (see [`SQLITE_CLAIM_SQL`]
+/// on why that matters on SQLite; the API's rows have theirs from their insert).
+pub const SQLITE_SET_FINGERPRINT_SQL: &str = "UPDATE herald_outbox SET request_fingerprint = ?1 WHERE id = ?2 AND request_fingerprint IS NULL";
 
 #[derive(diesel::QueryableByName)]
 struct PgTime {
@@ -353,8 +358,8 @@ pub fn sqlite_expired_leases(
 pub const SQLITE_UPDATE_OUTCOME_SQL: &str = "UPDATE herald_outbox
 SET state = ?1, attempts = ?2, next_attempt_at = ?3, lease_owner = NULL, lease_until = NULL,
     last_error_class = ?4, provider_message_id = COALESCE(?5, provider_message_id),
-    request_fingerprint = COALESCE(request_fingerprint, ?6), updated_at = ?7
-WHERE id = ?8 AND state = 'sending' AND lease_owner = ?9 AND attempts = ?10";
+    updated_at = ?6
+WHERE id = ?7 AND state = 'sending' AND lease_owner = ?8 AND attempts = ?9";
 
 /// The PostgreSQL outcome update: the whole batch in one statement over `unnest`ed arrays, with
 /// the same fence as [`sqlite::update_outcomes`] (one round trip instead of one per row).
@@ -976,12 +981,19 @@ pub mod sqlite {
                 .bind::<Nullable<TimestamptzSqlite>, _>(x.next_attempt_at)
                 .bind::<Nullable<Text>, _>(x.error_class)
                 .bind::<Nullable<Text>, _>(x.provider_message_id.as_deref())
-                .bind::<Nullable<Text>, _>(x.request_fingerprint.as_deref())
                 .bind::<TimestamptzSqlite, _>(at)
                 .bind::<BigInt, _>(x.message_id)
                 .bind::<Text, _>(owner)
                 .bind::<Integer, _>(x.claimed_attempt)
                 .execute(conn)?;
+            if n == 1
+                && let Some(fingerprint) = &x.request_fingerprint
+            {
+                crate::storage::prepared::cached(super::SQLITE_SET_FINGERPRINT_SQL)
+                    .bind::<Text, _>(fingerprint)
+                    .bind::<BigInt, _>(x.message_id)
+                    .execute(conn)?;
+            }
             applied.push(if n == 1 {
                 Applied::Yes
             } else {
