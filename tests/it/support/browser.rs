@@ -14,6 +14,12 @@ use fantoccini::{Client, ClientBuilder, Locator};
 /// enough that a broken page fails the test quickly.
 pub const WAIT: Duration = Duration::from_secs(10);
 
+/// How long a page may take to load. Longer than [`WAIT`]: a fresh Chromium's first page, while
+/// the rest of the suite keeps both cores busy, once took more than 10 s in CI (chromedriver:
+/// "Timed out receiving message from renderer: 10.000"). A broken page still fails at once, on
+/// the elements it lacks.
+pub const PAGE_LOAD: Duration = Duration::from_secs(60);
+
 pub struct Browser {
     pub client: Client,
     driver: Child,
@@ -83,7 +89,7 @@ impl Browser {
         client
             .update_timeouts(TimeoutConfiguration::new(
                 Some(WAIT),
-                Some(WAIT),
+                Some(PAGE_LOAD),
                 Some(Duration::ZERO),
             ))
             .await
