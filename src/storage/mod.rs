@@ -28,7 +28,6 @@ pub mod schema_pg;
 #[rustfmt::skip]
 pub mod schema_sqlite;
 
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

@@ -261,7 +261,7 @@ pub fn sqlite_claim_rows(
 pub const SQLITE_SET_MESSAGE_KEY_SQL: &str =
     "UPDATE herald_outbox SET message_key = ?1 WHERE id = ?2 AND message_key IS NULL";
 
-/// The request fingerprint of a row inserted by plain SQL, from its first attempt: set only where
+/// The request fingerprint of a row inserted by plain SQL, from its first outcome: set only where
 /// there is none, so that the outcome update does not name the column (see [`SQLITE_CLAIM_SQL`]
 /// on why that matters on SQLite; the API's rows have theirs from their insert).
 pub const SQLITE_SET_FINGERPRINT_SQL: &str = "UPDATE herald_outbox SET request_fingerprint = ?1 WHERE id = ?2 AND request_fingerprint IS NULL";

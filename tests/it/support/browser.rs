@@ -16,8 +16,8 @@ pub const WAIT: Duration = Duration::from_secs(10);
 
 /// How long a page may take to load. Longer than [`WAIT`]: a fresh Chromium's first page, while
 /// the rest of the suite keeps both cores busy, once took more than 10 s in CI (chromedriver:
-/// "Timed out receiving message from renderer: 10.000"). A broken page still fails at once, on
-/// the elements it lacks.
+/// "Timed out receiving message from renderer: 10.000"). A page that loads but is broken still
+/// fails within [`WAIT`], on the elements it lacks.
 pub const PAGE_LOAD: Duration = Duration::from_secs(60);
 
 pub struct Browser {
