@@ -183,6 +183,7 @@ pub const SCENARIOS: &[(&str, ScenarioFn)] = &[
     ("dispatch_sqlite", scenarios::dispatch_sqlite),
     ("ingest_sqlite", scenarios::ingest_sqlite),
     ("email_smtp", scenarios::email_smtp),
+    ("email_smtp_api", scenarios::email_smtp_api),
 ];
 
 /// Scenarios run only when named: they need more than the machine's PostgreSQL (a peer's
