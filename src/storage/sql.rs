@@ -98,6 +98,11 @@ RETURNING o.*"
 /// every column an `UPDATE` sets, changed or not, so `message_key = COALESCE(message_key, …)`
 /// rewrote the key's index entry at every claim of every email (a random page of that index
 /// each). [`SQLITE_SET_MESSAGE_KEY_SQL`] sets it for the claimed emails without one.
+/// The limit is written `(?2 + 0)`, not `?2`: SQLite looks at the value bound to a bare
+/// parameter in `LIMIT` while it plans (`sqlite3ExprIsInteger`), which marks the statement to
+/// be compiled again whenever that parameter is bound anew — at every claim (seen with a
+/// `perf probe` on `sqlite3Reprepare`: once per claim). The claim's order comes from
+/// `herald_outbox_due`, so the planner has nothing to gain from knowing the limit.
 pub const SQLITE_CLAIM_SQL: &str = concat!(
     "UPDATE herald_outbox
 SET state = CASE WHEN expires_at <= ?1 THEN 'expired' ELSE 'sending' END,
@@ -114,7 +119,7 @@ WHERE id IN (
     key_head!(),
     "
     ORDER BY next_attempt_at, id
-    LIMIT ?2
+    LIMIT (?2 + 0)
 )
 RETURNING *"
 );
@@ -1127,6 +1132,18 @@ pub fn sqlite_release_heads(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The SQLite claim's limit is not a bare parameter (SQLite would compile the statement again
+    /// at every claim: see [`SQLITE_CLAIM_SQL`]), and no other bare parameter follows a `LIMIT`.
+    #[test]
+    fn the_sqlite_claim_limit_is_not_a_bare_parameter() {
+        let limits: Vec<&str> = SQLITE_CLAIM_SQL
+            .split("LIMIT ")
+            .skip(1)
+            .map(|rest| rest.split_whitespace().next().unwrap_or_default())
+            .collect();
+        assert_eq!(limits, ["1))", "(?2"], "{SQLITE_CLAIM_SQL}");
+    }
 
     /// The claims return the schema's columns by name, in its order, and nothing else.
     #[test]
