@@ -181,9 +181,9 @@ per_backend! {
         let mut pass = ReconcilePass::default();
         for receipt in &batch {
             let Some(id) = target(receipt) else {
-                // Tried again with backoff for a day after it arrived
-                // ([`unmatched_retry_wait`]); then it stays listed (and counted) as
-                // unmatched, no longer tried.
+                // Tried again with growing waits for a day after it arrived, the last try at
+                // its day's end ([`next_unmatched_try`]); then it stays listed (and counted)
+                // as unmatched, no longer tried.
                 let tries = receipt.match_attempts.saturating_add(1);
                 let next = crate::storage::receipts::next_unmatched_try(receipt.received_at, at, tries);
                 let reason = if next.is_some() {
