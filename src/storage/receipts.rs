@@ -30,44 +30,21 @@ per_backend! {
         receipts: &[NewReceipt],
         now: DateTime<Utc>,
     ) -> QueryResult<usize> {
-        // Multi-row statements, in chunks well under every bind-parameter limit, in key order:
-        // two requests carrying overlapping events (a provider retrying a batch while the first
-        // try is still in flight) then wait on each other's rows in the same order and never
-        // deadlock (a 40P01 is one of the errors the driver cannot tell apart from a bug).
-        let mut sorted: Vec<&NewReceipt> = receipts.iter().collect();
-        sorted.sort_by(|a, b| a.provider_event_id.cmp(&b.provider_event_id));
-        let mut inserted = 0;
-        for chunk in sorted.chunks(500) {
-            let rows: Vec<_> = chunk
-                .iter()
-                .map(|x| {
-                    (
-                        r::source.eq(source),
-                        r::provider_event_id.eq(&x.provider_event_id),
-                        r::event_type.eq(&x.event_type),
-                        r::provider_type.eq(&x.provider_type),
-                        r::event_time.eq(x.event_time),
-                        r::received_at.eq(now),
-                        r::herald_event_id.eq(&x.herald_event_id),
-                        r::provider_message_id.eq(&x.provider_message_id),
-                        r::raw.eq(&x.raw),
-                        r::replay_key.eq(&x.replay_key),
-                    )
-                })
-                .collect();
-            inserted += diesel::insert_into(r::table)
-                .values(rows)
-                .on_conflict_do_nothing()
-                .execute(conn)?;
-        }
-        Ok(inserted)
+        // In key order: two requests carrying overlapping events (a provider retrying a batch
+        // while the first try is still in flight) then wait on each other's rows in the same
+        // order and never deadlock (a 40P01 is one of the errors the driver cannot tell apart
+        // from a bug).
+        let mut rows: Vec<(&str, &NewReceipt, DateTime<Utc>)> =
+            receipts.iter().map(|x| (source, x, now)).collect();
+        rows.sort_by(|a, b| a.1.provider_event_id.cmp(&b.1.provider_event_id));
+        Ok(insert_receipts_returning(conn, &rows)?.len())
     }
 
-    /// Stores the receipts of several requests (each with its source and arrival time) in
-    /// multi-row statements, ignoring those whose (source, provider_event_id) exists; returns
-    /// the keys that were new. The caller passes each key once, in key order (see
-    /// [`insert_receipts`] on deadlocks).
-    /// On PostgreSQL one prepared `unnest` insert (see `sql::insert_receipts_returning`).
+    /// Stores the receipts of several requests (each with its source and arrival time),
+    /// ignoring those whose (source, provider_event_id) exists; returns the keys that were new.
+    /// The caller passes the rows in key order (see [`insert_receipts`] on deadlocks). Kept
+    /// prepared: on PostgreSQL one `unnest` insert, on SQLite one insert per row (see
+    /// `sql::insert_receipts_returning`).
     pub fn insert_receipts_returning(
         conn: &mut Conn,
         rows: &[(&str, &NewReceipt, DateTime<Utc>)],

@@ -616,39 +616,45 @@ pub fn sqlite_insert_attempts(
     Ok(())
 }
 
-/// SQLite: the receipts of a group with the query builder, in multi-row statements.
+/// SQLite: one receipt, skipped when its key exists; returns its key when it was new.
+pub const SQLITE_INSERT_RECEIPT_SQL: &str = "INSERT INTO herald_receipts (source, \
+    provider_event_id, event_type, provider_type, event_time, received_at, herald_event_id, \
+    provider_message_id, raw, replay_key)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+ON CONFLICT DO NOTHING
+RETURNING source, provider_event_id";
+
+/// SQLite: the receipts, one kept-prepared insert each, in the order given (in-process, so a
+/// statement per row costs no round trip; the query builder's multi-row insert was compiled
+/// again for every group, its text varying with the row count).
 pub fn sqlite_insert_receipts_returning(
     conn: &mut diesel::sqlite::SqliteConnection,
     rows: &[(&str, &NewReceipt, DateTime<Utc>)],
 ) -> diesel::QueryResult<Vec<(String, String)>> {
-    use super::schema_sqlite::herald_receipts as r;
-    use diesel::prelude::*;
+    use diesel::RunQueryDsl;
+    use diesel::sql_types::{Json, TimestamptzSqlite};
+    #[derive(diesel::QueryableByName)]
+    struct Key {
+        #[diesel(sql_type = Text)]
+        source: String,
+        #[diesel(sql_type = Text)]
+        provider_event_id: String,
+    }
     let mut new = Vec::new();
-    for chunk in rows.chunks(500) {
-        let values: Vec<_> = chunk
-            .iter()
-            .map(|(source, x, now)| {
-                (
-                    r::source.eq(*source),
-                    r::provider_event_id.eq(&x.provider_event_id),
-                    r::event_type.eq(&x.event_type),
-                    r::provider_type.eq(&x.provider_type),
-                    r::event_time.eq(x.event_time),
-                    r::received_at.eq(*now),
-                    r::herald_event_id.eq(&x.herald_event_id),
-                    r::provider_message_id.eq(&x.provider_message_id),
-                    r::raw.eq(&x.raw),
-                    r::replay_key.eq(&x.replay_key),
-                )
-            })
-            .collect();
-        new.extend(
-            diesel::insert_into(r::table)
-                .values(values)
-                .on_conflict_do_nothing()
-                .returning((r::source, r::provider_event_id))
-                .get_results::<(String, String)>(conn)?,
-        );
+    for (source, x, now) in rows {
+        let key: Vec<Key> = super::prepared::cached(SQLITE_INSERT_RECEIPT_SQL)
+            .bind::<Text, _>(*source)
+            .bind::<Text, _>(x.provider_event_id.as_str())
+            .bind::<Text, _>(x.event_type.as_str())
+            .bind::<Text, _>(x.provider_type.as_str())
+            .bind::<Nullable<TimestamptzSqlite>, _>(x.event_time)
+            .bind::<TimestamptzSqlite, _>(*now)
+            .bind::<Nullable<Text>, _>(x.herald_event_id.as_deref())
+            .bind::<Nullable<Text>, _>(x.provider_message_id.as_deref())
+            .bind::<Json, _>(&x.raw)
+            .bind::<Nullable<Text>, _>(x.replay_key.as_deref())
+            .load(conn)?;
+        new.extend(key.into_iter().map(|k| (k.source, k.provider_event_id)));
     }
     Ok(new)
 }
