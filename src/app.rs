@@ -237,6 +237,7 @@ impl Herald {
                 policy: settings.retry.clone(),
                 endpoint_policies: settings.endpoint_retry.clone(),
                 limits: settings.limits.clone(),
+                shutdown_timeout: settings.shutdown_timeout,
             },
             webhook,
             email,

@@ -108,6 +108,7 @@ struct FileConfig {
     reconcile_interval_ms: Option<u64>,
     reconcile_batch_size: Option<u32>,
     unconfirmed_deadline_seconds: Option<u64>,
+    shutdown_timeout_seconds: Option<u64>,
     allow_networks: Option<Networks>,
     log_format: Option<String>,
     retention_delivered_days: Option<u32>,
@@ -213,6 +214,9 @@ pub struct Settings {
     pub reconcile_batch_size: u32,
     /// How long an `unconfirmed` message waits for a receipt before `dead_letter`.
     pub unconfirmed_deadline: Duration,
+    /// How long, from SIGTERM/SIGINT, the sender keeps trying to write outcomes that fail to be
+    /// written (the database down) before it gives up on them and Herald exits.
+    pub shutdown_timeout: Duration,
     pub status_callbacks: Option<StatusCallbacks>,
     /// Per-destination limits (see `sender::limits`).
     pub limits: crate::sender::LimitsConfig,
@@ -384,6 +388,11 @@ impl Settings {
         over!(smtp_burst, "HERALD_SMTP_BURST", num);
         over!(smtp_max_in_flight, "HERALD_SMTP_MAX_IN_FLIGHT", num);
         over!(reconcile_batch_size, "HERALD_RECONCILE_BATCH_SIZE", num);
+        over!(
+            shutdown_timeout_seconds,
+            "HERALD_SHUTDOWN_TIMEOUT_SECONDS",
+            num
+        );
         over!(
             unconfirmed_deadline_seconds,
             "HERALD_UNCONFIRMED_DEADLINE_SECONDS",
@@ -652,6 +661,10 @@ impl Settings {
             "unconfirmed_deadline_seconds",
             f.unconfirmed_deadline_seconds.unwrap_or(3 * 86_400),
         )?);
+        let shutdown_timeout = Duration::from_secs(positive(
+            "shutdown_timeout_seconds",
+            f.shutdown_timeout_seconds.unwrap_or(20),
+        )?);
         let reconcile_interval = Duration::from_millis(positive(
             "reconcile_interval_ms",
             f.reconcile_interval_ms.unwrap_or(1000),
@@ -697,6 +710,7 @@ impl Settings {
             reconcile_interval,
             reconcile_batch_size: f.reconcile_batch_size.unwrap_or(500).clamp(1, 10_000),
             unconfirmed_deadline,
+            shutdown_timeout,
             status_callbacks,
             limits,
             allow_networks,

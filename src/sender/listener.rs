@@ -57,6 +57,19 @@ pub fn spawn(url: String, wake: Arc<Notify>, stop: Arc<AtomicBool>) -> std::thre
         .unwrap_or_else(|e| panic!("cannot start the LISTEN thread: {e}"))
 }
 
+/// Sleeps `d`, or less once `stop` is set: a shutdown never waits out a reconnect backoff
+/// (up to 10 s).
+fn sleep_unless_stopped(d: Duration, stop: &AtomicBool) {
+    let until = Instant::now() + d;
+    while !stop.load(Ordering::Relaxed) {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        std::thread::sleep(left.min(DRAIN_EVERY));
+    }
+}
+
 fn listen_loop(url: &str, wake: &Notify, stop: &AtomicBool) {
     let me = format!(
         "herald-listen-{}-{:08x}",
@@ -78,7 +91,7 @@ fn listen_loop(url: &str, wake: &Notify, stop: &AtomicBool) {
             Some(c) => c,
             None => {
                 warn!("LISTEN connection failed; polling only until it is back");
-                std::thread::sleep(backoff);
+                sleep_unless_stopped(backoff, stop);
                 backoff = (backoff * 2).min(Duration::from_secs(10));
                 continue;
             }

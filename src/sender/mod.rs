@@ -55,6 +55,10 @@ pub struct SenderConfig {
     /// `[endpoints.NAME.retry]` by endpoint name; any other destination uses `policy`.
     pub endpoint_policies: std::collections::BTreeMap<String, RetryPolicy>,
     pub limits: LimitsConfig,
+    /// How long a shutdown keeps trying to write outcomes that fail to be written (the database
+    /// down): past it, counted from the signal, the flusher gives up on them (see
+    /// [`give_up_writing_outcomes`]).
+    pub shutdown_timeout: Duration,
 }
 
 /// Per-destination limits beyond a named endpoint's own (see [`limits`]).
@@ -164,6 +168,9 @@ struct Inner {
     /// flusher, or in a batch it has not written yet: the watchdog leaves their rows alone even
     /// once their lease has run out (see [`give_up_writing_outcomes`]).
     unwritten: std::sync::Mutex<std::collections::HashSet<(i64, i32)>>,
+    /// When the shutdown signal came (set by a task of [`Sender::run`] as it comes, or by the
+    /// flusher, whichever sees it first).
+    stopping_since: std::sync::OnceLock<tokio::time::Instant>,
 }
 
 /// The keys to release again ([`Inner::recheck`]), and when the newest of them was found busy.
@@ -246,6 +253,7 @@ impl Sender {
                 heartbeat,
                 recheck: std::sync::Mutex::new(Recheck::default()),
                 unwritten: std::sync::Mutex::default(),
+                stopping_since: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -899,6 +907,16 @@ impl Sender {
         let slots = Arc::new(Semaphore::new(cfg.concurrency as usize));
         let (tx, rx) = mpsc::channel::<OutcomeRecord>(cfg.concurrency as usize * 2);
         let flusher = tokio::spawn(self.clone().flush_loop(rx, shutdown.clone()));
+        // The shutdown's clock starts at the signal, even while the loop is inside a claim that
+        // waits for an unavailable database.
+        let signalled = {
+            let (inner, mut shutdown) = (self.inner.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                if shutdown.wait_for(|&stop| stop).await.is_ok() {
+                    inner.stopping_since.get_or_init(tokio::time::Instant::now);
+                }
+            })
+        };
         let sweep_every = (cfg.lease / 2).max(Duration::from_secs(1));
         let mut next_sweep = tokio::time::Instant::now();
         let mut next_release = tokio::time::Instant::now();
@@ -945,6 +963,10 @@ impl Sender {
                     _ = shutdown.changed() => {}
                 }
                 continue;
+            }
+            // The periodic passes above may have waited for an unavailable database meanwhile.
+            if *shutdown.borrow() {
+                break;
             }
             let rows = match self.claim(free.min(cfg.batch_size)).await {
                 Ok(rows) => {
@@ -1004,6 +1026,7 @@ impl Sender {
         if let Err(e) = flusher.await {
             warn!(error = %e, "outcome flusher ended abnormally");
         }
+        signalled.abort();
         heartbeat.stop();
         info!("sender stopped");
     }
@@ -1037,8 +1060,16 @@ impl Sender {
                     Ok(_) => break,
                     Err(e) => {
                         tries += 1;
-                        if give_up_writing_outcomes(&e, tries, *shutdown.borrow()) {
-                            warn!(error = %e, rows = batch.len(), tries, "giving up on writing outcomes; leases will expire");
+                        let stop = (*shutdown.borrow()).then(|| Stopping {
+                            since: self
+                                .inner
+                                .stopping_since
+                                .get_or_init(tokio::time::Instant::now)
+                                .elapsed(),
+                            timeout: self.inner.config.shutdown_timeout,
+                        });
+                        if give_up_writing_outcomes(&e, tries, stop) {
+                            warn!(error = %e, rows = batch.len(), tries, stopping = stop.is_some(), "giving up on writing outcomes; leases will expire and those sends count again");
                             break;
                         }
                         if tries == 1 || tries.is_multiple_of(10) {
@@ -1076,10 +1107,24 @@ const OUTCOME_TRIES: u32 = 20;
 /// is fenced on the lease's owner and attempt, not its time, so it still lands where no watchdog
 /// has returned the row meanwhile — this process's own watchdog leaves the rows of the outcomes
 /// the flusher holds ([`Inner::unwritten`]) — and is recorded as `lease_lost` where another
-/// process's watchdog has.
-fn give_up_writing_outcomes(e: &SenderError, tries: u32, stopping: bool) -> bool {
+/// process's watchdog has. A shutdown is bounded: once its timeout has passed since the signal,
+/// the next failed try gives up, whatever the error (a process manager would kill a process
+/// that takes longer anyway, and the outcomes would be as lost).
+fn give_up_writing_outcomes(e: &SenderError, tries: u32, stopping: Option<Stopping>) -> bool {
     let unavailable = matches!(e, SenderError::Storage(s) if s.is_unavailable());
-    tries >= OUTCOME_TRIES && (stopping || !unavailable)
+    match stopping {
+        Some(s) => tries >= OUTCOME_TRIES || s.since >= s.timeout,
+        None => tries >= OUTCOME_TRIES && !unavailable,
+    }
+}
+
+/// A shutdown in progress, as the outcome flusher sees it.
+#[derive(Debug, Clone, Copy)]
+struct Stopping {
+    /// Since the signal.
+    since: Duration,
+    /// [`SenderConfig::shutdown_timeout`].
+    timeout: Duration,
 }
 
 /// The pause after the `tries`-th failed outcome write: 100 ms more each time, at most 2 s.
@@ -1167,16 +1212,31 @@ mod tests {
             ))))
         };
         let broken = || SenderError::Storage(StorageError::Query(diesel::result::Error::NotFound));
+        let secs = Duration::from_secs;
+        // Stopping, `since` the signal, with a 20 s shutdown timeout.
+        let stopping = |since| {
+            Some(Stopping {
+                since: secs(since),
+                timeout: secs(20),
+            })
+        };
         for tries in [1, 19] {
-            assert!(!give_up_writing_outcomes(&down(), tries, false));
-            assert!(!give_up_writing_outcomes(&down(), tries, true));
-            assert!(!give_up_writing_outcomes(&broken(), tries, false));
+            assert!(!give_up_writing_outcomes(&down(), tries, None));
+            assert!(!give_up_writing_outcomes(&down(), tries, stopping(0)));
+            assert!(!give_up_writing_outcomes(&down(), tries, stopping(19)));
+            assert!(!give_up_writing_outcomes(&broken(), tries, None));
+            // A shutdown past its timeout gives up at the next failed try, whatever the error.
+            assert!(give_up_writing_outcomes(&down(), tries, stopping(20)));
+            assert!(give_up_writing_outcomes(&broken(), tries, stopping(21)));
         }
         for tries in [20, 21, 1_000] {
             // Unavailable: never while running; at shutdown, after the same tries as any error.
-            assert!(!give_up_writing_outcomes(&down(), tries, false), "{tries}");
-            assert!(give_up_writing_outcomes(&down(), tries, true), "{tries}");
-            assert!(give_up_writing_outcomes(&broken(), tries, false), "{tries}");
+            assert!(!give_up_writing_outcomes(&down(), tries, None), "{tries}");
+            assert!(
+                give_up_writing_outcomes(&down(), tries, stopping(0)),
+                "{tries}"
+            );
+            assert!(give_up_writing_outcomes(&broken(), tries, None), "{tries}");
         }
         let pauses: Vec<u128> = [1, 2, 19, 20, 21, 500]
             .into_iter()

@@ -323,6 +323,63 @@ async fn load_loop(
     out
 }
 
+/// A shutdown with the database down is bounded: a send in flight when PostgreSQL goes away
+/// finishes, its outcome cannot be written, and `herald serve` gives up on it once
+/// `HERALD_SHUTDOWN_TIMEOUT_SECONDS` have passed since SIGTERM (at the next failed try), says so,
+/// and exits — instead of trying 20 times, each waiting for the pool's 5 s connection timeout
+/// (about two minutes, past any process manager's patience).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_with_the_database_down_gives_up_on_outcomes_in_time() {
+    let cluster = tokio::task::spawn_blocking(crate::support::db::Cluster::start_new)
+        .await
+        .unwrap();
+    cluster.create_database("herald");
+    let url = cluster.url_for("herald");
+    let rx = Receiver::start().await;
+    // The send hangs until its 4 s timeout: its outcome comes after the database is gone.
+    rx.script([Reply::Hang]);
+    let (mut h, _) = serve(
+        &url,
+        &[
+            ("HERALD_SHUTDOWN_TIMEOUT_SECONDS", "2"),
+            ("HERALD_WEBHOOK_TIMEOUT_MS", "4000"),
+            ("HERALD_LEASE_SECONDS", "10"),
+        ],
+        None,
+    )
+    .await;
+    enqueue_by_sql(Backend::Postgres, &url, "stop", 1, &rx.url);
+    rx.wait_for(1, 30).await;
+    let c = &cluster;
+    std::thread::scope(|s| s.spawn(|| c.stop_immediately()).join().unwrap());
+    let sent = rx.requests()[0].at;
+    assert!(
+        sent.elapsed() < Duration::from_secs(3),
+        "the database took too long to stop: the send's outcome may have been written already"
+    );
+    let signalled = Instant::now();
+    let status = h.terminate().await;
+    let took = signalled.elapsed();
+    let stderr = h.stderr();
+    assert!(status.success(), "{status}; stderr:\n{stderr}");
+    // The send's 4 s, the 2 s timeout, and the one try in progress then (at most the pool's 5 s).
+    assert!(
+        took < Duration::from_secs(15),
+        "exited {took:?} after SIGTERM; stderr:\n{stderr}"
+    );
+    let gave_up: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("giving up on writing outcomes"))
+        .collect();
+    assert_eq!(gave_up.len(), 1, "stderr:\n{stderr}");
+    assert!(
+        gave_up[0].contains("rows=1") && gave_up[0].contains("stopping=true"),
+        "{}",
+        gave_up[0]
+    );
+    eprintln!("DRILL shutdown-db-down exited {took:?} after SIGTERM");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_restart_while_sending_and_ingesting() {
     let mut rng = rng_for("db-restart");
