@@ -1,17 +1,57 @@
-//! `POST /v1/messages` bodies: parsing and planning never panic; a refusal names a field.
+//! Any bytes as a `POST /v1/messages` body (with or without an `Idempotency-Key`): parsed and
+//! planned, or refused field by field. Nothing may panic, and every refusal names a field.
+
 #![no_main]
 
-use chrono::{TimeZone, Utc};
 use libfuzzer_sys::fuzz_target;
 
+/// The message's own fields (README, "HTTP API").
+const FIELDS: &[&str] = &[
+    "event_id",
+    "channel",
+    "destination",
+    "payload",
+    "scheduled_at",
+    "expires_at",
+    "semantics",
+    "max_attempts",
+];
+
 fuzz_target!(|data: &[u8]| {
-    let at = Utc.timestamp_opt(1_800_000_000, 0).unwrap();
-    match herald::http::parse_new_message(data, Some("key-1")) {
-        Err(errors) => assert!(!errors.is_empty() && errors.iter().all(|e| !e.field.is_empty())),
-        Ok(m) => {
-            if let Err(errors) = m.plan(&herald::outbox::Limits::default(), at) {
-                assert!(!errors.is_empty() && errors.iter().all(|e| !e.field.is_empty()));
-            }
+    // The first byte: whether an idempotency key comes first, up to the first newline.
+    let Some((&flags, rest)) = data.split_first() else {
+        return;
+    };
+    let (key, body) = if flags & 1 == 1 {
+        match rest.iter().position(|&b| b == b'\n') {
+            Some(i) => (
+                Some(String::from_utf8_lossy(&rest[..i]).into_owned()),
+                &rest[i + 1..],
+            ),
+            None => (None, rest),
         }
+    } else {
+        (None, rest)
+    };
+    let at = chrono::DateTime::from_timestamp(1_764_000_000, 0).expect("a valid instant");
+    let errors = match herald::http::parse_new_message(body, key.as_deref()) {
+        Err(errors) => errors,
+        Ok(m) => match m.plan(&herald::outbox::Limits::default(), at) {
+            Err(errors) => errors,
+            Ok(_) => return,
+        },
+    };
+    assert!(!errors.is_empty(), "a refusal without a reason");
+    let sent = serde_json::from_slice::<serde_json::Value>(body).ok();
+    for e in &errors {
+        let head = e.field.split(['.', '[']).next().unwrap_or_default();
+        assert!(
+            head == "body"
+                || head.eq_ignore_ascii_case("idempotency-key")
+                || FIELDS.contains(&head)
+                || sent.as_ref().and_then(|v| v.get(&e.field)).is_some(),
+            "{e:?} does not name a field of the request"
+        );
+        assert!(!e.message.is_empty(), "{e:?}");
     }
 });
