@@ -359,13 +359,14 @@ impl Herald {
         shutdown_signal().await;
         info!("shutting down");
         let _ = stop_tx.send(true);
+        // Nothing needs wake-ups any more: the LISTEN thread ends now, not after the tasks.
+        stop_listen.store(true, Ordering::Relaxed);
         handle.stop(true).await;
         if let Some(t) = sender_task {
             t.await.context("sender task failed")?;
         }
         reconciler_task.await.context("reconciler task failed")?;
         retention_task.await.context("retention task failed")?;
-        stop_listen.store(true, Ordering::Relaxed);
         if let Some(t) = listen_thread {
             let _ = tokio::task::spawn_blocking(move || t.join()).await;
         }

@@ -168,10 +168,11 @@ struct Inner {
     /// flusher, or in a batch it has not written yet: the watchdog leaves their rows alone even
     /// once their lease has run out (see [`give_up_writing_outcomes`]).
     unwritten: std::sync::Mutex<std::collections::HashSet<(i64, i32)>>,
-    /// When the shutdown signal came (set by a task of [`Sender::run`] as it comes, or by the
-    /// flusher, whichever sees it first).
-    stopping_since: std::sync::OnceLock<tokio::time::Instant>,
 }
+
+/// When the shutdown signal of one [`Sender::run`] came: set by a task of that run as it comes,
+/// or by its flusher, whichever sees it first.
+type StoppingSince = Arc<std::sync::OnceLock<tokio::time::Instant>>;
 
 /// The keys to release again ([`Inner::recheck`]), and when the newest of them was found busy.
 #[derive(Debug, Default)]
@@ -253,7 +254,6 @@ impl Sender {
                 heartbeat,
                 recheck: std::sync::Mutex::new(Recheck::default()),
                 unwritten: std::sync::Mutex::default(),
-                stopping_since: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -906,14 +906,19 @@ impl Sender {
         let cfg = &self.inner.config;
         let slots = Arc::new(Semaphore::new(cfg.concurrency as usize));
         let (tx, rx) = mpsc::channel::<OutcomeRecord>(cfg.concurrency as usize * 2);
-        let flusher = tokio::spawn(self.clone().flush_loop(rx, shutdown.clone()));
+        let stopping_since = StoppingSince::default();
+        let flusher = tokio::spawn(self.clone().flush_loop(
+            rx,
+            shutdown.clone(),
+            stopping_since.clone(),
+        ));
         // The shutdown's clock starts at the signal, even while the loop is inside a claim that
         // waits for an unavailable database.
         let signalled = {
-            let (inner, mut shutdown) = (self.inner.clone(), shutdown.clone());
+            let (since, mut shutdown) = (stopping_since, shutdown.clone());
             tokio::spawn(async move {
                 if shutdown.wait_for(|&stop| stop).await.is_ok() {
-                    inner.stopping_since.get_or_init(tokio::time::Instant::now);
+                    since.get_or_init(tokio::time::Instant::now);
                 }
             })
         };
@@ -1040,6 +1045,7 @@ impl Sender {
         self,
         mut rx: mpsc::Receiver<OutcomeRecord>,
         shutdown: watch::Receiver<bool>,
+        stopping_since: StoppingSince,
     ) {
         const MAX_BATCH: usize = 256;
         const LINGER: Duration = Duration::from_millis(2);
@@ -1061,9 +1067,7 @@ impl Sender {
                     Err(e) => {
                         tries += 1;
                         let stop = (*shutdown.borrow()).then(|| Stopping {
-                            since: self
-                                .inner
-                                .stopping_since
+                            since: stopping_since
                                 .get_or_init(tokio::time::Instant::now)
                                 .elapsed(),
                             timeout: self.inner.config.shutdown_timeout,
@@ -1102,19 +1106,21 @@ const OUTCOME_TRIES: u32 = 20;
 /// written are not lost work — their leases expire and the watchdog returns the rows — but each
 /// of those sends then counts again: a delivered webhook is sent a second time, an at-most-once
 /// one becomes `unconfirmed`. So a database that is only unavailable (down, restarting, failing
-/// over, out of connections) is waited for as long as it takes, and only another error, or a
-/// shutdown, gives up after [`OUTCOME_TRIES`]. Leases are no reason to stop: the outcome update
+/// over, out of connections) is waited for as long as it takes, and only another error gives up
+/// after [`OUTCOME_TRIES`]. Leases are no reason to stop: the outcome update
 /// is fenced on the lease's owner and attempt, not its time, so it still lands where no watchdog
 /// has returned the row meanwhile — this process's own watchdog leaves the rows of the outcomes
 /// the flusher holds ([`Inner::unwritten`]) — and is recorded as `lease_lost` where another
-/// process's watchdog has. A shutdown is bounded: once its timeout has passed since the signal,
-/// the next failed try gives up, whatever the error (a process manager would kill a process
-/// that takes longer anyway, and the outcomes would be as lost).
+/// process's watchdog has. A shutdown is bounded: an unavailable database is waited for until
+/// the shutdown timeout has passed since the signal, and then the next failed try gives up,
+/// whatever the error (a process manager would kill a process that takes longer anyway, and the
+/// outcomes would be as lost).
 fn give_up_writing_outcomes(e: &SenderError, tries: u32, stopping: Option<Stopping>) -> bool {
     let unavailable = matches!(e, SenderError::Storage(s) if s.is_unavailable());
+    let out_of_tries = tries >= OUTCOME_TRIES && !unavailable;
     match stopping {
-        Some(s) => tries >= OUTCOME_TRIES || s.since >= s.timeout,
-        None => tries >= OUTCOME_TRIES && !unavailable,
+        Some(s) => out_of_tries || s.since >= s.timeout,
+        None => out_of_tries,
     }
 }
 
@@ -1230,13 +1236,26 @@ mod tests {
             assert!(give_up_writing_outcomes(&broken(), tries, stopping(21)));
         }
         for tries in [20, 21, 1_000] {
-            // Unavailable: never while running; at shutdown, after the same tries as any error.
+            // Unavailable: never while running; at shutdown, once the timeout has passed, however
+            // many tries came before the signal. Any other error: after OUTCOME_TRIES.
             assert!(!give_up_writing_outcomes(&down(), tries, None), "{tries}");
             assert!(
-                give_up_writing_outcomes(&down(), tries, stopping(0)),
+                !give_up_writing_outcomes(&down(), tries, stopping(0)),
+                "{tries}"
+            );
+            assert!(
+                !give_up_writing_outcomes(&down(), tries, stopping(19)),
+                "{tries}"
+            );
+            assert!(
+                give_up_writing_outcomes(&down(), tries, stopping(20)),
                 "{tries}"
             );
             assert!(give_up_writing_outcomes(&broken(), tries, None), "{tries}");
+            assert!(
+                give_up_writing_outcomes(&broken(), tries, stopping(0)),
+                "{tries}"
+            );
         }
         let pauses: Vec<u128> = [1, 2, 19, 20, 21, 500]
             .into_iter()

@@ -42,7 +42,8 @@ per_backend! {
 
     /// Stores the receipts of several requests (each with its source and arrival time),
     /// ignoring those whose (source, provider_event_id) exists; returns the keys that were new.
-    /// The caller passes the rows in key order (see [`insert_receipts`] on deadlocks). Kept
+    /// The caller passes the rows in key order (see [`insert_receipts`] on deadlocks); a key
+    /// given twice is stored once, and returned once. Kept
     /// prepared: on PostgreSQL one `unnest` insert, on SQLite one insert per row (see
     /// `sql::insert_receipts_returning`).
     pub fn insert_receipts_returning(

@@ -124,7 +124,7 @@ impl Herald {
     }
 
     /// Waits (bounded) for the process to exit by itself; kills it and fails if it does not.
-    async fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+    pub(crate) async fn wait_exit(&mut self, within: Duration) -> ExitStatus {
         let deadline = Instant::now() + within;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -144,12 +144,30 @@ impl Herald {
 
     /// SIGTERM, then the exit status (bounded).
     pub(crate) async fn terminate(&mut self) -> ExitStatus {
+        self.sigterm();
+        self.wait_exit(EXIT_WITHIN).await
+    }
+
+    /// SIGTERM, without waiting for the exit.
+    pub(crate) fn sigterm(&self) {
         let sent = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status()
             .expect("run kill");
         assert!(sent.success(), "kill -TERM failed");
-        self.wait_exit(EXIT_WITHIN).await
+    }
+
+    /// Waits (bounded) until the log has a line containing `text`.
+    pub(crate) async fn wait_for_log(&self, text: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        while !self.stderr().contains(text) {
+            assert!(
+                Instant::now() < deadline,
+                "no {text:?} in the log within {within:?}; stderr:\n{}",
+                self.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
 

@@ -20,6 +20,9 @@ pub enum Reply {
     Drop,
     /// Answer with this status after this many milliseconds.
     Delayed(u64, u16),
+    /// Answer with this status once the test calls `notify_one` on the handle (before or after
+    /// the request arrives).
+    Held(std::sync::Arc<tokio::sync::Notify>, u16),
 }
 
 /// One request as received.
@@ -199,6 +202,10 @@ async fn serve(sock: TcpStream, state: Arc<Mutex<State>>, arrived: Arc<Notify>) 
             Reply::Drop => return,
             Reply::Delayed(ms, s) => {
                 tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                (s, Vec::new(), String::new())
+            }
+            Reply::Held(release, s) => {
+                release.notified().await;
                 (s, Vec::new(), String::new())
             }
         };
