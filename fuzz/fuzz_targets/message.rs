@@ -15,6 +15,8 @@ const FIELDS: &[&str] = &[
     "expires_at",
     "semantics",
     "max_attempts",
+    "ordering_key",
+    "ordering_policy",
 ];
 
 fuzz_target!(|data: &[u8]| {
