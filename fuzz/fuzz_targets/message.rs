@@ -5,20 +5,6 @@
 
 use libfuzzer_sys::fuzz_target;
 
-/// The message's own fields (README, "HTTP API").
-const FIELDS: &[&str] = &[
-    "event_id",
-    "channel",
-    "destination",
-    "payload",
-    "scheduled_at",
-    "expires_at",
-    "semantics",
-    "max_attempts",
-    "ordering_key",
-    "ordering_policy",
-];
-
 fuzz_target!(|data: &[u8]| {
     // The first byte: whether an idempotency key comes first, up to the first newline.
     let Some((&flags, rest)) = data.split_first() else {
@@ -50,7 +36,7 @@ fuzz_target!(|data: &[u8]| {
         assert!(
             head == "body"
                 || head.eq_ignore_ascii_case("idempotency-key")
-                || FIELDS.contains(&head)
+                || herald::http::MESSAGE_FIELDS.contains(&head)
                 || sent.as_ref().and_then(|v| v.get(&e.field)).is_some(),
             "{e:?} does not name a field of the request"
         );

@@ -1002,6 +1002,20 @@ async fn ingest_into(
 }
 
 /// Parses the `POST /v1/messages` body, naming every offending field.
+/// The fields of a `POST /v1/messages` body; any other is refused by name.
+pub const MESSAGE_FIELDS: &[&str] = &[
+    "event_id",
+    "channel",
+    "destination",
+    "payload",
+    "scheduled_at",
+    "expires_at",
+    "semantics",
+    "max_attempts",
+    "ordering_key",
+    "ordering_policy",
+];
+
 pub fn parse_new_message(
     body: &[u8],
     idempotency_key: Option<&str>,
@@ -1012,19 +1026,7 @@ pub fn parse_new_message(
         return Err(vec![InvalidField::new("body", "must be a JSON object")]);
     };
     let mut errors = Vec::new();
-    const KNOWN: &[&str] = &[
-        "event_id",
-        "channel",
-        "destination",
-        "payload",
-        "scheduled_at",
-        "expires_at",
-        "semantics",
-        "max_attempts",
-        "ordering_key",
-        "ordering_policy",
-    ];
-    for k in obj.keys().filter(|k| !KNOWN.contains(&k.as_str())) {
+    for k in obj.keys().filter(|k| !MESSAGE_FIELDS.contains(&k.as_str())) {
         errors.push(InvalidField::new(k.clone(), "is not a known field"));
     }
     let mut string =

@@ -332,6 +332,13 @@ pub struct NewMessageRequest {
     /// The attempt budget (default: the configured one).
     #[schema(minimum = 1)]
     max_attempts: Option<u32>,
+    /// Messages with the same key to the same destination are delivered one at a time, in
+    /// order (README "Ordered delivery"); 1–255 visible ASCII characters.
+    #[schema(example = "order-42")]
+    ordering_key: Option<String>,
+    /// What a keyed message that ends in `dead_letter` or `unconfirmed` does to the ones after
+    /// it: `block` or `skip` (default: the named endpoint's, else `block`).
+    ordering_policy: Option<crate::domain::OrderingPolicy>,
 }
 
 /// The payload by channel.
@@ -637,18 +644,13 @@ mod tests {
             .keys()
             .map(String::as_str)
             .collect();
+        // Exactly the fields `parse_new_message` accepts.
         assert_eq!(
             props,
-            BTreeSet::from([
-                "event_id",
-                "channel",
-                "destination",
-                "payload",
-                "scheduled_at",
-                "expires_at",
-                "semantics",
-                "max_attempts"
-            ])
+            crate::http::MESSAGE_FIELDS
+                .iter()
+                .copied()
+                .collect::<BTreeSet<_>>()
         );
         assert_eq!(body["additionalProperties"], false);
         assert_eq!(s["Problem"]["properties"]["type"]["type"], "string");

@@ -613,20 +613,14 @@ proptest! {
 
 // --- The message API ----------------------------------------------------------------------------
 
-const MESSAGE_FIELDS: &[&str] = &[
-    "event_id",
-    "channel",
-    "destination",
-    "payload",
-    "scheduled_at",
-    "expires_at",
-    "semantics",
-    "max_attempts",
-];
+use herald::http::MESSAGE_FIELDS;
 
 fn message_value(field: &'static str) -> BoxedStrategy<Value> {
     let valid: BoxedStrategy<Value> = match field {
-        "event_id" => "[a-z0-9:-]{1,20}".prop_map(Value::from).boxed(),
+        "event_id" | "ordering_key" => "[a-z0-9:-]{1,20}".prop_map(Value::from).boxed(),
+        "ordering_policy" => prop::sample::select(&["block", "skip"][..])
+            .prop_map(Value::from)
+            .boxed(),
         "channel" => prop::sample::select(&["webhook", "email"][..])
             .prop_map(Value::from)
             .boxed(),
