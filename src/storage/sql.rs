@@ -528,6 +528,15 @@ pub fn pg_insert_attempts(
     Ok(())
 }
 
+/// The key of a receipt a receipt insert stored (`RETURNING source, provider_event_id`).
+#[derive(diesel::QueryableByName)]
+struct ReceiptKey {
+    #[diesel(sql_type = Text)]
+    source: String,
+    #[diesel(sql_type = Text)]
+    provider_event_id: String,
+}
+
 /// Receipts of a group in one statement whose text does not depend on the row count, so it
 /// stays prepared: rows in the order given (key order, see `insert_receipts`), those whose key
 /// exists skipped; returns the `(source, provider_event_id)` of the new ones.
@@ -545,17 +554,10 @@ pub fn pg_insert_receipts_returning(
 ) -> diesel::QueryResult<Vec<(String, String)>> {
     use diesel::RunQueryDsl;
     use diesel::sql_types::{Array, Jsonb, Timestamptz};
-    #[derive(diesel::QueryableByName)]
-    struct Key {
-        #[diesel(sql_type = Text)]
-        source: String,
-        #[diesel(sql_type = Text)]
-        provider_event_id: String,
-    }
     if rows.is_empty() {
         return Ok(Vec::new());
     }
-    let new: Vec<Key> = super::prepared::cached(PG_INSERT_RECEIPTS_SQL)
+    let new: Vec<ReceiptKey> = super::prepared::cached(PG_INSERT_RECEIPTS_SQL)
         .bind::<Array<Text>, _>(column(rows, |r| r.0))
         .bind::<Array<Text>, _>(column(rows, |r| r.1.provider_event_id.as_str()))
         .bind::<Array<Text>, _>(column(rows, |r| r.1.event_type.as_str()))
@@ -633,16 +635,9 @@ pub fn sqlite_insert_receipts_returning(
 ) -> diesel::QueryResult<Vec<(String, String)>> {
     use diesel::RunQueryDsl;
     use diesel::sql_types::{Json, TimestamptzSqlite};
-    #[derive(diesel::QueryableByName)]
-    struct Key {
-        #[diesel(sql_type = Text)]
-        source: String,
-        #[diesel(sql_type = Text)]
-        provider_event_id: String,
-    }
     let mut new = Vec::new();
     for (source, x, now) in rows {
-        let key: Vec<Key> = super::prepared::cached(SQLITE_INSERT_RECEIPT_SQL)
+        let key: Vec<ReceiptKey> = super::prepared::cached(SQLITE_INSERT_RECEIPT_SQL)
             .bind::<Text, _>(*source)
             .bind::<Text, _>(x.provider_event_id.as_str())
             .bind::<Text, _>(x.event_type.as_str())

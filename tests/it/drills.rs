@@ -323,6 +323,17 @@ async fn load_loop(
     out
 }
 
+/// A throwaway PostgreSQL cluster of the drill's own (it is stopped and started), with its
+/// database `herald`, and that database's URL.
+async fn own_cluster() -> (crate::support::db::Cluster, String) {
+    let cluster = tokio::task::spawn_blocking(crate::support::db::Cluster::start_new)
+        .await
+        .unwrap();
+    cluster.create_database("herald");
+    let url = cluster.url_for("herald");
+    (cluster, url)
+}
+
 /// A shutdown with the database down is bounded: a send in flight when PostgreSQL goes away
 /// finishes, its outcome cannot be written, and `herald serve` gives up on it at the first failed
 /// try once `HERALD_SHUTDOWN_TIMEOUT_SECONDS` have passed since SIGTERM — counted from the signal,
@@ -331,11 +342,7 @@ async fn load_loop(
 /// patience).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_with_the_database_down_gives_up_on_outcomes_in_time() {
-    let cluster = tokio::task::spawn_blocking(crate::support::db::Cluster::start_new)
-        .await
-        .unwrap();
-    cluster.create_database("herald");
-    let url = cluster.url_for("herald");
+    let (cluster, url) = own_cluster().await;
     let rx = Receiver::start().await;
     // The send is answered only when the test says so: after the database is gone and the
     // signal has been taken.
@@ -391,11 +398,7 @@ async fn shutdown_with_the_database_down_gives_up_on_outcomes_in_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_restart_while_sending_and_ingesting() {
     let mut rng = rng_for("db-restart");
-    let cluster = tokio::task::spawn_blocking(crate::support::db::Cluster::start_new)
-        .await
-        .unwrap();
-    cluster.create_database("herald");
-    let url = cluster.url_for("herald");
+    let (cluster, url) = own_cluster().await;
     let rx = Receiver::start().await;
     let toml = "[sources.esp]\nscheme = \"hmac\"\nsecrets = [\"drill-esp\"]\n";
     let (mut h, base) = serve(&url, &[], Some(toml)).await;
