@@ -1,8 +1,9 @@
 //! The header parsers Herald applies to what others send: `Retry-After` (a receiver's answer)
 //! and `Authorization: Bearer` (an API client). Nothing may panic. A Retry-After of digits is
 //! exactly that many seconds, capped at u32::MAX (computed here without the parser's own
-//! arithmetic); anything else is a delay exactly when it is an HTTP-date. A bearer token is never
-//! empty, never padded, and part of the header.
+//! arithmetic); anything else is a delay exactly when `httpdate` reads it as a date (the parser
+//! uses that same crate, so this half checks the partition and the absence of panics, not the
+//! date arithmetic). A bearer token is never empty, never padded, and part of the header.
 
 #![no_main]
 

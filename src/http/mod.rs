@@ -1001,7 +1001,6 @@ async fn ingest_into(
     Ok(HttpResponse::Ok().json(view::IngestAck { stored, duplicates }))
 }
 
-/// Parses the `POST /v1/messages` body, naming every offending field.
 /// The fields of a `POST /v1/messages` body; any other is refused by name.
 pub const MESSAGE_FIELDS: &[&str] = &[
     "event_id",
@@ -1016,6 +1015,7 @@ pub const MESSAGE_FIELDS: &[&str] = &[
     "ordering_policy",
 ];
 
+/// Parses the `POST /v1/messages` body, naming every offending field.
 pub fn parse_new_message(
     body: &[u8],
     idempotency_key: Option<&str>,
