@@ -312,7 +312,12 @@ pub enum Enqueued {
 #[allow(dead_code)] // A schema only: `parse_new_message` reads the body.
 pub struct NewMessageRequest {
     /// 1–255 visible ASCII characters; or send it as the `Idempotency-Key` header.
-    #[schema(example = "order-42:placed")]
+    #[schema(
+        example = "order-42:placed",
+        min_length = 1,
+        max_length = 255,
+        pattern = "^[!-~]+$"
+    )]
     event_id: Option<String>,
     channel: crate::domain::Channel,
     /// Webhook: an `http(s)://` URL, `endpoint:NAME` or `type:EVENT.TYPE` (fan-out); email:
@@ -334,7 +339,12 @@ pub struct NewMessageRequest {
     max_attempts: Option<u32>,
     /// Messages with the same key to the same destination are delivered one at a time, in
     /// order (README "Ordered delivery"); 1–255 visible ASCII characters.
-    #[schema(example = "order-42")]
+    #[schema(
+        example = "order-42",
+        min_length = 1,
+        max_length = 255,
+        pattern = "^[!-~]+$"
+    )]
     ordering_key: Option<String>,
     /// What a keyed message that ends in `dead_letter` or `unconfirmed` does to the ones after
     /// it: `block` or `skip` (default: the named endpoint's, else `block`).
@@ -653,6 +663,19 @@ mod tests {
                 .collect::<BTreeSet<_>>()
         );
         assert_eq!(body["additionalProperties"], false);
+        // As `EventId::parse` and `OrderingKey::parse` check them: bytes 0x21–0x7e, 1–255.
+        for key in ["event_id", "ordering_key"] {
+            let p = &body["properties"][key];
+            assert_eq!(
+                (&p["minLength"], &p["maxLength"], &p["pattern"]),
+                (
+                    &serde_json::json!(1),
+                    &serde_json::json!(255),
+                    &serde_json::json!("^[!-~]+$")
+                ),
+                "{key}: {p}"
+            );
+        }
         assert_eq!(s["Problem"]["properties"]["type"]["type"], "string");
     }
 }
