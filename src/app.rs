@@ -231,6 +231,7 @@ impl Herald {
             SenderConfig {
                 owner: SenderConfig::new_owner(),
                 lease: settings.lease,
+                longest_send: settings.longest_send,
                 batch_size: settings.sender_batch_size,
                 concurrency: settings.sender_concurrency,
                 poll_interval: settings.poll_interval,

@@ -176,6 +176,9 @@ pub struct Settings {
     pub tokens: Tokens,
     pub poll_interval: Duration,
     pub lease: Duration,
+    /// The longest a send may take: `webhook_timeout_ms`, or `smtp_timeout_ms` where SMTP is
+    /// configured and it is longer. The lease outlasts it by at least 5 s.
+    pub longest_send: Duration,
     pub webhook_timeout: Duration,
     pub webhook_connect_timeout: Duration,
     pub retry: RetryPolicy,
@@ -681,6 +684,7 @@ impl Settings {
             tokens,
             poll_interval,
             lease: timings.lease,
+            longest_send: timings.longest_send,
             webhook_timeout: timings.webhook_timeout,
             webhook_connect_timeout: timings.webhook_connect_timeout,
             retry,
@@ -922,6 +926,7 @@ const LEASE_MARGIN_MS: u64 = 5_000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Timings {
     lease: Duration,
+    longest_send: Duration,
     webhook_timeout: Duration,
     webhook_connect_timeout: Duration,
     smtp_timeout: Duration,
@@ -994,6 +999,7 @@ impl Timings {
         };
         Ok(Self {
             lease: Duration::from_secs(lease_s),
+            longest_send: Duration::from_millis(longest_ms),
             webhook_timeout: Duration::from_millis(total_ms),
             webhook_connect_timeout: Duration::from_millis(connect_ms),
             smtp_timeout: Duration::from_millis(smtp_ms),

@@ -157,6 +157,8 @@ pub const HELD_REASONS: &[&str] = &[
     "max_in_flight",
     "endpoint_disabled",
     "smtp_pool",
+    "shutdown",
+    "lease",
 ];
 
 /// Every metric of one Herald. Cheap to clone (shared).

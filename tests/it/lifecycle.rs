@@ -341,6 +341,118 @@ async fn the_production_loop_delivers_and_shuts_down_cleanly(backend: Backend) {
     app.stop().await;
 }
 
+/// Waits until `event_id`'s row is claimed (`sending`): the claim loop took it while every send
+/// slot was taken, so it waits for one.
+async fn wait_until_claimed(app: &crate::support::app::TestApp, event_id: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while app.row(event_id).state != herald::domain::State::Sending {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{event_id} was never claimed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// One send slot, held by a send whose answer the receiver holds; a second message is claimed
+/// meanwhile and waits for the slot (the claim loop claims ahead of the sends).
+async fn one_slot_held(
+    backend: Backend,
+) -> (
+    crate::support::app::TestApp,
+    Receiver,
+    Arc<tokio::sync::Notify>,
+    crate::support::app::RunningSender,
+) {
+    let app = spawn_app_with(backend, "sender_concurrency = 1\nsender_batch_size = 1\n").await;
+    let rx = Receiver::start().await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    rx.script([Reply::Held(release.clone(), 200)]);
+    let sender = app.start_sender();
+    assert_eq!(
+        app.post_message(webhook("slot-first", &rx.url, json!({"n": 1})))
+            .await
+            .status(),
+        201
+    );
+    rx.wait_for(1, 10).await;
+    assert_eq!(
+        app.post_message(webhook("slot-second", &rx.url, json!({"n": 2})))
+            .await
+            .status(),
+        201
+    );
+    wait_until_claimed(&app, "slot-second").await;
+    (app, rx, release, sender)
+}
+
+async fn held_reason(app: &crate::support::app::TestApp, reason: &str) -> f64 {
+    let (_, m) = crate::support::prom::scrape(&app.http, &app.base).await;
+    crate::support::prom::value(&m, "herald_held_total", &[("reason", reason)])
+}
+
+/// At shutdown, a claimed message that never got a send slot goes back unsent: due again, its
+/// attempt not spent, no request and no attempt row; the one in flight finishes and is recorded.
+async fn claimed_rows_without_a_slot_go_back_at_shutdown(backend: Backend) {
+    let (app, rx, release, sender) = one_slot_held(backend).await;
+    sender.signal();
+    release.notify_one();
+    sender.join().await;
+    assert_eq!(
+        rx.event_ids(),
+        ["slot-first"],
+        "the waiting one is not sent"
+    );
+    assert_eq!(app.message("slot-first").await["state"], "delivered");
+    let second = app.row("slot-second");
+    assert_eq!(
+        (
+            second.state,
+            second.attempts,
+            second.last_error_class,
+            second.lease_owner.as_deref()
+        ),
+        (
+            herald::domain::State::Retryable,
+            0,
+            Some(herald::domain::AttemptClass::NotSent),
+            None
+        )
+    );
+    assert!(
+        second.next_attempt_at.unwrap() <= app.clock_now(),
+        "due at once"
+    );
+    assert!(
+        app.attempts("slot-second").is_empty(),
+        "no request, no attempt row"
+    );
+    assert_eq!(held_reason(&app, "shutdown").await, 1.0);
+    app.stop().await;
+}
+
+/// A claimed message waits for a send slot only while its lease still outlasts a whole send
+/// (lease 30 s, longest send 1 s here): past that it goes back unsent, due at once, and is
+/// claimed again and sent — once — with a fresh lease.
+async fn a_claimed_row_that_waited_too_long_for_a_slot_goes_back(backend: Backend) {
+    let (app, rx, release, sender) = one_slot_held(backend).await;
+    app.advance(Duration::from_millis(29_500));
+    release.notify_one();
+    rx.wait_for(2, 10).await;
+    sender.stop().await;
+    assert_eq!(rx.event_ids(), ["slot-first", "slot-second"]);
+    let second = app.message("slot-second").await;
+    assert_eq!(
+        (second["state"].as_str(), second["attempts"].as_i64()),
+        (Some("delivered"), Some(1)),
+        "sent once, after being put back without spending an attempt"
+    );
+    assert_eq!(app.attempts("slot-second").len(), 1);
+    assert_eq!(held_reason(&app, "lease").await, 1.0);
+    assert_eq!(held_reason(&app, "shutdown").await, 0.0);
+    app.stop().await;
+}
+
 async fn notify_wakes_the_sender_on_commit() {
     use diesel::Connection;
     use diesel::connection::SimpleConnection;
@@ -389,6 +501,8 @@ both_backends!(
     cancel_only_before_sending,
     expired_leases_return_and_the_fence_holds,
     the_production_loop_delivers_and_shuts_down_cleanly,
+    claimed_rows_without_a_slot_go_back_at_shutdown,
+    a_claimed_row_that_waited_too_long_for_a_slot_goes_back,
 );
 
 async fn smtp_answers_are_classified(backend: Backend) {

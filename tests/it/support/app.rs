@@ -267,7 +267,17 @@ impl TestApp {
 impl RunningSender {
     /// Stops claiming, waits for in-flight sends and their outcomes (bounded), stops listening.
     pub async fn stop(self) {
+        self.signal();
+        self.join().await
+    }
+
+    /// The shutdown signal alone (as SIGTERM gives it); [`RunningSender::join`] waits for the end.
+    pub fn signal(&self) {
         self.stop.send(true).unwrap();
+    }
+
+    /// Waits for the signalled sender to stop (bounded), then stops listening.
+    pub async fn join(self) {
         tokio::time::timeout(Duration::from_secs(20), self.running)
             .await
             .expect("the sender stops")
