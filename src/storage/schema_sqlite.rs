@@ -131,7 +131,6 @@ diesel::table! {
     }
 }
 
-diesel::joinable!(herald_attempts -> herald_outbox (message_id));
 diesel::joinable!(herald_replays -> herald_outbox (message_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
