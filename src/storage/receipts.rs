@@ -62,9 +62,9 @@ per_backend! {
             .load(conn)
     }
 
-    /// One reconciler pass over up to `limit` pending receipts that are due (an unmatched one
-    /// waits for its `next_match_at`), locked so that several reconcilers never take the same
-    /// one. Each is matched to its message — by Herald's event id, else by the provider's
+    /// One reconciler pass over up to `limit` receipts of the queue that are due (a new one at
+    /// once, an unmatched one at its next try), locked so that several reconcilers never take
+    /// the same one. Each is matched to its message — by Herald's event id, else by the provider's
     /// message id — and, in event-time order, `decide`d against the message as it is now (its
     /// row locked; a message another reconciler holds is left for the next pass, never waited
     /// for, so two reconcilers cannot deadlock). Unmatched receipts are tried again later with
@@ -165,7 +165,7 @@ per_backend! {
                 let tries = receipt.match_attempts.saturating_add(1);
                 let next = crate::storage::receipts::next_unmatched_try(receipt.received_at, at, tries);
                 let reason = if next.is_some() {
-                    "no message with its event id or provider message id yet"
+                    crate::storage::receipts::STILL_UNMATCHED
                 } else {
                     "no message with its event id or provider message id within a day: no longer tried"
                 };
@@ -276,28 +276,69 @@ per_backend! {
         Ok((settled, expired))
     }
 
-    /// Receipts no message has claimed yet: how many, and the oldest `limit` of them.
+    /// Receipts no message has claimed yet — still tried (in the queue after a try that found
+    /// nothing) or no longer tried (`outcome = 'unmatched'`) — how many, and the oldest `limit`
+    /// of them, as [`with_queue`] shows them.
     pub fn unmatched_receipts(conn: &mut Conn, limit: i64) -> QueryResult<(i64, Vec<ReceiptRow>)> {
-        let unmatched = || {
+        use self::schema::herald_receipt_queue as q;
+        let given_up = || {
             r::table
-                .filter(r::reconciled_at.is_null())
+                .filter(r::message_id.is_null())
                 .filter(r::outcome.eq("unmatched"))
+                .filter(r::reconciled_at.is_null())
         };
-        let count = unmatched().count().get_result(conn)?;
-        let rows = unmatched().order(r::id).limit(limit).load(conn)?;
-        Ok((count, rows))
+        let tried = || q::table.filter(q::tries.gt(0));
+        let count: i64 = given_up().count().get_result(conn)?;
+        let count = count + tried().count().get_result::<i64>(conn)?;
+        let mut ids: Vec<i64> = given_up().select(r::id).order(r::id).limit(limit).load(conn)?;
+        ids.extend(tried().select(q::receipt_id).order(q::receipt_id).limit(limit).load::<i64>(conn)?);
+        ids.sort_unstable();
+        ids.truncate(usize::try_from(limit).unwrap_or(0));
+        let rows = r::table.filter(r::id.eq_any(&ids)).order(r::id).load(conn)?;
+        Ok((count, with_queue(conn, rows)?))
+    }
+
+    /// `rows` as a person reads them: a receipt still in the reconciler's queue after a try
+    /// that found no message says `unmatched`, how often it was tried and when it is tried next
+    /// (its own row says nothing until it leaves the queue).
+    pub fn with_queue(conn: &mut Conn, mut rows: Vec<ReceiptRow>) -> QueryResult<Vec<ReceiptRow>> {
+        use self::schema::herald_receipt_queue as q;
+        let waiting: Vec<i64> = rows.iter().filter(|x| x.outcome.is_none()).map(|x| x.id).collect();
+        if waiting.is_empty() {
+            return Ok(rows);
+        }
+        let queued: std::collections::HashMap<i64, (i32, DateTime<Utc>)> = q::table
+            .filter(q::receipt_id.eq_any(&waiting))
+            .filter(q::tries.gt(0))
+            .select((q::receipt_id, (q::tries, q::due_at)))
+            .load(conn)?
+            .into_iter()
+            .collect();
+        for x in &mut rows {
+            if let Some((tries, due)) = queued.get(&x.id) {
+                x.outcome = Some("unmatched".into());
+                x.outcome_reason = Some(crate::storage::receipts::STILL_UNMATCHED.into());
+                x.match_attempts = *tries;
+                x.next_match_at = Some(*due);
+            }
+        }
+        Ok(rows)
     }
 
     pub fn receipts_of_source(
         conn: &mut Conn,
         source: &str,
     ) -> QueryResult<Vec<ReceiptRow>> {
-        r::table
+        let rows = r::table
             .filter(r::source.eq(source))
             .order(r::id)
-            .load(conn)
+            .load(conn)?;
+        with_queue(conn, rows)
     }
 }
+
+/// Why a receipt that is still tried matches no message (shown while it waits in the queue).
+pub(crate) const STILL_UNMATCHED: &str = "no message with its event id or provider message id yet";
 
 /// How long an unmatched receipt is tried again.
 const UNMATCHED_FOR: chrono::Duration = chrono::Duration::days(1);
@@ -306,11 +347,11 @@ const UNMATCHED_FOR: chrono::Duration = chrono::Duration::days(1);
 pub(crate) const UNMATCHED_MAX_WAIT: chrono::Duration = chrono::Duration::hours(1);
 
 /// How long an unmatched receipt waits after its `tries`-th try: 2 s, 4 s, 8 s, … doubling up to
-/// [`UNMATCHED_MAX_WAIT`]. Each try rewrites the receipt's row (about 1 KiB, and every index
-/// entry of it: the update cannot be HOT), so the waits keep growing: a receipt that never
-/// matches (a provider account shared with mail Herald did not send) is tried 35 times in its
-/// day ([`next_unmatched_try`]). With waits capped at 512 s it was tried 176 times. The early
-/// tries are the ones that match: a provider faster than the application's commit, or than the
+/// [`UNMATCHED_MAX_WAIT`]. Each try costs a pass a read of the receipt and a rewrite of its
+/// queue row (`herald_receipt_queue`), so the waits keep growing: a receipt that never matches
+/// (a provider account shared with mail Herald did not send) is tried 35 times in its day
+/// ([`next_unmatched_try`]). With waits capped at 512 s it was tried 176 times. The early tries
+/// are the ones that match: a provider faster than the application's commit, or than the
 /// sender's outcome write.
 pub(crate) fn unmatched_retry_wait(tries: i32) -> chrono::Duration {
     let doubling = chrono::Duration::seconds(1i64 << tries.clamp(1, 12));

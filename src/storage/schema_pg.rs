@@ -87,6 +87,14 @@ diesel::table! {
 }
 
 diesel::table! {
+    herald_receipt_queue (receipt_id) {
+        receipt_id -> Int8,
+        due_at -> Timestamptz,
+        tries -> Int4,
+    }
+}
+
+diesel::table! {
     herald_receipts (id) {
         id -> Int8,
         source -> Text,
@@ -146,6 +154,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     herald_fanouts,
     herald_listeners,
     herald_outbox,
+    herald_receipt_queue,
     herald_receipts,
     herald_replays,
     herald_settings,

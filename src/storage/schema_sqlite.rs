@@ -80,6 +80,14 @@ diesel::table! {
 }
 
 diesel::table! {
+    herald_receipt_queue (receipt_id) {
+        receipt_id -> BigInt,
+        due_at -> TimestamptzSqlite,
+        tries -> Integer,
+    }
+}
+
+diesel::table! {
     herald_receipts (id) {
         id -> BigInt,
         source -> Text,
@@ -138,6 +146,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     herald_endpoints,
     herald_fanouts,
     herald_outbox,
+    herald_receipt_queue,
     herald_receipts,
     herald_replays,
     herald_settings,

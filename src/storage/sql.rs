@@ -654,24 +654,6 @@ pub fn sqlite_insert_receipts_returning(
     Ok(new)
 }
 
-/// The columns of [`PendingReceipt`], in its field order.
-macro_rules! pending_receipt_columns {
-    ($r:ident) => {
-        (
-            $r::id,
-            $r::source,
-            $r::provider_event_id,
-            $r::event_type,
-            $r::provider_type,
-            $r::event_time,
-            $r::received_at,
-            $r::herald_event_id,
-            $r::provider_message_id,
-            $r::match_attempts,
-        )
-    };
-}
-
 /// The columns of [`MatchedMessage`], in its field order.
 macro_rules! matched_message_columns {
     ($o:ident) => {
@@ -685,49 +667,58 @@ macro_rules! matched_message_columns {
     };
 }
 
-/// The reconciler's read: new receipts first (index `herald_receipts_pending`), then unmatched
-/// ones whose next try is due (`herald_receipts_unmatched`) — neither query walks past receipts
-/// that are not due — with `$lock` (row locks that another reconciler skips, on PostgreSQL;
-/// nothing on SQLite, behind its writer lock).
-macro_rules! pending_receipts {
-    ($conn:expr, $schema:ident, $at:expr, $limit:expr $(, $lock:ident)*) => {{
-        use super::$schema::herald_receipts as r;
-        use diesel::prelude::*;
-        let mut batch: Vec<PendingReceipt> = r::table
-            .filter(r::reconciled_at.is_null())
-            .filter(r::outcome.is_null())
-            .select(pending_receipt_columns!(r))
-            .order(r::id)
-            .limit($limit)
-            $(.$lock())*
-            .load($conn)?;
-        let room = $limit - batch.len() as i64;
-        if room > 0 {
-            batch.extend(
-                // Literal, not bound, for the partial index `herald_receipts_unmatched` (see
-                // `expired_leases!`).
-                r::table
-                    .filter(r::reconciled_at.is_null())
-                    .filter(diesel::dsl::sql::<diesel::sql_types::Bool>("outcome = 'unmatched'"))
-                    .filter(r::next_match_at.le($at))
-                    .select(pending_receipt_columns!(r))
-                    .order(r::next_match_at)
-                    .limit(room)
-                    $(.$lock())*
-                    .load($conn)?,
-            );
-        }
-        Ok(batch)
-    }};
+/// The reconciler's read: the receipts of `herald_receipt_queue` that are due — new ones at
+/// their arrival, unmatched ones at their next try — oldest due first (index
+/// `herald_receipt_queue_due`: it never walks past a receipt that is not due), each with its
+/// receipt's columns (a primary-key probe) and its tries so far. `{lock}` is the lock clause:
+/// on PostgreSQL the queue rows are locked and another reconciler skips them; SQLite's pass runs
+/// behind the writer lock.
+macro_rules! pending_receipts_sql {
+    ($at:literal, $limit:literal, $lock:literal) => {
+        concat!(
+            "SELECT r.id, r.source, r.provider_event_id, r.event_type, r.provider_type, \
+             r.event_time, r.received_at, r.herald_event_id, r.provider_message_id, q.tries
+FROM herald_receipt_queue AS q JOIN herald_receipts AS r ON r.id = q.receipt_id
+WHERE q.due_at <= ",
+            $at,
+            "
+ORDER BY q.due_at, q.receipt_id
+LIMIT ",
+            $limit,
+            $lock
+        )
+    };
 }
 
-/// Pending receipts that are due, locked; another reconciler skips them.
+pub const PG_PENDING_RECEIPTS_SQL: &str =
+    pending_receipts_sql!("$1", "$2", "\nFOR UPDATE OF q SKIP LOCKED");
+/// The limit as `(?2 + 0)`: see [`SQLITE_CLAIM_SQL`].
+pub const SQLITE_PENDING_RECEIPTS_SQL: &str = pending_receipts_sql!("?1", "(?2 + 0)", "");
+
+/// Pending receipts that are due, their queue rows locked; another reconciler skips them.
 pub fn pg_pending_receipts(
     conn: &mut diesel::pg::PgConnection,
     at: DateTime<Utc>,
     limit: i64,
 ) -> diesel::QueryResult<Vec<PendingReceipt>> {
-    pending_receipts!(conn, schema_pg, at, limit, for_update, skip_locked)
+    use diesel::RunQueryDsl;
+    use diesel::sql_types::Timestamptz;
+    super::prepared::cached(PG_PENDING_RECEIPTS_SQL)
+        .bind::<Timestamptz, _>(at)
+        .bind::<BigInt, _>(limit)
+        .typed::<(
+            BigInt,
+            Text,
+            Text,
+            Text,
+            Text,
+            Nullable<Timestamptz>,
+            Timestamptz,
+            Nullable<Text>,
+            Nullable<Text>,
+            Integer,
+        )>()
+        .load(conn)
 }
 
 /// SQLite: the pass runs behind the writer lock, exclusive already.
@@ -736,10 +727,28 @@ pub fn sqlite_pending_receipts(
     at: DateTime<Utc>,
     limit: i64,
 ) -> diesel::QueryResult<Vec<PendingReceipt>> {
-    pending_receipts!(conn, schema_sqlite, at, limit)
+    use diesel::RunQueryDsl;
+    use diesel::sql_types::TimestamptzSqlite;
+    super::prepared::cached(SQLITE_PENDING_RECEIPTS_SQL)
+        .bind::<TimestamptzSqlite, _>(at)
+        .bind::<BigInt, _>(limit)
+        .typed::<(
+            BigInt,
+            Text,
+            Text,
+            Text,
+            Text,
+            Nullable<TimestamptzSqlite>,
+            TimestamptzSqlite,
+            Nullable<Text>,
+            Nullable<Text>,
+            Integer,
+        )>()
+        .load(conn)
 }
 
-/// Marks a pass's applied receipts reconciled: one statement for the whole pass.
+/// Marks a pass's applied receipts reconciled and takes them off the queue: one statement for
+/// the whole pass.
 pub fn pg_mark_reconciled(
     conn: &mut diesel::pg::PgConnection,
     at: DateTime<Utc>,
@@ -751,7 +760,8 @@ pub fn pg_mark_reconciled(
         return Ok(());
     }
     super::prepared::cached(
-        "UPDATE herald_receipts AS r SET reconciled_at = $1, message_id = v.message_id, \
+        "WITH dequeued AS (DELETE FROM herald_receipt_queue WHERE receipt_id = ANY($2::bigint[])) \
+         UPDATE herald_receipts AS r SET reconciled_at = $1, message_id = v.message_id, \
          outcome = v.outcome, outcome_reason = v.reason, next_match_at = NULL \
          FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[]) \
              AS v(id, message_id, outcome, reason) \
@@ -766,7 +776,9 @@ pub fn pg_mark_reconciled(
     Ok(())
 }
 
-/// Marks the pass's unmatched receipts (to be tried again at their `next`): one statement.
+/// The pass's unmatched receipts, in one statement: those still tried wait in the queue for
+/// their next try (only the queue row is written); those whose day is over leave it, and their
+/// receipt says `unmatched` from then on, with how often it was tried.
 pub fn pg_mark_unmatched(
     conn: &mut diesel::pg::PgConnection,
     unmatched: &[Unmatched],
@@ -777,11 +789,15 @@ pub fn pg_mark_unmatched(
         return Ok(());
     }
     super::prepared::cached(
-        "UPDATE herald_receipts AS r SET outcome = 'unmatched', outcome_reason = v.reason, \
-         match_attempts = v.tries, next_match_at = v.next \
-         FROM unnest($1::bigint[], $2::int[], $3::timestamptz[], $4::text[]) \
-             AS v(id, tries, next, reason) \
-         WHERE r.id = v.id",
+        "WITH v AS (SELECT * FROM unnest($1::bigint[], $2::int[], $3::timestamptz[], $4::text[]) \
+             AS v(id, tries, next, reason)), \
+         retried AS (UPDATE herald_receipt_queue AS q SET tries = v.tries, due_at = v.next \
+             FROM v WHERE q.receipt_id = v.id AND v.next IS NOT NULL), \
+         ended AS (DELETE FROM herald_receipt_queue AS q USING v \
+             WHERE q.receipt_id = v.id AND v.next IS NULL) \
+         UPDATE herald_receipts AS r SET outcome = 'unmatched', outcome_reason = v.reason, \
+             match_attempts = v.tries, next_match_at = NULL \
+         FROM v WHERE r.id = v.id AND v.next IS NULL",
     )
     .bind::<Array<BigInt>, _>(unmatched.iter().map(|u| u.receipt_id).collect::<Vec<_>>())
     .bind::<Array<Integer>, _>(unmatched.iter().map(|u| u.tries).collect::<Vec<_>>())
@@ -791,7 +807,7 @@ pub fn pg_mark_unmatched(
     Ok(())
 }
 
-/// SQLite: a statement per receipt (in-process, cheap), kept prepared.
+/// SQLite: statements per receipt (in-process, cheap), kept prepared.
 pub fn sqlite_mark_unmatched(
     conn: &mut diesel::sqlite::SqliteConnection,
     unmatched: &[Unmatched],
@@ -799,16 +815,41 @@ pub fn sqlite_mark_unmatched(
     use diesel::RunQueryDsl;
     use diesel::sql_types::TimestamptzSqlite;
     for u in unmatched {
-        super::prepared::cached(
-            "UPDATE herald_receipts SET outcome = 'unmatched', outcome_reason = ?1, \
-             match_attempts = ?2, next_match_at = ?3 WHERE id = ?4",
-        )
-        .bind::<Text, _>(u.reason)
-        .bind::<Integer, _>(u.tries)
-        .bind::<Nullable<TimestamptzSqlite>, _>(u.next)
-        .bind::<BigInt, _>(u.receipt_id)
-        .execute(conn)?;
+        match u.next {
+            Some(next) => {
+                super::prepared::cached(
+                    "UPDATE herald_receipt_queue SET tries = ?1, due_at = ?2 WHERE receipt_id = ?3",
+                )
+                .bind::<Integer, _>(u.tries)
+                .bind::<TimestamptzSqlite, _>(next)
+                .bind::<BigInt, _>(u.receipt_id)
+                .execute(conn)?;
+            }
+            None => {
+                sqlite_dequeue(conn, u.receipt_id)?;
+                super::prepared::cached(
+                    "UPDATE herald_receipts SET outcome = 'unmatched', outcome_reason = ?1, \
+                     match_attempts = ?2, next_match_at = NULL WHERE id = ?3",
+                )
+                .bind::<Text, _>(u.reason)
+                .bind::<Integer, _>(u.tries)
+                .bind::<BigInt, _>(u.receipt_id)
+                .execute(conn)?;
+            }
+        }
     }
+    Ok(())
+}
+
+/// SQLite: a receipt off the reconciler's queue.
+fn sqlite_dequeue(
+    conn: &mut diesel::sqlite::SqliteConnection,
+    receipt_id: i64,
+) -> diesel::QueryResult<()> {
+    use diesel::RunQueryDsl;
+    super::prepared::cached("DELETE FROM herald_receipt_queue WHERE receipt_id = ?1")
+        .bind::<BigInt, _>(receipt_id)
+        .execute(conn)?;
     Ok(())
 }
 
@@ -862,7 +903,7 @@ pub fn sqlite_write_statuses(
     Ok(())
 }
 
-/// SQLite: a statement per receipt (in-process, cheap), kept prepared.
+/// SQLite: statements per receipt (in-process, cheap), kept prepared.
 pub fn sqlite_mark_reconciled(
     conn: &mut diesel::sqlite::SqliteConnection,
     at: DateTime<Utc>,
@@ -871,6 +912,7 @@ pub fn sqlite_mark_reconciled(
     use diesel::RunQueryDsl;
     use diesel::sql_types::TimestamptzSqlite;
     for d in done {
+        sqlite_dequeue(conn, d.receipt_id)?;
         super::prepared::cached(
             "UPDATE herald_receipts SET reconciled_at = ?1, message_id = ?2, outcome = ?3, \
              outcome_reason = ?4, next_match_at = NULL WHERE id = ?5",

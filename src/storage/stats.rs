@@ -1,7 +1,7 @@
 //! Reads for `/metrics` and `/readyz`: one cheap query per figure, nothing written, no row
-//! locked. The due and pending reads walk the same partial indexes as the claim and the
-//! reconciler (`herald_outbox_due`, `herald_receipts_pending`), one row each; the count by state
-//! scans the outbox (retention keeps it small).
+//! locked. The due and pending reads walk the same indexes as the claim and the reconciler
+//! (`herald_outbox_due`, `herald_receipt_queue_due`), one row each; the count by state scans the
+//! outbox (retention keeps it small), the count of receipts still tried the reconciler's queue.
 
 use diesel::migration::MigrationSource;
 
@@ -27,6 +27,7 @@ per_backend! {
     /// The figures of [`DbStats`], by the database's clock.
     pub fn db_stats(conn: &mut Conn, now: &Now) -> QueryResult<DbStats> {
         use self::schema::herald_outbox as o;
+        use self::schema::herald_receipt_queue as qr;
         use self::schema::herald_receipts as r;
         let at = sql::now(conn, now)?;
         let by_state: Vec<(State, i64)> = o::table
@@ -41,18 +42,22 @@ per_backend! {
             .select(o::next_attempt_at)
             .first(conn)
             .optional()?;
-        let oldest_pending_receipt = r::table
-            .filter(r::reconciled_at.is_null())
-            .filter(r::outcome.is_null())
-            .order(r::id)
-            .select(r::received_at)
+        // Not tried yet: due since its arrival (`herald_receipt_queue_due`).
+        let oldest_pending_receipt = qr::table
+            .filter(qr::tries.eq(0))
+            .order((qr::due_at, qr::receipt_id))
+            .select(qr::due_at)
             .first(conn)
             .optional()?;
-        let unmatched_receipts = r::table
-            .filter(r::reconciled_at.is_null())
+        // Still tried (in the queue after a try) or no longer (`herald_receipts_unmatched_age`).
+        let still_tried: i64 = qr::table.filter(qr::tries.gt(0)).count().get_result(conn)?;
+        let given_up: i64 = r::table
+            .filter(r::message_id.is_null())
             .filter(r::outcome.eq("unmatched"))
+            .filter(r::reconciled_at.is_null())
             .count()
             .get_result(conn)?;
+        let unmatched_receipts = still_tried + given_up;
         Ok(DbStats {
             at,
             by_state,

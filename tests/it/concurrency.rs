@@ -215,24 +215,26 @@ fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
     c.transaction(|c| {
         let pass = receipts::pg::reconcile(c, &now(), 100, "example.com", &no_match)?;
         assert_eq!(pass.unmatched, 100);
-        let p = plan(c, "%\"outcome\" IS NULL%LIMIT $1%", "100")?;
-        assert!(
-            p.contains("Index Scan using herald_receipts_pending"),
-            "{p}"
-        );
-        assert!(!p.contains("Seq Scan") && !p.contains("Bitmap"), "{p}");
-        // The read of unmatched receipts due again names its state in literal SQL, so that
-        // `herald_receipts_unmatched` can serve it: diesel never caches such a statement, it
-        // is planned afresh on every pass, and no plan of it can go stale.
-        assert_eq!(
-            prepared(c, "SELECT%FROM \"herald_receipts\"%\"next_match_at\" <= $%")?,
-            0
-        );
+        // The reconciler's queue, oldest due first, each receipt by its primary key.
         let p = plan(
             c,
-            "%UPDATE herald_receipts AS r SET outcome = ''unmatched''%",
-            "'{1}', '{1}', '{NULL}', '{why}'",
+            "%FROM herald_receipt_queue AS q JOIN herald_receipts%",
+            "'infinity', 100",
         )?;
+        assert!(
+            p.contains("Index Scan using herald_receipt_queue_due"),
+            "{p}"
+        );
+        assert!(p.contains("Index Scan using herald_receipts_pkey"), "{p}");
+        assert!(!p.contains("Seq Scan") && !p.contains("Bitmap"), "{p}");
+        // A try that found nothing rewrites the queue row; a receipt whose day is over leaves
+        // the queue and its row says `unmatched`: each found by its primary key.
+        let p = plan(
+            c,
+            "%UPDATE herald_receipt_queue AS q SET tries%",
+            "'{1,2}', '{1,35}', '{infinity,NULL}', '{why,why}'",
+        )?;
+        assert!(p.contains("herald_receipt_queue_pkey"), "{p}");
         assert!(p.contains("Index Scan using herald_receipts_pkey"), "{p}");
         assert!(!p.contains("Seq Scan"), "{p}");
         Ok::<_, diesel::result::Error>(())
@@ -421,6 +423,13 @@ fn sqlite_hot_statements_are_compiled_once_per_connection() {
         #[diesel(sql_type = diesel::sql_types::Bool)]
         reconciled: bool,
     }
+    #[derive(QueryableByName)]
+    struct Queued {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        tries: i32,
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        later: bool,
+    }
     for round in 0..3 {
         // By plain SQL: an email with no Message-ID key yet; one that has its key, a provider
         // message id and a fingerprint already; a webhook. A receipt for the first email (by
@@ -580,15 +589,27 @@ fn sqlite_hot_statements_are_compiled_once_per_connection() {
                     match_attempts: 0,
                     reconciled: true,
                 },
+                // Tried once: only its queue row says so (and when it is tried next).
                 Marked {
                     provider_event_id: format!("miss-{round}"),
-                    outcome: Some("unmatched".into()),
+                    outcome: None,
                     matched: None,
-                    match_attempts: 1,
+                    match_attempts: 0,
                     reconciled: false,
                 },
             ]
         );
+        let queued: Vec<(i32, bool)> = diesel::sql_query(format!(
+            "SELECT q.tries, q.due_at > r.received_at AS later FROM herald_receipt_queue AS q \
+             JOIN herald_receipts AS r ON r.id = q.receipt_id \
+             WHERE r.provider_event_id LIKE '%-{round}'"
+        ))
+        .load::<Queued>(&mut c)
+        .unwrap()
+        .into_iter()
+        .map(|q| (q.tries, q.later))
+        .collect();
+        assert_eq!(queued, [(1, true)], "only the miss waits, for its next try");
     }
     #[derive(QueryableByName)]
     struct N {
@@ -608,7 +629,9 @@ fn sqlite_hot_statements_are_compiled_once_per_connection() {
         "UPDATE herald_outbox SET state = CASE",
         "UPDATE herald_outbox SET state = ?",
         "INSERT INTO herald_attempts",
-        "UPDATE herald_receipts SET outcome",
+        "FROM herald_receipt_queue AS q JOIN herald_receipts",
+        "UPDATE herald_receipt_queue SET tries",
+        "DELETE FROM herald_receipt_queue",
         "UPDATE herald_receipts SET reconciled_at",
         "UPDATE herald_outbox SET delivery_status",
         "UPDATE herald_outbox SET message_key",

@@ -43,3 +43,102 @@ async fn migrations_run_up_down_up(backend: Backend) {
 }
 
 both_backends!(migrations_run_up_down_up);
+
+/// Receipts waiting for the reconciler when `herald_receipt_queue` arrives are queued by the
+/// upgrade: a new one due at its arrival, an unmatched one still tried with its tries and next
+/// try (its own row no longer says so); one no longer tried, or reconciled, is not queued. The
+/// way down puts the unmatched one's tries and next try back on its row.
+async fn the_receipt_queue_upgrade_keeps_waiting_receipts(backend: Backend) {
+    use diesel::connection::SimpleConnection;
+    use diesel::{Connection, QueryableByName, RunQueryDsl};
+    use diesel_migrations::MigrationHarness;
+
+    #[derive(QueryableByName, Debug, PartialEq)]
+    struct Row {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        provider_event_id: String,
+        #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+        outcome: Option<String>,
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        match_attempts: i32,
+        #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Integer>)]
+        tries: Option<i32>,
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        due_as_before: bool,
+    }
+    const INSERT: &str = "INSERT INTO herald_receipts (source, provider_event_id, event_type, \
+        provider_type, raw, received_at, outcome, match_attempts, next_match_at, reconciled_at) \
+        VALUES \
+        ('esp', 'new', 'delivered', 'd', '{}', '2026-12-01 10:00:00+00', NULL, 0, NULL, NULL), \
+        ('esp', 'tried', 'delivered', 'd', '{}', '2026-12-01 10:00:00+00', 'unmatched', 2, \
+            '2026-12-01 10:00:06+00', NULL), \
+        ('esp', 'given-up', 'delivered', 'd', '{}', '2026-11-01 10:00:00+00', 'unmatched', 35, \
+            NULL, NULL), \
+        ('esp', 'applied', 'delivered', 'd', '{}', '2026-12-01 10:00:00+00', 'applied', 0, NULL, \
+            '2026-12-01 10:00:01+00')";
+    // Tries from the queue where there is a row; due as the row said (its next try, else its
+    // arrival).
+    const READ: &str = "SELECT r.provider_event_id, r.outcome, r.match_attempts, q.tries, \
+        COALESCE(q.due_at = '2026-12-01 10:00:06+00' AND r.provider_event_id = 'tried' \
+            OR q.due_at = r.received_at AND r.provider_event_id = 'new', false) AS due_as_before \
+        FROM herald_receipts AS r LEFT JOIN herald_receipt_queue AS q ON q.receipt_id = r.id \
+        ORDER BY r.provider_event_id";
+    macro_rules! run_upgrade {
+        ($c:expr, $migrations:expr) => {{
+            let c = $c;
+            c.run_pending_migrations($migrations).unwrap();
+            // Back to the version before the queue (and any migration after it).
+            while c.revert_last_migration($migrations).unwrap().to_string() != "20261202000015" {}
+            c.batch_execute(INSERT).unwrap();
+            c.run_pending_migrations($migrations).unwrap();
+            let rows: Vec<Row> = diesel::sql_query(READ).load(c).unwrap();
+            let row = |id: &str, outcome: Option<&str>, attempts, tries, due| Row {
+                provider_event_id: id.into(),
+                outcome: outcome.map(Into::into),
+                match_attempts: attempts,
+                tries,
+                due_as_before: due,
+            };
+            assert_eq!(
+                rows,
+                [
+                    row("applied", Some("applied"), 0, None, false),
+                    row("given-up", Some("unmatched"), 35, None, false),
+                    row("new", None, 0, Some(0), true),
+                    row("tried", None, 0, Some(2), true),
+                ]
+            );
+            c.revert_last_migration($migrations).unwrap();
+            let back: Vec<Row> = diesel::sql_query(
+                "SELECT provider_event_id, outcome, match_attempts, NULL AS tries, \
+                 false AS due_as_before FROM herald_receipts WHERE provider_event_id = 'tried'",
+            )
+            .load(c)
+            .unwrap();
+            assert_eq!(
+                back.iter()
+                    .map(|r| (r.outcome.as_deref(), r.match_attempts))
+                    .collect::<Vec<_>>(),
+                [(Some("unmatched"), 2)]
+            );
+        }};
+    }
+    tokio::task::spawn_blocking(move || match backend {
+        Backend::Postgres => {
+            let (url, _guard) = crate::support::db::empty_pg_database();
+            let mut c = diesel::pg::PgConnection::establish(&url).unwrap();
+            run_upgrade!(&mut c, herald::storage::PG_MIGRATIONS);
+        }
+        Backend::Sqlite => {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("m.db");
+            let mut c =
+                diesel::sqlite::SqliteConnection::establish(&path.display().to_string()).unwrap();
+            run_upgrade!(&mut c, herald::storage::SQLITE_MIGRATIONS);
+        }
+    })
+    .await
+    .unwrap();
+}
+
+both_backends!(the_receipt_queue_upgrade_keeps_waiting_receipts);
