@@ -21,6 +21,9 @@ pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
 
 /// A client that sends `token` as its bearer token on every request.
 pub fn client_with_token(token: &str) -> reqwest::Client {
+    // reqwest is built without a crypto provider of its own (as Herald is): a test that builds
+    // its client before any Herald started in the process would otherwise panic.
+    herald::channels::install_crypto_provider();
     let mut headers = reqwest::header::HeaderMap::new();
     let value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}")).unwrap();
     headers.insert(reqwest::header::AUTHORIZATION, value);
