@@ -40,7 +40,8 @@ use self::throttle::{Answer, Throttle};
 const SMTP_RELAY: &str = "smtp";
 use self::policy::RetryPolicy;
 
-/// How long the loop waits for send slots to free up before claiming a smaller batch.
+/// How long the claim loop waits for room among the claimed rows before it claims a smaller
+/// batch.
 const CLAIM_LINGER: Duration = Duration::from_millis(5);
 
 /// How the sender runs.
@@ -117,6 +118,40 @@ impl LimitsConfig {
     }
 }
 
+/// The outcome of a claimed row before anything happened to it: still `sending`, its attempt
+/// the claimed one.
+fn outcome_of(row: &OutboxRow) -> OutcomeRecord {
+    OutcomeRecord {
+        message_id: row.id,
+        event_id: row.event_id.clone(),
+        claimed_attempt: row.attempts,
+        attempts_after: row.attempts,
+        state: State::Sending,
+        next_attempt_at: None,
+        retry_delay_ms: None,
+        error_class: None,
+        request_fingerprint: None,
+        provider_message_id: None,
+        attempt: None,
+        ordering: None,
+    }
+}
+
+/// How many claimed rows may wait for a send slot (see [`Sender::run`]): at most a batch, and
+/// no more than there are slots, so that a row waits for about one send at most before its own.
+fn ready_room(cfg: &SenderConfig) -> u32 {
+    cfg.batch_size.min(cfg.concurrency).max(1)
+}
+
+/// Aborts the task when dropped (a `run` dropped before its end takes its claim loop along).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// A claimed row on its way from the claim loop to a send slot.
 struct Claimed {
     row: OutboxRow,
@@ -176,9 +211,11 @@ struct Inner {
     /// Ended keyed messages whose key an uncommitted insert held when their outcome was written
     /// (`Db::release_rechecked`): released again on the loop's next iterations.
     recheck: std::sync::Mutex<Recheck>,
-    /// Claims (message id, attempt) whose outcome is on its way to the database — queued for the
-    /// flusher, or in a batch it has not written yet: the watchdog leaves their rows alone even
-    /// once their lease has run out (see [`give_up_writing_outcomes`]).
+    /// Claims (message id, attempt) this process still holds: claimed by the production loop and
+    /// waiting for a send slot, in flight, or with their outcome on its way to the database
+    /// (queued for the flusher, or in a batch it has not written yet). This process's watchdog leaves their rows alone even once
+    /// their lease has run out (see [`give_up_writing_outcomes`]); the entry goes when the
+    /// outcome is written, or given up on.
     unwritten: std::sync::Mutex<std::collections::HashSet<(i64, i32)>>,
 }
 
@@ -270,7 +307,8 @@ impl Sender {
         }
     }
 
-    /// When the production loop ([`Sender::run`]) last completed an iteration; `/readyz` reads it.
+    /// When the production loop's claim loop ([`Sender::run`]) last completed an iteration;
+    /// `/readyz` reads it.
     pub fn heartbeat(&self) -> Arc<Heartbeat> {
         self.inner.heartbeat.clone()
     }
@@ -450,18 +488,8 @@ impl Sender {
         )
         .map(|f| f.as_str().to_owned());
         let mut base = OutcomeRecord {
-            message_id: row.id,
-            event_id: row.event_id.clone(),
-            claimed_attempt: row.attempts,
-            attempts_after: row.attempts,
-            state: State::Sending,
-            next_attempt_at: None,
-            retry_delay_ms: None,
-            error_class: None,
             request_fingerprint: fingerprint,
-            provider_message_id: None,
-            attempt: None,
-            ordering: None,
+            ..outcome_of(&row)
         };
         // The destination it is bound to; while that is slowed down, the message is put back
         // for after the pause's end without a request and without spending an attempt.
@@ -939,69 +967,76 @@ impl Sender {
                 }
             })
         };
-        // Claimed rows waiting for a send slot: at most a batch, and no more than there are
-        // slots, so that a row waits for about one send at most before its own.
-        let room = Arc::new(Semaphore::new(
-            cfg.batch_size.min(cfg.concurrency).max(1) as usize
-        ));
+        let room = Arc::new(Semaphore::new(ready_room(cfg) as usize));
         let (ready_tx, mut ready) = mpsc::unbounded_channel::<Claimed>();
-        let claimer = tokio::spawn(self.clone().claim_loop(
-            room.clone(),
+        let mut claimer = AbortOnDrop(tokio::spawn(self.clone().claim_loop(
+            room,
             ready_tx,
             shutdown.clone(),
-        ));
+        )));
         info!(owner = %cfg.owner, "sender started");
         loop {
+            // The signal first: once it has come, no new send starts.
             let claimed = tokio::select! {
+                biased;
+                _ = shutdown.wait_for(|&stop| stop) => None,
                 c = ready.recv() => c,
-                _ = shutdown.wait_for(|&stop| stop) => None,
             };
-            let Some(claimed) = claimed else { break };
-            let permit = tokio::select! {
-                p = slots.clone().acquire_owned() => p.ok(),
-                _ = shutdown.wait_for(|&stop| stop) => None,
-            };
-            let Some(permit) = permit else {
-                self.put_back_unsent(claimed, &tx, "shutdown").await;
+            let Some(Claimed { row, place, at }) = claimed else {
                 break;
             };
-            // The lease must outlast the send: a row that waited too long for its slot (every
-            // slot held by slow sends) goes back, due at once, rather than be sent so late that
-            // the watchdog could return it mid-send.
-            let waited = (self.inner.clock.now() - claimed.at)
-                .to_std()
-                .unwrap_or_default();
-            if waited + cfg.longest_send >= cfg.lease {
-                self.put_back_unsent(claimed, &tx, "lease").await;
-                continue;
-            }
-            let Claimed { row, place, .. } = claimed;
-            drop(place);
-            // In claim order (see `clear`).
+            // In claim order, before the send (see `clear`): a message held back (a paused
+            // destination, a rate, a disabled endpoint) goes back at once, without a slot.
             let cleared = match self.clear(row) {
                 Clearance::Go(c) => c,
                 Clearance::Held(held) => {
-                    self.unwritten(&held);
                     let _ = tx.send(held).await;
                     continue;
                 }
             };
+            let permit = tokio::select! {
+                biased;
+                _ = shutdown.wait_for(|&stop| stop) => None,
+                p = slots.clone().acquire_owned() => p.ok(),
+            };
+            drop(place);
+            let Some(permit) = permit else {
+                self.put_back_unsent(&cleared.row, &tx, "shutdown").await;
+                break;
+            };
+            // The lease must outlast the send: a row that waited too long for its slot (every
+            // slot held by slow sends) goes back, due at once, rather than be sent so late that
+            // its lease could run out mid-send (a send may also wait CAP_PATIENCE for a place
+            // under its destination's cap).
+            let waited = (self.inner.clock.now() - at).to_std().unwrap_or_default();
+            if waited + cfg.longest_send + CAP_PATIENCE >= cfg.lease {
+                self.put_back_unsent(&cleared.row, &tx, "lease").await;
+                continue;
+            }
             let this = self.clone();
             let tx = tx.clone();
             tokio::spawn(async move {
                 let outcome = this.send_cleared(cleared).await;
-                this.unwritten(&outcome);
                 // The flusher outlives every sender task: it stops when all senders drop tx.
                 let _ = tx.send(outcome).await;
                 drop(permit);
             });
         }
-        info!("sender stopping: waiting for in-flight sends");
+        let stopping = *shutdown.borrow();
+        if stopping {
+            info!("sender stopping: waiting for in-flight sends");
+        } else {
+            // Only a panic ends the claim loop before the signal. The heartbeat is left to go
+            // stale, so `/readyz` reports the sender stalled.
+            tracing::error!(
+                "the claim loop ended: this process claims nothing more until it is restarted"
+            );
+        }
         // The claim loop stops at the signal too; what it claimed and nobody sent goes back.
         while let Some(claimed) = ready.recv().await {
-            self.put_back_unsent(claimed, &tx, "shutdown").await;
+            self.put_back_unsent(&claimed.row, &tx, "shutdown").await;
         }
-        if let Err(e) = claimer.await {
+        if let Err(e) = (&mut claimer.0).await {
             warn!(error = %e, "claim loop ended abnormally");
         }
         let _all = slots.acquire_many(cfg.concurrency).await;
@@ -1010,38 +1045,31 @@ impl Sender {
             warn!(error = %e, "outcome flusher ended abnormally");
         }
         signalled.abort();
-        self.inner.heartbeat.stop();
+        if stopping {
+            self.inner.heartbeat.stop();
+        }
         info!("sender stopped");
     }
 
     /// A claimed row that is not sent (Herald is stopping, or it waited too long for a send
-    /// slot): written back as due now, without a request and without spending its attempt.
+    /// slot): written back as due now, without a request and without spending its attempt; the
+    /// claim loop is woken once it is written.
     async fn put_back_unsent(
         &self,
-        claimed: Claimed,
+        row: &OutboxRow,
         tx: &mpsc::Sender<OutcomeRecord>,
         why: &'static str,
     ) {
         let now = self.inner.clock.now();
-        let row = claimed.row;
         debug!(event_id = %row.event_id, why, "claimed and not sent: put back");
         self.inner.metrics.held(why);
-        let base = OutcomeRecord {
-            message_id: row.id,
-            event_id: row.event_id.clone(),
-            claimed_attempt: row.attempts,
-            attempts_after: row.attempts,
-            state: State::Sending,
-            next_attempt_at: None,
-            retry_delay_ms: None,
-            error_class: None,
-            request_fingerprint: None,
-            provider_message_id: None,
-            attempt: None,
-            ordering: None,
-        };
-        let back = put_back(base, row.attempts, now, now, AttemptClass::NotSent);
-        self.unwritten(&back);
+        let back = put_back(
+            outcome_of(row),
+            row.attempts,
+            now,
+            now,
+            AttemptClass::NotSent,
+        );
         let _ = tx.send(back).await;
     }
 
@@ -1055,7 +1083,7 @@ impl Sender {
         mut shutdown: watch::Receiver<bool>,
     ) {
         let cfg = &self.inner.config;
-        let capacity = cfg.batch_size.min(cfg.concurrency).max(1);
+        let capacity = ready_room(cfg);
         let sweep_every = (cfg.lease / 2).max(Duration::from_secs(1));
         let mut next_sweep = tokio::time::Instant::now();
         let mut next_release = tokio::time::Instant::now();
@@ -1107,6 +1135,11 @@ impl Sender {
             if *shutdown.borrow() {
                 break;
             }
+            // The places of the rows about to be claimed; those the claim does not fill go back
+            // when `places` is dropped. Only this loop takes room, so they are there.
+            let Ok(mut places) = room.clone().try_acquire_many_owned(free) else {
+                continue;
+            };
             let at = self.inner.clock.now();
             let rows = match self.claim(free).await {
                 Ok(rows) => {
@@ -1126,16 +1159,18 @@ impl Sender {
                 }
             };
             let full = rows.len() as u32 == free;
+            // Held from now until their outcome is written: this process's watchdog must not
+            // return a row that waits here for its slot, even past its lease (an outage that
+            // stalls the flusher stalls the sends too); the send loop puts such a row back.
+            lock_unwritten(&self.inner.unwritten).extend(rows.iter().map(|r| (r.id, r.attempts)));
             for row in rows {
-                // The room was free before the claim, and only this loop takes it.
-                let Ok(place) = room.clone().acquire_owned().await else {
-                    break;
-                };
+                let Some(place) = places.split(1) else { break };
                 if ready.send(Claimed { row, place, at }).is_err() {
-                    // The send loop has stopped; it puts back nothing more, the leases expire.
-                    break;
+                    // The send loop is gone (dropped): nobody sends or puts back any more.
+                    return;
                 }
             }
+            drop(places);
             if !full {
                 let idle = self
                     .recheck_wait()
@@ -1147,11 +1182,6 @@ impl Sender {
                 }
             }
         }
-    }
-
-    /// Notes an outcome on its way to the flusher ([`Inner::unwritten`]).
-    fn unwritten(&self, o: &OutcomeRecord) {
-        lock_unwritten(&self.inner.unwritten).insert((o.message_id, o.claimed_attempt));
     }
 
     async fn flush_loop(
@@ -1197,9 +1227,15 @@ impl Sender {
                 }
             }
             // Written, or given up on (then the watchdog may return the rows).
-            let mut unwritten = lock_unwritten(&self.inner.unwritten);
-            for o in &batch {
-                unwritten.remove(&(o.message_id, o.claimed_attempt));
+            {
+                let mut unwritten = lock_unwritten(&self.inner.unwritten);
+                for o in &batch {
+                    unwritten.remove(&(o.message_id, o.claimed_attempt));
+                }
+            }
+            // A row put back due at once (claimed and not sent) is claimable now.
+            if batch.iter().any(|o| o.retry_delay_ms == Some(0)) {
+                self.inner.wake.notify_one();
             }
         }
     }

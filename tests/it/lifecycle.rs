@@ -354,36 +354,50 @@ async fn wait_until_claimed(app: &crate::support::app::TestApp, event_id: &str) 
     }
 }
 
-/// One send slot, held by a send whose answer the receiver holds; a second message is claimed
-/// meanwhile and waits for the slot (the claim loop claims ahead of the sends).
-async fn one_slot_held(
+/// `slots` send slots, each held by a send whose answer the receiver holds (`held-N`, released
+/// one by one through the returned handles); `slots` more messages (`waiting-N`) are claimed
+/// meanwhile and wait for a slot — the first in the send loop's hand, the others in the claim
+/// loop's batch. A 10 s webhook timeout (lease 30 s): the held sends outlast any test step.
+async fn slots_held(
     backend: Backend,
+    slots: usize,
 ) -> (
     crate::support::app::TestApp,
     Receiver,
-    Arc<tokio::sync::Notify>,
+    Vec<Arc<tokio::sync::Notify>>,
     crate::support::app::RunningSender,
 ) {
-    let app = spawn_app_with(backend, "sender_concurrency = 1\nsender_batch_size = 1\n").await;
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "sender_concurrency = {slots}\nsender_batch_size = {slots}\n\
+             destination_max_in_flight = {slots}\nwebhook_timeout_ms = 10000\n"
+        ),
+    )
+    .await;
     let rx = Receiver::start().await;
-    let release = Arc::new(tokio::sync::Notify::new());
-    rx.script([Reply::Held(release.clone(), 200)]);
+    let releases: Vec<_> = (0..slots)
+        .map(|_| Arc::new(tokio::sync::Notify::new()))
+        .collect();
+    rx.script(releases.iter().map(|r| Reply::Held(r.clone(), 200)));
     let sender = app.start_sender();
-    assert_eq!(
-        app.post_message(webhook("slot-first", &rx.url, json!({"n": 1})))
-            .await
-            .status(),
-        201
-    );
-    rx.wait_for(1, 10).await;
-    assert_eq!(
-        app.post_message(webhook("slot-second", &rx.url, json!({"n": 2})))
-            .await
-            .status(),
-        201
-    );
-    wait_until_claimed(&app, "slot-second").await;
-    (app, rx, release, sender)
+    for i in 0..slots {
+        let id = format!("held-{i}");
+        let r = app
+            .post_message(webhook(&id, &rx.url, json!({"n": i})))
+            .await;
+        assert_eq!(r.status(), 201);
+    }
+    rx.wait_for(slots, 10).await;
+    for i in 0..slots {
+        let id = format!("waiting-{i}");
+        let r = app
+            .post_message(webhook(&id, &rx.url, json!({"n": i})))
+            .await;
+        assert_eq!(r.status(), 201);
+        wait_until_claimed(&app, &id).await;
+    }
+    (app, rx, releases, sender)
 }
 
 async fn held_reason(app: &crate::support::app::TestApp, reason: &str) -> f64 {
@@ -391,65 +405,112 @@ async fn held_reason(app: &crate::support::app::TestApp, reason: &str) -> f64 {
     crate::support::prom::value(&m, "herald_held_total", &[("reason", reason)])
 }
 
-/// At shutdown, a claimed message that never got a send slot goes back unsent: due again, its
-/// attempt not spent, no request and no attempt row; the one in flight finishes and is recorded.
+/// At shutdown, claimed messages that never got a send slot go back unsent — the one in the
+/// send loop's hand and the one still in the claim loop's batch: due again, their attempt not
+/// spent, no request and no attempt row. The ones in flight finish and are recorded.
 async fn claimed_rows_without_a_slot_go_back_at_shutdown(backend: Backend) {
-    let (app, rx, release, sender) = one_slot_held(backend).await;
+    let (app, rx, releases, sender) = slots_held(backend, 2).await;
     sender.signal();
-    release.notify_one();
+    for r in &releases {
+        r.notify_one();
+    }
     sender.join().await;
-    assert_eq!(
-        rx.event_ids(),
-        ["slot-first"],
-        "the waiting one is not sent"
-    );
-    assert_eq!(app.message("slot-first").await["state"], "delivered");
-    let second = app.row("slot-second");
-    assert_eq!(
-        (
-            second.state,
-            second.attempts,
-            second.last_error_class,
-            second.lease_owner.as_deref()
-        ),
-        (
-            herald::domain::State::Retryable,
-            0,
-            Some(herald::domain::AttemptClass::NotSent),
-            None
-        )
-    );
-    assert!(
-        second.next_attempt_at.unwrap() <= app.clock_now(),
-        "due at once"
-    );
-    assert!(
-        app.attempts("slot-second").is_empty(),
-        "no request, no attempt row"
-    );
-    assert_eq!(held_reason(&app, "shutdown").await, 1.0);
+    let mut sent = rx.event_ids();
+    sent.sort();
+    assert_eq!(sent, ["held-0", "held-1"], "the waiting ones are not sent");
+    for id in ["held-0", "held-1"] {
+        assert_eq!(app.message(id).await["state"], "delivered", "{id}");
+    }
+    for id in ["waiting-0", "waiting-1"] {
+        let row = app.row(id);
+        assert_eq!(
+            (
+                row.state,
+                row.attempts,
+                row.last_error_class,
+                row.lease_owner.as_deref()
+            ),
+            (
+                herald::domain::State::Retryable,
+                0,
+                Some(herald::domain::AttemptClass::NotSent),
+                None
+            ),
+            "{id}"
+        );
+        assert!(
+            row.next_attempt_at.unwrap() <= app.clock_now(),
+            "{id}: due at once"
+        );
+        assert!(
+            app.attempts(id).is_empty(),
+            "{id}: no request, no attempt row"
+        );
+    }
+    assert_eq!(held_reason(&app, "shutdown").await, 2.0);
     app.stop().await;
 }
 
 /// A claimed message waits for a send slot only while its lease still outlasts a whole send
-/// (lease 30 s, longest send 1 s here): past that it goes back unsent, due at once, and is
+/// (lease 30 s, longest send 10 s here): past that it goes back unsent, due at once, and is
 /// claimed again and sent — once — with a fresh lease.
 async fn a_claimed_row_that_waited_too_long_for_a_slot_goes_back(backend: Backend) {
-    let (app, rx, release, sender) = one_slot_held(backend).await;
-    app.advance(Duration::from_millis(29_500));
-    release.notify_one();
+    let (app, rx, releases, sender) = slots_held(backend, 2).await;
+    app.advance(Duration::from_secs(25));
+    for r in &releases {
+        r.notify_one();
+    }
+    rx.wait_for(4, 10).await;
+    sender.stop().await;
+    let mut sent = rx.event_ids();
+    sent.sort();
+    assert_eq!(sent, ["held-0", "held-1", "waiting-0", "waiting-1"]);
+    for id in ["waiting-0", "waiting-1"] {
+        let m = app.message(id).await;
+        assert_eq!(
+            (m["state"].as_str(), m["attempts"].as_i64()),
+            (Some("delivered"), Some(1)),
+            "{id}: sent once, after being put back without spending an attempt"
+        );
+        assert_eq!(app.attempts(id).len(), 1, "{id}");
+    }
+    assert_eq!(held_reason(&app, "lease").await, 2.0);
+    assert_eq!(held_reason(&app, "shutdown").await, 0.0);
+    app.stop().await;
+}
+
+/// This process's watchdog never returns a row this process claimed and still holds, even once
+/// its lease has run out: here one waits for a slot (its lease over, no request made) and one is
+/// in flight. Returning the waiting one would count an attempt that was never made.
+async fn the_watchdog_leaves_rows_this_process_holds(backend: Backend) {
+    let (app, rx, releases, sender) = slots_held(backend, 1).await;
+    app.advance(Duration::from_secs(31));
+    let sweep = app.herald.sender.sweep_leases().await.unwrap();
+    assert_eq!(sweep, herald::storage::models::LeaseSweep::default());
+    let waiting = app.row("waiting-0");
+    assert_eq!(
+        (waiting.state, waiting.attempts),
+        (herald::domain::State::Sending, 1),
+        "left alone"
+    );
+    releases[0].notify_one();
     rx.wait_for(2, 10).await;
     sender.stop().await;
-    assert_eq!(rx.event_ids(), ["slot-first", "slot-second"]);
-    let second = app.message("slot-second").await;
-    assert_eq!(
-        (second["state"].as_str(), second["attempts"].as_i64()),
-        (Some("delivered"), Some(1)),
-        "sent once, after being put back without spending an attempt"
+    for id in ["held-0", "waiting-0"] {
+        let m = app.message(id).await;
+        assert_eq!(
+            (m["state"].as_str(), m["attempts"].as_i64()),
+            (Some("delivered"), Some(1)),
+            "{id}"
+        );
+    }
+    assert!(
+        app.attempts("waiting-0")
+            .iter()
+            .all(|a| a.class != herald::domain::AttemptClass::Ambiguous),
+        "no lease_expired attempt"
     );
-    assert_eq!(app.attempts("slot-second").len(), 1);
     assert_eq!(held_reason(&app, "lease").await, 1.0);
-    assert_eq!(held_reason(&app, "shutdown").await, 0.0);
     app.stop().await;
 }
 
@@ -503,6 +564,7 @@ both_backends!(
     the_production_loop_delivers_and_shuts_down_cleanly,
     claimed_rows_without_a_slot_go_back_at_shutdown,
     a_claimed_row_that_waited_too_long_for_a_slot_goes_back,
+    the_watchdog_leaves_rows_this_process_holds,
 );
 
 async fn smtp_answers_are_classified(backend: Backend) {
