@@ -20,6 +20,7 @@ per_backend! {
     use diesel::prelude::*;
 
     use crate::storage::models::*;
+    use self::schema::herald_receipt_queue as rq;
     use self::schema::herald_receipts as r;
 
     /// Stores receipts, ignoring those whose (source, provider_event_id) exists; returns
@@ -280,37 +281,49 @@ per_backend! {
     /// nothing) or no longer tried (`outcome = 'unmatched'`) — how many, and the oldest `limit`
     /// of them, as [`with_queue`] shows them.
     pub fn unmatched_receipts(conn: &mut Conn, limit: i64) -> QueryResult<(i64, Vec<ReceiptRow>)> {
-        use self::schema::herald_receipt_queue as q;
-        let given_up = || {
-            r::table
-                .filter(r::message_id.is_null())
-                .filter(r::outcome.eq("unmatched"))
-                .filter(r::reconciled_at.is_null())
-        };
-        let tried = || q::table.filter(q::tries.gt(0));
-        let count: i64 = given_up().count().get_result(conn)?;
-        let count = count + tried().count().get_result::<i64>(conn)?;
+        let count = unmatched_count(conn)?;
         let mut ids: Vec<i64> = given_up().select(r::id).order(r::id).limit(limit).load(conn)?;
-        ids.extend(tried().select(q::receipt_id).order(q::receipt_id).limit(limit).load::<i64>(conn)?);
+        ids.extend(still_tried().select(rq::receipt_id).order(rq::receipt_id).limit(limit).load::<i64>(conn)?);
         ids.sort_unstable();
         ids.truncate(usize::try_from(limit).unwrap_or(0));
         let rows = r::table.filter(r::id.eq_any(&ids)).order(r::id).load(conn)?;
         Ok((count, with_queue(conn, rows)?))
     }
 
+    /// How many receipts match no message yet: still tried, or no longer
+    /// (`herald_receipts_unmatched_age`).
+    pub fn unmatched_count(conn: &mut Conn) -> QueryResult<i64> {
+        let given_up: i64 = given_up().count().get_result(conn)?;
+        let still_tried: i64 = still_tried().count().get_result(conn)?;
+        Ok(given_up + still_tried)
+    }
+
+    /// Receipts no longer tried that matched no message.
+    fn given_up() -> r::BoxedQuery<'static, <Conn as diesel::Connection>::Backend> {
+        r::table
+            .filter(r::message_id.is_null())
+            .filter(r::outcome.eq("unmatched"))
+            .filter(r::reconciled_at.is_null())
+            .into_boxed()
+    }
+
+    /// Receipts on the queue after a try that found no message.
+    fn still_tried() -> rq::BoxedQuery<'static, <Conn as diesel::Connection>::Backend> {
+        rq::table.filter(rq::tries.gt(0)).into_boxed()
+    }
+
     /// `rows` as a person reads them: a receipt still in the reconciler's queue after a try
     /// that found no message says `unmatched`, how often it was tried and when it is tried next
     /// (its own row says nothing until it leaves the queue).
     pub fn with_queue(conn: &mut Conn, mut rows: Vec<ReceiptRow>) -> QueryResult<Vec<ReceiptRow>> {
-        use self::schema::herald_receipt_queue as q;
         let waiting: Vec<i64> = rows.iter().filter(|x| x.outcome.is_none()).map(|x| x.id).collect();
         if waiting.is_empty() {
             return Ok(rows);
         }
-        let queued: std::collections::HashMap<i64, (i32, DateTime<Utc>)> = q::table
-            .filter(q::receipt_id.eq_any(&waiting))
-            .filter(q::tries.gt(0))
-            .select((q::receipt_id, (q::tries, q::due_at)))
+        let queued: std::collections::HashMap<i64, (i32, DateTime<Utc>)> = rq::table
+            .filter(rq::receipt_id.eq_any(&waiting))
+            .filter(rq::tries.gt(0))
+            .select((rq::receipt_id, (rq::tries, rq::due_at)))
             .load(conn)?
             .into_iter()
             .collect();

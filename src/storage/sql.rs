@@ -762,7 +762,7 @@ pub fn pg_mark_reconciled(
     super::prepared::cached(
         "WITH dequeued AS (DELETE FROM herald_receipt_queue WHERE receipt_id = ANY($2::bigint[])) \
          UPDATE herald_receipts AS r SET reconciled_at = $1, message_id = v.message_id, \
-         outcome = v.outcome, outcome_reason = v.reason, next_match_at = NULL \
+         outcome = v.outcome, outcome_reason = v.reason \
          FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[]) \
              AS v(id, message_id, outcome, reason) \
          WHERE r.id = v.id",
@@ -796,7 +796,7 @@ pub fn pg_mark_unmatched(
          ended AS (DELETE FROM herald_receipt_queue AS q USING v \
              WHERE q.receipt_id = v.id AND v.next IS NULL) \
          UPDATE herald_receipts AS r SET outcome = 'unmatched', outcome_reason = v.reason, \
-             match_attempts = v.tries, next_match_at = NULL \
+             match_attempts = v.tries \
          FROM v WHERE r.id = v.id AND v.next IS NULL",
     )
     .bind::<Array<BigInt>, _>(unmatched.iter().map(|u| u.receipt_id).collect::<Vec<_>>())
@@ -829,7 +829,7 @@ pub fn sqlite_mark_unmatched(
                 sqlite_dequeue(conn, u.receipt_id)?;
                 super::prepared::cached(
                     "UPDATE herald_receipts SET outcome = 'unmatched', outcome_reason = ?1, \
-                     match_attempts = ?2, next_match_at = NULL WHERE id = ?3",
+                     match_attempts = ?2 WHERE id = ?3",
                 )
                 .bind::<Text, _>(u.reason)
                 .bind::<Integer, _>(u.tries)
@@ -915,7 +915,7 @@ pub fn sqlite_mark_reconciled(
         sqlite_dequeue(conn, d.receipt_id)?;
         super::prepared::cached(
             "UPDATE herald_receipts SET reconciled_at = ?1, message_id = ?2, outcome = ?3, \
-             outcome_reason = ?4, next_match_at = NULL WHERE id = ?5",
+             outcome_reason = ?4 WHERE id = ?5",
         )
         .bind::<TimestamptzSqlite, _>(at)
         .bind::<BigInt, _>(d.message_id)

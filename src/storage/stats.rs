@@ -28,7 +28,6 @@ per_backend! {
     pub fn db_stats(conn: &mut Conn, now: &Now) -> QueryResult<DbStats> {
         use self::schema::herald_outbox as o;
         use self::schema::herald_receipt_queue as qr;
-        use self::schema::herald_receipts as r;
         let at = sql::now(conn, now)?;
         let by_state: Vec<(State, i64)> = o::table
             .group_by(o::state)
@@ -49,15 +48,7 @@ per_backend! {
             .select(qr::due_at)
             .first(conn)
             .optional()?;
-        // Still tried (in the queue after a try) or no longer (`herald_receipts_unmatched_age`).
-        let still_tried: i64 = qr::table.filter(qr::tries.gt(0)).count().get_result(conn)?;
-        let given_up: i64 = r::table
-            .filter(r::message_id.is_null())
-            .filter(r::outcome.eq("unmatched"))
-            .filter(r::reconciled_at.is_null())
-            .count()
-            .get_result(conn)?;
-        let unmatched_receipts = still_tried + given_up;
+        let unmatched_receipts = q::unmatched_count(conn)?;
         Ok(DbStats {
             at,
             by_state,

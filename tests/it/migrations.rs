@@ -111,15 +111,17 @@ async fn the_receipt_queue_upgrade_keeps_waiting_receipts(backend: Backend) {
             c.revert_last_migration($migrations).unwrap();
             let back: Vec<Row> = diesel::sql_query(
                 "SELECT provider_event_id, outcome, match_attempts, NULL AS tries, \
-                 false AS due_as_before FROM herald_receipts WHERE provider_event_id = 'tried'",
+                 next_match_at = '2026-12-01 10:00:06+00' AS due_as_before \
+                 FROM herald_receipts WHERE provider_event_id = 'tried'",
             )
             .load(c)
             .unwrap();
             assert_eq!(
                 back.iter()
-                    .map(|r| (r.outcome.as_deref(), r.match_attempts))
+                    .map(|r| (r.outcome.as_deref(), r.match_attempts, r.due_as_before))
                     .collect::<Vec<_>>(),
-                [(Some("unmatched"), 2)]
+                [(Some("unmatched"), 2, true)],
+                "its tries and next try back on its row"
             );
         }};
     }

@@ -8,6 +8,8 @@ SET outcome = 'unmatched', outcome_reason = 'no message with its event id or pro
     match_attempts = q.tries, next_match_at = q.due_at
 FROM herald_receipt_queue AS q
 WHERE r.id = q.receipt_id AND q.tries > 0;
+DROP TRIGGER herald_receipts_dequeue ON herald_receipts;
+DROP FUNCTION herald_receipts_dequeue();
 DROP TRIGGER herald_receipts_enqueue ON herald_receipts;
 DROP FUNCTION herald_receipts_enqueue();
 DROP TABLE herald_receipt_queue;

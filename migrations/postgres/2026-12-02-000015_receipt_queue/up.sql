@@ -23,17 +23,30 @@ ALTER TABLE herald_receipt_queue SET (
 
 -- Every stored receipt is queued in its own statement, whoever inserts it (Herald's ingest, or
 -- an operator's INSERT): one trigger call per statement, over the rows it stored (a duplicate
--- skipped by ON CONFLICT DO NOTHING is not among them).
+-- skipped by ON CONFLICT DO NOTHING is not among them). Due at once: its arrival time comes from
+-- the Herald host's clock, and the reconciler compares with the database's, so never later
+-- than the database's now.
 CREATE FUNCTION herald_receipts_enqueue() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO herald_receipt_queue (receipt_id, due_at)
-    SELECT id, received_at FROM herald_new_receipts;
+    SELECT id, LEAST(received_at, now()) FROM herald_new_receipts;
     RETURN NULL;
 END
 $$;
 CREATE TRIGGER herald_receipts_enqueue AFTER INSERT ON herald_receipts
     REFERENCING NEW TABLE AS herald_new_receipts
     FOR EACH STATEMENT EXECUTE FUNCTION herald_receipts_enqueue();
+-- A receipt deleted (by retention, which only deletes receipts off the queue, or by hand) takes
+-- its queue row along: the queue never holds a receipt that is gone.
+CREATE FUNCTION herald_receipts_dequeue() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM herald_receipt_queue WHERE receipt_id IN (SELECT id FROM herald_gone_receipts);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER herald_receipts_dequeue AFTER DELETE ON herald_receipts
+    REFERENCING OLD TABLE AS herald_gone_receipts
+    FOR EACH STATEMENT EXECUTE FUNCTION herald_receipts_dequeue();
 
 -- The receipts waiting now: new ones, and unmatched ones still tried (their tries and next try
 -- move to the queue; their receipt rows say nothing until they leave it).
@@ -46,6 +59,8 @@ SET outcome = NULL, outcome_reason = NULL, match_attempts = 0, next_match_at = N
 WHERE id IN (SELECT receipt_id FROM herald_receipt_queue) AND outcome IS NOT NULL;
 
 -- The queue replaces both: the receipts no longer need an index on columns the reconciler
--- writes while they wait.
+-- writes while they wait. (An older Herald still reconciling during an upgrade reads receipts
+-- from their own rows and leaves them on the queue: a newer one then applies them again, which
+-- changes no status — the same receipt is `unchanged` — only the outcome the receipt shows.)
 DROP INDEX herald_receipts_pending;
 DROP INDEX herald_receipts_unmatched;

@@ -22,7 +22,9 @@ CREATE TABLE herald_attempts_rebuilt (
 -- Ids keep counting where they were (AUTOINCREMENT never reuses one, even of deleted rows).
 INSERT INTO sqlite_sequence (name, seq)
     SELECT 'herald_attempts_rebuilt', seq FROM sqlite_sequence WHERE name = 'herald_attempts';
-INSERT INTO herald_attempts_rebuilt SELECT * FROM herald_attempts;
+-- Attempt rows whose message was deleted by hand meanwhile (nothing cascaded) are left behind.
+INSERT INTO herald_attempts_rebuilt SELECT * FROM herald_attempts
+    WHERE message_id IN (SELECT id FROM herald_outbox);
 DROP TABLE herald_attempts;
 ALTER TABLE herald_attempts_rebuilt RENAME TO herald_attempts;
 -- One row per attempt and sender: a retried outcome flush cannot record an attempt twice. The

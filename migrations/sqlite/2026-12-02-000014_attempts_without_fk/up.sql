@@ -1,6 +1,7 @@
 -- An attempt row no longer checks its message with a foreign key, as on PostgreSQL (see
--- migrations/postgres, same version): Herald writes an attempt only in the transaction that
--- writes its message's outcome, and retention deletes a message's attempts before the message.
+-- migrations/postgres, same version): Herald writes an attempt only for a message it claimed, in
+-- the transaction that writes that claim's outcome, and retention deletes a message's attempts
+-- before the message.
 -- SQLite cannot drop a constraint: the table is rebuilt without it.
 CREATE TABLE herald_attempts_rebuilt (
     id                   INTEGER PRIMARY KEY AUTOINCREMENT NOT NULL,

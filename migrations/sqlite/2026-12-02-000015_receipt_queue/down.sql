@@ -7,5 +7,6 @@ SET outcome = 'unmatched', outcome_reason = 'no message with its event id or pro
     match_attempts = (SELECT q.tries FROM herald_receipt_queue AS q WHERE q.receipt_id = herald_receipts.id),
     next_match_at = (SELECT q.due_at FROM herald_receipt_queue AS q WHERE q.receipt_id = herald_receipts.id)
 WHERE id IN (SELECT receipt_id FROM herald_receipt_queue WHERE tries > 0);
+DROP TRIGGER herald_receipts_dequeue;
 DROP TRIGGER herald_receipts_enqueue;
 DROP TABLE herald_receipt_queue;

@@ -12,6 +12,11 @@ CREATE TRIGGER herald_receipts_enqueue AFTER INSERT ON herald_receipts
 BEGIN
     INSERT INTO herald_receipt_queue (receipt_id, due_at) VALUES (NEW.id, NEW.received_at);
 END;
+-- A receipt deleted takes its queue row along.
+CREATE TRIGGER herald_receipts_dequeue AFTER DELETE ON herald_receipts
+BEGIN
+    DELETE FROM herald_receipt_queue WHERE receipt_id = OLD.id;
+END;
 
 INSERT INTO herald_receipt_queue (receipt_id, due_at, tries)
 SELECT id, COALESCE(next_match_at, received_at), match_attempts FROM herald_receipts

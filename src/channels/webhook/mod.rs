@@ -247,10 +247,7 @@ impl WebhookChannel {
     pub fn binding(&self, destination: &str) -> Option<Binding<'_>> {
         let (bound, endpoint) = match &*self.resolve(destination) {
             Resolved::Url { bound, .. } => (bound.clone()?, None),
-            Resolved::Endpoint(name) => {
-                let e = self.endpoints.get(name)?;
-                (Bound::of(&e.url)?, Some(e))
-            }
+            Resolved::Endpoint { name, bound } => (bound.clone()?, Some(self.endpoints.get(name)?)),
             Resolved::Type | Resolved::Invalid(_) => return None,
         };
         Some(Binding {
@@ -263,6 +260,8 @@ impl WebhookChannel {
 
 /// How many parsed destinations [`WebhookChannel::resolve`] keeps.
 const RESOLVED_MAX: usize = 4096;
+/// The longest destination [`WebhookChannel::resolve`] keeps.
+const RESOLVED_MAX_LEN: usize = 2048;
 
 /// A destination parsed once ([`WebhookChannel::resolve`]): what a send and the limits need.
 #[derive(Debug)]
@@ -272,20 +271,27 @@ enum Resolved {
         /// `None`: no host or port to bind the URL to (a send refuses it, as before).
         bound: Option<Bound>,
     },
-    Endpoint(String),
+    /// A named endpoint, and what its URL is bound to (`None`: no such endpoint).
+    Endpoint {
+        name: String,
+        bound: Option<Bound>,
+    },
     Type,
     /// Why it is not a destination (a send's refusal says so).
     Invalid(String),
 }
 
 impl Resolved {
-    fn parse(destination: &str) -> Self {
+    fn parse(destination: &str, endpoints: &BTreeMap<String, Endpoint>) -> Self {
         match WebhookTarget::parse(destination) {
             Ok(WebhookTarget::Url(url)) => Resolved::Url {
                 bound: Bound::of(&url),
                 url,
             },
-            Ok(WebhookTarget::Endpoint(name)) => Resolved::Endpoint(name),
+            Ok(WebhookTarget::Endpoint(name)) => Resolved::Endpoint {
+                bound: endpoints.get(&name).and_then(|e| Bound::of(&e.url)),
+                name,
+            },
             Ok(WebhookTarget::Type(_)) => Resolved::Type,
             Err(e) => Resolved::Invalid(e.to_string()),
         }
@@ -356,14 +362,19 @@ impl WebhookChannel {
     /// `destination` parsed, from the cache when it was parsed before: a sender sends to few
     /// destinations many times, and parsing one (a URL, its host through IDNA) for each send —
     /// three times, for the logs, the limits and the request — was 6 % of Herald's CPU in
-    /// `herald-bench dispatch_pg`. The cache holds at most [`RESOLVED_MAX`] destinations and
-    /// starts again empty when full.
+    /// `herald-bench dispatch_pg`. The cache holds at most [`RESOLVED_MAX`] destinations of at
+    /// most [`RESOLVED_MAX_LEN`] bytes and starts again empty when full.
     fn resolve(&self, destination: &str) -> Arc<Resolved> {
         let mut cache = self.resolved.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(r) = cache.get(destination) {
             return r.clone();
         }
-        let r = Arc::new(Resolved::parse(destination));
+        let r = Arc::new(Resolved::parse(destination, &self.endpoints));
+        // Never a destination that is refused anyway, nor a very long one (plain SQL can store
+        // any text): the cache holds what is sent, in a bounded amount of memory.
+        if matches!(*r, Resolved::Invalid(_)) || destination.len() > RESOLVED_MAX_LEN {
+            return r;
+        }
         if cache.len() >= RESOLVED_MAX {
             cache.clear();
         }
@@ -388,7 +399,7 @@ impl WebhookChannel {
         };
         let (url, keys, endpoint) = match &*self.resolve(row.destination) {
             Resolved::Url { url, .. } => (url.clone(), self.default_keys.as_slice(), None),
-            Resolved::Endpoint(name) => match self.endpoints.get(name) {
+            Resolved::Endpoint { name, .. } => match self.endpoints.get(name) {
                 Some(e) if e.keys.is_empty() => {
                     (e.url.clone(), self.default_keys.as_slice(), Some(e))
                 }
@@ -679,9 +690,15 @@ mod tests {
             (binding.key.as_str(), binding.host.as_str()),
             ("https://a.example:8443", "a.example")
         );
-        assert!(
-            matches!(*channel.resolve("endpoint:billing"), Resolved::Endpoint(ref n) if n == "billing")
-        );
+        assert!(matches!(
+            *channel.resolve("endpoint:billing"),
+            Resolved::Endpoint { ref name, bound: None } if name == "billing"
+        ));
+        // Refused destinations are not kept.
+        assert!(!Arc::ptr_eq(
+            &channel.resolve("ftp://a/b"),
+            &channel.resolve("ftp://a/b")
+        ));
         assert!(matches!(
             *channel.resolve("type:order.placed"),
             Resolved::Type
