@@ -108,6 +108,29 @@ async fn the_receipt_queue_upgrade_keeps_waiting_receipts(backend: Backend) {
                     row("tried", None, 0, Some(2), true),
                 ]
             );
+            // A receipt deleted takes its queue row along (by hand here; retention deletes only
+            // receipts off the queue).
+            c.batch_execute("DELETE FROM herald_receipts WHERE provider_event_id = 'new'")
+                .unwrap();
+            let rows: Vec<Row> = diesel::sql_query(READ).load(c).unwrap();
+            assert_eq!(
+                rows.iter()
+                    .filter(|r| r.tries.is_some())
+                    .map(|r| r.provider_event_id.as_str())
+                    .collect::<Vec<_>>(),
+                ["tried"]
+            );
+            let orphans: Vec<Row> = diesel::sql_query(
+                "SELECT 'orphan' AS provider_event_id, NULL AS outcome, 0 AS match_attempts, \
+                 q.tries, false AS due_as_before FROM herald_receipt_queue AS q \
+                 WHERE q.receipt_id NOT IN (SELECT id FROM herald_receipts)",
+            )
+            .load(c)
+            .unwrap();
+            assert!(
+                orphans.is_empty(),
+                "the queue holds no receipt that is gone"
+            );
             c.revert_last_migration($migrations).unwrap();
             let back: Vec<Row> = diesel::sql_query(
                 "SELECT provider_event_id, outcome, match_attempts, NULL AS tries, \
