@@ -695,30 +695,43 @@ pub const PG_PENDING_RECEIPTS_SQL: &str =
 /// The limit as `(?2 + 0)`: see [`SQLITE_CLAIM_SQL`].
 pub const SQLITE_PENDING_RECEIPTS_SQL: &str = pending_receipts_sql!("?1", "(?2 + 0)", "");
 
+/// The body of both backends' pending read: `$sql` with `at` and `limit` bound, the rows typed
+/// with `$time` (each backend's timestamp type).
+macro_rules! load_pending_receipts {
+    ($conn:expr, $sql:expr, $time:ty, $at:expr, $limit:expr) => {{
+        use diesel::RunQueryDsl;
+        super::prepared::cached($sql)
+            .bind::<$time, _>($at)
+            .bind::<BigInt, _>($limit)
+            .typed::<(
+                BigInt,
+                Text,
+                Text,
+                Text,
+                Text,
+                Nullable<$time>,
+                $time,
+                Nullable<Text>,
+                Nullable<Text>,
+                Integer,
+            )>()
+            .load($conn)
+    }};
+}
+
 /// Pending receipts that are due, their queue rows locked; another reconciler skips them.
 pub fn pg_pending_receipts(
     conn: &mut diesel::pg::PgConnection,
     at: DateTime<Utc>,
     limit: i64,
 ) -> diesel::QueryResult<Vec<PendingReceipt>> {
-    use diesel::RunQueryDsl;
-    use diesel::sql_types::Timestamptz;
-    super::prepared::cached(PG_PENDING_RECEIPTS_SQL)
-        .bind::<Timestamptz, _>(at)
-        .bind::<BigInt, _>(limit)
-        .typed::<(
-            BigInt,
-            Text,
-            Text,
-            Text,
-            Text,
-            Nullable<Timestamptz>,
-            Timestamptz,
-            Nullable<Text>,
-            Nullable<Text>,
-            Integer,
-        )>()
-        .load(conn)
+    load_pending_receipts!(
+        conn,
+        PG_PENDING_RECEIPTS_SQL,
+        diesel::sql_types::Timestamptz,
+        at,
+        limit
+    )
 }
 
 /// SQLite: the pass runs behind the writer lock, exclusive already.
@@ -727,24 +740,13 @@ pub fn sqlite_pending_receipts(
     at: DateTime<Utc>,
     limit: i64,
 ) -> diesel::QueryResult<Vec<PendingReceipt>> {
-    use diesel::RunQueryDsl;
-    use diesel::sql_types::TimestamptzSqlite;
-    super::prepared::cached(SQLITE_PENDING_RECEIPTS_SQL)
-        .bind::<TimestamptzSqlite, _>(at)
-        .bind::<BigInt, _>(limit)
-        .typed::<(
-            BigInt,
-            Text,
-            Text,
-            Text,
-            Text,
-            Nullable<TimestamptzSqlite>,
-            TimestamptzSqlite,
-            Nullable<Text>,
-            Nullable<Text>,
-            Integer,
-        )>()
-        .load(conn)
+    load_pending_receipts!(
+        conn,
+        SQLITE_PENDING_RECEIPTS_SQL,
+        diesel::sql_types::TimestamptzSqlite,
+        at,
+        limit
+    )
 }
 
 /// Marks a pass's applied receipts reconciled and takes them off the queue: one statement for
