@@ -213,9 +213,10 @@ struct Inner {
     recheck: std::sync::Mutex<Recheck>,
     /// Claims (message id, attempt) this process still holds: claimed by the production loop and
     /// waiting for a send slot, in flight, or with their outcome on its way to the database
-    /// (queued for the flusher, or in a batch it has not written yet). This process's watchdog leaves their rows alone even once
-    /// their lease has run out (see [`give_up_writing_outcomes`]); the entry goes when the
-    /// outcome is written, or given up on.
+    /// (queued for the flusher, or in a batch it has not written yet). This process's watchdog
+    /// leaves their rows alone even once their lease has run out (see
+    /// [`give_up_writing_outcomes`]); the entry goes when the outcome is written, or given up
+    /// on.
     unwritten: std::sync::Mutex<std::collections::HashSet<(i64, i32)>>,
 }
 
