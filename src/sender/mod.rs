@@ -314,6 +314,13 @@ impl Sender {
         self.inner.heartbeat.clone()
     }
 
+    /// Whether this process holds the claim of `message_id` at `attempt` (see
+    /// [`Inner::unwritten`]): its watchdog leaves that row alone. The production loop holds a
+    /// claim from just after it commits until its outcome is written.
+    pub fn holds_claim(&self, message_id: i64, attempt: i32) -> bool {
+        lock_unwritten(&self.inner.unwritten).contains(&(message_id, attempt))
+    }
+
     pub fn owner(&self) -> &str {
         &self.inner.config.owner
     }

@@ -341,11 +341,15 @@ async fn the_production_loop_delivers_and_shuts_down_cleanly(backend: Backend) {
     app.stop().await;
 }
 
-/// Waits until `event_id`'s row is claimed (`sending`): the claim loop took it while every send
-/// slot was taken, so it waits for one.
+/// Waits until `event_id`'s row is claimed (`sending`) and the sender holds the claim: the claim
+/// loop took it while every send slot was taken, so it waits for one.
 async fn wait_until_claimed(app: &crate::support::app::TestApp, event_id: &str) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while app.row(event_id).state != herald::domain::State::Sending {
+    let held = |row: &herald::storage::models::OutboxRow| {
+        row.state == herald::domain::State::Sending
+            && app.herald.sender.holds_claim(row.id, row.attempts)
+    };
+    while !held(&app.row(event_id)) {
         assert!(
             std::time::Instant::now() < deadline,
             "{event_id} was never claimed"
