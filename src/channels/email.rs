@@ -34,7 +34,7 @@ use lettre::message::header::{HeaderName, HeaderValue};
 use lettre::message::{Mailbox, MultiPart, SinglePart};
 use lettre::transport::smtp::authentication::{Credentials, DEFAULT_MECHANISMS};
 use lettre::transport::smtp::client::{AsyncSmtpConnection, Tls, TlsParameters};
-use lettre::transport::smtp::commands::{Data, Ehlo, Mail, Rcpt};
+use lettre::transport::smtp::commands::{Data, Ehlo, Mail, Noop, Rcpt, Rset};
 use lettre::transport::smtp::extension::{ClientId, Extension, MailBodyParameter, MailParameter};
 use lettre::transport::smtp::response::Response;
 use lettre::transport::smtp::{SMTP_PORT, SUBMISSION_PORT, SUBMISSIONS_PORT};
@@ -866,8 +866,9 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_POOL_SIZE: usize = 10;
 /// Bound on the polite QUIT when a connection is retired.
 const QUIT_WITHIN: Duration = Duration::from_secs(5);
-/// Longest NOOP check of a parked connection; shorter with a short SMTP timeout (a quarter of
-/// it), so a connection that went silent while parked leaves most of the attempt to a new one.
+/// Longest check of a parked connection (its RSET or NOOP answered); shorter with a short SMTP
+/// timeout (a quarter of it), so a connection that went silent while parked leaves most of the
+/// attempt to a new one.
 const REUSE_CHECK_MAX: Duration = Duration::from_secs(2);
 
 fn reuse_check_bound(timeout: Duration) -> Duration {
@@ -885,9 +886,10 @@ struct Pooled {
 
 /// Pooled SMTP connections to one relay: at most `pool_size` open at once, in use or parked
 /// (an attempt waits for a slot within its own deadline; running out while waiting is
-/// `not_sent`, `pool_timeout`). Opened on demand, parked after a successful send, checked with
-/// NOOP before reuse (bounded on its own: one that fails or stays silent is closed and replaced
-/// within the same attempt), closed after a failure, and retired (QUIT) once it has been parked
+/// `not_sent`, `pool_timeout`). Opened on demand, parked after a successful send, checked on
+/// reuse ([`transmit`]: an RSET at the head of the pipelined envelope, else a NOOP; bounded on its
+/// own: one that fails or stays silent is closed and replaced within the same attempt), closed
+/// after a failure, and retired (QUIT) once it has been parked
 /// for `idle_timeout` — by a background reaper, so an idle relay sees its sessions end without
 /// waiting for the next send.
 pub struct SmtpPool {
@@ -896,7 +898,7 @@ pub struct SmtpPool {
     idle_timeout: Duration,
     /// `smtp_pipelining`: pipeline when the relay offers it.
     pipelining: bool,
-    /// Bound on the NOOP check of a parked connection ([`reuse_check_bound`]).
+    /// Bound on the check of a parked connection ([`reuse_check_bound`]).
     reuse_check: Duration,
     /// One permit per open connection.
     slots: Arc<Semaphore>,
@@ -975,60 +977,60 @@ impl SmtpPool {
         }
     }
 
-    /// One attempt, bounded by the SMTP timeout as a whole, waiting for a slot included.
+    /// One attempt, bounded by the SMTP timeout as a whole, waiting for a slot included. A
+    /// reused connection that fails its check ([`transmit`]) is closed and the next parked one,
+    /// or a new one, carries the same attempt.
     pub async fn send(&self, envelope: &Envelope, content: &[u8]) -> Result<Accepted, SmtpFailure> {
         let deadline = tokio::time::Instant::now() + self.timeout;
-        let mut pooled = self.checkout(deadline).await?;
-        let mut stage = Stage::Envelope;
-        let result = tokio::time::timeout_at(
-            deadline,
-            transmit(
-                &mut pooled.conn,
-                pooled.pipelining,
-                envelope,
-                content,
-                &mut stage,
-            ),
-        )
-        .await;
-        match result {
-            Ok(Ok(resp)) => {
-                self.checkin(pooled);
-                Ok(resp)
-            }
-            // A failed dialogue is closed without QUIT: mid-content, a QUIT would be read as
-            // more of the message; after a 421 the server is closing the channel anyway.
-            Ok(Err(e)) => {
-                drop(pooled);
-                Err(e)
-            }
-            Err(_) => {
-                drop(pooled);
-                Err(SmtpFailure::Timeout(stage))
-            }
+        loop {
+            let (mut pooled, check_until) = self.checkout(deadline).await?;
+            let mut stage = Stage::Envelope;
+            let result = tokio::time::timeout_at(
+                deadline,
+                transmit(
+                    &mut pooled.conn,
+                    pooled.pipelining,
+                    check_until,
+                    envelope,
+                    content,
+                    &mut stage,
+                ),
+            )
+            .await;
+            let failure = match result {
+                Ok(Ok(resp)) => {
+                    self.checkin(pooled);
+                    return Ok(resp);
+                }
+                // Closed by the server while parked, refused (a 421) or silent: closed here (its
+                // slot with it). Nothing of this message can have been accepted on it.
+                Ok(Err(Cut::Stale)) => continue,
+                Ok(Err(Cut::Failed(e))) => e,
+                Err(_) => SmtpFailure::Timeout(stage),
+            };
+            // A failed dialogue is closed without QUIT: mid-content, a QUIT would be read as more
+            // of the message; after a 421 the server is closing the channel anyway.
+            drop(pooled);
+            return Err(failure);
         }
     }
 
-    /// A parked connection that answers NOOP, else a new one in a free slot, else — waiting
-    /// until the deadline — whichever of the two comes first.
-    async fn checkout(&self, deadline: tokio::time::Instant) -> Result<Pooled, SmtpFailure> {
+    /// A parked connection, else a new one in a free slot, else — waiting until the deadline —
+    /// whichever of the two comes first. A parked connection comes with the time by which its
+    /// check must be answered ([`reuse_check_bound`], within the deadline; [`transmit`] checks
+    /// it); a new one needs no check.
+    async fn checkout(
+        &self,
+        deadline: tokio::time::Instant,
+    ) -> Result<(Pooled, Option<tokio::time::Instant>), SmtpFailure> {
         loop {
             // Registered before looking, so a connection parked after the look wakes this wait.
             let parked = self.parked.notified();
             tokio::pin!(parked);
             parked.as_mut().enable();
-            if let Some(mut p) = self.take_idle() {
+            if let Some(p) = self.take_idle() {
                 let check_until = deadline.min(tokio::time::Instant::now() + self.reuse_check);
-                match tokio::time::timeout_at(check_until, p.conn.test_connected()).await {
-                    Ok(true) => return Ok(p),
-                    // Closed by the server while parked, refused (a 421) or silent: closed (its
-                    // slot with it), and the next parked one or a new connection carries this
-                    // attempt.
-                    Ok(false) | Err(_) => {
-                        drop(p);
-                        continue;
-                    }
-                }
+                return Ok((p, Some(check_until)));
             }
             let slot = tokio::select! {
                 // A connection parked meanwhile is reused rather than a slot filled with a new one.
@@ -1043,11 +1045,14 @@ impl SmtpPool {
             };
             let mut step = ConnectStep::Hello;
             return match tokio::time::timeout_at(deadline, self.connect(&mut step)).await {
-                Ok(Ok((conn, pipelining))) => Ok(Pooled {
-                    conn,
-                    pipelining,
-                    _slot: slot,
-                }),
+                Ok(Ok((conn, pipelining))) => Ok((
+                    Pooled {
+                        conn,
+                        pipelining,
+                        _slot: slot,
+                    },
+                    None,
+                )),
                 Ok(Err(ConnectError::Tcp(e))) => Err(SmtpFailure::Tcp(e)),
                 Ok(Err(ConnectError::Smtp(e))) => Err(SmtpFailure::Smtp(Stage::Connect(step), e)),
                 Err(_) => Err(SmtpFailure::Timeout(Stage::Connect(step))),
@@ -1190,6 +1195,22 @@ impl std::fmt::Display for Pipelined {
     }
 }
 
+/// Why [`transmit`] stopped short of the server's answer to the content.
+enum Cut {
+    /// A reused connection failed its check (no answer by its time, a lost connection, or any
+    /// reply but 2xx): it was closed by the server while parked, refused, or went silent. Only
+    /// the check and the envelope can have left on it, never the content, so the server cannot
+    /// have accepted the message: another connection carries the same attempt.
+    Stale,
+    Failed(SmtpFailure),
+}
+
+impl From<SmtpFailure> for Cut {
+    fn from(f: SmtpFailure) -> Self {
+        Cut::Failed(f)
+    }
+}
+
 /// MAIL FROM, RCPT TO, DATA, then the content; `stage` says how far it got.
 ///
 /// With `pipelining` (the server offered it, RFC 2920) MAIL FROM, every RCPT TO and DATA leave
@@ -1197,6 +1218,13 @@ impl std::fmt::Display for Pipelined {
 /// round trips a message instead of three or more. Nothing of the content leaves before the
 /// server's 354, so the envelope stage stays what it was: the server cannot have accepted the
 /// message.
+///
+/// A reused connection (`check_until` set) is checked first, its answer due by then
+/// ([`Cut::Stale`] otherwise). Pipelined, the check is an RSET at the head of the same write:
+/// RFC 2920 §3.1 lets RSET stand anywhere in a group (NOOP, like DATA, only at its end), and on a
+/// connection between messages it resets nothing. So a reused connection costs no round trip of
+/// its own. Without pipelining (or with an envelope too long for one group) it is a NOOP of its
+/// own, answered before MAIL FROM leaves.
 ///
 /// Recipients: a refusal at RCPT TO (4xx or 5xx, but not 421) is recorded and the next recipient
 /// tried; when at least one was accepted the message goes to those and counts as accepted, the
@@ -1209,10 +1237,11 @@ impl std::fmt::Display for Pipelined {
 async fn transmit(
     conn: &mut AsyncSmtpConnection,
     pipelining: bool,
+    check_until: Option<tokio::time::Instant>,
     envelope: &Envelope,
     content: &[u8],
     stage: &mut Stage,
-) -> Result<Accepted, SmtpFailure> {
+) -> Result<Accepted, Cut> {
     *stage = Stage::Envelope;
     let envelope_err = |e| SmtpFailure::Smtp(Stage::Envelope, e);
     let mut mail_options = Vec::new();
@@ -1225,7 +1254,8 @@ async fn transmit(
         if !conn.server_info().supports_feature(Extension::SmtpUtfEight) {
             return Err(SmtpFailure::Unsupported(
                 "non-ASCII addresses need SMTPUTF8, which the server does not offer",
-            ));
+            )
+            .into());
         }
         mail_options.push(MailParameter::SmtpUtfEight);
     }
@@ -1233,13 +1263,19 @@ async fn transmit(
         if !conn.server_info().supports_feature(Extension::EightBitMime) {
             return Err(SmtpFailure::Unsupported(
                 "8-bit content needs 8BITMIME, which the server does not offer",
-            ));
+            )
+            .into());
         }
         mail_options.push(MailParameter::Body(MailBodyParameter::EightBitMime));
     }
     let mail = Mail::new(envelope.from().cloned(), mail_options);
     let group = pipelining.then(|| {
-        let mut group = mail.to_string();
+        let mut group = if check_until.is_some() {
+            Rset.to_string()
+        } else {
+            String::new()
+        };
+        group.push_str(&mail.to_string());
         for to in envelope.to() {
             group.push_str(&Rcpt::new(to.clone(), vec![]).to_string());
         }
@@ -1249,10 +1285,25 @@ async fn transmit(
     let pipelining = group
         .as_ref()
         .is_some_and(|g| g.len() <= PIPELINED_GROUP_MAX);
-    match group {
+    let answered = |reply: Result<Result<_, _>, _>| matches!(reply, Ok(Ok(_)));
+    match (group, check_until) {
+        // Writes the whole group, then reads RSET's reply (the check), then MAIL FROM's.
+        (Some(group), Some(until)) if pipelining => {
+            if !answered(tokio::time::timeout_at(until, conn.command(Pipelined(group))).await) {
+                return Err(Cut::Stale);
+            }
+            conn.read_response().await
+        }
         // Writes the whole group, then reads MAIL FROM's reply.
-        Some(group) if pipelining => conn.command(Pipelined(group)).await,
-        _ => conn.command(mail).await,
+        (Some(group), None) if pipelining => conn.command(Pipelined(group)).await,
+        (_, check_until) => {
+            if let Some(until) = check_until
+                && !answered(tokio::time::timeout_at(until, conn.command(Noop)).await)
+            {
+                return Err(Cut::Stale);
+            }
+            conn.command(mail).await
+        }
     }
     .map_err(envelope_err)?;
     let mut accepted = 0usize;
@@ -1271,12 +1322,12 @@ async fn transmit(
                     code,
                 }),
                 // A 421 (the server closing the channel), a lost connection, a garbled reply.
-                _ => return Err(envelope_err(e)),
+                _ => return Err(envelope_err(e).into()),
             },
         }
     }
     if accepted == 0 {
-        return Err(SmtpFailure::RecipientsRefused(refused));
+        return Err(SmtpFailure::RecipientsRefused(refused).into());
     }
     if pipelining {
         conn.read_response().await

@@ -206,8 +206,10 @@ async fn smtp_stall_or_drop_after_data_is_ambiguous(backend: Backend) {
     app.stop().await;
 }
 
-/// Pipelined: the NOOP of a reused connection is still a round trip of its own (RFC 2920 lets
-/// NOOP only end a group: Postfix logs "improper command pipelining after NOOP" otherwise).
+/// Pipelined: a reused connection is checked by an RSET at the head of the envelope's write, no
+/// round trip of its own (RFC 2920 lets RSET stand anywhere in a group; NOOP only at its end:
+/// Postfix logs "improper command pipelining after NOOP" otherwise). Without pipelining, by a
+/// NOOP answered before MAIL FROM leaves.
 async fn smtp_connections_are_reused_and_a_closed_one_is_replaced(backend: Backend) {
     connections_are_reused(backend, true).await;
 }
@@ -229,7 +231,7 @@ async fn connections_are_reused(backend: Backend, offered: bool) {
         assert_eq!(app.message(id).await["state"], "delivered", "{id}");
     }
     assert_eq!(sink.connections(), 1, "the parked connection was reused");
-    // The server closed that connection after pool-2: the NOOP check finds out, and a new
+    // The server closed that connection after pool-2: the check finds out, and a new
     // connection carries the next message; nothing is misread as a failed send.
     post_mail(&app, "pool-3", "bob@example.com", None, "at_most_once").await;
     assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
@@ -237,8 +239,15 @@ async fn connections_are_reused(backend: Backend, offered: bool) {
     assert_eq!(app.attempts("pool-3").len(), 1);
     assert_eq!(sink.connections(), 2);
     assert_eq!(sink.accepted().len(), 3);
-    // pool-2's reuse was checked, alone (pool-3's NOOP went to a closed connection).
-    assert_eq!(sink.noops(), (0, 1), "(pipelined, alone) NOOPs");
+    // pool-2's reuse was checked: pipelined, by an RSET with its envelope behind it; else by a
+    // NOOP alone (pool-3's check went to a closed connection, which read nothing).
+    let (resets, noops) = if offered {
+        ((1, 0), (0, 0))
+    } else {
+        ((0, 0), (0, 1))
+    };
+    assert_eq!(sink.resets(), resets, "(pipelined, alone) RSETs");
+    assert_eq!(sink.noops(), noops, "(pipelined, alone) NOOPs");
     assert_envelopes(&sink, offered, 3);
     app.stop().await;
 }
@@ -453,9 +462,38 @@ async fn parked_connection_went_silent(backend: Backend, offered: bool) {
     assert_eq!(app.attempts("mute-2").len(), 1);
     assert_eq!(sink.connections(), 2);
     assert_eq!(sink.accepted().len(), 2);
-    // The silent connection read mute-2's NOOP without a word and got nothing more: only the
-    // two envelopes answered count.
+    // The silent connection read mute-2's check (its RSET and envelope, or its NOOP) without a
+    // word: only the two envelopes answered count, and the check cost its bound (a quarter of
+    // the 2 s timeout), not the attempt.
     assert_envelopes(&sink, offered, 2);
+    app.stop().await;
+}
+
+/// A reused connection whose server answers the check with 421 and hangs up (going away between
+/// two messages): the same attempt goes on over a new connection, and the 421 is not taken for
+/// an answer to this message (the old session's end): one attempt, accepted.
+async fn smtp_a_reused_connection_refusing_its_check_is_replaced(backend: Backend) {
+    let sink = SmtpSink::start_scripted(Script {
+        refuse_reset: true,
+        ..Script::default()
+    })
+    .await;
+    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    for id in ["reset-1", "reset-2"] {
+        post_mail(&app, id, "ada@example.com", None, "at_most_once").await;
+        assert_eq!(app.herald.sender.run_once().await.unwrap(), 1, "{id}");
+        let (state, _, class, kind) = outcome(&app, id).await;
+        assert_eq!(
+            (state.as_str(), class.as_str(), kind),
+            ("delivered", "accepted", None),
+            "{id}"
+        );
+        assert_eq!(app.attempts(id).len(), 1, "{id}");
+    }
+    assert_eq!(sink.resets(), (1, 0), "(pipelined, alone) RSETs");
+    assert_eq!(sink.connections(), 2);
+    assert_eq!(sink.accepted().len(), 2);
+    assert_envelopes(&sink, true, 2);
     app.stop().await;
 }
 
@@ -1223,6 +1261,7 @@ both_backends!(
     smtp_every_reply_code_is_classified_without_pipelining,
     smtp_connections_are_reused_and_a_closed_one_is_replaced_without_pipelining,
     smtp_a_parked_connection_that_went_silent_is_replaced_without_pipelining,
+    smtp_a_reused_connection_refusing_its_check_is_replaced,
     smtp_a_354_after_every_recipient_refused_gets_no_content,
     smtp_a_refused_second_ehlo_means_no_pipelining,
     smtp_an_envelope_too_long_to_pipeline_goes_one_command_at_a_time,

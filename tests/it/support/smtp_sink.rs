@@ -96,6 +96,9 @@ pub struct Script {
     /// Answer DATA with 354 even when no recipient was accepted (a pipelining server may: RFC
     /// 2920 §3.1 tells the client not to assume a refusal).
     pub lax_data: bool,
+    /// Answer RSET `421 4.3.2 closing the channel` and hang up (a server going away between two
+    /// messages of a session).
+    pub refuse_reset: bool,
 }
 
 /// A certificate authority made for one test, and a server certificate it signed for
@@ -188,9 +191,8 @@ struct Counters {
     /// with some but not all of it behind is neither.
     pipelined: AtomicUsize,
     lockstep: AtomicUsize,
-    /// NOOP lines that arrived with more commands behind them, and those that arrived alone.
-    noops_pipelined: AtomicUsize,
-    noops_alone: AtomicUsize,
+    /// NOOP and RSET lines, by verb: (arrived with more commands behind them, arrived alone).
+    checks: Mutex<std::collections::HashMap<&'static str, (usize, usize)>>,
     /// Commands that may only end a pipelined group (RFC 2920 §3.1: EHLO, DATA, VRFY, EXPN,
     /// TURN, QUIT, NOOP; STARTTLS and AUTH by their own RFCs) that arrived with more behind them.
     out_of_place: Mutex<Vec<String>>,
@@ -307,10 +309,17 @@ impl SmtpSink {
     /// NOOPs that arrived with the envelope behind them, and NOOPs that arrived alone:
     /// (pipelined, alone).
     pub fn noops(&self) -> (usize, usize) {
-        (
-            self.counters.noops_pipelined.load(Ordering::SeqCst),
-            self.counters.noops_alone.load(Ordering::SeqCst),
-        )
+        self.checks("NOOP")
+    }
+
+    /// RSETs likewise: (pipelined, alone).
+    pub fn resets(&self) -> (usize, usize) {
+        self.checks("RSET")
+    }
+
+    fn checks(&self, verb: &str) -> (usize, usize) {
+        let checks = self.counters.checks.lock().unwrap();
+        checks.get(verb).copied().unwrap_or_default()
     }
 
     /// Commands that arrived with more commands behind them although RFC 2920 lets them only
@@ -603,16 +612,21 @@ async fn session(
                 mail_from = from;
                 "250 2.1.0 ok".into()
             }
-        } else if upper.starts_with("NOOP") {
-            let behind = if conn.buffer().is_empty() {
-                &counters.noops_alone
-            } else {
-                &counters.noops_pipelined
-            };
-            behind.fetch_add(1, Ordering::SeqCst);
-            "250 2.0.0 ok".into()
-        } else if upper.starts_with("RSET") {
-            rcpt.clear();
+        } else if let Some(check) = ["NOOP", "RSET"].into_iter().find(|v| *v == verb) {
+            let alone = conn.buffer().is_empty();
+            {
+                let mut checks = counters.checks.lock().unwrap();
+                let (pipelined, lone) = checks.entry(check).or_default();
+                *if alone { lone } else { pipelined } += 1;
+            }
+            if check == "RSET" {
+                rcpt.clear();
+                mail_from.clear();
+                if script.refuse_reset {
+                    say(&mut conn, "421 4.3.2 closing the channel").await;
+                    return;
+                }
+            }
             "250 2.0.0 ok".into()
         } else if upper.starts_with("RCPT TO") {
             let to = path_of(&line);
