@@ -184,6 +184,7 @@ pub const SCENARIOS: &[(&str, ScenarioFn)] = &[
     ("ingest_sqlite", scenarios::ingest_sqlite),
     ("email_smtp", scenarios::email_smtp),
     ("email_smtp_api", scenarios::email_smtp_api),
+    ("email_smtp_rtt", scenarios::email_smtp_rtt),
 ];
 
 /// Scenarios run only when named: they need more than the machine's PostgreSQL (a peer's

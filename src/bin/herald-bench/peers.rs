@@ -1,6 +1,6 @@
 //! The local peers: an HTTP/1.1 receiver and an SMTP server on 127.0.0.1:0, both lean (they
 //! count, remember each request's event id and arrival time, and answer at once) so that they
-//! are not what is measured.
+//! are not what is measured; and a link with latency to put in front of one.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 
 #[derive(Default)]
@@ -162,6 +163,15 @@ impl SmtpServer {
     pub fn addr(&self) -> String {
         self.url.trim_start_matches("smtp://").to_owned()
     }
+
+    /// The address a client dials: the server's own, or with `one_way` that of a
+    /// [`DelayedLink`] to it (it runs for as long as the runtime does).
+    pub async fn reached_over(&self, one_way: Option<Duration>) -> Result<String> {
+        Ok(match one_way {
+            Some(d) => DelayedLink::start(self.addr(), d).await?.addr,
+            None => self.addr(),
+        })
+    }
 }
 
 async fn serve_smtp(sock: TcpStream, tally: Tally) {
@@ -218,4 +228,57 @@ async fn serve_smtp(sock: TcpStream, tally: Tally) {
             return;
         }
     }
+}
+
+/// A TCP relay on 127.0.0.1:0 in front of `upstream` that holds every chunk for `one_way` in
+/// each direction, in order: a round trip through it takes `2 × one_way` longer, as over a link
+/// with that latency (a relay in another data centre), while staying on loopback.
+pub struct DelayedLink {
+    pub addr: String,
+}
+
+impl DelayedLink {
+    pub async fn start(upstream: String, one_way: Duration) -> Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?.to_string();
+        tokio::spawn(async move {
+            while let Ok((down, _)) = listener.accept().await {
+                let upstream = upstream.clone();
+                tokio::spawn(async move {
+                    let Ok(up) = TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    let _ = (down.set_nodelay(true), up.set_nodelay(true));
+                    let ((dr, dw), (ur, uw)) = (down.into_split(), up.into_split());
+                    tokio::join!(delayed(dr, uw, one_way), delayed(ur, dw, one_way));
+                });
+            }
+        });
+        Ok(DelayedLink { addr })
+    }
+}
+
+/// Copies `from` to `to`, each chunk written `one_way` after it was read; the end of `from`
+/// reaches `to` after the chunks before it.
+async fn delayed(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, one_way: Duration) {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let read = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n @ 1..) = from.read(&mut buf).await {
+            let due = tokio::time::Instant::now() + one_way;
+            if tx.send((due, buf[..n].to_vec())).is_err() {
+                return;
+            }
+        }
+    };
+    let write = async move {
+        while let Some((due, chunk)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            if to.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+        let _ = to.shutdown().await;
+    };
+    tokio::join!(read, write);
 }

@@ -679,25 +679,55 @@ pub fn ingest_sqlite(ctx: &mut Ctx) -> Result<Vec<Figure>> {
 }
 
 pub fn email_smtp(ctx: &mut Ctx) -> Result<Vec<Figure>> {
-    email_run(ctx, false)
+    email_run(ctx, Rows::Sql, None)
 }
 
 /// `email_smtp` with the rows as Herald's own ways in (`POST /v1/messages`, the Rust API) write
 /// them: the Message-ID key and the request fingerprint set at the insert, so that neither the
 /// claim nor the outcome has one to add.
 pub fn email_smtp_api(ctx: &mut Ctx) -> Result<Vec<Figure>> {
-    email_run(ctx, true)
+    email_run(ctx, Rows::Keyed, None)
 }
 
-fn email_run(ctx: &mut Ctx, keyed: bool) -> Result<Vec<Figure>> {
-    let n = ctx.sizes.email_messages;
-    let (path, url) = fresh_sqlite(ctx, if keyed { "email_api" } else { "email" })?;
+/// One way of [`email_smtp_rtt`]'s link: a 10 ms round trip.
+const RELAY_ONE_WAY: Duration = Duration::from_millis(5);
+
+/// `email_smtp` with the SMTP server behind a link of 10 ms a round trip ([`DelayedLink`]), as a
+/// hosted relay in another data centre is, and a fifth of the mails: on loopback a round trip
+/// costs CPU, over a network it costs time, and the pool's 10 sessions wait for it.
+pub fn email_smtp_rtt(ctx: &mut Ctx) -> Result<Vec<Figure>> {
+    email_run(ctx, Rows::Sql, Some(RELAY_ONE_WAY))
+}
+
+/// How [`email_run`] writes its rows.
+#[derive(Clone, Copy, PartialEq)]
+enum Rows {
+    /// One plain SQL statement, as an application may.
+    Sql,
+    /// With their Message-ID key and fingerprint, as Herald's own ways in write them.
+    Keyed,
+}
+
+fn email_run(ctx: &mut Ctx, rows: Rows, one_way: Option<Duration>) -> Result<Vec<Figure>> {
+    let keyed = rows == Rows::Keyed;
+    let n = if one_way.is_some() {
+        ctx.sizes.email_messages / 5
+    } else {
+        ctx.sizes.email_messages
+    };
+    let name = match (keyed, one_way) {
+        (true, _) => "email_api",
+        (false, Some(_)) => "email_rtt",
+        (false, None) => "email",
+    };
+    let (path, url) = fresh_sqlite(ctx, name)?;
     let (baseline, rate) = ctx.rt.block_on(async {
-        let baseline = lettre_loop(n).await?;
+        let baseline = lettre_loop(n, one_way).await?;
         let sink = SmtpServer::start().await?;
+        let smtp_url = format!("smtp://{}", sink.reached_over(one_way).await?);
         let h = HeraldProc::start(
             &url,
-            &format!("sender_concurrency = 256\nsender_batch_size = 256\ndestination_max_in_flight = 256\npoll_interval_ms = 50\nsmtp_url = \"{}\"\n", sink.url),
+            &format!("sender_concurrency = 256\nsender_batch_size = 256\ndestination_max_in_flight = 256\npoll_interval_ms = 50\nsmtp_url = \"{smtp_url}\"\n"),
         )
         .await?;
         let mut c = sqlite_conn(&path)?;
@@ -727,6 +757,12 @@ fn email_run(ctx: &mut Ctx, keyed: bool) -> Result<Vec<Figure>> {
         Figure::measured("email_smtp_api", rate, baseline, "msg/s").note(format!(
             "{n} mails with their key and fingerprint from the insert, as the API writes them; \
              SQLite, SMTP pool of 10; baseline: plain lettre loop, 10 connections"
+        ))
+    } else if let Some(d) = one_way {
+        Figure::measured("email_smtp_rtt", rate, baseline, "msg/s").note(format!(
+            "{n} mails to a relay {} ms away (a round trip), SQLite, SMTP pool of 10; \
+             baseline: plain lettre loop over the same link, 10 connections",
+            (d * 2).as_millis()
         ))
     } else {
         Figure::measured("email_smtp", rate, baseline, "msg/s")
@@ -770,13 +806,14 @@ fn insert_keyed_mails(c: &mut SqliteConnection, n: usize) -> Result<()> {
 }
 
 /// The SMTP server's ceiling: as many lettre connections as Herald's pool (10), Nagle off as
-/// Herald's are, each sending one message after another.
-async fn lettre_loop(n: usize) -> Result<f64> {
+/// Herald's are, each sending one message after another; behind a link of `one_way` each way
+/// when given.
+async fn lettre_loop(n: usize, one_way: Option<Duration>) -> Result<f64> {
     use lettre::address::Envelope;
     use lettre::transport::smtp::client::AsyncSmtpConnection;
     use lettre::transport::smtp::extension::ClientId;
     let sink = SmtpServer::start().await?;
-    let addr = sink.addr();
+    let addr = sink.reached_over(one_way).await?;
     let next = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let mut tasks = Vec::new();
