@@ -94,6 +94,7 @@ struct FileConfig {
     smtp_pool_size: Option<u32>,
     smtp_idle_timeout_seconds: Option<u64>,
     smtp_pipelining: Option<bool>,
+    smtp_noop_after_idle_ms: Option<u64>,
     smtp_ca_file: Option<PathBuf>,
     smtp_username: Option<Secret>,
     smtp_password: Option<Secret>,
@@ -195,6 +196,9 @@ pub struct Settings {
     pub smtp_idle_timeout: Duration,
     /// Pipeline MAIL FROM, RCPT TO and DATA when the relay offers PIPELINING (default on).
     pub smtp_pipelining: bool,
+    /// A parked SMTP connection resting this long or longer is checked with a NOOP of its own
+    /// before reuse; one resting less, by an RSET in its pipelined envelope (0: always a NOOP).
+    pub smtp_noop_after_idle: Duration,
     /// `smtp_ca_file`: CA certificates trusted for the relay in addition to the webpki roots.
     pub smtp_ca: Option<email::SmtpCa>,
     /// `smtp_username` + `smtp_password`: AUTH credentials kept out of the URL (they win over
@@ -366,6 +370,11 @@ impl Settings {
             num
         );
         over!(smtp_pipelining, "HERALD_SMTP_PIPELINING", flag);
+        over!(
+            smtp_noop_after_idle_ms,
+            "HERALD_SMTP_NOOP_AFTER_IDLE_MS",
+            num
+        );
         over!(smtp_ca_file, "HERALD_SMTP_CA_FILE", string);
         over!(smtp_username, "HERALD_SMTP_USERNAME", secret);
         over!(smtp_password, "HERALD_SMTP_PASSWORD", secret);
@@ -574,6 +583,21 @@ impl Settings {
                 ));
             }
         };
+        let smtp_noop_after_idle = match f.smtp_noop_after_idle_ms {
+            None => email::DEFAULT_NOOP_AFTER_IDLE,
+            Some(ms @ 0..=3_600_000) => Duration::from_millis(ms),
+            Some(ms) => {
+                return Err(invalid(
+                    "smtp_noop_after_idle_ms",
+                    format!(
+                        "{ms} is not in 0–3600000; set HERALD_SMTP_NOOP_AFTER_IDLE_MS to how long a \
+                         parked SMTP connection may rest and still be checked by the RSET in its \
+                         pipelined envelope (0: a NOOP before every reuse), or unset it (default {})",
+                        email::DEFAULT_NOOP_AFTER_IDLE.as_millis()
+                    ),
+                ));
+            }
+        };
         let smtp_credentials = match (f.smtp_username, f.smtp_password) {
             (None, None) => None,
             (Some(u), Some(p)) if !u.expose().is_empty() && !p.expose().is_empty() => Some((u, p)),
@@ -698,6 +722,7 @@ impl Settings {
             smtp_pool_size,
             smtp_idle_timeout,
             smtp_pipelining: f.smtp_pipelining.unwrap_or(true),
+            smtp_noop_after_idle,
             smtp_ca,
             smtp_credentials,
             mail_dir: f.mail_dir.unwrap_or_else(|| PathBuf::from("mail")),
@@ -1525,6 +1550,33 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(m.contains("HERALD_SMTP_PIPELINING"), "{m}");
+    }
+
+    #[test]
+    fn smtp_noop_after_idle_defaults_to_a_second_and_is_0_to_an_hour() {
+        let build = |pairs: &[(&str, &str)]| Settings::build(FileConfig::default(), &env(pairs));
+        assert_eq!(
+            build(&[]).unwrap().smtp_noop_after_idle,
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            build(&[("HERALD_SMTP_NOOP_AFTER_IDLE_MS", "0")])
+                .unwrap()
+                .smtp_noop_after_idle,
+            Duration::ZERO
+        );
+        assert_eq!(
+            Settings::from_toml("smtp_noop_after_idle_ms = 3600000\n")
+                .unwrap()
+                .smtp_noop_after_idle,
+            Duration::from_secs(3600)
+        );
+        for bad in ["3600001", "-1", "soon"] {
+            let m = build(&[("HERALD_SMTP_NOOP_AFTER_IDLE_MS", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(m.contains("HERALD_SMTP_NOOP_AFTER_IDLE_MS"), "{bad}: {m}");
+        }
     }
 
     #[test]

@@ -36,7 +36,7 @@ use lettre::transport::smtp::authentication::{Credentials, DEFAULT_MECHANISMS};
 use lettre::transport::smtp::client::{AsyncSmtpConnection, Tls, TlsParameters};
 use lettre::transport::smtp::commands::{Data, Ehlo, Mail, Noop, Rcpt, Rset};
 use lettre::transport::smtp::extension::{ClientId, Extension, MailBodyParameter, MailParameter};
-use lettre::transport::smtp::response::Response;
+use lettre::transport::smtp::response::{Response, Severity};
 use lettre::transport::smtp::{SMTP_PORT, SUBMISSION_PORT, SUBMISSIONS_PORT};
 use serde_json::Value;
 
@@ -418,6 +418,10 @@ pub struct SmtpLimits {
     pub idle_timeout: Duration,
     /// Pipeline the envelope when the relay offers PIPELINING (`smtp_pipelining`).
     pub pipelining: bool,
+    /// `smtp_noop_after_idle_ms`: a connection parked this long or longer is checked with a NOOP
+    /// of its own before reuse; one parked less, by an RSET in its envelope's group
+    /// ([`DEFAULT_NOOP_AFTER_IDLE`]).
+    pub noop_after_idle: Duration,
     /// `smtp_ca_file`: CA certificates trusted in addition to the webpki roots.
     pub ca: Option<SmtpCa>,
     /// `smtp_username` + `smtp_password` from the configuration: AUTH credentials that win over
@@ -864,11 +868,14 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Open connections to the relay at most, unless `smtp_pool_size` says otherwise (lettre's pool
 /// default).
 pub const DEFAULT_POOL_SIZE: usize = 10;
+/// How long a connection may have been parked and still be checked by the RSET at the head of its
+/// pipelined envelope, unless `smtp_noop_after_idle_ms` says otherwise; one parked longer gets a
+/// NOOP of its own first, bounded by [`reuse_check_bound`] (see [`transmit`]).
+pub const DEFAULT_NOOP_AFTER_IDLE: Duration = Duration::from_secs(1);
 /// Bound on the polite QUIT when a connection is retired.
 const QUIT_WITHIN: Duration = Duration::from_secs(5);
-/// Longest check of a parked connection (its RSET or NOOP answered); shorter with a short SMTP
-/// timeout (a quarter of it), so a connection that went silent while parked leaves most of the
-/// attempt to a new one.
+/// Longest NOOP check of a parked connection; shorter with a short SMTP timeout (a quarter of
+/// it), so a connection that went silent while parked leaves most of the attempt to a new one.
 const REUSE_CHECK_MAX: Duration = Duration::from_secs(2);
 
 fn reuse_check_bound(timeout: Duration) -> Duration {
@@ -887,9 +894,9 @@ struct Pooled {
 /// Pooled SMTP connections to one relay: at most `pool_size` open at once, in use or parked
 /// (an attempt waits for a slot within its own deadline; running out while waiting is
 /// `not_sent`, `pool_timeout`). Opened on demand, parked after a successful send, checked on
-/// reuse ([`transmit`]: an RSET at the head of the pipelined envelope, else a NOOP; bounded on its
-/// own: one that fails or stays silent is closed and replaced within the same attempt), closed
-/// after a failure, and retired (QUIT) once it has been parked
+/// reuse ([`transmit`]: an RSET at the head of the pipelined envelope after a short rest, else a
+/// NOOP of its own, bounded: one that fails or stays silent is closed and replaced within the
+/// same attempt), closed after a failure, and retired (QUIT) once it has been parked
 /// for `idle_timeout` — by a background reaper, so an idle relay sees its sessions end without
 /// waiting for the next send.
 pub struct SmtpPool {
@@ -898,8 +905,10 @@ pub struct SmtpPool {
     idle_timeout: Duration,
     /// `smtp_pipelining`: pipeline when the relay offers it.
     pipelining: bool,
-    /// Bound on the check of a parked connection ([`reuse_check_bound`]).
+    /// Bound on the NOOP check of a parked connection ([`reuse_check_bound`]).
     reuse_check: Duration,
+    /// Parked this long or longer: a NOOP check, not an RSET in the group.
+    noop_after_idle: Duration,
     /// One permit per open connection.
     slots: Arc<Semaphore>,
     idle: Arc<Mutex<Idle>>,
@@ -971,6 +980,7 @@ impl SmtpPool {
             idle_timeout: limits.idle_timeout,
             pipelining: limits.pipelining,
             reuse_check: reuse_check_bound(limits.timeout),
+            noop_after_idle: limits.noop_after_idle,
             slots: Arc::new(Semaphore::new(limits.pool_size.max(1))),
             idle: Arc::default(),
             parked: Notify::new(),
@@ -983,14 +993,14 @@ impl SmtpPool {
     pub async fn send(&self, envelope: &Envelope, content: &[u8]) -> Result<Accepted, SmtpFailure> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         loop {
-            let (mut pooled, check_until) = self.checkout(deadline).await?;
+            let (mut pooled, reuse) = self.checkout(deadline).await?;
             let mut stage = Stage::Envelope;
             let result = tokio::time::timeout_at(
                 deadline,
                 transmit(
                     &mut pooled.conn,
                     pooled.pipelining,
-                    check_until,
+                    reuse,
                     envelope,
                     content,
                     &mut stage,
@@ -1003,8 +1013,10 @@ impl SmtpPool {
                     return Ok(resp);
                 }
                 // Closed by the server while parked, refused (a 421) or silent: closed here (its
-                // slot with it). Nothing of this message can have been accepted on it.
-                Ok(Err(Cut::Stale)) => continue,
+                // slot with it). Nothing of this message can have been accepted on it. With time
+                // left, the next parked connection or a new one carries the attempt.
+                Ok(Err(Cut::Stale)) if tokio::time::Instant::now() < deadline => continue,
+                Ok(Err(Cut::Stale)) => SmtpFailure::Timeout(Stage::Envelope),
                 Ok(Err(Cut::Failed(e))) => e,
                 Err(_) => SmtpFailure::Timeout(stage),
             };
@@ -1016,21 +1028,23 @@ impl SmtpPool {
     }
 
     /// A parked connection, else a new one in a free slot, else — waiting until the deadline —
-    /// whichever of the two comes first. A parked connection comes with the time by which its
-    /// check must be answered ([`reuse_check_bound`], within the deadline; [`transmit`] checks
-    /// it); a new one needs no check.
+    /// whichever of the two comes first. A parked connection comes with how [`transmit`] is to
+    /// check it; a new one needs no check.
     async fn checkout(
         &self,
         deadline: tokio::time::Instant,
-    ) -> Result<(Pooled, Option<tokio::time::Instant>), SmtpFailure> {
+    ) -> Result<(Pooled, Option<Reuse>), SmtpFailure> {
         loop {
             // Registered before looking, so a connection parked after the look wakes this wait.
             let parked = self.parked.notified();
             tokio::pin!(parked);
             parked.as_mut().enable();
-            if let Some(p) = self.take_idle() {
-                let check_until = deadline.min(tokio::time::Instant::now() + self.reuse_check);
-                return Ok((p, Some(check_until)));
+            if let Some((p, since)) = self.take_idle() {
+                let reuse = Reuse {
+                    in_group: since.elapsed() < self.noop_after_idle,
+                    noop_until: deadline.min(tokio::time::Instant::now() + self.reuse_check),
+                };
+                return Ok((p, Some(reuse)));
             }
             let slot = tokio::select! {
                 // A connection parked meanwhile is reused rather than a slot filled with a new one.
@@ -1060,12 +1074,12 @@ impl SmtpPool {
         }
     }
 
-    /// The most recently parked connection that has not been idle too long; retires the others
-    /// that have.
-    fn take_idle(&self) -> Option<Pooled> {
+    /// The most recently parked connection that has not been idle too long, with when it was
+    /// parked; retires the others that have.
+    fn take_idle(&self) -> Option<(Pooled, Instant)> {
         let mut idle = lock(&self.idle);
         idle.retire_stale(self.idle_timeout);
-        idle.parked.pop().map(|(p, _)| p)
+        idle.parked.pop()
     }
 
     /// TCP (and TLS for smtps), greeting, EHLO, STARTTLS when asked for, AUTH when configured;
@@ -1197,10 +1211,10 @@ impl std::fmt::Display for Pipelined {
 
 /// Why [`transmit`] stopped short of the server's answer to the content.
 enum Cut {
-    /// A reused connection failed its check (no answer by its time, a lost connection, or any
-    /// reply but 2xx): it was closed by the server while parked, refused, or went silent. Only
-    /// the check and the envelope can have left on it, never the content, so the server cannot
-    /// have accepted the message: another connection carries the same attempt.
+    /// A reused connection failed its check (a lost connection, a reply that is not a positive
+    /// completion, or a NOOP unanswered by its time): closed by the server while parked, refused,
+    /// or gone silent. Only the check and the envelope can have left on it, never the content, so
+    /// the server cannot have accepted the message: another connection carries the same attempt.
     Stale,
     Failed(SmtpFailure),
 }
@@ -1211,6 +1225,21 @@ impl From<SmtpFailure> for Cut {
     }
 }
 
+/// How [`transmit`] checks a reused connection.
+#[derive(Debug, Clone, Copy)]
+struct Reuse {
+    /// Parked for less than `smtp_noop_after_idle_ms`: with the envelope pipelined, the check is
+    /// an RSET at the head of its group, its answer awaited for as long as the attempt allows.
+    in_group: bool,
+    /// Otherwise the check is a NOOP of its own, failed if unanswered by this time.
+    noop_until: tokio::time::Instant,
+}
+
+/// A positive completion (2xx): what the check of a reused connection must get.
+fn completed(reply: &Result<Response, lettre::transport::smtp::Error>) -> bool {
+    matches!(reply, Ok(r) if r.code().severity == Severity::PositiveCompletion)
+}
+
 /// MAIL FROM, RCPT TO, DATA, then the content; `stage` says how far it got.
 ///
 /// With `pipelining` (the server offered it, RFC 2920) MAIL FROM, every RCPT TO and DATA leave
@@ -1219,12 +1248,17 @@ impl From<SmtpFailure> for Cut {
 /// server's 354, so the envelope stage stays what it was: the server cannot have accepted the
 /// message.
 ///
-/// A reused connection (`check_until` set) is checked first, its answer due by then
-/// ([`Cut::Stale`] otherwise). Pipelined, the check is an RSET at the head of the same write:
-/// RFC 2920 §3.1 lets RSET stand anywhere in a group (NOOP, like DATA, only at its end), and on a
-/// connection between messages it resets nothing. So a reused connection costs no round trip of
-/// its own. Without pipelining (or with an envelope too long for one group) it is a NOOP of its
-/// own, answered before MAIL FROM leaves.
+/// A reused connection (`reuse`) is checked first ([`Cut::Stale`] when it fails). After a short
+/// rest, with the envelope pipelined, the check is an RSET at the head of the same write: RFC
+/// 2920 §3.1 lets RSET stand anywhere in a group (NOOP, like DATA, only at its end), and between
+/// two messages it resets nothing, so reuse costs no round trip of its own. Its answer is awaited
+/// for as long as the attempt allows, not for the NOOP's short bound: Postfix and Exim hold the
+/// replies to a pipelined group until they need more input (here after DATA), so RSET's 250
+/// comes only once the relay has run its RCPT TO checks (DNS lists, policy services), which may
+/// take seconds. A connection that was closed meanwhile answers at once (the end of the stream,
+/// or a 421). After a longer rest — when a NAT or firewall may have dropped the connection
+/// without a word — or with an envelope too long for one group, or without pipelining, the check
+/// is a NOOP of its own, answered within its bound before MAIL FROM leaves.
 ///
 /// Recipients: a refusal at RCPT TO (4xx or 5xx, but not 421) is recorded and the next recipient
 /// tried; when at least one was accepted the message goes to those and counts as accepted, the
@@ -1237,7 +1271,7 @@ impl From<SmtpFailure> for Cut {
 async fn transmit(
     conn: &mut AsyncSmtpConnection,
     pipelining: bool,
-    check_until: Option<tokio::time::Instant>,
+    reuse: Option<Reuse>,
     envelope: &Envelope,
     content: &[u8],
     stage: &mut Stage,
@@ -1269,41 +1303,37 @@ async fn transmit(
         mail_options.push(MailParameter::Body(MailBodyParameter::EightBitMime));
     }
     let mail = Mail::new(envelope.from().cloned(), mail_options);
-    let group = pipelining.then(|| {
-        let mut group = if check_until.is_some() {
-            Rset.to_string()
-        } else {
-            String::new()
-        };
-        group.push_str(&mail.to_string());
-        for to in envelope.to() {
-            group.push_str(&Rcpt::new(to.clone(), vec![]).to_string());
+    let group = pipelining
+        .then(|| {
+            let mut group = mail.to_string();
+            for to in envelope.to() {
+                group.push_str(&Rcpt::new(to.clone(), vec![]).to_string());
+            }
+            group.push_str(&Data.to_string());
+            group
+        })
+        .filter(|g| g.len() <= PIPELINED_GROUP_MAX);
+    let pipelining = group.is_some();
+    let in_group = pipelining && reuse.is_some_and(|r| r.in_group);
+    if let Some(r) = reuse
+        && !in_group
+    {
+        let reply = tokio::time::timeout_at(r.noop_until, conn.command(Noop)).await;
+        if !reply.is_ok_and(|reply| completed(&reply)) {
+            return Err(Cut::Stale);
         }
-        group.push_str(&Data.to_string());
-        group
-    });
-    let pipelining = group
-        .as_ref()
-        .is_some_and(|g| g.len() <= PIPELINED_GROUP_MAX);
-    let answered = |reply: Result<Result<_, _>, _>| matches!(reply, Ok(Ok(_)));
-    match (group, check_until) {
-        // Writes the whole group, then reads RSET's reply (the check), then MAIL FROM's.
-        (Some(group), Some(until)) if pipelining => {
-            if !answered(tokio::time::timeout_at(until, conn.command(Pipelined(group))).await) {
+    }
+    match group {
+        // Writes RSET and the whole group, then reads RSET's reply (the check), then MAIL FROM's.
+        Some(group) if in_group => {
+            if !completed(&conn.command(Pipelined(format!("{Rset}{group}"))).await) {
                 return Err(Cut::Stale);
             }
             conn.read_response().await
         }
         // Writes the whole group, then reads MAIL FROM's reply.
-        (Some(group), None) if pipelining => conn.command(Pipelined(group)).await,
-        (_, check_until) => {
-            if let Some(until) = check_until
-                && !answered(tokio::time::timeout_at(until, conn.command(Noop)).await)
-            {
-                return Err(Cut::Stale);
-            }
-            conn.command(mail).await
-        }
+        Some(group) => conn.command(Pipelined(group)).await,
+        None => conn.command(mail).await,
     }
     .map_err(envelope_err)?;
     let mut accepted = 0usize;
@@ -1575,6 +1605,7 @@ mod tests {
             pool_size,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             pipelining: true,
+            noop_after_idle: DEFAULT_NOOP_AFTER_IDLE,
             ca: None,
             credentials: None,
         }

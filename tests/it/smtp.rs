@@ -211,19 +211,34 @@ async fn smtp_stall_or_drop_after_data_is_ambiguous(backend: Backend) {
 /// Postfix logs "improper command pipelining after NOOP" otherwise). Without pipelining, by a
 /// NOOP answered before MAIL FROM leaves.
 async fn smtp_connections_are_reused_and_a_closed_one_is_replaced(backend: Backend) {
-    connections_are_reused(backend, true).await;
+    connections_are_reused(backend, true, false).await;
 }
 
 /// Without PIPELINING.
 async fn smtp_connections_are_reused_and_a_closed_one_is_replaced_without_pipelining(
     backend: Backend,
 ) {
-    connections_are_reused(backend, false).await;
+    connections_are_reused(backend, false, false).await;
 }
 
-async fn connections_are_reused(backend: Backend, offered: bool) {
+/// A connection that rested for `smtp_noop_after_idle_ms` or longer (here 0: every one) is
+/// checked with a NOOP of its own, pipelining or not.
+async fn smtp_a_connection_that_rested_is_checked_with_a_noop(backend: Backend) {
+    connections_are_reused(backend, true, true).await;
+}
+
+async fn connections_are_reused(backend: Backend, offered: bool, rested: bool) {
     let sink = sink_offering_pipelining(offered).await;
-    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    // The rest that makes a NOOP: none (every reuse) or a minute (none in this test).
+    let noop_after = if rested { 0 } else { 60_000 };
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "smtp_url = \"{}\"\nsmtp_noop_after_idle_ms = {noop_after}\n",
+            sink.url
+        ),
+    )
+    .await;
     // One at a time: the second send finds the first one's parked connection.
     for (id, to) in [("pool-1", "ada@example.com"), ("pool-2", "bye@example.com")] {
         post_mail(&app, id, to, None, "at_most_once").await;
@@ -241,7 +256,7 @@ async fn connections_are_reused(backend: Backend, offered: bool) {
     assert_eq!(sink.accepted().len(), 3);
     // pool-2's reuse was checked: pipelined, by an RSET with its envelope behind it; else by a
     // NOOP alone (pool-3's check went to a closed connection, which read nothing).
-    let (resets, noops) = if offered {
+    let (resets, noops) = if offered && !rested {
         ((1, 0), (0, 0))
     } else {
         ((0, 0), (0, 1))
@@ -444,9 +459,14 @@ async fn smtp_a_parked_connection_that_went_silent_is_replaced_without_pipelinin
 
 async fn parked_connection_went_silent(backend: Backend, offered: bool) {
     let sink = sink_offering_pipelining(offered).await;
+    // A connection that rested (`smtp_noop_after_idle_ms`; here every one): a NAT or a firewall
+    // may have dropped it without a word, so its check is a NOOP with a bound of its own.
     let app = spawn_app_with(
         backend,
-        &format!("smtp_url = \"{}\"\nsmtp_timeout_ms = 2000\n", sink.url),
+        &format!(
+            "smtp_url = \"{}\"\nsmtp_timeout_ms = 2000\nsmtp_noop_after_idle_ms = 0\n",
+            sink.url
+        ),
     )
     .await;
     post_mail(&app, "mute-1", "mute@example.com", None, "at_most_once").await;
@@ -462,23 +482,31 @@ async fn parked_connection_went_silent(backend: Backend, offered: bool) {
     assert_eq!(app.attempts("mute-2").len(), 1);
     assert_eq!(sink.connections(), 2);
     assert_eq!(sink.accepted().len(), 2);
-    // The silent connection read mute-2's check (its RSET and envelope, or its NOOP) without a
-    // word: only the two envelopes answered count, and the check cost its bound (a quarter of
-    // the 2 s timeout), not the attempt.
+    // The silent connection read mute-2's NOOP without a word: only the two envelopes answered
+    // count, and the check cost its bound (a quarter of the 2 s timeout), not the attempt, which
+    // went on over a new connection and delivered.
     assert_envelopes(&sink, offered, 2);
     app.stop().await;
 }
 
-/// A reused connection whose server answers the check with 421 and hangs up (going away between
-/// two messages): the same attempt goes on over a new connection, and the 421 is not taken for
-/// an answer to this message (the old session's end): one attempt, accepted.
+/// A reused connection whose server answers the check (its RSET) with 421 but goes on answering
+/// what follows: Herald closes it without sending the content, the same attempt goes on over a
+/// new connection, and the 421 is not taken for an answer to this message (the old session's
+/// end): one attempt, accepted.
 async fn smtp_a_reused_connection_refusing_its_check_is_replaced(backend: Backend) {
     let sink = SmtpSink::start_scripted(Script {
         refuse_reset: true,
         ..Script::default()
     })
     .await;
-    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "smtp_url = \"{}\"\nsmtp_noop_after_idle_ms = 60000\n",
+            sink.url
+        ),
+    )
+    .await;
     for id in ["reset-1", "reset-2"] {
         post_mail(&app, id, "ada@example.com", None, "at_most_once").await;
         assert_eq!(app.herald.sender.run_once().await.unwrap(), 1, "{id}");
@@ -493,7 +521,45 @@ async fn smtp_a_reused_connection_refusing_its_check_is_replaced(backend: Backen
     assert_eq!(sink.resets(), (1, 0), "(pipelined, alone) RSETs");
     assert_eq!(sink.connections(), 2);
     assert_eq!(sink.accepted().len(), 2);
-    assert_envelopes(&sink, true, 2);
+    // The refused session was answered 354 to its DATA, yet no content left on it.
+    assert_eq!(sink.received().len(), 2, "contents that reached the sink");
+    assert_envelopes(&sink, true, 3);
+    app.stop().await;
+}
+
+/// A relay that holds its replies to a pipelined group until it has read the whole group, as
+/// Postfix and Exim do, and takes longer over RCPT TO than the NOOP check's bound (a DNS list, a
+/// policy service): RSET's reply comes only with the others, and the reused connection is kept,
+/// not taken for a silent one.
+async fn smtp_a_relay_holding_its_pipelined_replies_keeps_its_connections(backend: Backend) {
+    let sink = SmtpSink::start_scripted(Script {
+        hold_replies: true,
+        ..Script::default()
+    })
+    .await;
+    // A 2 s timeout: the NOOP check's bound is 500 ms, the RCPT TO takes 800 ms.
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "smtp_url = \"{}\"\nsmtp_timeout_ms = 2000\nsmtp_noop_after_idle_ms = 60000\n",
+            sink.url
+        ),
+    )
+    .await;
+    for id in ["held-1", "held-2", "held-3"] {
+        post_mail(&app, id, "slowrcpt@example.com", None, "at_most_once").await;
+        assert_eq!(app.herald.sender.run_once().await.unwrap(), 1, "{id}");
+        let (state, _, class, kind) = outcome(&app, id).await;
+        assert_eq!(
+            (state.as_str(), class.as_str(), kind),
+            ("delivered", "accepted", None),
+            "{id}"
+        );
+        assert_eq!(app.attempts(id).len(), 1, "{id}");
+    }
+    assert_eq!(sink.connections(), 1, "the connection was kept");
+    assert_eq!(sink.resets(), (2, 0), "(pipelined, alone) RSETs");
+    assert_envelopes(&sink, true, 3);
     app.stop().await;
 }
 
@@ -1262,6 +1328,8 @@ both_backends!(
     smtp_connections_are_reused_and_a_closed_one_is_replaced_without_pipelining,
     smtp_a_parked_connection_that_went_silent_is_replaced_without_pipelining,
     smtp_a_reused_connection_refusing_its_check_is_replaced,
+    smtp_a_relay_holding_its_pipelined_replies_keeps_its_connections,
+    smtp_a_connection_that_rested_is_checked_with_a_noop,
     smtp_a_354_after_every_recipient_refused_gets_no_content,
     smtp_a_refused_second_ehlo_means_no_pipelining,
     smtp_an_envelope_too_long_to_pipeline_goes_one_command_at_a_time,

@@ -5,8 +5,10 @@
 //!
 //! By each `RCPT TO` address: `rcptNNN@…` (also `rcptNNN-anything@…`) is answered NNN, the
 //! session going on with the next recipient (a 421 closes it); `t421@…` gets 421 while the
-//! session stays open (a server that should close the channel but does not). Refused recipients
-//! are not part of the envelope the sink records.
+//! session stays open (a server that should close the channel but does not); `slowrcpt@…` is
+//! answered after [`SLOW_RCPT`] (a relay running its RCPT TO checks). Refused recipients are not
+//! part of the envelope the sink records. RCPT TO outside a transaction (before MAIL FROM, or
+//! after RSET or DATA) gets 503, as a real server answers.
 //!
 //! By the first accepted recipient, after the content: `stall@…` no answer, `drop@…` a closed
 //! connection, `dataNNN@…` NNN (`t451@…` and `t550@…` are 451 and 550; `once451@…` 451 the
@@ -51,6 +53,8 @@ pub struct Mail {
 
 /// How long a `slow@…` recipient waits for its 250.
 pub const SLOW_REPLY: Duration = Duration::from_millis(100);
+/// How long a `slowrcpt@…` recipient waits for its answer to RCPT TO.
+pub const SLOW_RCPT: Duration = Duration::from_millis(800);
 /// The answer to a `postfix@…` message.
 pub const POSTFIX_QUEUED: &str = "250 2.0.0 Ok: queued as ABC123";
 /// The answer to an `exim@…` message.
@@ -96,9 +100,11 @@ pub struct Script {
     /// Answer DATA with 354 even when no recipient was accepted (a pipelining server may: RFC
     /// 2920 §3.1 tells the client not to assume a refusal).
     pub lax_data: bool,
-    /// Answer RSET `421 4.3.2 closing the channel` and hang up (a server going away between two
-    /// messages of a session).
+    /// Answer RSET `421 4.3.2 closing the channel` and go on answering what follows (a server
+    /// going away between two messages that should close the channel but does not).
     pub refuse_reset: bool,
+    /// Hold the replies to a pipelined group until the group has been read ([`tell`]).
+    pub hold_replies: bool,
 }
 
 /// A certificate authority made for one test, and a server certificate it signed for
@@ -380,6 +386,20 @@ async fn say(conn: &mut Conn, line: &str) -> bool {
     w.write_all(format!("{line}\r\n").as_bytes()).await.is_ok() && w.flush().await.is_ok()
 }
 
+/// [`say`], but with `hold` (and more of the client's input already read) the reply waits in
+/// `held` until the input runs dry: Postfix and Exim answer a pipelined group so, the replies
+/// leaving together once the server needs more input.
+async fn tell(conn: &mut Conn, held: &mut String, hold: bool, line: &str) -> bool {
+    held.push_str(line);
+    held.push_str("\r\n");
+    if hold && !conn.buffer().is_empty() {
+        return true;
+    }
+    let out = std::mem::take(held);
+    let w = conn.get_mut();
+    w.write_all(out.as_bytes()).await.is_ok() && w.flush().await.is_ok()
+}
+
 /// The next line, or `None` once the client hung up.
 async fn read_line(conn: &mut Conn) -> Option<String> {
     let mut line = String::new();
@@ -493,14 +513,17 @@ async fn session(
         }
         _ => BufReader::new(Box::new(sock)),
     };
+    let (hold, mut held) = (script.hold_replies, String::new());
     let greeting = script.greeting.unwrap_or("220 sink ESMTP");
-    if !say(&mut conn, greeting).await {
+    if !tell(&mut conn, &mut held, hold, greeting).await {
         return;
     }
     let refused = !greeting.starts_with("220");
     let mut authenticated = false;
     let mut greeted = false;
     let mut mail_from = String::new();
+    // Between an accepted MAIL FROM and the end of its DATA (or an RSET).
+    let mut in_mail = false;
     let mut rcpt: Vec<String> = Vec::new();
     loop {
         let Some(line) = read_line(&mut conn).await else {
@@ -540,7 +563,7 @@ async fn session(
             lines.join("\r\n")
         } else if upper.starts_with("STARTTLS") {
             let Some(TlsMode::StartTls(config)) = &script.tls else {
-                if !say(&mut conn, "502 5.5.1 not offered").await {
+                if !tell(&mut conn, &mut held, hold, "502 5.5.1 not offered").await {
                     return;
                 }
                 continue;
@@ -548,7 +571,7 @@ async fn session(
             if tls {
                 "503 5.5.1 already in TLS".into()
             } else {
-                if !say(&mut conn, "220 2.0.0 ready to start TLS").await {
+                if !tell(&mut conn, &mut held, hold, "220 2.0.0 ready to start TLS").await {
                     return;
                 }
                 let plain = conn.into_inner();
@@ -604,12 +627,13 @@ async fn session(
                 "530 5.7.0 authentication required".into()
             } else if let Some(code) = scripted_code(&from, "mail") {
                 if code == 421 {
-                    say(&mut conn, &scripted_reply(code)).await;
+                    tell(&mut conn, &mut held, hold, &scripted_reply(code)).await;
                     return;
                 }
                 scripted_reply(code)
             } else {
                 mail_from = from;
+                in_mail = true;
                 "250 2.1.0 ok".into()
             }
         } else if let Some(check) = ["NOOP", "RSET"].into_iter().find(|v| *v == verb) {
@@ -621,20 +645,27 @@ async fn session(
             }
             if check == "RSET" {
                 rcpt.clear();
-                mail_from.clear();
+                in_mail = false;
                 if script.refuse_reset {
-                    say(&mut conn, "421 4.3.2 closing the channel").await;
-                    return;
+                    if !tell(&mut conn, &mut held, hold, "421 4.3.2 closing the channel").await {
+                        return;
+                    }
+                    continue;
                 }
             }
             "250 2.0.0 ok".into()
         } else if upper.starts_with("RCPT TO") {
             let to = path_of(&line);
-            if to.contains("t421@") {
+            if to.contains("slowrcpt@") {
+                tokio::time::sleep(SLOW_RCPT).await;
+            }
+            if !in_mail {
+                "503 5.5.1 need MAIL before RCPT".into()
+            } else if to.contains("t421@") {
                 "421 4.4.2 closing the channel".into()
             } else if let Some(code) = scripted_code(&to, "rcpt") {
                 if code == 421 {
-                    say(&mut conn, &scripted_reply(code)).await;
+                    tell(&mut conn, &mut held, hold, &scripted_reply(code)).await;
                     return;
                 }
                 if code < 300 {
@@ -646,13 +677,14 @@ async fn session(
                 "250 2.1.5 ok".into()
             }
         } else if upper.starts_with("DATA") {
+            in_mail = false;
             if rcpt.is_empty() && !script.lax_data {
-                if !say(&mut conn, "554 5.5.1 no valid recipients").await {
+                if !tell(&mut conn, &mut held, hold, "554 5.5.1 no valid recipients").await {
                     return;
                 }
                 continue;
             }
-            if !say(&mut conn, "354 go ahead").await {
+            if !tell(&mut conn, &mut held, hold, "354 go ahead").await {
                 return;
             }
             let mut data = String::new();
@@ -712,7 +744,7 @@ async fn session(
                 });
                 count.send_modify(|c| *c += 1);
                 if bye || mute {
-                    say(&mut conn, &reply).await;
+                    tell(&mut conn, &mut held, hold, &reply).await;
                     if mute {
                         ignore_the_rest(&mut conn).await;
                     }
@@ -721,12 +753,12 @@ async fn session(
                 reply
             }
         } else if upper.starts_with("QUIT") {
-            say(&mut conn, "221 2.0.0 bye").await;
+            tell(&mut conn, &mut held, hold, "221 2.0.0 bye").await;
             return;
         } else {
             "502 5.5.1 not implemented".into()
         };
-        if !say(&mut conn, &reply).await {
+        if !tell(&mut conn, &mut held, hold, &reply).await {
             return;
         }
     }
