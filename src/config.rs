@@ -1576,6 +1576,7 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(m.contains("HERALD_SMTP_NOOP_AFTER_IDLE_MS"), "{bad}: {m}");
+            assert!(!m.contains('\n'), "{bad}: {m}");
         }
     }
 

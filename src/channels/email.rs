@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tracing::info;
 
 use lettre::Message;
 use lettre::address::Envelope;
@@ -894,9 +895,10 @@ struct Pooled {
 /// Pooled SMTP connections to one relay: at most `pool_size` open at once, in use or parked
 /// (an attempt waits for a slot within its own deadline; running out while waiting is
 /// `not_sent`, `pool_timeout`). Opened on demand, parked after a successful send, checked on
-/// reuse ([`transmit`]: an RSET at the head of the pipelined envelope after a short rest, else a
-/// NOOP of its own, bounded: one that fails or stays silent is closed and replaced within the
-/// same attempt), closed after a failure, and retired (QUIT) once it has been parked
+/// reuse ([`transmit`]: after a short rest an RSET at the head of the pipelined envelope, else a
+/// NOOP of its own, bounded; one that fails, or that stays silent past the NOOP's bound, is
+/// closed and replaced within the same attempt, while one that stays silent after its RSET costs
+/// the attempt), closed after a failure, and retired (QUIT) once it has been parked
 /// for `idle_timeout` — by a background reaper, so an idle relay sees its sessions end without
 /// waiting for the next send.
 pub struct SmtpPool {
@@ -1015,8 +1017,11 @@ impl SmtpPool {
                 // Closed by the server while parked, refused (a 421) or silent: closed here (its
                 // slot with it). Nothing of this message can have been accepted on it. With time
                 // left, the next parked connection or a new one carries the attempt.
-                Ok(Err(Cut::Stale)) if tokio::time::Instant::now() < deadline => continue,
-                Ok(Err(Cut::Stale)) => SmtpFailure::Timeout(Stage::Envelope),
+                Ok(Err(Cut::Stale(check))) if tokio::time::Instant::now() < deadline => {
+                    info!(check, "a reused SMTP connection failed its check; replaced");
+                    continue;
+                }
+                Ok(Err(Cut::Stale(_))) => SmtpFailure::Timeout(Stage::Envelope),
                 Ok(Err(Cut::Failed(e))) => e,
                 Err(_) => SmtpFailure::Timeout(stage),
             };
@@ -1200,6 +1205,9 @@ fn offers_pipelining(ehlo: &Response) -> bool {
 /// per command). About 60 recipients fit; an envelope with more goes one command at a time.
 const PIPELINED_GROUP_MAX: usize = 4096;
 
+/// The RSET at the head of a group, as lettre writes it.
+const RSET_LEN: usize = "RSET\r\n".len();
+
 /// Commands written as they are, in one write (a pipelined group ends with its last CRLF).
 struct Pipelined(String);
 
@@ -1215,7 +1223,8 @@ enum Cut {
     /// completion, or a NOOP unanswered by its time): closed by the server while parked, refused,
     /// or gone silent. Only the check and the envelope can have left on it, never the content, so
     /// the server cannot have accepted the message: another connection carries the same attempt.
-    Stale,
+    /// With the check that failed: `rset` or `noop`.
+    Stale(&'static str),
     Failed(SmtpFailure),
 }
 
@@ -1314,20 +1323,24 @@ async fn transmit(
         })
         .filter(|g| g.len() <= PIPELINED_GROUP_MAX);
     let pipelining = group.is_some();
-    let in_group = pipelining && reuse.is_some_and(|r| r.in_group);
+    // The RSET counts towards the group's size too.
+    let in_group = reuse.is_some_and(|r| r.in_group)
+        && group
+            .as_ref()
+            .is_some_and(|g| g.len() + RSET_LEN <= PIPELINED_GROUP_MAX);
     if let Some(r) = reuse
         && !in_group
     {
         let reply = tokio::time::timeout_at(r.noop_until, conn.command(Noop)).await;
         if !reply.is_ok_and(|reply| completed(&reply)) {
-            return Err(Cut::Stale);
+            return Err(Cut::Stale("noop"));
         }
     }
     match group {
         // Writes RSET and the whole group, then reads RSET's reply (the check), then MAIL FROM's.
         Some(group) if in_group => {
             if !completed(&conn.command(Pipelined(format!("{Rset}{group}"))).await) {
-                return Err(Cut::Stale);
+                return Err(Cut::Stale("rset"));
             }
             conn.read_response().await
         }

@@ -489,6 +489,21 @@ async fn parked_connection_went_silent(backend: Backend, offered: bool) {
     app.stop().await;
 }
 
+/// Posts and sends each message on its own: each `delivered`, `accepted`, in one attempt.
+async fn deliver_one_at_a_time(app: &TestApp, ids: &[&str], to: &str) {
+    for id in ids {
+        post_mail(app, id, to, None, "at_most_once").await;
+        assert_eq!(app.herald.sender.run_once().await.unwrap(), 1, "{id}");
+        let (state, _, class, kind) = outcome(app, id).await;
+        assert_eq!(
+            (state.as_str(), class.as_str(), kind),
+            ("delivered", "accepted", None),
+            "{id}"
+        );
+        assert_eq!(app.attempts(id).len(), 1, "{id}");
+    }
+}
+
 /// A reused connection whose server answers the check (its RSET) with 421 but goes on answering
 /// what follows: Herald closes it without sending the content, the same attempt goes on over a
 /// new connection, and the 421 is not taken for an answer to this message (the old session's
@@ -507,17 +522,7 @@ async fn smtp_a_reused_connection_refusing_its_check_is_replaced(backend: Backen
         ),
     )
     .await;
-    for id in ["reset-1", "reset-2"] {
-        post_mail(&app, id, "ada@example.com", None, "at_most_once").await;
-        assert_eq!(app.herald.sender.run_once().await.unwrap(), 1, "{id}");
-        let (state, _, class, kind) = outcome(&app, id).await;
-        assert_eq!(
-            (state.as_str(), class.as_str(), kind),
-            ("delivered", "accepted", None),
-            "{id}"
-        );
-        assert_eq!(app.attempts(id).len(), 1, "{id}");
-    }
+    deliver_one_at_a_time(&app, &["reset-1", "reset-2"], "ada@example.com").await;
     assert_eq!(sink.resets(), (1, 0), "(pipelined, alone) RSETs");
     assert_eq!(sink.connections(), 2);
     assert_eq!(sink.accepted().len(), 2);
@@ -546,20 +551,59 @@ async fn smtp_a_relay_holding_its_pipelined_replies_keeps_its_connections(backen
         ),
     )
     .await;
-    for id in ["held-1", "held-2", "held-3"] {
-        post_mail(&app, id, "slowrcpt@example.com", None, "at_most_once").await;
-        assert_eq!(app.herald.sender.run_once().await.unwrap(), 1, "{id}");
-        let (state, _, class, kind) = outcome(&app, id).await;
-        assert_eq!(
-            (state.as_str(), class.as_str(), kind),
-            ("delivered", "accepted", None),
-            "{id}"
-        );
-        assert_eq!(app.attempts(id).len(), 1, "{id}");
-    }
+    let ids = ["held-1", "held-2", "held-3"];
+    deliver_one_at_a_time(&app, &ids, "slowrcpt@example.com").await;
     assert_eq!(sink.connections(), 1, "the connection was kept");
     assert_eq!(sink.resets(), (2, 0), "(pipelined, alone) RSETs");
     assert_envelopes(&sink, true, 3);
+    app.stop().await;
+}
+
+/// A connection reused within its short rest, checked by the RSET at the head of its pipelined
+/// envelope, that went silent (a hung relay): its reply is awaited for the whole attempt (a relay
+/// may hold it while it runs its RCPT TO checks), so the attempt ends `not_sent` before DATA, and
+/// the retry goes over a new connection.
+async fn smtp_a_connection_silent_after_its_rset_costs_the_attempt(backend: Backend) {
+    let sink = SmtpSink::start().await;
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "smtp_url = \"{}\"\nsmtp_timeout_ms = 1000\nsmtp_noop_after_idle_ms = 60000\n",
+            sink.url
+        ),
+    )
+    .await;
+    post_mail(&app, "hush-1", "mute@example.com", None, "at_most_once").await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    assert_eq!(app.message("hush-1").await["state"], "delivered");
+    post_mail(&app, "hush-2", "ada@example.com", None, "at_most_once").await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    let (state, last, class, kind) = outcome(&app, "hush-2").await;
+    assert_eq!(
+        (
+            state.as_str(),
+            last.as_str(),
+            class.as_str(),
+            kind.as_deref()
+        ),
+        (
+            "retryable",
+            "not_sent",
+            "not_sent",
+            Some("timeout_before_data")
+        )
+    );
+    assert_eq!(
+        sink.connections(),
+        1,
+        "no second connection within the attempt"
+    );
+    app.advance(std::time::Duration::from_secs(600));
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    assert_eq!(app.message("hush-2").await["state"], "delivered");
+    assert_eq!(app.attempts("hush-2").len(), 2);
+    assert_eq!(sink.connections(), 2);
+    assert_eq!(sink.accepted().len(), 2);
     app.stop().await;
 }
 
@@ -1330,6 +1374,7 @@ both_backends!(
     smtp_a_reused_connection_refusing_its_check_is_replaced,
     smtp_a_relay_holding_its_pipelined_replies_keeps_its_connections,
     smtp_a_connection_that_rested_is_checked_with_a_noop,
+    smtp_a_connection_silent_after_its_rset_costs_the_attempt,
     smtp_a_354_after_every_recipient_refused_gets_no_content,
     smtp_a_refused_second_ehlo_means_no_pipelining,
     smtp_an_envelope_too_long_to_pipeline_goes_one_command_at_a_time,

@@ -388,7 +388,8 @@ async fn say(conn: &mut Conn, line: &str) -> bool {
 
 /// [`say`], but with `hold` (and more of the client's input already read) the reply waits in
 /// `held` until the input runs dry: Postfix and Exim answer a pipelined group so, the replies
-/// leaving together once the server needs more input.
+/// leaving together once the server needs more input. A reply that ends the session (or hands
+/// it to TLS) goes with `hold` false: it leaves at once, after what was held.
 async fn tell(conn: &mut Conn, held: &mut String, hold: bool, line: &str) -> bool {
     held.push_str(line);
     held.push_str("\r\n");
@@ -571,7 +572,7 @@ async fn session(
             if tls {
                 "503 5.5.1 already in TLS".into()
             } else {
-                if !tell(&mut conn, &mut held, hold, "220 2.0.0 ready to start TLS").await {
+                if !tell(&mut conn, &mut held, false, "220 2.0.0 ready to start TLS").await {
                     return;
                 }
                 let plain = conn.into_inner();
@@ -587,6 +588,7 @@ async fn session(
                         authenticated = false;
                         mail_from.clear();
                         rcpt.clear();
+                        in_mail = false;
                         continue;
                     }
                     Err(_) => return,
@@ -623,11 +625,13 @@ async fn session(
                 return;
             }
             rcpt.clear();
+            in_mail = false;
             if script.auth.is_some() && !authenticated {
                 "530 5.7.0 authentication required".into()
             } else if let Some(code) = scripted_code(&from, "mail") {
+                in_mail = code < 300;
                 if code == 421 {
-                    tell(&mut conn, &mut held, hold, &scripted_reply(code)).await;
+                    tell(&mut conn, &mut held, false, &scripted_reply(code)).await;
                     return;
                 }
                 scripted_reply(code)
@@ -665,7 +669,7 @@ async fn session(
                 "421 4.4.2 closing the channel".into()
             } else if let Some(code) = scripted_code(&to, "rcpt") {
                 if code == 421 {
-                    tell(&mut conn, &mut held, hold, &scripted_reply(code)).await;
+                    tell(&mut conn, &mut held, false, &scripted_reply(code)).await;
                     return;
                 }
                 if code < 300 {
@@ -744,7 +748,7 @@ async fn session(
                 });
                 count.send_modify(|c| *c += 1);
                 if bye || mute {
-                    tell(&mut conn, &mut held, hold, &reply).await;
+                    tell(&mut conn, &mut held, false, &reply).await;
                     if mute {
                         ignore_the_rest(&mut conn).await;
                     }
@@ -753,7 +757,7 @@ async fn session(
                 reply
             }
         } else if upper.starts_with("QUIT") {
-            tell(&mut conn, &mut held, hold, "221 2.0.0 bye").await;
+            tell(&mut conn, &mut held, false, "221 2.0.0 bye").await;
             return;
         } else {
             "502 5.5.1 not implemented".into()
