@@ -850,7 +850,16 @@ async fn smtp_a_354_after_every_recipient_refused_gets_no_content(backend: Backe
 /// pipelined. Both are delivered to every recipient.
 async fn smtp_an_envelope_too_long_to_pipeline_goes_one_command_at_a_time(backend: Backend) {
     let sink = SmtpSink::start().await;
-    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    // Every reuse within the rest that allows an RSET in the group: the long envelope's reuse
+    // still takes a NOOP of its own.
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "smtp_url = \"{}\"\nsmtp_noop_after_idle_ms = 60000\n",
+            sink.url
+        ),
+    )
+    .await;
     // 100 recipients of 44 characters: RCPT TO lines alone past 4 KiB.
     let cc: Vec<String> = (0..99)
         .map(|i| format!("recipient-{i:03}-of-a-long-envelope@example.com"))
@@ -863,11 +872,28 @@ async fn smtp_an_envelope_too_long_to_pipeline_goes_one_command_at_a_time(backen
     post_payload(&app, "short-env", "ada@example.com", short, "at_most_once").await;
     assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
     assert_eq!(sink.envelopes(), (1, 1), "(pipelined, lockstep) envelopes");
+    // The long one again, on the reused connection: checked by a NOOP alone, then lockstep.
+    let long = json!({"subject": "Hi", "text": "Hello", "cc": cc});
+    post_payload(&app, "long-env-2", "ada@example.com", long, "at_most_once").await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    assert_eq!(sink.envelopes(), (1, 2), "(pipelined, lockstep) envelopes");
+    assert_eq!(
+        sink.resets(),
+        (1, 0),
+        "short-env's reuse: (pipelined, alone) RSETs"
+    );
+    assert_eq!(
+        sink.noops(),
+        (0, 1),
+        "long-env-2's reuse: (pipelined, alone) NOOPs"
+    );
+    assert_eq!(sink.connections(), 1);
     let mails = sink.accepted();
-    assert_eq!(mails.len(), 2);
+    assert_eq!(mails.len(), 3);
     assert_eq!(mails[0].rcpts.len(), 100);
     assert_eq!(mails[1].rcpts.len(), 2);
-    for id in ["long-env", "short-env"] {
+    assert_eq!(mails[2].rcpts.len(), 100);
+    for id in ["long-env", "short-env", "long-env-2"] {
         assert_eq!(app.message(id).await["state"], "delivered", "{id}");
     }
     app.stop().await;
