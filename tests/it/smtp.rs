@@ -29,6 +29,11 @@ async fn sink_offering_pipelining(offered: bool) -> SmtpSink {
     .await
 }
 
+/// Herald on `backend` sending through `sink`, with `extra` configuration (TOML lines).
+async fn smtp_app(backend: Backend, sink: &SmtpSink, extra: &str) -> TestApp {
+    spawn_app_with(backend, &format!("smtp_url = \"{}\"\n{extra}", sink.url)).await
+}
+
 /// Every one of `envelopes` arrived pipelined (MAIL FROM with RCPT TO and DATA behind it) when
 /// `pipelined`, else each MAIL FROM alone, its reply awaited.
 fn assert_envelopes(sink: &SmtpSink, pipelined: bool, envelopes: usize) {
@@ -132,11 +137,7 @@ async fn smtp_unresolvable_host_is_not_sent(backend: Backend) {
 
 async fn smtp_server_that_never_greets_is_not_sent(backend: Backend) {
     let sink = SmtpSink::start_silent().await;
-    let app = spawn_app_with(
-        backend,
-        &format!("smtp_url = \"{}\"\nsmtp_timeout_ms = 800\n", sink.url),
-    )
-    .await;
+    let app = smtp_app(backend, &sink, "smtp_timeout_ms = 800\n").await;
     post_mail(&app, "silent-amo", "ada@example.com", None, "at_most_once").await;
     assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
     let (state, last, class, kind) = outcome(&app, "silent-amo").await;
@@ -150,7 +151,7 @@ async fn smtp_server_that_never_greets_is_not_sent(backend: Backend) {
 
 async fn smtp_drop_before_the_envelope_is_not_sent(backend: Backend) {
     let sink = SmtpSink::start().await;
-    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    let app = smtp_app(backend, &sink, "").await;
     post_mail(
         &app,
         "mailfrom-drop",
@@ -171,11 +172,7 @@ async fn smtp_drop_before_the_envelope_is_not_sent(backend: Backend) {
 
 async fn smtp_stall_or_drop_after_data_is_ambiguous(backend: Backend) {
     let sink = SmtpSink::start().await;
-    let app = spawn_app_with(
-        backend,
-        &format!("smtp_url = \"{}\"\nsmtp_timeout_ms = 800\n", sink.url),
-    )
-    .await;
+    let app = smtp_app(backend, &sink, "smtp_timeout_ms = 800\n").await;
     post_mail(&app, "drop-amo", "drop@example.com", None, "at_most_once").await;
     post_mail(&app, "drop-alo", "drop@example.com", None, "at_least_once").await;
     post_mail(&app, "stall-amo", "stall@example.com", None, "at_most_once").await;
@@ -231,14 +228,8 @@ async fn connections_are_reused(backend: Backend, offered: bool, rested: bool) {
     let sink = sink_offering_pipelining(offered).await;
     // The rest that makes a NOOP: none (every reuse) or a minute (none in this test).
     let noop_after = if rested { 0 } else { 60_000 };
-    let app = spawn_app_with(
-        backend,
-        &format!(
-            "smtp_url = \"{}\"\nsmtp_noop_after_idle_ms = {noop_after}\n",
-            sink.url
-        ),
-    )
-    .await;
+    let extra = format!("smtp_noop_after_idle_ms = {noop_after}\n");
+    let app = smtp_app(backend, &sink, &extra).await;
     // One at a time: the second send finds the first one's parked connection.
     for (id, to) in [("pool-1", "ada@example.com"), ("pool-2", "bye@example.com")] {
         post_mail(&app, id, to, None, "at_most_once").await;
@@ -275,7 +266,7 @@ async fn a_refused_greeting_is_not_sent(backend: Backend, greeting: &'static str
         ..Script::default()
     })
     .await;
-    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    let app = smtp_app(backend, &sink, "").await;
     let ids = ["greet-amo", "greet-alo", "greet-alo-2"];
     // One at a time, each past the pause the previous refusal may have put on the relay (a 421
     // greeting slows the relay down: tests/it/slowdown.rs).
@@ -368,7 +359,7 @@ async fn smtp_a_421_to_mail_from_is_transient_and_the_next_send_reconnects(backe
 
 async fn a_421_drops_the_connection(backend: Backend, to: &str, from: Option<&str>) {
     let sink = SmtpSink::start().await;
-    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    let app = smtp_app(backend, &sink, "").await;
     // A first message parks a connection, so the 421 comes on a reused one.
     post_mail(&app, "before-421", "ada@example.com", None, "at_most_once").await;
     assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
@@ -407,12 +398,10 @@ async fn a_421_drops_the_connection(backend: Backend, to: &str, from: Option<&st
 /// Ten sends at once through a pool of two: never more than two SMTP sessions, all delivered.
 async fn smtp_open_connections_are_bounded_by_the_pool_size(backend: Backend) {
     let sink = SmtpSink::start().await;
-    let app = spawn_app_with(
+    let app = smtp_app(
         backend,
-        &format!(
-            "smtp_url = \"{}\"\nsmtp_pool_size = 2\nsmtp_timeout_ms = 10000\n",
-            sink.url
-        ),
+        &sink,
+        "smtp_pool_size = 2\nsmtp_timeout_ms = 10000\n",
     )
     .await;
     for i in 0..10 {
@@ -461,12 +450,10 @@ async fn parked_connection_went_silent(backend: Backend, offered: bool) {
     let sink = sink_offering_pipelining(offered).await;
     // A connection that rested (`smtp_noop_after_idle_ms`; here every one): a NAT or a firewall
     // may have dropped it without a word, so its check is a NOOP with a bound of its own.
-    let app = spawn_app_with(
+    let app = smtp_app(
         backend,
-        &format!(
-            "smtp_url = \"{}\"\nsmtp_timeout_ms = 2000\nsmtp_noop_after_idle_ms = 0\n",
-            sink.url
-        ),
+        &sink,
+        "smtp_timeout_ms = 2000\nsmtp_noop_after_idle_ms = 0\n",
     )
     .await;
     post_mail(&app, "mute-1", "mute@example.com", None, "at_most_once").await;
@@ -514,14 +501,7 @@ async fn smtp_a_reused_connection_refusing_its_check_is_replaced(backend: Backen
         ..Script::default()
     })
     .await;
-    let app = spawn_app_with(
-        backend,
-        &format!(
-            "smtp_url = \"{}\"\nsmtp_noop_after_idle_ms = 60000\n",
-            sink.url
-        ),
-    )
-    .await;
+    let app = smtp_app(backend, &sink, "smtp_noop_after_idle_ms = 60000\n").await;
     deliver_one_at_a_time(&app, &["reset-1", "reset-2"], "ada@example.com").await;
     assert_eq!(sink.resets(), (1, 0), "(pipelined, alone) RSETs");
     assert_eq!(sink.connections(), 2);
@@ -543,12 +523,10 @@ async fn smtp_a_relay_holding_its_pipelined_replies_keeps_its_connections(backen
     })
     .await;
     // A 2 s timeout: the NOOP check's bound is 500 ms, the RCPT TO takes 800 ms.
-    let app = spawn_app_with(
+    let app = smtp_app(
         backend,
-        &format!(
-            "smtp_url = \"{}\"\nsmtp_timeout_ms = 2000\nsmtp_noop_after_idle_ms = 60000\n",
-            sink.url
-        ),
+        &sink,
+        "smtp_timeout_ms = 2000\nsmtp_noop_after_idle_ms = 60000\n",
     )
     .await;
     let ids = ["held-1", "held-2", "held-3"];
@@ -565,12 +543,10 @@ async fn smtp_a_relay_holding_its_pipelined_replies_keeps_its_connections(backen
 /// the retry goes over a new connection.
 async fn smtp_a_connection_silent_after_its_rset_costs_the_attempt(backend: Backend) {
     let sink = SmtpSink::start().await;
-    let app = spawn_app_with(
+    let app = smtp_app(
         backend,
-        &format!(
-            "smtp_url = \"{}\"\nsmtp_timeout_ms = 1000\nsmtp_noop_after_idle_ms = 60000\n",
-            sink.url
-        ),
+        &sink,
+        "smtp_timeout_ms = 1000\nsmtp_noop_after_idle_ms = 60000\n",
     )
     .await;
     post_mail(&app, "hush-1", "mute@example.com", None, "at_most_once").await;
@@ -613,7 +589,7 @@ async fn smtp_a_connection_silent_after_its_rset_costs_the_attempt(backend: Back
 /// `the_content_in_one_write_is_what_lettre_sends_in_two`).
 async fn smtp_lines_that_begin_with_a_dot_arrive_whole(backend: Backend) {
     let sink = SmtpSink::start().await;
-    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    let app = smtp_app(backend, &sink, "").await;
     let text = "first\n.hidden\n.\n..two\nlast.\n";
     post_payload(
         &app,
@@ -650,7 +626,7 @@ async fn smtp_lines_that_begin_with_a_dot_arrive_whole(backend: Backend) {
 /// message id; a 250 without one leaves both empty.
 async fn smtp_the_queue_id_of_a_250_is_the_provider_message_id(backend: Backend) {
     let sink = SmtpSink::start().await;
-    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    let app = smtp_app(backend, &sink, "").await;
     let table = [
         ("queue-postfix", "postfix@example.com", Some("ABC123")),
         ("queue-exim", "exim@example.com", Some("1abcde-000123-XY")),
@@ -699,11 +675,8 @@ async fn smtp_pipelining_switched_off_is_not_used_when_offered(backend: Backend)
 async fn recipient_refused_at_rcpt(backend: Backend, offered: bool, enabled: bool) {
     let logs = captured_logs();
     let sink = sink_offering_pipelining(offered).await;
-    let app = spawn_app_with(
-        backend,
-        &format!("smtp_url = \"{}\"\nsmtp_pipelining = {enabled}\n", sink.url),
-    )
-    .await;
+    let extra = format!("smtp_pipelining = {enabled}\n");
+    let app = smtp_app(backend, &sink, &extra).await;
     let payload = json!({
         "subject": "Hi", "text": "Hello",
         "cc": ["bob@example.com"], "bcc": ["rcpt550@example.com"],
@@ -762,7 +735,7 @@ async fn smtp_all_recipients_refused_without_pipelining_is_decided_the_same(back
 
 async fn all_recipients_refused(backend: Backend, offered: bool) {
     let sink = sink_offering_pipelining(offered).await;
-    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    let app = smtp_app(backend, &sink, "").await;
     let table = [
         (
             "all-refused-5xx",
@@ -820,7 +793,7 @@ async fn smtp_a_354_after_every_recipient_refused_gets_no_content(backend: Backe
         ..Script::default()
     })
     .await;
-    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    let app = smtp_app(backend, &sink, "").await;
     post_mail(&app, "lax-1", "rcpt550@example.com", None, "at_most_once").await;
     assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
     let (state, last, class, kind) = outcome(&app, "lax-1").await;
@@ -852,14 +825,7 @@ async fn smtp_an_envelope_too_long_to_pipeline_goes_one_command_at_a_time(backen
     let sink = SmtpSink::start().await;
     // Every reuse within the rest that allows an RSET in the group: the long envelope's reuse
     // still takes a NOOP of its own.
-    let app = spawn_app_with(
-        backend,
-        &format!(
-            "smtp_url = \"{}\"\nsmtp_noop_after_idle_ms = 60000\n",
-            sink.url
-        ),
-    )
-    .await;
+    let app = smtp_app(backend, &sink, "smtp_noop_after_idle_ms = 60000\n").await;
     // 100 recipients of 44 characters: RCPT TO lines alone past 4 KiB.
     let cc: Vec<String> = (0..99)
         .map(|i| format!("recipient-{i:03}-of-a-long-envelope@example.com"))
@@ -907,7 +873,7 @@ async fn smtp_a_refused_second_ehlo_means_no_pipelining(backend: Backend) {
         ..Script::default()
     })
     .await;
-    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    let app = smtp_app(backend, &sink, "").await;
     for id in ["dup-ehlo-1", "dup-ehlo-2"] {
         post_mail(&app, id, "ada@example.com", None, "at_most_once").await;
         assert_eq!(app.herald.sender.run_once().await.unwrap(), 1, "{id}");
@@ -933,11 +899,7 @@ async fn smtp_every_reply_code_is_classified_without_pipelining(backend: Backend
 
 async fn every_reply_code_is_classified(backend: Backend, offered: bool) {
     let sink = sink_offering_pipelining(offered).await;
-    let app = spawn_app_with(
-        backend,
-        &format!("smtp_url = \"{}\"\nsmtp_pool_size = 20\n", sink.url),
-    )
-    .await;
+    let app = smtp_app(backend, &sink, "smtp_pool_size = 20\n").await;
     let mut table = vec![Row {
         id: "code-250".into(),
         to: "ada@example.com".into(),
@@ -1031,14 +993,7 @@ struct Row {
 /// without waiting for another send; the next send opens a new one.
 async fn smtp_an_idle_connection_is_closed_after_the_idle_timeout(backend: Backend) {
     let sink = SmtpSink::start().await;
-    let app = spawn_app_with(
-        backend,
-        &format!(
-            "smtp_url = \"{}\"\nsmtp_idle_timeout_seconds = 1\n",
-            sink.url
-        ),
-    )
-    .await;
+    let app = smtp_app(backend, &sink, "smtp_idle_timeout_seconds = 1\n").await;
     post_mail(&app, "idle-1", "ada@example.com", None, "at_most_once").await;
     let sent = Instant::now();
     assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
@@ -1303,7 +1258,7 @@ async fn poll_until(within: Duration, done: impl Fn() -> bool) {
 /// STARTTLS missing): every message would hit it, so none is dead-lettered for it.
 async fn a_530_at_mail_from_is_not_sent(backend: Backend) {
     let sink = SmtpSink::start().await;
-    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    let app = smtp_app(backend, &sink, "").await;
     post_mail(
         &app,
         "needs-auth",
@@ -1336,7 +1291,7 @@ async fn a_530_at_mail_from_is_not_sent(backend: Backend) {
 /// sent once: receivers and relays can drop a repeat by it.
 async fn a_retry_carries_the_same_message_id_and_delivers_once(backend: Backend) {
     let sink = SmtpSink::start().await;
-    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    let app = smtp_app(backend, &sink, "").await;
     post_mail(
         &app,
         "retry-mail",
