@@ -35,7 +35,7 @@ use lettre::message::header::{HeaderName, HeaderValue};
 use lettre::message::{Mailbox, MultiPart, SinglePart};
 use lettre::transport::smtp::authentication::{Credentials, DEFAULT_MECHANISMS};
 use lettre::transport::smtp::client::{AsyncSmtpConnection, Tls, TlsParameters};
-use lettre::transport::smtp::commands::{Data, Ehlo, Mail, Noop, Rcpt, Rset};
+use lettre::transport::smtp::commands::{Data, Ehlo, Mail, Noop, Rcpt};
 use lettre::transport::smtp::extension::{ClientId, Extension, MailBodyParameter, MailParameter};
 use lettre::transport::smtp::response::{Response, Severity};
 use lettre::transport::smtp::{SMTP_PORT, SUBMISSION_PORT, SUBMISSIONS_PORT};
@@ -1205,15 +1205,23 @@ fn offers_pipelining(ehlo: &Response) -> bool {
 /// per command). About 60 recipients fit; an envelope with more goes one command at a time.
 const PIPELINED_GROUP_MAX: usize = 4096;
 
-/// The RSET at the head of a group, as lettre writes it.
-const RSET_LEN: usize = "RSET\r\n".len();
+/// The RSET at the head of a group that checks a reused connection ([`transmit`]).
+const RSET: &str = "RSET\r\n";
 
 /// Commands written as they are, in one write (a pipelined group ends with its last CRLF).
-struct Pipelined(String);
+/// With `reset`, [`RSET`] goes first (the check of a reused connection), without a copy of
+/// the group of its own: lettre's `command` formats the whole write once.
+struct Pipelined<'a> {
+    reset: bool,
+    group: &'a str,
+}
 
-impl std::fmt::Display for Pipelined {
+impl std::fmt::Display for Pipelined<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        if self.reset {
+            f.write_str(RSET)?;
+        }
+        f.write_str(self.group)
     }
 }
 
@@ -1327,7 +1335,7 @@ async fn transmit(
     let in_group = reuse.is_some_and(|r| r.in_group)
         && group
             .as_ref()
-            .is_some_and(|g| g.len() + RSET_LEN <= PIPELINED_GROUP_MAX);
+            .is_some_and(|g| g.len() + RSET.len() <= PIPELINED_GROUP_MAX);
     if let Some(r) = reuse
         && !in_group
     {
@@ -1337,15 +1345,23 @@ async fn transmit(
         }
     }
     match group {
-        // Writes RSET and the whole group, then reads RSET's reply (the check), then MAIL FROM's.
-        Some(group) if in_group => {
-            if !completed(&conn.command(Pipelined(format!("{Rset}{group}"))).await) {
+        // Writes the whole group (RSET first when it is the check), then reads the first reply:
+        // RSET's, which must be a 250, then MAIL FROM's; or MAIL FROM's at once.
+        Some(group) => {
+            let first = conn
+                .command(Pipelined {
+                    reset: in_group,
+                    group: &group,
+                })
+                .await;
+            if !in_group {
+                first
+            } else if completed(&first) {
+                conn.read_response().await
+            } else {
                 return Err(Cut::Stale("rset"));
             }
-            conn.read_response().await
         }
-        // Writes the whole group, then reads MAIL FROM's reply.
-        Some(group) => conn.command(Pipelined(group)).await,
         None => conn.command(mail).await,
     }
     .map_err(envelope_err)?;
