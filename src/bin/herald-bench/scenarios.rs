@@ -679,14 +679,14 @@ pub fn ingest_sqlite(ctx: &mut Ctx) -> Result<Vec<Figure>> {
 }
 
 pub fn email_smtp(ctx: &mut Ctx) -> Result<Vec<Figure>> {
-    email_run(ctx, Rows::Sql, None)
+    email_run(ctx, EmailRun::Sql)
 }
 
 /// `email_smtp` with the rows as Herald's own ways in (`POST /v1/messages`, the Rust API) write
 /// them: the Message-ID key and the request fingerprint set at the insert, so that neither the
 /// claim nor the outcome has one to add.
 pub fn email_smtp_api(ctx: &mut Ctx) -> Result<Vec<Figure>> {
-    email_run(ctx, Rows::Keyed, None)
+    email_run(ctx, EmailRun::Keyed)
 }
 
 /// One way of [`email_smtp_rtt`]'s link: a 10 ms round trip.
@@ -696,31 +696,33 @@ const RELAY_ONE_WAY: Duration = Duration::from_millis(5);
 /// hosted relay in another data centre is, and a fifth of the mails: on loopback a round trip
 /// costs CPU, over a network it costs time, and the pool's 10 sessions wait for it.
 pub fn email_smtp_rtt(ctx: &mut Ctx) -> Result<Vec<Figure>> {
-    email_run(ctx, Rows::Sql, Some(RELAY_ONE_WAY))
+    email_run(ctx, EmailRun::Rtt)
 }
 
-/// How [`email_run`] writes its rows.
+/// The email scenarios' variants.
 #[derive(Clone, Copy, PartialEq)]
-enum Rows {
-    /// One plain SQL statement, as an application may.
+enum EmailRun {
+    /// Rows by one plain SQL statement, as an application may write them (`email_smtp`).
     Sql,
-    /// With their Message-ID key and fingerprint, as Herald's own ways in write them.
+    /// Rows with their Message-ID key and fingerprint, as Herald's own ways in write them
+    /// (`email_smtp_api`).
     Keyed,
+    /// Plain SQL rows, a fifth of them, to a server behind [`RELAY_ONE_WAY`] each way
+    /// (`email_smtp_rtt`).
+    Rtt,
 }
 
-fn email_run(ctx: &mut Ctx, rows: Rows, one_way: Option<Duration>) -> Result<Vec<Figure>> {
-    let keyed = rows == Rows::Keyed;
-    let n = if one_way.is_some() {
-        ctx.sizes.email_messages / 5
-    } else {
-        ctx.sizes.email_messages
+fn email_run(ctx: &mut Ctx, run: EmailRun) -> Result<Vec<Figure>> {
+    let (n, one_way, db) = match run {
+        EmailRun::Sql => (ctx.sizes.email_messages, None, "email"),
+        EmailRun::Keyed => (ctx.sizes.email_messages, None, "email_api"),
+        EmailRun::Rtt => (
+            ctx.sizes.email_messages / 5,
+            Some(RELAY_ONE_WAY),
+            "email_rtt",
+        ),
     };
-    let name = match (keyed, one_way) {
-        (true, _) => "email_api",
-        (false, Some(_)) => "email_rtt",
-        (false, None) => "email",
-    };
-    let (path, url) = fresh_sqlite(ctx, name)?;
+    let (path, url) = fresh_sqlite(ctx, db)?;
     let (baseline, rate) = ctx.rt.block_on(async {
         let baseline = lettre_loop(n, one_way).await?;
         let sink = SmtpServer::start().await?;
@@ -731,7 +733,7 @@ fn email_run(ctx: &mut Ctx, rows: Rows, one_way: Option<Duration>) -> Result<Vec
         )
         .await?;
         let mut c = sqlite_conn(&path)?;
-        if keyed {
+        if run == EmailRun::Keyed {
             insert_keyed_mails(&mut c, n)?;
         } else {
             c.batch_execute(&format!(
@@ -753,23 +755,23 @@ fn email_run(ctx: &mut Ctx, rows: Rows, one_way: Option<Duration>) -> Result<Vec
         h.stop().await?;
         Ok::<_, anyhow::Error>((baseline, rate))
     })?;
-    let figure = if keyed {
-        Figure::measured("email_smtp_api", rate, baseline, "msg/s").note(format!(
-            "{n} mails with their key and fingerprint from the insert, as the API writes them; \
+    let figure = match run {
+        EmailRun::Keyed => {
+            Figure::measured("email_smtp_api", rate, baseline, "msg/s").note(format!(
+                "{n} mails with their key and fingerprint from the insert, as the API writes them; \
              SQLite, SMTP pool of 10; baseline: plain lettre loop, 10 connections"
-        ))
-    } else if let Some(d) = one_way {
-        Figure::measured("email_smtp_rtt", rate, baseline, "msg/s").note(format!(
+            ))
+        }
+        EmailRun::Rtt => Figure::measured("email_smtp_rtt", rate, baseline, "msg/s").note(format!(
             "{n} mails to a relay {} ms away (a round trip), SQLite, SMTP pool of 10; \
              baseline: plain lettre loop over the same link, 10 connections",
-            (d * 2).as_millis()
-        ))
-    } else {
-        Figure::measured("email_smtp", rate, baseline, "msg/s")
+            (RELAY_ONE_WAY * 2).as_millis()
+        )),
+        EmailRun::Sql => Figure::measured("email_smtp", rate, baseline, "msg/s")
             .target(Target::RatioAtLeast(0.5))
             .note(format!(
                 "{n} mails, SQLite, SMTP pool of 10; baseline: plain lettre loop, 10 connections"
-            ))
+            )),
     };
     Ok(vec![figure])
 }
