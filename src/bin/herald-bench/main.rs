@@ -213,7 +213,10 @@ fn main() -> Result<()> {
     let mut quick = false;
     let mut out = std::path::PathBuf::from("target/bench");
     let mut chosen: Vec<String> = Vec::new();
-    let mut args = std::env::args().skip(1);
+    let mut args = std::env::args().skip(1).peekable();
+    if args.next_if_eq(scenarios::LETTRE_CHILD).is_some() {
+        return scenarios::lettre_child(args);
+    }
     while let Some(a) = args.next() {
         match a.as_str() {
             "--quick" => quick = true,

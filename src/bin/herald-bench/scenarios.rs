@@ -723,8 +723,12 @@ fn email_run(ctx: &mut Ctx, run: EmailRun) -> Result<Vec<Figure>> {
         ),
     };
     let (path, url) = fresh_sqlite(ctx, db)?;
-    let (baseline, rate) = ctx.rt.block_on(async {
+    let (baseline, in_child, rate) = ctx.rt.block_on(async {
         let baseline = lettre_loop(n, one_way).await?;
+        let in_child = match run {
+            EmailRun::Sql => Some(lettre_loop_in_child(n).await?),
+            _ => None,
+        };
         let sink = SmtpServer::start().await?;
         let smtp_url = format!("smtp://{}", sink.reached_over(one_way).await?);
         let h = HeraldProc::start(
@@ -753,7 +757,7 @@ fn email_run(ctx: &mut Ctx, run: EmailRun) -> Result<Vec<Figure>> {
         let rate = n as f64 / start.elapsed().as_secs_f64();
         ensure!(sink.tally.duplicates() == 0, "duplicate mails");
         h.stop().await?;
-        Ok::<_, anyhow::Error>((baseline, rate))
+        Ok::<_, anyhow::Error>((baseline, in_child, rate))
     })?;
     let figure = match run {
         EmailRun::Keyed => {
@@ -773,7 +777,18 @@ fn email_run(ctx: &mut Ctx, run: EmailRun) -> Result<Vec<Figure>> {
                 "{n} mails, SQLite, SMTP pool of 10; baseline: plain lettre loop, 10 connections"
             )),
     };
-    Ok(vec![figure])
+    let mut figures = vec![figure];
+    if let Some(in_child) = in_child {
+        figures.push(
+            Figure::measured("email_smtp_vs_client_process", rate, in_child, "msg/s").note(
+                format!(
+                    "email_smtp's rate; baseline: the same lettre loop from a process of its own, \
+                     as Herald is ({n} mails, 10 connections)"
+                ),
+            ),
+        );
+    }
+    Ok(figures)
 }
 
 /// The mails of `email_smtp`, each with the Message-ID key and the request fingerprint Herald
@@ -807,15 +822,89 @@ fn insert_keyed_mails(c: &mut SqliteConnection, n: usize) -> Result<()> {
     })
 }
 
-/// The SMTP server's ceiling: as many lettre connections as Herald's pool (10), Nagle off as
-/// Herald's are, each sending one message after another; behind a link of `one_way` each way
-/// when given.
+/// The baseline of the email scenarios: a plain lettre loop, 10 connections, into a fresh
+/// [`SmtpServer`] (behind a [`DelayedLink`] with `one_way`), in this process — the client's and
+/// the server's tasks share one runtime, so a round trip can complete without the operating
+/// system waking another process.
 async fn lettre_loop(n: usize, one_way: Option<Duration>) -> Result<f64> {
+    let sink = SmtpServer::start().await?;
+    let rate = lettre_clients(sink.reached_over(one_way).await?, n).await?;
+    ensure_all_mails(&sink, n)?;
+    Ok(rate)
+}
+
+/// The same lettre loop from a process of its own (this binary, [`LETTRE_CHILD`]), as Herald
+/// runs: every round trip then wakes the client's process and the server's, as it does for
+/// Herald. Its rate is what the child measured, from its first connection to its last reply.
+async fn lettre_loop_in_child(n: usize) -> Result<f64> {
+    let sink = SmtpServer::start().await?;
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .args([LETTRE_CHILD, &sink.addr(), &n.to_string()])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    // Waited for on the blocking pool (the runtime's workers serve the SMTP server meanwhile),
+    // for at most WAIT_LIMIT: then killed. It prints one line, which the pipe holds.
+    let out = tokio::task::spawn_blocking(move || {
+        let start = Instant::now();
+        while child.try_wait()?.is_none() {
+            if start.elapsed() > WAIT_LIMIT {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("the lettre child took longer than {WAIT_LIMIT:?}: killed");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(child.wait_with_output()?)
+    })
+    .await??;
+    ensure!(
+        out.status.success(),
+        "the lettre child failed ({})",
+        out.status
+    );
+    let rate: f64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .context("the lettre child's rate")?;
+    ensure_all_mails(&sink, n)?;
+    Ok(rate)
+}
+
+fn ensure_all_mails(sink: &SmtpServer, n: usize) -> Result<()> {
+    ensure!(
+        sink.tally.count() == n && sink.tally.duplicates() == 0,
+        "the baseline sent {} of {n} ({} duplicates)",
+        sink.tally.count(),
+        sink.tally.duplicates()
+    );
+    Ok(())
+}
+
+/// The argument that makes `herald-bench` the child of [`lettre_loop_in_child`]:
+/// `herald-bench __lettre_child ADDR N` sends N mails to ADDR and prints the rate.
+pub const LETTRE_CHILD: &str = "__lettre_child";
+
+/// [`LETTRE_CHILD`]'s work, on a runtime like Herald's (one worker per core).
+pub fn lettre_child(mut args: impl Iterator<Item = String>) -> Result<()> {
+    let (Some(addr), Some(n), None) = (args.next(), args.next(), args.next()) else {
+        bail!("usage: herald-bench {LETTRE_CHILD} ADDR N");
+    };
+    let n: usize = n.parse().context("N, a count of mails")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    println!("{}", rt.block_on(lettre_clients(addr, n))?);
+    Ok(())
+}
+
+/// As many lettre connections as Herald's pool (10) to `addr`, Nagle off as Herald's are,
+/// sending `n` mails between them one command at a time (lettre's `send`: MAIL FROM, RCPT TO,
+/// DATA, the content), no check before reuse; mails per second.
+async fn lettre_clients(addr: String, n: usize) -> Result<f64> {
     use lettre::address::Envelope;
     use lettre::transport::smtp::client::AsyncSmtpConnection;
     use lettre::transport::smtp::extension::ClientId;
-    let sink = SmtpServer::start().await?;
-    let addr = sink.reached_over(one_way).await?;
     let next = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -849,13 +938,7 @@ async fn lettre_loop(n: usize, one_way: Option<Duration>) -> Result<f64> {
     for t in tasks {
         t.await.context("lettre task")??;
     }
-    let rate = n as f64 / start.elapsed().as_secs_f64();
-    ensure!(
-        sink.tally.count() == n,
-        "the baseline sent {} of {n}",
-        sink.tally.count()
-    );
-    Ok(rate)
+    Ok(n as f64 / start.elapsed().as_secs_f64())
 }
 
 pub fn rss_idle(ctx: &mut Ctx) -> Result<Vec<Figure>> {
