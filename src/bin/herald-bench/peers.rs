@@ -175,15 +175,16 @@ impl SmtpServer {
 }
 
 async fn serve_smtp(sock: TcpStream, tally: Tally) {
-    let (r, mut w) = sock.into_split();
+    let (r, w) = sock.into_split();
     let mut r = BufReader::new(r);
+    let mut w = tokio::io::BufWriter::new(w);
     if w.write_all(b"220 bench.localhost ESMTP\r\n").await.is_err() {
         return;
     }
     let mut line = String::new();
     loop {
         line.clear();
-        match r.read_line(&mut line).await {
+        match read_line_after_replies(&mut r, &mut w, &mut line).await {
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
@@ -193,6 +194,7 @@ async fn serve_smtp(sock: TcpStream, tally: Tally) {
             "HELO" | "MAIL" | "RCPT" | "RSET" | "NOOP" => b"250 OK\r\n",
             "QUIT" => {
                 let _ = w.write_all(b"221 bye\r\n").await;
+                let _ = w.flush().await;
                 return;
             }
             "DATA" => {
@@ -202,7 +204,7 @@ async fn serve_smtp(sock: TcpStream, tally: Tally) {
                 let mut id = None;
                 loop {
                     line.clear();
-                    match r.read_line(&mut line).await {
+                    match read_line_after_replies(&mut r, &mut w, &mut line).await {
                         Ok(0) | Err(_) => return,
                         Ok(_) => {}
                     }
@@ -228,6 +230,21 @@ async fn serve_smtp(sock: TcpStream, tally: Tally) {
             return;
         }
     }
+}
+
+/// Reads a line into `line`, first sending the replies written so far when nothing more has
+/// been read: the replies to a pipelined group go out as one unit, once the server has read the
+/// whole group (RFC 2920 §3.2; Postfix flushes when it needs more input), and a lone command's
+/// reply at once. 0 at the end of the stream.
+async fn read_line_after_replies(
+    r: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
+    w: &mut tokio::io::BufWriter<tokio::net::tcp::OwnedWriteHalf>,
+    line: &mut String,
+) -> std::io::Result<usize> {
+    if r.buffer().is_empty() {
+        w.flush().await?;
+    }
+    r.read_line(line).await
 }
 
 /// A TCP relay on 127.0.0.1:0 in front of `upstream` that holds every chunk for `one_way` in
