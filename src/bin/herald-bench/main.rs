@@ -158,6 +158,8 @@ pub struct Ctx {
     pub figures: Vec<Figure>,
     pub work_dir: std::path::PathBuf,
     pub http_baseline: Option<f64>,
+    /// The same from a process of its own.
+    pub http_baseline_in_child: Option<f64>,
 }
 
 impl Ctx {
@@ -214,8 +216,8 @@ fn main() -> Result<()> {
     let mut out = std::path::PathBuf::from("target/bench");
     let mut chosen: Vec<String> = Vec::new();
     let mut args = std::env::args().skip(1).peekable();
-    if args.next_if_eq(scenarios::LETTRE_CHILD).is_some() {
-        return scenarios::lettre_child(args);
+    if args.next_if_eq(scenarios::CLIENT_CHILD).is_some() {
+        return scenarios::client_child(args);
     }
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -247,6 +249,7 @@ fn main() -> Result<()> {
         figures: Vec::new(),
         work_dir: work_dir.clone(),
         http_baseline: None,
+        http_baseline_in_child: None,
     };
     let started = Instant::now();
     let mut failed = Vec::new();

@@ -66,45 +66,67 @@ fn http_baseline(ctx: &mut Ctx) -> Result<f64> {
     let n = ctx.sizes.dispatch_messages;
     let rate = ctx.rt.block_on(async move {
         let rx = HttpReceiver::start().await?;
-        let client = reqwest::Client::new();
-        let payload = baseline_payload();
-        let next = Arc::new(AtomicUsize::new(0));
-        let start = Instant::now();
-        // At least `n` requests and at least two seconds: a short burst on a shared machine
-        // says more about the neighbours than about the receiver.
-        let window = Duration::from_secs(2);
-        let mut tasks = Vec::new();
-        for _ in 0..CONCURRENCY {
-            let (client, url, payload, next) = (
-                client.clone(),
-                rx.url.clone(),
-                payload.clone(),
-                next.clone(),
-            );
-            tasks.push(tokio::spawn(async move {
-                while next.fetch_add(1, Ordering::Relaxed) < n || start.elapsed() < window {
-                    let r = client
-                        .post(&url)
-                        .header("content-type", "application/json")
-                        .body(payload.clone())
-                        .send()
-                        .await?;
-                    ensure!(
-                        r.status().is_success(),
-                        "baseline receiver said {}",
-                        r.status()
-                    );
-                }
-                Ok(())
-            }));
-        }
-        for t in tasks {
-            t.await??;
-        }
-        Ok::<_, anyhow::Error>(rx.tally.count() as f64 / start.elapsed().as_secs_f64())
+        http_clients(rx.url.clone(), n).await
     })?;
     ctx.http_baseline = Some(rate);
     Ok(rate)
+}
+
+/// [`http_baseline`]'s client from a process of its own ([`in_child`]), against a receiver in
+/// this one: each request then crosses processes, as Herald's do.
+fn http_baseline_in_child(ctx: &mut Ctx) -> Result<f64> {
+    if let Some(b) = ctx.http_baseline_in_child {
+        return Ok(b);
+    }
+    let n = ctx.sizes.dispatch_messages;
+    let rate = ctx.rt.block_on(async move {
+        let rx = HttpReceiver::start().await?;
+        in_child("http", &rx.url, n).await
+    })?;
+    ctx.http_baseline_in_child = Some(rate);
+    Ok(rate)
+}
+
+/// [`CONCURRENCY`] reqwest tasks posting the baseline payload to `url` (at least `n` requests and
+/// at least two seconds: a short burst on a shared machine says more about the neighbours than
+/// about the receiver); requests per second.
+async fn http_clients(url: String, n: usize) -> Result<f64> {
+    let client = reqwest::Client::new();
+    let payload = baseline_payload();
+    let (next, done) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let start = Instant::now();
+    let window = Duration::from_secs(2);
+    let mut tasks = Vec::new();
+    for _ in 0..CONCURRENCY {
+        let (client, url, payload, next, done) = (
+            client.clone(),
+            url.clone(),
+            payload.clone(),
+            next.clone(),
+            done.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            while next.fetch_add(1, Ordering::Relaxed) < n || start.elapsed() < window {
+                let r = client
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body(payload.clone())
+                    .send()
+                    .await?;
+                ensure!(
+                    r.status().is_success(),
+                    "baseline receiver said {}",
+                    r.status()
+                );
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
 }
 
 /// `sql`'s one `n` (a count), marked as the benchmark's own statement.
@@ -222,6 +244,7 @@ pub fn dispatch_rate(ctx: &mut Ctx, db: &str, n: usize) -> Result<f64> {
 
 pub fn dispatch_pg(ctx: &mut Ctx) -> Result<Vec<Figure>> {
     let baseline = http_baseline(ctx)?;
+    let in_child = http_baseline_in_child(ctx)?;
     let n = ctx.sizes.dispatch_messages;
     let r = run_dispatch_pg(ctx, "bench_dispatch", 1, n)?;
     ensure!(r.duplicates == 0, "{} duplicate deliveries", r.duplicates);
@@ -232,6 +255,9 @@ pub fn dispatch_pg(ctx: &mut Ctx) -> Result<Vec<Figure>> {
             .note(format!(
                 "{n} rows by SQL, {CONCURRENCY} concurrent, baseline: reqwest without a database"
             )),
+        Figure::measured("dispatch_pg_vs_client_process", r.rate, in_child, "msg/s").note(
+            "dispatch_pg's rate; baseline: the same reqwest client from a process of its own, as Herald is",
+        ),
         Figure::against_target(
             "db_us_per_message",
             r.stats.exec_ms * 1000.0 / per,
@@ -833,17 +859,25 @@ async fn lettre_loop(n: usize, one_way: Option<Duration>) -> Result<f64> {
     Ok(rate)
 }
 
-/// The same lettre loop from a process of its own (this binary, [`LETTRE_CHILD`]), as Herald
-/// runs: every round trip then wakes the client's process and the server's, as it does for
-/// Herald. Its rate is what the child measured, from its first connection to its last reply.
+/// The same lettre loop from a process of its own ([`in_child`]), as Herald runs: every round
+/// trip then wakes the client's process and the server's, as it does for Herald.
 async fn lettre_loop_in_child(n: usize) -> Result<f64> {
     let sink = SmtpServer::start().await?;
+    let rate = in_child("smtp", &sink.addr(), n).await?;
+    ensure_all_mails(&sink, n)?;
+    Ok(rate)
+}
+
+/// A baseline client (`kind`: `smtp`, the lettre loop; `http`, the HTTP baseline's) run from a
+/// process of its own — this binary with [`CLIENT_CHILD`] — against `peer`, a server of this
+/// process; the rate it measured, from its first request to its last reply.
+async fn in_child(kind: &str, peer: &str, n: usize) -> Result<f64> {
     let mut child = std::process::Command::new(std::env::current_exe()?)
-        .args([LETTRE_CHILD, &sink.addr(), &n.to_string()])
+        .args([CLIENT_CHILD, kind, peer, &n.to_string()])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .spawn()?;
-    // Waited for on the blocking pool (the runtime's workers serve the SMTP server meanwhile),
+    // Waited for on the blocking pool (the runtime's workers serve the peer meanwhile),
     // for at most WAIT_LIMIT: then killed. It prints one line, which the pipe holds.
     let out = tokio::task::spawn_blocking(move || {
         let start = Instant::now();
@@ -851,7 +885,7 @@ async fn lettre_loop_in_child(n: usize) -> Result<f64> {
             if start.elapsed() > WAIT_LIMIT {
                 let _ = child.kill();
                 let _ = child.wait();
-                bail!("the lettre child took longer than {WAIT_LIMIT:?}: killed");
+                bail!("the child took longer than {WAIT_LIMIT:?}: killed");
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -860,15 +894,13 @@ async fn lettre_loop_in_child(n: usize) -> Result<f64> {
     .await??;
     ensure!(
         out.status.success(),
-        "the lettre child failed ({})",
+        "the {kind} child failed ({})",
         out.status
     );
-    let rate: f64 = String::from_utf8_lossy(&out.stdout)
+    String::from_utf8_lossy(&out.stdout)
         .trim()
         .parse()
-        .context("the lettre child's rate")?;
-    ensure_all_mails(&sink, n)?;
-    Ok(rate)
+        .with_context(|| format!("the {kind} child's rate"))
 }
 
 fn ensure_all_mails(sink: &SmtpServer, n: usize) -> Result<()> {
@@ -881,20 +913,32 @@ fn ensure_all_mails(sink: &SmtpServer, n: usize) -> Result<()> {
     Ok(())
 }
 
-/// The argument that makes `herald-bench` the child of [`lettre_loop_in_child`]:
-/// `herald-bench __lettre_child ADDR N` sends N mails to ADDR and prints the rate.
-pub const LETTRE_CHILD: &str = "__lettre_child";
+/// The argument that makes `herald-bench` the child of [`in_child`]: `herald-bench __client
+/// smtp ADDR N` sends N mails to ADDR with the lettre loop, `herald-bench __client http URL N`
+/// posts at least N requests to URL with the HTTP baseline's client; either prints its rate.
+pub const CLIENT_CHILD: &str = "__client";
 
-/// [`LETTRE_CHILD`]'s work, on a runtime like Herald's (one worker per core).
-pub fn lettre_child(mut args: impl Iterator<Item = String>) -> Result<()> {
-    let (Some(addr), Some(n), None) = (args.next(), args.next(), args.next()) else {
-        bail!("usage: herald-bench {LETTRE_CHILD} ADDR N");
+/// [`CLIENT_CHILD`]'s work, on a runtime like Herald's (one worker per core).
+pub fn client_child(mut args: impl Iterator<Item = String>) -> Result<()> {
+    let usage = || anyhow::anyhow!("usage: herald-bench {CLIENT_CHILD} smtp|http PEER N");
+    let (Some(kind), Some(peer), Some(n), None) =
+        (args.next(), args.next(), args.next(), args.next())
+    else {
+        return Err(usage());
     };
-    let n: usize = n.parse().context("N, a count of mails")?;
+    let n: usize = n.parse().context("N, a count")?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    println!("{}", rt.block_on(lettre_clients(addr, n))?);
+    let rate = match kind.as_str() {
+        "smtp" => rt.block_on(lettre_clients(peer, n))?,
+        "http" => {
+            herald::channels::install_crypto_provider();
+            rt.block_on(http_clients(peer, n))?
+        }
+        _ => return Err(usage()),
+    };
+    println!("{rate}");
     Ok(())
 }
 
