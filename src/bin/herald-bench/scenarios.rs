@@ -60,30 +60,34 @@ fn sender_toml(poll_ms: u64) -> String {
 
 /// The same HTTP client (reqwest), concurrency, receiver and payload, with no database.
 fn http_baseline(ctx: &mut Ctx) -> Result<f64> {
-    if let Some(b) = ctx.http_baseline {
-        return Ok(b);
-    }
-    let n = ctx.sizes.dispatch_messages;
-    let rate = ctx.rt.block_on(async move {
-        let rx = HttpReceiver::start().await?;
-        http_clients(rx.url.clone(), n).await
-    })?;
-    ctx.http_baseline = Some(rate);
-    Ok(rate)
+    http_ceiling(ctx, false)
 }
 
 /// [`http_baseline`]'s client from a process of its own ([`in_child`]), against a receiver in
 /// this one: each request then crosses processes, as Herald's do.
 fn http_baseline_in_child(ctx: &mut Ctx) -> Result<f64> {
-    if let Some(b) = ctx.http_baseline_in_child {
+    http_ceiling(ctx, true)
+}
+
+/// The receiver's ceiling with the baseline's client in this process or a child, measured once
+/// a run.
+fn http_ceiling(ctx: &mut Ctx, child: bool) -> Result<f64> {
+    let n = ctx.sizes.dispatch_messages;
+    let (rt, cached) = match child {
+        false => (&ctx.rt, &mut ctx.http_baseline),
+        true => (&ctx.rt, &mut ctx.http_baseline_in_child),
+    };
+    if let Some(b) = *cached {
         return Ok(b);
     }
-    let n = ctx.sizes.dispatch_messages;
-    let rate = ctx.rt.block_on(async move {
+    let rate = rt.block_on(async move {
         let rx = HttpReceiver::start().await?;
-        in_child("http", &rx.url, n).await
+        match child {
+            false => http_clients(rx.url.clone(), n).await,
+            true => in_child("http", &rx.url, n).await,
+        }
     })?;
-    ctx.http_baseline_in_child = Some(rate);
+    *cached = Some(rate);
     Ok(rate)
 }
 
