@@ -232,10 +232,10 @@ async fn serve_smtp(sock: TcpStream, tally: Tally) {
     }
 }
 
-/// Reads a line into `line`, first sending the replies written so far when nothing more has
-/// been read: the replies to a pipelined group go out as one unit, once the server has read the
-/// whole group (RFC 2920 §3.2; Postfix flushes when it needs more input), and a lone command's
-/// reply at once. 0 at the end of the stream.
+/// Reads a line into `line`, first sending the replies written so far when no more input is
+/// buffered: the replies to a pipelined group that arrived together go out as one unit (RFC 2920
+/// §3.2; Postfix flushes when it reads for more input), and a lone command's reply at once.
+/// 0 at the end of the stream.
 async fn read_line_after_replies(
     r: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
     w: &mut tokio::io::BufWriter<tokio::net::tcp::OwnedWriteHalf>,
