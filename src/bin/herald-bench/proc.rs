@@ -2,7 +2,7 @@
 //! configuration; its resident memory read from `/proc`.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -126,17 +126,30 @@ impl HeraldProc {
         let _ = Command::new("kill")
             .args(["-TERM", &self.pid().to_string()])
             .status();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.child.try_wait()?.is_none() {
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        if exited_by(&mut self.child, Duration::from_secs(30))
+            .await?
+            .is_none()
+        {
+            let _ = self.child.kill();
         }
         let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.config);
         Ok(())
+    }
+}
+
+/// Waits for `child` to exit, at most `limit`, polling without blocking the runtime: its exit
+/// status, or `None` if it is still running at the limit.
+pub async fn exited_by(child: &mut Child, limit: Duration) -> Result<Option<ExitStatus>> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
+        }
+        if Instant::now() > deadline {
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

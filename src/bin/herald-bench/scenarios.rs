@@ -58,29 +58,20 @@ fn sender_toml(poll_ms: u64) -> String {
     )
 }
 
-/// The same HTTP client (reqwest), concurrency, receiver and payload, with no database.
-fn http_baseline(ctx: &mut Ctx) -> Result<f64> {
-    http_ceiling(ctx, false)
-}
-
-/// [`http_baseline`]'s client from a process of its own ([`in_child`]), against a receiver in
-/// this one: each request then crosses processes, as Herald's do.
-fn http_baseline_in_child(ctx: &mut Ctx) -> Result<f64> {
-    http_ceiling(ctx, true)
-}
-
-/// The receiver's ceiling with the baseline's client in this process or a child, measured once
-/// a run.
-fn http_ceiling(ctx: &mut Ctx, child: bool) -> Result<f64> {
+/// The same HTTP client (reqwest), concurrency, receiver and payload, with no database: in this
+/// process, or (`child`) from a process of its own ([`in_child`]), so that each request crosses
+/// processes, as Herald's do. Measured once a run each.
+fn http_baseline(ctx: &mut Ctx, child: bool) -> Result<f64> {
     let n = ctx.sizes.dispatch_messages;
-    let (rt, cached) = match child {
-        false => (&ctx.rt, &mut ctx.http_baseline),
-        true => (&ctx.rt, &mut ctx.http_baseline_in_child),
+    let cached = if child {
+        &mut ctx.http_baseline_in_child
+    } else {
+        &mut ctx.http_baseline
     };
     if let Some(b) = *cached {
         return Ok(b);
     }
-    let rate = rt.block_on(async move {
+    let rate = ctx.rt.block_on(async move {
         let rx = HttpReceiver::start().await?;
         match child {
             false => http_clients(rx.url.clone(), n).await,
@@ -247,8 +238,8 @@ pub fn dispatch_rate(ctx: &mut Ctx, db: &str, n: usize) -> Result<f64> {
 }
 
 pub fn dispatch_pg(ctx: &mut Ctx) -> Result<Vec<Figure>> {
-    let baseline = http_baseline(ctx)?;
-    let in_child = http_baseline_in_child(ctx)?;
+    let baseline = http_baseline(ctx, false)?;
+    let in_child = http_baseline(ctx, true)?;
     let n = ctx.sizes.dispatch_messages;
     let r = run_dispatch_pg(ctx, "bench_dispatch", 1, n)?;
     ensure!(r.duplicates == 0, "{} duplicate deliveries", r.duplicates);
@@ -623,7 +614,7 @@ async fn wait_delivered_sqlite(path: &std::path::Path, n: usize, start: Instant)
 }
 
 pub fn dispatch_sqlite(ctx: &mut Ctx) -> Result<Vec<Figure>> {
-    let baseline = http_baseline(ctx)?;
+    let baseline = http_baseline(ctx, false)?;
     let n = ctx.sizes.dispatch_messages;
     let (path, url) = fresh_sqlite(ctx, "dispatch")?;
     let rate = ctx.rt.block_on(async {
@@ -881,28 +872,17 @@ async fn in_child(kind: &str, peer: &str, n: usize) -> Result<f64> {
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .spawn()?;
-    // Waited for on the blocking pool (the runtime's workers serve the peer meanwhile),
-    // for at most WAIT_LIMIT: then killed. It prints one line, which the pipe holds.
-    let out = tokio::task::spawn_blocking(move || {
-        let start = Instant::now();
-        while child.try_wait()?.is_none() {
-            if start.elapsed() > WAIT_LIMIT {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!("the child took longer than {WAIT_LIMIT:?}: killed");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Ok(child.wait_with_output()?)
-    })
-    .await??;
-    ensure!(
-        out.status.success(),
-        "the {kind} child failed ({})",
-        out.status
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
+    // At most WAIT_LIMIT, then killed; the runtime serves the peer meanwhile. It prints one
+    // line, which the pipe holds until it is read.
+    let Some(status) = crate::proc::exited_by(&mut child, WAIT_LIMIT).await? else {
+        let _ = child.kill();
+        let _ = child.wait();
+        bail!("the {kind} child took longer than {WAIT_LIMIT:?}: killed");
+    };
+    ensure!(status.success(), "the {kind} child failed ({status})");
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().context("its stdout")?, &mut out)?;
+    out.trim()
         .parse()
         .with_context(|| format!("the {kind} child's rate"))
 }
