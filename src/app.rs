@@ -208,6 +208,7 @@ impl Herald {
                 pool_size: settings.smtp_pool_size,
                 idle_timeout: settings.smtp_idle_timeout,
                 pipelining: settings.smtp_pipelining,
+                chunking: settings.smtp_chunking,
                 noop_after_idle: settings.smtp_noop_after_idle,
                 ca: settings.smtp_ca.clone(),
                 credentials: settings.smtp_credentials.clone(),

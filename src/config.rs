@@ -94,6 +94,7 @@ struct FileConfig {
     smtp_pool_size: Option<u32>,
     smtp_idle_timeout_seconds: Option<u64>,
     smtp_pipelining: Option<bool>,
+    smtp_chunking: Option<bool>,
     smtp_noop_after_idle_ms: Option<u64>,
     smtp_ca_file: Option<PathBuf>,
     smtp_username: Option<Secret>,
@@ -196,6 +197,9 @@ pub struct Settings {
     pub smtp_idle_timeout: Duration,
     /// Pipeline MAIL FROM, RCPT TO and DATA when the relay offers PIPELINING (default on).
     pub smtp_pipelining: bool,
+    /// Send an `at_least_once` message's content with `BDAT n LAST` (RFC 3030) in the same write
+    /// as its pipelined envelope when the relay offers CHUNKING and PIPELINING (default on).
+    pub smtp_chunking: bool,
     /// A parked SMTP connection resting this long or longer is checked with a NOOP of its own
     /// before reuse; one resting less, by an RSET in its pipelined envelope (0: always a NOOP).
     pub smtp_noop_after_idle: Duration,
@@ -370,6 +374,7 @@ impl Settings {
             num
         );
         over!(smtp_pipelining, "HERALD_SMTP_PIPELINING", flag);
+        over!(smtp_chunking, "HERALD_SMTP_CHUNKING", flag);
         over!(
             smtp_noop_after_idle_ms,
             "HERALD_SMTP_NOOP_AFTER_IDLE_MS",
@@ -722,6 +727,7 @@ impl Settings {
             smtp_pool_size,
             smtp_idle_timeout,
             smtp_pipelining: f.smtp_pipelining.unwrap_or(true),
+            smtp_chunking: f.smtp_chunking.unwrap_or(true),
             smtp_noop_after_idle,
             smtp_ca,
             smtp_credentials,
@@ -1550,6 +1556,26 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(m.contains("HERALD_SMTP_PIPELINING"), "{m}");
+    }
+
+    #[test]
+    fn smtp_chunking_is_on_unless_switched_off() {
+        let build = |pairs: &[(&str, &str)]| Settings::build(FileConfig::default(), &env(pairs));
+        assert!(build(&[]).unwrap().smtp_chunking);
+        assert!(
+            !build(&[("HERALD_SMTP_CHUNKING", "false")])
+                .unwrap()
+                .smtp_chunking
+        );
+        assert!(
+            !Settings::from_toml("smtp_chunking = false\n")
+                .unwrap()
+                .smtp_chunking
+        );
+        let m = build(&[("HERALD_SMTP_CHUNKING", "maybe")])
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("HERALD_SMTP_CHUNKING"), "{m}");
     }
 
     #[test]

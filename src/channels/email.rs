@@ -44,7 +44,7 @@ use serde_json::Value;
 use super::{Outgoing, SendReport};
 use crate::clock::Clock;
 use crate::domain::classify::classify_smtp_code;
-use crate::domain::{AttemptClass, InvalidField};
+use crate::domain::{AttemptClass, InvalidField, Semantics};
 use crate::secret::Secret;
 
 pub mod attachments;
@@ -419,6 +419,9 @@ pub struct SmtpLimits {
     pub idle_timeout: Duration,
     /// Pipeline the envelope when the relay offers PIPELINING (`smtp_pipelining`).
     pub pipelining: bool,
+    /// With pipelining, send an `at_least_once` message's content by `BDAT n LAST` in the
+    /// envelope's write when the relay offers CHUNKING (`smtp_chunking`; see [`transmit`]).
+    pub chunking: bool,
     /// `smtp_noop_after_idle_ms`: a connection parked this long or longer is checked with a NOOP
     /// of its own before reuse; one parked less, by an RSET in its envelope's group
     /// ([`DEFAULT_NOOP_AFTER_IDLE`]).
@@ -484,7 +487,8 @@ impl EmailChannel {
                 write_eml(dir, row.event_id, &self.domain, &message.formatted(), now).await
             }
             EmailTransport::Smtp(pool) => {
-                match pool.send(message.envelope(), &message.formatted()).await {
+                let content = message.formatted();
+                match pool.send(message.envelope(), &content, row.semantics).await {
                     Ok(accepted) => accepted.report(now),
                     Err(failure) => failure.report(now),
                 }
@@ -887,9 +891,35 @@ fn reuse_check_bound(timeout: Duration) -> Duration {
 /// connection is gone (dropped, or retired after its QUIT).
 struct Pooled {
     conn: AsyncSmtpConnection,
-    /// The server offered PIPELINING (RFC 2920) in its EHLO reply ([`offers_pipelining`]).
-    pipelining: bool,
+    /// What Herald will use of what the server offered in its EHLO reply ([`offers`]).
+    uses: Uses,
+    /// The connection's own TCP socket, a second handle on it, to see whether the server ended
+    /// the session while the connection was parked ([`Pooled::ended_while_parked`]). `None` for
+    /// `smtps://`, whose socket lettre opens itself.
+    watch: Option<std::net::TcpStream>,
     _slot: OwnedSemaphorePermit,
+}
+
+/// The extensions a connection uses: offered by the server and allowed by the configuration.
+#[derive(Debug, Clone, Copy, Default)]
+struct Uses {
+    /// PIPELINING (RFC 2920), `smtp_pipelining`.
+    pipelining: bool,
+    /// CHUNKING (RFC 3030) with pipelining, `smtp_chunking`.
+    chunking: bool,
+}
+
+impl Pooled {
+    /// Whether the server ended the session while the connection was parked: it closed it, or
+    /// wrote something (a `421` before closing). An SMTP server says nothing unasked, so anything
+    /// to read between two messages, the end of the stream included, means the session is over.
+    /// A look at the socket (a non-blocking `MSG_PEEK`), nothing on the wire.
+    fn ended_while_parked(&self) -> bool {
+        let Some(socket) = &self.watch else {
+            return false;
+        };
+        !matches!(socket.peek(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
 }
 
 /// Pooled SMTP connections to one relay: at most `pool_size` open at once, in use or parked
@@ -907,6 +937,8 @@ pub struct SmtpPool {
     idle_timeout: Duration,
     /// `smtp_pipelining`: pipeline when the relay offers it.
     pipelining: bool,
+    /// `smtp_chunking`: with pipelining, BDAT when the relay offers CHUNKING.
+    chunking: bool,
     /// Bound on the NOOP check of a parked connection ([`reuse_check_bound`]).
     reuse_check: Duration,
     /// Parked this long or longer: a NOOP check, not an RSET in the group.
@@ -981,6 +1013,7 @@ impl SmtpPool {
             timeout: limits.timeout,
             idle_timeout: limits.idle_timeout,
             pipelining: limits.pipelining,
+            chunking: limits.chunking,
             reuse_check: reuse_check_bound(limits.timeout),
             noop_after_idle: limits.noop_after_idle,
             slots: Arc::new(Semaphore::new(limits.pool_size.max(1))),
@@ -992,21 +1025,29 @@ impl SmtpPool {
     /// One attempt, bounded by the SMTP timeout as a whole, waiting for a slot included. A
     /// reused connection that fails its check ([`transmit`]) is closed and the next parked one,
     /// or a new one, carries the same attempt.
-    pub async fn send(&self, envelope: &Envelope, content: &[u8]) -> Result<Accepted, SmtpFailure> {
+    ///
+    /// `semantics`: only an `at_least_once` message is sent with CHUNKING, whose content leaves
+    /// with the envelope ([`transmit`]); and on a reused connection only when its socket can be
+    /// watched, so that one the server closed while parked is never written to.
+    pub async fn send(
+        &self,
+        envelope: &Envelope,
+        content: &[u8],
+        semantics: Semantics,
+    ) -> Result<Accepted, SmtpFailure> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         loop {
             let (mut pooled, reuse) = self.checkout(deadline).await?;
+            let uses = Uses {
+                chunking: pooled.uses.chunking
+                    && semantics == Semantics::AtLeastOnce
+                    && (reuse.is_none() || pooled.watch.is_some()),
+                ..pooled.uses
+            };
             let mut stage = Stage::Envelope;
             let result = tokio::time::timeout_at(
                 deadline,
-                transmit(
-                    &mut pooled.conn,
-                    pooled.pipelining,
-                    reuse,
-                    envelope,
-                    content,
-                    &mut stage,
-                ),
+                transmit(&mut pooled.conn, uses, reuse, envelope, content, &mut stage),
             )
             .await;
             let failure = match result {
@@ -1045,6 +1086,10 @@ impl SmtpPool {
             tokio::pin!(parked);
             parked.as_mut().enable();
             if let Some((p, since)) = self.take_idle() {
+                if p.ended_while_parked() {
+                    info!("a parked SMTP connection was ended by the server; dropped");
+                    continue;
+                }
                 let reuse = Reuse {
                     in_group: since.elapsed() < self.noop_after_idle,
                     noop_until: deadline.min(tokio::time::Instant::now() + self.reuse_check),
@@ -1064,10 +1109,11 @@ impl SmtpPool {
             };
             let mut step = ConnectStep::Hello;
             return match tokio::time::timeout_at(deadline, self.connect(&mut step)).await {
-                Ok(Ok((conn, pipelining))) => Ok((
+                Ok(Ok((conn, uses, watch))) => Ok((
                     Pooled {
                         conn,
-                        pipelining,
+                        uses,
+                        watch,
                         _slot: slot,
                     },
                     None,
@@ -1088,16 +1134,18 @@ impl SmtpPool {
     }
 
     /// TCP (and TLS for smtps), greeting, EHLO, STARTTLS when asked for, AUTH when configured;
-    /// `step` says how far it got. Also whether the server offers PIPELINING: lettre keeps only
-    /// the EHLO keywords it knows, so Herald asks again (EHLO may be repeated at any time, RFC
-    /// 5321 §4.1.4; one round trip per connection, not per message), after TLS and before AUTH.
-    /// A server that refuses the repeated EHLO is used without pipelining.
+    /// `step` says how far it got. Also whether the server offers PIPELINING and CHUNKING: lettre
+    /// keeps only the EHLO keywords it knows, so Herald asks again (EHLO may be repeated at any
+    /// time, RFC 5321 §4.1.4; one round trip per connection, not per message), after TLS and
+    /// before AUTH. A server that refuses the repeated EHLO is used without either. And, but for
+    /// `smtps://`, a second handle on the TCP socket ([`Pooled::ended_while_parked`]).
     async fn connect(
         &self,
         step: &mut ConnectStep,
-    ) -> Result<(AsyncSmtpConnection, bool), ConnectError> {
+    ) -> Result<(AsyncSmtpConnection, Uses, Option<std::net::TcpStream>), ConnectError> {
         *step = ConnectStep::Hello;
         let r = &self.relay;
+        let mut watch = None;
         let mut conn = match &r.tls {
             Tls::Wrapper(p) => {
                 AsyncSmtpConnection::connect_tokio1(
@@ -1119,6 +1167,12 @@ impl SmtpPool {
                     .await
                     .map_err(ConnectError::Tcp)?;
                 tcp.set_nodelay(true).map_err(ConnectError::Tcp)?;
+                // A duplicate of the socket's descriptor, non-blocking as tokio made it; the
+                // connection ends (FIN) once both handles are closed, which happens together
+                // (both are the `Pooled`'s).
+                let socket = tcp.into_std().map_err(ConnectError::Tcp)?;
+                watch = Some(socket.try_clone().map_err(ConnectError::Tcp)?);
+                let tcp = tokio::net::TcpStream::from_std(socket).map_err(ConnectError::Tcp)?;
                 AsyncSmtpConnection::connect_with_transport(Box::new(tcp), &r.hello).await?
             }
         };
@@ -1133,19 +1187,28 @@ impl SmtpPool {
             }
             _ => {}
         }
-        let pipelining = self.pipelining
-            && match conn.command(Ehlo::new(r.hello.clone())).await {
-                Ok(reply) => offers_pipelining(&reply),
+        let uses = if self.pipelining {
+            match conn.command(Ehlo::new(r.hello.clone())).await {
+                Ok(reply) => {
+                    let pipelining = offers(&reply, "PIPELINING");
+                    Uses {
+                        pipelining,
+                        chunking: pipelining && self.chunking && offers(&reply, "CHUNKING"),
+                    }
+                }
                 // Refused (Python's smtpd answers a second EHLO `503 Duplicate HELO/EHLO`): the
                 // session is as it was after the first; it goes on without pipelining.
-                Err(e) if reply_code(&e).is_some_and(|code| code != 421) => false,
+                Err(e) if reply_code(&e).is_some_and(|code| code != 421) => Uses::default(),
                 Err(e) => return Err(e.into()),
-            };
+            }
+        } else {
+            Uses::default()
+        };
         if let Some(c) = &r.credentials {
             *step = ConnectStep::Auth;
             conn.auth(DEFAULT_MECHANISMS, c).await?;
         }
-        Ok((conn, pipelining))
+        Ok((conn, uses, watch))
     }
 
     /// Parks a healthy connection, with a reaper watching it (started when none is).
@@ -1189,13 +1252,13 @@ fn retire(mut p: Pooled) {
     }
 }
 
-/// Whether an EHLO reply offers PIPELINING: a keyword on a line after the first (which names
-/// the server, RFC 5321 §4.1.1.1), case-insensitive.
-fn offers_pipelining(ehlo: &Response) -> bool {
+/// Whether an EHLO reply offers an extension (`PIPELINING`, `CHUNKING`): a keyword on a line
+/// after the first (which names the server, RFC 5321 §4.1.1.1), case-insensitive.
+fn offers(ehlo: &Response, keyword: &str) -> bool {
     ehlo.message().skip(1).any(|line| {
         line.split_whitespace()
             .next()
-            .is_some_and(|k| k.eq_ignore_ascii_case("PIPELINING"))
+            .is_some_and(|k| k.eq_ignore_ascii_case(keyword))
     })
 }
 
@@ -1209,11 +1272,13 @@ const PIPELINED_GROUP_MAX: usize = 4096;
 const RSET: &str = "RSET\r\n";
 
 /// Commands written as they are, in one write (a pipelined group ends with its last CRLF).
-/// With `reset`, [`RSET`] goes first (the check of a reused connection), without a copy of
-/// the group of its own: lettre's `command` formats the whole write once.
+/// With `reset`, [`RSET`] goes first (the check of a reused connection), and after the group
+/// its `chunk` (a `BDAT n LAST`'s content, else nothing), without a copy of either of its own:
+/// lettre's `command` formats the whole write once.
 struct Pipelined<'a> {
     reset: bool,
     group: &'a str,
+    chunk: &'a str,
 }
 
 impl std::fmt::Display for Pipelined<'_> {
@@ -1221,7 +1286,61 @@ impl std::fmt::Display for Pipelined<'_> {
         if self.reset {
             f.write_str(RSET)?;
         }
-        f.write_str(self.group)
+        f.write_str(self.group)?;
+        f.write_str(self.chunk)
+    }
+}
+
+/// How the replies to a chunked group end an attempt ([`chunked_end`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChunkedEnd {
+    /// BDAT's reply was positive (as DATA's final reply counts: lettre's `Ok`): the server
+    /// took the message.
+    Accepted,
+    /// The reply at this index (a negative one) proves the message was not taken.
+    Refused(usize),
+    /// Every recipient was refused: there is no one to take the message for.
+    RecipientsRefused,
+    /// The RSET that checked a reused connection was refused with a 421 and the server then
+    /// ended the session, as a 421 announces: nothing after the RSET was taken.
+    Stale,
+    /// The replies stopped (a lost connection) before any of them proved the message was not
+    /// taken: the server may have taken it.
+    Unknown,
+}
+
+/// What the reply codes read for a chunked group decide: `codes` in order — RSET's when
+/// `reset`, MAIL FROM's, one per recipient, BDAT's — stopping short where the connection was
+/// lost. A pure function of the codes, so every way a server can answer is tested below.
+///
+/// The content left with the envelope, so only a reply can prove the message was not taken:
+/// BDAT's own, a refused MAIL FROM (no transaction), every recipient refused, or a 421 after
+/// which the server said no more (it ended the session as the 421 announced, before the BDAT).
+/// A 421 followed by more replies proves nothing: that server did not close, and BDAT's reply
+/// decides. A lost connection with none of those is [`ChunkedEnd::Unknown`].
+fn chunked_end(codes: &[u16], reset: bool, recipients: usize) -> ChunkedEnd {
+    // As lettre reads a reply: 2xx and 3xx are `Ok`, 4xx and 5xx an error.
+    let positive = |c: u16| (200..400).contains(&c);
+    let mail = usize::from(reset);
+    let bdat = mail + recipients + 1;
+    match codes.get(bdat) {
+        Some(&c) if positive(c) => return ChunkedEnd::Accepted,
+        _ => {}
+    }
+    if codes.get(mail).is_some_and(|&c| !positive(c)) {
+        return ChunkedEnd::Refused(mail);
+    }
+    let rcpts = codes.get(mail + 1..mail + 1 + recipients);
+    if rcpts.is_some_and(|r| !r.iter().any(|&c| positive(c))) {
+        return ChunkedEnd::RecipientsRefused;
+    }
+    if codes.len() > bdat {
+        return ChunkedEnd::Refused(bdat);
+    }
+    match codes.last() {
+        Some(421) if reset && codes.len() == 1 => ChunkedEnd::Stale,
+        Some(421) => ChunkedEnd::Refused(codes.len() - 1),
+        _ => ChunkedEnd::Unknown,
     }
 }
 
@@ -1287,7 +1406,7 @@ fn completed(reply: &Result<Response, lettre::transport::smtp::Error>) -> bool {
 /// unread replies with it).
 async fn transmit(
     conn: &mut AsyncSmtpConnection,
-    pipelining: bool,
+    uses: Uses,
     reuse: Option<Reuse>,
     envelope: &Envelope,
     content: &[u8],
@@ -1320,17 +1439,25 @@ async fn transmit(
         mail_options.push(MailParameter::Body(MailBodyParameter::EightBitMime));
     }
     let mail = Mail::new(envelope.from().cloned(), mail_options);
-    let group = pipelining
+    // lettre's `command` takes text: content that is not UTF-8 (Herald's own messages always
+    // are) goes by DATA.
+    let chunk = std::str::from_utf8(content).ok().filter(|_| uses.chunking);
+    let group = uses
+        .pipelining
         .then(|| {
             let mut group = mail.to_string();
             for to in envelope.to() {
                 group.push_str(&Rcpt::new(to.clone(), vec![]).to_string());
             }
-            group.push_str(&Data.to_string());
+            match chunk {
+                Some(_) => group.push_str(&format!("BDAT {} LAST\r\n", content.len())),
+                None => group.push_str(&Data.to_string()),
+            }
             group
         })
         .filter(|g| g.len() <= PIPELINED_GROUP_MAX);
     let pipelining = group.is_some();
+    let chunk = chunk.filter(|_| pipelining);
     // The RSET counts towards the group's size too.
     let in_group = reuse.is_some_and(|r| r.in_group)
         && group
@@ -1344,6 +1471,9 @@ async fn transmit(
             return Err(Cut::Stale("noop"));
         }
     }
+    if let (Some(group), Some(chunk)) = (&group, chunk) {
+        return transmit_chunked(conn, in_group, group, chunk, envelope, stage).await;
+    }
     match group {
         // Writes the whole group (RSET first when it is the check), then reads the first reply:
         // RSET's, which must be a 250, then MAIL FROM's; or MAIL FROM's at once.
@@ -1352,6 +1482,7 @@ async fn transmit(
                 .command(Pipelined {
                     reset: in_group,
                     group: &group,
+                    chunk: "",
                 })
                 .await;
             if !in_group {
@@ -1404,6 +1535,92 @@ async fn transmit(
     }
     .map_err(|e| SmtpFailure::Smtp(Stage::Content, e))?;
     Ok(Accepted { reply, refused })
+}
+
+/// The pipelined envelope with `BDAT n LAST` at its end and the content right behind it, all
+/// in one write (RFC 3030 with RFC 2920; RSET first when it checks a reused connection), then
+/// every reply in order: one round trip a message. No dot-stuffing: BDAT counts bytes.
+///
+/// From that write on the server may take the message, so the stage is [`Stage::Content`] at
+/// once: a timeout, or a connection lost before the replies prove otherwise, is ambiguous
+/// ([`chunked_end`] says which replies prove it). Hence only for `at_least_once` messages, and
+/// on a reused connection only when its socket was seen open just before
+/// ([`Pooled::ended_while_parked`]), so that a connection closed while parked is replaced
+/// without a word, not written to. A server that replies to a chunk it will not take still reads
+/// all of it first (RFC 3030 §2), so a refusal leaves the session in step; the connection is
+/// closed after any failure all the same.
+async fn transmit_chunked(
+    conn: &mut AsyncSmtpConnection,
+    reset: bool,
+    group: &str,
+    chunk: &str,
+    envelope: &Envelope,
+    stage: &mut Stage,
+) -> Result<Accepted, Cut> {
+    *stage = Stage::Content;
+    let recipients = envelope.to().len();
+    let expected = usize::from(reset) + recipients + 2;
+    let mut replies = Vec::with_capacity(expected);
+    let mut next = conn.command(Pipelined { reset, group, chunk }).await;
+    let lost = loop {
+        match next {
+            Err(e) if e.status().is_none() => break Some(e),
+            reply => replies.push(reply),
+        }
+        if replies.len() == expected {
+            break None;
+        }
+        next = conn.read_response().await;
+    };
+    let code = |r: &Result<Response, lettre::transport::smtp::Error>| match r {
+        Ok(reply) => smtp_code(&reply.code().to_string()),
+        Err(e) => reply_code(e).unwrap_or(0),
+    };
+    let codes: Vec<u16> = replies.iter().map(code).collect();
+    let mail = usize::from(reset);
+    let refused = || -> Vec<RefusedRecipient> {
+        envelope
+            .to()
+            .iter()
+            .zip(codes.iter().skip(mail + 1))
+            .filter(|(_, c)| !(200..400).contains(*c))
+            .map(|(to, &code)| RefusedRecipient {
+                masked: crate::telemetry::mask_email(to.as_ref()),
+                code,
+            })
+            .collect()
+    };
+    // A positive code is lettre's `Ok`, a negative one its error (`code` above), so each arm
+    // finds the reply it names; were it otherwise, the end would be the ambiguous one below.
+    match chunked_end(&codes, reset, recipients) {
+        ChunkedEnd::Accepted => {
+            let refused = refused();
+            if let Some(Ok(reply)) = replies.pop() {
+                return Ok(Accepted { reply, refused });
+            }
+        }
+        ChunkedEnd::RecipientsRefused => {
+            return Err(SmtpFailure::RecipientsRefused(refused()).into());
+        }
+        ChunkedEnd::Stale => return Err(Cut::Stale("rset")),
+        ChunkedEnd::Refused(i) => {
+            // The envelope's refusals keep their stage: a 530 at MAIL FROM is still ours.
+            let at = if i == expected - 1 {
+                Stage::Content
+            } else {
+                Stage::Envelope
+            };
+            if let Err(e) = replies.swap_remove(i) {
+                return Err(SmtpFailure::Smtp(at, e).into());
+            }
+        }
+        ChunkedEnd::Unknown => {}
+    }
+    Err(match lost {
+        Some(e) => SmtpFailure::Smtp(Stage::Content, e),
+        None => SmtpFailure::Timeout(Stage::Content),
+    }
+    .into())
 }
 
 /// The content as it goes after DATA's 354 (RFC 5321 §4.5.2, transparency): a `.` that begins
@@ -1602,7 +1819,59 @@ mod tests {
     }
 
     #[test]
-    fn pipelining_is_an_ehlo_keyword_after_the_server_name() {
+    fn a_chunked_group_is_decided_by_the_replies_that_prove_something() {
+        use ChunkedEnd::*;
+        // (codes read, reset, recipients, end). Reused: RSET, MAIL, RCPT…, BDAT.
+        let cases: &[(&[u16], bool, usize, ChunkedEnd)] = &[
+            // Every reply read.
+            (&[250, 250, 250, 250], true, 1, Accepted),
+            (&[250, 250, 250], false, 1, Accepted),
+            (&[250, 250, 550, 250, 250], true, 2, Accepted),
+            (&[250, 250, 250, 451], true, 1, Refused(3)),
+            (&[250, 250, 250, 554], false, 2, Refused(3)),
+            (&[250, 550, 503, 503], true, 1, Refused(1)),
+            (&[530, 503, 503], false, 1, Refused(0)),
+            (&[250, 250, 550, 554], true, 1, RecipientsRefused),
+            (&[250, 550, 451, 503], false, 2, RecipientsRefused),
+            // A server that said 421 to the RSET and went on: BDAT's reply decides.
+            (&[421, 250, 250, 250], true, 1, Accepted),
+            (&[421, 250, 250, 451], true, 1, Refused(3)),
+            // Lost before any reply: the content may have been taken.
+            (&[], true, 1, Unknown),
+            (&[], false, 1, Unknown),
+            // Lost part-way, nothing proved.
+            (&[250], true, 1, Unknown),
+            (&[250, 250], true, 1, Unknown),
+            (&[250, 250, 250], true, 1, Unknown),
+            (&[250, 250, 550], true, 2, Unknown),
+            (&[250, 250, 550], false, 2, Unknown),
+            // Lost after a reply that proves it.
+            (&[250, 550], true, 1, Refused(1)),
+            (&[550], false, 3, Refused(0)),
+            (&[250, 250, 550], true, 1, RecipientsRefused),
+            (&[250, 550, 551], false, 2, RecipientsRefused),
+            // A 421, then nothing: the server ended the session as it said.
+            (&[421], true, 1, Stale),
+            (&[421], false, 1, Refused(0)),
+            (&[250, 421], true, 1, Refused(1)),
+            (&[250, 250, 421], true, 2, Refused(2)),
+            // A 421 followed by more replies proves nothing by itself.
+            (&[421, 250], true, 1, Unknown),
+            (&[250, 250, 421, 250], true, 2, Unknown),
+            // Any other refusal of the RSET, then nothing: no proof either.
+            (&[502], true, 1, Unknown),
+        ];
+        for (codes, reset, recipients, end) in cases {
+            assert_eq!(
+                chunked_end(codes, *reset, *recipients),
+                *end,
+                "{codes:?} reset={reset} recipients={recipients}"
+            );
+        }
+    }
+
+    #[test]
+    fn extensions_are_ehlo_keywords_after_the_server_name() {
         use lettre::transport::smtp::response::{Category, Code, Detail, Severity};
         let ehlo = |lines: &[&str]| {
             let code = Code::new(
@@ -1612,19 +1881,25 @@ mod tests {
             );
             Response::new(code, lines.iter().map(|l| (*l).to_owned()).collect())
         };
-        assert!(offers_pipelining(&ehlo(&[
+        let postfix = ehlo(&[
             "mx.example.com Hello",
             "SIZE 10240000",
             "PIPELINING",
             "8BITMIME",
-        ])));
-        assert!(offers_pipelining(&ehlo(&["mx", "pipelining"])));
+            "CHUNKING",
+        ]);
+        assert!(offers(&postfix, "PIPELINING"));
+        assert!(offers(&postfix, "CHUNKING"));
+        assert!(!offers(&postfix, "SMTPUTF8"));
+        assert!(offers(&ehlo(&["mx", "pipelining"]), "PIPELINING"));
         for without in [
             &["mx.example.com", "8BITMIME", "XPIPELINING"][..],
             &["PIPELINING"],
+            &["CHUNKING"],
             &["mx.example.com", "SIZE PIPELINING"],
         ] {
-            assert!(!offers_pipelining(&ehlo(without)), "{without:?}");
+            assert!(!offers(&ehlo(without), "PIPELINING"), "{without:?}");
+            assert!(!offers(&ehlo(without), "CHUNKING"), "{without:?}");
         }
     }
 
@@ -1634,6 +1909,7 @@ mod tests {
             pool_size,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             pipelining: true,
+            chunking: true,
             noop_after_idle: DEFAULT_NOOP_AFTER_IDLE,
             ca: None,
             credentials: None,
@@ -1733,6 +2009,7 @@ mod tests {
             event_id: "order-42:placed",
             destination: "ada@example.com",
             payload: &payload,
+            semantics: Semantics::AtLeastOnce,
         };
         let from: Mailbox = "herald@example.com".parse().unwrap();
         let options = MessageOptions {
@@ -1787,6 +2064,7 @@ mod tests {
             event_id: "e-1",
             destination: "ada@example.com",
             payload: &payload,
+            semantics: Semantics::AtLeastOnce,
         };
         let from: Mailbox = "herald@example.com".parse().unwrap();
         let options = MessageOptions {
@@ -2006,12 +2284,12 @@ mod tests {
         let envelope = Envelope::new(Some(to.clone()), vec![to]).unwrap();
         let taken = pool.slots.clone().try_acquire_owned().unwrap();
         let started = Instant::now();
-        let failure = pool.send(&envelope, b"x").await.unwrap_err();
+        let failure = pool.send(&envelope, b"x", Semantics::AtLeastOnce).await.unwrap_err();
         assert!(matches!(failure, SmtpFailure::PoolTimeout), "{failure:?}");
         assert!(started.elapsed() >= timeout);
         // With the slot free the same pool goes on to connect (and is refused).
         drop(taken);
-        let failure = pool.send(&envelope, b"x").await.unwrap_err();
+        let failure = pool.send(&envelope, b"x", Semantics::AtLeastOnce).await.unwrap_err();
         assert_eq!(failure.classify(), (AttemptClass::NotSent, "connect", None));
     }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::domain::AttemptClass;
+use crate::domain::{AttemptClass, Semantics};
 
 /// A claimed message as a channel sends it: what goes out, nothing of how it is stored.
 #[derive(Debug, Clone, Copy)]
@@ -18,6 +18,10 @@ pub struct Outgoing<'a> {
     pub destination: &'a str,
     /// The message's payload as enqueued; each channel parses its own shape.
     pub payload: &'a serde_json::Value,
+    /// What a lost answer may cost: under `at_most_once` the email channel keeps the content
+    /// back until the envelope was answered (no CHUNKING), so a connection lost before then
+    /// stays `not_sent`.
+    pub semantics: Semantics,
 }
 
 /// What one send did, as the attempt row records it.

@@ -636,6 +636,7 @@ impl Sender {
             event_id: &row.event_id,
             destination: &row.destination,
             payload: &row.payload,
+            semantics: row.semantics,
         };
         // Latency by the monotonic clock: the wall clock (and a test's) may jump.
         let sending = std::time::Instant::now();

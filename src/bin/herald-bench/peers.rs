@@ -182,6 +182,7 @@ async fn serve_smtp(sock: TcpStream, tally: Tally) {
         return;
     }
     let mut line = String::new();
+    let (mut chunk, mut chunk_id) = (Vec::new(), None);
     loop {
         line.clear();
         match read_line_after_replies(&mut r, &mut w, &mut line).await {
@@ -190,7 +191,7 @@ async fn serve_smtp(sock: TcpStream, tally: Tally) {
         }
         let verb = line.get(..4).unwrap_or("").to_ascii_uppercase();
         let reply: &[u8] = match verb.as_str() {
-            "EHLO" => b"250-bench.localhost\r\n250-PIPELINING\r\n250 8BITMIME\r\n",
+            "EHLO" => b"250-bench.localhost\r\n250-PIPELINING\r\n250-CHUNKING\r\n250 8BITMIME\r\n",
             "HELO" | "MAIL" | "RCPT" | "RSET" | "NOOP" => b"250 OK\r\n",
             "QUIT" => {
                 let _ = w.write_all(b"221 bye\r\n").await;
@@ -224,12 +225,46 @@ async fn serve_smtp(sock: TcpStream, tally: Tally) {
                 tally.record(id);
                 b"250 queued\r\n"
             }
+            // RFC 3030: `BDAT <size> [LAST]`, then exactly <size> bytes of the message, no
+            // dot-stuffing. The message's id is looked for in the chunk that holds its headers.
+            "BDAT" => {
+                let mut words = line.split_whitespace().skip(1);
+                let size = words.next().and_then(|n| n.parse::<usize>().ok());
+                let last = words.next().is_some_and(|w| w.eq_ignore_ascii_case("LAST"));
+                let Some(size) = size else {
+                    return;
+                };
+                chunk.resize(size, 0);
+                if r.read_exact(&mut chunk).await.is_err() {
+                    return;
+                }
+                if chunk_id.is_none() {
+                    chunk_id = message_id(&chunk);
+                }
+                if last {
+                    tally.record(chunk_id.take());
+                    b"250 queued\r\n"
+                } else {
+                    b"250 chunk\r\n"
+                }
+            }
             _ => b"502 unknown\r\n",
         };
         if w.write_all(reply).await.is_err() {
             return;
         }
     }
+}
+
+/// The `Message-ID` (or `X-Herald-Event-Id`) in a message's header, as DATA's loop reads it.
+fn message_id(message: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(message);
+    let head = text.split("\r\n\r\n").next().unwrap_or_default();
+    head.lines().find_map(|l| {
+        let (n, v) = l.split_once(':')?;
+        (n.eq_ignore_ascii_case("x-herald-event-id") || n.eq_ignore_ascii_case("message-id"))
+            .then(|| v.trim().to_owned())
+    })
 }
 
 /// Reads a line into `line`, first sending the replies written so far when no more input is
