@@ -15,6 +15,12 @@
 //!   accepted content it never received.
 //! - **Content**: the final reply decides the same way; a timeout or a lost connection once the
 //!   content is on its way is `ambiguous`.
+//! - **CHUNKING** (RFC 3030, when the relay offers it with PIPELINING; `smtp_chunking`): an
+//!   `at_least_once` message's content leaves in the envelope's write, after `BDAT n LAST`, so
+//!   the attempt is at the content stage from that write on. A reply decides as above; a lost
+//!   connection or a timeout is `ambiguous` unless a reply already proved that nothing was taken
+//!   (a refused MAIL FROM, every recipient refused, a 421 after which the server closed)
+//!   ([`chunked_end`]). `at_most_once` messages never go this way.
 //!
 //! After any failure the connection is closed, never parked for reuse: a 421 (the server
 //! closing the channel) anywhere included. The whole attempt is bounded by the SMTP timeout,
@@ -667,8 +673,9 @@ pub enum Stage {
     /// MAIL FROM, RCPT TO, DATA up to the server's 354: only the envelope has left, and a server
     /// cannot accept a message whose content it has not received.
     Envelope,
-    /// The content and its final dot are being written, or the final reply is awaited: the
-    /// server may have accepted the message.
+    /// The content and its final dot are being written, or the final reply is awaited — with
+    /// CHUNKING from the write that carries the envelope, `BDAT` and the content: the server may
+    /// have accepted the message.
     Content,
 }
 
@@ -924,8 +931,9 @@ impl Pooled {
 
 /// Pooled SMTP connections to one relay: at most `pool_size` open at once, in use or parked
 /// (an attempt waits for a slot within its own deadline; running out while waiting is
-/// `not_sent`, `pool_timeout`). Opened on demand, parked after a successful send, checked on
-/// reuse ([`transmit`]: after a short rest an RSET at the head of the pipelined envelope, else a
+/// `not_sent`, `pool_timeout`). Opened on demand, parked after a successful send, dropped
+/// unwritten when the server ended its session while it was parked (a look at the socket,
+/// [`Pooled::ended_while_parked`]), checked on reuse ([`transmit`]: after a short rest an RSET at the head of the pipelined envelope, else a
 /// NOOP of its own, bounded; one that fails, or that stays silent past the NOOP's bound, is
 /// closed and replaced within the same attempt, while one that stays silent after its RSET costs
 /// the attempt), closed after a failure, and retired (QUIT) once it has been parked
@@ -1350,6 +1358,8 @@ enum Cut {
     /// completion, or a NOOP unanswered by its time): closed by the server while parked, refused,
     /// or gone silent. Only the check and the envelope can have left on it, never the content, so
     /// the server cannot have accepted the message: another connection carries the same attempt.
+    /// With CHUNKING the content did leave, and only a 421 answering the RSET after which the
+    /// server ended the session counts ([`ChunkedEnd::Stale`]): it took nothing after the 421.
     /// With the check that failed: `rset` or `noop`.
     Stale(&'static str),
     Failed(SmtpFailure),
@@ -1376,7 +1386,9 @@ fn completed(reply: &Result<Response, lettre::transport::smtp::Error>) -> bool {
     matches!(reply, Ok(r) if r.code().severity == Severity::PositiveCompletion)
 }
 
-/// MAIL FROM, RCPT TO, DATA, then the content; `stage` says how far it got.
+/// MAIL FROM, RCPT TO, DATA, then the content; `stage` says how far it got. With
+/// `uses.chunking` (see [`SmtpPool::send`] for when) and the envelope pipelined, the content goes
+/// by `BDAT n LAST` in the envelope's write instead ([`transmit_chunked`]).
 ///
 /// With `pipelining` (the server offered it, RFC 2920) MAIL FROM, every RCPT TO and DATA leave
 /// in one write, up to [`PIPELINED_GROUP_MAX`] bytes, and their replies are read in order: two
@@ -1561,7 +1573,13 @@ async fn transmit_chunked(
     let recipients = envelope.to().len();
     let expected = usize::from(reset) + recipients + 2;
     let mut replies = Vec::with_capacity(expected);
-    let mut next = conn.command(Pipelined { reset, group, chunk }).await;
+    let mut next = conn
+        .command(Pipelined {
+            reset,
+            group,
+            chunk,
+        })
+        .await;
     let lost = loop {
         match next {
             Err(e) if e.status().is_none() => break Some(e),
@@ -2284,12 +2302,18 @@ mod tests {
         let envelope = Envelope::new(Some(to.clone()), vec![to]).unwrap();
         let taken = pool.slots.clone().try_acquire_owned().unwrap();
         let started = Instant::now();
-        let failure = pool.send(&envelope, b"x", Semantics::AtLeastOnce).await.unwrap_err();
+        let failure = pool
+            .send(&envelope, b"x", Semantics::AtLeastOnce)
+            .await
+            .unwrap_err();
         assert!(matches!(failure, SmtpFailure::PoolTimeout), "{failure:?}");
         assert!(started.elapsed() >= timeout);
         // With the slot free the same pool goes on to connect (and is refused).
         drop(taken);
-        let failure = pool.send(&envelope, b"x", Semantics::AtLeastOnce).await.unwrap_err();
+        let failure = pool
+            .send(&envelope, b"x", Semantics::AtLeastOnce)
+            .await
+            .unwrap_err();
         assert_eq!(failure.classify(), (AttemptClass::NotSent, "connect", None));
     }
 

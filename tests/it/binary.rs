@@ -231,8 +231,10 @@ async fn serve_with_smtp_delivers_and_stops_on_sigterm() {
     let mails = sink.wait_for_mail(1, Duration::from_secs(30)).await;
     assert_eq!(mails[0].rcpt, "<ada@example.com>");
     assert!(mails[0].data.contains("X-Herald-Event-Id: bin-mail-1"));
-    // The sink offers PIPELINING: the envelope left in one write.
+    // The sink offers PIPELINING: the envelope left in one write. And CHUNKING, as Postfix does:
+    // this at_least_once message (the default) went by `BDAT n LAST` in that same write.
     assert_eq!(sink.envelopes(), (1, 0), "(pipelined, lockstep) envelopes");
+    assert_eq!(sink.chunks(), 1, "BDAT commands");
 
     let status = herald.terminate().await;
     let log = herald.stderr();

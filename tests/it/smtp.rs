@@ -478,8 +478,12 @@ async fn parked_connection_went_silent(backend: Backend, offered: bool) {
 
 /// Posts and sends each message on its own: each `delivered`, `accepted`, in one attempt.
 async fn deliver_one_at_a_time(app: &TestApp, ids: &[&str], to: &str) {
+    deliver_one_at_a_time_as(app, ids, to, "at_most_once").await;
+}
+
+async fn deliver_one_at_a_time_as(app: &TestApp, ids: &[&str], to: &str, semantics: &str) {
     for id in ids {
-        post_mail(app, id, to, None, "at_most_once").await;
+        post_mail(app, id, to, None, semantics).await;
         assert_eq!(app.herald.sender.run_once().await.unwrap(), 1, "{id}");
         let (state, _, class, kind) = outcome(app, id).await;
         assert_eq!(
@@ -517,6 +521,18 @@ async fn smtp_a_reused_connection_refusing_its_check_is_replaced(backend: Backen
 /// policy service): RSET's reply comes only with the others, and the reused connection is kept,
 /// not taken for a silent one.
 async fn smtp_a_relay_holding_its_pipelined_replies_keeps_its_connections(backend: Backend) {
+    relay_holding_its_pipelined_replies(backend, "at_most_once").await;
+}
+
+/// The same with CHUNKING: every reply, BDAT's included, comes once the relay has read the
+/// chunk, and the connection is kept.
+async fn smtp_a_relay_holding_its_pipelined_replies_keeps_its_connections_with_chunking(
+    backend: Backend,
+) {
+    relay_holding_its_pipelined_replies(backend, "at_least_once").await;
+}
+
+async fn relay_holding_its_pipelined_replies(backend: Backend, semantics: &str) {
     let sink = SmtpSink::start_scripted(Script {
         hold_replies: true,
         ..Script::default()
@@ -530,10 +546,12 @@ async fn smtp_a_relay_holding_its_pipelined_replies_keeps_its_connections(backen
     )
     .await;
     let ids = ["held-1", "held-2", "held-3"];
-    deliver_one_at_a_time(&app, &ids, "slowrcpt@example.com").await;
+    deliver_one_at_a_time_as(&app, &ids, "slowrcpt@example.com", semantics).await;
     assert_eq!(sink.connections(), 1, "the connection was kept");
     assert_eq!(sink.resets(), (2, 0), "(pipelined, alone) RSETs");
     assert_envelopes(&sink, true, 3);
+    let chunked = if semantics == "at_least_once" { 3 } else { 0 };
+    assert_eq!(sink.chunks(), chunked, "BDAT commands");
     app.stop().await;
 }
 
@@ -588,7 +606,20 @@ async fn smtp_a_connection_silent_after_its_rset_costs_the_attempt(backend: Back
 /// message arrives whole (the bytes are compared with lettre's own in the unit test
 /// `the_content_in_one_write_is_what_lettre_sends_in_two`).
 async fn smtp_lines_that_begin_with_a_dot_arrive_whole(backend: Backend) {
-    let sink = SmtpSink::start().await;
+    lines_that_begin_with_a_dot_arrive_whole(backend, false).await;
+}
+
+/// With CHUNKING, BDAT counts bytes: the content goes as it is, no dot added, and arrives whole.
+async fn smtp_lines_that_begin_with_a_dot_arrive_whole_with_chunking(backend: Backend) {
+    lines_that_begin_with_a_dot_arrive_whole(backend, true).await;
+}
+
+async fn lines_that_begin_with_a_dot_arrive_whole(backend: Backend, chunking: bool) {
+    let sink = SmtpSink::start_scripted(Script {
+        no_chunking: !chunking,
+        ..Script::default()
+    })
+    .await;
     let app = smtp_app(backend, &sink, "").await;
     let text = "first\n.hidden\n.\n..two\nlast.\n";
     post_payload(
@@ -603,15 +634,23 @@ async fn smtp_lines_that_begin_with_a_dot_arrive_whole(backend: Backend) {
     assert_eq!(app.message("dots-1").await["state"], "delivered");
     let received = sink.received();
     assert_eq!(received.len(), 1);
+    assert_eq!(sink.chunks(), usize::from(chunking), "BDAT commands");
     let raw = &received[0];
-    for stuffed in ["\r\n..hidden\r\n", "\r\n..\r\n", "\r\n...two\r\n"] {
-        assert!(raw.contains(stuffed), "{stuffed:?} in {raw:?}");
-    }
-    // What the server stores: each line with its first dot taken out (RFC 5321 §4.5.2).
-    let unstuffed: String = raw
-        .split_inclusive("\r\n")
-        .map(|l| l.strip_prefix('.').unwrap_or(l))
-        .collect();
+    let unstuffed: String = if chunking {
+        for whole in ["\r\n.hidden\r\n", "\r\n.\r\n", "\r\n..two\r\n"] {
+            assert!(raw.contains(whole), "{whole:?} in {raw:?}");
+        }
+        assert!(!raw.contains("\r\n...two\r\n"), "a dot added: {raw:?}");
+        raw.clone()
+    } else {
+        for stuffed in ["\r\n..hidden\r\n", "\r\n..\r\n", "\r\n...two\r\n"] {
+            assert!(raw.contains(stuffed), "{stuffed:?} in {raw:?}");
+        }
+        // What the server stores: each line with its first dot taken out (RFC 5321 §4.5.2).
+        raw.split_inclusive("\r\n")
+            .map(|l| l.strip_prefix('.').unwrap_or(l))
+            .collect()
+    };
     let parsed = mail_parser::MessageParser::default()
         .parse(unstuffed.as_bytes())
         .expect("an RFC 5322 message");
@@ -897,7 +936,19 @@ async fn smtp_every_reply_code_is_classified_without_pipelining(backend: Backend
     every_reply_code_is_classified(backend, false).await;
 }
 
+/// The same table for `at_least_once` messages, which go with CHUNKING (the sink offers it, as
+/// Postfix does): the envelope, `BDAT n LAST` and the content in one write, and each reply
+/// classified as it is with DATA — a refused MAIL FROM or every recipient refused proves that
+/// nothing was taken although the content left, and BDAT's own reply is the content's.
+async fn smtp_every_reply_code_is_classified_with_chunking(backend: Backend) {
+    every_reply_code_is_classified_as(backend, true, "at_least_once").await;
+}
+
 async fn every_reply_code_is_classified(backend: Backend, offered: bool) {
+    every_reply_code_is_classified_as(backend, offered, "at_most_once").await;
+}
+
+async fn every_reply_code_is_classified_as(backend: Backend, offered: bool, semantics: &str) {
     let sink = sink_offering_pipelining(offered).await;
     let app = smtp_app(backend, &sink, "smtp_pool_size = 20\n").await;
     let mut table = vec![Row {
@@ -951,7 +1002,7 @@ async fn every_reply_code_is_classified(backend: Backend, offered: bool) {
         });
     }
     for r in &table {
-        post_mail(&app, &r.id, &r.to, r.from.as_deref(), "at_most_once").await;
+        post_mail(&app, &r.id, &r.to, r.from.as_deref(), semantics).await;
     }
     assert_eq!(app.herald.sender.run_once().await.unwrap(), table.len());
     for r in &table {
@@ -975,6 +1026,9 @@ async fn every_reply_code_is_classified(backend: Backend, offered: bool) {
     }
     assert_eq!(sink.accepted().len(), 1, "only code-250 was taken");
     assert_envelopes(&sink, offered, table.len());
+    // Only `at_least_once` mail goes by BDAT; the rest by DATA, though the sink offers both.
+    let chunked = offered && semantics == "at_least_once";
+    assert_eq!(sink.chunks(), if chunked { table.len() } else { 0 });
     app.stop().await;
 }
 
@@ -1367,4 +1421,170 @@ both_backends!(
     smtps_implicit_tls_with_a_private_ca_delivers,
     smtp_an_untrusted_certificate_or_missing_starttls_is_not_sent,
     smtp_auth_plain_and_login_use_the_url_credentials_and_never_show_them,
+);
+
+/// CHUNKING (RFC 3030), offered by the sink as by Postfix: an `at_least_once` message leaves as
+/// one write — on a reused connection the RSET that checks it, MAIL FROM, RCPT TO, `BDAT n LAST`
+/// and the content — and is taken on that one round trip; the queue id is kept. An
+/// `at_most_once` message goes by DATA (its content only after the envelope was answered), as
+/// does every message with `smtp_chunking = false` or against a relay not offering CHUNKING.
+async fn smtp_chunking_sends_an_at_least_once_message_in_one_write(backend: Backend) {
+    let sink = SmtpSink::start().await;
+    let app = smtp_app(backend, &sink, "smtp_noop_after_idle_ms = 60000\n").await;
+    deliver_one_at_a_time_as(
+        &app,
+        &["chunk-1", "chunk-2"],
+        "postfix@example.com",
+        "at_least_once",
+    )
+    .await;
+    assert_eq!(sink.chunks(), 2, "BDAT commands");
+    assert_eq!(sink.connections(), 1);
+    assert_eq!(sink.resets(), (1, 0), "(pipelined, alone) RSETs");
+    assert_envelopes(&sink, true, 2);
+    let a = &app.attempts("chunk-2")[0];
+    assert_eq!(a.response_status, Some(250));
+    assert_eq!(
+        app.message("chunk-2").await["provider_message_id"],
+        "ABC123"
+    );
+    let mails = sink.accepted();
+    assert!(
+        mails[1].data.contains("X-Herald-Event-Id: chunk-2"),
+        "{}",
+        mails[1].data
+    );
+    // at_most_once on the same connection: DATA.
+    deliver_one_at_a_time(&app, &["chunk-amo"], "ada@example.com").await;
+    assert_eq!(sink.chunks(), 2, "no BDAT for at_most_once");
+    assert_eq!(sink.accepted().len(), 3);
+    app.stop().await;
+
+    // Switched off: DATA, although offered.
+    let sink = SmtpSink::start().await;
+    let app = smtp_app(backend, &sink, "smtp_chunking = false\n").await;
+    deliver_one_at_a_time_as(&app, &["off-1"], "ada@example.com", "at_least_once").await;
+    assert_eq!(sink.chunks(), 0, "smtp_chunking = false");
+    assert_eq!(sink.accepted().len(), 1);
+    app.stop().await;
+
+    // Not offered: DATA.
+    let sink = SmtpSink::start_scripted(Script {
+        no_chunking: true,
+        ..Script::default()
+    })
+    .await;
+    let app = smtp_app(backend, &sink, "").await;
+    deliver_one_at_a_time_as(&app, &["plain-1"], "ada@example.com", "at_least_once").await;
+    assert_eq!(sink.chunks(), 0, "not offered");
+    assert_eq!(sink.accepted().len(), 1);
+    app.stop().await;
+}
+
+/// A parked connection the server closed (`bye@`: 250, then the end of the session) is seen to
+/// be closed by a look at its socket before anything is written to it: the next
+/// `at_least_once` message, whose content would leave with its envelope, goes over a new
+/// connection in the same attempt — one attempt, accepted, nothing written to the closed one
+/// (no RSET reached the sink), no duplicate.
+async fn smtp_a_parked_connection_the_server_closed_is_dropped_unwritten(backend: Backend) {
+    let sink = SmtpSink::start().await;
+    let app = smtp_app(backend, &sink, "smtp_noop_after_idle_ms = 60000\n").await;
+    deliver_one_at_a_time_as(&app, &["closed-1"], "bye@example.com", "at_least_once").await;
+    // The sink ends the session after its 250: wait until it has.
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        while sink.open_sessions() > 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the sink did not close the session");
+    deliver_one_at_a_time_as(&app, &["closed-2"], "ada@example.com", "at_least_once").await;
+    assert_eq!(sink.connections(), 2);
+    assert_eq!(
+        sink.resets(),
+        (0, 0),
+        "nothing was written to the closed connection"
+    );
+    assert_eq!(sink.chunks(), 2);
+    assert_eq!(sink.accepted().len(), 2);
+    assert_eq!(sink.received().len(), 2, "no content sent twice");
+    app.stop().await;
+}
+
+/// A reused connection whose server answers its RSET with 421 but goes on answering what follows
+/// (a server that should close the channel but does not): with CHUNKING the content left with
+/// the RSET, so the 421 alone proves nothing and BDAT's reply decides — here 250, the message
+/// taken on that session, once: one attempt, no second copy over a new connection.
+async fn smtp_a_421_to_the_rset_that_goes_on_is_decided_by_bdat(backend: Backend) {
+    let sink = SmtpSink::start_scripted(Script {
+        refuse_reset: true,
+        ..Script::default()
+    })
+    .await;
+    let app = smtp_app(backend, &sink, "smtp_noop_after_idle_ms = 60000\n").await;
+    deliver_one_at_a_time_as(
+        &app,
+        &["go-on-1", "go-on-2"],
+        "ada@example.com",
+        "at_least_once",
+    )
+    .await;
+    assert_eq!(sink.resets(), (1, 0), "(pipelined, alone) RSETs");
+    assert_eq!(sink.chunks(), 2);
+    assert_eq!(sink.connections(), 1);
+    assert_eq!(sink.accepted().len(), 2);
+    assert_eq!(sink.received().len(), 2, "no content sent twice");
+    app.stop().await;
+}
+
+/// A reused connection that went silent while parked (`mute@`: 250, then the session stays open
+/// and never answers; a hung relay, not a closed one, so the look at the socket sees nothing).
+/// With CHUNKING the content left with the RSET that checks it, so its silence is an ambiguous
+/// `timeout`, not `timeout_before_data`: the `at_least_once` message is retried after its backoff
+/// over a new connection and delivered. (A connection that rested `smtp_noop_after_idle_ms` is
+/// checked by a NOOP of its own first, which a silent one fails within its bound, costing
+/// nothing.)
+async fn smtp_a_connection_silent_after_its_rset_is_ambiguous_with_chunking(backend: Backend) {
+    let sink = SmtpSink::start().await;
+    let app = smtp_app(
+        backend,
+        &sink,
+        "smtp_timeout_ms = 1000\nsmtp_noop_after_idle_ms = 60000\n",
+    )
+    .await;
+    deliver_one_at_a_time_as(&app, &["hang-1"], "mute@example.com", "at_least_once").await;
+    post_mail(&app, "hang-2", "ada@example.com", None, "at_least_once").await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    let (state, last, class, kind) = outcome(&app, "hang-2").await;
+    assert_eq!(
+        (
+            state.as_str(),
+            last.as_str(),
+            class.as_str(),
+            kind.as_deref()
+        ),
+        ("retryable", "ambiguous", "ambiguous", Some("timeout"))
+    );
+    assert_eq!(
+        sink.connections(),
+        1,
+        "no second connection within the attempt"
+    );
+    app.advance(std::time::Duration::from_secs(600));
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    assert_eq!(app.message("hang-2").await["state"], "delivered");
+    assert_eq!(app.attempts("hang-2").len(), 2);
+    assert_eq!(sink.connections(), 2);
+    assert_eq!(sink.accepted().len(), 2);
+    app.stop().await;
+}
+
+both_backends!(
+    smtp_every_reply_code_is_classified_with_chunking,
+    smtp_lines_that_begin_with_a_dot_arrive_whole_with_chunking,
+    smtp_a_relay_holding_its_pipelined_replies_keeps_its_connections_with_chunking,
+    smtp_chunking_sends_an_at_least_once_message_in_one_write,
+    smtp_a_parked_connection_the_server_closed_is_dropped_unwritten,
+    smtp_a_421_to_the_rset_that_goes_on_is_decided_by_bdat,
+    smtp_a_connection_silent_after_its_rset_is_ambiguous_with_chunking,
 );

@@ -20,6 +20,11 @@
 //! its own (`queued as SINK-n`). Accepted messages are kept, and [`SmtpSink::wait_for_mail`]
 //! waits for them.
 //!
+//! It offers PIPELINING and CHUNKING, as Postfix does ([`Script`] leaves either out), and takes
+//! the content by DATA (stored as it came, dots doubled) or by `BDAT n [LAST]` (RFC 3030: the
+//! bytes as they are; a refused chunk is read all the same, and the scripts above apply after the
+//! last chunk as after DATA's final dot).
+//!
 //! [`SmtpSink::start_silent`] accepts TCP connections but never sends a greeting;
 //! [`SmtpSink::start_scripted`] greets with another code, refuses or checks AUTH, and offers
 //! STARTTLS or speaks implicit TLS with a certificate of a CA generated for the test
@@ -94,6 +99,9 @@ pub struct Script {
     pub tls: Option<TlsMode>,
     /// Leave PIPELINING out of the EHLO reply (offered by default, as Postfix and Exim do).
     pub no_pipelining: bool,
+    /// Leave CHUNKING out of the EHLO reply (offered by default, as Postfix does since 3.4;
+    /// `BDAT` is answered either way).
+    pub no_chunking: bool,
     /// Answer a second EHLO in a session `503 Duplicate HELO/EHLO`, leaving the session as it
     /// was, as Python's `smtpd` does (the README's example server).
     pub refuse_second_ehlo: bool,
@@ -193,9 +201,11 @@ struct Counters {
     /// The mechanism of every successful AUTH.
     authenticated: Mutex<Vec<String>>,
     /// MAIL FROM lines that arrived with the rest of their envelope behind them, up to its DATA
-    /// (the client did not wait for the replies: pipelined), and those that arrived alone. One
-    /// with some but not all of it behind is neither.
+    /// or BDAT (the client did not wait for the replies: pipelined), and those that arrived
+    /// alone. One with some but not all of it behind is neither.
     pipelined: AtomicUsize,
+    /// BDAT commands received.
+    chunks: AtomicUsize,
     lockstep: AtomicUsize,
     /// NOOP and RSET lines, by verb: (arrived with more commands behind them, arrived alone).
     checks: Mutex<std::collections::HashMap<&'static str, (usize, usize)>>,
@@ -310,6 +320,11 @@ impl SmtpSink {
             self.counters.pipelined.load(Ordering::SeqCst),
             self.counters.lockstep.load(Ordering::SeqCst),
         )
+    }
+
+    /// BDAT commands received so far (RFC 3030: the content by its size, no final dot).
+    pub fn chunks(&self) -> usize {
+        self.counters.chunks.load(Ordering::SeqCst)
     }
 
     /// NOOPs that arrived with the envelope behind them, and NOOPs that arrived alone:
@@ -526,6 +541,8 @@ async fn session(
     // Between an accepted MAIL FROM and the end of its DATA (or an RSET).
     let mut in_mail = false;
     let mut rcpt: Vec<String> = Vec::new();
+    // The chunks of a BDAT transfer so far.
+    let mut chunked: Vec<u8> = Vec::new();
     loop {
         let Some(line) = read_line(&mut conn).await else {
             return;
@@ -559,6 +576,9 @@ async fn session(
             }
             if !script.no_pipelining {
                 lines.push("250-PIPELINING".into());
+            }
+            if !script.no_chunking {
+                lines.push("250-CHUNKING".into());
             }
             lines.push("250 8BITMIME".into());
             lines.join("\r\n")
@@ -617,8 +637,11 @@ async fn session(
             let behind = conn.buffer();
             if behind.is_empty() {
                 counters.lockstep.fetch_add(1, Ordering::SeqCst);
-            } else if behind.to_ascii_uppercase().ends_with(b"DATA\r\n") {
-                counters.pipelined.fetch_add(1, Ordering::SeqCst);
+            } else {
+                let behind = behind.to_ascii_uppercase();
+                if behind.ends_with(b"DATA\r\n") || behind.windows(5).any(|w| w == b"BDAT ") {
+                    counters.pipelined.fetch_add(1, Ordering::SeqCst);
+                }
             }
             let from = path_of(&line);
             if from.contains("drop-at-mail@") {
@@ -701,60 +724,59 @@ async fn session(
                 }
                 data.push_str(&l);
             }
-            let rcpts = std::mem::take(&mut rcpt);
-            let first = rcpts.first().cloned().unwrap_or_default();
-            counters.received.lock().unwrap().push(data.clone());
-            let refuse_once =
-                first.contains("once451@") && !counters.once_refused.swap(true, Ordering::SeqCst);
-            let at_data =
-                scripted_code(&first, "data").or(if first.contains("t451@") || refuse_once {
-                    Some(451)
-                } else if first.contains("t550@") {
-                    Some(550)
-                } else {
-                    None
-                });
-            if first.contains("stall@") {
-                // Never answer; wait for the client to hang up.
-                ignore_the_rest(&mut conn).await;
-                return;
-            } else if first.contains("drop@") {
-                // The content arrived; hang up before the final reply.
-                return;
-            } else if let Some(code) = at_data.filter(|c| *c >= 300) {
-                scripted_reply(code)
-            } else {
-                let (bye, mute) = (first.contains("bye@"), first.contains("mute@"));
-                if first.contains("slow@") {
-                    // A busy server: the answer takes a while.
-                    tokio::time::sleep(SLOW_REPLY).await;
-                }
-                let reply = if first.contains("postfix@") {
-                    POSTFIX_QUEUED.to_owned()
-                } else if first.contains("exim@") {
-                    EXIM_QUEUED.to_owned()
-                } else if first.contains("plain@") {
-                    PLAIN_OK.to_owned()
-                } else {
-                    let n = counters.queued.fetch_add(1, Ordering::SeqCst) + 1;
-                    format!("250 2.0.0 Ok: queued as SINK-{n}")
-                };
-                accepted.lock().unwrap().push(Mail {
-                    rcpt: first,
-                    rcpts,
-                    mail_from: mail_from.clone(),
-                    data,
-                    tls,
-                });
-                count.send_modify(|c| *c += 1);
-                if bye || mute {
-                    tell(&mut conn, &mut held, false, &reply).await;
-                    if mute {
-                        ignore_the_rest(&mut conn).await;
-                    }
+            let done = Content {
+                data,
+                rcpts: std::mem::take(&mut rcpt),
+                mail_from: mail_from.clone(),
+                tls,
+            };
+            match after_content(&mut conn, &mut held, done, counters, &accepted, &count).await {
+                Some(reply) => reply,
+                None => return,
+            }
+        } else if verb == "BDAT" {
+            // RFC 3030: `BDAT <size> [LAST]`, then exactly <size> bytes, read whatever the answer
+            // (§2: a server that refuses a chunk still reads it, to stay in step).
+            let mut words = line.split_whitespace().skip(1);
+            let size = words.next().and_then(|n| n.parse::<usize>().ok());
+            let last = words.next().is_some_and(|w| w.eq_ignore_ascii_case("LAST"));
+            counters.chunks.fetch_add(1, Ordering::SeqCst);
+            let Some(size) = size else {
+                if !tell(&mut conn, &mut held, false, "501 5.5.4 BDAT needs a size").await {
                     return;
                 }
-                reply
+                continue;
+            };
+            let mut bytes = vec![0u8; size];
+            if conn.read_exact(&mut bytes).await.is_err() {
+                return;
+            }
+            if !in_mail {
+                chunked.clear();
+                "503 5.5.1 need MAIL before BDAT".into()
+            } else if rcpt.is_empty() && !script.lax_data {
+                in_mail = false;
+                chunked.clear();
+                "554 5.5.1 no valid recipients".into()
+            } else {
+                chunked.extend_from_slice(&bytes);
+                if !last {
+                    "250 2.0.0 chunk received".into()
+                } else {
+                    in_mail = false;
+                    let done = Content {
+                        data: String::from_utf8_lossy(&std::mem::take(&mut chunked)).into_owned(),
+                        rcpts: std::mem::take(&mut rcpt),
+                        mail_from: mail_from.clone(),
+                        tls,
+                    };
+                    match after_content(&mut conn, &mut held, done, counters, &accepted, &count)
+                        .await
+                    {
+                        Some(reply) => reply,
+                        None => return,
+                    }
+                }
             }
         } else if upper.starts_with("QUIT") {
             tell(&mut conn, &mut held, false, "221 2.0.0 bye").await;
@@ -765,6 +787,85 @@ async fn session(
         if !tell(&mut conn, &mut held, hold, &reply).await {
             return;
         }
+    }
+}
+
+/// A message whose content is in (DATA's final dot, or the last BDAT chunk).
+struct Content {
+    data: String,
+    rcpts: Vec<String>,
+    mail_from: String,
+    tls: bool,
+}
+
+/// The scripted answer to a message whose content is in, by its first recipient; `None` when
+/// the session ends instead (a stall, a drop, `bye@`, `mute@`).
+async fn after_content(
+    conn: &mut Conn,
+    held: &mut String,
+    done: Content,
+    counters: &Counters,
+    accepted: &Mutex<Vec<Mail>>,
+    count: &watch::Sender<usize>,
+) -> Option<String> {
+    let Content {
+        data,
+        rcpts,
+        mail_from,
+        tls,
+    } = done;
+    let first = rcpts.first().cloned().unwrap_or_default();
+    counters.received.lock().unwrap().push(data.clone());
+    let refuse_once =
+        first.contains("once451@") && !counters.once_refused.swap(true, Ordering::SeqCst);
+    let at_data = scripted_code(&first, "data").or(if first.contains("t451@") || refuse_once {
+        Some(451)
+    } else if first.contains("t550@") {
+        Some(550)
+    } else {
+        None
+    });
+    if first.contains("stall@") {
+        // Never answer; wait for the client to hang up.
+        ignore_the_rest(conn).await;
+        None
+    } else if first.contains("drop@") {
+        // The content arrived; hang up before the final reply.
+        None
+    } else if let Some(code) = at_data.filter(|c| *c >= 300) {
+        Some(scripted_reply(code))
+    } else {
+        let (bye, mute) = (first.contains("bye@"), first.contains("mute@"));
+        if first.contains("slow@") {
+            // A busy server: the answer takes a while.
+            tokio::time::sleep(SLOW_REPLY).await;
+        }
+        let reply = if first.contains("postfix@") {
+            POSTFIX_QUEUED.to_owned()
+        } else if first.contains("exim@") {
+            EXIM_QUEUED.to_owned()
+        } else if first.contains("plain@") {
+            PLAIN_OK.to_owned()
+        } else {
+            let n = counters.queued.fetch_add(1, Ordering::SeqCst) + 1;
+            format!("250 2.0.0 Ok: queued as SINK-{n}")
+        };
+        accepted.lock().unwrap().push(Mail {
+            rcpt: first,
+            rcpts,
+            mail_from,
+            data,
+            tls,
+        });
+        count.send_modify(|c| *c += 1);
+        if bye || mute {
+            tell(conn, held, false, &reply).await;
+            if mute {
+                ignore_the_rest(conn).await;
+            }
+            return None;
+        }
+        Some(reply)
     }
 }
 
