@@ -17,10 +17,10 @@
 //!   content is on its way is `ambiguous`.
 //! - **CHUNKING** (RFC 3030, when the relay offers it with PIPELINING; `smtp_chunking`): an
 //!   `at_least_once` message's content leaves in the envelope's write, after `BDAT n LAST`, so
-//!   the attempt is at the content stage from that write on. A reply decides as above; a lost
-//!   connection or a timeout is `ambiguous` unless a reply already proved that nothing was taken
-//!   (a refused MAIL FROM, every recipient refused, a 421 after which the server closed)
-//!   ([`chunked_end`]). `at_most_once` messages never go this way.
+//!   the attempt is at the content stage from that write on. A reply decides as above; a timeout
+//!   is `ambiguous`, and so is a lost connection unless a reply read before it proved that
+//!   nothing was taken (a refused MAIL FROM, every recipient refused, a 421 after which the
+//!   server closed) ([`chunked_end`]). `at_most_once` messages never go this way.
 //!
 //! After any failure the connection is closed, never parked for reuse: a 421 (the server
 //! closing the channel) anywhere included. The whole attempt is bounded by the SMTP timeout,
@@ -707,7 +707,8 @@ pub enum SmtpFailure {
     /// The message needs an extension the server does not offer (8BITMIME, SMTPUTF8).
     Unsupported(&'static str),
     /// The server refused every recipient at RCPT TO (none was a 421, which ends the session
-    /// and is [`SmtpFailure::Smtp`]): nothing was sent.
+    /// and is [`SmtpFailure::Smtp`]): nothing was sent — or, with CHUNKING, the content was sent
+    /// and refused with them (a 421 among them, when the replies stopped before BDAT's).
     RecipientsRefused(Vec<RefusedRecipient>),
 }
 
@@ -1274,6 +1275,8 @@ fn offers(ehlo: &Response, keyword: &str) -> bool {
 /// that writes a whole group before reading must keep it within what the connection buffers
 /// both ways, or client and server can each wait for the other to read (a server writes a reply
 /// per command). About 60 recipients fit; an envelope with more goes one command at a time.
+/// With CHUNKING this bounds the group's commands, not the chunk behind them: until it has read
+/// the whole chunk the server writes only the commands' replies, which fit those buffers.
 const PIPELINED_GROUP_MAX: usize = 4096;
 
 /// The RSET at the head of a group that checks a reused connection ([`transmit`]).
@@ -1331,12 +1334,30 @@ fn chunked_end(codes: &[u16], reset: bool, recipients: usize) -> ChunkedEnd {
     let positive = |c: u16| (200..400).contains(&c);
     let mail = usize::from(reset);
     let bdat = mail + recipients + 1;
+    // RSET is answered 250, or 421 by a server going away; after anything else the replies may
+    // be out of step with the commands: nothing can be read from them.
+    if reset
+        && codes
+            .first()
+            .is_some_and(|&c| !(200..300).contains(&c) && c != 421)
+    {
+        return ChunkedEnd::Unknown;
+    }
     match codes.get(bdat) {
         Some(&c) if positive(c) => return ChunkedEnd::Accepted,
         _ => {}
     }
     if codes.get(mail).is_some_and(|&c| !positive(c)) {
         return ChunkedEnd::Refused(mail);
+    }
+    // Every reply read, BDAT's negative: a 421 refusing a recipient (the session ending there)
+    // decides for the whole message, as it does with DATA.
+    if let Some(i) = codes
+        .get(mail + 1..bdat)
+        .filter(|_| codes.len() > bdat)
+        .and_then(|r| r.iter().position(|&c| c == 421))
+    {
+        return ChunkedEnd::Refused(mail + 1 + i);
     }
     let rcpts = codes.get(mail + 1..mail + 1 + recipients);
     if rcpts.is_some_and(|r| !r.iter().any(|&c| positive(c))) {
@@ -1580,9 +1601,18 @@ async fn transmit_chunked(
             chunk,
         })
         .await;
+    // An I/O error (not a reply that ended early or could not be parsed) may be the write's: a
+    // relay that refused MAIL FROM or every recipient and closed stops reading the chunk, and
+    // the write fails with its refusal waiting unread. The replies are read on, once.
+    let mut drained = false;
     let lost = loop {
         match next {
-            Err(e) if e.status().is_none() => break Some(e),
+            Err(e) if e.status().is_none() => {
+                if drained || e.is_response() {
+                    break Some(e);
+                }
+                drained = true;
+            }
             reply => replies.push(reply),
         }
         if replies.len() == expected {
@@ -1613,6 +1643,11 @@ async fn transmit_chunked(
     match chunked_end(&codes, reset, recipients) {
         ChunkedEnd::Accepted => {
             let refused = refused();
+            if codes.contains(&421) {
+                // A server that announced the end of its session is not parked for the next
+                // message, though it went on and took this one (QUIT, marking it broken).
+                conn.abort().await;
+            }
             if let Some(Ok(reply)) = replies.pop() {
                 return Ok(Accepted { reply, refused });
             }
@@ -1876,8 +1911,18 @@ mod tests {
             // A 421 followed by more replies proves nothing by itself.
             (&[421, 250], true, 1, Unknown),
             (&[250, 250, 421, 250], true, 2, Unknown),
-            // Any other refusal of the RSET, then nothing: no proof either.
+            // Any other answer to the RSET: the replies may be out of step, nothing is proved.
             (&[502], true, 1, Unknown),
+            (&[502, 250, 250, 250], true, 1, Unknown),
+            (&[354, 250, 550], true, 1, Unknown),
+            // A 421 refusing a recipient decides for the message, as with DATA (BDAT refused).
+            (&[250, 250, 421, 250, 503], true, 2, Refused(2)),
+            // (Lost before BDAT's reply with every recipient refused, a 421 among them.)
+            (&[250, 250, 421, 503], true, 2, RecipientsRefused),
+            (&[250, 421, 503], false, 1, Refused(1)),
+            (&[250, 421, 250, 554], false, 2, Refused(1)),
+            // …unless BDAT's reply says the message was taken all the same.
+            (&[250, 421, 250, 250], false, 2, Accepted),
         ];
         for (codes, reset, recipients, end) in cases {
             assert_eq!(
