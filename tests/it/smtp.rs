@@ -560,6 +560,19 @@ async fn relay_holding_its_pipelined_replies(backend: Backend, semantics: &str) 
 /// may hold it while it runs its RCPT TO checks), so the attempt ends `not_sent` before DATA, and
 /// the retry goes over a new connection.
 async fn smtp_a_connection_silent_after_its_rset_costs_the_attempt(backend: Backend) {
+    connection_silent_after_its_rset(backend, "at_most_once", "not_sent", "timeout_before_data")
+        .await;
+}
+
+/// A message to `mute@` (250, then silence), then one over the same parked connection, sent
+/// `semantics`: its attempt ends `class`/`kind` on that connection alone, and the retry after
+/// the backoff goes over a new connection and delivers.
+async fn connection_silent_after_its_rset(
+    backend: Backend,
+    semantics: &str,
+    class: &str,
+    kind: &str,
+) {
     let sink = SmtpSink::start().await;
     let app = smtp_app(
         backend,
@@ -567,25 +580,18 @@ async fn smtp_a_connection_silent_after_its_rset_costs_the_attempt(backend: Back
         "smtp_timeout_ms = 1000\nsmtp_noop_after_idle_ms = 60000\n",
     )
     .await;
-    post_mail(&app, "hush-1", "mute@example.com", None, "at_most_once").await;
+    deliver_one_at_a_time_as(&app, &["hush-1"], "mute@example.com", semantics).await;
+    post_mail(&app, "hush-2", "ada@example.com", None, semantics).await;
     assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
-    assert_eq!(app.message("hush-1").await["state"], "delivered");
-    post_mail(&app, "hush-2", "ada@example.com", None, "at_most_once").await;
-    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
-    let (state, last, class, kind) = outcome(&app, "hush-2").await;
+    let (state, last, got_class, got_kind) = outcome(&app, "hush-2").await;
     assert_eq!(
         (
             state.as_str(),
             last.as_str(),
-            class.as_str(),
-            kind.as_deref()
+            got_class.as_str(),
+            got_kind.as_deref()
         ),
-        (
-            "retryable",
-            "not_sent",
-            "not_sent",
-            Some("timeout_before_data")
-        )
+        ("retryable", class, class, Some(kind))
     );
     assert_eq!(
         sink.connections(),
@@ -1548,38 +1554,7 @@ async fn smtp_a_421_to_the_rset_that_goes_on_is_decided_by_bdat(backend: Backend
 /// checked by a NOOP of its own first, which a silent one fails within its bound, costing
 /// nothing.)
 async fn smtp_a_connection_silent_after_its_rset_is_ambiguous_with_chunking(backend: Backend) {
-    let sink = SmtpSink::start().await;
-    let app = smtp_app(
-        backend,
-        &sink,
-        "smtp_timeout_ms = 1000\nsmtp_noop_after_idle_ms = 60000\n",
-    )
-    .await;
-    deliver_one_at_a_time_as(&app, &["hang-1"], "mute@example.com", "at_least_once").await;
-    post_mail(&app, "hang-2", "ada@example.com", None, "at_least_once").await;
-    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
-    let (state, last, class, kind) = outcome(&app, "hang-2").await;
-    assert_eq!(
-        (
-            state.as_str(),
-            last.as_str(),
-            class.as_str(),
-            kind.as_deref()
-        ),
-        ("retryable", "ambiguous", "ambiguous", Some("timeout"))
-    );
-    assert_eq!(
-        sink.connections(),
-        1,
-        "no second connection within the attempt"
-    );
-    app.advance(std::time::Duration::from_secs(600));
-    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
-    assert_eq!(app.message("hang-2").await["state"], "delivered");
-    assert_eq!(app.attempts("hang-2").len(), 2);
-    assert_eq!(sink.connections(), 2);
-    assert_eq!(sink.accepted().len(), 2);
-    app.stop().await;
+    connection_silent_after_its_rset(backend, "at_least_once", "ambiguous", "timeout").await;
 }
 
 both_backends!(
