@@ -934,12 +934,12 @@ impl Pooled {
 /// (an attempt waits for a slot within its own deadline; running out while waiting is
 /// `not_sent`, `pool_timeout`). Opened on demand, parked after a successful send, dropped
 /// unwritten when the server ended its session while it was parked (a look at the socket,
-/// [`Pooled::ended_while_parked`]), checked on reuse ([`transmit`]: after a short rest an RSET at the head of the pipelined envelope, else a
-/// NOOP of its own, bounded; one that fails, or that stays silent past the NOOP's bound, is
-/// closed and replaced within the same attempt, while one that stays silent after its RSET costs
-/// the attempt), closed after a failure, and retired (QUIT) once it has been parked
-/// for `idle_timeout` — by a background reaper, so an idle relay sees its sessions end without
-/// waiting for the next send.
+/// [`Pooled::ended_while_parked`]), checked on reuse ([`transmit`]: after a short rest an RSET
+/// at the head of the pipelined envelope, else a NOOP of its own, bounded; one that fails, or
+/// that stays silent past the NOOP's bound, is closed and replaced within the same attempt, while
+/// one that stays silent after its RSET costs the attempt), closed after a failure, and retired
+/// (QUIT) once it has been parked for `idle_timeout` — by a background reaper, so an idle relay
+/// sees its sessions end without waiting for the next send.
 pub struct SmtpPool {
     relay: SmtpRelay,
     timeout: Duration,
