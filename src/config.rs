@@ -1539,43 +1539,22 @@ mod tests {
     }
 
     #[test]
-    fn smtp_pipelining_is_on_unless_switched_off() {
+    fn smtp_pipelining_and_chunking_are_on_unless_switched_off() {
         let build = |pairs: &[(&str, &str)]| Settings::build(FileConfig::default(), &env(pairs));
-        assert!(build(&[]).unwrap().smtp_pipelining);
-        assert!(
-            !build(&[("HERALD_SMTP_PIPELINING", "false")])
-                .unwrap()
-                .smtp_pipelining
-        );
-        assert!(
-            !Settings::from_toml("smtp_pipelining = false\n")
-                .unwrap()
-                .smtp_pipelining
-        );
-        let m = build(&[("HERALD_SMTP_PIPELINING", "sometimes")])
-            .unwrap_err()
-            .to_string();
-        assert!(m.contains("HERALD_SMTP_PIPELINING"), "{m}");
-    }
-
-    #[test]
-    fn smtp_chunking_is_on_unless_switched_off() {
-        let build = |pairs: &[(&str, &str)]| Settings::build(FileConfig::default(), &env(pairs));
-        assert!(build(&[]).unwrap().smtp_chunking);
-        assert!(
-            !build(&[("HERALD_SMTP_CHUNKING", "false")])
-                .unwrap()
-                .smtp_chunking
-        );
-        assert!(
-            !Settings::from_toml("smtp_chunking = false\n")
-                .unwrap()
-                .smtp_chunking
-        );
-        let m = build(&[("HERALD_SMTP_CHUNKING", "maybe")])
-            .unwrap_err()
-            .to_string();
-        assert!(m.contains("HERALD_SMTP_CHUNKING"), "{m}");
+        type Flag = fn(&Settings) -> bool;
+        let pipelining: Flag = |s| s.smtp_pipelining;
+        let chunking: Flag = |s| s.smtp_chunking;
+        for (key, var, flag) in [
+            ("smtp_pipelining", "HERALD_SMTP_PIPELINING", pipelining),
+            ("smtp_chunking", "HERALD_SMTP_CHUNKING", chunking),
+        ] {
+            assert!(flag(&build(&[]).unwrap()), "{key}");
+            assert!(!flag(&build(&[(var, "false")]).unwrap()), "{var}");
+            let toml = format!("{key} = false\n");
+            assert!(!flag(&Settings::from_toml(&toml).unwrap()), "{key}");
+            let m = build(&[(var, "sometimes")]).unwrap_err().to_string();
+            assert!(m.contains(var), "{m}");
+        }
     }
 
     #[test]

@@ -1473,8 +1473,9 @@ async fn transmit(
     }
     let mail = Mail::new(envelope.from().cloned(), mail_options);
     // lettre's `command` takes text: content that is not UTF-8 (Herald's own messages always
-    // are) goes by DATA.
-    let chunk = std::str::from_utf8(content).ok().filter(|_| uses.chunking);
+    // are) goes by DATA, through lettre's `message`.
+    let text = std::str::from_utf8(content).ok();
+    let chunk = text.filter(|_| uses.chunking);
     let group = uses
         .pipelining
         .then(|| {
@@ -1562,9 +1563,9 @@ async fn transmit(
     // lettre's `message` writes the content and its final dot in two writes; this is one write of
     // the same bytes. lettre's `command` takes text, so content that is not UTF-8 (Herald's own
     // messages always are) is left to `message`.
-    let reply = match std::str::from_utf8(content) {
-        Ok(text) => conn.command(DataTransparent(text)).await,
-        Err(_) => conn.message(content).await,
+    let reply = match text {
+        Some(text) => conn.command(DataTransparent(text)).await,
+        None => conn.message(content).await,
     }
     .map_err(|e| SmtpFailure::Smtp(Stage::Content, e))?;
     Ok(Accepted { reply, refused })

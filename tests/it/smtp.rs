@@ -1504,13 +1504,7 @@ async fn smtp_a_parked_connection_the_server_closed_is_dropped_unwritten(backend
     let app = smtp_app(backend, &sink, "smtp_noop_after_idle_ms = 60000\n").await;
     deliver_one_at_a_time_as(&app, &["closed-1"], "bye@example.com", "at_least_once").await;
     // The sink ends the session after its 250: wait until it has.
-    let closed = tokio::time::timeout(Duration::from_secs(10), async {
-        while sink.open_sessions() > 0 {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
-    assert!(closed.is_ok(), "the sink did not close the session");
+    sink.wait_until_no_session(Duration::from_secs(10)).await;
     deliver_one_at_a_time_as(&app, &["closed-2"], "ada@example.com", "at_least_once").await;
     // (The closed session cannot count what reached it: the attempt's outcome above, one
     // attempt and accepted, is what shows nothing went there.)

@@ -213,13 +213,7 @@ async fn serve_smtp(sock: TcpStream, tally: Tally) {
                         break;
                     }
                     if id.is_none() {
-                        let l = line.trim_end();
-                        if let Some((n, v)) = l.split_once(':')
-                            && (n.eq_ignore_ascii_case("x-herald-event-id")
-                                || n.eq_ignore_ascii_case("message-id"))
-                        {
-                            id = Some(v.trim().to_owned());
-                        }
+                        id = id_header(line.trim_end());
                     }
                 }
                 tally.record(id);
@@ -256,15 +250,20 @@ async fn serve_smtp(sock: TcpStream, tally: Tally) {
     }
 }
 
-/// The `Message-ID` (or `X-Herald-Event-Id`) in a message's header, as DATA's loop reads it.
+/// The value of a line that is an `X-Herald-Event-Id` or `Message-ID` header: what the server
+/// counts a message by.
+fn id_header(line: &str) -> Option<String> {
+    let (n, v) = line.split_once(':')?;
+    (n.eq_ignore_ascii_case("x-herald-event-id") || n.eq_ignore_ascii_case("message-id"))
+        .then(|| v.trim().to_owned())
+}
+
+/// The first such header in a message's head (a BDAT chunk), as DATA's loop finds it line by
+/// line.
 fn message_id(message: &[u8]) -> Option<String> {
     let text = String::from_utf8_lossy(message);
     let head = text.split("\r\n\r\n").next().unwrap_or_default();
-    head.lines().find_map(|l| {
-        let (n, v) = l.split_once(':')?;
-        (n.eq_ignore_ascii_case("x-herald-event-id") || n.eq_ignore_ascii_case("message-id"))
-            .then(|| v.trim().to_owned())
-    })
+    head.lines().find_map(id_header)
 }
 
 /// Reads a line into `line`, first sending the replies written so far when no more input is

@@ -190,6 +190,8 @@ pub struct SmtpSink {
 struct Counters {
     connections: AtomicUsize,
     open: AtomicUsize,
+    /// Signalled each time a session ends ([`SmtpSink::wait_until_no_session`]).
+    ended: tokio::sync::Notify,
     max_open: AtomicUsize,
     auth_commands: AtomicUsize,
     tls_sessions: AtomicUsize,
@@ -231,6 +233,7 @@ impl OpenSession {
 impl Drop for OpenSession {
     fn drop(&mut self) {
         self.0.open.fetch_sub(1, Ordering::SeqCst);
+        self.0.ended.notify_waiters();
     }
 }
 
@@ -301,6 +304,25 @@ impl SmtpSink {
     /// Sessions open now.
     pub fn open_sessions(&self) -> usize {
         self.counters.open.load(Ordering::SeqCst)
+    }
+
+    /// Waits until no session is open (each one's socket closed); panics after `within`.
+    pub async fn wait_until_no_session(&self, within: Duration) {
+        let ended = async {
+            loop {
+                // Registered before looking, so a session ending after the look wakes it.
+                let next = self.counters.ended.notified();
+                tokio::pin!(next);
+                next.as_mut().enable();
+                if self.open_sessions() == 0 {
+                    return;
+                }
+                next.await;
+            }
+        };
+        tokio::time::timeout(within, ended)
+            .await
+            .unwrap_or_else(|_| panic!("a session stayed open for {within:?}"));
     }
 
     /// AUTH commands received so far.
