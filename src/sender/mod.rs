@@ -649,6 +649,8 @@ impl Sender {
         let sending = std::time::Instant::now();
         let report = match row.channel {
             Channel::Webhook => self.inner.webhook.send(&outgoing).await,
+            // Boxed: the SMTP dialogue's state (5,536 bytes) would make every send task, a
+            // webhook's included, that much larger (see `send_cleared`).
             Channel::Email => Box::pin(self.inner.email.send(&outgoing)).await,
         };
         let took = sending.elapsed();
