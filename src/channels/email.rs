@@ -2074,6 +2074,7 @@ mod tests {
             destination: "ada@example.com",
             payload: &payload,
             semantics: Semantics::AtLeastOnce,
+            body: None,
         };
         let from: Mailbox = "herald@example.com".parse().unwrap();
         let options = MessageOptions {
@@ -2129,6 +2130,7 @@ mod tests {
             destination: "ada@example.com",
             payload: &payload,
             semantics: Semantics::AtLeastOnce,
+            body: None,
         };
         let from: Mailbox = "herald@example.com".parse().unwrap();
         let options = MessageOptions {

@@ -375,20 +375,40 @@ pub fn fingerprint_of(
     event_id: &str,
     payload: &Value,
 ) -> Option<Fingerprint> {
-    let (body, headers) = match channel {
-        Channel::Webhook => {
-            let p = webhook::WebhookPayload::parse(payload).ok()?;
-            (p.body_bytes(), p.headers)
-        }
-        Channel::Email => (serde_json::to_vec(payload).ok()?, Vec::new()),
-    };
-    Some(Fingerprint::compute(&FingerprintInput {
-        channel: channel.as_str(),
-        destination,
-        event_id,
-        body: &body,
-        headers: &headers,
-    }))
+    Some(RequestBytes::of(channel, payload)?.fingerprint(channel, destination, event_id))
+}
+
+/// What a message's request fingerprint covers, as bytes: a webhook's exact request body (its
+/// `body` serialized once: the sender sends these very bytes) and its own headers; an email's
+/// payload as JSON.
+#[derive(Debug)]
+pub struct RequestBytes {
+    pub body: Vec<u8>,
+    pub headers: Vec<(String, String)>,
+}
+
+impl RequestBytes {
+    /// `None` when the payload does not parse.
+    pub fn of(channel: Channel, payload: &Value) -> Option<Self> {
+        let (body, headers) = match channel {
+            Channel::Webhook => {
+                let p = webhook::WebhookPayload::parse(payload).ok()?;
+                (p.body_bytes(), p.headers)
+            }
+            Channel::Email => (serde_json::to_vec(payload).ok()?, Vec::new()),
+        };
+        Some(Self { body, headers })
+    }
+
+    pub fn fingerprint(&self, channel: Channel, destination: &str, event_id: &str) -> Fingerprint {
+        Fingerprint::compute(&FingerprintInput {
+            channel: channel.as_str(),
+            destination,
+            event_id,
+            body: &self.body,
+            headers: &self.headers,
+        })
+    }
 }
 
 /// What validation needs from Herald's configuration.

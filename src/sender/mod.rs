@@ -106,6 +106,8 @@ pub struct Cleared {
     /// `None`: over a cap on sends in flight when cleared; the send waits briefly for a place.
     permit: Option<limits::Permit>,
     bound: Vec<(String, Limit)>,
+    /// A webhook's request body, serialized once for both its fingerprint and its request.
+    body: Option<Vec<u8>>,
 }
 
 impl LimitsConfig {
@@ -489,13 +491,15 @@ impl Sender {
 
     fn clear_inner(&self, row: OutboxRow) -> Result<Cleared, Box<OutcomeRecord>> {
         let now = self.inner.clock.now();
-        let fingerprint = crate::outbox::fingerprint_of(
-            row.channel,
-            &row.destination,
-            &row.event_id,
-            &row.payload,
-        )
-        .map(|f| f.as_str().to_owned());
+        let request = crate::outbox::RequestBytes::of(row.channel, &row.payload);
+        let fingerprint = request.as_ref().map(|r| {
+            r.fingerprint(row.channel, &row.destination, &row.event_id)
+                .as_str()
+                .to_owned()
+        });
+        let body = request
+            .filter(|_| row.channel == Channel::Webhook)
+            .map(|r| r.body);
         let mut base = OutcomeRecord {
             request_fingerprint: fingerprint,
             ..outcome_of(&row)
@@ -583,6 +587,7 @@ impl Sender {
             endpoint,
             permit,
             bound,
+            body,
         })
     }
 
@@ -644,6 +649,7 @@ impl Sender {
             destination: &row.destination,
             payload: &row.payload,
             semantics: row.semantics,
+            body: cleared.body.as_deref(),
         };
         // Latency by the monotonic clock: the wall clock (and a test's) may jump.
         let sending = std::time::Instant::now();

@@ -729,6 +729,7 @@ async fn a_send_task_does_not_hold_the_smtp_dialogue_inline() {
         destination: "ada@example.com",
         payload: &payload,
         semantics: herald::domain::Semantics::AtLeastOnce,
+        body: None,
     };
     let dialogue = email.send(&outgoing);
     let (task, dialogue) = (

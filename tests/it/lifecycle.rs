@@ -53,6 +53,18 @@ async fn requests_verify_with_the_standard_webhooks_library(backend: Backend) {
         view["fingerprint"].as_str(),
         attempt.request_fingerprint.as_deref()
     );
+    // And it covers the very bytes the receiver got.
+    let received = herald::domain::Fingerprint::compute(&herald::domain::FingerprintInput {
+        channel: "webhook",
+        destination: &rx.url,
+        event_id: "order-42:placed",
+        body: &req.body,
+        headers: &[("X-Tenant".to_owned(), "acme".to_owned())],
+    });
+    assert_eq!(
+        attempt.request_fingerprint.as_deref(),
+        Some(received.as_str())
+    );
     app.stop().await;
 }
 

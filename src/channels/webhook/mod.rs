@@ -435,7 +435,10 @@ impl WebhookChannel {
         if let Err(r) = ssrf::check_url_literal(&url, &self.allow) {
             return refused_destination(now, &r);
         }
-        let body = payload.body_bytes();
+        let body = match row.body {
+            Some(b) => b.to_vec(),
+            None => payload.body_bytes(),
+        };
         let headers = match build_headers(
             row.event_id,
             now.timestamp(),
