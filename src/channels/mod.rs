@@ -22,10 +22,11 @@ pub struct Outgoing<'a> {
     /// back until the envelope was answered (no CHUNKING), so a connection lost before then
     /// stays `not_sent`.
     pub semantics: Semantics,
-    /// A webhook's request body as already serialized for its request fingerprint (the sender
-    /// serializes it once, at the clearance, and sends these bytes); `None`: the channel
-    /// serializes `payload`'s body itself.
-    pub body: Option<&'a [u8]>,
+    /// A webhook's request body as already serialized for its request fingerprint: exactly
+    /// `WebhookPayload::parse(payload)`'s `body_bytes()` (the sender serializes it once, at the
+    /// clearance, and the request shares these bytes); `None` for an email, or to let the
+    /// webhook channel serialize `payload`'s body itself.
+    pub body: Option<&'a bytes::Bytes>,
 }
 
 /// What one send did, as the attempt row records it.

@@ -436,8 +436,8 @@ impl WebhookChannel {
             return refused_destination(now, &r);
         }
         let body = match row.body {
-            Some(b) => b.to_vec(),
-            None => payload.body_bytes(),
+            Some(b) => b.clone(),
+            None => bytes::Bytes::from(payload.body_bytes()),
         };
         let headers = match build_headers(
             row.event_id,
