@@ -439,6 +439,23 @@ pub struct SmtpLimits {
     pub credentials: Option<(Secret, Secret)>,
 }
 
+impl SmtpLimits {
+    /// `timeout` and `pool_size` as given, every other bound at its default, pipelining and
+    /// chunking on, no extra CA, no credentials.
+    pub fn new(timeout: Duration, pool_size: usize) -> Self {
+        Self {
+            timeout,
+            pool_size,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            pipelining: true,
+            chunking: true,
+            noop_after_idle: DEFAULT_NOOP_AFTER_IDLE,
+            ca: None,
+            credentials: None,
+        }
+    }
+}
+
 impl EmailChannel {
     /// `smtp_url`: `smtp://host:port` (plain), `smtp://…?tls=required`, `smtps://…`; `None`: the
     /// `.eml` directory. Needs no async runtime: connections are opened by the first sends.
@@ -1967,19 +1984,6 @@ mod tests {
         }
     }
 
-    fn limits(timeout: Duration, pool_size: usize) -> SmtpLimits {
-        SmtpLimits {
-            timeout,
-            pool_size,
-            idle_timeout: DEFAULT_IDLE_TIMEOUT,
-            pipelining: true,
-            chunking: true,
-            noop_after_idle: DEFAULT_NOOP_AFTER_IDLE,
-            ca: None,
-            credentials: None,
-        }
-    }
-
     #[test]
     fn header_values_that_cannot_fold_below_the_line_limit_are_refused() {
         let field = |v: String| parse_header("X-Tag", &json!(v)).map_err(|e| e.field);
@@ -2313,7 +2317,7 @@ mod tests {
     fn the_relay_debug_never_shows_credentials() {
         super::super::install_crypto_provider();
         let relay = SmtpRelay::parse("smtps://relay-user-9:hunter2@mail.example", None).unwrap();
-        let pool = SmtpPool::new(relay, &limits(Duration::from_secs(1), 1));
+        let pool = SmtpPool::new(relay, &SmtpLimits::new(Duration::from_secs(1), 1));
         let shown = format!("{pool:?}");
         assert!(shown.contains("mail.example"), "{shown}");
         assert!(shown.contains("[redacted]"), "{shown}");
@@ -2345,7 +2349,7 @@ mod tests {
             .unwrap();
         let relay = SmtpRelay::parse(&format!("smtp://{closed}"), None).unwrap();
         let timeout = Duration::from_millis(200);
-        let pool = SmtpPool::new(relay, &limits(timeout, 1));
+        let pool = SmtpPool::new(relay, &SmtpLimits::new(timeout, 1));
         let to: lettre::Address = "a@b.example".parse().unwrap();
         let envelope = Envelope::new(Some(to.clone()), vec![to]).unwrap();
         let taken = pool.slots.clone().try_acquire_owned().unwrap();
@@ -2419,7 +2423,7 @@ mod tests {
         }
         let from = EmailChannel::new(
             None,
-            limits(Duration::from_secs(1), DEFAULT_POOL_SIZE),
+            SmtpLimits::new(Duration::from_secs(1), DEFAULT_POOL_SIZE),
             PathBuf::from("unused"),
             "not an address",
             "h.example",

@@ -108,6 +108,8 @@ pub struct Cleared {
     bound: Vec<(String, Limit)>,
     /// A webhook's request body, serialized once for both its fingerprint and its request.
     body: Option<bytes::Bytes>,
+    /// The destination's host for the send's log span, found once at the clearance.
+    host: Option<String>,
 }
 
 impl LimitsConfig {
@@ -483,13 +485,17 @@ impl Sender {
     pub fn clear(&self, row: OutboxRow) -> Clearance {
         let host = self.host_of(&row);
         let span = info_span!("send", event_id = %row.event_id, attempt = row.attempts, host = host.as_deref());
-        match span.in_scope(|| self.clear_inner(row)) {
+        match span.in_scope(|| self.clear_inner(row, host)) {
             Ok(c) => Clearance::Go(Box::new(c)),
             Err(held) => Clearance::Held(*held),
         }
     }
 
-    fn clear_inner(&self, row: OutboxRow) -> Result<Cleared, Box<OutcomeRecord>> {
+    fn clear_inner(
+        &self,
+        row: OutboxRow,
+        host: Option<String>,
+    ) -> Result<Cleared, Box<OutcomeRecord>> {
         let now = self.inner.clock.now();
         let request = crate::outbox::RequestBytes::of(row.channel, &row.payload);
         let fingerprint = request.as_ref().map(|r| {
@@ -588,19 +594,20 @@ impl Sender {
             permit,
             bound,
             body,
+            host,
         })
     }
 
     /// Sends a cleared row and decides what happens next. Never touches the database.
     ///
     /// Its future is what every send task holds, so it is kept small (a send task, this future
-    /// and the spawn's captures, is 1,216 bytes in a release build, from 10,408): the cleared row stays in its box and is read in place rather than
-    /// moved into the future, and the SMTP dialogue, seven times a webhook request's state, is
-    /// boxed only when it runs. Each spawn allocates and copies a send task whole: at 10 KB,
-    /// `memmove` alone was 11.5 % of Herald's CPU samples in `dispatch_pg` (5.8 % after).
+    /// and the spawn's captures, is 1,216 bytes in a release build, from 10,408): the cleared
+    /// row stays in its box and is read in place rather than moved into the future, and the
+    /// SMTP dialogue, seven times a webhook request's state, is boxed only when it runs. Each
+    /// spawn allocates and copies a send task whole: at 10 KB, `memmove` alone was 11.5 % of
+    /// Herald's CPU samples in `dispatch_pg` (5.8 % after).
     pub async fn send_cleared(&self, cleared: Box<Cleared>) -> OutcomeRecord {
-        let host = self.host_of(&cleared.row);
-        let span = info_span!("send", event_id = %cleared.row.event_id, attempt = cleared.row.attempts, host = host.as_deref());
+        let span = info_span!("send", event_id = %cleared.row.event_id, attempt = cleared.row.attempts, host = cleared.host.as_deref());
         self.send_inner(cleared).instrument(span).await
     }
 

@@ -687,9 +687,7 @@ fn sqlite_hot_statements_are_compiled_once_per_connection() {
 #[tokio::test]
 async fn a_send_task_does_not_hold_the_smtp_dialogue_inline() {
     use herald::channels::Outgoing;
-    use herald::channels::email::{
-        DEFAULT_IDLE_TIMEOUT, DEFAULT_NOOP_AFTER_IDLE, EmailChannel, SmtpLimits,
-    };
+    use herald::channels::email::{EmailChannel, SmtpLimits};
     use herald::sender::Clearance;
 
     let app = spawn_app(Backend::Sqlite).await;
@@ -709,16 +707,7 @@ async fn a_send_task_does_not_hold_the_smtp_dialogue_inline() {
     let dir = tempfile::tempdir().unwrap();
     let email = EmailChannel::new(
         Some("smtp://127.0.0.1:9"),
-        SmtpLimits {
-            timeout: std::time::Duration::from_secs(1),
-            pool_size: 1,
-            idle_timeout: DEFAULT_IDLE_TIMEOUT,
-            pipelining: true,
-            chunking: true,
-            noop_after_idle: DEFAULT_NOOP_AFTER_IDLE,
-            ca: None,
-            credentials: None,
-        },
+        SmtpLimits::new(std::time::Duration::from_secs(1), 1),
         dir.path().to_path_buf(),
         "herald@example.com",
         "example.com",
