@@ -646,6 +646,21 @@ impl Sender {
         };
         let now = self.inner.clock.now();
         let row = &cleared.row;
+        // Claimed before its expires_at, a message may have waited since for a send slot (up to
+        // most of its lease) or a place under its destination's cap: once that time has passed it
+        // is not sent at all. It ends `expired`, as the claim would have left it: its attempt not
+        // spent, no request, no attempt row.
+        if row.expires_at.is_some_and(|at| at <= now) {
+            info!("expired while waiting to be sent; no request made");
+            let attempts = row.attempts;
+            let error_class = row.last_error_class;
+            return OutcomeRecord {
+                state: State::Expired,
+                attempts_after: attempts - 1,
+                error_class,
+                ..cleared.base
+            };
+        }
         let policy = self.policy_of(cleared.endpoint.as_deref());
         let endpoint = cleared
             .endpoint
@@ -764,7 +779,7 @@ impl Sender {
             o.ordering.is_some()
                 && matches!(
                     o.state,
-                    State::Delivered | State::DeadLetter | State::Unconfirmed
+                    State::Delivered | State::DeadLetter | State::Unconfirmed | State::Expired
                 )
         }) {
             self.inner.wake.notify_one();
@@ -1235,27 +1250,34 @@ impl Sender {
                     _ => break,
                 }
             }
-            let mut tries = 0u32;
-            loop {
-                match self.record(batch.clone()).await {
-                    Ok(_) => break,
-                    Err(e) => {
-                        tries += 1;
-                        let stop = (*shutdown.borrow()).then(|| Stopping {
-                            since: stopping_since
-                                .get_or_init(tokio::time::Instant::now)
-                                .elapsed(),
-                            timeout: self.inner.config.shutdown_timeout,
-                        });
-                        if give_up_writing_outcomes(&e, tries, stop) {
-                            warn!(error = %e, rows = batch.len(), tries, stopping = stop.is_some(), "giving up on writing outcomes; leases will expire and those sends count again");
-                            break;
-                        }
-                        if tries == 1 || tries.is_multiple_of(10) {
-                            warn!(error = %e, rows = batch.len(), tries, "writing outcomes failed; retrying");
-                        }
-                        tokio::time::sleep(outcome_retry_pause(tries)).await;
+            let written = self
+                .write_outcomes(&batch, batch.len() == 1, &shutdown, &stopping_since)
+                .await;
+            if written == Err(NotWritten::Refused) {
+                // One row the database refuses (a value it cannot store) must not cost the
+                // others their outcomes: given up on, their leases would expire and each of their
+                // sends count again. Nothing of the failed write committed (one transaction):
+                // each outcome is written on its own, and those refused again are tried last,
+                // patiently, so that they hold up no other.
+                warn!(
+                    rows = batch.len(),
+                    "the database refused a batch of outcomes; writing them one at a time"
+                );
+                let mut refused = Vec::new();
+                for o in &batch {
+                    let one = std::slice::from_ref(o);
+                    if self
+                        .write_outcomes(one, false, &shutdown, &stopping_since)
+                        .await
+                        == Err(NotWritten::Refused)
+                    {
+                        refused.push(one);
                     }
+                }
+                for one in refused {
+                    let _ = self
+                        .write_outcomes(one, true, &shutdown, &stopping_since)
+                        .await;
                 }
             }
             // Written, or given up on (then the watchdog may return the rows).
@@ -1269,6 +1291,47 @@ impl Sender {
             if batch.iter().any(|o| o.retry_delay_ms == Some(0)) {
                 self.inner.wake.notify_one();
             }
+        }
+    }
+}
+
+impl Sender {
+    /// Writes `batch` in one transaction, trying again after each failure. A database that is
+    /// only unavailable is waited for as long as [`give_up_writing_outcomes`] says; any other
+    /// error gives up after [`OUTCOME_TRIES`] when `patient`, else at once
+    /// ([`NotWritten::Refused`]: the caller writes the batch one outcome at a time).
+    async fn write_outcomes(
+        &self,
+        batch: &[OutcomeRecord],
+        patient: bool,
+        shutdown: &watch::Receiver<bool>,
+        stopping_since: &StoppingSince,
+    ) -> Result<(), NotWritten> {
+        let mut tries = 0u32;
+        loop {
+            let e = match self.record(batch.to_vec()).await {
+                Ok(_) => return Ok(()),
+                Err(e) => e,
+            };
+            tries += 1;
+            let stop = (*shutdown.borrow()).then(|| Stopping {
+                since: stopping_since
+                    .get_or_init(tokio::time::Instant::now)
+                    .elapsed(),
+                timeout: self.inner.config.shutdown_timeout,
+            });
+            if !patient && !is_unavailable(&e) {
+                warn!(error = %e, rows = batch.len(), "the database refused outcomes");
+                return Err(NotWritten::Refused);
+            }
+            if give_up_writing_outcomes(&e, tries, stop) {
+                warn!(error = %e, rows = batch.len(), tries, stopping = stop.is_some(), "giving up on writing outcomes; leases will expire and those sends count again");
+                return Err(NotWritten::GaveUp);
+            }
+            if tries == 1 || tries.is_multiple_of(10) {
+                warn!(error = %e, rows = batch.len(), tries, "writing outcomes failed; retrying");
+            }
+            tokio::time::sleep(outcome_retry_pause(tries)).await;
         }
     }
 }
@@ -1297,12 +1360,27 @@ const OUTCOME_TRIES: u32 = 20;
 /// whatever the error (a process manager would kill a process that takes longer anyway, and the
 /// outcomes would be as lost).
 fn give_up_writing_outcomes(e: &SenderError, tries: u32, stopping: Option<Stopping>) -> bool {
-    let unavailable = matches!(e, SenderError::Storage(s) if s.is_unavailable());
+    let unavailable = is_unavailable(e);
     let out_of_tries = tries >= OUTCOME_TRIES && !unavailable;
     match stopping {
         Some(s) => out_of_tries || s.since >= s.timeout,
         None => out_of_tries,
     }
+}
+
+/// Why [`Sender::write_outcomes`] left a batch unwritten.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NotWritten {
+    /// The database refused the batch (not merely unavailable), which was not to be retried as
+    /// it is: one of its rows may be what the database cannot take.
+    Refused,
+    /// Given up on ([`give_up_writing_outcomes`]).
+    GaveUp,
+}
+
+/// The database is down, restarting, failing over or out of connections: waited for.
+fn is_unavailable(e: &SenderError) -> bool {
+    matches!(e, SenderError::Storage(s) if s.is_unavailable())
 }
 
 /// A shutdown in progress, as the outcome flusher sees it.

@@ -309,17 +309,17 @@ impl NewReceipt {
     /// The receipt with every NUL character replaced by U+FFFD (PostgreSQL text and JSONB refuse
     /// NUL; the rest of the value is kept as sent).
     pub fn without_nul(&self) -> Self {
-        fn clean(s: &str) -> String {
-            s.replace('\0', "\u{FFFD}")
-        }
+        let clean = text_without_nul;
         fn clean_json(v: &serde_json::Value) -> serde_json::Value {
             use serde_json::Value;
             match v {
-                Value::String(s) => Value::String(clean(s)),
+                Value::String(s) => Value::String(text_without_nul(s)),
                 Value::Array(a) => Value::Array(a.iter().map(clean_json).collect()),
-                Value::Object(m) => {
-                    Value::Object(m.iter().map(|(k, v)| (clean(k), clean_json(v))).collect())
-                }
+                Value::Object(m) => Value::Object(
+                    m.iter()
+                        .map(|(k, v)| (text_without_nul(k), clean_json(v)))
+                        .collect(),
+                ),
                 other => other.clone(),
             }
         }
@@ -334,6 +334,14 @@ impl NewReceipt {
             replay_key: self.replay_key.as_deref().map(clean),
         }
     }
+}
+
+/// `s` with every NUL character replaced by U+FFFD: PostgreSQL text and JSONB refuse NUL (and
+/// one such value fails the whole statement it is in), SQLite would keep it. Applied to what
+/// Herald stores from outside — a receipt's fields, a receiver's message id — the same way, so
+/// that an id with a NUL in it still matches itself.
+pub fn text_without_nul(s: &str) -> String {
+    s.replace('\0', "\u{FFFD}")
 }
 
 /// One `herald_receipts` row.

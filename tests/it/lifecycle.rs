@@ -383,6 +383,20 @@ async fn slots_held(
     Vec<Arc<tokio::sync::Notify>>,
     crate::support::app::RunningSender,
 ) {
+    slots_held_expiring(backend, slots, None).await
+}
+
+/// [`slots_held`], the waiting messages expiring `expires_in` after they are posted.
+async fn slots_held_expiring(
+    backend: Backend,
+    slots: usize,
+    expires_in: Option<Duration>,
+) -> (
+    crate::support::app::TestApp,
+    Receiver,
+    Vec<Arc<tokio::sync::Notify>>,
+    crate::support::app::RunningSender,
+) {
     let app = spawn_app_with(
         backend,
         &format!(
@@ -407,9 +421,11 @@ async fn slots_held(
     rx.wait_for(slots, 10).await;
     for i in 0..slots {
         let id = format!("waiting-{i}");
-        let r = app
-            .post_message(webhook(&id, &rx.url, json!({"n": i})))
-            .await;
+        let mut msg = webhook(&id, &rx.url, json!({"n": i}));
+        if let Some(d) = expires_in {
+            msg["expires_at"] = json!((app.clock_now() + d).to_rfc3339());
+        }
+        let r = app.post_message(msg).await;
         assert_eq!(r.status(), 201);
         wait_until_claimed(&app, &id).await;
     }
@@ -495,6 +511,68 @@ async fn a_claimed_row_that_waited_too_long_for_a_slot_goes_back(backend: Backen
     app.stop().await;
 }
 
+/// A message claimed before its `expires_at` that is still waiting for a send slot when that
+/// time passes is not sent: it ends `expired`, its attempt not spent, with no request and no
+/// attempt row.
+async fn a_message_that_expires_while_waiting_for_a_slot_is_not_sent(backend: Backend) {
+    let (app, rx, releases, sender) =
+        slots_held_expiring(backend, 1, Some(Duration::from_secs(5))).await;
+    // Past its expiry, well inside its lease (30 s; a send may take 10).
+    app.advance(Duration::from_secs(10));
+    releases[0].notify_one();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while app.row("waiting-0").state == herald::domain::State::Sending {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waiting-0 never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    sender.stop().await;
+    assert_eq!(rx.event_ids(), ["held-0"], "the expired one is not sent");
+    let row = app.row("waiting-0");
+    assert_eq!(
+        (row.state, row.attempts, row.lease_owner.as_deref()),
+        (herald::domain::State::Expired, 0, None)
+    );
+    assert!(app.attempts("waiting-0").is_empty(), "no attempt row");
+    assert_eq!(held_reason(&app, "lease").await, 0.0);
+    app.stop().await;
+}
+
+/// A receiver's message id with a NUL in it (PostgreSQL text refuses NUL) is stored with the NUL
+/// replaced, as in receipts; the outcomes written with it — its own and its batch's — land.
+async fn a_receivers_id_with_a_nul_in_it_is_stored_without_it(backend: Backend) {
+    let rx = Receiver::start().await;
+    let toml = format!(
+        "[endpoints.esp]\nurl = \"{}\"\nprovider_message_id_pointer = \"/id\"\n",
+        rx.url_for("/esp")
+    );
+    let app = spawn_app_with(backend, &toml).await;
+    rx.script_path(
+        "/esp",
+        [Reply::Full(200, vec![], r#"{"id":"a\u0000b"}"#.into())],
+    );
+    for (id, to) in [("nul-id", "endpoint:esp"), ("plain", rx.url.as_str())] {
+        let r = app.post_message(webhook(id, to, json!({"n": 1}))).await;
+        assert_eq!(r.status(), 201);
+    }
+    assert_eq!(app.run_until_idle().await, 2);
+    for id in ["nul-id", "plain"] {
+        assert_eq!(app.message(id).await["state"], "delivered", "{id}");
+        assert_eq!(app.attempts(id).len(), 1, "{id}");
+    }
+    assert_eq!(
+        app.row("nul-id").provider_message_id.as_deref(),
+        Some("a\u{FFFD}b")
+    );
+    assert_eq!(
+        app.attempts("nul-id")[0].provider_message_id.as_deref(),
+        Some("a\u{FFFD}b")
+    );
+    app.stop().await;
+}
+
 /// This process's watchdog never returns a row this process claimed and still holds, even once
 /// its lease has run out: here one waits for a slot (its lease over, no request made) and one is
 /// in flight. Returning the waiting one would count an attempt that was never made.
@@ -566,6 +644,104 @@ async fn notify_wakes_the_sender_on_commit() {
     app.stop().await;
 }
 
+/// One outcome the database refuses costs the rest of its batch nothing: the production loop's
+/// flusher writes that batch again one outcome at a time, so the others land at once (delivered,
+/// one request each) and only the refused one waits. Here a trigger refuses `poison`'s outcome
+/// until it is dropped, and the test's lock on `blocker`'s row holds the flusher inside the write
+/// before, so that `poison` and the others queue up and come in one batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_outcome_costs_its_batch_nothing() {
+    use diesel::Connection;
+    use diesel::connection::SimpleConnection;
+    let app = spawn_app_with(
+        Backend::Postgres,
+        "sender_concurrency = 8\nsender_batch_size = 8\ndestination_max_in_flight = 8\n",
+    )
+    .await;
+    app.raw_sql(
+        "CREATE FUNCTION test_poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           IF NEW.event_id = 'poison' AND NEW.state <> 'sending' THEN \
+             RAISE EXCEPTION 'refused by the test'; END IF; RETURN NEW; END $$; \
+         CREATE TRIGGER test_poison BEFORE UPDATE ON herald_outbox \
+           FOR EACH ROW EXECUTE FUNCTION test_poison();",
+    );
+    let rx = Receiver::start().await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    rx.script_path("/blocker", [Reply::Held(release.clone(), 200)]);
+    let sender = app.start_sender();
+    let r = app
+        .post_message(webhook("blocker", &rx.url_for("/blocker"), json!({})))
+        .await;
+    assert_eq!(r.status(), 201);
+    rx.wait_for(1, 10).await;
+    // The blocker's row locked by another transaction: its outcome's write waits for it.
+    let (locked_tx, locked) = std::sync::mpsc::channel();
+    let (unlock, unlock_rx) = std::sync::mpsc::channel::<()>();
+    let url = app.test_db.url.clone();
+    let holder = std::thread::spawn(move || {
+        let mut c = diesel::pg::PgConnection::establish(&url).unwrap();
+        c.batch_execute("BEGIN; SELECT 1 FROM herald_outbox WHERE event_id = 'blocker' FOR UPDATE")
+            .unwrap();
+        locked_tx.send(()).unwrap();
+        let _ = unlock_rx.recv();
+        c.batch_execute("COMMIT").unwrap();
+    });
+    locked.recv().unwrap();
+    // Until `n` attempts are classified: their outcomes are then on their way to the flusher.
+    let (http, base) = (&app.http, &app.base);
+    let classified = |n: f64| async move {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let (_, m) = crate::support::prom::scrape(http, base).await;
+            let accepted = crate::support::prom::value(
+                &m,
+                "herald_attempts_total",
+                &[("channel", "webhook"), ("class", "accepted")],
+            );
+            if accepted >= n {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "attempts: {accepted}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    release.notify_one();
+    classified(1.0).await;
+    for id in ["poison", "ok-1", "ok-2", "ok-3"] {
+        let r = app.post_message(webhook(id, &rx.url, json!({}))).await;
+        assert_eq!(r.status(), 201);
+    }
+    // Queued behind the blocked write.
+    classified(5.0).await;
+    unlock.send(()).unwrap();
+    holder.join().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    for id in ["blocker", "ok-1", "ok-2", "ok-3"] {
+        while app.row(id).state != herald::domain::State::Delivered {
+            assert!(std::time::Instant::now() < deadline, "{id} not delivered");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    assert_eq!(app.row("poison").state, herald::domain::State::Sending);
+    // Once the database takes it, the refused outcome lands too.
+    app.raw_sql("DROP TRIGGER test_poison ON herald_outbox");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while app.row("poison").state != herald::domain::State::Delivered {
+        assert!(std::time::Instant::now() < deadline, "poison not delivered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    sender.stop().await;
+    for id in ["blocker", "poison", "ok-1", "ok-2", "ok-3"] {
+        assert_eq!(
+            rx.event_ids().iter().filter(|e| *e == id).count(),
+            1,
+            "{id}: one request"
+        );
+        assert_eq!(app.attempts(id).len(), 1, "{id}");
+    }
+    app.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notify_wakes_on_postgres() {
     notify_wakes_the_sender_on_commit().await
@@ -581,6 +757,8 @@ both_backends!(
     claimed_rows_without_a_slot_go_back_at_shutdown,
     a_claimed_row_that_waited_too_long_for_a_slot_goes_back,
     the_watchdog_leaves_rows_this_process_holds,
+    a_message_that_expires_while_waiting_for_a_slot_is_not_sent,
+    a_receivers_id_with_a_nul_in_it_is_stored_without_it,
 );
 
 async fn smtp_answers_are_classified(backend: Backend) {

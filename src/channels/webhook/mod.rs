@@ -30,6 +30,7 @@ use crate::clock::Clock;
 use crate::domain::classify::{classify_http_status, honours_retry_after, parse_retry_after};
 use crate::domain::event_type::EventType;
 use crate::domain::{AttemptClass, InvalidField};
+use crate::storage::models::text_without_nul;
 
 /// Headers Herald sets itself; a message or endpoint may not override them.
 const RESERVED_HEADERS: &[&str] = &[
@@ -571,11 +572,13 @@ fn build_headers(
     Ok(h)
 }
 
-/// The receiver's id for what it accepted, at a JSON pointer into its answer.
+/// The receiver's id for what it accepted, at a JSON pointer into its answer. A NUL in it is
+/// replaced as in receipts ([`text_without_nul`]): PostgreSQL refuses NUL in text, and one such
+/// id would fail the write of its whole batch of outcomes.
 fn provider_id(body: &[u8], pointer: &str) -> Option<String> {
     let v: Value = serde_json::from_slice(body).ok()?;
     match v.pointer(pointer)? {
-        Value::String(s) if !s.is_empty() && s.len() <= 255 => Some(s.clone()),
+        Value::String(s) if !s.is_empty() && s.len() <= 255 => Some(text_without_nul(s)),
         Value::Number(n) => Some(n.to_string()),
         _ => None,
     }
