@@ -280,11 +280,7 @@ async fn create_message(
                 "must be visible ASCII",
             )])
         })?;
-    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
-        let mut p = Problem::malformed(format!("{e}"));
-        p.field = Some("body".into());
-        return Err(p);
-    }
+    json_body(&body)?;
     let message = parse_new_message(&body, idempotency_key.as_deref())?;
     let now = state.clock.now();
     let db = state.db.clone();
@@ -642,6 +638,18 @@ async fn explain_by_event_id(
     explain(state, Ok(support::Lookup::event_id(&path.into_inner()))).await
 }
 
+/// A body that is not JSON at all: 400 `malformed` naming `body` (what is JSON but wrong is
+/// the parser's 422, naming the field).
+fn json_body(body: &[u8]) -> Result<(), Problem> {
+    serde_json::from_slice::<serde::de::IgnoredAny>(body)
+        .map(|_| ())
+        .map_err(|e| {
+            let mut p = Problem::malformed(format!("{e}"));
+            p.field = Some("body".into());
+            p
+        })
+}
+
 async fn replay(
     req: HttpRequest,
     state: web::Data<AppState>,
@@ -650,6 +658,7 @@ async fn replay(
 ) -> Result<HttpResponse, Problem> {
     let who = authorize(&req, &state, Access::Support)?;
     let body = read_body(payload, SUPPORT_BODY_LIMIT).await?;
+    json_body(&body)?;
     let request = support::parse_replay_body(&body).map_err(SupportError::from)?;
     let lookup = lookup.map_err(SupportError::from)?;
     let db = state.db.clone();
@@ -777,6 +786,7 @@ async fn redrive_dead_letters(
 ) -> Result<HttpResponse, Problem> {
     let who = authorize(&req, &state, Access::Support)?;
     let body = read_body(payload, SUPPORT_BODY_LIMIT).await?;
+    json_body(&body)?;
     let request = support::parse_redrive_body(&body).map_err(SupportError::from)?;
     let db = state.db.clone();
     let now = state.clock.storage_now();
@@ -813,6 +823,7 @@ async fn skip_message(
 ) -> Result<HttpResponse, Problem> {
     let who = authorize(&req, &state, Access::Support)?;
     let body = read_body(payload, SUPPORT_BODY_LIMIT).await?;
+    json_body(&body)?;
     let request = support::parse_skip_body(&body).map_err(SupportError::from)?;
     let event_id = path.into_inner();
     let db = state.db.clone();
@@ -957,7 +968,9 @@ async fn ingest_into(
             query: query.as_deref(),
             method: &method,
         };
-        verifier.verify(&raw, now)
+        verifier
+            .verify(&raw, now)
+            .and_then(|events| crate::ingest::check_storable(&events).map(|()| events))
     })
     .await
     .map_err(|e| refused(e.into()))?;

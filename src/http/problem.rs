@@ -223,12 +223,18 @@ impl From<VerifyError> for Problem {
     fn from(e: VerifyError) -> Self {
         match e.status() {
             503 => Problem::unavailable(),
-            400 => Problem::new(
-                StatusCode::BAD_REQUEST,
-                "unparsable",
-                "The receipt was refused; nothing was stored",
-            )
-            .detail(e.to_string()),
+            400 => {
+                let mut p = Problem::new(
+                    StatusCode::BAD_REQUEST,
+                    "unparsable",
+                    "The receipt was refused; nothing was stored",
+                )
+                .detail(e.to_string());
+                if let VerifyError::TooLong(field) = e {
+                    p.field = Some(field.into());
+                }
+                p
+            }
             _ => Problem::new(
                 StatusCode::UNAUTHORIZED,
                 "unauthenticated",

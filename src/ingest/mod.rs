@@ -6,7 +6,7 @@
 
 pub mod schemes;
 
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use crate::domain::InvalidField;
@@ -70,6 +70,9 @@ pub enum VerifyError {
     /// provider should retry — a 4xx would make it give up and lose the receipt.
     #[error("verification temporarily impossible: {0}")]
     Unavailable(&'static str),
+    /// 400: a verified event carries an id longer than [`ID_MAX_BYTES`] (the field named).
+    #[error("{0} is longer than {ID_MAX_BYTES} bytes")]
+    TooLong(&'static str),
 }
 
 impl VerifyError {
@@ -77,7 +80,7 @@ impl VerifyError {
     /// verifier cannot decide now.
     pub fn status(&self) -> u16 {
         match self {
-            VerifyError::Unparsable(_) => 400,
+            VerifyError::Unparsable(_) | VerifyError::TooLong(_) => 400,
             VerifyError::Unavailable(_) => 503,
             _ => 401,
         }
@@ -105,19 +108,53 @@ pub fn within(t: i64, now: DateTime<Utc>, tolerance: u64, future_too: bool) -> b
     age <= tol && (!future_too || age >= -tol)
 }
 
-/// Unix seconds (integer or fractional) → time.
+/// The longest id a stored receipt may carry (its provider event id, Herald's event id, the
+/// provider's message id, a replay key): far above any provider's, and well below what one
+/// index entry can hold (about 2.7 KB on PostgreSQL, which refuses a longer one — and with it
+/// the whole group commit the receipt was in).
+pub const ID_MAX_BYTES: usize = 1024;
+
+/// Refuses verified events that could not be stored: an id over [`ID_MAX_BYTES`].
+pub fn check_storable(events: &[ReceiptEvent]) -> Result<(), VerifyError> {
+    for e in events {
+        let ids = [
+            ("provider_event_id", Some(&e.provider_event_id)),
+            ("herald_event_id", e.herald_event_id.as_ref()),
+            ("provider_message_id", e.provider_message_id.as_ref()),
+            ("replay_key", e.replay_key.as_ref()),
+        ];
+        if let Some((field, _)) = ids
+            .into_iter()
+            .find(|(_, v)| v.is_some_and(|v| v.len() > ID_MAX_BYTES))
+        {
+            return Err(VerifyError::TooLong(field));
+        }
+    }
+    Ok(())
+}
+
+/// An event time worth keeping: years 1 to 9999. A provider's value outside them (a signed
+/// year, a date of some other calendar's making) is no event time at all — PostgreSQL would
+/// refuse one before 4713 BC, and with it the whole group commit the receipt was in.
+fn plausible(t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    (1..=9999)
+        .contains(&chrono::Datelike::year(&t))
+        .then_some(t)
+}
+
+/// Unix seconds (integer or fractional, to the microsecond) → time.
 pub fn unix_time(v: &Value) -> Option<DateTime<Utc>> {
     let secs = match v {
         Value::Number(n) => n.as_f64()?,
         Value::String(s) => s.trim().parse::<f64>().ok()?,
         _ => return None,
     };
-    if !secs.is_finite() || secs < 0.0 {
+    // At most 9999-12-31T23:59:59Z (NaN is outside too).
+    if !(0.0..=253_402_300_799.0).contains(&secs) {
         return None;
     }
-    let whole = secs.trunc() as i64;
-    let micros = ((secs - secs.trunc()) * 1_000_000.0).round() as u32;
-    Utc.timestamp_opt(whole, micros * 1000).single()
+    // Rounded as a whole: a fraction that rounds up to a whole second carries into the next.
+    DateTime::from_timestamp_micros((secs * 1_000_000.0).round() as i64).and_then(plausible)
 }
 
 /// An RFC 3339 / ISO 8601 time string → time.
@@ -132,6 +169,7 @@ pub fn iso_time(v: &Value) -> Option<DateTime<Utc>> {
                 .ok()
                 .map(|t| t.with_timezone(&Utc))
         })
+        .and_then(plausible)
 }
 
 /// A string at a JSON pointer.
@@ -327,6 +365,7 @@ pub fn verify_request_offline(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::TimeZone;
     use serde_json::json;
 
     #[test]
@@ -350,6 +389,61 @@ mod tests {
             1574802815
         );
         assert_eq!(iso_time(&json!("nope")), None);
+        // A fraction that rounds up to a whole second carries into the next (it was lost).
+        assert_eq!(
+            unix_time(&json!(1521243339.9999996)),
+            DateTime::from_timestamp(1521243340, 0)
+        );
+        // Outside years 1 to 9999: no event time (PostgreSQL refuses years before 4713 BC).
+        assert_eq!(iso_time(&json!("-5000-01-01 00:00:00+00")), None);
+        assert_eq!(iso_time(&json!("0000-12-31 23:59:59+00")), None);
+        assert!(iso_time(&json!("0001-01-01 00:00:00+00")).is_some());
+        assert!(unix_time(&json!(253_402_300_799_i64)).is_some());
+        assert_eq!(unix_time(&json!(253_402_300_800_i64)), None);
+        assert_eq!(unix_time(&json!(1e300)), None);
+    }
+
+    #[test]
+    fn ids_too_long_to_store_are_named() {
+        let event = |id: &str| ReceiptEvent {
+            provider_event_id: id.to_owned(),
+            event_type: "delivered".into(),
+            provider_type: "delivered".into(),
+            event_time: None,
+            herald_event_id: None,
+            provider_message_id: None,
+            raw: json!({}),
+            replay_key: None,
+        };
+        let ok = "x".repeat(ID_MAX_BYTES);
+        assert!(check_storable(&[event(&ok)]).is_ok());
+        let long = "x".repeat(ID_MAX_BYTES + 1);
+        let e = check_storable(&[event(&ok), event(&long)]).unwrap_err();
+        assert_eq!(
+            (e.status(), e.to_string()),
+            (
+                400,
+                "provider_event_id is longer than 1024 bytes".to_owned()
+            )
+        );
+        for (field, set) in [
+            (
+                "herald_event_id",
+                (|e: &mut ReceiptEvent, v: String| e.herald_event_id = Some(v))
+                    as fn(&mut ReceiptEvent, String),
+            ),
+            ("provider_message_id", |e, v| {
+                e.provider_message_id = Some(v)
+            }),
+            ("replay_key", |e, v| e.replay_key = Some(v)),
+        ] {
+            let mut x = event("ok");
+            set(&mut x, long.clone());
+            assert!(
+                matches!(check_storable(&[x]), Err(VerifyError::TooLong(f)) if f == field),
+                "{field}"
+            );
+        }
     }
 
     #[test]

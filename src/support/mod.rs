@@ -325,7 +325,7 @@ pub fn skip(
             tracing::info!(
                 event_id = %row.event_id,
                 who,
-                reason = %req.reason.as_str(),
+                reason = %view::mask_free_text(req.reason.as_str()),
                 due,
                 "ordering key released by an explicit skip"
             );
@@ -454,7 +454,11 @@ impl Cursor {
         };
         let micros: i64 = micros.parse().map_err(|_| bad())?;
         let id: i64 = id.parse().map_err(|_| bad())?;
-        let at = DateTime::from_timestamp_micros(micros).ok_or_else(bad)?;
+        // Only times a listing can have given: one far outside them (chrono takes ±262,000
+        // years) would reach the database, which refuses a time before 4713 BC.
+        let at = DateTime::from_timestamp_micros(micros)
+            .filter(|at| (1..=9999).contains(&chrono::Datelike::year(at)))
+            .ok_or_else(bad)?;
         Ok(Self { at, id })
     }
 }

@@ -94,6 +94,34 @@ async fn receipts_are_stored_before_the_answer_and_deduplicated(backend: Backend
         r.json::<Value>().await.unwrap(),
         json!({"stored": 1, "duplicates": 0})
     );
+    // A signed year before 1 (PostgreSQL refuses a time before 4713 BC, and with it the group
+    // commit the receipt is in: a 503 once): stored, without an event time.
+    let ancient = br#"{"type":"email.delivered","created_at":"-5000-01-01 00:00:00+00","data":{"email_id":"em_3"}}"#;
+    let r = post(
+        &app,
+        "resend",
+        &resend_headers("msg_old", now, ancient),
+        ancient,
+    )
+    .await;
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"stored": 1, "duplicates": 0})
+    );
+    // An id too long for an index entry (PostgreSQL refused it, and the group with it): 400
+    // naming it, nothing stored.
+    let long = "m".repeat(3000);
+    let r = post(&app, "resend", &resend_headers(&long, now, &body), &body).await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["field"],
+        "provider_event_id"
+    );
+    let mut rows = app.db.receipts_of_source("resend").unwrap();
+    rows.sort_by(|a, b| a.provider_event_id.cmp(&b.provider_event_id));
+    let ids: Vec<_> = rows.iter().map(|r| r.provider_event_id.as_str()).collect();
+    assert_eq!(ids, ["msg_1", "msg_nul", "msg_old"]);
+    assert_eq!(rows[2].event_time, None);
     app.stop().await;
 }
 

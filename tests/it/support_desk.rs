@@ -925,6 +925,9 @@ async fn dead_letters_list_by_keyset_and_redrive_within_bounds(backend: Backend)
         ("limit=1001", "limit"),
         ("limit=0", "limit"),
         ("after=garbage", "after"),
+        // A cursor whose time is about 95,000 BC: no listing gave it, and PostgreSQL would
+        // refuse the time (a 500 once).
+        ("after=djE6LTMwMDAwMDAwMDAwMDAwMDAwMDA6MQ", "after"),
         ("class=late", "class"),
         ("destination=a/b", "destination"),
         ("since=yesterday", "since"),
@@ -948,6 +951,28 @@ async fn dead_letters_list_by_keyset_and_redrive_within_bounds(backend: Backend)
         )
         .await;
         assert_eq!(p["field"], field, "{body}");
+    }
+    // A body that is not JSON at all: 400 `malformed`, as at `POST /v1/messages`.
+    let fp = fingerprint(&app, &dead[0]).await;
+    for path in [
+        "/v1/dead-letters/redrive".to_owned(),
+        format!("/v1/sends/{fp}/replay"),
+        format!("/v1/messages/{}/skip", dead[0]),
+    ] {
+        let r = app
+            .http
+            .post(format!("{}{path}", app.base))
+            .header("content-type", "application/json")
+            .body("{not json")
+            .send()
+            .await
+            .unwrap();
+        let p = problem(r, 400).await;
+        assert_eq!(
+            (p["type"].as_str(), p["field"].as_str()),
+            (Some("https://herald.dev/problems/malformed"), Some("body")),
+            "{path}"
+        );
     }
     assert_eq!(ids_of(&app, "").await, dead, "nothing half-written");
     let report: Value = post(
