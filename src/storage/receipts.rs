@@ -228,8 +228,9 @@ per_backend! {
         Ok(pass)
     }
 
-    /// `unconfirmed` messages: those with a stored receipt of an `accepting` type (one that
-    /// arrived while the message was still `sending`, say) become `delivered`; those that no
+    /// `unconfirmed` messages: those with a stored receipt of an `accepting` type that arrived
+    /// after their last replay, if any (one that arrived while the message was still `sending`,
+    /// say) become `delivered`; those that no
     /// receipt settled within `deadline` move to `dead_letter` with
     /// `state_reason = 'unconfirmed'`, for a person to decide. Returns (settled, expired).
     pub fn settle_or_expire_unconfirmed(
@@ -243,10 +244,19 @@ per_backend! {
         use self::schema::herald_outbox as o;
         sql::keep_to_indexes(conn)?;
         let at = sql::now(conn, now)?;
+        use self::schema::herald_replays as rp;
+        // Only a receipt that arrived after the message's last replay speaks for the send that
+        // made it `unconfirmed`: one of an earlier series (a force-replayed `delivered`) says
+        // nothing about the new one.
         let proven = exists(
             r::table
                 .filter(r::message_id.eq(o::id.nullable()))
-                .filter(r::event_type.eq_any(accepting)),
+                .filter(r::event_type.eq_any(accepting))
+                .filter(diesel::dsl::not(exists(
+                    rp::table
+                        .filter(rp::message_id.eq(o::id))
+                        .filter(rp::replayed_at.gt(r::received_at)),
+                ))),
         );
         let settled: Vec<i64> = diesel::update(
             o::table

@@ -63,6 +63,11 @@ per_backend! {
             o::attempt_base.eq(r.attempts),
             o::last_error_class.eq(None::<AttemptClass>),
             o::state_reason.eq(None::<String>),
+            // The delivery status starts over with the new series (the receipts of the earlier
+            // ones stay in the timeline): a status from an earlier send says nothing of this
+            // one, and one without an event time would outrank the new sends' by precedence.
+            o::delivery_status.eq(None::<String>),
+            o::delivery_status_at.eq(None::<DateTime<Utc>>),
             o::lease_owner.eq(None::<String>),
             o::lease_until.eq(None::<DateTime<Utc>>),
             r.expires_at.map(|e| o::expires_at.eq(e)),

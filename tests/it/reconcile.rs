@@ -447,6 +447,38 @@ async fn unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline(ba
         (Some("delivered"), Some("delivered"))
     );
     assert_eq!(app.message("maybe-2").await["state"], "unconfirmed");
+    // Replayed by force, its new send answered 409 again: the status starts over, and the
+    // earlier send's receipt proves nothing about the new one (it settled it once).
+    rx.script([Reply::Status(409)]);
+    let r = app
+        .http
+        .post(format!("{}/v1/messages/maybe-1/replay", app.base))
+        .json(&json!({"reason": "resend to check", "force": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(app.run_until_idle().await, 1);
+    reconcile(&app).await;
+    let again = app.message("maybe-1").await;
+    assert_eq!(
+        (again["state"].as_str(), again["delivery_status"].as_str()),
+        (Some("unconfirmed"), None)
+    );
+    // A receipt of the new send settles it.
+    assert_eq!(
+        post_receipt(&app, receipt("ok-1b", "delivered", Some(5), "maybe-1")).await,
+        200
+    );
+    assert_eq!(reconcile(&app).await, 1);
+    let settled = app.message("maybe-1").await;
+    assert_eq!(
+        (
+            settled["state"].as_str(),
+            settled["delivery_status"].as_str()
+        ),
+        (Some("delivered"), Some("delivered"))
+    );
     // A receipt that came while the message was still being sent proves it too, once the
     // message turns unconfirmed.
     let r = app
@@ -472,8 +504,8 @@ async fn unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline(ba
         (dead["state"].as_str(), dead["state_reason"].as_str()),
         (Some("dead_letter"), Some("unconfirmed"))
     );
-    // Never an automatic resend.
-    assert_eq!(rx.requests().len(), 3);
+    // Never an automatic resend (the replay's is the fourth request).
+    assert_eq!(rx.requests().len(), 4);
     assert_eq!(app.run_until_idle().await, 0);
     app.stop().await;
 }
