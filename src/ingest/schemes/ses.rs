@@ -44,6 +44,13 @@ pub enum CertFetchError {
     Body(#[source] reqwest::Error),
     #[error("response over 64 KiB")]
     TooLarge,
+    /// SNS answered the certificate URL with a client error (4xx), now or lately: there is no
+    /// such certificate, so the signature cannot verify.
+    #[error("no certificate at that URL")]
+    NoSuchCertificate,
+    /// Another uncached certificate URL was fetched less than a second ago.
+    #[error("certificate fetches throttled")]
+    Throttled,
 }
 
 /// Where signing certificates come from: fetched and cached, or given (tests, pinning, offline).
@@ -64,18 +71,56 @@ impl CertStore for StaticCertStore {
 
 /// Fetches over HTTPS (TLS-verified by the system's web PKI) and caches by URL. Called from a
 /// blocking thread, never from the async executor.
+///
+/// Anyone who knows a configured topic ARN can send a well-formed envelope naming a certificate
+/// URL of the right shape that does not exist (any hex after `SimpleNotificationService-`), so
+/// what fetching costs is bounded:
+/// - a URL SNS answered with a client error (4xx: no such certificate) is remembered for
+///   [`CERT_REFUSED_FOR`] and answered at once, as a signature that does not verify (401), never
+///   fetched again meanwhile;
+/// - an uncached URL is fetched at most once every [`CERT_FETCH_EVERY`]: in between, such a
+///   request is asked to retry (503, as SNS does), so a flood of invented URLs costs one fetch a
+///   second rather than a blocking thread each, and certificates already cached are unaffected.
 pub struct HttpsCertStore {
     pinned: StaticCertStore,
     cache: Mutex<HashMap<String, Vec<u8>>>,
+    refused: Mutex<HashMap<String, std::time::Instant>>,
+    last_fetch: Mutex<Option<std::time::Instant>>,
+    fetch: Box<CertFetch>,
 }
+
+/// How [`HttpsCertStore`] gets a certificate it has not cached: [`https_get`].
+type CertFetch = dyn Fn(&str) -> Result<Vec<u8>, CertFetchError> + Send + Sync;
+
+/// How long a certificate URL SNS answered with a client error is refused without a fetch.
+pub const CERT_REFUSED_FOR: Duration = Duration::from_secs(600);
+/// At most one fetch of an uncached certificate URL this often.
+pub const CERT_FETCH_EVERY: Duration = Duration::from_secs(1);
+/// Refused URLs remembered at most (the oldest forgotten first beyond that).
+const CERT_REFUSED_MAX: usize = 1024;
 
 impl HttpsCertStore {
     pub fn new(pinned: StaticCertStore) -> Self {
+        Self::with_fetch(pinned, https_get)
+    }
+
+    /// With `fetch` in place of the HTTPS GET (its caching and bounds tested without a network).
+    pub fn with_fetch(
+        pinned: StaticCertStore,
+        fetch: impl Fn(&str) -> Result<Vec<u8>, CertFetchError> + Send + Sync + 'static,
+    ) -> Self {
         Self {
             pinned,
             cache: Mutex::new(HashMap::new()),
+            refused: Mutex::new(HashMap::new()),
+            last_fetch: Mutex::new(None),
+            fetch: Box::new(fetch),
         }
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// One blocking HTTPS GET (certificates, subscription confirmations): rare, cached, bounded.
@@ -118,24 +163,54 @@ fn https_get(url: &str) -> Result<Vec<u8>, CertFetchError> {
 
 impl CertStore for HttpsCertStore {
     fn get(&self, url: &str) -> Result<Vec<u8>, CertFetchError> {
+        self.get_at(url, std::time::Instant::now())
+    }
+}
+
+impl HttpsCertStore {
+    /// [`CertStore::get`] at `now`.
+    fn get_at(&self, url: &str, now: std::time::Instant) -> Result<Vec<u8>, CertFetchError> {
         if let Ok(pem) = self.pinned.get(url) {
             return Ok(pem);
         }
-        if let Some(pem) = self
-            .cache
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(url)
-        {
+        if let Some(pem) = lock(&self.cache).get(url) {
             return Ok(pem.clone());
         }
-        let pem = https_get(url)?;
-        tracing::info!(host = %crate::telemetry::mask_url(url), "SNS signing certificate fetched and cached");
-        self.cache
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(url.to_owned(), pem.clone());
-        Ok(pem)
+        {
+            let mut refused = lock(&self.refused);
+            refused.retain(|_, at| now.duration_since(*at) < CERT_REFUSED_FOR);
+            if refused.contains_key(url) {
+                return Err(CertFetchError::NoSuchCertificate);
+            }
+        }
+        {
+            let mut last = lock(&self.last_fetch);
+            if last.is_some_and(|at| now.duration_since(at) < CERT_FETCH_EVERY) {
+                return Err(CertFetchError::Throttled);
+            }
+            *last = Some(now);
+        }
+        match (self.fetch)(url) {
+            Ok(pem) => {
+                tracing::info!(host = %crate::telemetry::mask_url(url), "SNS signing certificate fetched and cached");
+                lock(&self.cache).insert(url.to_owned(), pem.clone());
+                Ok(pem)
+            }
+            Err(CertFetchError::Status(s)) if s.is_client_error() => {
+                let mut refused = lock(&self.refused);
+                if refused.len() >= CERT_REFUSED_MAX
+                    && let Some(oldest) = refused
+                        .iter()
+                        .min_by_key(|(_, at)| **at)
+                        .map(|(u, _)| u.clone())
+                {
+                    refused.remove(&oldest);
+                }
+                refused.insert(url.to_owned(), now);
+                Err(CertFetchError::NoSuchCertificate)
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -252,9 +327,18 @@ impl Ses {
             .decode(sig)
             .map_err(|_| VerifyError::Mismatch)?;
         let sig = Signature::try_from(sig.as_slice()).map_err(|_| VerifyError::Mismatch)?;
-        let pem = self.certs.get(&cert_url).map_err(|e| {
-            tracing::warn!(error = %e, "SNS signing certificate unavailable");
-            VerifyError::Unavailable("SNS signing certificate")
+        let pem = self.certs.get(&cert_url).map_err(|e| match e {
+            // No such certificate (SNS's 4xx): a forged envelope, not an outage; not logged
+            // (per request and unauthenticated).
+            CertFetchError::NoSuchCertificate => VerifyError::Mismatch,
+            CertFetchError::Throttled => {
+                tracing::debug!("SNS signing certificate fetch throttled; asked to retry");
+                VerifyError::Unavailable("SNS signing certificate")
+            }
+            e => {
+                tracing::warn!(error = %e, "SNS signing certificate unavailable");
+                VerifyError::Unavailable("SNS signing certificate")
+            }
         })?;
         let cert = x509_cert::Certificate::from_pem(&pem).map_err(|_| VerifyError::Mismatch)?;
         let spki = cert
@@ -431,6 +515,71 @@ impl Source for Ses {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_certificate_url_sns_refuses_is_remembered_and_fetches_are_bounded() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::time::Instant;
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let store = HttpsCertStore::with_fetch(StaticCertStore::default(), move |url| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            match url {
+                "https://x/real.pem" => Ok(b"PEM".to_vec()),
+                "https://x/down.pem" => Err(CertFetchError::Status(
+                    reqwest::StatusCode::SERVICE_UNAVAILABLE,
+                )),
+                _ => Err(CertFetchError::Status(reqwest::StatusCode::NOT_FOUND)),
+            }
+        });
+        let fetches = || calls.load(Ordering::SeqCst);
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // An invented URL: fetched once, then refused from memory (no fetch) for ten minutes.
+        let invented = "https://x/invented.pem";
+        assert!(matches!(
+            store.get_at(invented, at(0)),
+            Err(CertFetchError::NoSuchCertificate)
+        ));
+        assert!(matches!(
+            store.get_at(invented, at(5_000)),
+            Err(CertFetchError::NoSuchCertificate)
+        ));
+        assert_eq!(fetches(), 1);
+        // Another uncached URL within the second after a fetch: not fetched, asked to retry.
+        assert!(matches!(
+            store.get_at("https://x/real.pem", at(999)),
+            Err(CertFetchError::Throttled)
+        ));
+        assert_eq!(fetches(), 1);
+        // After it: fetched and cached; a cached one is never throttled.
+        assert_eq!(
+            store.get_at("https://x/real.pem", at(1_000)).unwrap(),
+            b"PEM"
+        );
+        assert_eq!(
+            store.get_at("https://x/real.pem", at(1_001)).unwrap(),
+            b"PEM"
+        );
+        assert_eq!(fetches(), 2);
+        // A server error is an outage, not a verdict: not remembered, tried again later.
+        assert!(matches!(
+            store.get_at("https://x/down.pem", at(2_000)),
+            Err(CertFetchError::Status(_))
+        ));
+        assert!(matches!(
+            store.get_at("https://x/down.pem", at(3_000)),
+            Err(CertFetchError::Status(_))
+        ));
+        assert_eq!(fetches(), 4);
+        // Ten minutes on, the invented URL is fetched (and refused) again.
+        assert!(matches!(
+            store.get_at(invented, at(600_001)),
+            Err(CertFetchError::NoSuchCertificate)
+        ));
+        assert_eq!(fetches(), 5);
+    }
+
     use super::*;
     use serde_json::json;
 
@@ -485,6 +634,49 @@ mod tests {
         assert_eq!(
             published_at(PUBLISHED + 3601, Some(3600)),
             Err(VerifyError::Stale(3600))
+        );
+    }
+
+    /// The published envelope, its certificate fetched by `fetch` (nothing pinned).
+    fn fetched_with(
+        fetch: impl Fn(&str) -> Result<Vec<u8>, CertFetchError> + Send + Sync + 'static,
+    ) -> Result<Vec<ReceiptEvent>, VerifyError> {
+        use chrono::TimeZone;
+        let dir = crate::ingest::schemes::fixture_path("ses/sdk-valid-sns-v1");
+        let case: Value =
+            serde_json::from_slice(&std::fs::read(dir.join("case.json")).unwrap()).unwrap();
+        let body = std::fs::read(dir.join("body")).unwrap();
+        let ses = Ses::new(
+            serde_json::from_value(case["allowed_topic_arns"].clone()).unwrap(),
+            Arc::new(HttpsCertStore::with_fetch(
+                StaticCertStore::default(),
+                fetch,
+            )),
+            false,
+            300,
+        );
+        let r = RawRequest {
+            headers: &[],
+            body: &body,
+            query: None,
+            method: "POST",
+        };
+        ses.verify(&r, Utc.timestamp_opt(1442712134, 0).unwrap())
+    }
+
+    #[test]
+    fn a_certificate_sns_does_not_have_is_a_refusal_and_an_outage_a_retry() {
+        use reqwest::StatusCode;
+        // A forged envelope naming an invented certificate: 401, not 503.
+        for status in [StatusCode::NOT_FOUND, StatusCode::FORBIDDEN] {
+            assert_eq!(
+                fetched_with(move |_| Err(CertFetchError::Status(status))),
+                Err(VerifyError::Mismatch)
+            );
+        }
+        assert_eq!(
+            fetched_with(|_| Err(CertFetchError::Status(StatusCode::BAD_GATEWAY))),
+            Err(VerifyError::Unavailable("SNS signing certificate"))
         );
     }
 
