@@ -215,20 +215,52 @@ type JobResult = Result<Stored, StorageError>;
 
 /// Commits the group. Without replay keys in it: one multi-row insert for the whole group.
 /// With them: first one transaction without savepoints (the common case: nothing to undo); if a
-/// request aborted, again with a savepoint per request so that only it is undone.
+/// request aborted, again with a savepoint per request so that only it is undone. So too when
+/// the database refused the multi-row insert of a group of several requests (not merely
+/// unavailable: a value it cannot store): again request by request, each in its savepoint, so
+/// that only the request holding that value fails, never its neighbours.
 /// `Err` when the group's transaction failed as a whole (nothing of it committed).
 fn commit_group(db: &Db, group: &[Job], shared: &Shared) -> Result<Vec<JobResult>, StorageError> {
-    match commit_once(db, group, shared, false) {
-        Err(GroupError::OneAborted) => match commit_once(db, group, shared, true) {
-            Ok(r) => Ok(r),
-            Err(GroupError::OneAborted) => Err(StorageError::Unavailable(Box::new(GroupFailed(
-                "a request aborted inside its savepoint".into(),
-            )))),
-            Err(GroupError::Storage(e)) => Err(e),
-        },
+    let replay_keys = group
+        .iter()
+        .any(|j| j.receipts.iter().any(|x| x.replay_key.is_some()));
+    let first = if replay_keys {
+        Body::OneByOne { savepoints: false }
+    } else {
+        Body::Merged
+    };
+    match commit_once(db, group, shared, first) {
+        Err(GroupError::OneAborted) => one_by_one_in_savepoints(db, group, shared),
+        Err(GroupError::Storage(e)) if group.len() > 1 && !e.is_unavailable() => {
+            tracing::warn!(requests = group.len(), reason = %e.log_safe(), "the database refused a group of receipts; storing it request by request");
+            one_by_one_in_savepoints(db, group, shared)
+        }
         Err(GroupError::Storage(e)) => Err(e),
         Ok(r) => Ok(r),
     }
+}
+
+fn one_by_one_in_savepoints(
+    db: &Db,
+    group: &[Job],
+    shared: &Shared,
+) -> Result<Vec<JobResult>, StorageError> {
+    match commit_once(db, group, shared, Body::OneByOne { savepoints: true }) {
+        Ok(r) => Ok(r),
+        Err(GroupError::OneAborted) => Err(StorageError::Unavailable(Box::new(GroupFailed(
+            "a request aborted inside its savepoint".into(),
+        )))),
+        Err(GroupError::Storage(e)) => Err(e),
+    }
+}
+
+/// How a group's transaction stores it.
+#[derive(Debug, Clone, Copy)]
+enum Body {
+    /// One multi-row insert for the whole group (no replay keys in it).
+    Merged,
+    /// Request by request, each in a savepoint of its own or not.
+    OneByOne { savepoints: bool },
 }
 
 enum GroupError {
@@ -342,34 +374,34 @@ fn commit_once(
     db: &Db,
     group: &[Job],
     shared: &Shared,
-    savepoints: bool,
+    body: Body,
 ) -> Result<Vec<JobResult>, GroupError> {
-    let replay_keys = group
-        .iter()
-        .any(|j| j.receipts.iter().any(|x| x.replay_key.is_some()));
-    if !replay_keys {
-        return match db {
-            Db::Pg(pool) => {
-                use super::queries::pg as q;
-                super::pg_transaction(
-                    pool,
-                    |c: &mut diesel::pg::PgConnection| -> Result<_, GroupError> {
-                        merged_body!(c, q, group, shared)
-                    },
-                )
-            }
-            Db::Sqlite(sq) => {
-                use super::queries::sqlite as q;
-                let _w = sq.lock_writer();
-                let mut conn = sq.pool.get().map_err(StorageError::from)?;
-                conn.immediate_transaction(
-                    |c: &mut diesel::sqlite::SqliteConnection| -> Result<_, GroupError> {
-                        merged_body!(c, q, group, shared)
-                    },
-                )
-            }
-        };
-    }
+    let savepoints = match body {
+        Body::Merged => {
+            return match db {
+                Db::Pg(pool) => {
+                    use super::queries::pg as q;
+                    super::pg_transaction(
+                        pool,
+                        |c: &mut diesel::pg::PgConnection| -> Result<_, GroupError> {
+                            merged_body!(c, q, group, shared)
+                        },
+                    )
+                }
+                Db::Sqlite(sq) => {
+                    use super::queries::sqlite as q;
+                    let _w = sq.lock_writer();
+                    let mut conn = sq.pool.get().map_err(StorageError::from)?;
+                    conn.immediate_transaction(
+                        |c: &mut diesel::sqlite::SqliteConnection| -> Result<_, GroupError> {
+                            merged_body!(c, q, group, shared)
+                        },
+                    )
+                }
+            };
+        }
+        Body::OneByOne { savepoints } => savepoints,
+    };
     match db {
         Db::Pg(pool) => {
             use super::queries::pg as q;
