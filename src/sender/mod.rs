@@ -12,6 +12,7 @@ pub mod listener;
 pub mod policy;
 pub mod throttle;
 
+use futures_util::FutureExt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -199,7 +200,11 @@ pub struct Sender {
     inner: Arc<Inner>,
 }
 
+/// See [`Sender::set_before_send`].
+pub type BeforeSend = Box<dyn Fn(&str) + Send + Sync>;
+
 struct Inner {
+    before_send: std::sync::OnceLock<BeforeSend>,
     db: Db,
     clock: Arc<dyn Clock>,
     config: SenderConfig,
@@ -309,8 +314,15 @@ impl Sender {
                 heartbeat,
                 recheck: std::sync::Mutex::new(Recheck::default()),
                 unwritten: std::sync::Mutex::default(),
+                before_send: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// Installs, once, a hook called with each message's event id just before its request
+    /// (tests: a send that panics). Returns `false` when one was installed already.
+    pub fn set_before_send(&self, hook: BeforeSend) -> bool {
+        self.inner.before_send.set(hook).is_ok()
     }
 
     /// When the production loop's claim loop ([`Sender::run`]) last completed an iteration;
@@ -660,6 +672,9 @@ impl Sender {
                 error_class,
                 ..cleared.base
             };
+        }
+        if let Some(hook) = self.inner.before_send.get() {
+            hook(&row.event_id);
         }
         let policy = self.policy_of(cleared.endpoint.as_deref());
         let endpoint = cleared
@@ -1063,9 +1078,26 @@ impl Sender {
             let this = self.clone();
             let tx = tx.clone();
             tokio::spawn(async move {
-                let outcome = this.send_cleared(cleared).await;
-                // The flusher outlives every sender task: it stops when all senders drop tx.
-                let _ = tx.send(outcome).await;
+                let claim = (cleared.row.id, cleared.row.attempts);
+                let sent = std::panic::AssertUnwindSafe(this.send_cleared(cleared))
+                    .catch_unwind()
+                    .await;
+                match sent {
+                    // The flusher outlives every sender task: it stops when all senders drop tx.
+                    Ok(outcome) => {
+                        let _ = tx.send(outcome).await;
+                    }
+                    Err(_) => {
+                        // No outcome will come: the row is left to the lease watchdog — this
+                        // process's included — as after a crash (the request may have left: an
+                        // ambiguous attempt once the lease runs out), not held `sending` for good.
+                        tracing::error!(
+                            message_id = claim.0,
+                            "a send panicked; its row is left to the lease watchdog"
+                        );
+                        lock_unwritten(&this.inner.unwritten).remove(&claim);
+                    }
+                }
                 drop(permit);
             });
         }

@@ -540,6 +540,57 @@ async fn a_message_that_expires_while_waiting_for_a_slot_is_not_sent(backend: Ba
     app.stop().await;
 }
 
+/// A send that panics leaves no row `sending` for good: the production loop lets go of its
+/// claim, and once the lease has run out this process's own watchdog returns the row (an
+/// ambiguous attempt, as after a crash); it is then sent, once.
+async fn a_send_that_panics_is_left_to_the_lease_watchdog(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let rx = Receiver::start().await;
+    let panicked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let once = panicked.clone();
+    assert!(app.herald.sender.set_before_send(Box::new(move |event_id| {
+        if event_id == "boom" && !once.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            panic!("a send panics (test)");
+        }
+    })));
+    let sender = app.start_sender();
+    let r = app.post_message(webhook("boom", &rx.url, json!({}))).await;
+    assert_eq!(r.status(), 201);
+    let id = app.row("boom").id;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !panicked.load(std::sync::atomic::Ordering::SeqCst)
+        || app.herald.sender.holds_claim(id, 1)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the claim is still held after the panic"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(app.row("boom").state, herald::domain::State::Sending);
+    // Past its lease and any backoff: the watchdog returns it, and it is sent.
+    app.advance(Duration::from_secs(3600));
+    app.herald.sender.sweep_leases().await.unwrap();
+    app.herald.wake.notify_one();
+    rx.wait_for(1, 10).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while app.row("boom").state != herald::domain::State::Delivered {
+        assert!(std::time::Instant::now() < deadline, "boom not delivered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    sender.stop().await;
+    assert_eq!(rx.event_ids(), ["boom"], "one request");
+    let attempts = app.attempts("boom");
+    assert_eq!(
+        attempts.iter().map(|a| a.class).collect::<Vec<_>>(),
+        [
+            herald::domain::AttemptClass::Ambiguous,
+            herald::domain::AttemptClass::Accepted
+        ]
+    );
+    app.stop().await;
+}
+
 /// A receiver's message id with a NUL in it (PostgreSQL text refuses NUL) is stored with the NUL
 /// replaced, as in receipts; the outcomes written with it — its own and its batch's — land.
 async fn a_receivers_id_with_a_nul_in_it_is_stored_without_it(backend: Backend) {
@@ -759,6 +810,7 @@ both_backends!(
     the_watchdog_leaves_rows_this_process_holds,
     a_message_that_expires_while_waiting_for_a_slot_is_not_sent,
     a_receivers_id_with_a_nul_in_it_is_stored_without_it,
+    a_send_that_panics_is_left_to_the_lease_watchdog,
 );
 
 async fn smtp_answers_are_classified(backend: Backend) {
