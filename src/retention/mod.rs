@@ -82,6 +82,9 @@ pub struct RetentionReport {
     pub dead_letter_batches: Vec<PurgedBatch>,
     /// Receipts deleted per batch.
     pub unmatched_receipt_batches: Vec<usize>,
+    /// Replay keys (`herald_replay_keys`) deleted per batch: those first seen before the
+    /// unmatched receipts' cutoff.
+    pub replay_key_batches: Vec<usize>,
 }
 
 impl RetentionReport {
@@ -97,6 +100,7 @@ impl RetentionReport {
         self.done_batches.len()
             + self.dead_letter_batches.len()
             + self.unmatched_receipt_batches.len()
+            + self.replay_key_batches.len()
     }
 }
 
@@ -131,13 +135,25 @@ pub fn run_once(
         }
     }
     if let Some(before) = c.unmatched_receipts {
-        loop {
-            let deleted = db.purge_unmatched_receipts(before, n)?;
-            if deleted > 0 {
-                report.unmatched_receipt_batches.push(deleted);
-            }
-            if deleted < n as usize {
-                break;
+        type Purge = fn(&Db, DateTime<Utc>, u32) -> Result<usize, StorageError>;
+        for (purge, out) in [
+            (
+                Db::purge_unmatched_receipts as Purge,
+                &mut report.unmatched_receipt_batches,
+            ),
+            (
+                Db::purge_replay_keys as Purge,
+                &mut report.replay_key_batches,
+            ),
+        ] {
+            loop {
+                let deleted = purge(db, before, n)?;
+                if deleted > 0 {
+                    out.push(deleted);
+                }
+                if deleted < n as usize {
+                    break;
+                }
             }
         }
     }
@@ -233,8 +249,9 @@ mod tests {
             done_batches: vec![b(3), b(1)],
             dead_letter_batches: vec![b(2)],
             unmatched_receipt_batches: vec![4],
+            replay_key_batches: vec![500, 7],
         };
         assert_eq!(r.messages(), 6);
-        assert_eq!(r.transactions(), 4);
+        assert_eq!(r.transactions(), 6);
     }
 }

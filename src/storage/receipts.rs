@@ -1,12 +1,13 @@
 //! Storing one ingest request's receipts, replays refused.
 //!
 //! Invariant: a request is stored whole or not at all. A receipt whose replay key (a one-time
-//! value the signature covers where the body is not: Mailgun's token) is already held by a
-//! *different* event of the same source is a replay: the transaction is rolled back and nothing
-//! of the request is stored. The same event again under its own key is a duplicate, a no-op.
-//! The check runs after the insert, in the same transaction, so two concurrent requests racing
-//! with one key cannot both pass: on PostgreSQL the second insert waits for the first to commit
-//! and its check then sees the first's row; SQLite has one writer.
+//! value the signature covers where the body is not: Mailgun's token) was seen with a
+//! *different* event of the same source (`herald_replay_keys`, which keeps every key with the
+//! event it first came with, a duplicate's too) is a replay: the transaction is rolled back and
+//! nothing of the request is stored. The same event again under its own key is a duplicate, a
+//! no-op. The check runs after the insert, in the same transaction, so two concurrent requests
+//! racing with one key cannot both pass: on PostgreSQL the second insert waits for the first to
+//! commit and its check then sees the first's row; SQLite has one writer.
 
 use chrono::{DateTime, Utc};
 
@@ -425,16 +426,27 @@ impl From<diesel::result::Error> for Abort {
 macro_rules! store_unless_replayed {
     ($conn:expr, $q:ident, $schema:ident, $source:expr, $receipts:expr, $now:expr) => {{
         use diesel::prelude::*;
-        use $crate::storage::$schema::herald_receipts as r;
+        use $crate::storage::$schema::herald_replay_keys as k;
         let conn = $conn;
         let inserted = $q::insert_receipts(conn, $source, $receipts, $now)?;
         let mut replayed = 0;
         for x in $receipts {
             let Some(key) = &x.replay_key else { continue };
-            let holder: Option<String> = r::table
-                .filter(r::source.eq($source))
-                .filter(r::replay_key.eq(key))
-                .select(r::provider_event_id)
+            // Kept whether its event is new or a duplicate (a provider's retry, signed anew):
+            // a value seen with one event is a replay with any other.
+            diesel::insert_into(k::table)
+                .values((
+                    k::source.eq($source),
+                    k::replay_key.eq(key),
+                    k::provider_event_id.eq(&x.provider_event_id),
+                    k::seen_at.eq($now),
+                ))
+                .on_conflict_do_nothing()
+                .execute(conn)?;
+            let holder: Option<String> = k::table
+                .filter(k::source.eq($source))
+                .filter(k::replay_key.eq(key))
+                .select(k::provider_event_id)
                 .first(conn)
                 .optional()?;
             if holder.is_some_and(|id| id != x.provider_event_id) {

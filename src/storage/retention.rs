@@ -98,6 +98,14 @@ macro_rules! purge_unmatched {
     }};
 }
 
+/// Deletes at most `?2` replay keys first seen before `?1` (oldest first), by row: the table's
+/// key is (source, replay_key).
+pub const PG_PURGE_REPLAY_KEYS_SQL: &str = "DELETE FROM herald_replay_keys WHERE ctid IN (\
+    SELECT ctid FROM herald_replay_keys WHERE seen_at < $1 ORDER BY seen_at LIMIT $2)";
+/// See [`PG_PURGE_REPLAY_KEYS_SQL`].
+pub const SQLITE_PURGE_REPLAY_KEYS_SQL: &str = "DELETE FROM herald_replay_keys WHERE rowid IN (\
+    SELECT rowid FROM herald_replay_keys WHERE seen_at < ?1 ORDER BY seen_at LIMIT ?2)";
+
 /// PostgreSQL: each purge keeps to its indexes (`sql::keep_to_indexes`): its `DELETE`s by
 /// `= ANY($1)` stay prepared, and a plan made while the tables were small would outlive them.
 pub mod pg {
@@ -130,6 +138,20 @@ pub mod pg {
         crate::storage::sql::pg_keep_to_indexes(conn)?;
         purge_unmatched!(conn, schema_pg, before, limit, for_update, skip_locked)
     }
+
+    pub fn purge_replay_keys(
+        conn: &mut Conn,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> diesel::QueryResult<usize> {
+        use diesel::RunQueryDsl;
+        use diesel::sql_types::{BigInt, Timestamptz};
+        crate::storage::sql::pg_keep_to_indexes(conn)?;
+        diesel::sql_query(PG_PURGE_REPLAY_KEYS_SQL)
+            .bind::<Timestamptz, _>(before)
+            .bind::<BigInt, _>(limit)
+            .execute(conn)
+    }
 }
 
 pub mod sqlite {
@@ -151,6 +173,19 @@ pub mod sqlite {
         limit: i64,
     ) -> diesel::QueryResult<usize> {
         purge_unmatched!(conn, schema_sqlite, before, limit)
+    }
+
+    pub fn purge_replay_keys(
+        conn: &mut Conn,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> diesel::QueryResult<usize> {
+        use diesel::RunQueryDsl;
+        use diesel::sql_types::{BigInt, TimestamptzSqlite};
+        diesel::sql_query(SQLITE_PURGE_REPLAY_KEYS_SQL)
+            .bind::<TimestamptzSqlite, _>(before)
+            .bind::<BigInt, _>(limit)
+            .execute(conn)
     }
 }
 
@@ -175,5 +210,15 @@ impl Db {
     ) -> Result<usize, StorageError> {
         let limit = i64::from(limit.max(1));
         crate::storage::db_run! { self, write |c, q| Ok(q::purge_unmatched_receipts(c, before, limit)?) }
+    }
+
+    /// One retention batch of replay keys first seen before `before`, in one transaction.
+    pub fn purge_replay_keys(
+        &self,
+        before: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<usize, StorageError> {
+        let limit = i64::from(limit.max(1));
+        crate::storage::db_run! { self, write |c, q| Ok(q::purge_replay_keys(c, before, limit)?) }
     }
 }

@@ -117,6 +117,15 @@ diesel::table! {
 }
 
 diesel::table! {
+    herald_replay_keys (source, replay_key) {
+        source -> Text,
+        replay_key -> Text,
+        provider_event_id -> Text,
+        seen_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
     herald_replays (id) {
         id -> Int8,
         message_id -> Int8,
@@ -156,6 +165,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     herald_outbox,
     herald_receipt_queue,
     herald_receipts,
+    herald_replay_keys,
     herald_replays,
     herald_settings,
     herald_subscriptions,

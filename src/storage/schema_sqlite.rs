@@ -110,6 +110,15 @@ diesel::table! {
 }
 
 diesel::table! {
+    herald_replay_keys (source, replay_key) {
+        source -> Text,
+        replay_key -> Text,
+        provider_event_id -> Text,
+        seen_at -> TimestamptzSqlite,
+    }
+}
+
+diesel::table! {
     herald_replays (id) {
         id -> BigInt,
         message_id -> BigInt,
@@ -148,6 +157,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     herald_outbox,
     herald_receipt_queue,
     herald_receipts,
+    herald_replay_keys,
     herald_replays,
     herald_settings,
     herald_subscriptions,

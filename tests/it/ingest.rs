@@ -480,16 +480,17 @@ async fn a_replayed_mailgun_signature_is_refused_and_stores_nothing(backend: Bac
     )
     .await;
     let t = Utc::now().timestamp().to_string();
-    let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(b"key-1").unwrap();
-    mac.update(format!("{t}tok-1").as_bytes());
-    let signature = hex::encode(mac.finalize().into_bytes());
-    let body = |id: &str| {
+    let signed = |token: &str, id: &str| {
+        let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(b"key-1").unwrap();
+        mac.update(format!("{t}{token}").as_bytes());
+        let signature = hex::encode(mac.finalize().into_bytes());
         serde_json::to_vec(&json!({
-            "signature": {"timestamp": t, "token": "tok-1", "signature": signature},
+            "signature": {"timestamp": t, "token": token, "signature": signature},
             "event-data": {"id": id, "event": "delivered", "timestamp": 1_700_000_000.5}
         }))
         .unwrap()
     };
+    let body = |id: &str| signed("tok-1", id);
     let r = post(&app, "mg", &[], &body("ev-1")).await;
     assert_eq!(
         r.json::<Value>().await.unwrap(),
@@ -522,13 +523,26 @@ async fn a_replayed_mailgun_signature_is_refused_and_stores_nothing(backend: Bac
         r.json::<Value>().await.unwrap(),
         json!({"stored": 0, "duplicates": 1})
     );
+    // Mailgun retrying it under a fresh signature (token `tok-2`): a duplicate, and its token is
+    // kept too — whoever captured that retry cannot use its signature for another event.
+    let r = post(&app, "mg", &[], &signed("tok-2", "ev-1")).await;
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"stored": 0, "duplicates": 1})
+    );
+    assert_eq!(
+        post(&app, "mg", &[], &signed("tok-2", "ev-forged-3"))
+            .await
+            .status(),
+        401
+    );
     let count = |v| app.herald.metrics.receipts_count("mg", v);
     assert_eq!(
         (
             count(ReceiptVerdict::Duplicate),
             count(ReceiptVerdict::Replayed)
         ),
-        (2, 2),
+        (3, 3),
         "(duplicates, replays)"
     );
     let rows = app.db.receipts_of_source("mg").unwrap();

@@ -131,7 +131,8 @@ async fn the_receipt_queue_upgrade_keeps_waiting_receipts(backend: Backend) {
                 orphans.is_empty(),
                 "the queue holds no receipt that is gone"
             );
-            c.revert_last_migration($migrations).unwrap();
+            // The queue's migration reverted (and any after it).
+            while c.revert_last_migration($migrations).unwrap().to_string() != "20261202000015" {}
             let back: Vec<Row> = diesel::sql_query(
                 "SELECT provider_event_id, outcome, match_attempts, NULL AS tries, \
                  next_match_at = '2026-12-01 10:00:06+00' AS due_as_before \
@@ -167,3 +168,65 @@ async fn the_receipt_queue_upgrade_keeps_waiting_receipts(backend: Backend) {
 }
 
 both_backends!(the_receipt_queue_upgrade_keeps_waiting_receipts);
+
+/// Upgrading keeps every replay key the receipts held: each becomes a row of
+/// `herald_replay_keys`, with its event and the receipt's arrival as when it was first seen.
+async fn the_replay_keys_upgrade_keeps_the_keys_receipts_held(backend: Backend) {
+    use diesel::connection::SimpleConnection;
+    use diesel::{Connection, QueryableByName, RunQueryDsl};
+    use diesel_migrations::MigrationHarness;
+
+    #[derive(QueryableByName, Debug, PartialEq)]
+    struct Key {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        replay_key: String,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        provider_event_id: String,
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        seen_at_arrival: bool,
+    }
+    const INSERT: &str = "INSERT INTO herald_receipts (source, provider_event_id, event_type, \
+        provider_type, raw, received_at, replay_key) VALUES \
+        ('mg', 'ev-1', 'delivered', 'd', '{}', '2026-12-01 10:00:00+00', 'tok-1'), \
+        ('mg', 'ev-2', 'delivered', 'd', '{}', '2026-12-01 10:00:00+00', NULL)";
+    const READ: &str = "SELECT k.replay_key, k.provider_event_id, \
+        k.seen_at = r.received_at AS seen_at_arrival \
+        FROM herald_replay_keys AS k JOIN herald_receipts AS r \
+          ON r.source = k.source AND r.provider_event_id = k.provider_event_id";
+    macro_rules! run_upgrade {
+        ($c:expr, $migrations:expr) => {{
+            let c = $c;
+            c.run_pending_migrations($migrations).unwrap();
+            while c.revert_last_migration($migrations).unwrap().to_string() != "20261204000016" {}
+            c.batch_execute(INSERT).unwrap();
+            c.run_pending_migrations($migrations).unwrap();
+            let keys: Vec<Key> = diesel::sql_query(READ).load(c).unwrap();
+            assert_eq!(
+                keys,
+                [Key {
+                    replay_key: "tok-1".into(),
+                    provider_event_id: "ev-1".into(),
+                    seen_at_arrival: true,
+                }]
+            );
+        }};
+    }
+    tokio::task::spawn_blocking(move || match backend {
+        Backend::Postgres => {
+            let (url, _guard) = crate::support::db::empty_pg_database();
+            let mut c = diesel::pg::PgConnection::establish(&url).unwrap();
+            run_upgrade!(&mut c, herald::storage::PG_MIGRATIONS);
+        }
+        Backend::Sqlite => {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("m.db");
+            let mut c =
+                diesel::sqlite::SqliteConnection::establish(&path.display().to_string()).unwrap();
+            run_upgrade!(&mut c, herald::storage::SQLITE_MIGRATIONS);
+        }
+    })
+    .await
+    .unwrap();
+}
+
+both_backends!(the_replay_keys_upgrade_keeps_the_keys_receipts_held);

@@ -211,9 +211,60 @@ async fn zero_keeps_forever(backend: Backend) {
     app.stop().await;
 }
 
+/// The replay keys of a signed source (Mailgun's tokens) go at the unmatched receipts' age, in
+/// batches of their own: by then no signature of theirs is within any tolerance.
+async fn replay_keys_go_at_the_unmatched_receipts_age(backend: Backend) {
+    use hmac::{Hmac, Mac};
+    let app = spawn_app_with(
+        backend,
+        "retention_batch_size = 2\n[sources.mg]\nscheme = \"mailgun\"\nsecrets = [\"key-1\"]\n",
+    )
+    .await;
+    let t = app.clock_now().timestamp().to_string();
+    for (token, id) in [("tok-1", "ev-1"), ("tok-2", "ev-2"), ("tok-3", "ev-1")] {
+        let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(b"key-1").unwrap();
+        mac.update(format!("{t}{token}").as_bytes());
+        let signature = hex::encode(mac.finalize().into_bytes());
+        let body = json!({
+            "signature": {"timestamp": t, "token": token, "signature": signature},
+            "event-data": {"id": id, "event": "delivered", "timestamp": 1_700_000_000.5}
+        });
+        let r = app
+            .http
+            .post(format!("{}/v1/ingest/mg", app.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    assert_eq!(
+        count(&app, "herald_replay_keys"),
+        3,
+        "a duplicate's token too"
+    );
+    let pass = |app: &TestApp| {
+        let (db, config, now) = (
+            app.db.clone(),
+            app.herald.settings.retention,
+            app.clock_now(),
+        );
+        tokio::task::spawn_blocking(move || run_once(&db, &config, now))
+    };
+    app.advance(89 * DAY);
+    let r = pass(&app).await.unwrap().unwrap();
+    assert!(r.replay_key_batches.is_empty(), "{r:?}");
+    app.advance(2 * DAY);
+    let r = pass(&app).await.unwrap().unwrap();
+    assert_eq!(r.replay_key_batches, [2, 1]);
+    assert_eq!(count(&app, "herald_replay_keys"), 0);
+    app.stop().await;
+}
+
 both_backends!(
     retention_deletes_in_batches_and_leaves_dead_letters,
-    zero_keeps_forever
+    zero_keeps_forever,
+    replay_keys_go_at_the_unmatched_receipts_age
 );
 
 /// The real binary: `herald migrate` stores the configured subscriptions (so a plain SQL insert
