@@ -1853,6 +1853,26 @@ mod tests {
     }
 
     #[test]
+    fn an_endpoints_header_values_are_checked_at_load() {
+        let with = |value: &str| {
+            Settings::from_toml(&format!(
+                "[endpoints.billing]\nurl = \"https://b.example/h\"\n\
+                 [endpoints.billing.headers]\n\"X-Token\" = {value}\n"
+            ))
+        };
+        assert!(with("\"abc\"").is_ok());
+        // A control character (here a newline) is no header value: every send would fail.
+        for bad in ["\"abc\\n\"", "\"a\\u0001b\""] {
+            let m = with(bad).unwrap_err().to_string();
+            assert!(m.starts_with("endpoints.billing.headers: "), "{bad}: {m}");
+            assert!(
+                !m.contains("abc") && !m.contains("a\u{1}b"),
+                "the value is not echoed: {m}"
+            );
+        }
+    }
+
+    #[test]
     fn an_endpoint_at_a_refused_literal_address_is_refused_at_load_naming_its_key() {
         let toml = "[endpoints.app]\nurl = \"http://169.254.169.254/latest\"\n\
                     [status_callbacks]\ndestination = \"endpoint:app\"\n";

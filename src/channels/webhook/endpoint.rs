@@ -155,8 +155,10 @@ impl Endpoint {
                 "must be a JSON pointer such as /id",
             ));
         }
-        for h in e.headers.keys() {
-            super::check_custom_header(h, "")
+        // The values too: one that is no valid header value (a newline, a non-ASCII letter)
+        // would fail every send to the endpoint, each dead-lettered as `invalid_header`.
+        for (h, v) in &e.headers {
+            super::check_custom_header(h, v)
                 .map_err(|m| InvalidField::new(format!("{key}.headers"), m.to_string()))?;
         }
         let limit =

@@ -132,6 +132,8 @@ pub const REFUSED_V4: &[(Ipv4Net, RangeKind)] = &[
     v4(100, 100, 100, 200, 32, K::CloudMetadata),
     // Oracle Cloud (classic).
     v4(192, 0, 0, 192, 32, K::CloudMetadata),
+    // Azure's host endpoint (WireServer: the VM agent's configuration and extensions).
+    v4(168, 63, 129, 16, 32, K::CloudMetadata),
     v4(0, 0, 0, 0, 32, K::Unspecified),
     v4(0, 0, 0, 0, 8, K::ThisNetwork),
     v4(10, 0, 0, 0, 8, K::Private),
@@ -468,6 +470,7 @@ mod tests {
             ("169.254.170.23", K::CloudMetadata),
             ("100.100.100.200", K::CloudMetadata),
             ("192.0.0.192", K::CloudMetadata),
+            ("168.63.129.16", K::CloudMetadata),
             ("192.0.0.1", K::IetfProtocol),
             ("192.0.0.255", K::IetfProtocol),
             ("192.0.2.1", K::Documentation),
