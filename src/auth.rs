@@ -183,13 +183,16 @@ impl Tokens {
         })
     }
 
-    /// Adds a plain token (`HERALD_API_TOKEN`, or the generated one).
+    /// Adds a plain token (`HERALD_API_TOKEN`, or the generated one), without the whitespace
+    /// around it (a secret mounted from a file ends with a newline): a presented token is
+    /// trimmed too, so an untrimmed one could never match.
     pub fn add_plain(
         &mut self,
         name: &str,
         token: &str,
         scope: Scope,
     ) -> Result<(), TokenConfigError> {
+        let token = token.trim();
         if token.len() < 16 {
             return Err(TokenConfigError::TooShort);
         }
@@ -286,6 +289,21 @@ mod tests {
             t.authenticate(&digest_hex("shop-token-0123456789")),
             None,
             "the digest itself"
+        );
+    }
+
+    #[test]
+    fn a_plain_token_with_a_trailing_newline_still_matches_the_presented_one() {
+        let mut t = Tokens::default();
+        // As a secret mounted from a file gives it.
+        t.add_plain("default", "root-token-0123456789\n", Scope::Admin)
+            .unwrap();
+        let presented = Tokens::bearer("Bearer root-token-0123456789").unwrap();
+        assert!(t.authenticate(presented).is_some());
+        assert_eq!(
+            Tokens::default().add_plain("x", "  short-token  \n", Scope::Admin),
+            Err(TokenConfigError::TooShort),
+            "the length is the trimmed one's"
         );
     }
 

@@ -523,7 +523,7 @@ async fn replay(
 fn parse_cursor(s: &str) -> Option<(DateTime<Utc>, i64)> {
     let (t, id) = s.split_once('.')?;
     Some((
-        DateTime::from_timestamp_micros(t.parse().ok()?)?,
+        crate::support::cursor_time(t.parse().ok()?)?,
         id.parse().ok()?,
     ))
 }

@@ -268,7 +268,7 @@ async fn create_message(
 ) -> Result<HttpResponse, Problem> {
     let who = authorize(&req, &state, Access::Enqueue)?;
     // The payload limit applies to `payload`; the envelope gets some room on top.
-    let body = read_body(payload, state.max_payload_bytes + 16 * 1024).await?;
+    let body = read_body(payload, state.max_payload_bytes.saturating_add(16 * 1024)).await?;
     let idempotency_key = req
         .headers()
         .get("idempotency-key")

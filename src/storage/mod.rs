@@ -133,6 +133,23 @@ fn is_sqlite_busy(message: &str) -> bool {
     )
 }
 
+/// What an unsupported database URL is shown as: its scheme only (`mysql://…`), never the rest,
+/// which may carry a password — nor the whole text when it has no `://` (a libpq
+/// `host=… password=…` string, a URL whose scheme was forgotten).
+fn url_shape(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, _))
+            if !scheme.is_empty()
+                && scheme
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.')) =>
+        {
+            format!("{scheme}://…")
+        }
+        _ => "(not a URL)".to_owned(),
+    }
+}
+
 /// Which backend a [`Db`] talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -229,9 +246,7 @@ impl Db {
                 writer: Arc::new(Mutex::new(())),
             }))
         } else {
-            // Never echo the URL itself: it may carry a password.
-            let scheme = url.split("://").next().unwrap_or("").to_owned();
-            Err(StorageError::BadUrl(format!("{scheme}://…")))
+            Err(StorageError::BadUrl(url_shape(url)))
         }
     }
 
@@ -412,6 +427,20 @@ mod tests {
 
     fn db_error(kind: DatabaseErrorKind, message: &str) -> DieselError {
         DieselError::DatabaseError(kind, Box::new(message.to_owned()))
+    }
+
+    #[test]
+    fn an_unsupported_database_url_shows_its_scheme_at_most() {
+        for (url, shown) in [
+            ("mysql://herald:s3cret@db/herald", "mysql://…"),
+            // A libpq key-value string, a URL with its scheme forgotten: not echoed at all.
+            ("host=db user=herald password=s3cret", "(not a URL)"),
+            ("herald:s3cret@db:5432/herald", "(not a URL)"),
+            ("s3cret@x://y", "(not a URL)"),
+        ] {
+            let m = StorageError::BadUrl(url_shape(url)).to_string();
+            assert!(m.contains(shown) && !m.contains("s3cret"), "{url}: {m}");
+        }
     }
 
     #[test]

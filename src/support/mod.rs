@@ -454,13 +454,17 @@ impl Cursor {
         };
         let micros: i64 = micros.parse().map_err(|_| bad())?;
         let id: i64 = id.parse().map_err(|_| bad())?;
-        // Only times a listing can have given: one far outside them (chrono takes ±262,000
-        // years) would reach the database, which refuses a time before 4713 BC.
-        let at = DateTime::from_timestamp_micros(micros)
-            .filter(|at| (1..=9999).contains(&chrono::Datelike::year(at)))
-            .ok_or_else(bad)?;
+        let at = cursor_time(micros).ok_or_else(bad)?;
         Ok(Self { at, id })
     }
+}
+
+/// A page cursor's time (µs since the epoch), if a listing can have given it: one far outside
+/// years 1–9999 (chrono takes ±262,000 years) would reach the database, which refuses a time
+/// before 4713 BC (and answered 500, or the admin page 503).
+pub fn cursor_time(micros: i64) -> Option<DateTime<Utc>> {
+    DateTime::from_timestamp_micros(micros)
+        .filter(|at| (1..=9999).contains(&chrono::Datelike::year(at)))
 }
 
 /// What a dead-letter listing or redrive selects.

@@ -416,6 +416,24 @@ async fn an_invalid_smtp_url_or_mail_from_is_refused_in_one_line_before_the_data
     }
 }
 
+/// A database URL Herald cannot use is refused without being repeated: neither a libpq
+/// key-value string nor a URL whose scheme was forgotten shows its password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unusable_database_url_is_refused_without_its_password() {
+    for url in [
+        "host=db user=herald password=s3cret dbname=herald",
+        "herald:s3cret@db:5432/herald",
+        "mysql://herald:s3cret@db/herald",
+    ] {
+        let mut h = Herald::spawn(&["serve"], &[("HERALD_DATABASE_URL", url)]);
+        let status = h.wait_exit(EXIT_WITHIN).await;
+        let stderr = h.stderr();
+        assert!(!status.success(), "{url}: {status}");
+        assert!(stderr.contains("database"), "{url}: {stderr}");
+        assert!(!stderr.contains("s3cret"), "{url}: {stderr}");
+    }
+}
+
 /// Polls `GET /v1/messages/{id}` until `done` holds for the view (bounded).
 async fn wait_for_view(
     base: &str,
