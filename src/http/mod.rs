@@ -204,6 +204,9 @@ fn caller(req: &HttpRequest, state: &AppState) -> Result<Principal, Problem> {
 
 /// The caller, if it may do `access` (to a message enqueued by `owner`): 403 without the
 /// scope; a `send` token asking for another's message gets the 404 a missing one gets.
+/// What `blocked_by` says of a head another client enqueued, to a `send` token.
+pub const ANOTHER_CLIENTS_MESSAGE: &str = "(another client's message)";
+
 fn permit(who: &Principal, access: Access, owner: Option<&str>) -> Result<(), Problem> {
     match who.may(access, owner) {
         Verdict::Allowed => Ok(()),
@@ -469,8 +472,14 @@ async fn show_message(
     permit(&who, Access::OwnMessage, row.enqueued_by.as_deref())?;
     let mut view = MessageView::new(&row, state.default_max_attempts);
     view.receipts = Some(receipts.iter().map(ReceiptView::new).collect());
-    view.blocked_by =
-        crate::storage::ordering::blocked_by(&row, head.as_ref()).map(|h| h.event_id.clone());
+    // Another client's head is named as such, not by its event id: a `send` token learns no
+    // other client's event ids (their messages are 404s to it).
+    view.blocked_by = crate::storage::ordering::blocked_by(&row, head.as_ref()).map(|h| match who
+        .may(Access::OwnMessage, h.enqueued_by.as_deref())
+    {
+        Verdict::Allowed => h.event_id.clone(),
+        _ => ANOTHER_CLIENTS_MESSAGE.to_owned(),
+    });
     Ok(HttpResponse::Ok().json(view))
 }
 

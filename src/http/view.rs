@@ -51,7 +51,8 @@ pub struct MessageView {
     pub ordering_seq: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ordering_policy: Option<crate::domain::OrderingPolicy>,
-    /// The event id of the dead or unconfirmed head that holds its key ("blocked by").
+    /// The event id of the dead or unconfirmed head that holds its key ("blocked by"); to a
+    /// `send` token, `(another client's message)` when another client enqueued that head.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub blocked_by: Option<String>,
     /// The receipt history, in event-time order.

@@ -698,7 +698,63 @@ async fn a_429_on_a_keyed_head_delays_only_its_key(backend: Backend) {
     app.stop().await;
 }
 
+/// Ordering keys are per destination, shared by every client that sends there: a `send` token
+/// whose message waits behind another client's dead head learns that it is blocked, not that
+/// head's event id (another client's messages are 404s to it); its own head it sees by id.
+async fn a_send_token_is_not_shown_another_clients_blocking_head(backend: Backend) {
+    use crate::support::app::client_with_token;
+    let digest = |t| herald::auth::digest_hex(t);
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "[tokens.shop]\nsha256 = \"{}\"\nscope = \"send\"\n\
+             [tokens.blog]\nsha256 = \"{}\"\nscope = \"send\"\n",
+            digest("shop-token-0123456789"),
+            digest("blog-token-0123456789")
+        ),
+    )
+    .await;
+    let rx = Receiver::start().await;
+    let a = rx.url_for("/a");
+    rx.script_path("/a", [Reply::Status(400)]);
+    let (shop, blog) = (
+        client_with_token("shop-token-0123456789"),
+        client_with_token("blog-token-0123456789"),
+    );
+    let url = format!("{}/v1/messages", app.base);
+    for (client, id) in [(&shop, "k.1"), (&blog, "k.2"), (&shop, "k.3")] {
+        let r = client
+            .post(&url)
+            .json(&keyed(id, &a, "shared", json!({})))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "{id}");
+    }
+    app.run_until_idle().await;
+    assert_eq!(app.row("k.1").state.as_str(), "dead_letter");
+    let blocked_by = |client: &reqwest::Client, id: &str| {
+        let req = client.get(format!("{url}/{id}"));
+        async move {
+            let v: Value = req.send().await.unwrap().json().await.unwrap();
+            v["blocked_by"].as_str().map(str::to_owned)
+        }
+    };
+    assert_eq!(
+        blocked_by(&blog, "k.2").await.as_deref(),
+        Some("(another client's message)")
+    );
+    assert_eq!(blocked_by(&shop, "k.3").await.as_deref(), Some("k.1"));
+    assert_eq!(
+        blocked_by(&app.http, "k.2").await.as_deref(),
+        Some("k.1"),
+        "admin"
+    );
+    app.stop().await;
+}
+
 both_backends!(
+    a_send_token_is_not_shown_another_clients_blocking_head,
     a_429_on_a_keyed_head_delays_only_its_key,
     keyed_messages_go_one_at_a_time_in_order,
     a_dead_head_blocks_only_its_key_until_replayed,
