@@ -99,7 +99,10 @@ per_backend! {
     }
 
     /// A replayed keyed message takes its place in its key again: it waits when another message
-    /// of the key is due or in flight, or an earlier place is still open; else it is due now.
+    /// of the key is in flight, or an earlier place is still open; else it is due now. Not when
+    /// a later one is merely due or waiting for a retry: the claim takes a key's places in order,
+    /// so that one waits for the replayed message anyway, and the replayed one waiting too held
+    /// the key still until the periodic release.
     pub fn rejoin(conn: &mut Conn, id: i64) -> QueryResult<()> {
         let Some(row) = o::table.filter(o::id.eq(id)).first::<OutboxRow>(conn).optional()? else {
             return Ok(());
@@ -112,10 +115,8 @@ per_backend! {
             .filter(o::destination.eq(&row.destination))
             .filter(o::id.ne(id))
             .filter(open_counting());
-        let active: i64 = others
-            .filter(sql::<Bool>(
-                "(state IN ('retryable', 'sending') OR (state = 'scheduled' AND next_attempt_at IS NOT NULL))",
-            ))
+        let in_flight: i64 = others
+            .filter(o::state.eq(State::Sending))
             .count()
             .get_result(conn)?;
         let earlier: i64 = o::table
@@ -125,7 +126,7 @@ per_backend! {
             .filter(open_counting())
             .count()
             .get_result(conn)?;
-        if active > 0 || earlier > 0 {
+        if in_flight > 0 || earlier > 0 {
             diesel::update(o::table.filter(o::id.eq(id)).filter(o::state.eq(State::Scheduled)))
                 .set(o::next_attempt_at.eq(None::<DateTime<Utc>>))
                 .execute(conn)?;

@@ -698,6 +698,42 @@ async fn a_429_on_a_keyed_head_delays_only_its_key(backend: Backend) {
     app.stop().await;
 }
 
+/// A replayed head whose later message waits for a retry goes at once, in its place before it:
+/// the replay does not leave both waiting (the key held until the periodic release).
+async fn a_replayed_head_goes_before_a_later_message_waiting_for_its_retry(backend: Backend) {
+    let app = crate::support::spawn_app(backend).await;
+    let rx = Receiver::start().await;
+    let a = rx.url_for("/a");
+    rx.script_path("/a", [Reply::Status(400), Reply::Status(503)]);
+    post(
+        &app,
+        keyed("r.1", &a, "k", json!({"ordering_policy": "skip"})),
+    )
+    .await;
+    post(&app, keyed("r.2", &a, "k", json!({}))).await;
+    app.run_until_idle().await;
+    assert_eq!(app.row("r.1").state.as_str(), "dead_letter");
+    assert_eq!(app.row("r.2").state.as_str(), "retryable");
+    let r = app
+        .http
+        .post(format!("{}/v1/messages/r.1/replay", app.base))
+        .json(&json!({"reason": "receiver fixed"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // Due now, without a periodic release: sent at once.
+    assert_eq!(app.run_until_idle().await, 1);
+    assert_eq!(app.row("r.1").state.as_str(), "delivered");
+    // Then the later one, at its retry.
+    app.advance(Duration::from_secs(3600));
+    assert_eq!(app.run_until_idle().await, 1);
+    assert_eq!(app.row("r.2").state.as_str(), "delivered");
+    let ids: Vec<String> = rx.requests_to("/a").iter().map(id_of).collect();
+    assert_eq!(ids, ["r.1", "r.2", "r.1", "r.2"]);
+    app.stop().await;
+}
+
 /// Ordering keys are per destination, shared by every client that sends there: a `send` token
 /// whose message waits behind another client's dead head learns that it is blocked, not that
 /// head's event id (another client's messages are 404s to it); its own head it sees by id.
@@ -754,6 +790,7 @@ async fn a_send_token_is_not_shown_another_clients_blocking_head(backend: Backen
 }
 
 both_backends!(
+    a_replayed_head_goes_before_a_later_message_waiting_for_its_retry,
     a_send_token_is_not_shown_another_clients_blocking_head,
     a_429_on_a_keyed_head_delays_only_its_key,
     keyed_messages_go_one_at_a_time_in_order,
