@@ -48,9 +48,35 @@ both_backends!(migrations_run_up_down_up);
 /// upgrade: a new one due at its arrival, an unmatched one still tried with its tries and next
 /// try (its own row no longer says so); one no longer tried, or reconciled, is not queued. The
 /// way down puts the unmatched one's tries and next try back on its row.
+/// Runs `pg` or `sqlite` (by `backend`) on a connection to a new, empty database, off the
+/// executor.
+async fn on_a_fresh_database(
+    backend: Backend,
+    pg: impl FnOnce(&mut diesel::pg::PgConnection) + Send + 'static,
+    sqlite: impl FnOnce(&mut diesel::sqlite::SqliteConnection) + Send + 'static,
+) {
+    use diesel::Connection;
+    tokio::task::spawn_blocking(move || match backend {
+        Backend::Postgres => {
+            let (url, _guard) = crate::support::db::empty_pg_database();
+            pg(&mut diesel::pg::PgConnection::establish(&url).unwrap());
+        }
+        Backend::Sqlite => {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("m.db");
+            sqlite(
+                &mut diesel::sqlite::SqliteConnection::establish(&path.display().to_string())
+                    .unwrap(),
+            );
+        }
+    })
+    .await
+    .unwrap();
+}
+
 async fn the_receipt_queue_upgrade_keeps_waiting_receipts(backend: Backend) {
     use diesel::connection::SimpleConnection;
-    use diesel::{Connection, QueryableByName, RunQueryDsl};
+    use diesel::{QueryableByName, RunQueryDsl};
     use diesel_migrations::MigrationHarness;
 
     #[derive(QueryableByName, Debug, PartialEq)]
@@ -149,22 +175,12 @@ async fn the_receipt_queue_upgrade_keeps_waiting_receipts(backend: Backend) {
             );
         }};
     }
-    tokio::task::spawn_blocking(move || match backend {
-        Backend::Postgres => {
-            let (url, _guard) = crate::support::db::empty_pg_database();
-            let mut c = diesel::pg::PgConnection::establish(&url).unwrap();
-            run_upgrade!(&mut c, herald::storage::PG_MIGRATIONS);
-        }
-        Backend::Sqlite => {
-            let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join("m.db");
-            let mut c =
-                diesel::sqlite::SqliteConnection::establish(&path.display().to_string()).unwrap();
-            run_upgrade!(&mut c, herald::storage::SQLITE_MIGRATIONS);
-        }
-    })
-    .await
-    .unwrap();
+    on_a_fresh_database(
+        backend,
+        |c| run_upgrade!(c, herald::storage::PG_MIGRATIONS),
+        |c| run_upgrade!(c, herald::storage::SQLITE_MIGRATIONS),
+    )
+    .await;
 }
 
 both_backends!(the_receipt_queue_upgrade_keeps_waiting_receipts);
@@ -173,7 +189,7 @@ both_backends!(the_receipt_queue_upgrade_keeps_waiting_receipts);
 /// `herald_replay_keys`, with its event and the receipt's arrival as when it was first seen.
 async fn the_replay_keys_upgrade_keeps_the_keys_receipts_held(backend: Backend) {
     use diesel::connection::SimpleConnection;
-    use diesel::{Connection, QueryableByName, RunQueryDsl};
+    use diesel::{QueryableByName, RunQueryDsl};
     use diesel_migrations::MigrationHarness;
 
     #[derive(QueryableByName, Debug, PartialEq)]
@@ -211,22 +227,12 @@ async fn the_replay_keys_upgrade_keeps_the_keys_receipts_held(backend: Backend) 
             );
         }};
     }
-    tokio::task::spawn_blocking(move || match backend {
-        Backend::Postgres => {
-            let (url, _guard) = crate::support::db::empty_pg_database();
-            let mut c = diesel::pg::PgConnection::establish(&url).unwrap();
-            run_upgrade!(&mut c, herald::storage::PG_MIGRATIONS);
-        }
-        Backend::Sqlite => {
-            let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join("m.db");
-            let mut c =
-                diesel::sqlite::SqliteConnection::establish(&path.display().to_string()).unwrap();
-            run_upgrade!(&mut c, herald::storage::SQLITE_MIGRATIONS);
-        }
-    })
-    .await
-    .unwrap();
+    on_a_fresh_database(
+        backend,
+        |c| run_upgrade!(c, herald::storage::PG_MIGRATIONS),
+        |c| run_upgrade!(c, herald::storage::SQLITE_MIGRATIONS),
+    )
+    .await;
 }
 
 both_backends!(the_replay_keys_upgrade_keeps_the_keys_receipts_held);

@@ -416,6 +416,13 @@ async fn receipts_match_by_the_deterministic_message_id(backend: Backend) {
     app.stop().await;
 }
 
+/// A message's `state` and `delivery_status`, as `GET /v1/messages/{event_id}` shows them.
+async fn state_and_status(app: &TestApp, id: &str) -> (Option<String>, Option<String>) {
+    let v = app.message(id).await;
+    let text = |k: &str| v[k].as_str().map(str::to_owned);
+    (text("state"), text("delivery_status"))
+}
+
 async fn unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline(backend: Backend) {
     let app = spawn_app_with(
         backend,
@@ -438,13 +445,9 @@ async fn unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline(ba
         200
     );
     assert_eq!(reconcile(&app).await, 1);
-    let settled = app.message("maybe-1").await;
     assert_eq!(
-        (
-            settled["state"].as_str(),
-            settled["delivery_status"].as_str()
-        ),
-        (Some("delivered"), Some("delivered"))
+        state_and_status(&app, "maybe-1").await,
+        (Some("delivered".into()), Some("delivered".into()))
     );
     assert_eq!(app.message("maybe-2").await["state"], "unconfirmed");
     // Replayed by force, its new send answered 409 again: the status starts over, and the
@@ -460,10 +463,9 @@ async fn unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline(ba
     assert_eq!(r.status(), 200);
     assert_eq!(app.run_until_idle().await, 1);
     reconcile(&app).await;
-    let again = app.message("maybe-1").await;
     assert_eq!(
-        (again["state"].as_str(), again["delivery_status"].as_str()),
-        (Some("unconfirmed"), None)
+        state_and_status(&app, "maybe-1").await,
+        (Some("unconfirmed".into()), None)
     );
     // A receipt of the new send settles it.
     assert_eq!(
@@ -471,13 +473,9 @@ async fn unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline(ba
         200
     );
     assert_eq!(reconcile(&app).await, 1);
-    let settled = app.message("maybe-1").await;
     assert_eq!(
-        (
-            settled["state"].as_str(),
-            settled["delivery_status"].as_str()
-        ),
-        (Some("delivered"), Some("delivered"))
+        state_and_status(&app, "maybe-1").await,
+        (Some("delivered".into()), Some("delivered".into()))
     );
     // A receipt that came while the message was still being sent proves it too, once the
     // message turns unconfirmed.
