@@ -44,11 +44,11 @@ pub enum CertFetchError {
     Body(#[source] reqwest::Error),
     #[error("response over 64 KiB")]
     TooLarge,
-    /// SNS answered the certificate URL with a client error (4xx), now or lately: there is no
-    /// such certificate, so the signature cannot verify.
+    /// SNS answered the certificate URL 400, 403, 404 or 410, now or lately: there is no such
+    /// certificate, so the signature cannot verify.
     #[error("no certificate at that URL")]
     NoSuchCertificate,
-    /// Another uncached certificate URL was fetched less than a second ago.
+    /// [`CERT_FETCHES_AT_ONCE`] fetches were running already.
     #[error("certificate fetches throttled")]
     Throttled,
 }
@@ -75,17 +75,21 @@ impl CertStore for StaticCertStore {
 /// Anyone who knows a configured topic ARN can send a well-formed envelope naming a certificate
 /// URL of the right shape that does not exist (any hex after `SimpleNotificationService-`), so
 /// what fetching costs is bounded:
-/// - a URL SNS answered with a client error (4xx: no such certificate) is remembered for
-///   [`CERT_REFUSED_FOR`] and answered at once, as a signature that does not verify (401), never
-///   fetched again meanwhile;
-/// - an uncached URL is fetched at most once every [`CERT_FETCH_EVERY`]: in between, such a
-///   request is asked to retry (503, as SNS does), so a flood of invented URLs costs one fetch a
-///   second rather than a blocking thread each, and certificates already cached are unaffected.
+/// - a URL SNS answered 400, 403, 404 or 410 (no such certificate: S3 answers 403 for a
+///   missing object) is remembered for [`CERT_REFUSED_FOR`] and answered at once, as a signature
+///   that does not verify (401), never fetched again meanwhile; any other answer (a 429, a 5xx)
+///   is an outage, not a verdict, and is tried again at the next request;
+/// - at most [`CERT_FETCHES_AT_ONCE`] fetches run at a time: beyond them a request is asked to
+///   retry (503, as SNS does), so invented URLs tie up that many signature-checking threads at
+///   most, never all of them. A fetch of a missing certificate takes a round trip to SNS (about
+///   0.1 s), so keeping the slots busy — and a genuine new certificate waiting — takes a steady
+///   flood of forged requests, not one a second. Pinning the certificates
+///   (`certificates` in the source's configuration) takes fetching out of the picture.
 pub struct HttpsCertStore {
     pinned: StaticCertStore,
     cache: Mutex<HashMap<String, Vec<u8>>>,
     refused: Mutex<HashMap<String, std::time::Instant>>,
-    last_fetch: Mutex<Option<std::time::Instant>>,
+    fetching: std::sync::atomic::AtomicUsize,
     fetch: Box<CertFetch>,
 }
 
@@ -94,8 +98,8 @@ type CertFetch = dyn Fn(&str) -> Result<Vec<u8>, CertFetchError> + Send + Sync;
 
 /// How long a certificate URL SNS answered with a client error is refused without a fetch.
 pub const CERT_REFUSED_FOR: Duration = Duration::from_secs(600);
-/// At most one fetch of an uncached certificate URL this often.
-pub const CERT_FETCH_EVERY: Duration = Duration::from_secs(1);
+/// Fetches of uncached certificate URLs running at once, at most.
+pub const CERT_FETCHES_AT_ONCE: usize = 2;
 /// Refused URLs remembered at most (the oldest forgotten first beyond that).
 const CERT_REFUSED_MAX: usize = 1024;
 
@@ -113,7 +117,7 @@ impl HttpsCertStore {
             pinned,
             cache: Mutex::new(HashMap::new()),
             refused: Mutex::new(HashMap::new()),
-            last_fetch: Mutex::new(None),
+            fetching: std::sync::atomic::AtomicUsize::new(0),
             fetch: Box::new(fetch),
         }
     }
@@ -183,20 +187,25 @@ impl HttpsCertStore {
                 return Err(CertFetchError::NoSuchCertificate);
             }
         }
+        use std::sync::atomic::Ordering;
+        if self
+            .fetching
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < CERT_FETCHES_AT_ONCE).then_some(n + 1)
+            })
+            .is_err()
         {
-            let mut last = lock(&self.last_fetch);
-            if last.is_some_and(|at| now.duration_since(at) < CERT_FETCH_EVERY) {
-                return Err(CertFetchError::Throttled);
-            }
-            *last = Some(now);
+            return Err(CertFetchError::Throttled);
         }
-        match (self.fetch)(url) {
+        let fetched = (self.fetch)(url);
+        self.fetching.fetch_sub(1, Ordering::AcqRel);
+        match fetched {
             Ok(pem) => {
                 tracing::info!(host = %crate::telemetry::mask_url(url), "SNS signing certificate fetched and cached");
                 lock(&self.cache).insert(url.to_owned(), pem.clone());
                 Ok(pem)
             }
-            Err(CertFetchError::Status(s)) if s.is_client_error() => {
+            Err(CertFetchError::Status(s)) if matches!(s.as_u16(), 400 | 403 | 404 | 410) => {
                 let mut refused = lock(&self.refused);
                 if refused.len() >= CERT_REFUSED_MAX
                     && let Some(oldest) = refused
@@ -515,71 +524,6 @@ impl Source for Ses {
 
 #[cfg(test)]
 mod tests {
-
-    #[test]
-    fn a_certificate_url_sns_refuses_is_remembered_and_fetches_are_bounded() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        use std::time::Instant;
-        let calls = Arc::new(AtomicUsize::new(0));
-        let counted = calls.clone();
-        let store = HttpsCertStore::with_fetch(StaticCertStore::default(), move |url| {
-            counted.fetch_add(1, Ordering::SeqCst);
-            match url {
-                "https://x/real.pem" => Ok(b"PEM".to_vec()),
-                "https://x/down.pem" => Err(CertFetchError::Status(
-                    reqwest::StatusCode::SERVICE_UNAVAILABLE,
-                )),
-                _ => Err(CertFetchError::Status(reqwest::StatusCode::NOT_FOUND)),
-            }
-        });
-        let fetches = || calls.load(Ordering::SeqCst);
-        let t0 = Instant::now();
-        let at = |ms: u64| t0 + Duration::from_millis(ms);
-        // An invented URL: fetched once, then refused from memory (no fetch) for ten minutes.
-        let invented = "https://x/invented.pem";
-        assert!(matches!(
-            store.get_at(invented, at(0)),
-            Err(CertFetchError::NoSuchCertificate)
-        ));
-        assert!(matches!(
-            store.get_at(invented, at(5_000)),
-            Err(CertFetchError::NoSuchCertificate)
-        ));
-        assert_eq!(fetches(), 1);
-        // Another uncached URL within the second after a fetch: not fetched, asked to retry.
-        assert!(matches!(
-            store.get_at("https://x/real.pem", at(999)),
-            Err(CertFetchError::Throttled)
-        ));
-        assert_eq!(fetches(), 1);
-        // After it: fetched and cached; a cached one is never throttled.
-        assert_eq!(
-            store.get_at("https://x/real.pem", at(1_000)).unwrap(),
-            b"PEM"
-        );
-        assert_eq!(
-            store.get_at("https://x/real.pem", at(1_001)).unwrap(),
-            b"PEM"
-        );
-        assert_eq!(fetches(), 2);
-        // A server error is an outage, not a verdict: not remembered, tried again later.
-        assert!(matches!(
-            store.get_at("https://x/down.pem", at(2_000)),
-            Err(CertFetchError::Status(_))
-        ));
-        assert!(matches!(
-            store.get_at("https://x/down.pem", at(3_000)),
-            Err(CertFetchError::Status(_))
-        ));
-        assert_eq!(fetches(), 4);
-        // Ten minutes on, the invented URL is fetched (and refused) again.
-        assert!(matches!(
-            store.get_at(invented, at(600_001)),
-            Err(CertFetchError::NoSuchCertificate)
-        ));
-        assert_eq!(fetches(), 5);
-    }
-
     use super::*;
     use serde_json::json;
 
@@ -611,6 +555,105 @@ mod tests {
             method: "POST",
         };
         ses.verify(&r, Utc.timestamp_opt(at, 0).unwrap())
+    }
+
+    #[test]
+    fn a_certificate_url_sns_refuses_is_remembered_and_fetches_are_bounded() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::time::Instant;
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        // `hold` fetches wait until released: fetches in flight, held by the test.
+        let (held_tx, held_rx) = std::sync::mpsc::channel::<()>();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let release_rx = Mutex::new(release_rx);
+        let store = Arc::new(HttpsCertStore::with_fetch(
+            StaticCertStore::default(),
+            move |url| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                if url.starts_with("https://x/hold") {
+                    held_tx.send(()).unwrap();
+                    lock(&release_rx).recv().unwrap();
+                }
+                match url {
+                    "https://x/real.pem" | "https://x/hold-1.pem" | "https://x/hold-2.pem" => {
+                        Ok(b"PEM".to_vec())
+                    }
+                    "https://x/busy.pem" => Err(CertFetchError::Status(
+                        reqwest::StatusCode::TOO_MANY_REQUESTS,
+                    )),
+                    "https://x/down.pem" => Err(CertFetchError::Status(
+                        reqwest::StatusCode::SERVICE_UNAVAILABLE,
+                    )),
+                    _ => Err(CertFetchError::Status(reqwest::StatusCode::NOT_FOUND)),
+                }
+            },
+        ));
+        let fetches = || calls.load(Ordering::SeqCst);
+        let t0 = Instant::now();
+        let at = move |s: u64| t0 + Duration::from_secs(s);
+        // An invented URL: fetched once, then refused from memory (no fetch) for ten minutes.
+        let invented = "https://x/invented.pem";
+        assert!(matches!(
+            store.get_at(invented, at(0)),
+            Err(CertFetchError::NoSuchCertificate)
+        ));
+        assert!(matches!(
+            store.get_at(invented, at(5)),
+            Err(CertFetchError::NoSuchCertificate)
+        ));
+        assert_eq!(fetches(), 1);
+        // Fetched and cached; a cached one is never fetched again.
+        assert_eq!(store.get_at("https://x/real.pem", at(6)).unwrap(), b"PEM");
+        assert_eq!(store.get_at("https://x/real.pem", at(7)).unwrap(), b"PEM");
+        assert_eq!(fetches(), 2);
+        // A 429 or a 5xx is an outage, not a verdict: not remembered, tried again.
+        for url in ["https://x/busy.pem", "https://x/down.pem"] {
+            for s in [8, 9] {
+                assert!(
+                    matches!(store.get_at(url, at(s)), Err(CertFetchError::Status(_))),
+                    "{url}"
+                );
+            }
+        }
+        assert_eq!(fetches(), 6);
+        // Two fetches in flight: a third uncached URL is asked to retry, unfetched; a cached one
+        // and a refused one are answered as ever.
+        let holders: Vec<_> = ["https://x/hold-1.pem", "https://x/hold-2.pem"]
+            .into_iter()
+            .map(|url| {
+                let store = store.clone();
+                let t = std::thread::spawn(move || store.get_at(url, at(10)).is_ok());
+                held_rx.recv().unwrap();
+                t
+            })
+            .collect();
+        assert!(matches!(
+            store.get_at("https://x/third.pem", at(10)),
+            Err(CertFetchError::Throttled)
+        ));
+        assert_eq!(store.get_at("https://x/real.pem", at(10)).unwrap(), b"PEM");
+        assert!(matches!(
+            store.get_at(invented, at(10)),
+            Err(CertFetchError::NoSuchCertificate)
+        ));
+        assert_eq!(fetches(), 8);
+        for t in holders {
+            release_tx.send(()).unwrap();
+            assert!(t.join().unwrap());
+        }
+        // Slots free again: fetched (and refused).
+        assert!(matches!(
+            store.get_at("https://x/third.pem", at(11)),
+            Err(CertFetchError::NoSuchCertificate)
+        ));
+        assert_eq!(fetches(), 9);
+        // Ten minutes on, the invented URL is fetched (and refused) again.
+        assert!(matches!(
+            store.get_at(invented, at(601)),
+            Err(CertFetchError::NoSuchCertificate)
+        ));
+        assert_eq!(fetches(), 10);
     }
 
     #[test]
