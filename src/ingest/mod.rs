@@ -123,9 +123,11 @@ pub fn check_storable(events: &[ReceiptEvent]) -> Result<(), VerifyError> {
             ("provider_message_id", e.provider_message_id.as_ref()),
             ("replay_key", e.replay_key.as_ref()),
         ];
+        // As stored: each NUL becomes U+FFFD, three bytes (`NewReceipt::without_nul`).
+        let stored_len = |v: &String| v.len() + 2 * v.bytes().filter(|&b| b == 0).count();
         if let Some((field, _)) = ids
             .into_iter()
-            .find(|(_, v)| v.is_some_and(|v| v.len() > ID_MAX_BYTES))
+            .find(|(_, v)| v.is_some_and(|v| stored_len(v) > ID_MAX_BYTES))
         {
             return Err(VerifyError::TooLong(field));
         }
@@ -417,6 +419,13 @@ mod tests {
         };
         let ok = "x".repeat(ID_MAX_BYTES);
         assert!(check_storable(&[event(&ok)]).is_ok());
+        // Counted as stored: a NUL becomes U+FFFD, three bytes.
+        let nuls = "\0".repeat(ID_MAX_BYTES / 3 + 1);
+        assert!(matches!(
+            check_storable(&[event(&nuls)]),
+            Err(VerifyError::TooLong("provider_event_id"))
+        ));
+        assert!(check_storable(&[event(&"\0".repeat(ID_MAX_BYTES / 3))]).is_ok());
         let long = "x".repeat(ID_MAX_BYTES + 1);
         let e = check_storable(&[event(&ok), event(&long)]).unwrap_err();
         assert_eq!(

@@ -1286,31 +1286,8 @@ impl Sender {
                 .write_outcomes(&batch, batch.len() == 1, &shutdown, &stopping_since)
                 .await;
             if written == Err(NotWritten::Refused) {
-                // One row the database refuses (a value it cannot store) must not cost the
-                // others their outcomes: given up on, their leases would expire and each of their
-                // sends count again. Nothing of the failed write committed (one transaction):
-                // each outcome is written on its own, and those refused again are tried last,
-                // patiently, so that they hold up no other.
-                warn!(
-                    rows = batch.len(),
-                    "the database refused a batch of outcomes; writing them one at a time"
-                );
-                let mut refused = Vec::new();
-                for o in &batch {
-                    let one = std::slice::from_ref(o);
-                    if self
-                        .write_outcomes(one, false, &shutdown, &stopping_since)
-                        .await
-                        == Err(NotWritten::Refused)
-                    {
-                        refused.push(one);
-                    }
-                }
-                for one in refused {
-                    let _ = self
-                        .write_outcomes(one, true, &shutdown, &stopping_since)
-                        .await;
-                }
+                self.write_one_by_one(&batch, &shutdown, &stopping_since)
+                    .await;
             }
             // Written, or given up on (then the watchdog may return the rows).
             {
@@ -1328,6 +1305,55 @@ impl Sender {
 }
 
 impl Sender {
+    /// A batch the database refused, written again one outcome at a time: one row it cannot
+    /// take (a value it cannot store) must not cost the others their outcomes — given up on,
+    /// their leases would expire and each of their sends count again. Nothing of the refused
+    /// write committed (one transaction). Those refused again are tried again in rounds, all of
+    /// them each round, with the usual pauses between rounds and [`OUTCOME_TRIES`] rounds in
+    /// all (about 19 s, however many they are), then given up on: their leases expire and the
+    /// watchdog returns their rows.
+    async fn write_one_by_one(
+        &self,
+        batch: &[OutcomeRecord],
+        shutdown: &watch::Receiver<bool>,
+        stopping_since: &StoppingSince,
+    ) {
+        warn!(
+            rows = batch.len(),
+            "the database refused a batch of outcomes; writing them one at a time"
+        );
+        let mut refused: Vec<&OutcomeRecord> = batch.iter().collect();
+        for round in 1..=OUTCOME_TRIES {
+            let mut again = Vec::new();
+            for o in refused {
+                let one = std::slice::from_ref(o);
+                if self
+                    .write_outcomes(one, false, shutdown, stopping_since)
+                    .await
+                    == Err(NotWritten::Refused)
+                {
+                    again.push(o);
+                }
+            }
+            refused = again;
+            let stopping = (*shutdown.borrow()).then(|| {
+                stopping_since
+                    .get_or_init(tokio::time::Instant::now)
+                    .elapsed()
+            });
+            if refused.is_empty()
+                || round == OUTCOME_TRIES
+                || stopping.is_some_and(|since| since >= self.inner.config.shutdown_timeout)
+            {
+                break;
+            }
+            tokio::time::sleep(outcome_retry_pause(round)).await;
+        }
+        for o in refused {
+            warn!(event_id = %o.event_id, "giving up on writing this outcome; its lease will expire and its send count again");
+        }
+    }
+
     /// Writes `batch` in one transaction, trying again after each failure. A database that is
     /// only unavailable is waited for as long as [`give_up_writing_outcomes`] says; any other
     /// error gives up after [`OUTCOME_TRIES`] when `patient`, else at once

@@ -2,8 +2,10 @@
 -- and the event it came with: a value seen with one event and then with another is a replay.
 -- Until now the value was only kept on the stored receipt, so one that came with a provider's
 -- retry of an event already stored (signed anew) was never kept, and could be used once more for
--- another event within the signature's tolerance. Deleted with the unmatched receipts' age
--- (`retention_unmatched_receipt_days`), after which no signature of it is within any tolerance.
+-- another event within the signature's tolerance. Deleted at the unmatched receipts' age
+-- (`retention_unmatched_receipt_days`): by then a Mailgun signature is far outside its
+-- tolerance (Plivo signs no timestamp, but its V3 signature covers the parameters, so its nonce
+-- serves no other event).
 CREATE TABLE herald_replay_keys (
     source             TEXT NOT NULL,
     replay_key         TEXT NOT NULL,

@@ -12,8 +12,9 @@
 //! Where the two SDKs differ (plivo-go keeps only the first value of a repeated name and trims
 //! every trailing `.`), both strings are tried. V1 and V2 are not accepted (V2 signs no
 //! parameters). Plivo signs no timestamp, so the nonce is the receipt's replay key: a nonce
-//! already stored for a *different* event of the source is a replay, refused (401) and never
-//! stored, for as long as the receipt is kept; the same event again is a duplicate. Receipts:
+//! already kept for a *different* event of the source (`herald_replay_keys`, for
+//! `retention_unmatched_receipt_days`) is a replay, refused (401) and never stored; the same
+//! event again is a duplicate. Receipts:
 //! dedup on (`MessageUUID`, `Status`); event time from the status's own time field.
 
 use base64::Engine;
