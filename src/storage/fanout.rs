@@ -135,9 +135,19 @@ per_backend! {
             )]));
         }
         let mut created = false;
-        for c in &children {
+        for (i, c) in children.iter().enumerate() {
             if q::insert_message(conn, &c.row)?.is_none() {
-                // Taken between the check and the insert (a concurrent writer): undo it all.
+                // Taken between the check and the insert by a concurrent writer, whose commit the
+                // insert waited for. The same fan-out written by a retry of this very request
+                // (nothing of ours is written yet: it takes its first child first): that one
+                // stands, as when it came first.
+                if i == 0 {
+                    let existing = fanout_of(conn, event_id)?;
+                    if !existing.is_empty() {
+                        return Ok(Ok(StoredFanout { created: false, children: existing }));
+                    }
+                }
+                // Anything else: undo it all.
                 return Err(diesel::result::Error::RollbackTransaction);
             }
             let n = diesel::insert_into(f::table)

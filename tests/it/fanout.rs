@@ -516,3 +516,97 @@ both_backends!(
     plain_sql_inserts_fan_out_in_the_callers_transaction,
     the_sql_trigger_matches_as_the_rust_rule_does,
 );
+
+/// A client retrying a fan-out while its first try is still being committed (a timeout on its
+/// side) gets that fan-out back, 200, not an error: the retry's first child waits for the first
+/// try's commit, then finds the same fan-out. The test holds the first try inside its
+/// transaction (an advisory lock a test trigger takes at its first link) until the retry waits
+/// on the first try's child; nothing is written twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fan_out_retried_while_its_first_try_commits_gets_it_back() {
+    #[derive(diesel::QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let (app, _rx) = three_endpoints(Backend::Postgres).await;
+    app.raw_sql(
+        "CREATE FUNCTION test_hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           PERFORM pg_advisory_xact_lock_shared(4242); RETURN NEW; END $$; \
+         CREATE TRIGGER test_hold BEFORE INSERT ON herald_fanouts \
+           FOR EACH ROW EXECUTE FUNCTION test_hold();",
+    );
+    let url = app.test_db.url.clone();
+    let (locked_tx, locked) = std::sync::mpsc::channel();
+    let (unlock, unlock_rx) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn({
+        let url = url.clone();
+        move || {
+            let mut c = PgConnection::establish(&url).unwrap();
+            c.batch_execute("SELECT pg_advisory_lock(4242)").unwrap();
+            locked_tx.send(()).unwrap();
+            let _ = unlock_rx.recv();
+            c.batch_execute("SELECT pg_advisory_unlock(4242)").unwrap();
+        }
+    });
+    locked.recv().unwrap();
+    // Until a backend waits on a lock of `kind` that it has not been granted.
+    let waiting = |kind: &'static str| {
+        let url = url.clone();
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            let mut c = PgConnection::establish(&url).unwrap();
+            loop {
+                let n = diesel::sql_query(format!(
+                    "SELECT count(*) AS n FROM pg_locks WHERE NOT granted AND locktype = '{kind}'"
+                ))
+                .get_result::<Count>(&mut c)
+                .unwrap()
+                .n;
+                if n > 0 {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "nobody waits on {kind}"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    let post = || {
+        let req = app
+            .http
+            .post(format!("{}/v1/messages", app.base))
+            .json(&fanout("ord-9", "order.placed"));
+        tokio::spawn(async move {
+            let r = req.send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<serde_json::Value>().await.unwrap())
+        })
+    };
+    let first = post();
+    waiting("advisory").await;
+    let retry = post();
+    waiting("transactionid").await;
+    unlock.send(()).unwrap();
+    holder.join().unwrap();
+    let (first, retry) = (first.await.unwrap(), retry.await.unwrap());
+    assert_eq!(first.0, 201, "{}", first.1);
+    assert_eq!(retry.0, 200, "{}", retry.1);
+    // The same fan-out, the same three children.
+    let ids = |v: &serde_json::Value| -> Vec<String> {
+        v["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["event_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(first.1["endpoints"], json!(["a", "b", "c"]));
+    assert_eq!(retry.1["endpoints"], first.1["endpoints"]);
+    assert_eq!(ids(&first.1).len(), 3);
+    assert_eq!(ids(&retry.1), ids(&first.1));
+    assert_eq!(app.db.fanout_of("ord-9").unwrap().len(), 3);
+    app.stop().await;
+}
