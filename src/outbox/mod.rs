@@ -542,6 +542,8 @@ pub enum EnqueueError {
 pub trait OutboxConnection {
     fn insert_outbox_row(&mut self, row: &NewOutboxRow) -> diesel::QueryResult<Option<i64>>;
     fn find_outbox_row(&mut self, event_id: &str) -> diesel::QueryResult<Option<OutboxRow>>;
+    /// Whether `event_id` names a fan-out (its children are in `herald_fanouts`).
+    fn is_fanout(&mut self, event_id: &str) -> diesel::QueryResult<bool>;
     /// Writes a fan-out atomically (a savepoint inside the caller's transaction, a transaction of
     /// its own otherwise); see [`crate::storage::queries::pg::enqueue_fanout`].
     fn enqueue_fanout_rows(
@@ -557,6 +559,9 @@ impl OutboxConnection for diesel::pg::PgConnection {
     }
     fn find_outbox_row(&mut self, event_id: &str) -> diesel::QueryResult<Option<OutboxRow>> {
         queries::pg::find_by_event_id(self, event_id)
+    }
+    fn is_fanout(&mut self, event_id: &str) -> diesel::QueryResult<bool> {
+        Ok(!queries::pg::fanout_of(self, event_id)?.is_empty())
     }
     fn enqueue_fanout_rows(
         &mut self,
@@ -574,6 +579,9 @@ impl OutboxConnection for diesel::sqlite::SqliteConnection {
     fn find_outbox_row(&mut self, event_id: &str) -> diesel::QueryResult<Option<OutboxRow>> {
         queries::sqlite::find_by_event_id(self, event_id)
     }
+    fn is_fanout(&mut self, event_id: &str) -> diesel::QueryResult<bool> {
+        Ok(!queries::sqlite::fanout_of(self, event_id)?.is_empty())
+    }
     fn enqueue_fanout_rows(
         &mut self,
         event_id: &str,
@@ -589,7 +597,8 @@ impl OutboxConnection for diesel::sqlite::SqliteConnection {
 /// transaction when there is one. A duplicate event id is a no-op that returns the existing row.
 /// A `type:EVENT.TYPE` webhook fans out to the endpoints subscribed in `herald_subscriptions`
 /// (which Herald writes from its configuration at start-up); no subscriber is
-/// [`EnqueueError::Invalid`] naming `destination`.
+/// [`EnqueueError::Invalid`] naming `destination`. A plain message under a fan-out's event id is
+/// [`EnqueueError::Invalid`] naming `event_id`: one event id names one thing.
 ///
 /// ```no_run
 /// # use diesel::Connection;
@@ -624,6 +633,13 @@ pub fn enqueue_with<C: OutboxConnection>(
 ) -> Result<Enqueued, EnqueueError> {
     match message.plan(limits, now).map_err(EnqueueError::Invalid)? {
         Prepared::Message(row) => {
+            // One event id names one thing: not a message under a fan-out's, as over HTTP.
+            if conn.is_fanout(&row.event_id)? {
+                return Err(EnqueueError::Invalid(vec![InvalidField::new(
+                    "event_id",
+                    "is already the event id of a fan-out",
+                )]));
+            }
             let created = conn.insert_outbox_row(&row)?.is_some();
             let stored = conn
                 .find_outbox_row(&row.event_id)?

@@ -251,6 +251,23 @@ async fn the_rust_library_fans_out_in_the_callers_transaction(backend: Backend) 
         other => panic!("{other:?}"),
     }
     assert!(app.db.fanout_of("lib-2").unwrap().is_empty());
+    // A plain message under the fan-out's event id: refused naming event_id, as over HTTP.
+    let plain = |c: &mut dyn FnMut(NewMessage) -> Result<Enqueued, EnqueueError>| {
+        c(NewMessage::webhook(
+            "lib-1",
+            "https://x.example/h",
+            json!({}),
+        ))
+    };
+    match with_app_conn(
+        &app,
+        |c| plain(&mut |m| enqueue(c, m)),
+        |c| plain(&mut |m| enqueue(c, m)),
+    ) {
+        Err(EnqueueError::Invalid(e)) => assert_eq!(e[0].field, "event_id", "{e:?}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(app.db.find_by_event_id("lib-1").unwrap().is_none());
     drive(&app).await;
     assert_eq!(rx.b.event_ids(), ["lib-1:b"]);
     assert_eq!(rx.c.event_ids(), ["lib-1:c"]);
