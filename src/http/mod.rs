@@ -324,13 +324,10 @@ async fn create_message(
             Ok(Prepared::Message(row)) => row,
         };
         row.enqueued_by = Some(owner);
-        if !db.fanout_of(&row.event_id)?.is_empty() {
-            return Ok(Err(vec![InvalidField::new(
-                "event_id",
-                "is already the event id of a fan-out",
-            )]));
-        }
-        let (created, stored) = db.enqueue(&row)?;
+        let (created, stored) = match db.enqueue(&row)? {
+            Ok(written) => written,
+            Err(invalid) => return Ok(Err(invalid)),
+        };
         // A message that was already there may have its history already.
         let receipts = if created {
             Vec::new()

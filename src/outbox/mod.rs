@@ -624,6 +624,27 @@ pub fn enqueue<C: OutboxConnection>(
     enqueue_with(conn, &message, &Limits::default(), now)
 }
 
+/// Writes a prepared message unless its event id exists; returns whether it was created and the
+/// stored row. Refused naming `event_id` when the id is a fan-out's: one event id names one
+/// thing. The check and the insert run on `conn`, in its transaction: the library's (the
+/// caller's) and `POST /v1/messages`'s ([`crate::storage::Db::enqueue`]) alike.
+pub fn enqueue_row<C: OutboxConnection>(
+    conn: &mut C,
+    row: &NewOutboxRow,
+) -> diesel::QueryResult<Result<(bool, OutboxRow), Vec<InvalidField>>> {
+    if conn.is_fanout(&row.event_id)? {
+        return Ok(Err(vec![InvalidField::new(
+            "event_id",
+            "is already the event id of a fan-out",
+        )]));
+    }
+    let created = conn.insert_outbox_row(row)?.is_some();
+    let stored = conn
+        .find_outbox_row(&row.event_id)?
+        .ok_or(diesel::result::Error::NotFound)?;
+    Ok(Ok((created, stored)))
+}
+
 /// [`enqueue`] with explicit limits and time (Herald's own API uses this).
 pub fn enqueue_with<C: OutboxConnection>(
     conn: &mut C,
@@ -633,17 +654,7 @@ pub fn enqueue_with<C: OutboxConnection>(
 ) -> Result<Enqueued, EnqueueError> {
     match message.plan(limits, now).map_err(EnqueueError::Invalid)? {
         Prepared::Message(row) => {
-            // One event id names one thing: not a message under a fan-out's, as over HTTP.
-            if conn.is_fanout(&row.event_id)? {
-                return Err(EnqueueError::Invalid(vec![InvalidField::new(
-                    "event_id",
-                    "is already the event id of a fan-out",
-                )]));
-            }
-            let created = conn.insert_outbox_row(&row)?.is_some();
-            let stored = conn
-                .find_outbox_row(&row.event_id)?
-                .ok_or(diesel::result::Error::NotFound)?;
+            let (created, stored) = enqueue_row(conn, &row)?.map_err(EnqueueError::Invalid)?;
             Ok(Enqueued::Message {
                 created,
                 row: stored,

@@ -335,13 +335,13 @@ impl Db {
         crate::storage::db_run! { self, write |c, q| Ok(q::sweep_expired_leases(c, &now, decide)?) }
     }
 
-    /// Inserts a prepared message unless its event id exists; returns whether it was created and
-    /// the stored row, in one transaction.
-    pub fn enqueue(&self, m: &NewOutboxRow) -> Result<(bool, OutboxRow), StorageError> {
-        crate::storage::db_run! { self, write |c, q| {
-            let created = q::insert_message(c, m)?.is_some();
-            let row = q::find_by_event_id(c, &m.event_id)?.ok_or(diesel::result::Error::NotFound)?;
-            Ok((created, row))
-        }}
+    /// Inserts a prepared message unless its event id exists, in one transaction
+    /// ([`crate::outbox::enqueue_row`]): whether it was created and the stored row, or refused
+    /// naming `event_id` when that is a fan-out's.
+    pub fn enqueue(
+        &self,
+        m: &NewOutboxRow,
+    ) -> Result<Result<(bool, OutboxRow), Vec<crate::domain::InvalidField>>, StorageError> {
+        crate::storage::db_run! { self, write |c, q| Ok(crate::outbox::enqueue_row(c, m)?) }
     }
 }

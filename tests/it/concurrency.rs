@@ -25,7 +25,7 @@ async fn two_senders_on_one_postgres_send_each_row_once() {
             let m =
                 herald::outbox::NewMessage::webhook(format!("c-{i}"), url.clone(), json!({"i": i}));
             let row = m.prepare(&Default::default(), chrono::Utc::now()).unwrap();
-            db.enqueue(&row).unwrap();
+            db.enqueue(&row).unwrap().unwrap();
         }
     })
     .await

@@ -197,8 +197,16 @@ impl HttpsCertStore {
         {
             return Err(CertFetchError::Throttled);
         }
+        // The slot is given back however the fetch ends, a panic included.
+        struct Slot<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for Slot<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+            }
+        }
+        let slot = Slot(&self.fetching);
         let fetched = (self.fetch)(url);
-        self.fetching.fetch_sub(1, Ordering::AcqRel);
+        drop(slot);
         match fetched {
             Ok(pem) => {
                 tracing::info!(host = %crate::telemetry::mask_url(url), "SNS signing certificate fetched and cached");
