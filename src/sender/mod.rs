@@ -111,6 +111,11 @@ pub struct Cleared {
     body: Option<bytes::Bytes>,
     /// The destination's host for the send's log span, found once at the clearance.
     host: Option<String>,
+    /// The database's clock less this process's, as the claim saw it: the claim's time (the
+    /// row's `updated_at`, the database's on PostgreSQL) less this process's reading when the
+    /// claim began. It is never less than the true difference (the claim took some time), so a
+    /// check by it errs toward "expired", never toward a late send.
+    db_offset: chrono::Duration,
 }
 
 impl LimitsConfig {
@@ -495,9 +500,15 @@ impl Sender {
     /// destination's limits. `Held` is the outcome of a message put back without a request.
     /// Called in claim order for a batch, so that messages held for a rate keep their order.
     pub fn clear(&self, row: OutboxRow) -> Clearance {
+        let at = self.inner.clock.now();
+        self.clear_claimed(row, at)
+    }
+
+    /// [`Sender::clear`] for a row whose claim began at `claimed` by this process's clock.
+    fn clear_claimed(&self, row: OutboxRow, claimed: chrono::DateTime<chrono::Utc>) -> Clearance {
         let host = self.host_of(&row);
         let span = info_span!("send", event_id = %row.event_id, attempt = row.attempts, host = host.as_deref());
-        match span.in_scope(|| self.clear_inner(row, host)) {
+        match span.in_scope(|| self.clear_inner(row, host, claimed)) {
             Ok(c) => Clearance::Go(Box::new(c)),
             Err(held) => Clearance::Held(*held),
         }
@@ -507,8 +518,10 @@ impl Sender {
         &self,
         row: OutboxRow,
         host: Option<String>,
+        claimed: chrono::DateTime<chrono::Utc>,
     ) -> Result<Cleared, Box<OutcomeRecord>> {
         let now = self.inner.clock.now();
+        let db_offset = row.updated_at - claimed;
         let request = crate::outbox::RequestBytes::of(row.channel, &row.payload);
         let fingerprint = request.as_ref().map(|r| {
             r.fingerprint(row.channel, &row.destination, &row.event_id)
@@ -607,6 +620,7 @@ impl Sender {
             bound,
             body,
             host,
+            db_offset,
         })
     }
 
@@ -656,13 +670,17 @@ impl Sender {
                 }
             }
         };
-        let now = self.inner.clock.now();
         let row = &cleared.row;
         // Claimed before its expires_at, a message may have waited since for a send slot (up to
         // most of its lease) or a place under its destination's cap: once that time has passed it
         // is not sent at all. It ends `expired`, as the claim would have left it: its attempt not
-        // spent, no request, no attempt row.
-        if row.expires_at.is_some_and(|at| at <= now) {
+        // spent, no request, no attempt row. By the clock the claim went by (the database's on
+        // PostgreSQL), not by this process's, which may be off.
+        let now = self.inner.clock.now();
+        if row
+            .expires_at
+            .is_some_and(|at| at <= now + cleared.db_offset)
+        {
             info!("expired while waiting to be sent; no request made");
             let attempts = row.attempts;
             let error_class = row.last_error_class;
@@ -842,6 +860,7 @@ impl Sender {
         // No more than can be in flight at once: a claimed row waiting for a slot would burn
         // its lease.
         let cfg = &self.inner.config;
+        let claimed = self.inner.clock.now();
         let rows = self.claim(cfg.batch_size.min(cfg.concurrency)).await?;
         let n = rows.len();
         if n == 0 {
@@ -851,7 +870,7 @@ impl Sender {
         let mut tasks = tokio::task::JoinSet::new();
         let mut outcomes = Vec::with_capacity(n);
         for row in rows {
-            let cleared = match self.clear(row) {
+            let cleared = match self.clear_claimed(row, claimed) {
                 Clearance::Go(c) => c,
                 Clearance::Held(held) => {
                     outcomes.push(held);
@@ -1049,7 +1068,7 @@ impl Sender {
             };
             // In claim order, before the send (see `clear`): a message held back (a paused
             // destination, a rate, a disabled endpoint) goes back at once, without a slot.
-            let cleared = match self.clear(row) {
+            let cleared = match self.clear_claimed(row, at) {
                 Clearance::Go(c) => c,
                 Clearance::Held(held) => {
                     let _ = tx.send(held).await;

@@ -332,6 +332,47 @@ async fn a_skewed_clock_cannot_claim_early_or_steal_a_lease_postgres() {
     a_skewed_clock_cannot_claim_early_or_steal_a_lease().await
 }
 
+/// PostgreSQL: a process whose clock is an hour ahead sends a message that expires in ten
+/// minutes by the database's clock. The claim found it unexpired by that clock; the check just
+/// before the request (a message may wait for a send slot) reads the same clock — the claim's
+/// time plus the time since — not this process's, which would have called it expired.
+async fn a_skewed_clock_does_not_expire_what_the_database_claimed() {
+    let app = spawn_app(Backend::Postgres).await;
+    let rx = Receiver::start().await;
+    let mut msg = webhook("skew-expiring", &rx.url, json!({}));
+    msg["expires_at"] = json!((Utc::now() + chrono::Duration::minutes(10)).to_rfc3339());
+    assert_eq!(app.post_message(msg).await.status(), 201);
+    let ahead = herald_with_clock(
+        &app,
+        SkewedClock {
+            skew: chrono::Duration::hours(1),
+            shift: chrono::Duration::zero(),
+        },
+    )
+    .await;
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(ahead.sender.clone().run(stop_rx));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let state = app.row("skew-expiring").state;
+        if state != "scheduled" && state != "sending" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never ended: {state}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.send(true).unwrap();
+    running.await.unwrap();
+    assert_eq!(app.row("skew-expiring").state, "delivered");
+    assert_eq!(rx.event_ids(), ["skew-expiring"]);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skewed_clock_does_not_expire_what_the_database_claimed_postgres() {
+    a_skewed_clock_does_not_expire_what_the_database_claimed().await
+}
+
 async fn the_policy_version_is_recorded_on_the_row(backend: Backend) {
     let app = spawn_app(backend).await;
     let rx = Receiver::start().await;
