@@ -99,12 +99,15 @@ per_backend! {
 
     /// Writes the fan-out `event_id` unless it exists: `expand` turns the stored subscriptions
     /// into child rows (or refuses); each child and its link are inserted, a child whose event id
-    /// exists already is left as it is. `Ok(Err(…))`: refused, nothing written.
+    /// exists already is left as it is. `Ok(Err(…))`: refused, nothing written. First it waits
+    /// for a plain message or a fan-out of the same id being written meanwhile (the event id's
+    /// lock, held to the end of the transaction), so that it sees what that one wrote.
     pub fn enqueue_fanout(
         conn: &mut Conn,
         event_id: &str,
         expand: Expand<'_>,
     ) -> QueryResult<Result<StoredFanout, Vec<InvalidField>>> {
+        sql::lock_event_id(conn, event_id)?;
         let existing = fanout_of(conn, event_id)?;
         if !existing.is_empty() {
             return Ok(Ok(StoredFanout { created: false, children: existing }));

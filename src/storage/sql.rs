@@ -977,6 +977,7 @@ pub mod pg {
     pub use super::pg_insert_attempts as insert_attempts;
     pub use super::pg_insert_receipts_returning as insert_receipts_returning;
     pub use super::pg_keep_to_indexes as keep_to_indexes;
+    pub use super::pg_lock_event_id as lock_event_id;
     pub use super::pg_scheduled_at as scheduled_at;
     pub use super::{
         pg_claim_rows as claim_rows, pg_expired_leases as expired_leases, pg_now as now,
@@ -998,6 +999,7 @@ pub mod sqlite {
     pub use super::sqlite_insert_attempts as insert_attempts;
     pub use super::sqlite_insert_receipts_returning as insert_receipts_returning;
     pub use super::sqlite_keep_to_indexes as keep_to_indexes;
+    pub use super::sqlite_lock_event_id as lock_event_id;
     pub use super::sqlite_scheduled_at as scheduled_at;
     pub use super::{
         sqlite_claim_rows as claim_rows, sqlite_expired_leases as expired_leases,
@@ -1130,6 +1132,35 @@ pub fn pg_busy_keys(
     .bind::<Array<BigInt>, _>(ids)
     .load(conn)?;
     Ok(rows.into_iter().map(|r| r.id).collect())
+}
+
+/// The advisory lock class of an event id (the second key is the id's `hashtext`): Herald's
+/// ways in that write a plain message or a fan-out take it, in their transaction, before they
+/// look for the other kind under the same id. Both looks otherwise ran before the other's
+/// commit, saw nothing, and both wrote. Also taken by the plain SQL fan-out trigger
+/// (migration 000017). A different class from the ordering keys' (`1751477356`).
+pub const EVENT_ID_LOCK_CLASS: i32 = 1751477357;
+
+/// Waits for, then holds until the transaction ends, the lock of `event_id` (see
+/// [`EVENT_ID_LOCK_CLASS`]). Outside a transaction it is released at once, and guards nothing.
+pub fn pg_lock_event_id(
+    conn: &mut diesel::pg::PgConnection,
+    event_id: &str,
+) -> diesel::QueryResult<()> {
+    use diesel::RunQueryDsl;
+    super::prepared::cached("SELECT pg_advisory_xact_lock($1, hashtext($2))")
+        .bind::<Integer, _>(EVENT_ID_LOCK_CLASS)
+        .bind::<Text, _>(event_id)
+        .execute(conn)?;
+    Ok(())
+}
+
+/// SQLite: every write runs behind the writer lock already.
+pub fn sqlite_lock_event_id(
+    _conn: &mut diesel::sqlite::SqliteConnection,
+    _event_id: &str,
+) -> diesel::QueryResult<()> {
+    Ok(())
 }
 
 /// SQLite: inserts and outcomes run one at a time behind the writer lock; no key is ever busy.

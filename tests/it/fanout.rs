@@ -535,8 +535,8 @@ both_backends!(
 );
 
 /// A client retrying a fan-out while its first try is still being committed (a timeout on its
-/// side) gets that fan-out back, 200, not an error: the retry's first child waits for the first
-/// try's commit, then finds the same fan-out. The test holds the first try inside its
+/// side) gets that fan-out back, 200, not an error: the retry waits for the first try's commit
+/// (at the event id's lock), then finds the same fan-out. The test holds the first try inside its
 /// transaction (an advisory lock a test trigger takes at its first link) until the retry waits
 /// on the first try's child; nothing is written twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -605,7 +605,16 @@ async fn a_fan_out_retried_while_its_first_try_commits_gets_it_back() {
     let first = post();
     waiting("advisory").await;
     let retry = post();
-    waiting("transactionid").await;
+    // The retry waits for the first try's commit: at the event id's lock.
+    let mut watch = PgConnection::establish(&url).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while advisory_waiters(&mut watch) < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the retry does not wait"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     unlock.send(()).unwrap();
     holder.join().unwrap();
     let (first, retry) = (first.await.unwrap(), retry.await.unwrap());
@@ -626,4 +635,148 @@ async fn a_fan_out_retried_while_its_first_try_commits_gets_it_back() {
     assert_eq!(ids(&retry.1), ids(&first.1));
     assert_eq!(app.db.fanout_of("ord-9").unwrap().len(), 3);
     app.stop().await;
+}
+
+/// How many backends wait on an advisory lock they have not been granted.
+fn advisory_waiters(c: &mut PgConnection) -> i64 {
+    #[derive(diesel::QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    diesel::sql_query(
+        "SELECT count(*) AS n FROM pg_locks WHERE NOT granted AND locktype = 'advisory'",
+    )
+    .get_result::<Count>(c)
+    .unwrap()
+    .n
+}
+
+/// PostgreSQL: a plain message and a fan-out under one event id, posted at the same moment, do
+/// not both succeed. The first is held inside its transaction (a test trigger takes a shared
+/// advisory lock the test holds, at its first write of `table`); the second, posted meanwhile,
+/// waits for the first's commit on the event id's lock (without it, it looked before that
+/// commit, saw nothing and wrote its own), then sees it and is refused, 422 naming `event_id`.
+/// The second way in: `POST /v1/messages`, or a plain SQL `INSERT` (the fan-out trigger).
+enum Second {
+    Http(serde_json::Value),
+    Sql(String),
+}
+
+async fn racing_kinds(first: serde_json::Value, table: &str, second: Second) {
+    let (app, _rx) = three_endpoints(Backend::Postgres).await;
+    let id = first["event_id"].as_str().unwrap().to_owned();
+    app.raw_sql(&format!(
+        "CREATE FUNCTION test_hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           IF NEW.event_id = '{id}' THEN PERFORM pg_advisory_xact_lock_shared(4242); END IF; \
+           RETURN NEW; END $$; \
+         CREATE TRIGGER test_hold BEFORE INSERT ON {table} \
+           FOR EACH ROW EXECUTE FUNCTION test_hold();"
+    ));
+    let url = app.test_db.url.clone();
+    let (locked_tx, locked) = std::sync::mpsc::channel();
+    let (unlock, unlock_rx) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn({
+        let url = url.clone();
+        move || {
+            let mut c = PgConnection::establish(&url).unwrap();
+            c.batch_execute("SELECT pg_advisory_lock(4242)").unwrap();
+            locked_tx.send(()).unwrap();
+            let _ = unlock_rx.recv();
+            c.batch_execute("SELECT pg_advisory_unlock(4242)").unwrap();
+        }
+    });
+    locked.recv().unwrap();
+    let post = |body: serde_json::Value| {
+        let req = app
+            .http
+            .post(format!("{}/v1/messages", app.base))
+            .json(&body);
+        tokio::spawn(async move {
+            let r = req.send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<serde_json::Value>().await.unwrap())
+        })
+    };
+    let mut watch = PgConnection::establish(&url).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let first = post(first);
+    while advisory_waiters(&mut watch) < 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first is not held"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let second = match second {
+        Second::Http(body) => post(body),
+        Second::Sql(sql) => {
+            let url = url.clone();
+            tokio::task::spawn_blocking(move || {
+                let mut c = PgConnection::establish(&url).unwrap();
+                match c.batch_execute(&sql) {
+                    Ok(()) => (200, json!("inserted")),
+                    Err(e) => (422, json!({"event_id": e.to_string()})),
+                }
+            })
+        }
+    };
+    // Until the second waits for the first (or, without that wait, has answered already).
+    while advisory_waiters(&mut watch) < 2 && !second.is_finished() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second neither waits nor ends"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    unlock.send(()).unwrap();
+    holder.join().unwrap();
+    let (first, second) = (first.await.unwrap(), second.await.unwrap());
+    assert_eq!(first.0, 201, "{}", first.1);
+    assert_eq!(second.0, 422, "{}", second.1);
+    assert!(second.1.to_string().contains("event_id"), "{}", second.1);
+    // One thing under the event id: the first.
+    let plain = app.db.find_by_event_id(&id).unwrap().is_some();
+    let fanned = !app.db.fanout_of(&id).unwrap().is_empty();
+    assert!(plain != fanned, "plain {plain}, fan-out {fanned}");
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_message_racing_a_fan_out_of_its_event_id_is_refused() {
+    racing_kinds(
+        fanout("race-1", "order.placed"),
+        "herald_fanouts",
+        Second::Http(crate::support::app::webhook(
+            "race-1",
+            "https://plain.example/hook",
+            json!({}),
+        )),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fan_out_racing_a_plain_message_of_its_event_id_is_refused() {
+    racing_kinds(
+        crate::support::app::webhook("race-2", "https://plain.example/hook", json!({})),
+        "herald_outbox",
+        Second::Http(fanout("race-2", "order.placed")),
+    )
+    .await
+}
+
+/// The same with the fan-out written by plain SQL (its trigger takes the event id's lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_sql_fan_out_racing_a_plain_message_of_its_event_id_is_refused() {
+    racing_kinds(
+        crate::support::app::webhook("race-3", "https://plain.example/hook", json!({})),
+        "herald_outbox",
+        Second::Sql(
+            "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+             VALUES ('race-3', 'webhook', 'type:order.placed', '{\"body\": {}}')"
+                .into(),
+        ),
+    )
+    .await
 }
