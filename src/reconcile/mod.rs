@@ -202,7 +202,7 @@ impl Reconciler {
             &r.event_type,
             r.event_time,
         );
-        let settle = m.state == State::Unconfirmed && proves_acceptance(&r.event_type);
+        let settle = proves_acceptance(&r.event_type) && m.awaits_proof(r.received_at);
         let mut enqueue = Vec::new();
         let (outcome, reason, new_status) = match verdict {
             Verdict::Applied { previous } => {
@@ -231,7 +231,11 @@ impl Reconciler {
             Verdict::History { reason } => ("history", reason, None),
         };
         let reason = if settle {
-            format!("{reason}; proves acceptance: unconfirmed → delivered")
+            let was = match m.state {
+                State::DeadLetter => "dead_letter (unconfirmed, stored before the deadline)",
+                _ => "unconfirmed",
+            };
+            format!("{reason}; proves acceptance: {was} → delivered")
         } else {
             reason
         };

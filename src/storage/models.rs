@@ -391,7 +391,30 @@ pub struct MatchedMessage {
     pub state: State,
     pub delivery_status: Option<String>,
     pub delivery_status_at: Option<DateTime<Utc>>,
+    pub state_reason: Option<String>,
+    /// When its state last changed: for a `dead_letter` of `state_reason = 'unconfirmed'`, when
+    /// the deadline moved it there.
+    pub updated_at: DateTime<Utc>,
 }
+
+impl MatchedMessage {
+    /// Whether a receipt that proves acceptance and arrived at `received_at` settles it as
+    /// `delivered`: an `unconfirmed` message, or one the unconfirmed deadline dead-lettered
+    /// after the receipt was stored (the deadline's pass ran before the reconciler got to it).
+    pub fn awaits_proof(&self, received_at: DateTime<Utc>) -> bool {
+        match self.state {
+            State::Unconfirmed => true,
+            State::DeadLetter => {
+                self.state_reason.as_deref() == Some(UNCONFIRMED_DEADLINE_REASON)
+                    && received_at <= self.updated_at
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The `state_reason` of a message the unconfirmed deadline moved to `dead_letter`.
+pub const UNCONFIRMED_DEADLINE_REASON: &str = "unconfirmed";
 
 /// What the reconciler decided for one matched receipt.
 #[derive(Debug, Clone)]
@@ -401,7 +424,8 @@ pub struct ReceiptDecision {
     pub reason: String,
     /// The message's new delivery status and the event time that set it.
     pub new_status: Option<(String, Option<DateTime<Utc>>)>,
-    /// An `unconfirmed` message the receipt proves was accepted: `delivered`.
+    /// A message awaiting proof ([`MatchedMessage::awaits_proof`]) that the receipt proves was
+    /// accepted: `delivered`.
     pub settle: bool,
     /// Messages to enqueue in the same transaction (status callbacks).
     pub enqueue: Vec<NewOutboxRow>,

@@ -185,7 +185,7 @@ per_backend! {
                 pass.status_changes += 1;
                 changed.push(id);
             }
-            if d.settle && message.state == State::Unconfirmed {
+            if d.settle {
                 message.state = State::Delivered;
                 pass.settled += 1;
                 settled.push(id);
@@ -212,14 +212,17 @@ per_backend! {
         // Only the messages this pass settled (it found them `unconfirmed`): a receipt for a
         // message that was `delivered` already has nothing to settle, and no key to release.
         for &id in &settled {
+            let was = messages[&id].state_reason.as_deref();
             diesel::update(
                 o::table
                     .filter(o::id.eq(id))
-                    .filter(o::state.eq(State::Unconfirmed)),
+                    .filter(o::state.eq_any([State::Unconfirmed, State::DeadLetter])),
             )
             .set((
                 o::state.eq(State::Delivered),
                 o::last_error_class.eq(None::<AttemptClass>),
+                // The dead letter's reason goes with it.
+                o::state_reason.eq(was.filter(|r| *r != UNCONFIRMED_DEADLINE_REASON)),
                 o::updated_at.eq(at),
             ))
             .execute(conn)?;
@@ -281,7 +284,7 @@ per_backend! {
         )
         .set((
             o::state.eq(State::DeadLetter),
-            o::state_reason.eq(Some("unconfirmed")),
+            o::state_reason.eq(Some(UNCONFIRMED_DEADLINE_REASON)),
             o::updated_at.eq(at),
         ))
         .execute(conn)?;

@@ -663,6 +663,8 @@ macro_rules! matched_message_columns {
             $o::state,
             $o::delivery_status,
             $o::delivery_status_at,
+            $o::state_reason,
+            $o::updated_at,
         )
     };
 }

@@ -508,6 +508,74 @@ async fn unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline(ba
     app.stop().await;
 }
 
+/// A receipt that proves acceptance and arrived within the deadline settles its message even when
+/// the deadline's pass ran before the reconciler got to it (a backlog, or its arrival between
+/// the pass's two transactions): the message, dead-lettered for want of a proof that was in
+/// fact stored, becomes `delivered`. One that arrives after the deadline proves nothing for it:
+/// a person decides.
+async fn a_proof_stored_before_the_deadline_settles_even_after_it(backend: Backend) {
+    let app = spawn_app_with(
+        backend,
+        &format!("unconfirmed_deadline_seconds = 60\n{SOURCE}"),
+    )
+    .await;
+    let rx = Receiver::start().await;
+    rx.script([Reply::Status(409), Reply::Status(409)]);
+    for id in ["late-1", "late-2"] {
+        assert_eq!(
+            app.post_message(webhook(id, &rx.url, json!({})))
+                .await
+                .status(),
+            201
+        );
+    }
+    app.run_until_idle().await;
+    // Within the deadline: late-1's proof is stored, not yet reconciled.
+    app.advance(Duration::from_secs(30));
+    assert_eq!(
+        post_receipt(&app, receipt("late-ok-1", "delivered", Some(1), "late-1")).await,
+        200
+    );
+    // The deadline's pass comes first.
+    app.advance(Duration::from_secs(31));
+    let accepting = ["delivered", "opened"];
+    let (_, expired) = app
+        .db
+        .settle_or_expire_unconfirmed(
+            app.herald.clock.storage_now(),
+            Duration::from_secs(60),
+            &accepting,
+        )
+        .unwrap();
+    assert_eq!(expired, 2);
+    // After the deadline: late-2's proof.
+    assert_eq!(
+        post_receipt(&app, receipt("late-ok-2", "delivered", Some(2), "late-2")).await,
+        200
+    );
+    assert_eq!(reconcile(&app).await, 2);
+    let one = app.message("late-1").await;
+    assert_eq!(
+        (
+            one["state"].as_str(),
+            one["state_reason"].as_str(),
+            one["delivery_status"].as_str()
+        ),
+        (Some("delivered"), None, Some("delivered"))
+    );
+    let two = app.message("late-2").await;
+    assert_eq!(
+        (
+            two["state"].as_str(),
+            two["state_reason"].as_str(),
+            two["delivery_status"].as_str()
+        ),
+        (Some("dead_letter"), Some("unconfirmed"), Some("delivered"))
+    );
+    assert_eq!(rx.requests().len(), 2, "never a resend");
+    app.stop().await;
+}
+
 async fn status_changes_are_called_back_through_the_outbox(backend: Backend) {
     let rx = Receiver::start().await;
     let app_rx = Receiver::start().await;
@@ -668,6 +736,7 @@ both_backends!(
     receipts_match_by_the_captured_provider_message_id,
     receipts_match_by_the_deterministic_message_id,
     unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline,
+    a_proof_stored_before_the_deadline_settles_even_after_it,
     status_changes_are_called_back_through_the_outbox,
     each_status_change_is_called_back_once,
 );
