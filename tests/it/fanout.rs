@@ -534,89 +534,99 @@ both_backends!(
     the_sql_trigger_matches_as_the_rust_rule_does,
 );
 
-/// A client retrying a fan-out while its first try is still being committed (a timeout on its
-/// side) gets that fan-out back, 200, not an error: the retry waits for the first try's commit
-/// (at the event id's lock), then finds the same fan-out. The test holds the first try inside its
-/// transaction (an advisory lock a test trigger takes at its first link) until the retry waits
-/// on the first try's child; nothing is written twice.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fan_out_retried_while_its_first_try_commits_gets_it_back() {
-    #[derive(diesel::QueryableByName)]
-    struct Count {
-        #[diesel(sql_type = diesel::sql_types::BigInt)]
-        n: i64,
-    }
-    let (app, _rx) = three_endpoints(Backend::Postgres).await;
-    app.raw_sql(
-        "CREATE FUNCTION test_hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
-           PERFORM pg_advisory_xact_lock_shared(4242); RETURN NEW; END $$; \
-         CREATE TRIGGER test_hold BEFORE INSERT ON herald_fanouts \
-           FOR EACH ROW EXECUTE FUNCTION test_hold();",
-    );
-    let url = app.test_db.url.clone();
-    let (locked_tx, locked) = std::sync::mpsc::channel();
-    let (unlock, unlock_rx) = std::sync::mpsc::channel::<()>();
-    let holder = std::thread::spawn({
-        let url = url.clone();
-        move || {
+/// Writers of `event_id` into `table` held inside their transaction: a test trigger makes them
+/// take a shared advisory lock (4242) that this hold takes first, until [`Hold::release`].
+struct Hold {
+    unlock: std::sync::mpsc::Sender<()>,
+    holder: std::thread::JoinHandle<()>,
+}
+
+impl Hold {
+    fn writers(app: &TestApp, table: &str, event_id: &str) -> Hold {
+        app.raw_sql(&format!(
+            "CREATE FUNCTION test_hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+               IF NEW.event_id = '{event_id}' THEN PERFORM pg_advisory_xact_lock_shared(4242); \
+               END IF; RETURN NEW; END $$; \
+             CREATE TRIGGER test_hold BEFORE INSERT ON {table} \
+               FOR EACH ROW EXECUTE FUNCTION test_hold();"
+        ));
+        let url = app.test_db.url.clone();
+        let (locked_tx, locked) = std::sync::mpsc::channel();
+        let (unlock, unlock_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
             let mut c = PgConnection::establish(&url).unwrap();
             c.batch_execute("SELECT pg_advisory_lock(4242)").unwrap();
             locked_tx.send(()).unwrap();
             let _ = unlock_rx.recv();
             c.batch_execute("SELECT pg_advisory_unlock(4242)").unwrap();
-        }
-    });
-    locked.recv().unwrap();
-    // Until a backend waits on a lock of `kind` that it has not been granted.
-    let waiting = |kind: &'static str| {
-        let url = url.clone();
-        async move {
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            let mut c = PgConnection::establish(&url).unwrap();
-            loop {
-                let n = diesel::sql_query(format!(
-                    "SELECT count(*) AS n FROM pg_locks WHERE NOT granted AND locktype = '{kind}'"
-                ))
-                .get_result::<Count>(&mut c)
-                .unwrap()
-                .n;
-                if n > 0 {
-                    break;
-                }
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "nobody waits on {kind}"
-                );
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    };
-    let post = || {
-        let req = app
-            .http
-            .post(format!("{}/v1/messages", app.base))
-            .json(&fanout("ord-9", "order.placed"));
-        tokio::spawn(async move {
-            let r = req.send().await.unwrap();
-            let status = r.status().as_u16();
-            (status, r.json::<serde_json::Value>().await.unwrap())
-        })
-    };
-    let first = post();
-    waiting("advisory").await;
-    let retry = post();
-    // The retry waits for the first try's commit: at the event id's lock.
-    let mut watch = PgConnection::establish(&url).unwrap();
+        });
+        locked.recv().unwrap();
+        Hold { unlock, holder }
+    }
+
+    fn release(self) {
+        self.unlock.send(()).unwrap();
+        self.holder.join().unwrap();
+    }
+}
+
+/// `POST /v1/messages` in a task of its own: its status and body.
+fn post_in_task(
+    app: &TestApp,
+    body: &serde_json::Value,
+) -> tokio::task::JoinHandle<(u16, serde_json::Value)> {
+    let req = app
+        .http
+        .post(format!("{}/v1/messages", app.base))
+        .json(body);
+    tokio::spawn(async move {
+        let r = req.send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json::<serde_json::Value>().await.unwrap())
+    })
+}
+
+/// Until `n` backends wait on an advisory lock they have not been granted, or `done()`.
+async fn until_advisory_waiters(app: &TestApp, n: i64, done: impl Fn() -> bool) {
+    #[derive(diesel::QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let mut c = PgConnection::establish(&app.test_db.url).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while advisory_waiters(&mut watch) < 2 {
+    loop {
+        let waiting = diesel::sql_query(
+            "SELECT count(*) AS n FROM pg_locks WHERE NOT granted AND locktype = 'advisory'",
+        )
+        .get_result::<Count>(&mut c)
+        .unwrap()
+        .n;
+        if waiting >= n || done() {
+            return;
+        }
         assert!(
             std::time::Instant::now() < deadline,
-            "the retry does not wait"
+            "{waiting} of {n} waiting"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    unlock.send(()).unwrap();
-    holder.join().unwrap();
+}
+
+/// A client retrying a fan-out while its first try is still being committed (a timeout on its
+/// side) gets that fan-out back, 200, not an error: the retry waits for the first try's commit
+/// (at the event id's lock), then finds the same fan-out. The test holds the first try inside its
+/// transaction (at its first link) until the retry waits; nothing is written twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fan_out_retried_while_its_first_try_commits_gets_it_back() {
+    let (app, _rx) = three_endpoints(Backend::Postgres).await;
+    let hold = Hold::writers(&app, "herald_fanouts", "ord-9");
+    let body = fanout("ord-9", "order.placed");
+    let first = post_in_task(&app, &body);
+    until_advisory_waiters(&app, 1, || false).await;
+    let retry = post_in_task(&app, &body);
+    until_advisory_waiters(&app, 2, || false).await;
+    hold.release();
     let (first, retry) = (first.await.unwrap(), retry.await.unwrap());
     assert_eq!(first.0, 201, "{}", first.1);
     assert_eq!(retry.0, 200, "{}", retry.1);
@@ -637,81 +647,28 @@ async fn a_fan_out_retried_while_its_first_try_commits_gets_it_back() {
     app.stop().await;
 }
 
-/// How many backends wait on an advisory lock they have not been granted.
-fn advisory_waiters(c: &mut PgConnection) -> i64 {
-    #[derive(diesel::QueryableByName)]
-    struct Count {
-        #[diesel(sql_type = diesel::sql_types::BigInt)]
-        n: i64,
-    }
-    diesel::sql_query(
-        "SELECT count(*) AS n FROM pg_locks WHERE NOT granted AND locktype = 'advisory'",
-    )
-    .get_result::<Count>(c)
-    .unwrap()
-    .n
-}
-
-/// PostgreSQL: a plain message and a fan-out under one event id, posted at the same moment, do
-/// not both succeed. The first is held inside its transaction (a test trigger takes a shared
-/// advisory lock the test holds, at its first write of `table`); the second, posted meanwhile,
-/// waits for the first's commit on the event id's lock (without it, it looked before that
-/// commit, saw nothing and wrote its own), then sees it and is refused, 422 naming `event_id`.
-/// The second way in: `POST /v1/messages`, or a plain SQL `INSERT` (the fan-out trigger).
+/// The second way in of [`racing_kinds`]: `POST /v1/messages`, or a plain SQL `INSERT` (the
+/// fan-out trigger).
 enum Second {
     Http(serde_json::Value),
     Sql(String),
 }
 
+/// PostgreSQL: a plain message and a fan-out under one event id, posted at the same moment, do
+/// not both succeed. The first is held inside its transaction at its first write of `table`;
+/// the second, posted meanwhile, waits for the first's commit on the event id's lock (without
+/// it, it looked before that commit, saw nothing and wrote its own), then sees it and is
+/// refused, 422 naming `event_id`.
 async fn racing_kinds(first: serde_json::Value, table: &str, second: Second) {
     let (app, _rx) = three_endpoints(Backend::Postgres).await;
     let id = first["event_id"].as_str().unwrap().to_owned();
-    app.raw_sql(&format!(
-        "CREATE FUNCTION test_hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
-           IF NEW.event_id = '{id}' THEN PERFORM pg_advisory_xact_lock_shared(4242); END IF; \
-           RETURN NEW; END $$; \
-         CREATE TRIGGER test_hold BEFORE INSERT ON {table} \
-           FOR EACH ROW EXECUTE FUNCTION test_hold();"
-    ));
-    let url = app.test_db.url.clone();
-    let (locked_tx, locked) = std::sync::mpsc::channel();
-    let (unlock, unlock_rx) = std::sync::mpsc::channel::<()>();
-    let holder = std::thread::spawn({
-        let url = url.clone();
-        move || {
-            let mut c = PgConnection::establish(&url).unwrap();
-            c.batch_execute("SELECT pg_advisory_lock(4242)").unwrap();
-            locked_tx.send(()).unwrap();
-            let _ = unlock_rx.recv();
-            c.batch_execute("SELECT pg_advisory_unlock(4242)").unwrap();
-        }
-    });
-    locked.recv().unwrap();
-    let post = |body: serde_json::Value| {
-        let req = app
-            .http
-            .post(format!("{}/v1/messages", app.base))
-            .json(&body);
-        tokio::spawn(async move {
-            let r = req.send().await.unwrap();
-            let status = r.status().as_u16();
-            (status, r.json::<serde_json::Value>().await.unwrap())
-        })
-    };
-    let mut watch = PgConnection::establish(&url).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let first = post(first);
-    while advisory_waiters(&mut watch) < 1 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the first is not held"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let hold = Hold::writers(&app, table, &id);
+    let first = post_in_task(&app, &first);
+    until_advisory_waiters(&app, 1, || false).await;
     let second = match second {
-        Second::Http(body) => post(body),
+        Second::Http(body) => post_in_task(&app, &body),
         Second::Sql(sql) => {
-            let url = url.clone();
+            let url = app.test_db.url.clone();
             tokio::task::spawn_blocking(move || {
                 let mut c = PgConnection::establish(&url).unwrap();
                 match c.batch_execute(&sql) {
@@ -722,15 +679,8 @@ async fn racing_kinds(first: serde_json::Value, table: &str, second: Second) {
         }
     };
     // Until the second waits for the first (or, without that wait, has answered already).
-    while advisory_waiters(&mut watch) < 2 && !second.is_finished() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the second neither waits nor ends"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    unlock.send(()).unwrap();
-    holder.join().unwrap();
+    until_advisory_waiters(&app, 2, || second.is_finished()).await;
+    hold.release();
     let (first, second) = (first.await.unwrap(), second.await.unwrap());
     assert_eq!(first.0, 201, "{}", first.1);
     assert_eq!(second.0, 422, "{}", second.1);

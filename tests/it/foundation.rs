@@ -232,6 +232,16 @@ struct SkewedClock {
     shift: chrono::Duration,
 }
 
+impl SkewedClock {
+    /// Reads `skew` off real time; time not moved on purpose.
+    fn off_by(skew: chrono::Duration) -> Self {
+        SkewedClock {
+            skew,
+            shift: chrono::Duration::zero(),
+        }
+    }
+}
+
 impl Clock for SkewedClock {
     fn now(&self) -> DateTime<Utc> {
         use chrono::SubsecRound;
@@ -265,14 +275,7 @@ async fn a_skewed_clock_cannot_claim_early_or_steal_a_lease() {
         ],
     )
     .await;
-    let ahead = herald_with_clock(
-        &app,
-        SkewedClock {
-            skew: chrono::Duration::hours(1),
-            shift: chrono::Duration::zero(),
-        },
-    )
-    .await;
+    let ahead = herald_with_clock(&app, SkewedClock::off_by(chrono::Duration::hours(1))).await;
     // The honest process claims what is due now (a 30 s lease).
     let claimed = app.herald.sender.claim(10).await.unwrap();
     assert_eq!(claimed.len(), 1);
@@ -342,14 +345,7 @@ async fn a_skewed_clock_does_not_expire_what_the_database_claimed() {
     let mut msg = webhook("skew-expiring", &rx.url, json!({}));
     msg["expires_at"] = json!((Utc::now() + chrono::Duration::minutes(10)).to_rfc3339());
     assert_eq!(app.post_message(msg).await.status(), 201);
-    let ahead = herald_with_clock(
-        &app,
-        SkewedClock {
-            skew: chrono::Duration::hours(1),
-            shift: chrono::Duration::zero(),
-        },
-    )
-    .await;
+    let ahead = herald_with_clock(&app, SkewedClock::off_by(chrono::Duration::hours(1))).await;
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let running = tokio::spawn(ahead.sender.clone().run(stop_rx));
     let deadline = std::time::Instant::now() + Duration::from_secs(10);

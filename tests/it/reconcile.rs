@@ -423,22 +423,29 @@ async fn state_and_status(app: &TestApp, id: &str) -> (Option<String>, Option<St
     (text("state"), text("delivery_status"))
 }
 
-async fn unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline(backend: Backend) {
+/// An app whose unconfirmed deadline is 60 s, and `ids` sent once each to a receiver that
+/// answered 409: each `unconfirmed`.
+async fn unconfirmed_messages(backend: Backend, ids: &[&str]) -> (TestApp, Receiver) {
     let app = spawn_app_with(
         backend,
         &format!("unconfirmed_deadline_seconds = 60\n{SOURCE}"),
     )
     .await;
     let rx = Receiver::start().await;
-    rx.script([Reply::Status(409), Reply::Status(409)]);
-    for id in ["maybe-1", "maybe-2"] {
+    rx.script(ids.iter().map(|_| Reply::Status(409)));
+    for id in ids {
         let r = app.post_message(webhook(id, &rx.url, json!({}))).await;
         assert_eq!(r.status(), 201);
     }
     app.run_until_idle().await;
-    for id in ["maybe-1", "maybe-2"] {
+    for id in ids {
         assert_eq!(app.message(id).await["state"], "unconfirmed");
     }
+    (app, rx)
+}
+
+async fn unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline(backend: Backend) {
+    let (app, rx) = unconfirmed_messages(backend, &["maybe-1", "maybe-2"]).await;
     // A receipt proves the first was accepted.
     assert_eq!(
         post_receipt(&app, receipt("ok-1", "delivered", Some(1), "maybe-1")).await,
@@ -514,22 +521,7 @@ async fn unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline(ba
 /// fact stored, becomes `delivered`. One that arrives after the deadline proves nothing for it:
 /// a person decides.
 async fn a_proof_stored_before_the_deadline_settles_even_after_it(backend: Backend) {
-    let app = spawn_app_with(
-        backend,
-        &format!("unconfirmed_deadline_seconds = 60\n{SOURCE}"),
-    )
-    .await;
-    let rx = Receiver::start().await;
-    rx.script([Reply::Status(409), Reply::Status(409)]);
-    for id in ["late-1", "late-2"] {
-        assert_eq!(
-            app.post_message(webhook(id, &rx.url, json!({})))
-                .await
-                .status(),
-            201
-        );
-    }
-    app.run_until_idle().await;
+    let (app, rx) = unconfirmed_messages(backend, &["late-1", "late-2"]).await;
     // Within the deadline: late-1's proof is stored, not yet reconciled.
     app.advance(Duration::from_secs(30));
     assert_eq!(
