@@ -120,11 +120,15 @@ impl EmailPayload {
                 Some(_) => Err(InvalidField::new(field, "must be a string")),
             }
         };
+        // A display name is written unbroken where it has no space (see [`folds`]).
+        let foldable = |m: Mailbox| m.name.as_deref().is_none_or(folds).then_some(m);
         let mailbox = |field: &'static str, key: &str| -> Result<Option<Mailbox>, InvalidField> {
             string(field, key)?
                 .map(|s| {
                     Mailbox::from_str(&s)
-                        .map_err(|_| InvalidField::new(field, "must be an email address"))
+                        .ok()
+                        .and_then(foldable)
+                        .ok_or_else(|| InvalidField::new(field, "must be an email address"))
                 })
                 .transpose()
         };
@@ -136,6 +140,7 @@ impl EmailPayload {
                     .map(|v| {
                         v.as_str()
                             .and_then(|s| Mailbox::from_str(s).ok())
+                            .and_then(foldable)
                             .ok_or_else(|| {
                                 InvalidField::new(field, "must be a list of email addresses")
                             })
@@ -153,6 +158,14 @@ impl EmailPayload {
         }
         if subject.contains(['\r', '\n']) {
             return Err(InvalidField::new("payload.subject", "must be one line"));
+        }
+        if !folds(&subject) {
+            return Err(InvalidField::new(
+                "payload.subject",
+                format!(
+                    "has a run of more than {MAX_HEADER_WORD} characters without a space (SMTP's line limit)"
+                ),
+            ));
         }
         let text = string("payload.text", "text")?;
         let html = string("payload.html", "html")?;
@@ -194,11 +207,20 @@ impl EmailPayload {
     }
 }
 
-/// A custom header: an `X-…` name with a one-line string value. The relay headers Herald merges
-/// its correlation into ([`relay::JSON_OBJECT_HEADERS`]) must hold a JSON object.
+/// A custom header: an `X-…` name of printable ASCII (RFC 5322 `ftext`: no control character,
+/// space or `:` — lettre's own check lets CR and LF through, and it writes the name as given, so
+/// `X-A\r\nReply-To` would have been a header of its own) with a one-line string value (no
+/// control character but tab). The relay headers Herald merges its correlation into
+/// ([`relay::JSON_OBJECT_HEADERS`]) must hold a JSON object; it is written again with a space
+/// after each `,` and `:`, where the header can fold.
 fn parse_header(name: &str, value: &Value) -> Result<(String, String), InvalidField> {
-    let v = value.as_str().filter(|v| !v.contains(['\r', '\n']));
-    let ok_name = name.starts_with("X-") || name.starts_with("x-");
+    let v = value
+        .as_str()
+        .filter(|v| !v.chars().any(|c| c.is_control() && c != '\t'));
+    let ok_name = (name.starts_with("X-") || name.starts_with("x-"))
+        && name
+            .bytes()
+            .all(|b| (0x21..=0x7e).contains(&b) && b != b':');
     let (Some(v), true) = (
         v,
         ok_name && HeaderName::new_from_ascii(name.to_owned()).is_ok(),
@@ -211,17 +233,22 @@ fn parse_header(name: &str, value: &Value) -> Result<(String, String), InvalidFi
     let json_object = relay::JSON_OBJECT_HEADERS
         .iter()
         .any(|h| h.eq_ignore_ascii_case(name));
-    if json_object && !matches!(serde_json::from_str::<Value>(v), Ok(Value::Object(_))) {
-        return Err(InvalidField::new(
-            format!("payload.headers.{name}"),
-            "must be a JSON object (Herald adds herald_event_id to it)",
-        ));
-    }
-    // SMTP lines end at 998 characters and a header folds only at white space: a longer run
-    // would come back as a 5xx after DATA (a dead letter) instead of a 422 now. (The relay JSON
-    // headers are written again with spaces to fold at.)
-    let unfoldable = !json_object && v.split_whitespace().any(|w| w.len() > MAX_HEADER_WORD);
-    if v.len() > MAX_HEADER_VALUE || unfoldable {
+    let v = if json_object {
+        match serde_json::from_str::<Value>(v) {
+            Ok(o @ Value::Object(_)) => relay::spaced_json(&o),
+            _ => {
+                return Err(InvalidField::new(
+                    format!("payload.headers.{name}"),
+                    "must be a JSON object (Herald adds herald_event_id to it)",
+                ));
+            }
+        }
+    } else {
+        v.to_owned()
+    };
+    // SMTP lines end at 998 characters and a header folds only at spaces: a longer run would
+    // come back as a 5xx after DATA (a dead letter) instead of a 422 now.
+    if v.len() > MAX_HEADER_VALUE || !folds(&v) {
         return Err(InvalidField::new(
             format!("payload.headers.{name}"),
             format!(
@@ -230,7 +257,14 @@ fn parse_header(name: &str, value: &Value) -> Result<(String, String), InvalidFi
             ),
         ));
     }
-    Ok((name.to_owned(), v.to_owned()))
+    Ok((name.to_owned(), v))
+}
+
+/// Whether a header value can be folded under SMTP's line limit: lettre folds only at spaces
+/// (not at tabs or other white space) and never breaks an ASCII word, so no run between spaces
+/// may be longer than [`MAX_HEADER_WORD`].
+pub(crate) fn folds(v: &str) -> bool {
+    v.split(' ').all(|w| w.len() <= MAX_HEADER_WORD)
 }
 
 /// The longest custom header value accepted.
@@ -280,7 +314,8 @@ pub fn build_message(
     if let Some(r) = p.reply_to {
         b = b.reply_to(r);
     }
-    let body = match (p.text, p.html) {
+    let (text, html) = (p.text.map(crlf_only), p.html.map(crlf_only));
+    let body = match (text, html) {
         (Some(t), Some(h)) => Body::Multi(MultiPart::alternative_plain_html(t, h)),
         (Some(t), None) => Body::Single(SinglePart::plain(t)),
         (None, Some(h)) => Body::Single(SinglePart::html(h)),
@@ -302,8 +337,15 @@ pub fn build_message(
             Body::Single(s) => MultiPart::mixed().singlepart(s),
         };
         for a in p.attachments {
+            // Base64 whatever the bytes: lettre writes ASCII content with short lines as 7bit,
+            // as given, and a bare CR or LF in it would reach the wire (see `bare_line_end`).
+            let content = lettre::message::Body::new_with_encoding(
+                a.content,
+                lettre::message::header::ContentTransferEncoding::Base64,
+            )
+            .map_err(|_| InvalidField::new("payload.attachments", "cannot be encoded"))?;
             mixed = mixed.singlepart(
-                lettre::message::Attachment::new(a.filename).body(a.content, a.content_type),
+                lettre::message::Attachment::new(a.filename).body(content, a.content_type),
             );
         }
         b.multipart(mixed)
@@ -337,6 +379,32 @@ pub fn build_message(
         signer.sign(&mut message);
     }
     Ok(message)
+}
+
+/// `text` with every line ending CRLF: a lone CR becomes a line break (lettre makes each lone LF
+/// a CRLF, but leaves a lone CR as it is, and a CR or LF that is not part of a CRLF must never
+/// reach an SMTP server: see [`bare_line_end`]).
+fn crlf_only(text: String) -> String {
+    if !text.contains('\r') {
+        return text;
+    }
+    text.replace("\r\n", "\n").replace('\r', "\n")
+}
+
+/// Where `content` has a CR or an LF that is not part of a CRLF. RFC 5321 §2.3.8 forbids them,
+/// and a relay that takes a bare one for a line end can be made to end the content early and run
+/// what follows as commands of Herald's session ("SMTP smuggling", CVE-2023-51764): `<LF>.<CRLF>`
+/// in an attachment. Herald's messages are built without any (text normalized, attachments in
+/// base64); a message that has one anyway is not sent.
+pub fn bare_line_end(content: &[u8]) -> Option<usize> {
+    content.iter().enumerate().find_map(|(i, &b)| {
+        let bare = match b {
+            b'\r' => content.get(i + 1) != Some(&b'\n'),
+            b'\n' => i == 0 || content[i - 1] != b'\r',
+            _ => false,
+        };
+        bare.then_some(i)
+    })
 }
 
 /// The message body before attachments are added around it.
@@ -511,6 +579,14 @@ impl EmailChannel {
             }
             EmailTransport::Smtp(pool) => {
                 let content = message.formatted();
+                if bare_line_end(&content).is_some() {
+                    return SendReport::refused(
+                        AttemptClass::Permanent,
+                        "bare_line_end",
+                        now,
+                        "the built message has a CR or LF outside a CRLF; not sent",
+                    );
+                }
                 match pool.send(message.envelope(), &content, row.semantics).await {
                     Ok(accepted) => accepted.report(now),
                     Err(failure) => failure.report(now),
@@ -1994,6 +2070,54 @@ mod tests {
             field("a ".repeat(4001)),
             Err("payload.headers.X-Tag".into())
         );
+        // lettre folds at spaces only: a tab is no place to fold.
+        assert_eq!(
+            field(format!("{}\t", "a".repeat(899)).repeat(8)),
+            Err("payload.headers.X-Tag".into())
+        );
+        // A relay JSON header is written spaced, and judged as written: one long string in it
+        // cannot fold.
+        let smtpapi = |v: String| parse_header("X-SMTPAPI", &json!(v));
+        let (_, spaced) = smtpapi(r#"{"a":"b","c":{"d":1}}"#.into()).unwrap();
+        assert_eq!(spaced, r#"{"a": "b", "c": {"d": 1}}"#);
+        assert!(smtpapi(format!(r#"{{"k":"{}"}}"#, "a".repeat(1200))).is_err());
+    }
+
+    #[test]
+    fn header_names_and_values_are_one_printable_line() {
+        let field = |n: &str, v: &str| parse_header(n, &json!(v)).map(|_| ()).map_err(|e| e.field);
+        assert_eq!(field("X-Tag", "a\tb"), Ok(()));
+        for name in [
+            "X-A\r\nReply-To",
+            "X-A\nB",
+            "X-A\u{0}",
+            "X-A\tB",
+            "X-A B",
+            "X-A:B",
+            "X-Ä",
+        ] {
+            assert_eq!(field(name, "v"), Err("payload.headers".into()), "{name:?}");
+        }
+        for value in ["a\rb", "a\nb", "a\u{0}b", "a\u{b}b", "a\u{85}b"] {
+            assert_eq!(
+                field("X-Tag", value),
+                Err("payload.headers".into()),
+                "{value:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn bare_line_ends_are_found() {
+        assert_eq!(bare_line_end(b"a\r\nb\r\n"), None);
+        assert_eq!(bare_line_end(b""), None);
+        assert_eq!(bare_line_end(b"\nx"), Some(0));
+        assert_eq!(bare_line_end(b"a\n.\r\n"), Some(1));
+        assert_eq!(bare_line_end(b"a\r\n.\r"), Some(4));
+        assert_eq!(bare_line_end(b"a\rb"), Some(1));
+        assert_eq!(bare_line_end(b"a\r\r\n"), Some(1));
+        assert_eq!(crlf_only("a\rb\r\nc\n".into()), "a\nb\nc\n");
+        assert_eq!(crlf_only("plain\n".into()), "plain\n");
     }
 
     #[test]

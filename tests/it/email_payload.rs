@@ -426,6 +426,45 @@ async fn attachments_and_list_unsubscribe_reach_the_wire(backend: Backend) {
     app.stop().await;
 }
 
+/// No CR or LF outside a CRLF reaches the SMTP server, whatever the payload holds: a text with
+/// lone CRs, and a text attachment built to end the content early on a relay that takes a bare
+/// LF for a line end ("SMTP smuggling"). The text keeps its lines; the attachment goes in base64
+/// and arrives byte for byte; one message arrives, nothing after it.
+async fn no_bare_line_end_reaches_the_wire(backend: Backend) {
+    let sink = SmtpSink::start().await;
+    let app = spawn_app_with(backend, &format!("smtp_url = \"{}\"\n", sink.url)).await;
+    let smuggled = b"x\n.\r\nMAIL FROM:<ceo@bank.example>\r\nRCPT TO:<victim@example.com>\r\n\
+                     DATA\r\nforged\r\n.\r\n";
+    let raw = send_one(
+        &app,
+        &sink,
+        "smuggle-1",
+        json!({
+            "subject": "Report", "text": "line one\rline two\n.\rend",
+            "attachments": [
+                {"filename": "report.txt", "content_type": "text/plain", "content_base64": b64(smuggled)},
+            ],
+        }),
+    )
+    .await;
+    assert_eq!(
+        herald::channels::email::bare_line_end(raw.as_bytes()),
+        None,
+        "{raw:?}"
+    );
+    let m = MessageParser::default().parse(raw.as_bytes()).unwrap();
+    let text = m.body_text(0).unwrap();
+    assert_eq!(
+        text.lines().map(str::trim_end).collect::<Vec<_>>(),
+        ["line one", "line two", ".", "end"]
+    );
+    let attachments: Vec<_> = m.attachments().collect();
+    assert_eq!(attachments[0].contents(), smuggled);
+    assert!(raw.contains("Content-Transfer-Encoding: base64"));
+    assert_eq!(sink.received().len(), 1);
+    app.stop().await;
+}
+
 /// Each invalid field is a 422 naming it, and nothing is stored; the attachment limit is 1 MiB
 /// decoded when `max_payload_bytes` leaves room for it.
 async fn invalid_payload_fields_are_422_naming_the_field(backend: Backend) {
@@ -489,6 +528,27 @@ async fn invalid_payload_fields_are_422_naming_the_field(backend: Backend) {
         (
             with("headers", json!({"X-SMTPAPI": "not json"})),
             "payload.headers.X-SMTPAPI",
+        ),
+        // A header of its own smuggled in through a custom header's name.
+        (
+            with(
+                "headers",
+                json!({"X-A\r\nReply-To": "attacker@evil.example"}),
+            ),
+            "payload.headers",
+        ),
+        // Runs that no header can fold under SMTP's line limit.
+        (with("subject", json!("A".repeat(1200))), "payload.subject"),
+        (
+            with("from", json!(format!("{} <a@b.example>", "N".repeat(1100)))),
+            "payload.from",
+        ),
+        (
+            attachment(
+                "content_type",
+                json!(format!("text/plain; x={}", "a".repeat(1000))),
+            ),
+            "payload.attachments[1].content_type",
         ),
     ];
     for (i, (payload, field)) in cases.into_iter().enumerate() {
@@ -738,6 +798,7 @@ both_backends!(
     resend_gets_the_idempotency_key,
     without_a_provider_no_relay_header_is_written,
     attachments_and_list_unsubscribe_reach_the_wire,
+    no_bare_line_end_reaches_the_wire,
     invalid_payload_fields_are_422_naming_the_field,
     a_malformed_address_inserted_by_sql_is_dead_lettered_without_a_connection,
     dkim_signatures_verify_with_the_public_key,

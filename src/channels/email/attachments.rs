@@ -123,6 +123,9 @@ fn parse_content_type(raw: &str) -> Result<ContentType, String> {
     if raw.contains(['\r', '\n']) {
         return Err("must be one line".into());
     }
+    if !super::folds(raw) {
+        return Err("has a run of more than 900 characters without a space".into());
+    }
     let parsed: mime::Mime = raw
         .trim()
         .parse()

@@ -159,7 +159,7 @@ pub fn correlate(
 /// JSON with a space after every `,` and `:` (outside strings), as SendGrid's examples write
 /// it: the header encoder folds long lines at spaces, and an SMTP line must stay under 1000
 /// characters.
-fn spaced_json(v: &Value) -> String {
+pub(crate) fn spaced_json(v: &Value) -> String {
     struct Spaced;
     impl serde_json::ser::Formatter for Spaced {
         fn begin_array_value<W: ?Sized + std::io::Write>(
