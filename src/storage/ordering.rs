@@ -43,19 +43,29 @@ per_backend! {
         )
     }
 
-    /// Makes the heads of the keys of `ids` due where they wait; returns how many.
+    /// Makes the heads of the keys of `ids` due where they wait and no message of the key is in
+    /// flight; returns how many.
     pub fn release_heads(conn: &mut Conn, ids: &[i64]) -> QueryResult<usize> {
         if ids.is_empty() {
             return Ok(0);
         }
-        Ok(sql::release_heads(conn, Some(ids))?.len())
+        Ok(sql::release_heads(conn, crate::storage::sql::Heads::Of(ids))?.len())
+    }
+
+    /// [`release_heads`] in the transaction of the outcomes that ended `ids` (each its key's one
+    /// message in flight): without the check for another in flight.
+    pub fn release_ended_heads(conn: &mut Conn, ids: &[i64]) -> QueryResult<usize> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        Ok(sql::release_heads(conn, crate::storage::sql::Heads::Ended(ids))?.len())
     }
 
     /// [`release_heads`] over every key with a waiting message. Kept to its indexes like the
     /// claim: a statement without parameters keeps its first plan until the table is analyzed.
     pub fn release_waiting(conn: &mut Conn) -> QueryResult<usize> {
         sql::keep_to_indexes(conn)?;
-        Ok(sql::release_heads(conn, None)?.len())
+        Ok(sql::release_heads(conn, crate::storage::sql::Heads::Waiting)?.len())
     }
 
     /// Dead or unconfirmed messages of `ids` stop holding their keys (the `skip` policy).

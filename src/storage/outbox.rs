@@ -174,7 +174,7 @@ per_backend! {
         // Before the release: its statement must see every insert that held a key's lock.
         let busy = sql::busy_keys(conn, &ended)?;
         q::mark_released(conn, at, &skip)?;
-        q::release_heads(conn, &ended)?;
+        q::release_ended_heads(conn, &ended)?;
         Ok(busy)
     }
 
@@ -183,6 +183,7 @@ per_backend! {
     pub fn release_rechecked(conn: &mut Conn, ids: &[i64]) -> QueryResult<(usize, Vec<i64>)> {
         let busy = sql::busy_keys(conn, ids)?;
         let free: Vec<i64> = ids.iter().copied().filter(|id| !busy.contains(id)).collect();
+        // With the check for a message in flight: one may have been claimed since those outcomes.
         Ok((q::release_heads(conn, &free)?, busy))
     }
 

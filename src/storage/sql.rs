@@ -1062,8 +1062,14 @@ pub mod sqlite {
 /// its first open place that still counts (not a released dead head); when that is a waiting
 /// message, it becomes due at its `scheduled_at`. Idempotent: a key whose head is due, in
 /// flight, retrying or a blocking dead letter is left as it is. Reads `herald_outbox_ordering_open`.
+/// With `$idle` (every release but the one after outcomes, [`Heads::Ended`]): a key with any
+/// message in flight is left alone, its head or not. A replayed head waits behind a later message
+/// in flight (`storage::ordering::rejoin`), and making it due then put two messages of the key in
+/// flight at once; that message's outcome releases it. After outcomes the check is not needed
+/// (the ended message was its key's one in flight, and nothing behind a waiting head can be
+/// claimed) and costs a probe per key, so it is left out there.
 macro_rules! release_heads {
-    ($keys:expr) => {
+    ($keys:expr, $idle:expr) => {
         concat!(
             "WITH k AS (",
             $keys,
@@ -1073,7 +1079,9 @@ macro_rules! release_heads {
               AND h.state IN ('scheduled', 'retryable', 'sending', 'dead_letter', 'unconfirmed')
               AND (h.state IN ('scheduled', 'retryable', 'sending') OR h.ordering_released_at IS NULL)
             ORDER BY h.ordering_seq LIMIT 1) AS id
-    FROM k
+    FROM k",
+            $idle,
+            "
 )
 UPDATE herald_outbox SET next_attempt_at = scheduled_at
 WHERE id IN (SELECT id FROM head) AND state = 'scheduled' AND next_attempt_at IS NULL
@@ -1090,15 +1098,45 @@ macro_rules! waiting_keys {
     };
 }
 
-pub const PG_RELEASE_SQL: &str = release_heads!(
-    "SELECT DISTINCT ordering_key, destination FROM herald_outbox
+/// The clause of [`release_heads!`] that leaves a key with a message in flight alone.
+macro_rules! no_key_in_flight {
+    () => {
+        "
+    WHERE NOT EXISTS (SELECT 1 FROM herald_outbox AS s
+                      WHERE s.state = 'sending' AND s.ordering_key = k.ordering_key
+                        AND s.destination = k.destination)"
+    };
+}
+
+/// The keys of the messages `$1` / `?1`.
+macro_rules! keys_of {
+    (pg) => {
+        "SELECT DISTINCT ordering_key, destination FROM herald_outbox
     WHERE id = ANY($1::bigint[]) AND ordering_key IS NOT NULL"
-);
-pub const SQLITE_RELEASE_SQL: &str = release_heads!(
-    "SELECT DISTINCT ordering_key, destination FROM herald_outbox
+    };
+    (sqlite) => {
+        "SELECT DISTINCT ordering_key, destination FROM herald_outbox
     WHERE id IN (SELECT value FROM json_each(?1)) AND ordering_key IS NOT NULL"
-);
-pub const RELEASE_WAITING_SQL: &str = release_heads!(waiting_keys!());
+    };
+}
+
+pub const PG_RELEASE_SQL: &str = release_heads!(keys_of!(pg), no_key_in_flight!());
+pub const SQLITE_RELEASE_SQL: &str = release_heads!(keys_of!(sqlite), no_key_in_flight!());
+pub const PG_RELEASE_ENDED_SQL: &str = release_heads!(keys_of!(pg), "");
+pub const SQLITE_RELEASE_ENDED_SQL: &str = release_heads!(keys_of!(sqlite), "");
+pub const RELEASE_WAITING_SQL: &str = release_heads!(waiting_keys!(), no_key_in_flight!());
+
+/// Which keys [`pg_release_heads`] releases.
+#[derive(Debug, Clone, Copy)]
+pub enum Heads<'a> {
+    /// The keys of these messages.
+    Of(&'a [i64]),
+    /// The keys of these messages, whose outcomes just ended them (no check for a message in
+    /// flight: see [`release_heads!`]).
+    Ended(&'a [i64]),
+    /// Every key with a waiting message.
+    Waiting,
+}
 
 /// The keyed messages of `ids` whose key another transaction is inserting into right now (it
 /// holds the key's insert lock, taken by the `herald_outbox_ordering` trigger): takes the lock of
@@ -1177,32 +1215,36 @@ pub fn sqlite_busy_keys(
 /// that became due.
 pub fn pg_release_heads(
     conn: &mut diesel::pg::PgConnection,
-    ids: Option<&[i64]>,
+    heads: Heads<'_>,
 ) -> diesel::QueryResult<Vec<i64>> {
     use diesel::RunQueryDsl;
     use diesel::sql_types::Array;
-    let rows: Vec<IdRow> = match ids {
-        Some(ids) => super::prepared::cached(PG_RELEASE_SQL)
+    let rows: Vec<IdRow> = match heads {
+        Heads::Of(ids) => super::prepared::cached(PG_RELEASE_SQL)
             .bind::<Array<BigInt>, _>(ids)
             .load(conn)?,
-        None => super::prepared::cached(RELEASE_WAITING_SQL).load(conn)?,
+        Heads::Ended(ids) => super::prepared::cached(PG_RELEASE_ENDED_SQL)
+            .bind::<Array<BigInt>, _>(ids)
+            .load(conn)?,
+        Heads::Waiting => super::prepared::cached(RELEASE_WAITING_SQL).load(conn)?,
     };
     Ok(rows.into_iter().map(|r| r.id).collect())
 }
 
 pub fn sqlite_release_heads(
     conn: &mut diesel::sqlite::SqliteConnection,
-    ids: Option<&[i64]>,
+    heads: Heads<'_>,
 ) -> diesel::QueryResult<Vec<i64>> {
     use diesel::RunQueryDsl;
-    let rows: Vec<IdRow> = match ids {
-        Some(ids) => {
-            let list = serde_json::to_string(ids).unwrap_or_else(|_| "[]".to_owned());
-            super::prepared::cached(SQLITE_RELEASE_SQL)
-                .bind::<Text, _>(list)
-                .load(conn)?
-        }
-        None => super::prepared::cached(RELEASE_WAITING_SQL).load(conn)?,
+    let list = |ids: &[i64]| serde_json::to_string(ids).unwrap_or_else(|_| "[]".to_owned());
+    let rows: Vec<IdRow> = match heads {
+        Heads::Of(ids) => super::prepared::cached(SQLITE_RELEASE_SQL)
+            .bind::<Text, _>(list(ids))
+            .load(conn)?,
+        Heads::Ended(ids) => super::prepared::cached(SQLITE_RELEASE_ENDED_SQL)
+            .bind::<Text, _>(list(ids))
+            .load(conn)?,
+        Heads::Waiting => super::prepared::cached(RELEASE_WAITING_SQL).load(conn)?,
     };
     Ok(rows.into_iter().map(|r| r.id).collect())
 }

@@ -734,6 +734,65 @@ async fn a_replayed_head_goes_before_a_later_message_waiting_for_its_retry(backe
     app.stop().await;
 }
 
+/// A replayed head that waits behind a later message of its key in flight stays waiting until
+/// that message's outcome: the periodic release (and every other release) leaves a key alone
+/// while one of its messages is in flight, so two messages of one key are never in flight at
+/// once. It made the replayed head due, and the next claim took it beside the later one.
+async fn a_replayed_head_waits_for_a_later_message_in_flight(backend: Backend) {
+    let app = crate::support::spawn_app(backend).await;
+    let rx = Receiver::start().await;
+    let a = rx.url_for("/a");
+    rx.script_path("/a", [Reply::Status(400)]);
+    post(
+        &app,
+        keyed("f.1", &a, "k", json!({"ordering_policy": "skip"})),
+    )
+    .await;
+    post(&app, keyed("f.2", &a, "k", json!({}))).await;
+    // f.1 dead (and skipped); f.2 claimed, its request not yet made.
+    let first = app.herald.sender.claim(10).await.unwrap();
+    assert_eq!(first.len(), 1);
+    let outcome = app
+        .herald
+        .sender
+        .process(first.into_iter().next().unwrap())
+        .await;
+    app.herald.sender.record(vec![outcome]).await.unwrap();
+    assert_eq!(app.row("f.1").state.as_str(), "dead_letter");
+    let in_flight = app.herald.sender.claim(10).await.unwrap();
+    assert_eq!(in_flight.len(), 1);
+    assert_eq!(in_flight[0].event_id, "f.2");
+    let r = app
+        .http
+        .post(format!("{}/v1/messages/f.1/replay", app.base))
+        .json(&json!({"reason": "receiver fixed"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // The periodic release, then a claim: f.1 still waits, f.2 alone is in flight.
+    app.herald.sender.release_waiting().await.unwrap();
+    let claimed = app.herald.sender.claim(10).await.unwrap();
+    assert!(
+        claimed.is_empty(),
+        "{:?} claimed while f.2 is in flight",
+        claimed.iter().map(|r| &r.event_id).collect::<Vec<_>>()
+    );
+    assert_eq!(app.row("f.1").next_attempt_at, None);
+    // f.2's outcome lets it go.
+    let outcome = app
+        .herald
+        .sender
+        .process(in_flight.into_iter().next().unwrap())
+        .await;
+    app.herald.sender.record(vec![outcome]).await.unwrap();
+    assert_eq!(app.run_until_idle().await, 1);
+    assert_eq!(app.row("f.1").state.as_str(), "delivered");
+    let ids: Vec<String> = rx.requests_to("/a").iter().map(id_of).collect();
+    assert_eq!(ids, ["f.1", "f.2", "f.1"]);
+    app.stop().await;
+}
+
 /// Ordering keys are per destination, shared by every client that sends there: a `send` token
 /// whose message waits behind another client's dead head learns that it is blocked, not that
 /// head's event id (another client's messages are 404s to it); its own head it sees by id.
@@ -791,6 +850,7 @@ async fn a_send_token_is_not_shown_another_clients_blocking_head(backend: Backen
 
 both_backends!(
     a_replayed_head_goes_before_a_later_message_waiting_for_its_retry,
+    a_replayed_head_waits_for_a_later_message_in_flight,
     a_send_token_is_not_shown_another_clients_blocking_head,
     a_429_on_a_keyed_head_delays_only_its_key,
     keyed_messages_go_one_at_a_time_in_order,
