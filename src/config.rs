@@ -689,9 +689,15 @@ impl Settings {
                 })
             }
         };
-        let unconfirmed_deadline = Duration::from_secs(positive(
+        // At most ten years: far larger values overflowed the deadline's arithmetic (a panic in
+        // every deadline pass); "never" is not a deadline.
+        let unconfirmed_deadline = Duration::from_secs(at_most(
             "unconfirmed_deadline_seconds",
-            f.unconfirmed_deadline_seconds.unwrap_or(3 * 86_400),
+            positive(
+                "unconfirmed_deadline_seconds",
+                f.unconfirmed_deadline_seconds.unwrap_or(3 * 86_400),
+            )?,
+            10 * 365 * 86_400,
         )?);
         let shutdown_timeout = Duration::from_secs(positive(
             "shutdown_timeout_seconds",
@@ -930,6 +936,21 @@ fn env_name(key: &str) -> String {
     format!("HERALD_{}", key.to_ascii_uppercase())
 }
 
+/// `v` unless it is over `max`.
+fn at_most(name: &str, v: u64, max: u64) -> Result<u64, ConfigError> {
+    if v > max {
+        Err(invalid(
+            name,
+            format!(
+                "{v} is more than the {max} this setting takes; set {} to at most {max}",
+                env_name(name)
+            ),
+        ))
+    } else {
+        Ok(v)
+    }
+}
+
 fn positive(name: &str, v: u64) -> Result<u64, ConfigError> {
     if v == 0 {
         Err(invalid(
@@ -943,6 +964,9 @@ fn positive(name: &str, v: u64) -> Result<u64, ConfigError> {
         Ok(v)
     }
 }
+
+/// The longest lease accepted (a day).
+const MAX_LEASE_SECONDS: u64 = 86_400;
 
 /// Defaults of the send and lease timings.
 const DEFAULT_WEBHOOK_TIMEOUT_MS: u64 = 15_000;
@@ -1028,6 +1052,10 @@ impl Timings {
                 s
             }
         };
+        // A lease of more than a day: a crash would hold its rows for that long, and far larger
+        // values overflowed the lease's arithmetic (SQLite) or PostgreSQL's interval. Send
+        // timeouts that need one are refused with it.
+        let lease_s = at_most("lease_seconds", lease_s, MAX_LEASE_SECONDS)?;
         Ok(Self {
             lease: Duration::from_secs(lease_s),
             longest_send: Duration::from_millis(longest_ms),
@@ -1388,6 +1416,19 @@ mod tests {
         assert!(err.to_string().starts_with("HERALD_LEASE_SECONDS"), "{err}");
         let err = Settings::build(none(), &env(&[("HERALD_LEASE_SECONDS", "10")])).unwrap_err();
         assert!(err.to_string().starts_with("lease_seconds"), "{err}");
+        // Values past what the arithmetic takes (a panic, an overflowed interval) are refused.
+        for (var, key) in [
+            ("HERALD_LEASE_SECONDS", "lease_seconds"),
+            (
+                "HERALD_UNCONFIRMED_DEADLINE_SECONDS",
+                "unconfirmed_deadline_seconds",
+            ),
+        ] {
+            let err = Settings::build(none(), &env(&[(var, "18446744073709551615")])).unwrap_err();
+            assert!(err.to_string().starts_with(key), "{err}");
+        }
+        let s = Settings::build(none(), &env(&[("HERALD_LEASE_SECONDS", "86400")])).unwrap();
+        assert_eq!(s.lease, Duration::from_secs(86_400));
         let err = Settings::from_toml("leese_seconds = 1").unwrap_err();
         assert!(matches!(err, ConfigError::Parse { line: 1, .. }), "{err}");
         // A parse error never quotes the line: it may hold a secret.

@@ -42,7 +42,7 @@ use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 pub const PG_MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
 pub const SQLITE_MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
 
-pub type PgPool = Pool<ConnectionManager<PgConnection>>;
+pub type PgPool = Pool<PgManager>;
 pub type SqlitePool = Pool<ConnectionManager<SqliteConnection>>;
 
 /// A storage failure. `Unavailable` means "try again later" (503 + Retry-After at the edge).
@@ -136,6 +136,84 @@ fn is_sqlite_busy(message: &str) -> bool {
 /// What an unsupported database URL is shown as: its scheme only (`mysql://…`), never the rest,
 /// which may carry a password — nor the whole text when it has no `://` (a libpq
 /// `host=… password=…` string, a URL whose scheme was forgotten).
+/// diesel's PostgreSQL connection manager, whose connection errors never quote the URL's
+/// password. libpq's do: `invalid percent-encoded token: "ab%zz9"` for a password with a raw `%`,
+/// or a host name made of a piece of a password with an unencoded `@` or `/`; and r2d2 carries
+/// that text into the error `herald serve` and `herald migrate` print when they stop.
+#[derive(Debug)]
+pub struct PgManager {
+    inner: ConnectionManager<PgConnection>,
+    secrets: Vec<String>,
+}
+
+impl PgManager {
+    fn new(url: &str) -> Self {
+        Self {
+            inner: ConnectionManager::new(url),
+            secrets: url_secrets(url),
+        }
+    }
+}
+
+impl r2d2::ManageConnection for PgManager {
+    type Connection = PgConnection;
+    type Error = diesel::r2d2::Error;
+
+    fn connect(&self) -> Result<PgConnection, Self::Error> {
+        self.inner.connect().map_err(|e| match e {
+            diesel::r2d2::Error::ConnectionError(c) => diesel::r2d2::Error::ConnectionError(
+                diesel::ConnectionError::BadConnection(redact(&c.to_string(), &self.secrets)),
+            ),
+            other => other,
+        })
+    }
+
+    fn is_valid(&self, conn: &mut PgConnection) -> Result<(), Self::Error> {
+        self.inner.is_valid(conn)
+    }
+
+    fn has_broken(&self, conn: &mut PgConnection) -> bool {
+        self.inner.has_broken(conn)
+    }
+}
+
+/// What of a database URL must never be shown: its password as written, and each piece of it
+/// between URL delimiters in double quotes, as libpq quotes a value it could not use (a password
+/// with an unencoded `@` or `/` is split there, and a piece of it read as a host name). Longest
+/// first.
+fn url_secrets(url: &str) -> Vec<String> {
+    let Some((_, rest)) = url.split_once("://") else {
+        return Vec::new();
+    };
+    let Some((userinfo, _)) = rest.rsplit_once('@') else {
+        return Vec::new();
+    };
+    let Some((_, password)) = userinfo.split_once(':') else {
+        return Vec::new();
+    };
+    let mut secrets: Vec<String> = password
+        .split(['@', '/', ':', '?', '#'])
+        .filter(|p| !p.is_empty())
+        .map(|p| format!("\"{p}\""))
+        .collect();
+    secrets.push(password.to_owned());
+    secrets.retain(|s| !s.is_empty());
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    secrets.dedup();
+    secrets
+}
+
+/// `text` with every one of `secrets` replaced by `…`.
+fn redact(text: &str, secrets: &[String]) -> String {
+    secrets.iter().fold(text.to_owned(), |t, s| {
+        if s.starts_with('"') {
+            t.replace(s.as_str(), "\"…\"")
+        } else {
+            t.replace(s.as_str(), "…")
+        }
+    })
+}
+
 fn url_shape(url: &str) -> String {
     match url.split_once("://") {
         Some((scheme, _))
@@ -226,7 +304,7 @@ impl Db {
                 // (503 / retry) and is dropped by the pool as broken.
                 .test_on_check_out(false)
                 // A database that is down now is an error at the first use, not at start-up.
-                .build_unchecked(ConnectionManager::<PgConnection>::new(url));
+                .build_unchecked(PgManager::new(url));
             Ok(Db::Pg(pool))
         } else if let Some(path) = sqlite_path(url) {
             if path.is_empty() || path.contains(":memory:") {
@@ -423,6 +501,22 @@ pub(crate) use per_backend;
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_database_urls_password_is_redacted_from_connection_errors() {
+        let secrets = url_secrets("postgres://herald:p@ss/w0rd@db/herald");
+        assert_eq!(
+            redact("could not translate host name \"ss\" to address", &secrets),
+            "could not translate host name \"…\" to address"
+        );
+        let secrets = url_secrets("postgres://herald:ab%zz9@db/herald");
+        assert_eq!(
+            redact("invalid percent-encoded token: \"ab%zz9\"", &secrets),
+            "invalid percent-encoded token: \"…\""
+        );
+        assert!(url_secrets("postgres://db/herald").is_empty());
+        assert!(url_secrets("postgres://herald@db/herald").is_empty());
+    }
+
     use super::*;
 
     fn db_error(kind: DatabaseErrorKind, message: &str) -> DieselError {

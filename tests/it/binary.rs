@@ -434,6 +434,32 @@ async fn an_unusable_database_url_is_refused_without_its_password() {
     }
 }
 
+/// A PostgreSQL URL whose password libpq cannot read (a raw `%`, an unencoded `@` and `/`):
+/// libpq's error quotes the password, or a piece of it as a host name, and r2d2 carries that
+/// text into the error `herald migrate` prints when it stops. It is shown without them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_url_libpq_cannot_read_is_refused_without_its_password() {
+    for (url, secrets) in [
+        (
+            "postgres://herald:ab%zz9@127.0.0.1:1/herald",
+            &["ab%zz9", "zz9"][..],
+        ),
+        (
+            "postgres://herald:p@ss/w0rd@127.0.0.1:1/herald",
+            &["\"ss\"", "w0rd"][..],
+        ),
+    ] {
+        let mut h = Herald::spawn(&["migrate"], &[("HERALD_DATABASE_URL", url)]);
+        let status = h.wait_exit(EXIT_WITHIN).await;
+        let stderr = h.stderr();
+        assert!(!status.success(), "{url}: {status}");
+        assert!(stderr.contains("database"), "{url}: {stderr}");
+        for secret in secrets {
+            assert!(!stderr.contains(secret), "{url}: {secret} in {stderr}");
+        }
+    }
+}
+
 /// Polls `GET /v1/messages/{id}` until `done` holds for the view (bounded).
 async fn wait_for_view(
     base: &str,
