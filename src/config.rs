@@ -557,6 +557,21 @@ impl Settings {
             }
             let source = crate::ingest::schemes::build(&format!("sources.{name}"), &c)
                 .map_err(|e| invalid(e.field, e.message))?;
+            // A Mailgun signature's token is kept (`herald_replay_keys`) for the unmatched
+            // receipts' age: a signature still within its tolerance after that could be used
+            // again for another event.
+            let kept = u64::from(retention.unmatched_receipt_days).saturating_mul(86_400);
+            if c.scheme == "mailgun" && kept > 0 && c.tolerance() >= kept {
+                return Err(invalid(
+                    format!("sources.{name}.tolerance_seconds"),
+                    format!(
+                        "{} s is not less than retention_unmatched_receipt_days ({} days), how \
+                         long replay keys are kept; lower it or keep receipts longer",
+                        c.tolerance(),
+                        retention.unmatched_receipt_days
+                    ),
+                ));
+            }
             sources.insert(name.clone(), ConfiguredSource { name, source });
         }
 
@@ -1407,6 +1422,25 @@ mod tests {
         assert_eq!(s.listen, "127.0.0.1:9");
         assert_eq!(s.retry.max_attempts, 3);
         assert_eq!(s.retry.base, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn a_mailgun_tolerance_outlasting_its_replay_keys_is_refused() {
+        let toml = |tolerance: u64, days: u32| {
+            format!(
+                "retention_unmatched_receipt_days = {days}\n\
+                 [sources.mg]\nscheme = \"mailgun\"\nsecrets = [\"k\"]\n\
+                 tolerance_seconds = {tolerance}\n"
+            )
+        };
+        let err = Settings::from_toml(&toml(86_400, 1)).unwrap_err();
+        assert!(
+            err.to_string().starts_with("sources.mg.tolerance_seconds"),
+            "{err}"
+        );
+        assert!(Settings::from_toml(&toml(86_399, 1)).is_ok());
+        // Kept forever (0): any tolerance.
+        assert!(Settings::from_toml(&toml(10_000_000, 0)).is_ok());
     }
 
     #[test]

@@ -111,48 +111,67 @@ pub fn run_once(
     config: &RetentionConfig,
     now: DateTime<Utc>,
 ) -> Result<RetentionReport, StorageError> {
+    run_until(db, config, now, &|| false)
+}
+
+/// [`run_once`] that ends early, between two batches (each its own transaction), once `stop()`
+/// holds: a pass over a large backlog (thousands of batches) must not hold up a shutdown.
+pub fn run_until(
+    db: &Db,
+    config: &RetentionConfig,
+    now: DateTime<Utc>,
+    stop: &dyn Fn() -> bool,
+) -> Result<RetentionReport, StorageError> {
     let c = cutoffs(config, now);
     let n = config.batch_size.max(1);
     let mut report = RetentionReport::default();
-    for (which, before, out) in [
-        (Finished::Done, c.done, &mut report.done_batches),
-        (
-            Finished::DeadLetter,
-            c.dead_letter,
-            &mut report.dead_letter_batches,
-        ),
-    ] {
-        let Some(before) = before else { continue };
-        loop {
-            let batch = db.purge_messages(which, before, n)?;
-            let full = batch.messages >= n as usize;
-            if batch != PurgedBatch::default() {
-                out.push(batch);
-            }
-            if !full {
-                break;
-            }
-        }
-    }
-    if let Some(before) = c.unmatched_receipts {
-        type Purge = fn(&Db, DateTime<Utc>, u32) -> Result<usize, StorageError>;
-        for (purge, out) in [
+    'pass: {
+        for (which, before, out) in [
+            (Finished::Done, c.done, &mut report.done_batches),
             (
-                Db::purge_unmatched_receipts as Purge,
-                &mut report.unmatched_receipt_batches,
-            ),
-            (
-                Db::purge_replay_keys as Purge,
-                &mut report.replay_key_batches,
+                Finished::DeadLetter,
+                c.dead_letter,
+                &mut report.dead_letter_batches,
             ),
         ] {
+            let Some(before) = before else { continue };
             loop {
-                let deleted = purge(db, before, n)?;
-                if deleted > 0 {
-                    out.push(deleted);
+                if stop() {
+                    break 'pass;
                 }
-                if deleted < n as usize {
+                let batch = db.purge_messages(which, before, n)?;
+                let full = batch.messages >= n as usize;
+                if batch != PurgedBatch::default() {
+                    out.push(batch);
+                }
+                if !full {
                     break;
+                }
+            }
+        }
+        if let Some(before) = c.unmatched_receipts {
+            type Purge = fn(&Db, DateTime<Utc>, u32) -> Result<usize, StorageError>;
+            for (purge, out) in [
+                (
+                    Db::purge_unmatched_receipts as Purge,
+                    &mut report.unmatched_receipt_batches,
+                ),
+                (
+                    Db::purge_replay_keys as Purge,
+                    &mut report.replay_key_batches,
+                ),
+            ] {
+                loop {
+                    if stop() {
+                        break 'pass;
+                    }
+                    let deleted = purge(db, before, n)?;
+                    if deleted > 0 {
+                        out.push(deleted);
+                    }
+                    if deleted < n as usize {
+                        break;
+                    }
                 }
             }
         }
@@ -175,10 +194,24 @@ impl Retention {
 
     /// One pass now (off the async executor).
     pub async fn run_once(&self) -> Result<RetentionReport, StorageError> {
+        self.pass(None).await
+    }
+
+    /// One pass now, ending between two batches once `stop` turns true. A pass that panicked is
+    /// logged as an error (the next pass tries again), not taken for one that deleted nothing.
+    async fn pass(
+        &self,
+        stop: Option<watch::Receiver<bool>>,
+    ) -> Result<RetentionReport, StorageError> {
         let (db, config, now) = (self.db.clone(), self.config, self.clock.now());
-        tokio::task::spawn_blocking(move || run_once(&db, &config, now))
-            .await
-            .unwrap_or_else(|_| Ok(RetentionReport::default()))
+        let stopped = move || stop.as_ref().is_some_and(|s| *s.borrow());
+        match tokio::task::spawn_blocking(move || run_until(&db, &config, now, &stopped)).await {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::error!("retention pass panicked; the next pass tries again");
+                Ok(RetentionReport::default())
+            }
+        }
     }
 
     /// A pass every `interval` (the first one interval after start) until `stop` turns true.
@@ -191,7 +224,7 @@ impl Retention {
             if *stop.borrow() {
                 return;
             }
-            match self.run_once().await {
+            match self.pass(Some(stop.clone())).await {
                 Ok(r) if r.transactions() > 0 => tracing::info!(
                     messages = r.messages(),
                     unmatched_receipts = r.unmatched_receipt_batches.iter().sum::<usize>(),

@@ -261,10 +261,47 @@ async fn replay_keys_go_at_the_unmatched_receipts_age(backend: Backend) {
     app.stop().await;
 }
 
+/// A pass over a backlog ends between two batches once it is told to stop (a shutdown must
+/// not wait for thousands of batches); what it did is reported, and the next pass goes on.
+async fn a_pass_stops_between_batches(backend: Backend) {
+    let app = spawn_app_with(backend, "").await;
+    let rx = Receiver::start().await;
+    for i in 0..5 {
+        app.post_message(webhook(&format!("old-{i}"), &rx.url, json!({})))
+            .await;
+    }
+    app.run_until_idle().await;
+    app.advance(31 * DAY);
+    let config = RetentionConfig {
+        batch_size: 1,
+        ..app.herald.settings.retention
+    };
+    let (db, now) = (app.db.clone(), app.clock_now());
+    let r = tokio::task::spawn_blocking(move || {
+        let asked = std::sync::atomic::AtomicUsize::new(0);
+        // Stop when asked the third time: two batches done.
+        let stop = || asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= 2;
+        herald::retention::run_until(&db, &config, now, &stop)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(r.messages(), 2, "{r:?}");
+    assert_eq!(count(&app, "herald_outbox"), 3);
+    let (db, now) = (app.db.clone(), app.clock_now());
+    let r = tokio::task::spawn_blocking(move || run_once(&db, &config, now))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.messages(), 3, "{r:?}");
+    app.stop().await;
+}
+
 both_backends!(
     retention_deletes_in_batches_and_leaves_dead_letters,
     zero_keeps_forever,
-    replay_keys_go_at_the_unmatched_receipts_age
+    replay_keys_go_at_the_unmatched_receipts_age,
+    a_pass_stops_between_batches
 );
 
 /// The real binary: `herald migrate` stores the configured subscriptions (so a plain SQL insert

@@ -148,7 +148,7 @@ impl SourceConfig {
             .collect()
     }
 
-    fn tolerance(&self) -> u64 {
+    pub(crate) fn tolerance(&self) -> u64 {
         self.tolerance_seconds.unwrap_or(DEFAULT_TOLERANCE)
     }
 }
