@@ -295,34 +295,41 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         cert_file,
     } = &cli.command
     {
-        // Offline: no configuration, no database, no logging set-up needed.
-        let cert = match cert_file {
-            Some(p) => {
-                Some(std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?)
+        // Offline: no configuration, no database, no logging set-up needed. Exit 0 valid, 1
+        // refused; a request it cannot check (a file it cannot read, an unknown scheme or
+        // option) is 2, never taken for a refused signature.
+        let verdict = (|| -> anyhow::Result<bool> {
+            let cert = match cert_file {
+                Some(p) => {
+                    Some(std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?)
+                }
+                None => None,
+            };
+            let params = params
+                .iter()
+                .map(|p| {
+                    p.split_once('=')
+                        .map(|(k, v)| (k.trim().to_owned(), v.to_owned()))
+                        .with_context(|| format!("--param {p:?} is not KEY=VALUE"))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let request = herald::ingest::OfflineRequest {
+                scheme,
+                secrets,
+                headers: &[],
+                url: url.as_deref(),
+                method: Some(method.as_str()),
+                params: &params,
+            };
+            verify_receipt(request, headers, body_file, cert, *at)
+        })();
+        return Ok(match verdict {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("herald: {e:#}");
+                ExitCode::from(EXIT_CONFIG)
             }
-            None => None,
-        };
-        let params = params
-            .iter()
-            .map(|p| {
-                p.split_once('=')
-                    .map(|(k, v)| (k.trim().to_owned(), v.to_owned()))
-                    .with_context(|| format!("--param {p:?} is not KEY=VALUE"))
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        let request = herald::ingest::OfflineRequest {
-            scheme,
-            secrets,
-            headers: &[],
-            url: url.as_deref(),
-            method: Some(method.as_str()),
-            params: &params,
-        };
-        let valid = verify_receipt(request, headers, body_file, cert, *at)?;
-        return Ok(if valid {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
         });
     }
     if let Command::Token { name, scope } = &cli.command {

@@ -556,7 +556,7 @@ fn verify_receipt_gives_every_example_its_verdict_offline() {
 }
 
 #[test]
-fn verify_receipt_refuses_unknown_or_misplaced_params() {
+fn verify_receipt_refuses_unknown_or_misplaced_params_with_exit_2() {
     let dir = tempfile::tempdir().unwrap();
     let body = dir.path().join("body");
     std::fs::write(&body, b"").unwrap();
@@ -580,9 +580,18 @@ fn verify_receipt_refuses_unknown_or_misplaced_params() {
     ] {
         let out = run(param);
         let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{param}: {err}");
+        assert_eq!(out.status.code(), Some(2), "{param}: {err}");
         assert!(err.contains(says), "{param}: {err}");
     }
+    // Nor is a body file it cannot read a refused signature (exit 1).
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_herald"))
+        .args(["verify-receipt", "--scheme", "stripe", "--secret", "s"])
+        .args(["--body-file", "/nonexistent/body.json"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("cannot read"), "{err}");
 }
 
 #[test]
