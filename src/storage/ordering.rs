@@ -109,7 +109,10 @@ per_backend! {
     }
 
     /// A replayed keyed message takes its place in its key again: it waits when another message
-    /// of the key is in flight, or an earlier place is still open; else it is due now. Not when
+    /// of the key is in flight, or an earlier place is still open, or another transaction holds
+    /// a message of the key right now (on PostgreSQL: a claim not yet committed, which would put
+    /// it in flight; the release after that message's outcome, or the periodic one, lets it go);
+    /// else it is due now. Not when
     /// a later one is merely due or waiting for a retry: the claim takes a key's places in order,
     /// so that one waits for the replayed message anyway, and the replayed one waiting too held
     /// the key still until the periodic release.
@@ -120,6 +123,7 @@ per_backend! {
         let (Some(key), Some(seq)) = (row.ordering_key.as_deref(), row.ordering_seq) else {
             return Ok(());
         };
+        let busy = sql::key_rows_busy(conn, key, &row.destination, id)?;
         let others = o::table
             .filter(o::ordering_key.eq(key))
             .filter(o::destination.eq(&row.destination))
@@ -136,7 +140,7 @@ per_backend! {
             .filter(open_counting())
             .count()
             .get_result(conn)?;
-        if in_flight > 0 || earlier > 0 {
+        if busy || in_flight > 0 || earlier > 0 {
             diesel::update(o::table.filter(o::id.eq(id)).filter(o::state.eq(State::Scheduled)))
                 .set(o::next_attempt_at.eq(None::<DateTime<Utc>>))
                 .execute(conn)?;

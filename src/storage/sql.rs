@@ -979,6 +979,7 @@ pub mod pg {
     pub use super::pg_insert_attempts as insert_attempts;
     pub use super::pg_insert_receipts_returning as insert_receipts_returning;
     pub use super::pg_keep_to_indexes as keep_to_indexes;
+    pub use super::pg_key_rows_busy as key_rows_busy;
     pub use super::pg_lock_event_id as lock_event_id;
     pub use super::pg_scheduled_at as scheduled_at;
     pub use super::{
@@ -1001,6 +1002,7 @@ pub mod sqlite {
     pub use super::sqlite_insert_attempts as insert_attempts;
     pub use super::sqlite_insert_receipts_returning as insert_receipts_returning;
     pub use super::sqlite_keep_to_indexes as keep_to_indexes;
+    pub use super::sqlite_key_rows_busy as key_rows_busy;
     pub use super::sqlite_lock_event_id as lock_event_id;
     pub use super::sqlite_scheduled_at as scheduled_at;
     pub use super::{
@@ -1125,6 +1127,52 @@ pub const SQLITE_RELEASE_SQL: &str = release_heads!(keys_of!(sqlite), no_key_in_
 pub const PG_RELEASE_ENDED_SQL: &str = release_heads!(keys_of!(pg), "");
 pub const SQLITE_RELEASE_ENDED_SQL: &str = release_heads!(keys_of!(sqlite), "");
 pub const RELEASE_WAITING_SQL: &str = release_heads!(waiting_keys!(), no_key_in_flight!());
+
+/// Whether another transaction holds one of the open rows of the key `($1, $2)` other than `$3`
+/// right now (a claim taking it, an outcome ending it). The free ones are locked
+/// (`FOR UPDATE SKIP LOCKED`, never waiting, until this transaction ends), so their states as
+/// read next are settled. A replay's `rejoin` reads the key's states to decide whether its
+/// message must wait: under READ COMMITTED a claim of a later message not yet committed looked
+/// `retryable`, the replayed message was made due, and both went in flight.
+pub fn pg_key_rows_busy(
+    conn: &mut diesel::pg::PgConnection,
+    key: &str,
+    destination: &str,
+    except: i64,
+) -> diesel::QueryResult<bool> {
+    use diesel::RunQueryDsl;
+    #[derive(diesel::QueryableByName)]
+    struct Busy {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        busy: bool,
+    }
+    let row: Busy = super::prepared::cached(
+        "WITH open AS MATERIALIZED (
+    SELECT id FROM herald_outbox
+    WHERE ordering_key = $1 AND destination = $2 AND id <> $3
+      AND state IN ('scheduled', 'retryable', 'sending', 'dead_letter', 'unconfirmed')
+), free AS (
+    SELECT id FROM herald_outbox WHERE id = ANY(ARRAY(SELECT id FROM open))
+    FOR UPDATE SKIP LOCKED
+)
+SELECT (SELECT count(*) FROM open) > (SELECT count(*) FROM free) AS busy",
+    )
+    .bind::<Text, _>(key)
+    .bind::<Text, _>(destination)
+    .bind::<BigInt, _>(except)
+    .get_result(conn)?;
+    Ok(row.busy)
+}
+
+/// SQLite: every write runs behind the writer lock; nothing else holds a row.
+pub fn sqlite_key_rows_busy(
+    _conn: &mut diesel::sqlite::SqliteConnection,
+    _key: &str,
+    _destination: &str,
+    _except: i64,
+) -> diesel::QueryResult<bool> {
+    Ok(false)
+}
 
 /// Which keys [`pg_release_heads`] releases.
 #[derive(Debug, Clone, Copy)]

@@ -793,6 +793,48 @@ async fn a_replayed_head_waits_for_a_later_message_in_flight(backend: Backend) {
     app.stop().await;
 }
 
+/// PostgreSQL: a replay that comes while a claim of a later message of the key is not yet
+/// committed (its row locked, still `retryable` to everyone else) waits, rather than being made
+/// due beside a message about to be in flight. The test holds the later message's row as that
+/// claim would; once it is free, the periodic release lets the replayed one go first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_waits_for_a_claim_of_its_key_in_progress() {
+    let app = crate::support::spawn_app(Backend::Postgres).await;
+    let rx = Receiver::start().await;
+    let a = rx.url_for("/a");
+    rx.script_path("/a", [Reply::Status(400), Reply::Status(503)]);
+    post(
+        &app,
+        keyed("c.1", &a, "k", json!({"ordering_policy": "skip"})),
+    )
+    .await;
+    post(&app, keyed("c.2", &a, "k", json!({}))).await;
+    app.run_until_idle().await;
+    assert_eq!(app.row("c.1").state.as_str(), "dead_letter");
+    assert_eq!(app.row("c.2").state.as_str(), "retryable");
+    let id = app.row("c.2").id;
+    let mut claim = PgConnection::establish(&app.test_db.url).unwrap();
+    claim
+        .batch_execute(&format!(
+            "BEGIN; SELECT id FROM herald_outbox WHERE id = {id} FOR UPDATE"
+        ))
+        .unwrap();
+    let r = app
+        .http
+        .post(format!("{}/v1/messages/c.1/replay", app.base))
+        .json(&json!({"reason": "receiver fixed"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(app.row("c.1").next_attempt_at, None, "c.1 waits");
+    claim.batch_execute("ROLLBACK").unwrap();
+    app.herald.sender.release_waiting().await.unwrap();
+    assert_eq!(app.run_until_idle().await, 1);
+    assert_eq!(app.row("c.1").state.as_str(), "delivered");
+    app.stop().await;
+}
+
 /// Ordering keys are per destination, shared by every client that sends there: a `send` token
 /// whose message waits behind another client's dead head learns that it is blocked, not that
 /// head's event id (another client's messages are 404s to it); its own head it sees by id.
