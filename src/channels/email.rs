@@ -842,12 +842,19 @@ pub struct Accepted {
 impl Accepted {
     /// `accepted` with the reply code; the queue id, when the reply names one, is the provider
     /// message id; refused recipients make the error kind `recipients_refused` and are listed
-    /// (masked) in the excerpt.
+    /// (masked) in the excerpt. lettre takes a 3xx for a positive reply, but to the content only
+    /// a 2xx says it was taken: a 3xx there (a server out of step, `354` again) is `ambiguous`,
+    /// `unexpected_reply` — the content left, and nothing says what became of it. It was
+    /// classified `permanent` (a dead letter) by its code.
     fn report(&self, now: chrono::DateTime<chrono::Utc>) -> SendReport {
         let code = smtp_code(&self.reply.code().to_string());
         let text = self.reply.message().collect::<Vec<_>>().join(" ");
-        let mut r = SendReport::refused(classify_smtp_code(code), "", now, text.as_str());
-        r.error_kind = None;
+        let class = match code {
+            300..=399 => AttemptClass::Ambiguous,
+            c => classify_smtp_code(c),
+        };
+        let mut r = SendReport::refused(class, "", now, text.as_str());
+        r.error_kind = (class == AttemptClass::Ambiguous).then(|| "unexpected_reply".to_owned());
         r.status = Some(code);
         r.provider_message_id = queue_id(&text);
         if !self.refused.is_empty() {
@@ -2413,6 +2420,21 @@ mod tests {
         assert_eq!(
             r.excerpt.as_deref(),
             Some("2.0.0 Ok: queued as ABC123; refused at RCPT TO: c***@e***.com 550")
+        );
+        // A 3xx to the content is no acceptance, nor a refusal.
+        let again = Code::new(
+            Severity::PositiveIntermediate,
+            Category::MailSystem,
+            Detail::Four,
+        );
+        let r = Accepted {
+            reply: Response::new(again, vec!["go ahead".to_owned()]),
+            refused: Vec::new(),
+        }
+        .report(now);
+        assert_eq!(
+            (r.class, r.status, r.error_kind.as_deref()),
+            (AttemptClass::Ambiguous, Some(354), Some("unexpected_reply"))
         );
     }
 

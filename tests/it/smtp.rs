@@ -667,6 +667,46 @@ async fn lines_that_begin_with_a_dot_arrive_whole(backend: Backend, chunking: bo
     app.stop().await;
 }
 
+/// A 3xx to the content (a server out of step: `354` once more) is no acceptance: lettre reads it
+/// as positive, but only a 2xx says the message was taken. `ambiguous`, `unexpected_reply`: an
+/// at_least_once message is retried, an at_most_once one is `unconfirmed`. It was `permanent`, a
+/// dead letter, by its code.
+async fn smtp_a_3xx_to_the_content_is_ambiguous(backend: Backend) {
+    let sink = SmtpSink::start().await;
+    let app = smtp_app(backend, &sink, "").await;
+    post_mail(
+        &app,
+        "odd-least",
+        "data354@example.com",
+        None,
+        "at_least_once",
+    )
+    .await;
+    post_mail(
+        &app,
+        "odd-most",
+        "data354@example.com",
+        None,
+        "at_most_once",
+    )
+    .await;
+    app.run_until_idle().await;
+    for (id, state) in [("odd-least", "retryable"), ("odd-most", "unconfirmed")] {
+        assert_eq!(app.message(id).await["state"], state, "{id}");
+        let a = &app.attempts(id)[0];
+        assert_eq!(
+            (a.class, a.response_status, a.error_kind.as_deref()),
+            (
+                herald::domain::AttemptClass::Ambiguous,
+                Some(354),
+                Some("unexpected_reply")
+            ),
+            "{id}"
+        );
+    }
+    app.stop().await;
+}
+
 /// The queue id in the server's 250 to the content is the attempt's and the message's provider
 /// message id; a 250 without one leaves both empty.
 async fn smtp_the_queue_id_of_a_250_is_the_provider_message_id(backend: Backend) {
@@ -1413,6 +1453,7 @@ both_backends!(
     smtp_a_421_that_closes_the_channel_is_transient_and_the_next_send_reconnects,
     smtp_a_421_to_mail_from_is_transient_and_the_next_send_reconnects,
     smtp_the_queue_id_of_a_250_is_the_provider_message_id,
+    smtp_a_3xx_to_the_content_is_ambiguous,
     smtp_a_recipient_refused_at_rcpt_is_listed_masked_and_the_others_get_the_message,
     smtp_all_recipients_refused_is_decided_by_their_codes,
     smtp_every_reply_code_is_classified,
