@@ -216,7 +216,11 @@ impl EmailPayload {
 fn parse_header(name: &str, value: &Value) -> Result<(String, String), InvalidField> {
     let v = value
         .as_str()
-        .filter(|v| !v.chars().any(|c| c.is_control() && c != '\t'));
+        // A NUL is refused on its own, with its path, as anywhere in a payload.
+        .filter(|v| {
+            !v.chars()
+                .any(|c| c.is_control() && !matches!(c, '\t' | '\0'))
+        });
     let ok_name = (name.starts_with("X-") || name.starts_with("x-"))
         && name
             .bytes()
@@ -2105,7 +2109,7 @@ mod tests {
         ] {
             assert_eq!(field(name, "v"), Err("payload.headers".into()), "{name:?}");
         }
-        for value in ["a\rb", "a\nb", "a\u{0}b", "a\u{b}b", "a\u{85}b"] {
+        for value in ["a\rb", "a\nb", "a\u{b}b", "a\u{85}b"] {
             assert_eq!(
                 field("X-Tag", value),
                 Err("payload.headers".into()),
