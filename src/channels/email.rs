@@ -1164,8 +1164,16 @@ impl SmtpPool {
             )
             .await;
             let failure = match result {
-                Ok(Ok(resp)) => {
+                // Only after a 2xx to the content is the session where a next message can
+                // begin: after a 3xx (the server still reading content, say) it is dropped
+                // unparked, as after any failure, or the next message's commands would be
+                // read as this one's content.
+                Ok(Ok(resp)) if (200..300).contains(&smtp_code(&resp.reply.code().to_string())) => {
                     self.checkin(pooled);
+                    return Ok(resp);
+                }
+                Ok(Ok(resp)) => {
+                    drop(pooled);
                     return Ok(resp);
                 }
                 // Closed by the server while parked, refused (a 421) or silent: closed here (its

@@ -674,23 +674,13 @@ async fn lines_that_begin_with_a_dot_arrive_whole(backend: Backend, chunking: bo
 async fn smtp_a_3xx_to_the_content_is_ambiguous(backend: Backend) {
     let sink = SmtpSink::start().await;
     let app = smtp_app(backend, &sink, "").await;
-    post_mail(
-        &app,
-        "odd-least",
-        "data354@example.com",
-        None,
-        "at_least_once",
-    )
-    .await;
-    post_mail(
-        &app,
-        "odd-most",
-        "data354@example.com",
-        None,
-        "at_most_once",
-    )
-    .await;
-    app.run_until_idle().await;
+    for (id, semantics) in [("odd-least", "at_least_once"), ("odd-most", "at_most_once")] {
+        post_mail(&app, id, "data354@example.com", None, semantics).await;
+        assert_eq!(app.herald.sender.run_once().await.unwrap(), 1, "{id}");
+    }
+    // Never parked after such a reply: each message on a connection of its own (the next one's
+    // commands would have been read as content by a server still reading it).
+    assert_eq!(sink.connections(), 2);
     for (id, state) in [("odd-least", "retryable"), ("odd-most", "unconfirmed")] {
         assert_eq!(app.message(id).await["state"], state, "{id}");
         let a = &app.attempts(id)[0];
