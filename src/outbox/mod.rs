@@ -544,9 +544,6 @@ pub trait OutboxConnection {
     fn find_outbox_row(&mut self, event_id: &str) -> diesel::QueryResult<Option<OutboxRow>>;
     /// Whether `event_id` names a fan-out (its children are in `herald_fanouts`).
     fn is_fanout(&mut self, event_id: &str) -> diesel::QueryResult<bool>;
-    /// Holds `event_id` until the transaction ends, so that a plain message and a fan-out under
-    /// it are written one after the other (PostgreSQL; SQLite's writer lock does it already).
-    fn lock_event_id(&mut self, event_id: &str) -> diesel::QueryResult<()>;
     /// Writes a fan-out atomically (a savepoint inside the caller's transaction, a transaction of
     /// its own otherwise); see [`crate::storage::queries::pg::enqueue_fanout`].
     fn enqueue_fanout_rows(
@@ -566,9 +563,6 @@ impl OutboxConnection for diesel::pg::PgConnection {
     fn is_fanout(&mut self, event_id: &str) -> diesel::QueryResult<bool> {
         Ok(!queries::pg::fanout_of(self, event_id)?.is_empty())
     }
-    fn lock_event_id(&mut self, event_id: &str) -> diesel::QueryResult<()> {
-        crate::storage::sql::pg::lock_event_id(self, event_id)
-    }
     fn enqueue_fanout_rows(
         &mut self,
         event_id: &str,
@@ -587,9 +581,6 @@ impl OutboxConnection for diesel::sqlite::SqliteConnection {
     }
     fn is_fanout(&mut self, event_id: &str) -> diesel::QueryResult<bool> {
         Ok(!queries::sqlite::fanout_of(self, event_id)?.is_empty())
-    }
-    fn lock_event_id(&mut self, event_id: &str) -> diesel::QueryResult<()> {
-        crate::storage::sql::sqlite::lock_event_id(self, event_id)
     }
     fn enqueue_fanout_rows(
         &mut self,
@@ -636,14 +627,12 @@ pub fn enqueue<C: OutboxConnection>(
 /// Writes a prepared message unless its event id exists; returns whether it was created and the
 /// stored row. Refused naming `event_id` when the id is a fan-out's: one event id names one
 /// thing. The check and the insert run on `conn`, in its transaction: the library's (the
-/// caller's) and `POST /v1/messages`'s ([`crate::storage::Db::enqueue`]) alike. The check waits
-/// for a fan-out of the same id being written meanwhile (the event id's lock, held to the end
-/// of the transaction): without it, both looked before the other's commit and both wrote.
+/// caller's) and `POST /v1/messages`'s ([`crate::storage::Db::enqueue`]) alike; the HTTP one
+/// first takes the event id's lock ([`crate::storage::sql::EVENT_ID_LOCK_CLASS`]).
 pub fn enqueue_row<C: OutboxConnection>(
     conn: &mut C,
     row: &NewOutboxRow,
 ) -> diesel::QueryResult<Result<(bool, OutboxRow), Vec<InvalidField>>> {
-    conn.lock_event_id(&row.event_id)?;
     if conn.is_fanout(&row.event_id)? {
         return Ok(Err(vec![InvalidField::new(
             "event_id",

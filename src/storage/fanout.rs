@@ -99,15 +99,12 @@ per_backend! {
 
     /// Writes the fan-out `event_id` unless it exists: `expand` turns the stored subscriptions
     /// into child rows (or refuses); each child and its link are inserted, a child whose event id
-    /// exists already is left as it is. `Ok(Err(…))`: refused, nothing written. First it waits
-    /// for a plain message or a fan-out of the same id being written meanwhile (the event id's
-    /// lock, held to the end of the transaction), so that it sees what that one wrote.
+    /// exists already is left as it is. `Ok(Err(…))`: refused, nothing written.
     pub fn enqueue_fanout(
         conn: &mut Conn,
         event_id: &str,
         expand: Expand<'_>,
     ) -> QueryResult<Result<StoredFanout, Vec<InvalidField>>> {
-        sql::lock_event_id(conn, event_id)?;
         let existing = fanout_of(conn, event_id)?;
         if !existing.is_empty() {
             return Ok(Ok(StoredFanout { created: false, children: existing }));
@@ -186,7 +183,10 @@ impl Db {
         event_id: &str,
         expand: Expand<'_>,
     ) -> Result<Result<StoredFanout, Vec<InvalidField>>, StorageError> {
-        crate::storage::db_run! { self, write |c, q| Ok(q::enqueue_fanout(c, event_id, expand)?) }
+        crate::storage::db_run! { self, write |c, q| {
+            q::lock_event_id(c, event_id)?;
+            Ok(q::enqueue_fanout(c, event_id, expand)?)
+        } }
     }
 
     /// The children of the fan-out `event_id`; empty when it is not a fan-out.

@@ -343,6 +343,9 @@ impl Db {
         &self,
         m: &NewOutboxRow,
     ) -> Result<Result<(bool, OutboxRow), Vec<crate::domain::InvalidField>>, StorageError> {
-        crate::storage::db_run! { self, write |c, q| Ok(crate::outbox::enqueue_row(c, m)?) }
+        crate::storage::db_run! { self, write |c, q| {
+            q::lock_event_id(c, &m.event_id)?;
+            Ok(crate::outbox::enqueue_row(c, m)?)
+        } }
     }
 }

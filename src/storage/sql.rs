@@ -1222,11 +1222,14 @@ pub fn pg_busy_keys(
     Ok(rows.into_iter().map(|r| r.id).collect())
 }
 
-/// The advisory lock class of an event id (the second key is the id's `hashtext`): Herald's
-/// ways in that write a plain message or a fan-out take it, in their transaction, before they
-/// look for the other kind under the same id. Both looks otherwise ran before the other's
-/// commit, saw nothing, and both wrote. Also taken by the plain SQL fan-out trigger
-/// (migration 000017). A different class from the ordering keys' (`1751477356`).
+/// The advisory lock class of an event id (the second key is the id's `hashtext`):
+/// `POST /v1/messages` takes it, in the transaction that writes a plain message or a fan-out,
+/// before it looks for the other kind under the same id. Both looks otherwise ran before the
+/// other's commit, saw nothing, and both wrote. Only there: one event id per transaction. The
+/// Rust library and plain SQL run in the application's transaction, which may write thousands
+/// of messages, and each lock held to the commit takes a slot of PostgreSQL's shared lock table
+/// (`max_locks_per_transaction` × connections): "out of shared memory". A different class from
+/// the ordering keys' (`1751477356`).
 pub const EVENT_ID_LOCK_CLASS: i32 = 1751477357;
 
 /// Waits for, then holds until the transaction ends, the lock of `event_id` (see
