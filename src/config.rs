@@ -560,13 +560,15 @@ impl Settings {
             // A Mailgun signature's token is kept (`herald_replay_keys`) for the unmatched
             // receipts' age: a signature still within its tolerance after that could be used
             // again for another event.
+            // Twice the tolerance: a timestamp is taken that far ahead of this clock too.
             let kept = u64::from(retention.unmatched_receipt_days).saturating_mul(86_400);
-            if c.scheme == "mailgun" && kept > 0 && c.tolerance() >= kept {
+            if c.scheme == "mailgun" && kept > 0 && c.tolerance().saturating_mul(2) >= kept {
                 return Err(invalid(
                     format!("sources.{name}.tolerance_seconds"),
                     format!(
-                        "{} s is not less than retention_unmatched_receipt_days ({} days), how \
-                         long replay keys are kept; lower it or keep receipts longer",
+                        "{} s is not less than half of retention_unmatched_receipt_days ({} \
+                         days), how long replay keys are kept (a timestamp is taken that far \
+                         ahead too); lower it or keep receipts longer",
                         c.tolerance(),
                         retention.unmatched_receipt_days
                     ),
@@ -1433,12 +1435,12 @@ mod tests {
                  tolerance_seconds = {tolerance}\n"
             )
         };
-        let err = Settings::from_toml(&toml(86_400, 1)).unwrap_err();
+        let err = Settings::from_toml(&toml(43_200, 1)).unwrap_err();
         assert!(
             err.to_string().starts_with("sources.mg.tolerance_seconds"),
             "{err}"
         );
-        assert!(Settings::from_toml(&toml(86_399, 1)).is_ok());
+        assert!(Settings::from_toml(&toml(43_199, 1)).is_ok());
         // Kept forever (0): any tolerance.
         assert!(Settings::from_toml(&toml(10_000_000, 0)).is_ok());
     }

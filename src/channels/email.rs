@@ -265,10 +265,12 @@ fn parse_header(name: &str, value: &Value) -> Result<(String, String), InvalidFi
 }
 
 /// Whether a header value can be folded under SMTP's line limit: lettre folds only at spaces
-/// (not at tabs or other white space) and never breaks an ASCII word, so no run between spaces
-/// may be longer than [`MAX_HEADER_WORD`].
+/// (not at tabs or other white space) and never breaks an ASCII word, so no ASCII run between
+/// spaces may be longer than [`MAX_HEADER_WORD`]. A run with non-ASCII text goes out as RFC 2047
+/// encoded words, which lettre writes in pieces it can fold.
 pub(crate) fn folds(v: &str) -> bool {
-    v.split(' ').all(|w| w.len() <= MAX_HEADER_WORD)
+    v.split(' ')
+        .all(|w| w.len() <= MAX_HEADER_WORD || !w.is_ascii())
 }
 
 /// The longest custom header value accepted.

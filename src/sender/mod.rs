@@ -499,8 +499,9 @@ impl Sender {
     /// The checks before a send, without waiting: a disabled endpoint, a paused destination, a
     /// destination's limits. `Held` is the outcome of a message put back without a request.
     /// Called in claim order for a batch, so that messages held for a rate keep their order.
+    /// Without the claim's start (a caller with a row in hand): no offset, this process's clock.
     pub fn clear(&self, row: OutboxRow) -> Clearance {
-        let at = self.inner.clock.now();
+        let at = row.updated_at;
         self.clear_claimed(row, at)
     }
 

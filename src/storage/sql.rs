@@ -1128,10 +1128,11 @@ pub const PG_RELEASE_ENDED_SQL: &str = release_heads!(keys_of!(pg), "");
 pub const SQLITE_RELEASE_ENDED_SQL: &str = release_heads!(keys_of!(sqlite), "");
 pub const RELEASE_WAITING_SQL: &str = release_heads!(waiting_keys!(), no_key_in_flight!());
 
-/// Whether another transaction holds one of the open rows of the key `($1, $2)` other than `$3`
-/// right now (a claim taking it, an outcome ending it). The free ones are locked
-/// (`FOR UPDATE SKIP LOCKED`, never waiting, until this transaction ends), so their states as
-/// read next are settled. A replay's `rejoin` reads the key's states to decide whether its
+/// Whether another transaction holds one of the rows of the key `($1, $2)` other than `$3` that a
+/// claim could take or is sending (a claim taking it, an outcome ending it) right now. The free
+/// ones are locked (`FOR NO KEY UPDATE SKIP LOCKED`, never waiting, until this transaction
+/// ends), so their states as read next are settled. A dead or unconfirmed head held by the
+/// reconciler does not count. A replay's `rejoin` reads the key's states to decide whether its
 /// message must wait: under READ COMMITTED a claim of a later message not yet committed looked
 /// `retryable`, the replayed message was made due, and both went in flight.
 pub fn pg_key_rows_busy(
@@ -1150,10 +1151,10 @@ pub fn pg_key_rows_busy(
         "WITH open AS MATERIALIZED (
     SELECT id FROM herald_outbox
     WHERE ordering_key = $1 AND destination = $2 AND id <> $3
-      AND state IN ('scheduled', 'retryable', 'sending', 'dead_letter', 'unconfirmed')
+      AND state IN ('scheduled', 'retryable', 'sending')
 ), free AS (
     SELECT id FROM herald_outbox WHERE id = ANY(ARRAY(SELECT id FROM open))
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 )
 SELECT (SELECT count(*) FROM open) > (SELECT count(*) FROM free) AS busy",
     )
