@@ -2270,6 +2270,30 @@ mod tests {
     }
 
     #[test]
+    fn long_non_ascii_runs_fold_below_the_smtp_line_limit() {
+        // 1,200 bytes of CJK without a space, in the subject, a display name and a header.
+        let run = "日本語".repeat(134);
+        let payload = json!({"subject": run, "text": "t", "from": format!("{run} <a@example.com>"),
+            "headers": {"X-Tag": run}});
+        let row = Outgoing {
+            event_id: "e-1",
+            destination: "ada@example.com",
+            payload: &payload,
+            semantics: Semantics::AtLeastOnce,
+            body: None,
+        };
+        let from: Mailbox = "herald@example.com".parse().unwrap();
+        let text = String::from_utf8(
+            build_message(&row, &from, "h.example", &MessageOptions::default())
+                .unwrap()
+                .formatted(),
+        )
+        .unwrap();
+        let longest = text.split("\r\n").map(str::len).max().unwrap();
+        assert!(longest < 998, "{longest}");
+    }
+
+    #[test]
     fn long_relay_headers_fold_below_the_smtp_line_limit() {
         let categories: Vec<String> = (0..150).map(|i| format!("category-{i}")).collect();
         let payload = json!({"subject": "s", "text": "t",
