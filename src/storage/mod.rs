@@ -133,14 +133,10 @@ fn is_sqlite_busy(message: &str) -> bool {
     )
 }
 
-/// What an unsupported database URL is shown as: its scheme only (`mysql://…`), never the rest,
-/// which may carry a password — nor the whole text when it has no `://` (a libpq
-/// `host=… password=…` string, a URL whose scheme was forgotten).
 /// diesel's PostgreSQL connection manager, whose connection errors never quote the URL's
 /// password. libpq's do: `invalid percent-encoded token: "ab%zz9"` for a password with a raw `%`,
 /// or a host name made of a piece of a password with an unencoded `@` or `/`; and r2d2 carries
 /// that text into the error `herald serve` and `herald migrate` print when they stop.
-#[derive(Debug)]
 pub struct PgManager {
     inner: ConnectionManager<PgConnection>,
     secrets: Vec<String>,
@@ -152,6 +148,13 @@ impl PgManager {
             inner: ConnectionManager::new(url),
             secrets: url_secrets(url),
         }
+    }
+}
+
+/// Never the URL nor its password.
+impl std::fmt::Debug for PgManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PgManager(..)")
     }
 }
 
@@ -214,6 +217,9 @@ fn redact(text: &str, secrets: &[String]) -> String {
     })
 }
 
+/// What an unsupported database URL is shown as: its scheme only (`mysql://…`), never the rest,
+/// which may carry a password — nor the whole text when it has no `://` (a libpq
+/// `host=… password=…` string, a URL whose scheme was forgotten).
 fn url_shape(url: &str) -> String {
     match url.split_once("://") {
         Some((scheme, _))

@@ -209,8 +209,9 @@ per_backend! {
         changed.dedup();
         let statuses: Vec<&MatchedMessage> = changed.iter().map(|id| &messages[id]).collect();
         sql::write_statuses(conn, &statuses)?;
-        // Only the messages this pass settled (it found them `unconfirmed`): a receipt for a
-        // message that was `delivered` already has nothing to settle, and no key to release.
+        // Only the messages this pass settled (it found them `unconfirmed`, or dead-lettered by
+        // the deadline after their proof was stored): a receipt for a message that was
+        // `delivered` already has nothing to settle, and no key to release.
         for &id in &settled {
             let was = messages[&id].state_reason.as_deref();
             diesel::update(
