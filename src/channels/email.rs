@@ -1562,11 +1562,19 @@ async fn transmit(
     *stage = Stage::Envelope;
     let envelope_err = |e| SmtpFailure::Smtp(Stage::Envelope, e);
     let mut mail_options = Vec::new();
+    // Non-ASCII addresses: the envelope's, and a header's (a `Reply-To`, say: lettre writes an
+    // address's UTF-8 as it is, where names and subjects become RFC 2047 encoded words), which
+    // RFC 6532 lets through only under SMTPUTF8, never under 8BITMIME alone.
+    let head = content
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(content, |end| &content[..end]);
     let non_ascii = envelope
         .to()
         .iter()
         .chain(envelope.from())
-        .any(|a| !AsRef::<str>::as_ref(a).is_ascii());
+        .any(|a| !AsRef::<str>::as_ref(a).is_ascii())
+        || !head.is_ascii();
     if non_ascii {
         if !conn.server_info().supports_feature(Extension::SmtpUtfEight) {
             return Err(SmtpFailure::Unsupported(

@@ -667,6 +667,42 @@ async fn lines_that_begin_with_a_dot_arrive_whole(backend: Backend, chunking: bo
     app.stop().await;
 }
 
+/// A non-ASCII address needs SMTPUTF8 (RFC 6531/6532), which the test server does not offer:
+/// in the envelope (the recipient), and in a header only (`Reply-To`: lettre writes its UTF-8
+/// as it is) — 8BITMIME alone does not allow UTF-8 in headers. Each is `permanent`,
+/// `unsupported_by_server`, before any content leaves; the ASCII message beside them goes.
+async fn smtp_a_non_ascii_address_needs_smtputf8(backend: Backend) {
+    let sink = SmtpSink::start().await;
+    let app = smtp_app(backend, &sink, "").await;
+    post_mail(&app, "utf8-rcpt", "josé@example.com", None, "at_least_once").await;
+    let payload = json!({"subject": "Hi", "text": "Hello", "reply_to": "josé@example.com"});
+    post_payload(
+        &app,
+        "utf8-reply-to",
+        "ada@example.com",
+        payload,
+        "at_least_once",
+    )
+    .await;
+    post_mail(&app, "ascii", "ada@example.com", None, "at_least_once").await;
+    app.run_until_idle().await;
+    for id in ["utf8-rcpt", "utf8-reply-to"] {
+        assert_eq!(app.message(id).await["state"], "dead_letter", "{id}");
+        let a = &app.attempts(id)[0];
+        assert_eq!(
+            (a.class, a.error_kind.as_deref()),
+            (
+                herald::domain::AttemptClass::Permanent,
+                Some("unsupported_by_server")
+            ),
+            "{id}"
+        );
+    }
+    assert_eq!(app.message("ascii").await["state"], "delivered");
+    assert_eq!(sink.received().len(), 1);
+    app.stop().await;
+}
+
 /// A 3xx to the content (a server out of step: `354` once more) is no acceptance: lettre reads it
 /// as positive, but only a 2xx says the message was taken. `ambiguous`, `unexpected_reply`: an
 /// at_least_once message is retried, an at_most_once one is `unconfirmed`. It was `permanent`, a
@@ -1444,6 +1480,7 @@ both_backends!(
     smtp_a_421_to_mail_from_is_transient_and_the_next_send_reconnects,
     smtp_the_queue_id_of_a_250_is_the_provider_message_id,
     smtp_a_3xx_to_the_content_is_ambiguous,
+    smtp_a_non_ascii_address_needs_smtputf8,
     smtp_a_recipient_refused_at_rcpt_is_listed_masked_and_the_others_get_the_message,
     smtp_all_recipients_refused_is_decided_by_their_codes,
     smtp_every_reply_code_is_classified,
