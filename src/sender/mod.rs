@@ -692,6 +692,27 @@ impl Sender {
                 ..cleared.base
             };
         }
+        // A pause that began while it waited for its slot or its place — the 429 of the message
+        // before it to the same destination, answered meanwhile — holds it as one that began
+        // before its clearance would have: put back until the pause ends, no request, its
+        // attempt not spent. (Cleared while that 429 was still on its way, it went 6 ms after
+        // it: `binary::a_429_holds_the_destinations_other_messages_for_its_retry_after`.)
+        if let Some(until) = cleared
+            .destination
+            .as_deref()
+            .and_then(|d| self.inner.throttle.paused_until(d, now))
+        {
+            info!(%until, "destination slowed down while waiting: put back without a request");
+            self.inner.metrics.held("paused");
+            let attempts = row.attempts;
+            return put_back(
+                cleared.base,
+                attempts,
+                now,
+                until,
+                AttemptClass::RateLimited,
+            );
+        }
         if let Some(hook) = self.inner.before_send.get() {
             hook(&row.event_id);
         }

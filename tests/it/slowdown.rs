@@ -65,6 +65,45 @@ async fn a_429_slows_every_message_to_that_destination(backend: Backend) {
     app.stop().await;
 }
 
+/// The sender's own loop claims ahead: the next message is cleared while the one before it is
+/// still waiting for its answer. When that answer is a 429, the next one, already past its
+/// clearance and waiting for the one send slot, is held by the pause too (checked again just
+/// before the request), not sent the moment the slot frees.
+async fn a_message_cleared_before_a_429_came_is_held_by_it(backend: Backend) {
+    let app = spawn_app_with(backend, ONE_AT_A_TIME).await;
+    let slow = Receiver::start().await;
+    slow.script([Reply::Full(
+        429,
+        vec![("Retry-After".into(), "2".into())],
+        String::new(),
+    )]);
+    for id in ["c-1", "c-2"] {
+        let r = app.post_message(webhook(id, &slow.url, json!({}))).await;
+        assert_eq!(r.status(), 201);
+    }
+    let sender = app.start_sender();
+    let got = slow.wait_for(3, 20).await;
+    sender.stop().await;
+    let ids: Vec<_> = got
+        .iter()
+        .map(|r| r.header("webhook-id").unwrap_or(""))
+        .collect();
+    assert_eq!(ids[0], "c-1");
+    let mut rest = ids[1..].to_vec();
+    rest.sort_unstable();
+    assert_eq!(rest, ["c-1", "c-2"], "each once after the pause");
+    let second = got
+        .iter()
+        .find(|r| r.header("webhook-id") == Some("c-2"))
+        .unwrap();
+    let after = second.at.duration_since(got[0].at);
+    assert!(
+        after >= std::time::Duration::from_secs(2),
+        "c-2 came {after:?} after the 429"
+    );
+    app.stop().await;
+}
+
 async fn an_smtp_421_slows_every_email_to_the_relay(backend: Backend) {
     let sink = SmtpSink::start().await;
     let app = spawn_app_with(
@@ -130,6 +169,7 @@ async fn a_421_greeting_slows_the_relay(backend: Backend) {
 }
 
 both_backends!(
+    a_message_cleared_before_a_429_came_is_held_by_it,
     a_421_greeting_slows_the_relay,
     a_429_slows_every_message_to_that_destination,
     an_smtp_421_slows_every_email_to_the_relay,
