@@ -1170,7 +1170,7 @@ impl SmtpPool {
                 // begin: after a 3xx (the server still reading content, say) it is dropped
                 // unparked, as after any failure, or the next message's commands would be
                 // read as this one's content.
-                Ok(Ok(resp)) if (200..300).contains(&smtp_code(&resp.reply.code().to_string())) => {
+                Ok(Ok(resp)) if resp.reply.code().severity == Severity::PositiveCompletion => {
                     self.checkin(pooled);
                     return Ok(resp);
                 }
@@ -2277,26 +2277,27 @@ mod tests {
         );
     }
 
+    /// The message `payload` (event `e-1` to ada@example.com) is built into, as it goes out.
+    fn wire_text(payload: &Value, options: &MessageOptions) -> String {
+        let row = Outgoing {
+            event_id: "e-1",
+            destination: "ada@example.com",
+            payload,
+            semantics: Semantics::AtLeastOnce,
+            body: None,
+        };
+        let from: Mailbox = "herald@example.com".parse().unwrap();
+        let built = build_message(&row, &from, "h.example", options).unwrap();
+        String::from_utf8(built.formatted()).unwrap()
+    }
+
     #[test]
     fn long_non_ascii_runs_fold_below_the_smtp_line_limit() {
         // 1,200 bytes of CJK without a space, in the subject, a display name and a header.
         let run = "日本語".repeat(134);
         let payload = json!({"subject": run, "text": "t", "from": format!("{run} <a@example.com>"),
             "headers": {"X-Tag": run}});
-        let row = Outgoing {
-            event_id: "e-1",
-            destination: "ada@example.com",
-            payload: &payload,
-            semantics: Semantics::AtLeastOnce,
-            body: None,
-        };
-        let from: Mailbox = "herald@example.com".parse().unwrap();
-        let text = String::from_utf8(
-            build_message(&row, &from, "h.example", &MessageOptions::default())
-                .unwrap()
-                .formatted(),
-        )
-        .unwrap();
+        let text = wire_text(&payload, &MessageOptions::default());
         let longest = text.split("\r\n").map(str::len).max().unwrap();
         assert!(longest < 998, "{longest}");
     }
@@ -2306,24 +2307,11 @@ mod tests {
         let categories: Vec<String> = (0..150).map(|i| format!("category-{i}")).collect();
         let payload = json!({"subject": "s", "text": "t",
             "headers": {"X-SMTPAPI": json!({"category": categories}).to_string()}});
-        let row = Outgoing {
-            event_id: "e-1",
-            destination: "ada@example.com",
-            payload: &payload,
-            semantics: Semantics::AtLeastOnce,
-            body: None,
-        };
-        let from: Mailbox = "herald@example.com".parse().unwrap();
         let options = MessageOptions {
             relay: Some(RelayProvider::SendGrid),
             dkim: None,
         };
-        let text = String::from_utf8(
-            build_message(&row, &from, "h.example", &options)
-                .unwrap()
-                .formatted(),
-        )
-        .unwrap();
+        let text = wire_text(&payload, &options);
         assert!(text.split("\r\n").all(|l| l.len() < 998));
         let unfolded = text.replace("\r\n ", " ");
         let value = unfolded

@@ -563,12 +563,7 @@ impl Sender {
                 AttemptClass::NotSent,
             )));
         }
-        if let Some(until) = destination
-            .as_deref()
-            .and_then(|d| self.inner.throttle.paused_until(d, now))
-        {
-            info!(%until, "destination slowed down: put back without a request");
-            self.inner.metrics.held("paused");
+        if let Some(until) = self.paused(destination.as_deref(), now) {
             return Err(Box::new(put_back(
                 base,
                 row.attempts,
@@ -623,6 +618,20 @@ impl Sender {
             host,
             db_offset,
         })
+    }
+
+    /// Until when `destination` (a pause key) is slowed down at `now`, if it is: the message is
+    /// then put back without a request (logged, and counted as held). Checked at the clearance
+    /// and again just before the request.
+    fn paused(
+        &self,
+        destination: Option<&str>,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Option<chrono::DateTime<chrono::Utc>> {
+        let until = destination.and_then(|d| self.inner.throttle.paused_until(d, now))?;
+        info!(%until, "destination slowed down: put back without a request");
+        self.inner.metrics.held("paused");
+        Some(until)
     }
 
     /// Sends a cleared row and decides what happens next. Never touches the database.
@@ -697,13 +706,7 @@ impl Sender {
         // before its clearance would have: put back until the pause ends, no request, its
         // attempt not spent. (Cleared while that 429 was still on its way, it went 6 ms after
         // it: `binary::a_429_holds_the_destinations_other_messages_for_its_retry_after`.)
-        if let Some(until) = cleared
-            .destination
-            .as_deref()
-            .and_then(|d| self.inner.throttle.paused_until(d, now))
-        {
-            info!(%until, "destination slowed down while waiting: put back without a request");
-            self.inner.metrics.held("paused");
+        if let Some(until) = self.paused(cleared.destination.as_deref(), now) {
             let attempts = row.attempts;
             return put_back(
                 cleared.base,
