@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use herald::sender::throttle::BURST_COUNT;
 use serde_json::json;
 
 use crate::both_backends;
@@ -1073,10 +1074,32 @@ async fn every_reply_code_is_classified_as(backend: Backend, offered: bool, sema
             kind: Some("smtp_reply"),
         });
     }
+    // The relay is paused by its BURST_COUNT-th transient reply within the burst window
+    // (tests/it/slowdown.rs), and a message that waits for a connection meanwhile is then held
+    // without a request: so the table goes in rounds of fewer transient rows than that, each
+    // followed by a message the relay takes, which ends the row of transient replies.
+    let mut rounds: Vec<Vec<&Row>> = vec![Vec::new()];
+    let mut transient = 0;
     for r in &table {
-        post_mail(&app, &r.id, &r.to, r.from.as_deref(), semantics).await;
+        if r.class == "transient" {
+            if transient + 1 == BURST_COUNT {
+                rounds.push(Vec::new());
+                transient = 0;
+            }
+            transient += 1;
+        }
+        rounds.last_mut().expect("a round").push(r);
     }
-    assert_eq!(app.herald.sender.run_once().await.unwrap(), table.len());
+    for (i, round) in rounds.iter().enumerate() {
+        for r in round {
+            post_mail(&app, &r.id, &r.to, r.from.as_deref(), semantics).await;
+        }
+        assert_eq!(app.herald.sender.run_once().await.unwrap(), round.len());
+        let ok = format!("ok-{i}");
+        post_mail(&app, &ok, "ada@example.com", None, semantics).await;
+        assert_eq!(app.herald.sender.run_once().await.unwrap(), 1, "{ok}");
+        assert_eq!(app.message(&ok).await["state"], "delivered", "{ok}");
+    }
     for r in &table {
         let (state, last, class, kind) = outcome(&app, &r.id).await;
         let want_last = if r.class == "accepted" { "" } else { r.class };
@@ -1096,11 +1119,16 @@ async fn every_reply_code_is_classified_as(backend: Backend, offered: bool, sema
             assert!(view["next_attempt_at"].is_string(), "{}", r.id);
         }
     }
-    assert_eq!(sink.accepted().len(), 1, "only code-250 was taken");
-    assert_envelopes(&sink, offered, table.len());
+    let sent = table.len() + rounds.len();
+    assert_eq!(
+        sink.accepted().len(),
+        1 + rounds.len(),
+        "only code-250 and each round's ok-N were taken"
+    );
+    assert_envelopes(&sink, offered, sent);
     // Only `at_least_once` mail goes by BDAT; the rest by DATA, though the sink offers both.
     let chunked = offered && semantics == "at_least_once";
-    assert_eq!(sink.chunks(), if chunked { table.len() } else { 0 });
+    assert_eq!(sink.chunks(), if chunked { sent } else { 0 });
     app.stop().await;
 }
 
