@@ -10,6 +10,9 @@ use crate::support::{Backend, Receiver, Reply};
 
 /// One send at a time, so the second message is claimed after the first one's answer.
 const ONE_AT_A_TIME: &str = "sender_concurrency = 1\n";
+/// As [`ONE_AT_A_TIME`], with a 421's pause (no `Retry-After`: the retry base) long enough that
+/// a slow round of the loop cannot outlast it.
+const ONE_AT_A_TIME_LONG_PAUSE: &str = "sender_concurrency = 1\nretry_base_seconds = 30\n";
 
 async fn a_429_slows_every_message_to_that_destination(backend: Backend) {
     let app = spawn_app_with(backend, ONE_AT_A_TIME).await;
@@ -108,7 +111,7 @@ async fn an_smtp_421_slows_every_email_to_the_relay(backend: Backend) {
     let sink = SmtpSink::start().await;
     let app = spawn_app_with(
         backend,
-        &format!("{ONE_AT_A_TIME}smtp_url = \"{}\"\n", sink.url),
+        &format!("{ONE_AT_A_TIME_LONG_PAUSE}smtp_url = \"{}\"\n", sink.url),
     )
     .await;
     for (id, to) in [("m-421", "t421@example.com"), ("m-next", "ada@example.com")] {
@@ -144,7 +147,7 @@ async fn a_421_greeting_slows_the_relay(backend: Backend) {
     .await;
     let app = spawn_app_with(
         backend,
-        &format!("{ONE_AT_A_TIME}smtp_url = \"{}\"\n", sink.url),
+        &format!("{ONE_AT_A_TIME_LONG_PAUSE}smtp_url = \"{}\"\n", sink.url),
     )
     .await;
     for id in ["g-1", "g-2"] {
