@@ -439,14 +439,26 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Purge => {
             let db = open_db(&settings, false)?;
             let now = herald::clock::Clock::now(&SystemClock);
-            let report = herald::retention::run_once(&db, &settings.retention, now)
-                .map_err(|e| anyhow::anyhow!("retention failed: {}", e.log_safe()))?;
+            // What a pass deleted is printed even when an error ended it: its earlier batches
+            // were committed, and a script that retries must know they are gone.
+            let (report, failed) = match herald::retention::run_once(&db, &settings.retention, now)
+            {
+                Ok(report) => (report, None),
+                Err(failed) => (failed.committed, Some(failed.error)),
+            };
             let _ = writeln!(
                 std::io::stdout(),
                 "{}",
                 serde_json::to_string_pretty(&report)?
             );
-            Ok(ExitCode::SUCCESS)
+            match failed {
+                None => Ok(ExitCode::SUCCESS),
+                Some(e) => Err(anyhow::anyhow!(
+                    "retention failed after {} committed batches (printed above): {}",
+                    report.transactions(),
+                    e.log_safe()
+                )),
+            }
         }
         Command::WebhookSecret => {
             match webhook_secret(&open_db(&settings, true)?, &settings)? {

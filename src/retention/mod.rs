@@ -96,6 +96,10 @@ impl RetentionReport {
             .sum()
     }
 
+    pub fn unmatched_receipts(&self) -> usize {
+        self.unmatched_receipt_batches.iter().sum()
+    }
+
     pub fn transactions(&self) -> usize {
         self.done_batches.len()
             + self.dead_letter_batches.len()
@@ -104,13 +108,24 @@ impl RetentionReport {
     }
 }
 
+/// A pass that an error ended: the batches it committed before (deleted for good, each its own
+/// transaction) and the error. Reported whole, so that a failure late in a pass does not hide
+/// what the pass already deleted.
+#[derive(Debug, thiserror::Error)]
+#[error("retention pass failed after {} committed batches", committed.transactions())]
+pub struct PassFailed {
+    pub committed: RetentionReport,
+    #[source]
+    pub error: StorageError,
+}
+
 /// One retention pass at `now`: batch after batch of each kind until a batch comes back short.
 /// Blocking (diesel).
 pub fn run_once(
     db: &Db,
     config: &RetentionConfig,
     now: DateTime<Utc>,
-) -> Result<RetentionReport, StorageError> {
+) -> Result<RetentionReport, Box<PassFailed>> {
     run_until(db, config, now, &|| false)
 }
 
@@ -121,10 +136,27 @@ pub fn run_until(
     config: &RetentionConfig,
     now: DateTime<Utc>,
     stop: &dyn Fn() -> bool,
-) -> Result<RetentionReport, StorageError> {
+) -> Result<RetentionReport, Box<PassFailed>> {
+    let mut report = RetentionReport::default();
+    match pass(db, config, now, stop, &mut report) {
+        Ok(()) => Ok(report),
+        Err(error) => Err(Box::new(PassFailed {
+            committed: report,
+            error,
+        })),
+    }
+}
+
+/// The batches of [`run_until`], each recorded in `report` once committed.
+fn pass(
+    db: &Db,
+    config: &RetentionConfig,
+    now: DateTime<Utc>,
+    stop: &dyn Fn() -> bool,
+    report: &mut RetentionReport,
+) -> Result<(), StorageError> {
     let c = cutoffs(config, now);
     let n = config.batch_size.max(1);
-    let mut report = RetentionReport::default();
     'pass: {
         for (which, before, out) in [
             (Finished::Done, c.done, &mut report.done_batches),
@@ -176,7 +208,7 @@ pub fn run_until(
             }
         }
     }
-    Ok(report)
+    Ok(())
 }
 
 /// The server's background retention task.
@@ -193,7 +225,7 @@ impl Retention {
     }
 
     /// One pass now (off the async executor).
-    pub async fn run_once(&self) -> Result<RetentionReport, StorageError> {
+    pub async fn run_once(&self) -> Result<RetentionReport, Box<PassFailed>> {
         self.pass(None).await
     }
 
@@ -202,7 +234,7 @@ impl Retention {
     async fn pass(
         &self,
         stop: Option<watch::Receiver<bool>>,
-    ) -> Result<RetentionReport, StorageError> {
+    ) -> Result<RetentionReport, Box<PassFailed>> {
         let (db, config, now) = (self.db.clone(), self.config, self.clock.now());
         let stopped = move || stop.as_ref().is_some_and(|s| *s.borrow());
         match tokio::task::spawn_blocking(move || run_until(&db, &config, now, &stopped)).await {
@@ -227,12 +259,21 @@ impl Retention {
             match self.pass(Some(stop.clone())).await {
                 Ok(r) if r.transactions() > 0 => tracing::info!(
                     messages = r.messages(),
-                    unmatched_receipts = r.unmatched_receipt_batches.iter().sum::<usize>(),
+                    unmatched_receipts = r.unmatched_receipts(),
                     transactions = r.transactions(),
                     "retention pass"
                 ),
                 Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e.log_safe(), "retention pass failed"),
+                Err(failed) => {
+                    let r = &failed.committed;
+                    tracing::warn!(
+                        error = %failed.error.log_safe(),
+                        messages = r.messages(),
+                        unmatched_receipts = r.unmatched_receipts(),
+                        transactions = r.transactions(),
+                        "retention pass failed; the batches counted here were deleted before it did"
+                    )
+                }
             }
         }
     }

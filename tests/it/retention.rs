@@ -318,22 +318,24 @@ fn herald_migrate_and_purge_as_an_operator_runs_them() {
     )
     .unwrap();
     let db_path = dir.path().join("herald.db");
-    let herald = |verb: &str| {
+    let run = |verb: &str| {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_herald"));
         for (k, _) in std::env::vars() {
             if k.starts_with("HERALD_") || k == "RUST_LOG" {
                 cmd.env_remove(k);
             }
         }
-        let out = cmd
-            .arg(verb)
+        cmd.arg(verb)
             .current_dir(dir.path())
             .env(
                 "HERALD_DATABASE_URL",
                 format!("sqlite://{}", db_path.display()),
             )
             .output()
-            .unwrap();
+            .unwrap()
+    };
+    let herald = |verb: &str| {
+        let out = run(verb);
         assert!(
             out.status.success(),
             "herald {verb}: {}",
@@ -383,4 +385,32 @@ fn herald_migrate_and_purge_as_an_operator_runs_them() {
         (1, 0),
         "only the scheduled row is left"
     );
+
+    // A pass that fails part way still prints what its committed batches deleted: here the
+    // replay keys' table is gone, so the pass fails at its last kind, after the messages.
+    c.batch_execute(
+        "INSERT INTO herald_outbox (event_id, channel, destination, payload, state, updated_at) \
+         VALUES ('old', 'webhook', 'https://x.example/h', '{\"body\": {}}', 'delivered', \
+                 '2020-01-01 00:00:00.000+00:00'); \
+         ALTER TABLE herald_replay_keys RENAME TO gone",
+    )
+    .unwrap();
+    let out = run("purge");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("retention failed after 1 committed batches (printed above)"),
+        "{stderr}"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        report["done_batches"],
+        json!([{"messages": 1, "attempts": 0, "receipts": 0, "fanouts": 0}]),
+        "{report}"
+    );
+    let left: Count =
+        diesel::sql_query("SELECT count(*) AS n FROM herald_outbox WHERE event_id = 'old'")
+            .get_result(&mut c)
+            .unwrap();
+    assert_eq!(left.n, 0, "the batch the report names was deleted");
 }
