@@ -65,8 +65,29 @@ use relay::RelayProvider;
 
 /// The recipient (`destination`) of an email: `a@b.example` or `Name <a@b.example>`.
 pub fn parse_recipient(destination: &str) -> Result<Mailbox, InvalidField> {
-    Mailbox::from_str(destination)
-        .map_err(|_| InvalidField::new("destination", "must be an email address"))
+    parse_mailbox(destination)
+        .ok_or_else(|| InvalidField::new("destination", "must be an email address"))
+}
+
+/// An address as it goes on the wire, its domain an internationalized one's ASCII form (IDNA
+/// A-labels, `bücher.example` → `xn--bcher-kva.example`), so that mail to it needs no SMTPUTF8:
+/// RFC 5321's envelope and RFC 5322's headers take only those. An address with a non-ASCII
+/// local part (`josé@…`) still needs SMTPUTF8, which no conversion can spare it. A non-ASCII
+/// domain that IDNA refuses (a zero-width joiner, say, which lettre's own check lets through) is
+/// no address.
+fn parse_mailbox(s: &str) -> Option<Mailbox> {
+    Mailbox::from_str(s).ok().and_then(ascii_domain)
+}
+
+/// [`parse_mailbox`]'s conversion of a parsed address.
+fn ascii_domain(m: Mailbox) -> Option<Mailbox> {
+    let domain = m.email.domain();
+    if domain.is_ascii() {
+        return Some(m);
+    }
+    let ascii = idna::domain_to_ascii(domain).ok()?;
+    let email = lettre::Address::new(m.email.user(), ascii).ok()?;
+    Some(Mailbox::new(m.name, email))
 }
 
 /// `{"from"?, "to"?: […], "cc"?, "bcc"?, "reply_to"?, "subject", "text"?, "html"?, "headers"?,
@@ -125,8 +146,7 @@ impl EmailPayload {
         let mailbox = |field: &'static str, key: &str| -> Result<Option<Mailbox>, InvalidField> {
             string(field, key)?
                 .map(|s| {
-                    Mailbox::from_str(&s)
-                        .ok()
+                    parse_mailbox(&s)
                         .and_then(foldable)
                         .ok_or_else(|| InvalidField::new(field, "must be an email address"))
                 })
@@ -139,7 +159,7 @@ impl EmailPayload {
                     .iter()
                     .map(|v| {
                         v.as_str()
-                            .and_then(|s| Mailbox::from_str(s).ok())
+                            .and_then(parse_mailbox)
                             .and_then(foldable)
                             .ok_or_else(|| {
                                 InvalidField::new(field, "must be a list of email addresses")
@@ -466,7 +486,13 @@ pub fn check_smtp_url(url: &str, config_credentials: bool) -> Result<(), EmailCo
 
 /// The default sender (`mail_from`): `herald@example.com` or `Name <herald@example.com>`.
 pub fn parse_mail_from(from: &str) -> Result<Mailbox, EmailConfigError> {
-    Mailbox::from_str(from).map_err(EmailConfigError::MailFrom)
+    Mailbox::from_str(from)
+        .map_err(EmailConfigError::MailFrom)
+        .and_then(|m| {
+            ascii_domain(m).ok_or(EmailConfigError::MailFrom(
+                lettre::address::AddressError::InvalidDomain,
+            ))
+        })
 }
 
 /// Where email goes.
@@ -1897,6 +1923,49 @@ async fn write_eml(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn an_internationalized_domain_is_written_in_its_ascii_form() {
+        let m = parse_recipient("Ada <ada@Bücher.example>").unwrap();
+        assert_eq!(
+            (m.name.as_deref(), m.email.to_string().as_str()),
+            (Some("Ada"), "ada@xn--bcher-kva.example")
+        );
+        // The domain only: a non-ASCII local part is left to SMTPUTF8.
+        let m = parse_recipient("josé@straße.example").unwrap();
+        assert_eq!(m.email.to_string(), "josé@xn--strae-oqa.example");
+        let m = parse_recipient("ada@example.com").unwrap();
+        assert_eq!(m.email.to_string(), "ada@example.com");
+        assert_eq!(
+            parse_mail_from("Desk <desk@bücher.example>")
+                .unwrap()
+                .email
+                .to_string(),
+            "desk@xn--bcher-kva.example"
+        );
+        let p = EmailPayload::parse(&json!({"subject": "s", "text": "t",
+            "from": "a@bücher.example", "to": ["b@bücher.example"], "cc": ["c@bücher.example"],
+            "bcc": ["d@bücher.example"], "reply_to": "e@bücher.example"}))
+        .unwrap();
+        let all: Vec<String> = [&p.from, &p.reply_to]
+            .into_iter()
+            .flatten()
+            .chain(p.to.iter().chain(&p.cc).chain(&p.bcc))
+            .map(|m| m.email.to_string())
+            .collect();
+        assert_eq!(all.len(), 5);
+        assert!(
+            all.iter().all(|a| a.ends_with("@xn--bcher-kva.example")),
+            "{all:?}"
+        );
+        // A domain IDNA refuses is no address.
+        // A domain IDNA refuses is no address, though lettre takes it; an ASCII one is left
+        // to the relay.
+        for d in ["a\u{200D}b.example", "a\u{FFFD}b.example"] {
+            assert!(parse_recipient(&format!("ada@{d}")).is_err(), "{d:?}");
+            assert!(parse_mail_from(&format!("ada@{d}")).is_err(), "{d:?}");
+        }
+    }
 
     #[test]
     fn a_dot_that_begins_a_line_is_doubled_and_the_content_ends_with_a_lone_dot() {

@@ -704,6 +704,46 @@ async fn smtp_a_non_ascii_address_needs_smtputf8(backend: Backend) {
     app.stop().await;
 }
 
+/// An internationalized domain needs no SMTPUTF8: Herald writes it in its ASCII form (IDNA
+/// A-labels) in the envelope and in every header, so the test server, which offers no SMTPUTF8,
+/// takes the mail — recipient, cc, reply_to and the display name's domain alike — and nothing
+/// non-ASCII is in its head. The stored destination stays as it was written.
+async fn smtp_an_internationalized_domain_goes_in_its_ascii_form(backend: Backend) {
+    let sink = SmtpSink::start().await;
+    let app = smtp_app(backend, &sink, "").await;
+    let payload = json!({"subject": "Hi", "text": "Hello",
+        "cc": ["bob@straße.example"], "reply_to": "Desk <desk@BÜCHER.example>"});
+    post_payload(
+        &app,
+        "idn",
+        "Ada <ada@bücher.example>",
+        payload,
+        "at_least_once",
+    )
+    .await;
+    app.run_until_idle().await;
+    let view = app.message("idn").await;
+    assert_eq!(view["state"], "delivered", "{view}");
+    assert_eq!(view["destination"], "Ada <ada@bücher.example>");
+    let mail = &sink.accepted()[0];
+    let mut rcpts = mail.rcpts.clone();
+    rcpts.sort();
+    assert_eq!(
+        rcpts,
+        ["<ada@xn--bcher-kva.example>", "<bob@xn--strae-oqa.example>"]
+    );
+    let head = mail.data.split("\r\n\r\n").next().unwrap_or_default();
+    assert!(head.is_ascii(), "{head}");
+    for header in [
+        "To: Ada <ada@xn--bcher-kva.example>",
+        "Cc: bob@xn--strae-oqa.example",
+        "Reply-To: Desk <desk@xn--bcher-kva.example>",
+    ] {
+        assert!(head.contains(header), "{header} in {head}");
+    }
+    app.stop().await;
+}
+
 /// A 3xx to the content (a server out of step: `354` once more) is no acceptance: lettre reads it
 /// as positive, but only a 2xx says the message was taken. `ambiguous`, `unexpected_reply`: an
 /// at_least_once message is retried, an at_most_once one is `unconfirmed`. It was `permanent`, a
@@ -1509,6 +1549,7 @@ both_backends!(
     smtp_the_queue_id_of_a_250_is_the_provider_message_id,
     smtp_a_3xx_to_the_content_is_ambiguous,
     smtp_a_non_ascii_address_needs_smtputf8,
+    smtp_an_internationalized_domain_goes_in_its_ascii_form,
     smtp_a_recipient_refused_at_rcpt_is_listed_masked_and_the_others_get_the_message,
     smtp_all_recipients_refused_is_decided_by_their_codes,
     smtp_every_reply_code_is_classified,
