@@ -42,25 +42,32 @@ pub struct PurgedBatch {
 }
 
 /// One batch's body; `$lock` are the row-lock methods (PostgreSQL) or nothing (SQLite, behind
-/// its writer lock).
+/// its writer lock). Evaluates to the batch and the ordering keys (key, destination) of the
+/// messages it deleted.
 macro_rules! purge_messages {
     ($conn:expr, $schema:ident, $which:expr, $before:expr, $limit:expr $(, $lock:ident)*) => {{
         use diesel::prelude::*;
         use diesel::sql_types::Bool;
         use crate::storage::$schema::{herald_attempts as a, herald_fanouts as f, herald_outbox as o,
             herald_receipts as r};
-        let victims: Vec<(i64, String)> = o::table
+        let victims: Vec<(i64, String, Option<String>, String)> = o::table
             .filter(diesel::dsl::sql::<Bool>($which.predicate()))
             .filter(o::updated_at.lt($before))
-            .select((o::id, o::event_id))
+            .select((o::id, o::event_id, o::ordering_key, o::destination))
             .order((o::updated_at, o::id))
             .limit($limit)
             $(.$lock())*
             .load($conn)?;
         if victims.is_empty() {
-            return Ok(PurgedBatch::default());
+            return Ok((PurgedBatch::default(), Vec::new()));
         }
         let ids: Vec<i64> = victims.iter().map(|v| v.0).collect();
+        let mut keys: Vec<(String, String)> = victims
+            .iter()
+            .filter_map(|v| Some((v.2.clone()?, v.3.clone())))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
         let event_ids: Vec<&str> = victims.iter().map(|v| v.1.as_str()).collect();
         let receipts = diesel::delete(r::table.filter(r::message_id.eq_any(&ids))).execute($conn)?;
         let attempts = diesel::delete(a::table.filter(a::message_id.eq_any(&ids))).execute($conn)?;
@@ -72,7 +79,7 @@ macro_rules! purge_messages {
                 .filter(diesel::dsl::sql::<Bool>($which.predicate())),
         )
         .execute($conn)?;
-        Ok(PurgedBatch { messages, attempts, receipts, fanouts })
+        Ok((PurgedBatch { messages, attempts, receipts, fanouts }, keys))
     }};
 }
 
@@ -112,6 +119,8 @@ pub mod pg {
     use super::*;
     type Conn = diesel::pg::PgConnection;
 
+    /// A batch, and the insert-lock rows (`herald_ordering_locks`) of its messages' keys that
+    /// no message is left in.
     pub fn purge_messages(
         conn: &mut Conn,
         which: Finished,
@@ -119,6 +128,17 @@ pub mod pg {
         limit: i64,
     ) -> diesel::QueryResult<PurgedBatch> {
         crate::storage::sql::pg_keep_to_indexes(conn)?;
+        let (batch, keys) = batch(conn, which, before, limit)?;
+        forget_keys(conn, &keys)?;
+        Ok(batch)
+    }
+
+    fn batch(
+        conn: &mut Conn,
+        which: Finished,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> diesel::QueryResult<(PurgedBatch, Vec<(String, String)>)> {
         purge_messages!(
             conn,
             schema_pg,
@@ -128,6 +148,53 @@ pub mod pg {
             for_update,
             skip_locked
         )
+    }
+
+    /// Deletes the insert-lock rows of `keys` (ordering key, destination) whose key has no
+    /// message left. First the rows are taken without waiting (an insert into the key holds its
+    /// row until it commits: that key is left alone); then, in a statement of its own (a fresh
+    /// snapshot), those whose key has no message are deleted. So a message committed before
+    /// the row was taken is seen and keeps it, and an insert after that waits for this
+    /// transaction and then writes the row anew.
+    fn forget_keys(conn: &mut Conn, keys: &[(String, String)]) -> diesel::QueryResult<usize> {
+        use diesel::RunQueryDsl;
+        use diesel::sql_types::{Array, Text};
+        #[derive(diesel::QueryableByName)]
+        struct Key {
+            #[diesel(sql_type = Text)]
+            ordering_key: String,
+            #[diesel(sql_type = Text)]
+            destination: String,
+        }
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let (k, d): (Vec<&str>, Vec<&str>) =
+            keys.iter().map(|(k, d)| (k.as_str(), d.as_str())).unzip();
+        let taken: Vec<Key> = diesel::sql_query(
+            "SELECT l.ordering_key, l.destination FROM herald_ordering_locks AS l \
+             WHERE (l.ordering_key, l.destination) IN (SELECT * FROM unnest($1::text[], $2::text[])) \
+             FOR UPDATE SKIP LOCKED",
+        )
+        .bind::<Array<Text>, _>(&k)
+        .bind::<Array<Text>, _>(&d)
+        .load(conn)?;
+        if taken.is_empty() {
+            return Ok(0);
+        }
+        let (k, d): (Vec<String>, Vec<String>) = taken
+            .into_iter()
+            .map(|t| (t.ordering_key, t.destination))
+            .unzip();
+        diesel::sql_query(
+            "DELETE FROM herald_ordering_locks AS l \
+             WHERE (l.ordering_key, l.destination) IN (SELECT * FROM unnest($1::text[], $2::text[])) \
+               AND NOT EXISTS (SELECT 1 FROM herald_outbox AS o \
+                   WHERE o.ordering_key = l.ordering_key AND o.destination = l.destination)",
+        )
+        .bind::<Array<Text>, _>(&k)
+        .bind::<Array<Text>, _>(&d)
+        .execute(conn)
     }
 
     pub fn purge_unmatched_receipts(
@@ -164,6 +231,16 @@ pub mod sqlite {
         before: DateTime<Utc>,
         limit: i64,
     ) -> diesel::QueryResult<PurgedBatch> {
+        batch(conn, which, before, limit).map(|(batch, _)| batch)
+    }
+
+    /// SQLite keeps no insert-lock rows (one writer at a time): the keys go unused.
+    fn batch(
+        conn: &mut Conn,
+        which: Finished,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> diesel::QueryResult<(PurgedBatch, Vec<(String, String)>)> {
         purge_messages!(conn, schema_sqlite, which, before, limit)
     }
 

@@ -51,6 +51,13 @@ diesel::table! {
 }
 
 diesel::table! {
+    herald_ordering_locks (ordering_key, destination) {
+        ordering_key -> Text,
+        destination -> Text,
+    }
+}
+
+diesel::table! {
     herald_outbox (id) {
         id -> Int8,
         event_id -> Text,
@@ -162,6 +169,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     herald_endpoints,
     herald_fanouts,
     herald_listeners,
+    herald_ordering_locks,
     herald_outbox,
     herald_receipt_queue,
     herald_receipts,

@@ -1188,16 +1188,16 @@ pub enum Heads<'a> {
 }
 
 /// The keyed messages of `ids` whose key another transaction is inserting into right now (it
-/// holds the key's insert lock, taken by the `herald_outbox_ordering` trigger): takes the lock of
-/// every other key, without waiting, until this transaction ends.
+/// holds the key's row in `herald_ordering_locks`, locked by the `herald_outbox_ordering`
+/// trigger): takes the row of every other key, without waiting, until this transaction ends.
 ///
 /// Why: an insert into a key whose head is still open (in flight) makes the new message wait,
 /// and the head's outcome releases it. An outcome committed while that insert was still
 /// uncommitted cannot see the new message, and the insert saw the head still open: nobody would
-/// release it before the periodic pass. With the lock held, a later insert waits for this
-/// transaction and then sees the head done; where the lock was busy, the caller releases the
+/// release it before the periodic pass. With the row held, a later insert waits for this
+/// transaction and then sees the head done; where the row was busy, the caller releases the
 /// key again once it is free ([`crate::storage::Db::release_rechecked`]). Never waiting for
-/// the lock means never deadlocking with an application's transaction that inserts into
+/// the row means never deadlocking with an application's transaction that inserts into
 /// several keys.
 pub fn pg_busy_keys(
     conn: &mut diesel::pg::PgConnection,
@@ -1208,15 +1208,24 @@ pub fn pg_busy_keys(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    // The rows asked about first (MATERIALIZED): in one WHERE clause the planner may order the
-    // lock call before `id = ANY(…)` and take the lock of every keyed row it scans.
+    // Every key's row read whole before the answer (MATERIALIZED, and a join): each one is
+    // locked or found busy. A key's row is committed with its first message, so the keys of
+    // `ids` (committed messages) have theirs; one missing (none is known to go missing) is taken
+    // for free rather than waited for.
     let rows: Vec<IdRow> = super::prepared::cached(
         "WITH k AS MATERIALIZED ( \
              SELECT o.id, o.destination, o.ordering_key FROM herald_outbox AS o \
-             WHERE o.id = ANY($1::bigint[]) AND o.ordering_key IS NOT NULL) \
+             WHERE o.id = ANY($1::bigint[]) AND o.ordering_key IS NOT NULL), \
+         free AS MATERIALIZED ( \
+             SELECT l.ordering_key, l.destination FROM herald_ordering_locks AS l \
+             WHERE (l.ordering_key, l.destination) IN (SELECT ordering_key, destination FROM k) \
+             FOR NO KEY UPDATE SKIP LOCKED) \
          SELECT k.id FROM k \
-         WHERE NOT pg_try_advisory_xact_lock(1751477356, \
-                   hashtext(k.destination || chr(10) || k.ordering_key))",
+         JOIN herald_ordering_locks AS l \
+             ON l.ordering_key = k.ordering_key AND l.destination = k.destination \
+         LEFT JOIN free AS f \
+             ON f.ordering_key = k.ordering_key AND f.destination = k.destination \
+         WHERE f.ordering_key IS NULL",
     )
     .bind::<Array<BigInt>, _>(ids)
     .load(conn)?;
@@ -1229,8 +1238,9 @@ pub fn pg_busy_keys(
 /// other's commit, saw nothing, and both wrote. Only there: one event id per transaction. The
 /// Rust library and plain SQL run in the application's transaction, which may write thousands
 /// of messages, and each lock held to the commit takes a slot of PostgreSQL's shared lock table
-/// (`max_locks_per_transaction` × connections): "out of shared memory". A different class from
-/// the ordering keys' (`1751477356`).
+/// (`max_locks_per_transaction` × connections): "out of shared memory" (why the ordering keys'
+/// insert lock is a row of `herald_ordering_locks`, not an advisory lock, since migration
+/// 000018).
 pub const EVENT_ID_LOCK_CLASS: i32 = 1751477357;
 
 /// Waits for, then holds until the transaction ends, the lock of `event_id` (see
