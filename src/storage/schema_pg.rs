@@ -54,6 +54,7 @@ diesel::table! {
     herald_ordering_locks (ordering_key, destination) {
         ordering_key -> Text,
         destination -> Text,
+        locked_by -> Nullable<Int8>,
     }
 }
 

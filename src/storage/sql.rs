@@ -1210,8 +1210,10 @@ pub fn pg_busy_keys(
     }
     // Every key's row read whole before the answer (MATERIALIZED, and a join): each one is
     // locked or found busy. A key's row is committed with its first message, so the keys of
-    // `ids` (committed messages) have theirs; one missing (none is known to go missing) is taken
-    // for free rather than waited for.
+    // `ids` (committed messages) have theirs, unless a message was written past the trigger
+    // (triggers disabled: `session_replication_role = replica`, a restore with
+    // `--disable-triggers`; or an UPDATE of its key or destination). Such a key is taken for
+    // free, never waited for: its next insert writes the row.
     let rows: Vec<IdRow> = super::prepared::cached(
         "WITH k AS MATERIALIZED ( \
              SELECT o.id, o.destination, o.ordering_key FROM herald_outbox AS o \

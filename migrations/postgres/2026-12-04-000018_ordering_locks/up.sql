@@ -11,16 +11,26 @@
 -- An outcome that ends a key's head takes the same row without waiting (`FOR NO KEY UPDATE SKIP
 -- LOCKED`) to find keys an uncommitted insert is writing to. Retention deletes the row of a key
 -- whose messages were all purged.
+--   locked_by  the transaction (pg_current_xact_id) that last locked the row: a transaction
+--              that finds its own id here holds the lock already. A 64-bit id, unlike xmin (32
+--              bits, so a row untouched for 2^32 transactions could match by accident), and
+--              left as it is by a subtransaction's rollback along with the lock.
+-- Its only update sets locked_by, no key column: a HOT update, which the fill factor leaves
+-- room for.
 CREATE TABLE herald_ordering_locks (
     ordering_key  TEXT NOT NULL,
     destination   TEXT NOT NULL,
+    locked_by     BIGINT,
     PRIMARY KEY (ordering_key, destination)
-);
+) WITH (fillfactor = 70);
+-- No insert while the rows are written and the trigger replaced (until this migration commits):
+-- a key first inserted meanwhile under the old trigger would have no row.
+LOCK TABLE herald_outbox IN SHARE MODE;
 INSERT INTO herald_ordering_locks (ordering_key, destination)
     SELECT DISTINCT ordering_key, destination FROM herald_outbox WHERE ordering_key IS NOT NULL;
 
--- The lock first (unless this transaction already holds it: the row's version is its own, so a
--- bulk insert into one key writes one version, not one per message), then the place, read after
+-- The lock first (unless this transaction already holds it, so a bulk insert into one key writes
+-- one version of the row, not one per message), then the place, read after
 -- the lock (a statement of its own, so under READ COMMITTED it sees what the transaction it
 -- waited for committed). The place is the key's last one plus one, read as ORDER BY … DESC
 -- LIMIT 1, a walk of herald_outbox_ordering that stops at its first entry: as max() the plan
@@ -31,21 +41,25 @@ INSERT INTO herald_ordering_locks (ordering_key, destination)
 -- scan of every row inserted so far (10,000 rows in one statement: over 1,000 keys 13 s, into
 -- one key 22 s). Under REPEATABLE READ or SERIALIZABLE a second transaction that waited
 -- fails with a serialization failure (SQLSTATE 40001): retry it.
+-- SECURITY DEFINER: an application role needs only INSERT on herald_outbox (as for fan-outs);
+-- the lookups below needed SELECT on it before, and the lock rows are Herald's own.
 CREATE OR REPLACE FUNCTION herald_outbox_ordering() RETURNS trigger LANGUAGE plpgsql
-SET enable_seqscan = off AS $$
+SECURITY DEFINER SET search_path FROM CURRENT SET enable_seqscan = off AS $$
 DECLARE
     v_open BIGINT;
+    v_xact BIGINT := pg_current_xact_id()::text::bigint;
 BEGIN
     PERFORM 1 FROM herald_ordering_locks
     WHERE ordering_key = NEW.ordering_key AND destination = NEW.destination
-      AND xmin = pg_current_xact_id()::xid;
+      AND locked_by = v_xact;
     IF NOT FOUND THEN
-        INSERT INTO herald_ordering_locks AS l (ordering_key, destination)
-        VALUES (NEW.ordering_key, NEW.destination)
-        ON CONFLICT (ordering_key, destination) DO UPDATE SET ordering_key = l.ordering_key;
+        INSERT INTO herald_ordering_locks (ordering_key, destination, locked_by)
+        VALUES (NEW.ordering_key, NEW.destination, v_xact)
+        ON CONFLICT (ordering_key, destination) DO UPDATE SET locked_by = EXCLUDED.locked_by;
     END IF;
     SELECT COALESCE((SELECT h.ordering_seq FROM herald_outbox h
                      WHERE h.ordering_key = NEW.ordering_key AND h.destination = NEW.destination
+                       AND h.ordering_seq IS NOT NULL
                      ORDER BY h.ordering_seq DESC LIMIT 1), 0) + 1
     INTO NEW.ordering_seq;
     IF NEW.state = 'scheduled' THEN
