@@ -456,29 +456,7 @@ async fn concurrent_transactions_on_one_key_deliver_in_commit_order() {
         let mut c = PgConnection::establish(&url).unwrap();
         c.batch_execute(&format!("BEGIN; {sql}; COMMIT;")).unwrap();
     });
-    let mut watcher = PgConnection::establish(&app.test_db.url).unwrap();
-    #[derive(diesel::QueryableByName)]
-    struct Waiting {
-        #[diesel(sql_type = diesel::sql_types::BigInt)]
-        n: i64,
-    }
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let w: Waiting = diesel::sql_query(
-            "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-             AND datname = current_database()",
-        )
-        .get_result(&mut watcher)
-        .unwrap();
-        if w.n == 1 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the second insert never waited"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_lock_waiters(&app, 1).await;
     assert_eq!(
         app.run_until_idle().await,
         0,
@@ -494,6 +472,86 @@ async fn concurrent_transactions_on_one_key_deliver_in_commit_order() {
     let (t1, t2) = (app.row("t1.1"), app.row("t2.2"));
     assert_eq!((t1.ordering_seq, t2.ordering_seq), (Some(1), Some(2)));
     app.stop().await;
+}
+
+/// PostgreSQL, `REPEATABLE READ`: a second transaction inserting into a key while the first is
+/// still open waits, and when the first commits it fails with a serialization failure (SQLSTATE
+/// 40001, which a client retries), both for a key's first message and for a key that has some.
+/// It never takes a place out of order. (It was a unique violation on `herald_outbox_ordering`
+/// with the advisory lock.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_repeatable_read_a_concurrent_insert_into_a_key_fails_with_40001() {
+    let app = crate::support::spawn_app(Backend::Postgres).await;
+    let insert = |id: &str| {
+        format!(
+            "INSERT INTO herald_outbox (event_id, channel, destination, payload, ordering_key) \
+             VALUES ('{id}', 'webhook', 'https://rr.example/h', '{{\"body\": {{}}}}', 'k');"
+        )
+    };
+    for (first, second) in [("a.1", "b.1"), ("a.2", "b.2")] {
+        let mut open = PgConnection::establish(&app.test_db.url).unwrap();
+        open.batch_execute(&format!(
+            "BEGIN ISOLATION LEVEL REPEATABLE READ; {}",
+            insert(first)
+        ))
+        .unwrap();
+        let url = app.test_db.url.clone();
+        let sql = insert(second);
+        let waiting = std::thread::spawn(move || {
+            let mut c = PgConnection::establish(&url).unwrap();
+            let r = c.batch_execute(&format!(
+                "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1; {sql} COMMIT;"
+            ));
+            c.batch_execute("ROLLBACK;").unwrap();
+            r
+        });
+        until_lock_waiters(&app, 1).await;
+        open.batch_execute("COMMIT;").unwrap();
+        let r = tokio::task::spawn_blocking(move || waiting.join().unwrap())
+            .await
+            .unwrap();
+        match r {
+            Err(diesel::result::Error::DatabaseError(kind, info)) => assert_eq!(
+                (format!("{kind:?}"), info.message()),
+                (
+                    "SerializationFailure".to_owned(),
+                    "could not serialize access due to concurrent update"
+                ),
+                "{second}"
+            ),
+            other => panic!("{second}: {other:?}"),
+        }
+    }
+    assert_eq!(
+        (app.row("a.1").ordering_seq, app.row("a.2").ordering_seq),
+        (Some(1), Some(2))
+    );
+    assert!(app.db.find_by_event_id("b.1").unwrap().is_none());
+    app.stop().await;
+}
+
+/// Until `n` backends of this test's database wait for a lock.
+async fn until_lock_waiters(app: &TestApp, n: i64) {
+    #[derive(diesel::QueryableByName)]
+    struct Waiting {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let mut watcher = PgConnection::establish(&app.test_db.url).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let w: Waiting = diesel::sql_query(
+            "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+             AND datname = current_database()",
+        )
+        .get_result(&mut watcher)
+        .unwrap();
+        if w.n == n {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "no insert waited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// PostgreSQL, key `k` to `url`: `head` enqueued and committed, then `next` enqueued in a
