@@ -39,6 +39,33 @@ async fn post(app: &TestApp, body: Value) {
     assert_eq!(r.status(), 201, "{body}: {}", r.text().await.unwrap());
 }
 
+/// `POST /v1/messages/{id}/replay`, answered 200.
+async fn replay(app: &TestApp, id: &str) {
+    let r = app
+        .http
+        .post(format!("{}/v1/messages/{id}/replay", app.base))
+        .json(&json!({"reason": "receiver fixed"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{id}: {}", r.text().await.unwrap());
+}
+
+/// `{p}.1` (skip policy) dead-lettered by a 400 and `{p}.2` retrying after a 503, both of key
+/// `k` to `url` (whose path the receiver answers so).
+async fn dead_head_and_retrying_next(app: &TestApp, url: &str, p: &str) {
+    let (head, next) = (format!("{p}.1"), format!("{p}.2"));
+    post(
+        app,
+        keyed(&head, url, "k", json!({"ordering_policy": "skip"})),
+    )
+    .await;
+    post(app, keyed(&next, url, "k", json!({}))).await;
+    app.run_until_idle().await;
+    assert_eq!(app.row(&head).state.as_str(), "dead_letter");
+    assert_eq!(app.row(&next).state.as_str(), "retryable");
+}
+
 /// The event id of a request (`webhook-id`).
 fn id_of(r: &Recorded) -> String {
     r.header("webhook-id").unwrap_or_default().to_owned()
@@ -218,14 +245,7 @@ async fn a_dead_head_blocks_only_its_key_until_replayed(backend: Backend) {
     app.herald.sender.sweep_leases().await.unwrap();
     assert_eq!(app.run_until_idle().await, 0);
     // A replay releases it: the head goes again, then the rest, in order.
-    let r = app
-        .http
-        .post(format!("{}/v1/messages/a.1/replay", app.base))
-        .json(&json!({"reason": "receiver fixed"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    replay(&app, "a.1").await;
     app.run_until_idle().await;
     assert_eq!(ids("/a"), ["a.1", "a.1", "a.2", "a.3"]);
     for id in ["a.1", "a.2", "a.3"] {
@@ -361,14 +381,7 @@ async fn an_explicit_skip_or_a_cancel_releases_a_blocked_key(backend: Backend) {
     assert_eq!(keyed, ["x.1", "x.2", "x.3"]);
     assert_eq!(app.row("x.3").state.as_str(), "delivered");
     // A skipped head can still be replayed: it goes again (its key has nothing open).
-    let r = app
-        .http
-        .post(format!("{}/v1/messages/x.1/replay", app.base))
-        .json(&json!({"reason": "send it after all"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    replay(&app, "x.1").await;
     app.run_until_idle().await;
     assert_eq!(app.row("x.1").state.as_str(), "delivered");
     app.stop().await;
@@ -907,23 +920,8 @@ async fn a_replayed_head_goes_before_a_later_message_waiting_for_its_retry(backe
     let rx = Receiver::start().await;
     let a = rx.url_for("/a");
     rx.script_path("/a", [Reply::Status(400), Reply::Status(503)]);
-    post(
-        &app,
-        keyed("r.1", &a, "k", json!({"ordering_policy": "skip"})),
-    )
-    .await;
-    post(&app, keyed("r.2", &a, "k", json!({}))).await;
-    app.run_until_idle().await;
-    assert_eq!(app.row("r.1").state.as_str(), "dead_letter");
-    assert_eq!(app.row("r.2").state.as_str(), "retryable");
-    let r = app
-        .http
-        .post(format!("{}/v1/messages/r.1/replay", app.base))
-        .json(&json!({"reason": "receiver fixed"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    dead_head_and_retrying_next(&app, &a, "r").await;
+    replay(&app, "r.1").await;
     // Due now, without a periodic release: sent at once.
     assert_eq!(app.run_until_idle().await, 1);
     assert_eq!(app.row("r.1").state.as_str(), "delivered");
@@ -964,14 +962,7 @@ async fn a_replayed_head_waits_for_a_later_message_in_flight(backend: Backend) {
     let in_flight = app.herald.sender.claim(10).await.unwrap();
     assert_eq!(in_flight.len(), 1);
     assert_eq!(in_flight[0].event_id, "f.2");
-    let r = app
-        .http
-        .post(format!("{}/v1/messages/f.1/replay", app.base))
-        .json(&json!({"reason": "receiver fixed"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    replay(&app, "f.1").await;
     // The periodic release, then a claim: f.1 still waits, f.2 alone is in flight.
     app.herald.sender.release_waiting().await.unwrap();
     let claimed = app.herald.sender.claim(10).await.unwrap();
@@ -1005,15 +996,7 @@ async fn a_replay_waits_for_a_claim_of_its_key_in_progress() {
     let rx = Receiver::start().await;
     let a = rx.url_for("/a");
     rx.script_path("/a", [Reply::Status(400), Reply::Status(503)]);
-    post(
-        &app,
-        keyed("c.1", &a, "k", json!({"ordering_policy": "skip"})),
-    )
-    .await;
-    post(&app, keyed("c.2", &a, "k", json!({}))).await;
-    app.run_until_idle().await;
-    assert_eq!(app.row("c.1").state.as_str(), "dead_letter");
-    assert_eq!(app.row("c.2").state.as_str(), "retryable");
+    dead_head_and_retrying_next(&app, &a, "c").await;
     let id = app.row("c.2").id;
     let mut claim = PgConnection::establish(&app.test_db.url).unwrap();
     claim
@@ -1021,14 +1004,7 @@ async fn a_replay_waits_for_a_claim_of_its_key_in_progress() {
             "BEGIN; SELECT id FROM herald_outbox WHERE id = {id} FOR UPDATE"
         ))
         .unwrap();
-    let r = app
-        .http
-        .post(format!("{}/v1/messages/c.1/replay", app.base))
-        .json(&json!({"reason": "receiver fixed"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    replay(&app, "c.1").await;
     assert_eq!(app.row("c.1").next_attempt_at, None, "c.1 waits");
     claim.batch_execute("ROLLBACK").unwrap();
     app.herald.sender.release_waiting().await.unwrap();
