@@ -139,6 +139,8 @@ impl NewMessage {
         let event_id = EventId::parse(&self.event_id)
             .map_err(|e| errors.push(e))
             .ok();
+        // Parsed once here, and used again for the request fingerprint below.
+        let mut webhook_payload = None;
         match self.channel {
             Channel::Webhook => {
                 match webhook::WebhookTarget::parse(&self.destination) {
@@ -169,8 +171,9 @@ impl NewMessage {
                     Ok(webhook::WebhookTarget::Type(_)) => {}
                     Err(e) => errors.push(e),
                 }
-                if let Err(e) = webhook::WebhookPayload::parse(&self.payload) {
-                    errors.push(e);
+                match webhook::WebhookPayload::parse(&self.payload) {
+                    Ok(p) => webhook_payload = Some(p),
+                    Err(e) => errors.push(e),
                 }
             }
             Channel::Email => {
@@ -193,9 +196,9 @@ impl NewMessage {
         if let Some(path) = nul_path(&self.payload, "payload") {
             errors.push(InvalidField::new(path, "must not contain a NUL character"));
         }
-        let size = serde_json::to_vec(&self.payload)
-            .map(|v| v.len())
-            .unwrap_or(usize::MAX);
+        // An email's request bytes for its fingerprint are this very serialization.
+        let json = serde_json::to_vec(&self.payload).ok();
+        let size = json.as_ref().map_or(usize::MAX, Vec::len);
         if size > limits.max_payload_bytes {
             errors.push(InvalidField::new(
                 "payload",
@@ -230,12 +233,13 @@ impl NewMessage {
         let Some(event_id) = event_id.filter(|_| errors.is_empty()) else {
             return Err(errors);
         };
-        let fingerprint = fingerprint_of(
-            self.channel,
-            &self.destination,
-            event_id.as_str(),
-            &self.payload,
-        );
+        let request = match (self.channel, webhook_payload) {
+            (Channel::Webhook, Some(p)) => Some(RequestBytes::of_webhook(p)),
+            (Channel::Email, _) => json.map(RequestBytes::of_email),
+            (Channel::Webhook, None) => None,
+        };
+        let fingerprint =
+            request.map(|r| r.fingerprint(self.channel, &self.destination, event_id.as_str()));
         Ok(NewOutboxRow {
             event_id: event_id.as_str().to_owned(),
             channel: self.channel,
@@ -390,14 +394,26 @@ pub struct RequestBytes {
 impl RequestBytes {
     /// `None` when the payload does not parse.
     pub fn of(channel: Channel, payload: &Value) -> Option<Self> {
-        let (body, headers) = match channel {
-            Channel::Webhook => {
-                let p = webhook::WebhookPayload::parse(payload).ok()?;
-                (p.body_bytes(), p.headers)
-            }
-            Channel::Email => (serde_json::to_vec(payload).ok()?, Vec::new()),
-        };
-        Some(Self { body, headers })
+        Some(match channel {
+            Channel::Webhook => Self::of_webhook(webhook::WebhookPayload::parse(payload).ok()?),
+            Channel::Email => Self::of_email(serde_json::to_vec(payload).ok()?),
+        })
+    }
+
+    /// A webhook's: its body serialized, and its own headers.
+    pub fn of_webhook(p: webhook::WebhookPayload<'_>) -> Self {
+        Self {
+            body: p.body_bytes(),
+            headers: p.headers,
+        }
+    }
+
+    /// An email's: its payload serialized as JSON (`json`).
+    pub fn of_email(json: Vec<u8>) -> Self {
+        Self {
+            body: json,
+            headers: Vec::new(),
+        }
     }
 
     pub fn fingerprint(&self, channel: Channel, destination: &str, event_id: &str) -> Fingerprint {
@@ -696,6 +712,33 @@ mod tests {
         );
         assert_eq!(row.semantics, "at_least_once");
         assert_eq!(row.request_fingerprint.as_deref().map(str::len), Some(64));
+    }
+
+    /// The fingerprint written at enqueue is the one computed again from the stored row (the
+    /// sender's, support's), for both channels: enqueue reuses the payload it parsed and
+    /// serialized while validating.
+    #[test]
+    fn the_enqueue_fingerprint_is_the_stored_rows() {
+        let webhook = NewMessage::webhook(
+            "w-1",
+            "https://example.com/h",
+            json!({"b": "é", "a": [1, 2.5, null]}),
+        );
+        let mut with_headers = webhook.clone();
+        with_headers.event_id = "w-2".into();
+        with_headers.payload = json!({"body": {"z": 1, "a": 2}, "headers": {"X-Tenant": "t1"}});
+        let email = NewMessage::email("m-1", "ada@example.com", "Hi", "Hello");
+        for m in [webhook, with_headers, email] {
+            let row = m.prepare(&Limits::default(), now()).unwrap();
+            let again =
+                fingerprint_of(row.channel, &row.destination, &row.event_id, &row.payload).unwrap();
+            assert_eq!(
+                row.request_fingerprint.as_deref(),
+                Some(again.as_str()),
+                "{}",
+                row.event_id
+            );
+        }
     }
 
     #[test]
