@@ -114,6 +114,12 @@ per_backend! {
             .map(|r| r.id)
             .collect();
         rows.retain(|r| r.state == State::Sending);
+        // Each keyed row still its key's head, seen after the claim (`sql::claimed_not_heads`);
+        // else the whole claim is undone, and `Db::claim` makes it again.
+        let keyed: Vec<i64> = rows.iter().filter(|r| r.ordering_key.is_some()).map(|r| r.id).collect();
+        if !sql::claimed_not_heads(conn, &keyed)?.is_empty() {
+            return Err(diesel::result::Error::RollbackTransaction);
+        }
         // An expired head no longer holds its key.
         q::release_heads(conn, &expired)?;
         let expired = claimed - rows.len();
@@ -267,6 +273,9 @@ per_backend! {
     }
 }
 
+/// How many times [`Db::claim`] makes a claim that a replay undid.
+const CLAIM_TRIES: usize = 5;
+
 impl Db {
     pub fn insert_message(&self, m: &NewOutboxRow) -> Result<Option<i64>, StorageError> {
         crate::storage::db_run! { self, write |c, q| Ok(q::insert_message(c, m)?) }
@@ -306,7 +315,19 @@ impl Db {
         policy_version: &str,
     ) -> Result<(Vec<OutboxRow>, usize), StorageError> {
         let limit = i64::from(limit);
-        crate::storage::db_run! { self, write |c, q| Ok(q::claim(c, &now, limit, owner, lease, policy_version)?) }
+        // A claim undone because a replay committed under it (`q::claim`) is made again at once,
+        // on a fresh snapshot; each try needs another replay of the same key to commit in that
+        // instant, so a few tries are plenty. After the last, nothing is claimed this time.
+        for _ in 0..CLAIM_TRIES {
+            let claimed = crate::storage::db_run! { self, write |c, q| Ok(q::claim(c, &now, limit, owner, lease, policy_version)?) };
+            match claimed {
+                Err(StorageError::Query(diesel::result::Error::RollbackTransaction)) => {
+                    tracing::debug!("claim undone: a replay of a key it took committed under it");
+                }
+                r => return r,
+            }
+        }
+        Ok((Vec::new(), 0))
     }
 
     /// The outcome transaction (see the per-backend body): what each outcome did, and the ended

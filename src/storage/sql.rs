@@ -976,6 +976,7 @@ pub fn sqlite_scheduled_at(m: &NewOutboxRow) -> Option<DateTime<Utc>> {
 /// The PostgreSQL arm of each backend-specific query.
 pub mod pg {
     pub use super::pg_busy_keys as busy_keys;
+    pub use super::pg_claimed_not_heads as claimed_not_heads;
     pub use super::pg_insert_attempts as insert_attempts;
     pub use super::pg_insert_receipts_returning as insert_receipts_returning;
     pub use super::pg_keep_to_indexes as keep_to_indexes;
@@ -999,6 +1000,7 @@ pub mod sqlite {
     use diesel::prelude::*;
 
     pub use super::sqlite_busy_keys as busy_keys;
+    pub use super::sqlite_claimed_not_heads as claimed_not_heads;
     pub use super::sqlite_insert_attempts as insert_attempts;
     pub use super::sqlite_insert_receipts_returning as insert_receipts_returning;
     pub use super::sqlite_keep_to_indexes as keep_to_indexes;
@@ -1163,6 +1165,43 @@ SELECT (SELECT count(*) FROM open) > (SELECT count(*) FROM free) AS busy",
     .bind::<BigInt, _>(except)
     .get_result(conn)?;
     Ok(row.busy)
+}
+
+/// The keyed rows of `ids`, just claimed in this transaction, that are not their key's head as
+/// a statement of its own sees it ([`key_head!`] again, on a fresh snapshot). The claim's
+/// statement judges heads by its own snapshot, and a replay of an earlier (dead, skipped) message
+/// of the key may commit after that snapshot was taken but before the claim reached the key's
+/// next message: the replay could not see a claim that held no row yet, the claim saw the
+/// replayed message still skipped, and both went in flight. This statement starts after the claim
+/// took its rows, so it sees any replay that the claim's locks did not keep waiting; a row it
+/// returns means the claim is rolled back and made again ([`crate::storage::Db::claim`]).
+pub const PG_CLAIMED_NOT_HEADS_SQL: &str = concat!(
+    "SELECT c.id FROM herald_outbox AS c WHERE c.id = ANY($1::bigint[]) AND NOT ",
+    key_head!()
+);
+
+/// See [`PG_CLAIMED_NOT_HEADS_SQL`].
+pub fn pg_claimed_not_heads(
+    conn: &mut diesel::pg::PgConnection,
+    ids: &[i64],
+) -> diesel::QueryResult<Vec<i64>> {
+    use diesel::RunQueryDsl;
+    use diesel::sql_types::Array;
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows: Vec<IdRow> = super::prepared::cached(PG_CLAIMED_NOT_HEADS_SQL)
+        .bind::<Array<BigInt>, _>(ids)
+        .load(conn)?;
+    Ok(rows.into_iter().map(|r| r.id).collect())
+}
+
+/// SQLite: the claim runs behind the writer lock, so its statement sees every commit before it.
+pub fn sqlite_claimed_not_heads(
+    _conn: &mut diesel::sqlite::SqliteConnection,
+    _ids: &[i64],
+) -> diesel::QueryResult<Vec<i64>> {
+    Ok(Vec::new())
 }
 
 /// SQLite: every write runs behind the writer lock; nothing else holds a row.

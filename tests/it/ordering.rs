@@ -1013,6 +1013,79 @@ async fn a_replay_waits_for_a_claim_of_its_key_in_progress() {
     app.stop().await;
 }
 
+/// A claim whose statement took its snapshot before a replay committed, and reached the key's
+/// next message only after that commit, saw the replayed head still dead and skipped, took the
+/// next message as the key's head, and committed: the next claim took the replayed head too, and
+/// both were in flight. The replay could not see that claim (it held no row yet); the claim is
+/// what checks, in a statement of its own after the claim, that each keyed row it took is still
+/// its key's head, and claims again if not.
+///
+/// The claim is held at that point by a row-level security policy of a role of the test's own,
+/// whose check on the next message waits for an advisory lock the test holds (Herald's own role
+/// is a superuser here, which row-level security leaves alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_older_than_a_replay_does_not_put_two_of_a_key_in_flight() {
+    let app = crate::support::spawn_app(Backend::Postgres).await;
+    let rx = Receiver::start().await;
+    let a = rx.url_for("/a");
+    rx.script_path("/a", [Reply::Status(400), Reply::Status(503)]);
+    dead_head_and_retrying_next(&app, &a, "s").await;
+    // s.2's retry is due.
+    app.advance(Duration::from_secs(3600));
+    let next = app.row("s.2").id;
+    let db_name = app.test_db.url.rsplit('/').next().unwrap().to_owned();
+    let role = format!("claim_{db_name}");
+    app.raw_sql(&format!(
+        "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN; \
+         GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}; \
+         GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}; \
+         CREATE FUNCTION held_at_next(id bigint) RETURNS boolean LANGUAGE plpgsql AS $$ \
+         BEGIN \
+           IF id = {next} THEN \
+             PERFORM pg_advisory_lock_shared(4242); PERFORM pg_advisory_unlock_shared(4242); \
+           END IF; \
+           RETURN true; \
+         END $$; \
+         ALTER TABLE herald_outbox ENABLE ROW LEVEL SECURITY; \
+         CREATE POLICY held ON herald_outbox TO {role} USING (held_at_next(id)) WITH CHECK (true)"
+    ));
+    let mut gate = PgConnection::establish(&app.test_db.url).unwrap();
+    gate.batch_execute("SELECT pg_advisory_lock(4242)").unwrap();
+    let url = app
+        .test_db
+        .url
+        .replacen("://herald@", &format!("://{role}@"), 1);
+    assert_ne!(url, app.test_db.url, "the role's own URL");
+    let other = herald::storage::Db::connect(&url, &Default::default()).unwrap();
+    let now = herald::clock::Clock::storage_now(&*app.clock);
+    let claim = std::thread::spawn(move || {
+        other
+            .claim(now, 10, "other", Duration::from_secs(30), "v1")
+            .unwrap()
+    });
+    // The claim's statement has its snapshot and waits at s.2.
+    until_lock_waiters(&app, 1).await;
+    replay(&app, "s.1").await;
+    gate.batch_execute("SELECT pg_advisory_unlock(4242)")
+        .unwrap();
+    let (taken, _) = claim.join().unwrap();
+    let mine = app.herald.sender.claim(10).await.unwrap();
+    let in_flight = strings(
+        &app,
+        "SELECT event_id FROM herald_outbox WHERE ordering_key = 'k' AND state = 'sending' \
+         ORDER BY event_id",
+    );
+    assert_eq!(in_flight, ["s.1"], "taken by the old claim: {taken:?}");
+    assert_eq!(taken.len() + mine.len(), 1);
+    app.raw_sql(&format!(
+        "DROP POLICY held ON herald_outbox; ALTER TABLE herald_outbox DISABLE ROW LEVEL SECURITY; \
+         DROP FUNCTION held_at_next(bigint); \
+         REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {role}; \
+         REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM {role}; DROP ROLE {role}"
+    ));
+    app.stop().await;
+}
+
 /// Ordering keys are per destination, shared by every client that sends there: a `send` token
 /// whose message waits behind another client's dead head learns that it is blocked, not that
 /// head's event id (another client's messages are 404s to it); its own head it sees by id.
