@@ -416,7 +416,11 @@ impl SqliteDb {
 /// checkout (a round trip and a transaction each time); one that broke while idle (the database
 /// restarted, its backend was terminated) fails at `BEGIN` — before anything of `f` was sent —
 /// and is dropped by the pool as broken, and the next connection is tried (at most the pool's
-/// size, plus one, in all).
+/// size, plus one, in all). Always READ COMMITTED, whatever `default_transaction_isolation` the
+/// database or role sets: Herald's statements are written for it (each statement sees what
+/// committed before it — the claim's re-check of keyed heads, a replay's reads after its key's
+/// lock — and `SKIP LOCKED` claims, which a stricter level would turn into serialization
+/// failures).
 pub(crate) fn pg_transaction<T, E>(
     pool: &PgPool,
     f: impl FnOnce(&mut PgConnection) -> Result<T, E>,
@@ -429,10 +433,13 @@ where
     let mut tries = pool.max_size() as usize + 1;
     loop {
         let mut conn = pool.get().map_err(|e| E::from(StorageError::from(e)))?;
-        let r = diesel::Connection::transaction(&mut *conn, |c| match f.take() {
-            Some(f) => f(c),
-            None => Err(E::from(DieselError::BrokenTransactionManager)),
-        });
+        let r = conn
+            .build_transaction()
+            .read_committed()
+            .run(|c| match f.take() {
+                Some(f) => f(c),
+                None => Err(E::from(DieselError::BrokenTransactionManager)),
+            });
         match r {
             // `f` never ran: the BEGIN failed. Retry on another connection if this one is dead.
             Err(_) if f.is_some() && tries > 1 && conn.is_broken() => tries -= 1,

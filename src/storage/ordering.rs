@@ -115,7 +115,9 @@ per_backend! {
     /// else it is due now. Not when
     /// a later one is merely due or waiting for a retry: the claim takes a key's places in order,
     /// so that one waits for the replayed message anyway, and the replayed one waiting too held
-    /// the key still until the periodic release.
+    /// the key still until the periodic release. On PostgreSQL it first takes the key's insert
+    /// lock, so that it reads the key after any insert into it that was open, and before any
+    /// that comes next ([`sql::lock_key`]).
     pub fn rejoin(conn: &mut Conn, id: i64) -> QueryResult<()> {
         let Some(row) = o::table.filter(o::id.eq(id)).first::<OutboxRow>(conn).optional()? else {
             return Ok(());
@@ -123,6 +125,9 @@ per_backend! {
         let (Some(key), Some(seq)) = (row.ordering_key.as_deref(), row.ordering_seq) else {
             return Ok(());
         };
+        // First the key's insert lock, waiting for it (`sql::lock_key`); what follows reads the
+        // key in statements of their own, which see what the transaction waited for committed.
+        sql::lock_key(conn, key, &row.destination)?;
         let busy = sql::key_rows_busy(conn, key, &row.destination, id)?;
         let others = o::table
             .filter(o::ordering_key.eq(key))

@@ -327,6 +327,10 @@ impl Db {
                 r => return r,
             }
         }
+        tracing::warn!(
+            tries = CLAIM_TRIES,
+            "every claim was undone by a replay committing under it; nothing claimed this time"
+        );
         Ok((Vec::new(), 0))
     }
 

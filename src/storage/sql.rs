@@ -982,6 +982,7 @@ pub mod pg {
     pub use super::pg_keep_to_indexes as keep_to_indexes;
     pub use super::pg_key_rows_busy as key_rows_busy;
     pub use super::pg_lock_event_id as lock_event_id;
+    pub use super::pg_lock_key as lock_key;
     pub use super::pg_scheduled_at as scheduled_at;
     pub use super::{
         pg_claim_rows as claim_rows, pg_expired_leases as expired_leases, pg_now as now,
@@ -1006,6 +1007,7 @@ pub mod sqlite {
     pub use super::sqlite_keep_to_indexes as keep_to_indexes;
     pub use super::sqlite_key_rows_busy as key_rows_busy;
     pub use super::sqlite_lock_event_id as lock_event_id;
+    pub use super::sqlite_lock_key as lock_key;
     pub use super::sqlite_scheduled_at as scheduled_at;
     pub use super::{
         sqlite_claim_rows as claim_rows, sqlite_expired_leases as expired_leases,
@@ -1202,6 +1204,38 @@ pub fn sqlite_claimed_not_heads(
     _ids: &[i64],
 ) -> diesel::QueryResult<Vec<i64>> {
     Ok(Vec::new())
+}
+
+/// Takes the key's insert lock (its row of `herald_ordering_locks`, as the
+/// `herald_outbox_ordering` trigger does for an insert), waiting for it, until this transaction
+/// ends. A replay's `rejoin` takes it before it reads the key: an insert into the key still open
+/// commits first and is seen (else its message, due because the replayed one still looked
+/// skipped, could be claimed and in flight beside it), a later insert sees the replayed message
+/// open and waits behind it, and two replays of one key go one after the other.
+pub fn pg_lock_key(
+    conn: &mut diesel::pg::PgConnection,
+    key: &str,
+    destination: &str,
+) -> diesel::QueryResult<()> {
+    use diesel::RunQueryDsl;
+    super::prepared::cached(
+        "INSERT INTO herald_ordering_locks (ordering_key, destination, locked_by) \
+         VALUES ($1, $2, pg_current_xact_id()::text::bigint) \
+         ON CONFLICT (ordering_key, destination) DO UPDATE SET locked_by = EXCLUDED.locked_by",
+    )
+    .bind::<Text, _>(key)
+    .bind::<Text, _>(destination)
+    .execute(conn)?;
+    Ok(())
+}
+
+/// SQLite: every write runs behind the writer lock already.
+pub fn sqlite_lock_key(
+    _conn: &mut diesel::sqlite::SqliteConnection,
+    _key: &str,
+    _destination: &str,
+) -> diesel::QueryResult<()> {
+    Ok(())
 }
 
 /// SQLite: every write runs behind the writer lock; nothing else holds a row.

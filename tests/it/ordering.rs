@@ -562,7 +562,10 @@ async fn until_lock_waiters(app: &TestApp, n: i64) {
         if w.n == n {
             return;
         }
-        assert!(std::time::Instant::now() < deadline, "no insert waited");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{n} backends never waited for a lock"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -1022,7 +1025,9 @@ async fn a_replay_waits_for_a_claim_of_its_key_in_progress() {
 ///
 /// The claim is held at that point by a row-level security policy of a role of the test's own,
 /// whose check on the next message waits for an advisory lock the test holds (Herald's own role
-/// is a superuser here, which row-level security leaves alone).
+/// is a superuser here, which row-level security leaves alone). That role's transactions default
+/// to REPEATABLE READ, as a database's settings may make them: Herald's own are READ COMMITTED
+/// all the same, or the re-check would read the claim's own snapshot and pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_older_than_a_replay_does_not_put_two_of_a_key_in_flight() {
     let app = crate::support::spawn_app(Backend::Postgres).await;
@@ -1046,6 +1051,7 @@ async fn a_claim_older_than_a_replay_does_not_put_two_of_a_key_in_flight() {
            END IF; \
            RETURN true; \
          END $$; \
+         ALTER ROLE {role} SET default_transaction_isolation = 'repeatable read'; \
          ALTER TABLE herald_outbox ENABLE ROW LEVEL SECURITY; \
          CREATE POLICY held ON herald_outbox TO {role} USING (held_at_next(id)) WITH CHECK (true)"
     ));
@@ -1083,6 +1089,51 @@ async fn a_claim_older_than_a_replay_does_not_put_two_of_a_key_in_flight() {
          REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {role}; \
          REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM {role}; DROP ROLE {role}"
     ));
+    app.stop().await;
+}
+
+/// PostgreSQL: a replay takes its key's insert lock before it reads the key, so an insert into
+/// the key still open when the replay comes is seen by it. That insert's message is due (the
+/// replayed one still looked dead and skipped to it); unseen, it could be claimed and in flight
+/// while the replay made its own message due too. The replay waits for the insert's commit, then
+/// finds the new message and goes first, as its place says; the new one follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_waits_for_an_open_insert_into_its_key() {
+    let app = crate::support::spawn_app(Backend::Postgres).await;
+    let rx = Receiver::start().await;
+    let a = rx.url_for("/a");
+    rx.script_path("/a", [Reply::Status(400)]);
+    post(
+        &app,
+        keyed("i.1", &a, "k", json!({"ordering_policy": "skip"})),
+    )
+    .await;
+    app.run_until_idle().await;
+    assert_eq!(app.row("i.1").state.as_str(), "dead_letter");
+    let mut open = PgConnection::establish(&app.test_db.url).unwrap();
+    open.batch_execute(&format!(
+        "BEGIN; SELECT herald_enqueue('i.2', 'webhook', '{a}', '{{\"body\": {{}}}}'::jsonb, \
+         p_ordering_key => 'k')"
+    ))
+    .unwrap();
+    let replaying = {
+        let (http, base) = (app.http.clone(), app.base.clone());
+        tokio::spawn(async move {
+            http.post(format!("{base}/v1/messages/i.1/replay"))
+                .json(&json!({"reason": "receiver fixed"}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        })
+    };
+    until_lock_waiters(&app, 1).await;
+    assert!(!replaying.is_finished());
+    open.batch_execute("COMMIT").unwrap();
+    assert_eq!(replaying.await.unwrap(), 200);
+    assert_eq!(app.run_until_idle().await, 2);
+    let ids: Vec<String> = rx.requests_to("/a").iter().map(id_of).collect();
+    assert_eq!(ids, ["i.1", "i.1", "i.2"]);
     app.stop().await;
 }
 
