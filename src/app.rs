@@ -361,6 +361,22 @@ impl Herald {
         let server_task = tokio::spawn(server);
         shutdown_signal().await;
         info!("shutting down");
+        let bound = hard_stop_after(&self.settings);
+        // The last resort: a database connection that hangs (a network partition without TCP
+        // keepalive, a frozen server) would keep the steps below waiting for ever.
+        std::thread::Builder::new()
+            .name("herald-hard-stop".into())
+            .spawn(move || {
+                std::thread::sleep(bound);
+                tracing::error!(
+                    seconds = bound.as_secs(),
+                    "shutdown has not finished in time (a database call hangs?): exiting now; \
+                     outcomes not yet written count again when their leases expire, as after \
+                     a crash"
+                );
+                std::process::exit(1);
+            })
+            .context("start the shutdown's hard stop")?;
         let _ = stop_tx.send(true);
         // Nothing needs wake-ups any more: the LISTEN thread ends now, not after the tasks.
         stop_listen.store(true, Ordering::Relaxed);
@@ -377,6 +393,21 @@ impl Herald {
         Ok(())
     }
 }
+
+/// How long after SIGTERM or SIGINT Herald exits, status 1, whatever is still waiting: the
+/// later of `shutdown_timeout` and the longest send (each bounded by its own timeout), plus
+/// [`HARD_STOP_GRACE`] for the outcomes' last tries (each within the pool's 5 s connection
+/// timeout when the database is down), the HTTP server's 10 s and the background tasks.
+pub fn hard_stop_after(settings: &Settings) -> std::time::Duration {
+    settings
+        .shutdown_timeout
+        .max(settings.webhook_timeout)
+        .max(settings.smtp_timeout)
+        + HARD_STOP_GRACE
+}
+
+/// See [`hard_stop_after`].
+pub const HARD_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 
 async fn shutdown_signal() {
     #[cfg(unix)]

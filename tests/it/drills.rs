@@ -395,6 +395,59 @@ async fn shutdown_with_the_database_down_gives_up_on_outcomes_in_time() {
     eprintln!("DRILL shutdown-db-down exited {took:?} after SIGTERM");
 }
 
+/// A shutdown with the database hanging rather than down (its processes stopped: connections
+/// open, nothing answered) is bounded too. The send in flight ends, its outcome's write waits
+/// for an answer that never comes, and no try fails for the flusher to give up on; `herald
+/// serve` exits with status 1 at its hard stop, the later of the shutdown timeout and the
+/// longest send timeout plus 30 s after the signal, saying why. It waited for ever before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_with_the_database_hanging_stops_at_the_hard_stop() {
+    let (cluster, url) = own_cluster().await;
+    let rx = Receiver::start().await;
+    let release = std::sync::Arc::new(tokio::sync::Notify::new());
+    rx.script([Reply::Held(release.clone(), 200)]);
+    let (mut h, _) = serve(
+        &url,
+        &[
+            ("HERALD_SHUTDOWN_TIMEOUT_SECONDS", "1"),
+            ("HERALD_WEBHOOK_TIMEOUT_MS", "3000"),
+            ("HERALD_SMTP_TIMEOUT_MS", "2000"),
+            ("HERALD_LEASE_SECONDS", "60"),
+        ],
+        None,
+    )
+    .await;
+    enqueue_by_sql(Backend::Postgres, &url, "hang", 1, &rx.url);
+    rx.wait_for(1, 30).await;
+    cluster.freeze();
+    let signalled = Instant::now();
+    h.sigterm();
+    h.wait_for_log("shutting down", Duration::from_secs(10))
+        .await;
+    release.notify_one();
+    let status = h.wait_exit(Duration::from_secs(60)).await;
+    let took = signalled.elapsed();
+    let stderr = h.stderr();
+    assert_eq!(status.code(), Some(1), "{status}; stderr:\n{stderr}");
+    assert!(
+        stderr.contains("shutdown has not finished in time") && stderr.contains("seconds=33"),
+        "stderr:\n{stderr}"
+    );
+    cluster.thaw();
+    // Nothing was written for the send: its lease holds it until it expires.
+    let mut c = diesel::pg::PgConnection::establish(&url).unwrap();
+    #[derive(QueryableByName)]
+    struct State {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        state: String,
+    }
+    let row: State = diesel::sql_query("SELECT state FROM herald_outbox")
+        .get_result(&mut c)
+        .unwrap();
+    assert_eq!(row.state, "sending");
+    eprintln!("DRILL shutdown-db-hanging exited {took:?} after SIGTERM (hard stop 33 s)");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_restart_while_sending_and_ingesting() {
     let mut rng = rng_for("db-restart");

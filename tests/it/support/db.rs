@@ -439,6 +439,42 @@ impl Cluster {
         );
     }
 
+    /// SIGSTOP to the server and every process of it: connections stay open (the kernel still
+    /// answers for them) but nothing is answered — a database that hangs rather than fails.
+    pub fn freeze(&self) {
+        assert!(
+            self.signal_all("STOP"),
+            "cannot stop the server's processes"
+        );
+    }
+
+    /// SIGCONT: undoes [`Cluster::freeze`].
+    pub fn thaw(&self) {
+        assert!(
+            self.signal_all("CONT"),
+            "cannot continue the server's processes"
+        );
+    }
+
+    /// Sends `signal` to the postmaster, then to its children; whether the postmaster took it.
+    fn signal_all(&self, signal: &str) -> bool {
+        let Some(pid) = std::fs::read_to_string(self.dir.join("data/postmaster.pid"))
+            .ok()
+            .and_then(|s| s.lines().next().map(str::to_owned))
+            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            return false;
+        };
+        Command::new("sh")
+            .args([
+                "-c",
+                &format!("kill -{signal} {pid} && {{ pkill -{signal} -P {pid}; true; }}"),
+            ])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    }
+
     /// `CREATE DATABASE name`.
     pub fn create_database(&self, name: &str) {
         PgConnection::establish(&self.url_for("postgres"))
@@ -450,6 +486,8 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // A frozen server would not take the stop.
+        self.signal_all("CONT");
         let _ = self.pg_ctl("-m immediate stop");
         let _ = std::fs::remove_dir_all(&self.dir);
     }
