@@ -364,7 +364,7 @@ impl Herald {
         let bound = hard_stop_after(&self.settings);
         // The last resort: a database connection that hangs (a network partition without TCP
         // keepalive, a frozen server) would keep the steps below waiting for ever.
-        std::thread::Builder::new()
+        let hard_stop = std::thread::Builder::new()
             .name("herald-hard-stop".into())
             .spawn(move || {
                 std::thread::sleep(bound);
@@ -375,8 +375,10 @@ impl Herald {
                      a crash"
                 );
                 std::process::exit(1);
-            })
-            .context("start the shutdown's hard stop")?;
+            });
+        if let Err(e) = hard_stop {
+            tracing::warn!(error = %e, "cannot start the shutdown's hard stop; shutting down without it");
+        }
         let _ = stop_tx.send(true);
         // Nothing needs wake-ups any more: the LISTEN thread ends now, not after the tasks.
         stop_listen.store(true, Ordering::Relaxed);
@@ -403,7 +405,7 @@ pub fn hard_stop_after(settings: &Settings) -> std::time::Duration {
         .shutdown_timeout
         .max(settings.webhook_timeout)
         .max(settings.smtp_timeout)
-        + HARD_STOP_GRACE
+        .saturating_add(HARD_STOP_GRACE)
 }
 
 /// See [`hard_stop_after`].

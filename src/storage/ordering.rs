@@ -116,8 +116,8 @@ per_backend! {
     /// a later one is merely due or waiting for a retry: the claim takes a key's places in order,
     /// so that one waits for the replayed message anyway, and the replayed one waiting too held
     /// the key still until the periodic release. On PostgreSQL it first takes the key's insert
-    /// lock, so that it reads the key after any insert into it that was open, and before any
-    /// that comes next ([`sql::lock_key`]).
+    /// lock, never waiting for it: where another transaction holds it (an insert into the key
+    /// still open), the message waits too ([`sql::key_lock_busy`]).
     pub fn rejoin(conn: &mut Conn, id: i64) -> QueryResult<()> {
         let Some(row) = o::table.filter(o::id.eq(id)).first::<OutboxRow>(conn).optional()? else {
             return Ok(());
@@ -125,10 +125,10 @@ per_backend! {
         let (Some(key), Some(seq)) = (row.ordering_key.as_deref(), row.ordering_seq) else {
             return Ok(());
         };
-        // First the key's insert lock, waiting for it (`sql::lock_key`); what follows reads the
-        // key in statements of their own, which see what the transaction waited for committed.
-        sql::lock_key(conn, key, &row.destination)?;
-        let busy = sql::key_rows_busy(conn, key, &row.destination, id)?;
+        // First the key's insert lock, without waiting (`sql::key_lock_busy`): held, no insert
+        // into the key is open, and any that comes next waits for this transaction.
+        let busy = sql::key_lock_busy(conn, key, &row.destination)?
+            || sql::key_rows_busy(conn, key, &row.destination, id)?;
         let others = o::table
             .filter(o::ordering_key.eq(key))
             .filter(o::destination.eq(&row.destination))

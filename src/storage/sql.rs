@@ -980,9 +980,9 @@ pub mod pg {
     pub use super::pg_insert_attempts as insert_attempts;
     pub use super::pg_insert_receipts_returning as insert_receipts_returning;
     pub use super::pg_keep_to_indexes as keep_to_indexes;
+    pub use super::pg_key_lock_busy as key_lock_busy;
     pub use super::pg_key_rows_busy as key_rows_busy;
     pub use super::pg_lock_event_id as lock_event_id;
-    pub use super::pg_lock_key as lock_key;
     pub use super::pg_scheduled_at as scheduled_at;
     pub use super::{
         pg_claim_rows as claim_rows, pg_expired_leases as expired_leases, pg_now as now,
@@ -1005,9 +1005,9 @@ pub mod sqlite {
     pub use super::sqlite_insert_attempts as insert_attempts;
     pub use super::sqlite_insert_receipts_returning as insert_receipts_returning;
     pub use super::sqlite_keep_to_indexes as keep_to_indexes;
+    pub use super::sqlite_key_lock_busy as key_lock_busy;
     pub use super::sqlite_key_rows_busy as key_rows_busy;
     pub use super::sqlite_lock_event_id as lock_event_id;
-    pub use super::sqlite_lock_key as lock_key;
     pub use super::sqlite_scheduled_at as scheduled_at;
     pub use super::{
         sqlite_claim_rows as claim_rows, sqlite_expired_leases as expired_leases,
@@ -1206,36 +1206,50 @@ pub fn sqlite_claimed_not_heads(
     Ok(Vec::new())
 }
 
-/// Takes the key's insert lock (its row of `herald_ordering_locks`, as the
-/// `herald_outbox_ordering` trigger does for an insert), waiting for it, until this transaction
-/// ends. A replay's `rejoin` takes it before it reads the key: an insert into the key still open
-/// commits first and is seen (else its message, due because the replayed one still looked
-/// skipped, could be claimed and in flight beside it), a later insert sees the replayed message
-/// open and waits behind it, and two replays of one key go one after the other.
-pub fn pg_lock_key(
+/// Whether another transaction holds the key's insert lock (its row of `herald_ordering_locks`:
+/// an insert into the key not yet committed, an outcome or a retention batch looking at it);
+/// when it is free, takes it (`FOR NO KEY UPDATE SKIP LOCKED`, never waiting) until this
+/// transaction ends. A replay's `rejoin` reads the key only with it held: an insert into the key
+/// then waits for the replay and sees the replayed message open. Where it is busy, the replayed
+/// message waits for the periodic release: an insert still open there made a message the replay
+/// cannot see, due because the replayed one still looked skipped to it. Never waiting means no
+/// deadlock: a redrive replays many keys in one transaction, an application inserts into many in
+/// its own order, and a replay holds its message's row (which an insert of the same event id
+/// waits for) before it gets here. A key without a row (its messages written past the trigger)
+/// counts as free, as in [`pg_busy_keys`].
+pub fn pg_key_lock_busy(
     conn: &mut diesel::pg::PgConnection,
     key: &str,
     destination: &str,
-) -> diesel::QueryResult<()> {
+) -> diesel::QueryResult<bool> {
     use diesel::RunQueryDsl;
-    super::prepared::cached(
-        "INSERT INTO herald_ordering_locks (ordering_key, destination, locked_by) \
-         VALUES ($1, $2, pg_current_xact_id()::text::bigint) \
-         ON CONFLICT (ordering_key, destination) DO UPDATE SET locked_by = EXCLUDED.locked_by",
+    #[derive(diesel::QueryableByName)]
+    struct Busy {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        busy: bool,
+    }
+    let row: Busy = super::prepared::cached(
+        "WITH k AS MATERIALIZED (
+    SELECT 1 FROM herald_ordering_locks WHERE ordering_key = $1 AND destination = $2
+), l AS MATERIALIZED (
+    SELECT 1 FROM herald_ordering_locks WHERE ordering_key = $1 AND destination = $2
+    FOR NO KEY UPDATE SKIP LOCKED
+)
+SELECT (SELECT count(*) FROM k) > (SELECT count(*) FROM l) AS busy",
     )
     .bind::<Text, _>(key)
     .bind::<Text, _>(destination)
-    .execute(conn)?;
-    Ok(())
+    .get_result(conn)?;
+    Ok(row.busy)
 }
 
 /// SQLite: every write runs behind the writer lock already.
-pub fn sqlite_lock_key(
+pub fn sqlite_key_lock_busy(
     _conn: &mut diesel::sqlite::SqliteConnection,
     _key: &str,
     _destination: &str,
-) -> diesel::QueryResult<()> {
-    Ok(())
+) -> diesel::QueryResult<bool> {
+    Ok(false)
 }
 
 /// SQLite: every write runs behind the writer lock; nothing else holds a row.

@@ -543,25 +543,27 @@ async fn under_repeatable_read_a_concurrent_insert_into_a_key_fails_with_40001()
     app.stop().await;
 }
 
-/// Until `n` backends of this test's database wait for a lock.
-async fn until_lock_waiters(app: &TestApp, n: i64) {
+/// How many backends of this test's database wait for a lock.
+fn lock_waiters(app: &TestApp) -> i64 {
     #[derive(diesel::QueryableByName)]
     struct Waiting {
         #[diesel(sql_type = diesel::sql_types::BigInt)]
         n: i64,
     }
     let mut watcher = PgConnection::establish(&app.test_db.url).unwrap();
+    let w: Waiting = diesel::sql_query(
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+         AND datname = current_database()",
+    )
+    .get_result(&mut watcher)
+    .unwrap();
+    w.n
+}
+
+/// Until `n` backends of this test's database wait for a lock.
+async fn until_lock_waiters(app: &TestApp, n: i64) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let w: Waiting = diesel::sql_query(
-            "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-             AND datname = current_database()",
-        )
-        .get_result(&mut watcher)
-        .unwrap();
-        if w.n == n {
-            return;
-        }
+    while lock_waiters(app) != n {
         assert!(
             std::time::Instant::now() < deadline,
             "{n} backends never waited for a lock"
@@ -1092,13 +1094,15 @@ async fn a_claim_older_than_a_replay_does_not_put_two_of_a_key_in_flight() {
     app.stop().await;
 }
 
-/// PostgreSQL: a replay takes its key's insert lock before it reads the key, so an insert into
-/// the key still open when the replay comes is seen by it. That insert's message is due (the
-/// replayed one still looked dead and skipped to it); unseen, it could be claimed and in flight
-/// while the replay made its own message due too. The replay waits for the insert's commit, then
-/// finds the new message and goes first, as its place says; the new one follows.
+/// PostgreSQL: a replay that comes while an insert into its key is still open (it holds the key's
+/// insert lock) makes its message wait. That insert's message is due (the replayed one still
+/// looks dead and skipped to it) and the replay cannot see it: made due, the replayed message
+/// could be claimed beside it, both in flight. Never waiting for the lock (a redrive takes many
+/// keys in one transaction; an application inserts into many in its own order), the replay does
+/// not deadlock with such an insert; the periodic release lets the replayed message go first,
+/// as its place says, and the new one follows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replay_waits_for_an_open_insert_into_its_key() {
+async fn a_replay_during_an_open_insert_into_its_key_waits() {
     let app = crate::support::spawn_app(Backend::Postgres).await;
     let rx = Receiver::start().await;
     let a = rx.url_for("/a");
@@ -1116,24 +1120,85 @@ async fn a_replay_waits_for_an_open_insert_into_its_key() {
          p_ordering_key => 'k')"
     ))
     .unwrap();
-    let replaying = {
-        let (http, base) = (app.http.clone(), app.base.clone());
-        tokio::spawn(async move {
-            http.post(format!("{base}/v1/messages/i.1/replay"))
-                .json(&json!({"reason": "receiver fixed"}))
-                .send()
-                .await
-                .unwrap()
-                .status()
-        })
-    };
-    until_lock_waiters(&app, 1).await;
-    assert!(!replaying.is_finished());
+    replay(&app, "i.1").await;
+    assert_eq!(app.row("i.1").next_attempt_at, None, "i.1 waits");
     open.batch_execute("COMMIT").unwrap();
-    assert_eq!(replaying.await.unwrap(), 200);
+    assert_eq!(app.row("i.2").state.as_str(), "scheduled");
+    assert!(app.row("i.2").next_attempt_at.is_some(), "i.2 is due");
+    assert_eq!(app.run_until_idle().await, 0, "i.2 waits behind i.1");
+    app.herald.sender.release_waiting().await.unwrap();
     assert_eq!(app.run_until_idle().await, 2);
     let ids: Vec<String> = rx.requests_to("/a").iter().map(id_of).collect();
     assert_eq!(ids, ["i.1", "i.1", "i.2"]);
+    app.stop().await;
+}
+
+/// PostgreSQL: a redrive replays the dead heads of many keys in one transaction while an
+/// application's transaction inserts into several of those keys, in another order. Had the
+/// redrive waited for each key's insert lock, it would hold `k2`'s and wait for `k1`'s while the
+/// application held `k1`'s and waited for `k2`'s: a deadlock, and PostgreSQL aborts one of them.
+/// It never waits: both finish, and every message goes in its key's order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redrive_does_not_deadlock_with_an_insert_into_its_keys() {
+    let app = crate::support::spawn_app(Backend::Postgres).await;
+    let rx = Receiver::start().await;
+    let a = rx.url_for("/a");
+    rx.script_path("/a", [Reply::Status(400), Reply::Status(400)]);
+    // k2's head dies first: the redrive (oldest first) takes k2, then k1.
+    for (id, key) in [("k2.1", "k2"), ("k1.1", "k1")] {
+        post(&app, keyed(id, &a, key, json!({"ordering_policy": "skip"}))).await;
+        app.run_until_idle().await;
+        assert_eq!(app.row(id).state.as_str(), "dead_letter");
+    }
+    let enqueue = |id: &str, key: &str| {
+        format!(
+            "SELECT herald_enqueue('{id}', 'webhook', '{a}', '{{\"body\": {{}}}}'::jsonb, \
+             p_ordering_key => '{key}');"
+        )
+    };
+    let mut application = PgConnection::establish(&app.test_db.url).unwrap();
+    application
+        .batch_execute(&format!("BEGIN; {}", enqueue("k1.2", "k1")))
+        .unwrap();
+    let redrive = {
+        let (http, base) = (app.http.clone(), app.base.clone());
+        tokio::spawn(async move {
+            let r = http
+                .post(format!("{base}/v1/dead-letters/redrive"))
+                .json(&json!({"reason": "receiver fixed"}))
+                .send()
+                .await
+                .unwrap();
+            (r.status(), r.text().await.unwrap())
+        })
+    };
+    // The redrive either ends, or waits for a lock (k1's, which the application holds).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !redrive.is_finished() && lock_waiters(&app) == 0 {
+        assert!(std::time::Instant::now() < deadline, "the redrive hung");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let second = format!("{} COMMIT;", enqueue("k2.2", "k2"));
+    let inserted = tokio::task::spawn_blocking(move || application.batch_execute(&second))
+        .await
+        .unwrap();
+    assert!(inserted.is_ok(), "{inserted:?}");
+    let (status, body) = redrive.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    app.herald.sender.release_waiting().await.unwrap();
+    app.run_until_idle().await;
+    let requests = rx.requests_to("/a");
+    for key in ["k1", "k2"] {
+        let ids: Vec<String> = requests
+            .iter()
+            .map(id_of)
+            .filter(|id| id.starts_with(&format!("{key}.")))
+            .collect();
+        assert_eq!(
+            ids,
+            [format!("{key}.1"), format!("{key}.1"), format!("{key}.2")]
+        );
+    }
     app.stop().await;
 }
 

@@ -468,7 +468,8 @@ impl Cluster {
         Command::new("sh")
             .args([
                 "-c",
-                &format!("kill -{signal} {pid} && {{ pkill -{signal} -P {pid}; true; }}"),
+                // The server always has children (checkpointer, writers): pkill must match.
+                &format!("kill -{signal} {pid} && pkill -{signal} -P {pid}"),
             ])
             .status()
             .map(|s| s.success())
