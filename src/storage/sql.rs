@@ -22,6 +22,13 @@ struct IdRow {
     id: i64,
 }
 
+/// Whether something is held by another transaction (`pg_key_rows_busy`, `pg_key_lock_busy`).
+#[derive(diesel::QueryableByName)]
+struct BusyRow {
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    busy: bool,
+}
+
 /// "Now" on PostgreSQL: the database's clock, moved by the caller's shift (`$1`, microseconds).
 /// `now()` is fixed for the transaction, so the planner evaluates this once and can still use the
 /// due index.
@@ -1146,12 +1153,7 @@ pub fn pg_key_rows_busy(
     except: i64,
 ) -> diesel::QueryResult<bool> {
     use diesel::RunQueryDsl;
-    #[derive(diesel::QueryableByName)]
-    struct Busy {
-        #[diesel(sql_type = diesel::sql_types::Bool)]
-        busy: bool,
-    }
-    let row: Busy = super::prepared::cached(
+    let row: BusyRow = super::prepared::cached(
         "WITH open AS MATERIALIZED (
     SELECT id FROM herald_outbox
     WHERE ordering_key = $1 AND destination = $2 AND id <> $3
@@ -1223,12 +1225,7 @@ pub fn pg_key_lock_busy(
     destination: &str,
 ) -> diesel::QueryResult<bool> {
     use diesel::RunQueryDsl;
-    #[derive(diesel::QueryableByName)]
-    struct Busy {
-        #[diesel(sql_type = diesel::sql_types::Bool)]
-        busy: bool,
-    }
-    let row: Busy = super::prepared::cached(
+    let row: BusyRow = super::prepared::cached(
         "WITH k AS MATERIALIZED (
     SELECT 1 FROM herald_ordering_locks WHERE ordering_key = $1 AND destination = $2
 ), l AS MATERIALIZED (
