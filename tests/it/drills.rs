@@ -334,6 +334,33 @@ async fn own_cluster() -> (crate::support::db::Cluster, String) {
     (cluster, url)
 }
 
+/// A `herald serve` (with `env`) on a cluster of its own, one webhook of it in flight: the
+/// receiver holds the request until `release` is notified.
+struct HeldSend {
+    cluster: crate::support::db::Cluster,
+    url: String,
+    _rx: Receiver,
+    release: std::sync::Arc<tokio::sync::Notify>,
+    herald: Herald,
+}
+
+async fn one_send_held(event_prefix: &str, env: &[(&str, &str)]) -> HeldSend {
+    let (cluster, url) = own_cluster().await;
+    let rx = Receiver::start().await;
+    let release = std::sync::Arc::new(tokio::sync::Notify::new());
+    rx.script([Reply::Held(release.clone(), 200)]);
+    let (herald, _) = serve(&url, env, None).await;
+    enqueue_by_sql(Backend::Postgres, &url, event_prefix, 1, &rx.url);
+    rx.wait_for(1, 30).await;
+    HeldSend {
+        cluster,
+        url,
+        _rx: rx,
+        release,
+        herald,
+    }
+}
+
 /// A shutdown with the database down is bounded: a send in flight when PostgreSQL goes away
 /// finishes, its outcome cannot be written, and `herald serve` gives up on it at the first failed
 /// try once `HERALD_SHUTDOWN_TIMEOUT_SECONDS` have passed since SIGTERM — counted from the signal,
@@ -342,24 +369,16 @@ async fn own_cluster() -> (crate::support::db::Cluster, String) {
 /// patience).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_with_the_database_down_gives_up_on_outcomes_in_time() {
-    let (cluster, url) = own_cluster().await;
-    let rx = Receiver::start().await;
-    // The send is answered only when the test says so: after the database is gone and the
-    // signal has been taken.
-    let release = std::sync::Arc::new(tokio::sync::Notify::new());
-    rx.script([Reply::Held(release.clone(), 200)]);
-    let (mut h, _) = serve(
-        &url,
+    let held = one_send_held(
+        "stop",
         &[
             ("HERALD_SHUTDOWN_TIMEOUT_SECONDS", "2"),
             ("HERALD_WEBHOOK_TIMEOUT_MS", "60000"),
             ("HERALD_LEASE_SECONDS", "70"),
         ],
-        None,
     )
     .await;
-    enqueue_by_sql(Backend::Postgres, &url, "stop", 1, &rx.url);
-    rx.wait_for(1, 30).await;
+    let (cluster, release, mut h) = (held.cluster, held.release, held.herald);
     let c = &cluster;
     std::thread::scope(|s| s.spawn(|| c.stop_immediately()).join().unwrap());
     let signalled = Instant::now();
@@ -402,23 +421,17 @@ async fn shutdown_with_the_database_down_gives_up_on_outcomes_in_time() {
 /// longest send timeout plus 30 s after the signal, saying why. It waited for ever before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_with_the_database_hanging_stops_at_the_hard_stop() {
-    let (cluster, url) = own_cluster().await;
-    let rx = Receiver::start().await;
-    let release = std::sync::Arc::new(tokio::sync::Notify::new());
-    rx.script([Reply::Held(release.clone(), 200)]);
-    let (mut h, _) = serve(
-        &url,
+    let held = one_send_held(
+        "hang",
         &[
             ("HERALD_SHUTDOWN_TIMEOUT_SECONDS", "1"),
             ("HERALD_WEBHOOK_TIMEOUT_MS", "3000"),
             ("HERALD_SMTP_TIMEOUT_MS", "2000"),
             ("HERALD_LEASE_SECONDS", "60"),
         ],
-        None,
     )
     .await;
-    enqueue_by_sql(Backend::Postgres, &url, "hang", 1, &rx.url);
-    rx.wait_for(1, 30).await;
+    let (cluster, url, release, mut h) = (held.cluster, held.url, held.release, held.herald);
     cluster.freeze();
     let signalled = Instant::now();
     h.sigterm();
