@@ -109,11 +109,17 @@ impl Cluster {
             bail!("initdb failed; see {}/initdb.log", dir.display());
         }
         // fsync, synchronous_commit and full_page_writes stay at their (durable) defaults.
+        // `HERALD_BENCH_PG_OPTIONS` adds server settings (`-c name=value …`) to try one's own:
+        // the figures are then those of that configuration, not the defaults'.
+        let extra = std::env::var("HERALD_BENCH_PG_OPTIONS").unwrap_or_default();
+        if extra.contains('\'') {
+            bail!("HERALD_BENCH_PG_OPTIONS must not contain a single quote");
+        }
         let script = format!(
             "'{bin}/postgres' -D '{data}' -p {port} -c listen_addresses=127.0.0.1 -k '{dir}' \
              -c max_connections=300 -c shared_buffers=256MB \
              -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all \
-             >'{dir}/postgres.log' 2>&1 & pg=$!; \
+             {extra} >'{dir}/postgres.log' 2>&1 & pg=$!; \
              while [ -d /proc/{parent} ] && kill -0 $pg 2>/dev/null; do sleep 1; done; \
              kill -INT $pg 2>/dev/null; wait $pg; rm -rf '{dir}'",
             bin = bin.display(),
