@@ -81,15 +81,17 @@ fn listen_loop(url: &str, wake: &Notify, stop: &AtomicBool) {
     );
     let mut backoff = Duration::from_millis(200);
     while !stop.load(Ordering::Relaxed) {
-        let listening = PgConnection::establish(url).ok().and_then(|mut c| {
-            // Listening before registering: while registered, nothing is missed.
-            c.batch_execute(&format!(
-                "SET application_name = '{APPLICATION_NAME}'; LISTEN herald_outbox"
-            ))
+        let listening = PgConnection::establish(&crate::storage::pg_url_with_keepalive(url))
             .ok()
-            .filter(|_| register(&mut c, &me))
-            .map(|_| c)
-        });
+            .and_then(|mut c| {
+                // Listening before registering: while registered, nothing is missed.
+                c.batch_execute(&format!(
+                    "SET application_name = '{APPLICATION_NAME}'; LISTEN herald_outbox"
+                ))
+                .ok()
+                .filter(|_| register(&mut c, &me))
+                .map(|_| c)
+            });
         let mut conn = match listening {
             Some(c) => c,
             None => {

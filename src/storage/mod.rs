@@ -145,10 +145,45 @@ pub struct PgManager {
 impl PgManager {
     fn new(url: &str) -> Self {
         Self {
-            inner: ConnectionManager::new(url),
+            inner: ConnectionManager::new(pg_url_with_keepalive(url)),
             secrets: url_secrets(url),
         }
     }
+}
+
+/// libpq's TCP settings Herald adds to a `postgres://` URL that does not set them itself: a
+/// connection whose peer vanished without a word (a failover, a network partition, a NAT that
+/// forgot it) fails within about a minute, and the pool replaces it, instead of waiting for an
+/// answer for ever (with the system's defaults, the first keepalive probe goes after two
+/// hours). Keepalive probes end a connection that waits, idle, for an answer; the user timeout
+/// one whose sent request is never acknowledged. Unix-socket connections ignore them.
+pub const PG_KEEPALIVE_DEFAULTS: [(&str, &str); 5] = [
+    ("keepalives", "1"),
+    ("keepalives_idle", "30"),
+    ("keepalives_interval", "10"),
+    ("keepalives_count", "3"),
+    ("tcp_user_timeout", "60000"),
+];
+
+/// `url` with each of [`PG_KEEPALIVE_DEFAULTS`] its query string does not name already.
+pub fn pg_url_with_keepalive(url: &str) -> String {
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let named: Vec<&str> = query
+        .split('&')
+        .filter_map(|kv| kv.split('=').next())
+        .filter(|k| !k.is_empty())
+        .collect();
+    let mut params: Vec<String> = query
+        .split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(str::to_owned)
+        .collect();
+    for (k, v) in PG_KEEPALIVE_DEFAULTS {
+        if !named.contains(&k) {
+            params.push(format!("{k}={v}"));
+        }
+    }
+    format!("{base}?{}", params.join("&"))
 }
 
 /// Never the URL nor its password.
@@ -534,6 +569,25 @@ mod tests {
 
     fn db_error(kind: DatabaseErrorKind, message: &str) -> DieselError {
         DieselError::DatabaseError(kind, Box::new(message.to_owned()))
+    }
+
+    #[test]
+    fn keepalive_settings_are_added_unless_the_url_names_them() {
+        let all = "keepalives=1&keepalives_idle=30&keepalives_interval=10&keepalives_count=3\
+                   &tcp_user_timeout=60000";
+        assert_eq!(
+            pg_url_with_keepalive("postgres://h@db/herald"),
+            format!("postgres://h@db/herald?{all}")
+        );
+        assert_eq!(
+            pg_url_with_keepalive("postgres://h@db/herald?sslmode=require&"),
+            format!("postgres://h@db/herald?sslmode=require&{all}")
+        );
+        assert_eq!(
+            pg_url_with_keepalive("postgres://h@db/herald?keepalives_idle=5&tcp_user_timeout=0"),
+            "postgres://h@db/herald?keepalives_idle=5&tcp_user_timeout=0&keepalives=1\
+             &keepalives_interval=10&keepalives_count=3"
+        );
     }
 
     #[test]

@@ -1164,3 +1164,54 @@ async fn serve_answers_its_openapi_document_without_a_token() {
     assert_eq!(served, generated);
     assert!(herald.terminate().await.success());
 }
+
+/// Every PostgreSQL connection of `herald serve` (the pool's, the LISTEN thread's) has TCP
+/// keepalive probing after 30 s idle, as the operating system shows its sockets (`ss -o`):
+/// Herald adds libpq's keepalive settings to a URL that does not name them. With the system's
+/// defaults the first probe goes after two hours, and a connection whose peer vanished (a
+/// failover, a partition) waits for an answer that long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_connections_probe_a_silent_peer_within_a_minute() {
+    let db = crate::support::TestDb::new(crate::support::Backend::Postgres);
+    let port = db
+        .url
+        .rsplit_once(':')
+        .and_then(|(_, rest)| rest.split('/').next())
+        .unwrap()
+        .to_owned();
+    let listen = free_addr();
+    let mut herald = Herald::spawn(
+        &["serve"],
+        &[
+            ("HERALD_DATABASE_URL", db.url.as_str()),
+            ("HERALD_LISTEN", listen.as_str()),
+        ],
+    );
+    herald.wait_healthy(&format!("http://{listen}")).await;
+    let pid = format!("pid={},", herald.child.id());
+    let ss = Command::new("ss")
+        .args(["-tnopH", "state", "established"])
+        .output()
+        .expect("run ss");
+    let out = String::from_utf8_lossy(&ss.stdout);
+    let mine: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains(&pid) && l.contains(&format!(":{port} ")))
+        .collect();
+    // The pool keeps one connection idle, and the LISTEN thread holds one.
+    assert!(mine.len() >= 2, "herald's connections:\n{out}");
+    for line in &mine {
+        let timer = line
+            .split("timer:(keepalive,")
+            .nth(1)
+            .and_then(|t| t.split(',').next())
+            .unwrap_or_else(|| panic!("no keepalive timer: {line}"));
+        let secs: u64 = timer
+            .strip_suffix("sec")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("keepalive timer {timer} is not in seconds: {line}"));
+        assert!(secs <= 30, "{line}");
+    }
+    let status = herald.terminate().await;
+    assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
+}
