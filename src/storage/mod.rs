@@ -165,25 +165,68 @@ pub const PG_KEEPALIVE_DEFAULTS: [(&str, &str); 5] = [
     ("tcp_user_timeout", "60000"),
 ];
 
-/// `url` with each of [`PG_KEEPALIVE_DEFAULTS`] its query string does not name already.
+/// `url` with each of [`PG_KEEPALIVE_DEFAULTS`] its query string does not name already,
+/// appended: the URL's own text is kept as it is.
 pub fn pg_url_with_keepalive(url: &str) -> String {
-    let (base, query) = url.split_once('?').unwrap_or((url, ""));
-    let named: Vec<&str> = query
+    let query = pg_query_start(url).map(|q| &url[q + 1..]);
+    let named: Vec<String> = query
+        .unwrap_or("")
         .split('&')
         .filter_map(|kv| kv.split('=').next())
-        .filter(|k| !k.is_empty())
+        .map(percent_decoded)
         .collect();
-    let mut params: Vec<String> = query
-        .split('&')
-        .filter(|kv| !kv.is_empty())
-        .map(str::to_owned)
+    let added: Vec<String> = PG_KEEPALIVE_DEFAULTS
+        .iter()
+        .filter(|(k, _)| !named.iter().any(|n| n == k))
+        .map(|(k, v)| format!("{k}={v}"))
         .collect();
-    for (k, v) in PG_KEEPALIVE_DEFAULTS {
-        if !named.contains(&k) {
-            params.push(format!("{k}={v}"));
+    if added.is_empty() {
+        return url.to_owned();
+    }
+    let joint = match query {
+        None => "?",
+        Some(q) if q.is_empty() || q.ends_with('&') => "",
+        Some(_) => "&",
+    };
+    format!("{url}{joint}{}", added.join("&"))
+}
+
+/// Where a `postgres://` URL's query string starts (its `?`), read as libpq reads it: a user
+/// and password run to the first `@` or `/` after the scheme, so a `?` in a password does not
+/// start the query.
+fn pg_query_start(url: &str) -> Option<usize> {
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    let rest = &url[after_scheme..];
+    let host = match rest.find(['@', '/']) {
+        Some(i) if rest.as_bytes()[i] == b'@' => after_scheme + i + 1,
+        _ => after_scheme,
+    };
+    url[host..].find('?').map(|i| host + i)
+}
+
+/// `%XX` decoded, as libpq decodes a query key; anything malformed is kept as written.
+fn percent_decoded(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (
+            b[i],
+            b.get(i + 1).copied().and_then(hex),
+            b.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
         }
     }
-    format!("{base}?{}", params.join("&"))
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Never the URL nor its password.
@@ -575,19 +618,41 @@ mod tests {
     fn keepalive_settings_are_added_unless_the_url_names_them() {
         let all = "keepalives=1&keepalives_idle=30&keepalives_interval=10&keepalives_count=3\
                    &tcp_user_timeout=60000";
-        assert_eq!(
-            pg_url_with_keepalive("postgres://h@db/herald"),
-            format!("postgres://h@db/herald?{all}")
-        );
-        assert_eq!(
-            pg_url_with_keepalive("postgres://h@db/herald?sslmode=require&"),
-            format!("postgres://h@db/herald?sslmode=require&{all}")
-        );
-        assert_eq!(
-            pg_url_with_keepalive("postgres://h@db/herald?keepalives_idle=5&tcp_user_timeout=0"),
-            "postgres://h@db/herald?keepalives_idle=5&tcp_user_timeout=0&keepalives=1\
-             &keepalives_interval=10&keepalives_count=3"
-        );
+        for (url, expected) in [
+            (
+                "postgres://h@db/herald",
+                format!("postgres://h@db/herald?{all}"),
+            ),
+            ("postgresql://db", format!("postgresql://db?{all}")),
+            (
+                "postgres://db/herald?",
+                format!("postgres://db/herald?{all}"),
+            ),
+            (
+                "postgres://h@db/herald?sslmode=require&",
+                format!("postgres://h@db/herald?sslmode=require&{all}"),
+            ),
+            (
+                "postgres:///herald?host=/var/run/postgresql",
+                format!("postgres:///herald?host=/var/run/postgresql&{all}"),
+            ),
+            // A `?` (and `&`) in a password is the password's, kept as written.
+            (
+                "postgres://u:pa?s&&s@db/herald",
+                format!("postgres://u:pa?s&&s@db/herald?{all}"),
+            ),
+            // The URL's own values are kept, whether or not their keys are percent-encoded.
+            (
+                "postgres://h@db/herald?keepalives%5Fidle=5&tcp_user_timeout=0",
+                "postgres://h@db/herald?keepalives%5Fidle=5&tcp_user_timeout=0&keepalives=1\
+                 &keepalives_interval=10&keepalives_count=3"
+                    .to_owned(),
+            ),
+        ] {
+            assert_eq!(pg_url_with_keepalive(url), expected, "{url}");
+        }
+        let own = format!("postgres://db/herald?{all}");
+        assert_eq!(pg_url_with_keepalive(&own), own);
     }
 
     #[test]

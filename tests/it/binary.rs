@@ -1173,11 +1173,11 @@ async fn serve_answers_its_openapi_document_without_a_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_connections_probe_a_silent_peer_within_a_minute() {
     let db = crate::support::TestDb::new(crate::support::Backend::Postgres);
-    let port = db
-        .url
-        .rsplit_once(':')
-        .and_then(|(_, rest)| rest.split('/').next())
-        .unwrap()
+    // postgres://user@host[:port]/db; the port is 5432 unless named.
+    let authority = db.url.split('@').nth(1).and_then(|r| r.split('/').next());
+    let port = authority
+        .and_then(|a| a.rsplit_once(':'))
+        .map_or("5432", |(_, p)| p)
         .to_owned();
     let listen = free_addr();
     let mut herald = Herald::spawn(
@@ -1189,28 +1189,40 @@ async fn postgres_connections_probe_a_silent_peer_within_a_minute() {
     );
     herald.wait_healthy(&format!("http://{listen}")).await;
     let pid = format!("pid={},", herald.child.id());
-    let ss = Command::new("ss")
-        .args(["-tnopH", "state", "established"])
-        .output()
-        .expect("run ss");
-    let out = String::from_utf8_lossy(&ss.stdout);
-    let mine: Vec<&str> = out
-        .lines()
-        .filter(|l| l.contains(&pid) && l.contains(&format!(":{port} ")))
-        .collect();
-    // The pool keeps one connection idle, and the LISTEN thread holds one.
-    assert!(mine.len() >= 2, "herald's connections:\n{out}");
+    // Herald's sockets to the database, once both the pool's idle connection and the LISTEN
+    // thread's are open and none is waiting for an acknowledgement (`timer:(on,…)`).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (out, mine) = loop {
+        let ss = Command::new("ss")
+            .args(["-tnopH", "state", "established"])
+            .output()
+            .expect("run ss");
+        let out = String::from_utf8_lossy(&ss.stdout).into_owned();
+        let mine: Vec<String> = out
+            .lines()
+            .filter(|l| l.contains(&pid) && l.contains(&format!(":{port} ")))
+            .map(str::to_owned)
+            .collect();
+        if mine.len() >= 2 && !mine.iter().any(|l| l.contains("timer:(on,")) {
+            break (out, mine);
+        }
+        assert!(Instant::now() < deadline, "herald's connections:\n{out}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     for line in &mine {
         let timer = line
             .split("timer:(keepalive,")
             .nth(1)
             .and_then(|t| t.split(',').next())
-            .unwrap_or_else(|| panic!("no keepalive timer: {line}"));
-        let secs: u64 = timer
-            .strip_suffix("sec")
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("keepalive timer {timer} is not in seconds: {line}"));
-        assert!(secs <= 30, "{line}");
+            .unwrap_or_else(|| panic!("no keepalive timer: {line}\n{out}"));
+        // `29sec`, `9.5sec` or `950ms` under 30 s; `119min` with the system's defaults.
+        let secs: f64 = match (timer.strip_suffix("ms"), timer.strip_suffix("sec")) {
+            (Some(ms), _) => ms.parse::<f64>().map(|v| v / 1000.0),
+            (_, Some(sec)) => sec.parse::<f64>(),
+            _ => panic!("keepalive timer {timer} is not in seconds: {line}"),
+        }
+        .unwrap_or_else(|_| panic!("keepalive timer {timer}: {line}"));
+        assert!(secs <= 30.0, "{line}");
     }
     let status = herald.terminate().await;
     assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());

@@ -111,10 +111,7 @@ impl Cluster {
         // fsync, synchronous_commit and full_page_writes stay at their (durable) defaults.
         // `HERALD_BENCH_PG_OPTIONS` adds server settings (`-c name=value …`) to try one's own:
         // the figures are then those of that configuration, not the defaults'.
-        let extra = std::env::var("HERALD_BENCH_PG_OPTIONS").unwrap_or_default();
-        if extra.contains('\'') {
-            bail!("HERALD_BENCH_PG_OPTIONS must not contain a single quote");
-        }
+        let extra = server_options(&std::env::var("HERALD_BENCH_PG_OPTIONS").unwrap_or_default())?;
         let script = format!(
             "'{bin}/postgres' -D '{data}' -p {port} -c listen_addresses=127.0.0.1 -k '{dir}' \
              -c max_connections=300 -c shared_buffers=256MB \
@@ -318,4 +315,69 @@ pub fn top_statements(conn: &mut PgConnection, n: i64) -> Result<Vec<(String, i6
         .into_iter()
         .map(|s| (s.query, s.calls, s.total))
         .collect())
+}
+
+/// The server settings of `HERALD_BENCH_PG_OPTIONS`, checked and written back as
+/// `-c name=value` words for the server's command line (which a shell reads): only `-c` pairs of
+/// plain names and values, and none of the settings the bench itself relies on.
+pub fn server_options(text: &str) -> Result<String> {
+    const OWN: [&str; 5] = [
+        "port",
+        "listen_addresses",
+        "unix_socket_directories",
+        "shared_preload_libraries",
+        "max_connections",
+    ];
+    let plain = |s: &str, extra: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_.".contains(c) || extra.contains(c))
+    };
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let mut out = Vec::new();
+    for pair in words.chunks(2) {
+        let [flag, setting] = pair else {
+            bail!("HERALD_BENCH_PG_OPTIONS: {pair:?} is not `-c name=value`");
+        };
+        let Some((name, value)) = setting.split_once('=') else {
+            bail!("HERALD_BENCH_PG_OPTIONS: {setting:?} is not `name=value`");
+        };
+        if *flag != "-c" || !plain(name, "") || !plain(value, ":/+-") {
+            bail!(
+                "HERALD_BENCH_PG_OPTIONS: `{flag} {setting}` is not `-c name=value` with a plain \
+                 name and value (letters, digits, _ . : / + -)"
+            );
+        }
+        if OWN.contains(&name) {
+            bail!("HERALD_BENCH_PG_OPTIONS: {name} is the bench's own setting");
+        }
+        out.push(format!("-c {name}={value}"));
+    }
+    Ok(out.join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::server_options;
+
+    #[test]
+    fn server_options_take_plain_settings_only() {
+        assert_eq!(server_options("").unwrap(), "");
+        assert_eq!(
+            server_options("-c wal_compression=lz4  -c checkpoint_timeout=30min").unwrap(),
+            "-c wal_compression=lz4 -c checkpoint_timeout=30min"
+        );
+        for bad in [
+            "-c wal_compression=lz4 #",
+            "-c a=b;rm",
+            "-c a='b'",
+            "-c a=$(x)",
+            "wal_compression=lz4",
+            "-c",
+            "-c port=1",
+            "-x a=b",
+        ] {
+            assert!(server_options(bad).is_err(), "{bad}");
+        }
+    }
 }
