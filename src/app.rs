@@ -397,14 +397,14 @@ impl Herald {
 }
 
 /// How long after SIGTERM or SIGINT Herald exits, status 1, whatever is still waiting: the
-/// later of `shutdown_timeout` and the longest send (each bounded by its own timeout), plus
+/// later of `shutdown_timeout` and the longest send (`longest_send`: the webhook timeout, or the
+/// SMTP one where SMTP is configured and it is longer), plus
 /// [`HARD_STOP_GRACE`] for the outcomes' last tries (each within the pool's 5 s connection
 /// timeout when the database is down), the HTTP server's 10 s and the background tasks.
 pub fn hard_stop_after(settings: &Settings) -> std::time::Duration {
     settings
         .shutdown_timeout
-        .max(settings.webhook_timeout)
-        .max(settings.smtp_timeout)
+        .max(settings.longest_send)
         .saturating_add(HARD_STOP_GRACE)
 }
 

@@ -426,7 +426,6 @@ async fn shutdown_with_the_database_hanging_stops_at_the_hard_stop() {
         &[
             ("HERALD_SHUTDOWN_TIMEOUT_SECONDS", "1"),
             ("HERALD_WEBHOOK_TIMEOUT_MS", "3000"),
-            ("HERALD_SMTP_TIMEOUT_MS", "2000"),
             ("HERALD_LEASE_SECONDS", "60"),
         ],
     )
