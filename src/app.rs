@@ -362,8 +362,8 @@ impl Herald {
         shutdown_signal().await;
         info!("shutting down");
         let bound = hard_stop_after(&self.settings);
-        // The last resort: a database connection that hangs (a network partition without TCP
-        // keepalive, a frozen server) would keep the steps below waiting for ever.
+        // The last resort: a database connection that hangs (a frozen server, which keepalive
+        // cannot tell from a busy one) would keep the steps below waiting for ever.
         let hard_stop = std::thread::Builder::new()
             .name("herald-hard-stop".into())
             .spawn(move || {

@@ -1173,10 +1173,15 @@ async fn serve_answers_its_openapi_document_without_a_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_connections_probe_a_silent_peer_within_a_minute() {
     let db = crate::support::TestDb::new(crate::support::Backend::Postgres);
-    // postgres://user@host[:port]/db; the port is 5432 unless named.
-    let authority = db.url.split('@').nth(1).and_then(|r| r.split('/').next());
+    // postgres://[user@]host[:port]/db; the port is 5432 unless named.
+    let authority = db
+        .url
+        .split_once("://")
+        .and_then(|(_, r)| r.split('/').next())
+        .map(|a| a.rsplit_once('@').map_or(a, |(_, host)| host))
+        .unwrap_or_default();
     let port = authority
-        .and_then(|a| a.rsplit_once(':'))
+        .rsplit_once(':')
         .map_or("5432", |(_, p)| p)
         .to_owned();
     let listen = free_addr();

@@ -348,7 +348,7 @@ pub fn server_options(text: &str) -> Result<String> {
                  name and value (letters, digits, _ . : / + -)"
             );
         }
-        if OWN.contains(&name) {
+        if OWN.contains(&name.to_ascii_lowercase().as_str()) {
             bail!("HERALD_BENCH_PG_OPTIONS: {name} is the bench's own setting");
         }
         out.push(format!("-c {name}={value}"));
@@ -375,6 +375,7 @@ mod tests {
             "wal_compression=lz4",
             "-c",
             "-c port=1",
+            "-c Max_Connections=5",
             "-x a=b",
         ] {
             assert!(server_options(bad).is_err(), "{bad}");
