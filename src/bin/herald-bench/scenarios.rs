@@ -340,36 +340,53 @@ fn receipt(n: usize) -> (String, String, String, Vec<u8>) {
     (id, t.to_string(), sig, body)
 }
 
-/// `INGEST_CLIENTS` clients posting receipts for `window`; (receipts/s, p50 ms, p99 ms).
-async fn ingest_load(base: &str, window: Duration) -> Result<(f64, f64, f64)> {
+/// What a window of requests did: how many were answered, per second, and the latencies.
+struct Load {
+    answered: usize,
+    rate: f64,
+    p50: f64,
+    p99: f64,
+}
+
+/// `INGEST_CLIENTS` clients posting receipts for `window`.
+async fn ingest_load(base: &str, window: Duration) -> Result<Load> {
+    let url = format!("{base}/v1/ingest/bench");
+    http_load(window, 200, move |client, n| {
+        let (id, t, sig, body) = receipt(n);
+        client
+            .post(&url)
+            .header("webhook-id", id)
+            .header("webhook-timestamp", t)
+            .header("webhook-signature", sig)
+            .header("content-type", "application/json")
+            .body(body)
+    })
+    .await
+}
+
+/// `INGEST_CLIENTS` clients each sending the requests `request` builds (its second argument
+/// numbers them from 0, across clients) for `window`, one at a time; every answer must be
+/// `expect`.
+async fn http_load<F>(window: Duration, expect: u16, request: F) -> Result<Load>
+where
+    F: Fn(&reqwest::Client, usize) -> reqwest::RequestBuilder + Clone + Send + 'static,
+{
     let client = reqwest::Client::new();
     let next = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let deadline = start + window;
     let mut tasks = Vec::new();
     for _ in 0..INGEST_CLIENTS {
-        let (client, next, url) = (
-            client.clone(),
-            next.clone(),
-            format!("{base}/v1/ingest/bench"),
-        );
+        let (client, next, request) = (client.clone(), next.clone(), request.clone());
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             while Instant::now() < deadline {
-                let (id, t, sig, body) = receipt(next.fetch_add(1, Ordering::Relaxed));
+                let req = request(&client, next.fetch_add(1, Ordering::Relaxed));
                 let sent = Instant::now();
-                let r = client
-                    .post(&url)
-                    .header("webhook-id", id)
-                    .header("webhook-timestamp", t)
-                    .header("webhook-signature", sig)
-                    .header("content-type", "application/json")
-                    .body(body)
-                    .send()
-                    .await?;
+                let r = req.send().await?;
                 let status = r.status();
                 let text = r.text().await.unwrap_or_default();
-                ensure!(status == 200, "ingest answered {status}: {text}");
+                ensure!(status == expect, "answered {status}: {text}");
                 lat.push(sent.elapsed().as_secs_f64() * 1000.0);
             }
             Ok::<_, anyhow::Error>(lat)
@@ -381,12 +398,13 @@ async fn ingest_load(base: &str, window: Duration) -> Result<(f64, f64, f64)> {
     }
     let elapsed = start.elapsed().as_secs_f64();
     lat.sort_by(f64::total_cmp);
-    ensure!(!lat.is_empty(), "no ingest request completed");
-    Ok((
-        lat.len() as f64 / elapsed,
-        percentile(&lat, 50.0),
-        percentile(&lat, 99.0),
-    ))
+    ensure!(!lat.is_empty(), "no request completed");
+    Ok(Load {
+        answered: lat.len(),
+        rate: lat.len() as f64 / elapsed,
+        p50: percentile(&lat, 50.0),
+        p99: percentile(&lat, 99.0),
+    })
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -397,23 +415,70 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-pub fn ingest_pg(ctx: &mut Ctx) -> Result<Vec<Figure>> {
-    let window = Duration::from_secs(ctx.sizes.window_secs);
+/// SQLite's own single-row `INSERT` + commit (WAL, `synchronous = FULL`) of about 1 KiB from
+/// `INGEST_CLIENTS` threads for `window`, one writer at a time (SQLite has one); rows/s.
+fn sqlite_single_insert_baseline(ctx: &Ctx, window: Duration) -> Result<f64> {
+    let base_path = ctx.work_dir.join("baseline.db");
+    let mut c = sqlite_conn(&base_path)?;
+    c.batch_execute(
+        "CREATE TABLE IF NOT EXISTS bench_single (id INTEGER PRIMARY KEY, v INTEGER NOT NULL, body TEXT NOT NULL)",
+    )?;
+    drop(c);
+    let lock = Arc::new(std::sync::Mutex::new(()));
+    let done = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let threads: Vec<_> = (0..INGEST_CLIENTS)
+        .map(|k| {
+            let (lock, done, path) = (lock.clone(), done.clone(), base_path.clone());
+            std::thread::spawn(move || -> Result<()> {
+                let mut c = sqlite_conn(&path)?;
+                let body = "x".repeat(1000);
+                let mut v = k as i64;
+                while start.elapsed() < window {
+                    let _w = lock.lock().unwrap_or_else(|p| p.into_inner());
+                    diesel::sql_query("INSERT INTO bench_single (v, body) VALUES (?, ?)")
+                        .bind::<diesel::sql_types::BigInt, _>(v)
+                        .bind::<diesel::sql_types::Text, _>(&body)
+                        .execute(&mut c)?;
+                    v += INGEST_CLIENTS as i64;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join()
+            .map_err(|_| anyhow::anyhow!("baseline thread panicked"))??;
+    }
+    Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
+}
+
+/// A fresh database `db` of the cluster, and PostgreSQL's single-row `INSERT` + commit of about
+/// 1 KiB into a table of its own there, by pgbench with `INGEST_CLIENTS` clients for `window`:
+/// (the database's URL, inserts/s).
+fn pg_single_insert_baseline(ctx: &mut Ctx, db: &str, window: Duration) -> Result<(String, f64)> {
     let cluster = ctx.cluster()?;
-    let url = cluster.fresh("bench_ingest")?;
+    let url = cluster.fresh(db)?;
     PgConnection::establish(&url)?.batch_execute(
         "CREATE TABLE bench_single (id bigserial PRIMARY KEY, v bigint NOT NULL, body text NOT NULL, \
          at timestamptz NOT NULL DEFAULT now())",
     )?;
     let tps = cluster.pgbench(
-        "bench_ingest",
+        db,
         INGEST_CLIENTS,
         window,
         "\\set v random(1, 1000000000)\nINSERT INTO bench_single (v, body) VALUES (:v, repeat('x', 1000));\n",
     )?;
+    Ok((url, tps))
+}
+
+pub fn ingest_pg(ctx: &mut Ctx) -> Result<Vec<Figure>> {
+    let window = Duration::from_secs(ctx.sizes.window_secs);
+    let (url, tps) = pg_single_insert_baseline(ctx, "bench_ingest", window)?;
     let mut conn = PgConnection::establish(&url)?;
     conn.batch_execute(&format!("{MARK} SELECT pg_stat_statements_reset()"))?;
-    let (rate, p50, p99) = ctx.rt.block_on(async {
+    let Load { rate, p50, p99, .. } = ctx.rt.block_on(async {
         let h = HeraldProc::start(&url, "").await?;
         let r = ingest_load(&h.base, window).await;
         h.stop().await?;
@@ -445,6 +510,98 @@ pub fn ingest_pg(ctx: &mut Ctx) -> Result<Vec<Figure>> {
         )
         .note("baseline: pgbench's mean latency (clients / tps)"),
     ])
+}
+
+/// `INGEST_CLIENTS` clients enqueueing webhooks of about 1 KiB through `POST /v1/messages` for
+/// `window`, each with an event id of its own and scheduled an hour ahead: the figure is the
+/// API's enqueue alone, the sender finding nothing due.
+async fn enqueue_load(base: &str, window: Duration) -> Result<Load> {
+    let url = format!("{base}/v1/messages");
+    let at = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
+    let note = "x".repeat(860);
+    http_load(window, 201, move |client, n| {
+        client
+            .post(&url)
+            .bearer_auth(crate::proc::TOKEN)
+            .header("content-type", "application/json")
+            .body(
+                serde_json::to_vec(&serde_json::json!({
+                    "event_id": format!("enqueue-{n}"),
+                    "channel": "webhook",
+                    "destination": "http://127.0.0.1:9/hooks",
+                    "scheduled_at": at,
+                    "payload": {"body": {"type": "order.placed", "data": {"id": n, "note": note}}},
+                }))
+                .unwrap_or_default(),
+            )
+    })
+    .await
+}
+
+/// `POST /v1/messages` on PostgreSQL against pgbench's single-row insert at the same
+/// concurrency; every 201 must have left its row.
+pub fn enqueue_pg(ctx: &mut Ctx) -> Result<Vec<Figure>> {
+    let window = Duration::from_secs(ctx.sizes.window_secs);
+    let (url, tps) = pg_single_insert_baseline(ctx, "bench_enqueue", window)?;
+    let mut conn = PgConnection::establish(&url)?;
+    conn.batch_execute(&format!("{MARK} SELECT pg_stat_statements_reset()"))?;
+    let load = ctx.rt.block_on(async {
+        let h = HeraldProc::start(&url, "").await?;
+        let r = enqueue_load(&h.base, window).await;
+        h.stop().await?;
+        r
+    })?;
+    print_top_statements(&mut conn)?;
+    let rows = count_sql(&mut conn, "SELECT count(*) AS n FROM herald_outbox")?;
+    ensure!(
+        rows as usize == load.answered,
+        "{} enqueues answered 201, {rows} rows stored",
+        load.answered
+    );
+    Ok(enqueue_figures(
+        "enqueue_pg",
+        &load,
+        tps,
+        "pgbench single-row INSERT",
+    ))
+}
+
+/// `POST /v1/messages` on SQLite against SQLite's single-row insert.
+pub fn enqueue_sqlite(ctx: &mut Ctx) -> Result<Vec<Figure>> {
+    let window = Duration::from_secs(ctx.sizes.window_secs);
+    let baseline = sqlite_single_insert_baseline(ctx, window)?;
+    let (path, url) = fresh_sqlite(ctx, "enqueue")?;
+    let load = ctx.rt.block_on(async {
+        let h = HeraldProc::start(&url, "").await?;
+        let r = enqueue_load(&h.base, window).await;
+        h.stop().await?;
+        r
+    })?;
+    let rows = count_sqlite(
+        &mut sqlite_conn(&path)?,
+        "SELECT count(*) AS n FROM herald_outbox",
+    )?;
+    ensure!(
+        rows as usize == load.answered,
+        "{} enqueues answered 201, {rows} rows stored",
+        load.answered
+    );
+    Ok(enqueue_figures(
+        "enqueue_sqlite",
+        &load,
+        baseline,
+        "single-row INSERT+commit, synchronous=FULL",
+    ))
+}
+
+fn enqueue_figures(name: &str, load: &Load, baseline: f64, what: &str) -> Vec<Figure> {
+    vec![
+        Figure::measured(name, load.rate, baseline, "msg/s").note(format!(
+            "{INGEST_CLIENTS} clients, ~1 KiB webhooks through POST /v1/messages, scheduled an hour \
+             ahead; p50 {:.1} ms, p99 {:.1} ms; baseline: {what}, {INGEST_CLIENTS} clients",
+            load.p50, load.p99
+        )),
+    ]
 }
 
 /// Insert → first attempt, one message every 20 ms for `secs`, each inserted by SQL on the
@@ -591,23 +748,30 @@ fn fresh_sqlite(ctx: &Ctx, name: &str) -> Result<(std::path::PathBuf, String)> {
     Ok((path, url))
 }
 
-/// Waits until `n` rows of the SQLite outbox are `delivered`.
-async fn wait_delivered_sqlite(path: &std::path::Path, n: usize, start: Instant) -> Result<()> {
-    let mut c = sqlite_conn(path)?;
+/// The `n` of `sql` (a `SELECT count(*) AS n …`) on SQLite.
+fn count_sqlite(conn: &mut SqliteConnection, sql: &str) -> Result<i64> {
     #[derive(QueryableByName)]
     struct N {
         #[diesel(sql_type = diesel::sql_types::BigInt)]
         n: i64,
     }
+    let r: N = diesel::sql_query(sql).get_result(conn)?;
+    Ok(r.n)
+}
+
+/// Waits until `n` rows of the SQLite outbox are `delivered`.
+async fn wait_delivered_sqlite(path: &std::path::Path, n: usize, start: Instant) -> Result<()> {
+    let mut c = sqlite_conn(path)?;
     loop {
-        let r: N =
-            diesel::sql_query("SELECT count(*) AS n FROM herald_outbox WHERE state = 'delivered'")
-                .get_result(&mut c)?;
-        if r.n as usize >= n {
+        let done = count_sqlite(
+            &mut c,
+            "SELECT count(*) AS n FROM herald_outbox WHERE state = 'delivered'",
+        )?;
+        if done as usize >= n {
             return Ok(());
         }
         if start.elapsed() > WAIT_LIMIT {
-            bail!("only {} of {n} delivered", r.n);
+            bail!("only {done} of {n} delivered");
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -647,44 +811,9 @@ pub fn dispatch_sqlite(ctx: &mut Ctx) -> Result<Vec<Figure>> {
 
 pub fn ingest_sqlite(ctx: &mut Ctx) -> Result<Vec<Figure>> {
     let window = Duration::from_secs(ctx.sizes.window_secs);
-    // Baseline: SQLite's own single-row INSERT + commit (WAL, synchronous=FULL) from
-    // INGEST_CLIENTS threads, one writer at a time (SQLite has one).
-    let base_path = ctx.work_dir.join("baseline.db");
-    let mut c = sqlite_conn(&base_path)?;
-    c.batch_execute(
-        "CREATE TABLE IF NOT EXISTS bench_single (id INTEGER PRIMARY KEY, v INTEGER NOT NULL, body TEXT NOT NULL)",
-    )?;
-    drop(c);
-    let lock = Arc::new(std::sync::Mutex::new(()));
-    let done = Arc::new(AtomicUsize::new(0));
-    let start = Instant::now();
-    let threads: Vec<_> = (0..INGEST_CLIENTS)
-        .map(|k| {
-            let (lock, done, path) = (lock.clone(), done.clone(), base_path.clone());
-            std::thread::spawn(move || -> Result<()> {
-                let mut c = sqlite_conn(&path)?;
-                let body = "x".repeat(1000);
-                let mut v = k as i64;
-                while start.elapsed() < window {
-                    let _w = lock.lock().unwrap_or_else(|p| p.into_inner());
-                    diesel::sql_query("INSERT INTO bench_single (v, body) VALUES (?, ?)")
-                        .bind::<diesel::sql_types::BigInt, _>(v)
-                        .bind::<diesel::sql_types::Text, _>(&body)
-                        .execute(&mut c)?;
-                    v += INGEST_CLIENTS as i64;
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(())
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join()
-            .map_err(|_| anyhow::anyhow!("baseline thread panicked"))??;
-    }
-    let baseline = done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+    let baseline = sqlite_single_insert_baseline(ctx, window)?;
     let (_, url) = fresh_sqlite(ctx, "ingest")?;
-    let (rate, p50, p99) = ctx.rt.block_on(async {
+    let Load { rate, p50, p99, .. } = ctx.rt.block_on(async {
         let h = HeraldProc::start(&url, "").await?;
         let r = ingest_load(&h.base, window).await;
         h.stop().await?;
