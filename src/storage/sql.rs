@@ -161,7 +161,7 @@ where
 
 /// Run first in the hot transactions — the claim, the outcome batch, the reconciler's pass, the
 /// lease watchdog's pass — so that their statements walk their indexes whatever the statistics
-/// say (one round trip; both settings end with the transaction). Those statements stay prepared on each connection,
+/// say (one round trip; the settings end with the transaction). Those statements stay prepared on each connection,
 /// and PostgreSQL keeps a generic plan until the table is analyzed. A Herald that ran them on
 /// an empty or small table (a fresh install; a quiet outbox kept small by retention and
 /// analyzed while small) cached plans made for a tiny table, and a burst of rows then got, until autovacuum's next analyze, a sequential scan
@@ -169,10 +169,16 @@ where
 /// 24 ms per outcome batch — or, for the claim, a bitmap scan of every due row plus a sort
 /// (8–12 ms per claim at 20,000 rows in `dispatch_pg`).
 /// Test: `concurrency::hot_statements_keep_to_their_indexes_after_an_empty_outbox`.
+///
+/// JIT goes off with them: a statement with no index to walk (the insert trigger's look at
+/// `herald_listeners`, run by every insert into the outbox: the reconciler's status webhooks,
+/// the group enqueue) is then costed at the disable cost (10¹⁰), far above `jit_above_cost`,
+/// and PostgreSQL JIT-compiled it: 20–60 ms a statement, measured (`EXPLAIN ANALYZE`: "JIT …
+/// Inlining 46 ms"). Test: `concurrency::hot_transactions_never_jit_compile`.
 pub fn pg_keep_to_indexes(conn: &mut diesel::pg::PgConnection) -> diesel::QueryResult<()> {
     diesel::connection::SimpleConnection::batch_execute(
         conn,
-        "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off",
+        "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; SET LOCAL jit = off",
     )
 }
 

@@ -738,3 +738,67 @@ async fn a_send_task_does_not_hold_the_smtp_dialogue_inline() {
     );
     eprintln!("send task {task} bytes, SMTP dialogue {dialogue} bytes");
 }
+
+/// Herald's hot transactions turn sequential and bitmap scans off
+/// (`hot_statements_keep_to_their_indexes_after_an_empty_outbox`). A statement that has no
+/// index to walk — the outbox insert trigger's look at `herald_listeners`, which runs in the
+/// reconciler's pass (status webhooks) and the group enqueue — is then costed at the disable
+/// cost, far above `jit_above_cost`, and PostgreSQL JIT-compiled it (20–60 ms a statement).
+/// They turn JIT off too; with scans off alone the same statement is compiled.
+#[test]
+fn hot_transactions_never_jit_compile() {
+    use diesel::connection::SimpleConnection;
+    use diesel::pg::PgConnection;
+    use diesel::{Connection, QueryableByName, RunQueryDsl};
+
+    #[derive(QueryableByName)]
+    struct PlanLine {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        #[diesel(column_name = "QUERY PLAN")]
+        line: String,
+    }
+    #[derive(QueryableByName)]
+    struct Setting {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        jit: String,
+    }
+    fn listeners_plan(c: &mut PgConnection) -> diesel::QueryResult<String> {
+        let lines: Vec<PlanLine> = diesel::sql_query(
+            "EXPLAIN (ANALYZE) SELECT EXISTS (SELECT 1 FROM herald_listeners \
+             WHERE seen_at > now() - interval '30 seconds')",
+        )
+        .load(c)?;
+        Ok(lines.into_iter().map(|l| l.line).collect::<Vec<_>>().join("\n"))
+    }
+    let test_db = TestDb::new(Backend::Postgres);
+    let mut c = PgConnection::establish(&test_db.url).unwrap();
+    let now = herald::clock::Now {
+        local: chrono::Utc::now(),
+        shift: chrono::Duration::zero(),
+    };
+    c.transaction(|c| {
+        let claimed = herald::storage::outbox::pg::claim(
+            c,
+            &now,
+            100,
+            "jit-test",
+            std::time::Duration::from_secs(30),
+            "v1",
+        )?;
+        assert!(claimed.0.is_empty());
+        let s: Setting = diesel::sql_query("SHOW jit").get_result(c)?;
+        assert_eq!(s.jit, "off");
+        let p = listeners_plan(c)?;
+        assert!(p.contains("Seq Scan") && !p.contains("JIT"), "{p}");
+        Ok::<_, diesel::result::Error>(())
+    })
+    .unwrap();
+    // The same statement with scans off alone (JIT on, as by default) is compiled.
+    c.transaction(|c| {
+        c.batch_execute("SET LOCAL enable_seqscan = off; SET LOCAL jit = on")?;
+        let p = listeners_plan(c)?;
+        assert!(p.contains("JIT"), "{p}");
+        Ok::<_, diesel::result::Error>(())
+    })
+    .unwrap();
+}
