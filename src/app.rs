@@ -21,7 +21,7 @@ use crate::metrics::Metrics;
 use crate::reconcile::{Reconciler, ReconcilerConfig};
 use crate::retention::Retention;
 use crate::sender::{Sender, SenderConfig};
-use crate::storage::group_commit::ReceiptWriter;
+use crate::storage::group_commit::{MessageWriter, ReceiptWriter};
 use crate::storage::{Backend, Db, PoolOptions};
 
 /// The key under which a generated webhook secret is stored in `herald_settings`.
@@ -44,6 +44,7 @@ pub struct Herald {
     pub admin: AdminState,
     /// Ingest's group-commit writer: concurrent requests' receipts share one transaction.
     pub receipt_writer: ReceiptWriter,
+    pub message_writer: MessageWriter,
 }
 
 /// Opens the database (and migrates it unless told not to). Blocking.
@@ -265,6 +266,8 @@ impl Herald {
         let retention = Retention::new(db.clone(), clock.clone(), settings.retention);
         let receipt_writer =
             ReceiptWriter::spawn(db.clone()).context("cannot start the receipt writer")?;
+        let message_writer =
+            MessageWriter::spawn(db.clone()).context("cannot start the message writer")?;
         Ok(Self {
             settings,
             db,
@@ -276,6 +279,7 @@ impl Herald {
             retention,
             admin,
             receipt_writer,
+            message_writer,
         })
     }
 
@@ -297,6 +301,7 @@ impl Herald {
             metrics: self.metrics.clone(),
             sender_heartbeat: self.sender.heartbeat(),
             receipt_writer: self.receipt_writer.clone(),
+            message_writer: self.message_writer.clone(),
         }
     }
 

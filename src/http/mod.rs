@@ -26,7 +26,7 @@ use crate::health::{Findings, Heartbeat, readiness};
 use crate::ingest::RawRequest;
 use crate::metrics::{IngestVerdict, Metrics, ReceiptVerdict};
 use crate::outbox::{FanOut, Limits, NewMessage, Prepared};
-use crate::storage::group_commit::ReceiptWriter;
+use crate::storage::group_commit::{MessageWriter, ReceiptWriter};
 use crate::storage::receipts::Stored;
 use crate::storage::{Db, StorageError};
 use crate::support::{self, SupportError};
@@ -56,6 +56,8 @@ pub struct AppState {
     pub sender_heartbeat: Arc<Heartbeat>,
     /// Ingest's group-commit writer (on `db`): a request is answered after its group commits.
     pub receipt_writer: ReceiptWriter,
+    /// `POST /v1/messages`' group-commit writer (on `db`), for plain messages.
+    pub message_writer: MessageWriter,
 }
 
 /// Every route Herald serves, in one list: [`configure`] registers each handler at the
@@ -295,7 +297,9 @@ async fn create_message(
         state.retry_policy_version.clone(),
     );
     let owner = who.name.clone();
-    let written = web::block(move || -> Result<_, StorageError> {
+    // Marked before the plan: the group writer waits a moment for a request on its way.
+    let coming = state.message_writer.begin();
+    let planned = web::block(move || -> Result<_, StorageError> {
         let limits = Limits {
             max_payload_bytes,
             retry_policy,
@@ -317,27 +321,57 @@ async fn create_message(
                         children
                     })
                 };
-                return Ok(db
-                    .enqueue_fanout(plan.event_id(), &expand)?
-                    .map(|stored| Written::FanOut(FanOut::from_stored(plan.event_id(), stored))));
+                return Ok(db.enqueue_fanout(plan.event_id(), &expand)?.map(|stored| {
+                    Planned::Written(Written::FanOut(FanOut::from_stored(
+                        plan.event_id(),
+                        stored,
+                    )))
+                }));
             }
             Ok(Prepared::Message(row)) => row,
         };
         row.enqueued_by = Some(owner);
-        let (created, stored) = match db.enqueue(&row)? {
-            Ok(written) => written,
-            Err(invalid) => return Ok(Err(invalid)),
-        };
-        // A message that was already there may have its history already.
-        let receipts = if created {
-            Vec::new()
-        } else {
-            db.receipts_of_message(stored.id)?
-        };
-        Ok(Ok(Written::Message(created, stored, receipts)))
+        if row.ordering_key.is_none() {
+            // Committed with the group of requests coming in meanwhile (one commit for all).
+            return Ok(Ok(Planned::Plain(Box::new(row))));
+        }
+        // A keyed row takes its key's insert lock: a transaction of its own (see
+        // `MessageWriter::enqueue`).
+        Ok(db
+            .enqueue(&row)?
+            .map(|(created, stored)| Planned::Stored(created, stored)))
     })
     .await??
     .map_err(Problem::invalid)?;
+    let (created, stored) = match planned {
+        Planned::Written(w) => {
+            drop(coming);
+            (false, Err(w))
+        }
+        Planned::Stored(created, stored) => {
+            drop(coming);
+            (created, Ok(stored))
+        }
+        Planned::Plain(row) => {
+            let (created, stored) = state
+                .message_writer
+                .enqueue(coming, *row)
+                .await?
+                .map_err(Problem::invalid)?;
+            (created, Ok(stored))
+        }
+    };
+    let written = match stored {
+        Err(w) => w,
+        // A message that was already there may have its history already.
+        Ok(stored) if !created => {
+            let db = state.db.clone();
+            let id = stored.id;
+            let receipts = web::block(move || db.receipts_of_message(id)).await??;
+            Written::Message(false, stored, receipts)
+        }
+        Ok(stored) => Written::Message(true, stored, Vec::new()),
+    };
     let (created, owners) = match &written {
         Written::Message(created, stored, _) => (*created, vec![stored.enqueued_by.clone()]),
         Written::FanOut(f) => {
@@ -396,6 +430,14 @@ async fn create_message(
     } else {
         Ok(HttpResponse::Ok().json(view))
     }
+}
+
+/// What `POST /v1/messages`' plan led to: written already (a fan-out), a keyed message stored in
+/// a transaction of its own, or a plain message for the group writer.
+enum Planned {
+    Written(Written),
+    Stored(bool, crate::storage::models::OutboxRow),
+    Plain(Box<crate::storage::models::NewOutboxRow>),
 }
 
 /// What `POST /v1/messages` wrote (or found); one per request.

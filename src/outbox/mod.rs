@@ -645,15 +645,17 @@ pub fn enqueue<C: OutboxConnection>(
 /// thing. The check and the insert run on `conn`, in its transaction: the library's (the
 /// caller's) and `POST /v1/messages`'s ([`crate::storage::Db::enqueue`]) alike; the HTTP one
 /// first takes the event id's lock ([`crate::storage::sql::EVENT_ID_LOCK_CLASS`]).
+/// Why a message cannot take an event id that a fan-out already holds.
+pub fn fanout_holds_event_id() -> InvalidField {
+    InvalidField::new("event_id", "is already the event id of a fan-out")
+}
+
 pub fn enqueue_row<C: OutboxConnection>(
     conn: &mut C,
     row: &NewOutboxRow,
 ) -> diesel::QueryResult<Result<(bool, OutboxRow), Vec<InvalidField>>> {
     if conn.is_fanout(&row.event_id)? {
-        return Ok(Err(vec![InvalidField::new(
-            "event_id",
-            "is already the event id of a fan-out",
-        )]));
+        return Ok(Err(vec![fanout_holds_event_id()]));
     }
     let created = conn.insert_outbox_row(row)?.is_some();
     let stored = conn

@@ -1349,6 +1349,26 @@ pub fn pg_lock_event_id(
     Ok(())
 }
 
+/// [`pg_lock_event_id`] for several event ids at once (the group commit of `POST /v1/messages`):
+/// their locks are taken in the order of their keys, so that two transactions taking several
+/// never wait on each other in a circle (one taking one lock waits like any other).
+pub fn pg_lock_event_ids(
+    conn: &mut diesel::pg::PgConnection,
+    event_ids: &[&str],
+) -> diesel::QueryResult<()> {
+    use diesel::RunQueryDsl;
+    // The sorted subquery is not flattened into the outer one (it sorts and is DISTINCT), so
+    // the locks are taken as its rows come, in key order.
+    super::prepared::cached(
+        "SELECT pg_advisory_xact_lock($1, s.k) FROM ( \
+             SELECT DISTINCT hashtext(e) AS k FROM unnest($2::text[]) AS e ORDER BY 1) AS s",
+    )
+    .bind::<Integer, _>(EVENT_ID_LOCK_CLASS)
+    .bind::<diesel::sql_types::Array<Text>, _>(event_ids)
+    .execute(conn)?;
+    Ok(())
+}
+
 /// SQLite: every write runs behind the writer lock already.
 pub fn sqlite_lock_event_id(
     _conn: &mut diesel::sqlite::SqliteConnection,

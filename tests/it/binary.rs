@@ -1232,3 +1232,82 @@ async fn postgres_connections_probe_a_silent_peer_within_a_minute() {
     let status = herald.terminate().await;
     assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
 }
+
+/// `herald serve` on PostgreSQL takes concurrent enqueues through its group writer: 24 plain
+/// messages, the same event id three times and 3 keyed messages, all at once. Each answer is
+/// what a request alone gets (201 for each new id, one 201 and two 200s for the repeated id),
+/// every message is delivered once, and the repeated id's message was written once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_answers_concurrent_enqueues_as_each_alone() {
+    let db = crate::support::TestDb::new(crate::support::Backend::Postgres);
+    let rx = crate::support::Receiver::start().await;
+    let listen = free_addr();
+    let base = format!("http://{listen}");
+    let mut herald = Herald::spawn(
+        &["serve"],
+        &[
+            ("HERALD_DATABASE_URL", db.url.as_str()),
+            ("HERALD_LISTEN", listen.as_str()),
+            ("HERALD_POLL_INTERVAL_MS", "100"),
+        ],
+    );
+    herald.wait_healthy(&base).await;
+    let http = client();
+    let mut bodies: Vec<serde_json::Value> = (0..24)
+        .map(|i| crate::support::app::webhook(&format!("bin-g-{i}"), &rx.url, json!({"n": i})))
+        .collect();
+    for _ in 0..3 {
+        bodies.push(crate::support::app::webhook(
+            "bin-g-same",
+            &rx.url,
+            json!({"n": "same"}),
+        ));
+    }
+    for k in 0..3 {
+        let mut keyed = crate::support::app::webhook(&format!("bin-g-k{k}"), &rx.url, json!({}));
+        keyed["ordering_key"] = json!(format!("key-{k}"));
+        bodies.push(keyed);
+    }
+    let tasks: Vec<_> = bodies
+        .into_iter()
+        .map(|body| {
+            let (http, url) = (http.clone(), format!("{base}/v1/messages"));
+            tokio::spawn(async move {
+                let r = http.post(url).json(&body).send().await.unwrap();
+                let status = r.status().as_u16();
+                let view: serde_json::Value = r.json().await.unwrap();
+                (
+                    status,
+                    view["event_id"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    let of = |id: &str| -> Vec<u16> {
+        let mut s: Vec<u16> = answers.iter().filter(|a| a.1 == id).map(|a| a.0).collect();
+        s.sort();
+        s
+    };
+    for i in 0..24 {
+        assert_eq!(of(&format!("bin-g-{i}")), [201], "{answers:?}");
+    }
+    assert_eq!(of("bin-g-same"), [200, 200, 201], "{answers:?}");
+    for k in 0..3 {
+        assert_eq!(of(&format!("bin-g-k{k}")), [201], "{answers:?}");
+    }
+    rx.wait_for(28, 30).await;
+    let view = wait_for_view(&base, "bin-g-same", |v| v["state"] == "delivered").await;
+    assert_eq!(view["attempts"], 1);
+    let status = herald.terminate().await;
+    assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
+    // Stopped: every request it made is in; one each.
+    let mut ids: Vec<String> = rx.event_ids();
+    let sent = ids.len();
+    ids.sort();
+    ids.dedup();
+    assert_eq!((sent, ids.len()), (28, 28), "{ids:?}");
+}

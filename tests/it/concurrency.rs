@@ -768,7 +768,11 @@ fn hot_transactions_never_jit_compile() {
              WHERE seen_at > now() - interval '30 seconds')",
         )
         .load(c)?;
-        Ok(lines.into_iter().map(|l| l.line).collect::<Vec<_>>().join("\n"))
+        Ok(lines
+            .into_iter()
+            .map(|l| l.line)
+            .collect::<Vec<_>>()
+            .join("\n"))
     }
     let test_db = TestDb::new(Backend::Postgres);
     let mut c = PgConnection::establish(&test_db.url).unwrap();

@@ -1,6 +1,7 @@
-//! Group commit for ingest, on both backends: concurrent requests' receipts share one
-//! transaction, none is answered before the commit that holds its receipts, a replay undoes only
-//! its own request, and a group that fails to commit answers 503 to every request in it.
+//! Group commit for ingest and for `POST /v1/messages`, on both backends: concurrent requests'
+//! writes share one transaction, none is answered before the commit that holds its writes, a
+//! replay (or a value the database refuses, or an event id a fan-out holds) fails only its own
+//! request, and a group that fails to commit answers 503 to every request in it.
 //!
 //! The writer's before-commit hook holds the first group's commit open (a gate the test opens)
 //! while the next requests queue up behind it: no sleeps decide anything here.
@@ -12,6 +13,7 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use herald::crypto::signing::SigningKey;
 use herald::storage::StorageError;
+use herald::storage::group_commit::GroupWriter;
 use serde_json::{Value, json};
 
 use crate::both_backends;
@@ -73,40 +75,46 @@ struct Gate {
     answered: Arc<AtomicUsize>,
 }
 
-/// Installs a hook that holds the first group's commit until [`Gate::open`], records every
-/// group, and fails the groups numbered in `fail` (0 = the first).
-fn gate(app: &TestApp, fail: &'static [usize]) -> Gate {
+/// Installs on `writer` a hook that holds the first group's commit until [`Gate::open`], records
+/// every group, and fails the groups numbered in `fail` (0 = the first).
+fn gate_on<P: Send + 'static, A: Send + 'static>(
+    writer: &GroupWriter<P, A>,
+    fail: &'static [usize],
+) -> Gate {
     let (open, gate_rx) = std::sync::mpsc::channel::<()>();
     let (entered_tx, entered) = std::sync::mpsc::channel::<()>();
     let gate_rx = Mutex::new(gate_rx);
     let seen: Seen = Arc::default();
     let answered = Arc::new(AtomicUsize::new(0));
     let (s, a) = (seen.clone(), answered.clone());
-    app.herald
-        .receipt_writer
-        .set_before_commit(Some(Box::new(move |n| {
-            let k = {
-                let mut seen = s.lock().unwrap();
-                seen.push((n, a.load(Ordering::SeqCst)));
-                seen.len() - 1
-            };
-            if k == 0 {
-                entered_tx.send(()).unwrap();
-                gate_rx.lock().unwrap().recv().unwrap();
-            }
-            if fail.contains(&k) {
-                return Err(StorageError::Unavailable(Box::new(std::io::Error::other(
-                    "injected commit failure",
-                ))));
-            }
-            Ok(())
-        })));
+    writer.set_before_commit(Some(Box::new(move |n| {
+        let k = {
+            let mut seen = s.lock().unwrap();
+            seen.push((n, a.load(Ordering::SeqCst)));
+            seen.len() - 1
+        };
+        if k == 0 {
+            entered_tx.send(()).unwrap();
+            gate_rx.lock().unwrap().recv().unwrap();
+        }
+        if fail.contains(&k) {
+            return Err(StorageError::Unavailable(Box::new(std::io::Error::other(
+                "injected commit failure",
+            ))));
+        }
+        Ok(())
+    })));
     Gate {
         open,
         entered: Arc::new(Mutex::new(entered)),
         seen,
         answered,
     }
+}
+
+/// [`gate_on`] ingest's writer.
+fn gate(app: &TestApp, fail: &'static [usize]) -> Gate {
+    gate_on(&app.herald.receipt_writer, fail)
 }
 
 impl Gate {
@@ -145,10 +153,15 @@ fn send(
     })
 }
 
-/// Waits until `n` requests are queued behind the held commit.
+/// Waits until `n` requests are queued behind ingest's held commit.
 async fn queued(app: &TestApp, n: usize) {
+    queued_on(&app.herald.receipt_writer, n).await
+}
+
+/// Waits until `n` requests are queued behind `writer`'s held commit.
+async fn queued_on<P: Send + 'static, A: Send + 'static>(writer: &GroupWriter<P, A>, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while app.herald.receipt_writer.queued() < n {
+    while writer.queued() < n {
         assert!(Instant::now() < deadline, "requests did not queue up");
         tokio::task::yield_now().await;
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -312,3 +325,254 @@ async fn a_value_the_database_refuses_fails_only_its_own_request(backend: Backen
 }
 
 both_backends!(a_value_the_database_refuses_fails_only_its_own_request);
+
+// ---- POST /v1/messages ----
+
+const SHOP: &str = "shop-token-0123456789";
+
+/// A `send` token named `shop`, and endpoints subscribed to `order.*` (for a fan-out).
+fn enqueue_config() -> String {
+    format!(
+        "[tokens.shop]\nsha256 = \"{}\"\nscope = \"send\"\n\
+         [endpoints.a]\nurl = \"https://a.example/hook\"\nevent_types = [\"order.*\"]\n",
+        herald::auth::digest_hex(SHOP)
+    )
+}
+
+/// Enqueues `body` with `client` in its own task; the gate counts it answered when its
+/// response arrives.
+fn post(
+    app: &TestApp,
+    gate: &Gate,
+    client: &reqwest::Client,
+    body: Value,
+) -> tokio::task::JoinHandle<(u16, Value)> {
+    let r = client.post(format!("{}/v1/messages", app.base)).json(&body);
+    let answered = gate.answered.clone();
+    tokio::spawn(async move {
+        let resp = r.send().await.expect("POST /v1/messages");
+        answered.fetch_add(1, Ordering::SeqCst);
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    })
+}
+
+fn plain(id: &str) -> Value {
+    crate::support::app::webhook(id, "https://x.example/h", json!({"n": id}))
+}
+
+async fn stored(app: &TestApp, id: &str) -> bool {
+    app.http
+        .get(format!("{}/v1/messages/{id}", app.base))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        == 200
+}
+
+async fn concurrent_enqueues_share_one_commit_and_are_answered_after_it(backend: Backend) {
+    let app = spawn_app_with(backend, &enqueue_config()).await;
+    let writer = &app.herald.message_writer;
+    let gate = gate_on(writer, &[]);
+    let first = post(&app, &gate, &app.http, plain("m-0"));
+    gate.wait_entered().await;
+    let rest: Vec<_> = (1..=5)
+        .map(|i| post(&app, &gate, &app.http, plain(&format!("m-{i}"))))
+        .collect();
+    queued_on(writer, 5).await;
+    // The first group is inside its transaction, the others wait for theirs: nobody is
+    // answered, and no other client sees any of them.
+    assert!(!first.is_finished() && rest.iter().all(|t| !t.is_finished()));
+    assert_eq!(gate.answered.load(Ordering::SeqCst), 0);
+    for i in 0..=5 {
+        assert!(
+            !stored(&app, &format!("m-{i}")).await,
+            "m-{i} seen before its commit"
+        );
+    }
+    gate.open.send(()).unwrap();
+    let (status, view) = first.await.unwrap();
+    assert_eq!((status, view["event_id"].as_str()), (201, Some("m-0")));
+    for (i, t) in rest.into_iter().enumerate() {
+        let (status, view) = t.await.unwrap();
+        assert_eq!(status, 201, "{view}");
+        assert_eq!(view["event_id"], format!("m-{}", i + 1));
+        assert_eq!(view["state"], "scheduled");
+    }
+    let seen = gate.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[0], (1, 0));
+    assert_eq!(seen[1].0, 5);
+    assert!(seen[1].1 <= 1, "{seen:?}");
+    assert_eq!(writer.commits(), 2);
+    for i in 0..=5 {
+        assert!(stored(&app, &format!("m-{i}")).await);
+    }
+    app.stop().await;
+}
+
+both_backends!(concurrent_enqueues_share_one_commit_and_are_answered_after_it);
+
+/// One logical outcome per event id inside a group too: the first request carrying an id
+/// creates it (201), the same token again finds it (200), another token is told the id is
+/// taken (409), a fan-out's id is refused naming `event_id` (422) — each answered as it would be
+/// alone, its neighbours created.
+async fn event_ids_in_one_group_are_answered_as_alone(backend: Backend) {
+    use crate::support::app::client_with_token;
+    let app = spawn_app_with(backend, &enqueue_config()).await;
+    let fanout = app
+        .post_message(json!({"event_id": "ord-1", "channel": "webhook",
+            "destination": "type:order.placed", "payload": {"body": {"id": 1}}}))
+        .await;
+    assert_eq!(fanout.status(), 201);
+    let writer = &app.herald.message_writer;
+    let gate = gate_on(writer, &[]);
+    let first = post(&app, &gate, &app.http, plain("held"));
+    gate.wait_entered().await;
+    let shop = client_with_token(SHOP);
+    // One after another, so that the group holds them in this order.
+    let mut tasks = Vec::new();
+    for (client, body) in [
+        (&app.http, plain("dup")),
+        (&app.http, plain("dup")),
+        (&shop, plain("dup")),
+        (&app.http, plain("ord-1")),
+        (&shop, plain("other")),
+    ] {
+        tasks.push(post(&app, &gate, client, body));
+        queued_on(writer, tasks.len()).await;
+    }
+    gate.open.send(()).unwrap();
+    assert_eq!(first.await.unwrap().0, 201);
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    let statuses: Vec<u16> = answers.iter().map(|a| a.0).collect();
+    assert_eq!(statuses, [201, 200, 409, 422, 201], "{answers:?}");
+    assert_eq!(answers[1].1["event_id"], "dup");
+    assert_eq!(
+        answers[2].1["type"],
+        "https://herald.dev/problems/event-id-taken"
+    );
+    assert_eq!(answers[3].1["field"], "event_id", "{}", answers[3].1);
+    assert!(
+        answers[3].1["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("fan-out"),
+        "{}",
+        answers[3].1
+    );
+    assert_eq!(gate.seen.lock().unwrap()[1].0, 5);
+    // One `dup`, the first request's (the admin token's): `shop` cannot see it; `other` is
+    // shop's.
+    let get = |client: &reqwest::Client, id: &str| {
+        client.get(format!("{}/v1/messages/{id}", app.base)).send()
+    };
+    assert_eq!(get(&app.http, "dup").await.unwrap().status(), 200);
+    assert_eq!(get(&shop, "dup").await.unwrap().status(), 404);
+    assert_eq!(get(&shop, "other").await.unwrap().status(), 200);
+    // The fan-out is still a fan-out.
+    assert_eq!(app.message("ord-1").await["endpoints"], json!(["a"]));
+    app.stop().await;
+}
+
+both_backends!(event_ids_in_one_group_are_answered_as_alone);
+
+async fn a_failed_group_of_enqueues_answers_503_and_stores_nothing(backend: Backend) {
+    let app = spawn_app_with(backend, &enqueue_config()).await;
+    let writer = &app.herald.message_writer;
+    let gate = gate_on(writer, &[1]);
+    let first = post(&app, &gate, &app.http, plain("m-0"));
+    gate.wait_entered().await;
+    let rest: Vec<_> = (1..=3)
+        .map(|i| post(&app, &gate, &app.http, plain(&format!("m-{i}"))))
+        .collect();
+    queued_on(writer, 3).await;
+    gate.open.send(()).unwrap();
+    assert_eq!(first.await.unwrap().0, 201);
+    for t in rest {
+        let (status, problem) = t.await.unwrap();
+        assert_eq!(status, 503, "{problem}");
+    }
+    assert_eq!(gate.seen.lock().unwrap()[1].0, 3);
+    for i in 1..=3 {
+        assert!(
+            !stored(&app, &format!("m-{i}")).await,
+            "m-{i} stored by a failed group"
+        );
+    }
+    // The client's retry creates it.
+    let retry = post(&app, &gate, &app.http, plain("m-1")).await.unwrap();
+    assert_eq!(retry.0, 201, "{}", retry.1);
+    app.stop().await;
+}
+
+both_backends!(a_failed_group_of_enqueues_answers_503_and_stores_nothing);
+
+/// A value the database refuses in one enqueue of a group (a trigger of the test's) fails that
+/// request alone: the group is written again request by request, each in its savepoint.
+async fn a_value_the_database_refuses_fails_only_its_own_enqueue(backend: Backend) {
+    let app = spawn_app_with(backend, &enqueue_config()).await;
+    app.raw_sql(match backend {
+        Backend::Postgres => {
+            "CREATE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+               IF NEW.event_id = 'm-refused' THEN RAISE EXCEPTION 'refused by the test'; \
+               END IF; RETURN NEW; END $$; \
+             CREATE TRIGGER test_refuse BEFORE INSERT ON herald_outbox \
+               FOR EACH ROW EXECUTE FUNCTION test_refuse();"
+        }
+        Backend::Sqlite => {
+            "CREATE TRIGGER test_refuse BEFORE INSERT ON herald_outbox \
+               WHEN NEW.event_id = 'm-refused' \
+               BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;"
+        }
+    });
+    let writer = &app.herald.message_writer;
+    let gate = gate_on(writer, &[]);
+    let first = post(&app, &gate, &app.http, plain("m-0"));
+    gate.wait_entered().await;
+    let rest: Vec<_> = ["m-1", "m-refused", "m-2"]
+        .into_iter()
+        .map(|id| post(&app, &gate, &app.http, plain(id)))
+        .collect();
+    queued_on(writer, 3).await;
+    gate.open.send(()).unwrap();
+    assert_eq!(first.await.unwrap().0, 201);
+    let mut answers = Vec::new();
+    for t in rest {
+        answers.push(t.await.unwrap().0);
+    }
+    // Not acknowledged: a 500, as any storage error that is not an outage.
+    assert_eq!(answers, [201, 500, 201]);
+    assert_eq!(gate.seen.lock().unwrap()[1].0, 3);
+    assert!(stored(&app, "m-1").await && stored(&app, "m-2").await);
+    assert!(!stored(&app, "m-refused").await);
+    app.stop().await;
+}
+
+both_backends!(a_value_the_database_refuses_fails_only_its_own_enqueue);
+
+/// On PostgreSQL a message with an ordering key is written in a transaction of its own, not by
+/// the group writer: it is answered while the writer's commit is held. (On SQLite every write
+/// waits for the one writer anyway.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_enqueue_does_not_wait_for_the_group_writer() {
+    let app = spawn_app_with(Backend::Postgres, &enqueue_config()).await;
+    let writer = &app.herald.message_writer;
+    let gate = gate_on(writer, &[]);
+    let first = post(&app, &gate, &app.http, plain("m-0"));
+    gate.wait_entered().await;
+    let mut keyed = plain("k-1");
+    keyed["ordering_key"] = json!("order-1");
+    let (status, view) = post(&app, &gate, &app.http, keyed).await.unwrap();
+    assert_eq!(status, 201, "{view}");
+    assert_eq!(view["ordering_key"], "order-1");
+    assert!(!first.is_finished());
+    assert_eq!(writer.queued(), 0);
+    gate.open.send(()).unwrap();
+    assert_eq!(first.await.unwrap().0, 201);
+    app.stop().await;
+}

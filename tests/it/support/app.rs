@@ -195,8 +195,10 @@ pub async fn call_with_db(
     requests: Vec<actix_web::test::TestRequest>,
 ) -> Vec<actix_web::dev::ServiceResponse> {
     let mut state = app.herald.app_state();
-    // Ingest writes through its group-commit writer: one on the replacement database too.
+    // Ingest and the API's enqueue write through group-commit writers: ones on the replacement
+    // database too.
     state.receipt_writer = herald::storage::group_commit::ReceiptWriter::spawn(db.clone()).unwrap();
+    state.message_writer = herald::storage::group_commit::MessageWriter::spawn(db.clone()).unwrap();
     state.db = db;
     let srv = actix_web::test::init_service(
         actix_web::App::new()
