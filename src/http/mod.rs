@@ -297,7 +297,8 @@ async fn create_message(
         state.retry_policy_version.clone(),
     );
     let owner = who.name.clone();
-    // Marked before the plan: the group writer waits a moment for a request on its way.
+    // Marked before the plan: the group writer waits a moment for a request on its way (let go
+    // as soon as the plan shows it is not the writer's).
     let coming = state.message_writer.begin();
     let planned = web::block(move || -> Result<_, StorageError> {
         let limits = Limits {
@@ -310,6 +311,8 @@ async fn create_message(
         let mut row = match message.plan(&limits, now) {
             Err(invalid) => return Ok(Err(invalid)),
             Ok(Prepared::FanOut(plan)) => {
+                // Not for the group writer: it need not wait for this one.
+                drop(coming);
                 // The children and their links in one transaction, over the stored
                 // subscriptions; no subscriber is a 422 and nothing is written. Each child
                 // records the token that enqueued it.
@@ -333,8 +336,9 @@ async fn create_message(
         row.enqueued_by = Some(owner);
         if row.ordering_key.is_none() {
             // Committed with the group of requests coming in meanwhile (one commit for all).
-            return Ok(Ok(Planned::Plain(Box::new(row))));
+            return Ok(Ok(Planned::Plain(Box::new(row), coming)));
         }
+        drop(coming);
         // A keyed row takes its key's insert lock: a transaction of its own (see
         // `MessageWriter::enqueue`).
         Ok(db
@@ -344,15 +348,9 @@ async fn create_message(
     .await??
     .map_err(Problem::invalid)?;
     let (created, stored) = match planned {
-        Planned::Written(w) => {
-            drop(coming);
-            (false, Err(w))
-        }
-        Planned::Stored(created, stored) => {
-            drop(coming);
-            (created, Ok(stored))
-        }
-        Planned::Plain(row) => {
+        Planned::Written(w) => (false, Err(w)),
+        Planned::Stored(created, stored) => (created, Ok(stored)),
+        Planned::Plain(row, coming) => {
             let (created, stored) = state
                 .message_writer
                 .enqueue(coming, *row)
@@ -437,7 +435,10 @@ async fn create_message(
 enum Planned {
     Written(Written),
     Stored(bool, crate::storage::models::OutboxRow),
-    Plain(Box<crate::storage::models::NewOutboxRow>),
+    Plain(
+        Box<crate::storage::models::NewOutboxRow>,
+        crate::storage::group_commit::Coming,
+    ),
 }
 
 /// What `POST /v1/messages` wrote (or found); one per request.

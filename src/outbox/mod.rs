@@ -640,16 +640,16 @@ pub fn enqueue<C: OutboxConnection>(
     enqueue_with(conn, &message, &Limits::default(), now)
 }
 
-/// Writes a prepared message unless its event id exists; returns whether it was created and the
-/// stored row. Refused naming `event_id` when the id is a fan-out's: one event id names one
-/// thing. The check and the insert run on `conn`, in its transaction: the library's (the
-/// caller's) and `POST /v1/messages`'s ([`crate::storage::Db::enqueue`]) alike; the HTTP one
-/// first takes the event id's lock ([`crate::storage::sql::EVENT_ID_LOCK_CLASS`]).
 /// Why a message cannot take an event id that a fan-out already holds.
 pub fn fanout_holds_event_id() -> InvalidField {
     InvalidField::new("event_id", "is already the event id of a fan-out")
 }
 
+/// Writes a prepared message unless its event id exists; returns whether it was created and the
+/// stored row. Refused naming `event_id` when the id is a fan-out's: one event id names one
+/// thing. The check and the insert run on `conn`, in its transaction: the library's (the
+/// caller's) and `POST /v1/messages`'s ([`crate::storage::Db::enqueue`]) alike; the HTTP one
+/// first takes the event id's lock ([`crate::storage::sql::EVENT_ID_LOCK_CLASS`]).
 pub fn enqueue_row<C: OutboxConnection>(
     conn: &mut C,
     row: &NewOutboxRow,

@@ -244,7 +244,16 @@ fn run<P, A>(
             }
         }
         shared.queued.fetch_sub(group.len(), Ordering::AcqRel);
-        let results = commit(&db, &group, &shared);
+        // A panic in a commit (a bug) answers its group 503 and leaves the writer running: every
+        // later request would otherwise be refused with it.
+        let results = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            commit(&db, &group, &shared)
+        }))
+        .unwrap_or_else(|_| {
+            Err(StorageError::Unavailable(Box::new(GroupFailed(
+                "the group's commit panicked".into(),
+            ))))
+        });
         match results {
             Ok(results) => {
                 shared.commits.fetch_add(1, Ordering::AcqRel);
@@ -290,7 +299,8 @@ fn commit_receipts(
     };
     match commit_once(db, group, shared, first) {
         Err(GroupError::OneAborted) => one_by_one_in_savepoints(db, group, shared),
-        Err(GroupError::Storage(e)) if group.len() > 1 && !e.is_unavailable() => {
+        // A group of one too: its request alone then gets the refusal (500), not a 503.
+        Err(GroupError::Storage(e)) if !e.is_unavailable() => {
             tracing::warn!(requests = group.len(), reason = %e.log_safe(), "the database refused a group of receipts; storing it request by request");
             one_by_one_in_savepoints(db, group, shared)
         }
@@ -524,7 +534,9 @@ fn commit_messages(
             pg_merged_messages(c, group, shared)
         });
         match r {
-            Err(e) if group.len() > 1 && !e.is_unavailable() => {
+            // A group of one too: its request alone then gets the database's refusal (500), not
+            // the 503 of a failed group, which would have it retried for ever.
+            Err(e) if !e.is_unavailable() => {
                 tracing::warn!(requests = group.len(), reason = %e.log_safe(), "the database refused a group of messages; writing it request by request");
             }
             r => return r,
@@ -593,15 +605,23 @@ fn pg_merged_messages(
         .load::<String>(c)?
         .into_iter()
         .collect();
-    let values: Vec<_> = group
+    // In event-id order, as the fan-out trigger inserts its children (by endpoint, under one
+    // prefix): two transactions inserting several of the same ids wait on each other's index
+    // entries in one order, never in a circle. (An application's transaction inserting several
+    // of the very ids a group carries, in another order, still can: PostgreSQL then aborts one
+    // of the two.) The sort is stable: an event id given twice is stored once (ON CONFLICT DO
+    // NOTHING skips the second row), by the first request carrying it. The rows come back as
+    // stored (the insert triggers' defaults in them).
+    let mut rows: Vec<&NewOutboxRow> = group
         .iter()
         .map(|j| &j.payload)
         .filter(|m| !fanouts.contains(&m.event_id))
+        .collect();
+    rows.sort_by(|a, b| a.event_id.cmp(&b.event_id));
+    let values: Vec<_> = rows
+        .into_iter()
         .map(|m| super::outbox::outbox_values!(o, sql, m))
         .collect();
-    // In arrival order; an event id given twice is stored once (ON CONFLICT DO NOTHING skips the
-    // second row), by the first request carrying it. The rows come back as stored (the insert
-    // triggers' defaults in them).
     let mut stored: HashMap<String, OutboxRow> = if values.is_empty() {
         HashMap::new()
     } else {

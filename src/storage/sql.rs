@@ -1327,8 +1327,9 @@ pub fn pg_busy_keys(
 /// The advisory lock class of an event id (the second key is the id's `hashtext`):
 /// `POST /v1/messages` takes it, in the transaction that writes a plain message or a fan-out,
 /// before it looks for the other kind under the same id. Both looks otherwise ran before the
-/// other's commit, saw nothing, and both wrote. Only there: one event id per transaction. The
-/// Rust library and plain SQL run in the application's transaction, which may write thousands
+/// other's commit, saw nothing, and both wrote. Only there: one event id per transaction, or
+/// one per request of a group (at most `group_commit::GROUP_MAX`, 256) in the group enqueue.
+/// The Rust library and plain SQL run in the application's transaction, which may write thousands
 /// of messages, and each lock held to the commit takes a slot of PostgreSQL's shared lock table
 /// (`max_locks_per_transaction` × connections): "out of shared memory" (why the ordering keys'
 /// insert lock is a row of `herald_ordering_locks`, not an advisory lock, since migration

@@ -321,6 +321,9 @@ async fn a_value_the_database_refuses_fails_only_its_own_request(backend: Backen
         .collect();
     ids.sort();
     assert_eq!(ids, ["msg_0", "msg_1", "msg_2"]);
+    // Alone in its group: the same 500, not the 503 of a failed group.
+    let (status, problem) = send(&app, &gate, resend("msg_refused")).await.unwrap();
+    assert_eq!(status, 500, "{problem}");
     app.stop().await;
 }
 
@@ -394,11 +397,28 @@ async fn concurrent_enqueues_share_one_commit_and_are_answered_after_it(backend:
     gate.open.send(()).unwrap();
     let (status, view) = first.await.unwrap();
     assert_eq!((status, view["event_id"].as_str()), (201, Some("m-0")));
+    let mut views = Vec::new();
     for (i, t) in rest.into_iter().enumerate() {
         let (status, view) = t.await.unwrap();
         assert_eq!(status, 201, "{view}");
         assert_eq!(view["event_id"], format!("m-{}", i + 1));
         assert_eq!(view["state"], "scheduled");
+        views.push(view);
+    }
+    // The 201's view (the row the group insert returned) is the stored row's.
+    for view in &views {
+        let id = view["event_id"].as_str().unwrap();
+        let again = app.message(id).await;
+        for field in [
+            "state",
+            "fingerprint",
+            "next_attempt_at",
+            "attempts",
+            "channel",
+        ] {
+            assert_eq!(view[field], again[field], "{id} {field}");
+        }
+        assert!(view["next_attempt_at"].is_string(), "{view}");
     }
     let seen = gate.seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 2, "{seen:?}");
@@ -550,6 +570,12 @@ async fn a_value_the_database_refuses_fails_only_its_own_enqueue(backend: Backen
     assert_eq!(gate.seen.lock().unwrap()[1].0, 3);
     assert!(stored(&app, "m-1").await && stored(&app, "m-2").await);
     assert!(!stored(&app, "m-refused").await);
+    // Alone in its group: the same 500, not the 503 of a failed group (retried for ever).
+    let (status, problem) = post(&app, &gate, &app.http, plain("m-refused"))
+        .await
+        .unwrap();
+    assert_eq!(status, 500, "{problem}");
+    assert!(!stored(&app, "m-refused").await);
     app.stop().await;
 }
 
@@ -567,7 +593,11 @@ async fn a_keyed_enqueue_does_not_wait_for_the_group_writer() {
     gate.wait_entered().await;
     let mut keyed = plain("k-1");
     keyed["ordering_key"] = json!("order-1");
-    let (status, view) = post(&app, &gate, &app.http, keyed).await.unwrap();
+    let (status, view) =
+        tokio::time::timeout(Duration::from_secs(10), post(&app, &gate, &app.http, keyed))
+            .await
+            .expect("the keyed enqueue is answered while the group writer is held")
+            .unwrap();
     assert_eq!(status, 201, "{view}");
     assert_eq!(view["ordering_key"], "order-1");
     assert!(!first.is_finished());
