@@ -272,26 +272,38 @@ async fn a_replay_in_a_group_undoes_only_its_own_request(backend: Backend) {
 
 both_backends!(a_replay_in_a_group_undoes_only_its_own_request);
 
+/// Makes the database refuse an insert into `table` whose `column` is `value` (a trigger that
+/// raises).
+fn refuse(app: &TestApp, backend: Backend, table: &str, column: &str, value: &str) {
+    app.raw_sql(&match backend {
+        Backend::Postgres => format!(
+            "CREATE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+               IF NEW.{column} = '{value}' THEN RAISE EXCEPTION 'refused by the test'; \
+               END IF; RETURN NEW; END $$; \
+             CREATE TRIGGER test_refuse BEFORE INSERT ON {table} \
+               FOR EACH ROW EXECUTE FUNCTION test_refuse();"
+        ),
+        Backend::Sqlite => format!(
+            "CREATE TRIGGER test_refuse BEFORE INSERT ON {table} \
+               WHEN NEW.{column} = '{value}' \
+               BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;"
+        ),
+    });
+}
+
 /// A value the database refuses in one request of a group (a trigger of the test's here; an id
 /// too long to index was one, before ingest refused those itself) fails that request alone: the
 /// group is stored again request by request, each in its savepoint, and its neighbours are
 /// stored and answered 200, never 503.
 async fn a_value_the_database_refuses_fails_only_its_own_request(backend: Backend) {
     let app = spawn_app_with(backend, &sources()).await;
-    app.raw_sql(match backend {
-        Backend::Postgres => {
-            "CREATE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
-               IF NEW.provider_event_id = 'msg_refused' THEN RAISE EXCEPTION 'refused by the test'; \
-               END IF; RETURN NEW; END $$; \
-             CREATE TRIGGER test_refuse BEFORE INSERT ON herald_receipts \
-               FOR EACH ROW EXECUTE FUNCTION test_refuse();"
-        }
-        Backend::Sqlite => {
-            "CREATE TRIGGER test_refuse BEFORE INSERT ON herald_receipts \
-               WHEN NEW.provider_event_id = 'msg_refused' \
-               BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;"
-        }
-    });
+    refuse(
+        &app,
+        backend,
+        "herald_receipts",
+        "provider_event_id",
+        "msg_refused",
+    );
     let gate = gate(&app, &[]);
     let first = send(&app, &gate, resend("msg_0"));
     gate.wait_entered().await;
@@ -536,20 +548,7 @@ both_backends!(a_failed_group_of_enqueues_answers_503_and_stores_nothing);
 /// request alone: the group is written again request by request, each in its savepoint.
 async fn a_value_the_database_refuses_fails_only_its_own_enqueue(backend: Backend) {
     let app = spawn_app_with(backend, &enqueue_config()).await;
-    app.raw_sql(match backend {
-        Backend::Postgres => {
-            "CREATE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
-               IF NEW.event_id = 'm-refused' THEN RAISE EXCEPTION 'refused by the test'; \
-               END IF; RETURN NEW; END $$; \
-             CREATE TRIGGER test_refuse BEFORE INSERT ON herald_outbox \
-               FOR EACH ROW EXECUTE FUNCTION test_refuse();"
-        }
-        Backend::Sqlite => {
-            "CREATE TRIGGER test_refuse BEFORE INSERT ON herald_outbox \
-               WHEN NEW.event_id = 'm-refused' \
-               BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;"
-        }
-    });
+    refuse(&app, backend, "herald_outbox", "event_id", "m-refused");
     let writer = &app.herald.message_writer;
     let gate = gate_on(writer, &[]);
     let first = post(&app, &gate, &app.http, plain("m-0"));
