@@ -8,38 +8,6 @@ use super::models::{
 };
 use super::{Db, StorageError, per_backend};
 
-/// One message row's values as inserted, for `insert_message` and the group insert of
-/// `POST /v1/messages` ([`super::group_commit`]): `$o` the table's schema module, `$sql` the
-/// backend's `sql` module, `$m` a `&NewOutboxRow`.
-macro_rules! outbox_values {
-    ($o:ident, $sql:ident, $m:expr) => {{
-        let m: &$crate::storage::models::NewOutboxRow = $m;
-        (
-            $o::event_id.eq(&m.event_id),
-            $o::channel.eq(m.channel),
-            $o::destination.eq(&m.destination),
-            $o::payload.eq(&m.payload),
-            // None: the column default (`now()`), and the insert trigger copies it to
-            // next_attempt_at.
-            $sql::scheduled_at(m).map(|t| $o::scheduled_at.eq(t)),
-            $sql::scheduled_at(m).map(|t| $o::next_attempt_at.eq(Some(t))),
-            $o::max_attempts.eq(m.max_attempts),
-            $o::retry_policy.eq(&m.retry_policy),
-            $o::retry_policy_version.eq(&m.retry_policy_version),
-            $o::message_key.eq(&m.message_key),
-            $o::semantics.eq(m.semantics),
-            $o::expires_at.eq(m.expires_at),
-            $o::request_fingerprint.eq(&m.request_fingerprint),
-            $o::enqueued_by.eq(&m.enqueued_by),
-            $o::ordering_key.eq(&m.ordering_key),
-            $o::ordering_policy.eq(m.ordering_policy),
-            $o::created_at.eq(m.now),
-            $o::updated_at.eq(m.now),
-        )
-    }};
-}
-pub(crate) use outbox_values;
-
 per_backend! {
     use chrono::{DateTime, Utc};
     use diesel::prelude::*;
@@ -52,7 +20,28 @@ per_backend! {
     /// Inserts a message; `None` when its event id is already there.
     pub fn insert_message(conn: &mut Conn, m: &NewOutboxRow) -> QueryResult<Option<i64>> {
         diesel::insert_into(o::table)
-            .values(crate::storage::outbox::outbox_values!(o, sql, m))
+            .values((
+                o::event_id.eq(&m.event_id),
+                o::channel.eq(m.channel),
+                o::destination.eq(&m.destination),
+                o::payload.eq(&m.payload),
+                // None: the column default (`now()`), and the insert trigger copies it to
+                // next_attempt_at.
+                sql::scheduled_at(m).map(|t| o::scheduled_at.eq(t)),
+                sql::scheduled_at(m).map(|t| o::next_attempt_at.eq(Some(t))),
+                o::max_attempts.eq(m.max_attempts),
+                o::retry_policy.eq(&m.retry_policy),
+                o::retry_policy_version.eq(&m.retry_policy_version),
+                o::message_key.eq(&m.message_key),
+                o::semantics.eq(m.semantics),
+                o::expires_at.eq(m.expires_at),
+                o::request_fingerprint.eq(&m.request_fingerprint),
+                o::enqueued_by.eq(&m.enqueued_by),
+                o::ordering_key.eq(&m.ordering_key),
+                o::ordering_policy.eq(m.ordering_policy),
+                o::created_at.eq(m.now),
+                o::updated_at.eq(m.now),
+            ))
             .on_conflict(o::event_id)
             .do_nothing()
             .returning(o::id)

@@ -588,6 +588,65 @@ pub fn pg_insert_receipts_returning(
         .collect())
 }
 
+/// PostgreSQL: the group enqueue's plain messages in one kept-prepared `unnest` insert, in the
+/// order given (a multi-row `VALUES` changes its text with the row count: parsed and planned
+/// again for every group, 0.27 ms a group of about 10). The columns are those of
+/// `outbox_values!`; a `scheduled_at` not given is `now()`, as the column's default, and a
+/// `next_attempt_at` left NULL is filled in from it by the insert trigger, as for one message.
+/// Ids already there are skipped; the stored rows come back.
+pub const PG_INSERT_MESSAGES_SQL: &str = "INSERT INTO herald_outbox (event_id, channel, \
+    destination, payload, scheduled_at, next_attempt_at, max_attempts, retry_policy, \
+    retry_policy_version, message_key, semantics, expires_at, request_fingerprint, enqueued_by, \
+    ordering_key, ordering_policy, created_at, updated_at)
+SELECT e, c, d, p, COALESCE(s, now()), s, m, rp, rv, mk, se, ex, f, eb, ok, op, t, t
+FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::timestamptz[], $6::int4[],
+    $7::text[], $8::text[], $9::text[], $10::text[], $11::timestamptz[], $12::text[],
+    $13::text[], $14::text[], $15::text[], $16::timestamptz[])
+    AS u(e, c, d, p, s, m, rp, rv, mk, se, ex, f, eb, ok, op, t)
+ON CONFLICT (event_id) DO NOTHING
+RETURNING *";
+
+/// Inserts `rows` (see [`PG_INSERT_MESSAGES_SQL`]); the rows it stored.
+pub fn pg_insert_messages(
+    conn: &mut diesel::pg::PgConnection,
+    rows: &[&NewOutboxRow],
+) -> diesel::QueryResult<Vec<OutboxRow>> {
+    use super::schema_pg::herald_outbox as o;
+    use diesel::RunQueryDsl;
+    use diesel::sql_types::{Array, Jsonb, Timestamptz};
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let sql = SQL.get_or_init(|| {
+        returning_outbox_columns::<diesel::pg::Pg, o::table>(
+            PG_INSERT_MESSAGES_SQL,
+            "RETURNING *",
+            "\"herald_outbox\".",
+            "",
+        )
+    });
+    super::prepared::cached(sql)
+        .bind::<Array<Text>, _>(column(rows, |m| m.event_id.as_str()))
+        .bind::<Array<Text>, _>(column(rows, |m| m.channel.as_str()))
+        .bind::<Array<Text>, _>(column(rows, |m| m.destination.as_str()))
+        .bind::<Array<Jsonb>, _>(column(rows, |m| &m.payload))
+        .bind::<Array<Nullable<Timestamptz>>, _>(column(rows, |m| pg_scheduled_at(m)))
+        .bind::<Array<Nullable<Integer>>, _>(column(rows, |m| m.max_attempts))
+        .bind::<Array<Text>, _>(column(rows, |m| m.retry_policy.as_str()))
+        .bind::<Array<Nullable<Text>>, _>(column(rows, |m| m.retry_policy_version.as_deref()))
+        .bind::<Array<Nullable<Text>>, _>(column(rows, |m| m.message_key.as_deref()))
+        .bind::<Array<Text>, _>(column(rows, |m| m.semantics.as_str()))
+        .bind::<Array<Nullable<Timestamptz>>, _>(column(rows, |m| m.expires_at))
+        .bind::<Array<Nullable<Text>>, _>(column(rows, |m| m.request_fingerprint.as_deref()))
+        .bind::<Array<Nullable<Text>>, _>(column(rows, |m| m.enqueued_by.as_deref()))
+        .bind::<Array<Nullable<Text>>, _>(column(rows, |m| m.ordering_key.as_deref()))
+        .bind::<Array<Nullable<Text>>, _>(column(rows, |m| m.ordering_policy.map(|p| p.as_str())))
+        .bind::<Array<Timestamptz>, _>(column(rows, |m| m.now))
+        .typed::<diesel::dsl::SqlTypeOf<<o::table as diesel::Table>::AllColumns>>()
+        .load(conn)
+}
+
 /// SQLite: one attempt row, duplicates of `herald_attempts_once` skipped as on PostgreSQL.
 pub const SQLITE_INSERT_ATTEMPT_SQL: &str = concat!(
     insert_attempts_into!(),

@@ -605,3 +605,68 @@ async fn a_keyed_enqueue_does_not_wait_for_the_group_writer() {
     assert_eq!(first.await.unwrap().0, 201);
     app.stop().await;
 }
+
+/// The group insert stores a message exactly as the single insert does (`Db::enqueue`, the
+/// path of keyed messages and the library's): for the same prepared message, every column is
+/// the same but those that follow the event id or the transaction's clock — with and without
+/// `scheduled_at`, with every optional column set, for a webhook and an email.
+async fn the_group_insert_stores_what_a_single_insert_stores(backend: Backend) {
+    use herald::domain::Semantics;
+    use herald::outbox::{Limits, NewMessage};
+    let app = spawn_app_with(backend, &enqueue_config()).await;
+    let now = chrono::Utc::now();
+    let mut every = NewMessage::webhook("x", "https://x.example/h", json!({"a": [1, 2]}));
+    every.scheduled_at = Some(now + chrono::Duration::hours(1));
+    every.expires_at = Some(now + chrono::Duration::hours(2));
+    every.max_attempts = Some(3);
+    every.semantics = Semantics::AtMostOnce;
+    let messages = [
+        NewMessage::webhook("x", "https://x.example/h", json!({"n": 1})),
+        every,
+        NewMessage::email("x", "a@example.com", "Hello", "Text"),
+    ];
+    let limits = Limits {
+        retry_policy_version: Some("v-test".into()),
+        ..Limits::default()
+    };
+    for (i, m) in messages.iter().enumerate() {
+        let prepare = |event_id: String| {
+            let mut m = m.clone();
+            m.event_id = event_id;
+            let mut row = m.prepare(&limits, now).unwrap();
+            row.enqueued_by = Some("default".into());
+            row
+        };
+        let (created, mut single) = app
+            .db
+            .enqueue(&prepare(format!("single-{i}")))
+            .unwrap()
+            .unwrap();
+        assert!(created);
+        let writer = &app.herald.message_writer;
+        let (created, mut group) = writer
+            .enqueue(writer.begin(), prepare(format!("group-{i}")))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(created);
+        // What follows the event id, or the clock of its transaction when not given.
+        for row in [&mut single, &mut group] {
+            row.id = 0;
+            row.event_id = String::new();
+            assert!(row.request_fingerprint.take().is_some());
+            if m.channel == herald::domain::Channel::Email {
+                assert!(row.message_key.take().is_some());
+            }
+            if m.scheduled_at.is_none() {
+                assert_eq!(Some(row.scheduled_at), row.next_attempt_at, "{row:?}");
+                row.scheduled_at = now;
+                row.next_attempt_at = None;
+            }
+        }
+        assert_eq!(single, group, "message {i}");
+    }
+    app.stop().await;
+}
+
+both_backends!(the_group_insert_stores_what_a_single_insert_stores);
