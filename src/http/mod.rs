@@ -288,6 +288,9 @@ async fn create_message(
     json_body(&body)?;
     let message = parse_new_message(&body, idempotency_key.as_deref())?;
     let now = state.clock.now();
+    // Only a message due at once is worth waking the sender for: a later one is the poll's (a
+    // wake-up for it was a claim that found nothing, one per request in a burst of them).
+    let due_now = message.scheduled_at.is_none_or(|t| t <= now);
     let db = state.db.clone();
     let endpoints = state.endpoints.clone();
     let allow_networks = state.allow_networks.clone();
@@ -423,7 +426,9 @@ async fn create_message(
     };
     let view = view.map_err(|_| Problem::internal())?;
     if created {
-        state.wake.notify_one();
+        if due_now {
+            state.wake.notify_one();
+        }
         Ok(HttpResponse::Created().json(view))
     } else {
         Ok(HttpResponse::Ok().json(view))

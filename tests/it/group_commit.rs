@@ -670,3 +670,25 @@ async fn the_group_insert_stores_what_a_single_insert_stores(backend: Backend) {
 }
 
 both_backends!(the_group_insert_stores_what_a_single_insert_stores);
+
+/// A created message due at once wakes the sender; one scheduled later does not (the poll
+/// takes it: a wake-up for it was a claim that found nothing, one per request in a burst).
+async fn an_enqueue_wakes_the_sender_only_for_a_message_due_now(backend: Backend) {
+    let app = spawn_app_with(backend, &enqueue_config()).await;
+    // The sender does not run here: a wake-up stays stored in the Notify as a permit.
+    let woken = || async {
+        tokio::time::timeout(Duration::ZERO, app.herald.wake.notified())
+            .await
+            .is_ok()
+    };
+    assert!(!woken().await);
+    let mut later = plain("later");
+    later["scheduled_at"] = json!((Utc::now() + chrono::Duration::hours(1)).to_rfc3339());
+    assert_eq!(app.post_message(later).await.status(), 201);
+    assert!(!woken().await, "woken for a message due in an hour");
+    assert_eq!(app.post_message(plain("now")).await.status(), 201);
+    assert!(woken().await, "not woken for a message due now");
+    app.stop().await;
+}
+
+both_backends!(an_enqueue_wakes_the_sender_only_for_a_message_due_now);
