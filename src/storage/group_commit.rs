@@ -61,6 +61,8 @@ struct Shared {
     queued: AtomicUsize,
     /// Groups committed.
     commits: AtomicUsize,
+    /// Groups whose merged write the database refused, written again request by request.
+    split: AtomicUsize,
     before_commit: Mutex<Option<BeforeCommit>>,
 }
 
@@ -174,6 +176,12 @@ impl<P: Send + 'static, A: Send + 'static> GroupWriter<P, A> {
     /// Groups committed so far.
     pub fn commits(&self) -> usize {
         self.shared.commits.load(Ordering::Acquire)
+    }
+
+    /// Groups whose merged write the database refused (not an outage), written again request
+    /// by request (tests: a merged write that works is never one of them).
+    pub fn split_groups(&self) -> usize {
+        self.shared.split.load(Ordering::Acquire)
     }
 
     /// Installs (or removes) the before-commit hook.
@@ -302,6 +310,7 @@ fn commit_receipts(
         // A group of one too: its request alone then gets the refusal (500), not a 503.
         Err(GroupError::Storage(e)) if !e.is_unavailable() => {
             tracing::warn!(requests = group.len(), reason = %e.log_safe(), "the database refused a group of receipts; storing it request by request");
+            shared.split.fetch_add(1, Ordering::AcqRel);
             one_by_one_in_savepoints(db, group, shared)
         }
         Err(GroupError::Storage(e)) => Err(e),
@@ -519,9 +528,9 @@ impl MessageWriter {
 }
 
 /// Commits a group of messages. On PostgreSQL, when no row is keyed: the event ids' locks
-/// (in key order), one look for fan-outs holding them, one multi-row insert and one read of
-/// the stored rows, for the whole group. Otherwise, or when the database refused the merged
-/// insert of several requests (a value it cannot store), request by request, each in a
+/// (in key order), one look for fan-outs holding them, one prepared insert returning the
+/// stored rows and a read of the ids already there, for the whole group. Otherwise, or when the
+/// database refused the merged insert (a value it cannot store), request by request, each in a
 /// savepoint, as [`Db::enqueue`] writes one: only the request holding that value fails.
 fn commit_messages(
     db: &Db,
@@ -538,6 +547,7 @@ fn commit_messages(
             // the 503 of a failed group, which would have it retried for ever.
             Err(e) if !e.is_unavailable() => {
                 tracing::warn!(requests = group.len(), reason = %e.log_safe(), "the database refused a group of messages; writing it request by request");
+                shared.split.fetch_add(1, Ordering::AcqRel);
             }
             r => return r,
         }

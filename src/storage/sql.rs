@@ -590,10 +590,12 @@ pub fn pg_insert_receipts_returning(
 
 /// PostgreSQL: the group enqueue's plain messages in one kept-prepared `unnest` insert, in the
 /// order given (a multi-row `VALUES` changes its text with the row count: parsed and planned
-/// again for every group, 0.27 ms a group of about 10). The columns are those of
-/// `outbox_values!`; a `scheduled_at` not given is `now()`, as the column's default, and a
-/// `next_attempt_at` left NULL is filled in from it by the insert trigger, as for one message.
-/// Ids already there are skipped; the stored rows come back.
+/// again for every group, 0.27 ms a group of about 10). The columns are those of the single
+/// insert (`outbox::insert_message`); a `scheduled_at` not given is `now()`, as the column's
+/// default, and a `next_attempt_at` left NULL is filled in from it by the insert trigger, as
+/// for one message. Rows go in in the order given (`WITH ORDINALITY`: ids, and which of two
+/// rows with one event id is stored, follow it). Ids already there are skipped; the stored rows
+/// come back. Test: `group_commit::the_group_insert_stores_what_a_single_insert_stores`.
 pub const PG_INSERT_MESSAGES_SQL: &str = "INSERT INTO herald_outbox (event_id, channel, \
     destination, payload, scheduled_at, next_attempt_at, max_attempts, retry_policy, \
     retry_policy_version, message_key, semantics, expires_at, request_fingerprint, enqueued_by, \
@@ -602,7 +604,8 @@ SELECT e, c, d, p, COALESCE(s, now()), s, m, rp, rv, mk, se, ex, f, eb, ok, op, 
 FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::timestamptz[], $6::int4[],
     $7::text[], $8::text[], $9::text[], $10::text[], $11::timestamptz[], $12::text[],
     $13::text[], $14::text[], $15::text[], $16::timestamptz[])
-    AS u(e, c, d, p, s, m, rp, rv, mk, se, ex, f, eb, ok, op, t)
+    WITH ORDINALITY AS u(e, c, d, p, s, m, rp, rv, mk, se, ex, f, eb, ok, op, t, n)
+ORDER BY n
 ON CONFLICT (event_id) DO NOTHING
 RETURNING *";
 

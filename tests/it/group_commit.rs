@@ -336,6 +336,8 @@ async fn a_value_the_database_refuses_fails_only_its_own_request(backend: Backen
     // Alone in its group: the same 500, not the 503 of a failed group.
     let (status, problem) = send(&app, &gate, resend("msg_refused")).await.unwrap();
     assert_eq!(status, 500, "{problem}");
+    // Both groups were merged, refused, and stored again request by request.
+    assert_eq!(app.herald.receipt_writer.split_groups(), 2);
     app.stop().await;
 }
 
@@ -438,6 +440,7 @@ async fn concurrent_enqueues_share_one_commit_and_are_answered_after_it(backend:
     assert_eq!(seen[1].0, 5);
     assert!(seen[1].1 <= 1, "{seen:?}");
     assert_eq!(writer.commits(), 2);
+    assert_eq!(writer.split_groups(), 0);
     for i in 0..=5 {
         assert!(stored(&app, &format!("m-{i}")).await);
     }
@@ -566,6 +569,10 @@ async fn a_value_the_database_refuses_fails_only_its_own_enqueue(backend: Backen
     }
     // Not acknowledged: a 500, as any storage error that is not an outage.
     assert_eq!(answers, [201, 500, 201]);
+    // PostgreSQL merged the group and wrote it again request by request; SQLite writes every
+    // group request by request.
+    let merged = usize::from(backend == Backend::Postgres);
+    assert_eq!(writer.split_groups(), merged);
     assert_eq!(gate.seen.lock().unwrap()[1].0, 3);
     assert!(stored(&app, "m-1").await && stored(&app, "m-2").await);
     assert!(!stored(&app, "m-refused").await);
@@ -575,6 +582,7 @@ async fn a_value_the_database_refuses_fails_only_its_own_enqueue(backend: Backen
         .unwrap();
     assert_eq!(status, 500, "{problem}");
     assert!(!stored(&app, "m-refused").await);
+    assert_eq!(writer.split_groups(), 2 * merged);
     app.stop().await;
 }
 
@@ -608,13 +616,19 @@ async fn a_keyed_enqueue_does_not_wait_for_the_group_writer() {
 
 /// The group insert stores a message exactly as the single insert does (`Db::enqueue`, the
 /// path of keyed messages and the library's): for the same prepared message, every column is
-/// the same but those that follow the event id or the transaction's clock — with and without
-/// `scheduled_at`, with every optional column set, for a webhook and an email.
+/// the same but the id, and the event id and what follows it (the fingerprint, an email's
+/// Message-ID key: each checked against the prepared row's) — with and without `scheduled_at`
+/// (not given: the database's clock at the insert), with every optional column set, for a
+/// webhook and an email, the three in one group, which the database took whole (no group was
+/// split: on PostgreSQL the prepared insert wrote them, not the single insert).
 async fn the_group_insert_stores_what_a_single_insert_stores(backend: Backend) {
     use herald::domain::Semantics;
     use herald::outbox::{Limits, NewMessage};
+    use herald::storage::models::{NewOutboxRow, OutboxRow};
     let app = spawn_app_with(backend, &enqueue_config()).await;
-    let now = chrono::Utc::now();
+    // On SQLite a message without `scheduled_at` is scheduled at its prepared `now`.
+    let before = Utc::now();
+    let now = Utc::now();
     let mut every = NewMessage::webhook("x", "https://x.example/h", json!({"a": [1, 2]}));
     every.scheduled_at = Some(now + chrono::Duration::hours(1));
     every.expires_at = Some(now + chrono::Duration::hours(2));
@@ -626,43 +640,69 @@ async fn the_group_insert_stores_what_a_single_insert_stores(backend: Backend) {
         NewMessage::email("x", "a@example.com", "Hello", "Text"),
     ];
     let limits = Limits {
+        retry_policy: "policy-a".into(),
         retry_policy_version: Some("v-test".into()),
         ..Limits::default()
     };
-    for (i, m) in messages.iter().enumerate() {
-        let prepare = |event_id: String| {
-            let mut m = m.clone();
-            m.event_id = event_id;
-            let mut row = m.prepare(&limits, now).unwrap();
-            row.enqueued_by = Some("default".into());
-            row
-        };
-        let (created, mut single) = app
-            .db
-            .enqueue(&prepare(format!("single-{i}")))
-            .unwrap()
-            .unwrap();
+    let prepare = |i: usize, side: &str| -> NewOutboxRow {
+        let mut m = messages[i].clone();
+        m.event_id = format!("{side}-{i}");
+        let mut row = m.prepare(&limits, now).unwrap();
+        row.enqueued_by = Some("token-b".into());
+        row
+    };
+    let mut singles: Vec<(NewOutboxRow, OutboxRow)> = Vec::new();
+    for i in 0..messages.len() {
+        let row = prepare(i, "single");
+        let (created, stored) = app.db.enqueue(&row).unwrap().unwrap();
         assert!(created);
-        let writer = &app.herald.message_writer;
-        let (created, mut group) = writer
-            .enqueue(writer.begin(), prepare(format!("group-{i}")))
-            .await
-            .unwrap()
-            .unwrap();
+        singles.push((row, stored));
+    }
+    // The group side: one held group, then the three queued behind it, committed together.
+    let writer = app.herald.message_writer.clone();
+    let gate = gate_on(&writer, &[]);
+    let held = post(&app, &gate, &app.http, plain("held"));
+    gate.wait_entered().await;
+    let mut tasks = Vec::new();
+    for i in 0..messages.len() {
+        let (w, row) = (writer.clone(), prepare(i, "group"));
+        tasks.push(tokio::spawn(async move { w.enqueue(w.begin(), row).await }));
+        queued_on(&writer, i + 1).await;
+    }
+    gate.open.send(()).unwrap();
+    assert_eq!(held.await.unwrap().0, 201);
+    let mut groups: Vec<(NewOutboxRow, OutboxRow)> = Vec::new();
+    for (i, t) in tasks.into_iter().enumerate() {
+        let (created, stored) = t.await.unwrap().unwrap().unwrap();
         assert!(created);
-        // What follows the event id, or the clock of its transaction when not given.
-        for row in [&mut single, &mut group] {
-            row.id = 0;
-            row.event_id = String::new();
-            assert!(row.request_fingerprint.take().is_some());
-            if m.channel == herald::domain::Channel::Email {
-                assert!(row.message_key.take().is_some());
-            }
-            if m.scheduled_at.is_none() {
-                assert_eq!(Some(row.scheduled_at), row.next_attempt_at, "{row:?}");
+        groups.push((prepare(i, "group"), stored));
+    }
+    let after = Utc::now();
+    assert_eq!(gate.seen.lock().unwrap()[1].0, 3);
+    assert_eq!(writer.split_groups(), 0);
+    for (i, ((sp, mut single), (gp, mut group))) in singles.into_iter().zip(groups).enumerate() {
+        for (prepared, row) in [(&sp, &mut single), (&gp, &mut group)] {
+            assert_eq!(row.event_id, prepared.event_id);
+            assert_eq!(row.request_fingerprint, prepared.request_fingerprint);
+            assert_eq!(row.message_key, prepared.message_key);
+            assert_eq!(row.retry_policy, "policy-a");
+            assert_eq!(row.enqueued_by.as_deref(), Some("token-b"));
+            if messages[i].scheduled_at.is_none() {
+                // The database's clock at the insert (this process's on SQLite), copied to
+                // next_attempt_at.
+                let slack = chrono::Duration::milliseconds(1);
+                assert!(
+                    row.scheduled_at >= before - slack && row.scheduled_at <= after + slack,
+                    "{row:?}"
+                );
+                assert_eq!(row.next_attempt_at, Some(row.scheduled_at), "{row:?}");
                 row.scheduled_at = now;
                 row.next_attempt_at = None;
             }
+            row.id = 0;
+            row.event_id = String::new();
+            row.request_fingerprint = None;
+            row.message_key = None;
         }
         assert_eq!(single, group, "message {i}");
     }
