@@ -44,6 +44,7 @@ pub struct Herald {
     pub admin: AdminState,
     /// Ingest's group-commit writer: concurrent requests' receipts share one transaction.
     pub receipt_writer: ReceiptWriter,
+    /// `POST /v1/messages`' group-commit writer: concurrent plain messages share one transaction.
     pub message_writer: MessageWriter,
 }
 
