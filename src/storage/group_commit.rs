@@ -570,14 +570,24 @@ fn commit_messages(
     }
 }
 
-/// Each request's message in a savepoint of its own, as [`Db::enqueue`] writes it alone.
-/// Compiled once per backend.
+/// Each request's message in a savepoint of its own, as [`Db::enqueue`] writes it alone, in
+/// event-id order (the locks and rows then come in the order the merged write takes them: a
+/// group written again after a deadlock does not run into the same one); the answers in the
+/// group's order. Compiled once per backend.
 macro_rules! messages_one_by_one {
     ($conn:expr, $q:ident, $group:expr, $shared:expr) => {{
         let conn = $conn;
-        let mut out: Vec<JobResult<Enqueued>> = Vec::with_capacity($group.len());
-        for row in $group.iter().map(|job| &job.payload) {
-            out.push(::diesel::Connection::transaction(
+        let mut order: Vec<usize> = (0..$group.len()).collect();
+        order.sort_by(|a, b| {
+            $group[*a]
+                .payload
+                .event_id
+                .cmp(&$group[*b].payload.event_id)
+        });
+        let mut out: Vec<Option<JobResult<Enqueued>>> = (0..$group.len()).map(|_| None).collect();
+        for i in order {
+            let row = &$group[i].payload;
+            out[i] = Some(::diesel::Connection::transaction(
                 conn,
                 |c| -> Result<Enqueued, StorageError> {
                     $q::lock_event_id(c, &row.event_id)?;
@@ -586,7 +596,7 @@ macro_rules! messages_one_by_one {
             ));
         }
         before_commit($shared, $group.len())?;
-        Ok::<_, StorageError>(out)
+        Ok::<_, StorageError>(out.into_iter().flatten().collect())
     }};
 }
 use messages_one_by_one;

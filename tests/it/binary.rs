@@ -1233,8 +1233,9 @@ async fn postgres_connections_probe_a_silent_peer_within_a_minute() {
     assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
 }
 
-/// `herald serve` on PostgreSQL takes concurrent enqueues through its group writer: 24 plain
-/// messages, the same event id three times and 3 keyed messages, all at once. Each answer is
+/// `herald serve` on PostgreSQL, end to end, under concurrent enqueues (plain ones go to its
+/// group writer; whether they shared commits is checked in-process, `group_commit::*`): 24
+/// plain messages, the same event id three times and 3 keyed messages, all at once. Each answer is
 /// what a request alone gets (201 for each new id, one 201 and two 200s for the repeated id),
 /// every message is delivered once, and the repeated id's message was written once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

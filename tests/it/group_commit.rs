@@ -715,7 +715,8 @@ both_backends!(the_group_insert_stores_what_a_single_insert_stores);
 /// takes it: a wake-up for it was a claim that found nothing, one per request in a burst).
 async fn an_enqueue_wakes_the_sender_only_for_a_message_due_now(backend: Backend) {
     let app = spawn_app_with(backend, &enqueue_config()).await;
-    // The sender does not run here: a wake-up stays stored in the Notify as a permit.
+    // The sender does not run here, nor a LISTEN thread (in production each group's NOTIFY
+    // still wakes it): a wake-up stays stored in the Notify as a permit.
     let woken = || async {
         tokio::time::timeout(Duration::ZERO, app.herald.wake.notified())
             .await

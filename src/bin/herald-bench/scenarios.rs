@@ -416,9 +416,14 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 /// SQLite's own single-row `INSERT` + commit (WAL, `synchronous = FULL`) of about 1 KiB from
-/// `INGEST_CLIENTS` threads for `window`, one writer at a time (SQLite has one); rows/s.
+/// `INGEST_CLIENTS` threads for `window`, one writer at a time (SQLite has one), into a fresh
+/// file; rows/s.
 fn sqlite_single_insert_baseline(ctx: &Ctx, window: Duration) -> Result<f64> {
     let base_path = ctx.work_dir.join("baseline.db");
+    // A fresh file each time: another scenario's baseline left its rows there.
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", base_path.display()));
+    }
     let mut c = sqlite_conn(&base_path)?;
     c.batch_execute(
         "CREATE TABLE IF NOT EXISTS bench_single (id INTEGER PRIMARY KEY, v INTEGER NOT NULL, body TEXT NOT NULL)",
