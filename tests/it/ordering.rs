@@ -1354,7 +1354,16 @@ async fn two_processes_keep_each_keys_order_when_one_is_killed() {
     const PER_KEY: u32 = 12;
     let total = KEYS * PER_KEY as usize;
     let mut rng = rand::rng();
-    rx.script((0..total + 40).map(|_| Reply::Delayed(rng.random_range(5..40), 200)));
+    // Quick answers for the first quarter, then slow ones (200–400 ms): a lease seen held just
+    // before the kill is then still held at the kill. (With 5–40 ms answers throughout, the one
+    // lease seen could end between the look and the kill — a CI run saw that once — and then
+    // nothing was left to take over.)
+    let fast = total / 4;
+    let mut replies: Vec<Reply> = (0..fast)
+        .map(|_| Reply::Delayed(rng.random_range(5..40), 200))
+        .collect();
+    replies.extend((fast..total + 40).map(|_| Reply::Delayed(rng.random_range(200..400), 200)));
+    rx.script(replies);
     {
         let mut c = PgConnection::establish(&db.url).unwrap();
         let mut sql = String::from("BEGIN;");
@@ -1374,7 +1383,8 @@ async fn two_processes_keep_each_keys_order_when_one_is_killed() {
     let (mut b, base_b) = serve(&db.url);
     wait_healthy(&mut a, &base_a).await;
     wait_healthy(&mut b, &base_b).await;
-    rx.wait_for(total / 4, 60).await;
+    // Past the quick quarter (and one request a key more): the requests in flight are slow ones.
+    rx.wait_for(fast + KEYS, 60).await;
     // Kill one while it holds a lease: a request of its own is in flight, or a claimed row
     // waits for its send slot. Either may hold them all: a process that claims a key's head
     // usually claims its next message too, the moment its outcome releases it.
