@@ -421,23 +421,49 @@ fn notifications_until_sentinel(listener: &mut PgConnection) -> Vec<String> {
 /// Inserts (one rolled back, one committed) and then the sentinel; returns which channels
 /// notified. `insert_as` runs the inserts as that role.
 async fn notifications_of_inserts(app: &TestApp, insert_as: Option<&str>) -> Vec<String> {
+    let n = NOTIFY_ROUND.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let batch = format!(
+        "BEGIN; {}; ROLLBACK; BEGIN; {}; COMMIT;",
+        outbox_insert(&format!("rolled-back-{n}"), "now()"),
+        outbox_insert(&format!("committed-{n}"), "now()"),
+    );
+    notifications_of_sql(app, insert_as, &batch).await
+}
+
+/// A plain SQL insert of a webhook row scheduled at `at` (an SQL expression).
+fn outbox_insert(event_id: &str, at: &str) -> String {
+    format!(
+        "INSERT INTO herald_outbox (event_id, channel, destination, payload, scheduled_at) \
+         VALUES ('{event_id}', 'webhook', 'https://x.example/h', '{{\"body\": 1}}', {at})"
+    )
+}
+
+/// Runs `batch` on a connection of its own (as `run_as`, when given), then sends the sentinel;
+/// returns which channels notified meanwhile.
+async fn notifications_of_sql(app: &TestApp, run_as: Option<&str>, batch: &str) -> Vec<String> {
+    let listener = listen_for_wake_ups(app);
+    let mut c = PgConnection::establish(&app.test_db.url).unwrap();
+    if let Some(role) = run_as {
+        c.batch_execute(&format!("SET ROLE {role}")).unwrap();
+    }
+    c.batch_execute(batch).unwrap();
+    notifications_until_sent_sentinel(app, listener).await
+}
+
+fn listen_for_wake_ups(app: &TestApp) -> PgConnection {
     let mut listener = PgConnection::establish(&app.test_db.url).unwrap();
     listener
         .batch_execute("LISTEN herald_outbox; LISTEN herald_test_sentinel")
         .unwrap();
-    let mut c = PgConnection::establish(&app.test_db.url).unwrap();
-    if let Some(role) = insert_as {
-        c.batch_execute(&format!("SET ROLE {role}")).unwrap();
-    }
-    let insert = "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
-                  VALUES ('{id}', 'webhook', 'https://x.example/h', '{\"body\": 1}')";
-    let n = NOTIFY_ROUND.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    c.batch_execute(&format!(
-        "BEGIN; {}; ROLLBACK; BEGIN; {}; COMMIT; NOTIFY herald_test_sentinel;",
-        insert.replace("{id}", &format!("rolled-back-{n}")),
-        insert.replace("{id}", &format!("committed-{n}")),
-    ))
-    .unwrap();
+    listener
+}
+
+/// Sends the sentinel (after whatever the test committed before) and collects up to it.
+async fn notifications_until_sent_sentinel(
+    app: &TestApp,
+    mut listener: PgConnection,
+) -> Vec<String> {
+    app.raw_sql("NOTIFY herald_test_sentinel");
     tokio::task::spawn_blocking(move || notifications_until_sentinel(&mut listener))
         .await
         .unwrap()
@@ -497,6 +523,107 @@ async fn notify_follows_whether_herald_listens_postgres() {
         "REVOKE ALL ON herald_outbox FROM {role}; \
          REVOKE ALL ON SEQUENCE herald_outbox_id_seq FROM {role}; DROP ROLE {role}"
     ));
+    app.stop().await;
+}
+
+/// Whether `batch` woke a listening Herald (the outbox's NOTIFY came before the sentinel).
+async fn wakes(app: &TestApp, batch: &str) -> bool {
+    woke(notifications_of_sql(app, None, batch).await)
+}
+
+fn woke(seen: Vec<String>) -> bool {
+    match seen.as_slice() {
+        [s] if s == "herald_test_sentinel" => false,
+        [o, s] if o == "herald_outbox" && s == "herald_test_sentinel" => true,
+        other => panic!("unexpected notifications {other:?}"),
+    }
+}
+
+/// A Herald listens to learn that something is due. A row scheduled for later wakes nobody (a
+/// claim would find nothing, and the application's commit would take PostgreSQL's notify-queue
+/// lock for it); a row due now or within the second does, and so does a transaction holding
+/// both. A due row in a savepoint rolled back takes its wake-up with it, and one transaction's
+/// due row does not make the session's next transaction notify. Herald's own ways in (the
+/// `herald_enqueue` function, the API's group enqueue) follow the same rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_row_that_is_due_wakes_herald_postgres() {
+    let app = spawn_app_with(Backend::Postgres, "listen_notify = false\n").await;
+    // A Herald listening elsewhere, as its registration shows it.
+    app.raw_sql(
+        "INSERT INTO herald_listeners (owner, seen_at) VALUES ('elsewhere', now() + interval '1 hour')",
+    );
+    let later = "now() + interval '1 hour'";
+    let soon = "now() + interval '5 seconds'";
+    let within = "now() + interval '500 milliseconds'";
+    let past = "now() - interval '1 hour'";
+    assert!(!wakes(&app, &outbox_insert("later", later)).await);
+    assert!(!wakes(&app, &outbox_insert("soon", soon)).await);
+    assert!(wakes(&app, &outbox_insert("now", "now()")).await);
+    assert!(wakes(&app, &outbox_insert("within", within)).await);
+    assert!(wakes(&app, &outbox_insert("past", past)).await);
+    let both = |first: String, second: String| format!("BEGIN; {first}; {second}; COMMIT;");
+    assert!(
+        wakes(
+            &app,
+            &both(outbox_insert("l1", later), outbox_insert("d1", "now()"))
+        )
+        .await,
+        "a later row, then a due one"
+    );
+    assert!(
+        wakes(
+            &app,
+            &both(outbox_insert("d2", "now()"), outbox_insert("l2", later))
+        )
+        .await,
+        "a due row, then a later one"
+    );
+    assert!(
+        !wakes(
+            &app,
+            &format!(
+                "BEGIN; SAVEPOINT s; {}; ROLLBACK TO SAVEPOINT s; {}; COMMIT;",
+                outbox_insert("undone", "now()"),
+                outbox_insert("l3", later)
+            )
+        )
+        .await,
+        "the due row was rolled back to its savepoint"
+    );
+    assert!(app.db.find_by_event_id("undone").unwrap().is_none());
+    // The mark is the transaction's: the same session's next transaction starts without it.
+    let mut session = PgConnection::establish(&app.test_db.url).unwrap();
+    session
+        .batch_execute(&outbox_insert("d3", "now()"))
+        .unwrap();
+    let listener = listen_for_wake_ups(&app);
+    session.batch_execute(&outbox_insert("l4", later)).unwrap();
+    assert!(
+        !woke(notifications_until_sent_sentinel(&app, listener).await),
+        "the session's earlier transaction marked this one"
+    );
+    let enqueue = |id: &str, at: &str| {
+        format!(
+            "SELECT herald_enqueue('{id}', 'webhook', 'https://x.example/h', '{{\"body\": 1}}', {at})"
+        )
+    };
+    assert!(!wakes(&app, &enqueue("fn-later", later)).await);
+    assert!(wakes(&app, &enqueue("fn-now", "now()")).await);
+    // The API's plain enqueue goes through the group writer's insert.
+    for (id, hours_ahead, expected) in [("api-later", Some(1), false), ("api-now", None, true)] {
+        let mut body = webhook(id, "https://x.example/h", json!({}));
+        if let Some(hours) = hours_ahead {
+            body["scheduled_at"] =
+                json!((Utc::now() + chrono::Duration::hours(hours)).to_rfc3339());
+        }
+        let listener = listen_for_wake_ups(&app);
+        assert_eq!(app.post_message(body).await.status(), 201, "{id}");
+        assert_eq!(
+            woke(notifications_until_sent_sentinel(&app, listener).await),
+            expected,
+            "{id}"
+        );
+    }
     app.stop().await;
 }
 
