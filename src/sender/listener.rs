@@ -1,7 +1,8 @@
 //! PostgreSQL LISTEN/NOTIFY wake-up. A dedicated connection (application_name
 //! [`APPLICATION_NAME`]) LISTENs on `herald_outbox`, then registers in `herald_listeners` and
-//! renews its row every [`CHECK_EVERY`]; the trigger on `herald_outbox` notifies once per inserting
-//! transaction, at commit — and only while some listener's row is fresh (30 s), so polling-only
+//! renews its row every [`CHECK_EVERY`]; the trigger on `herald_outbox` notifies once per
+//! transaction that inserted a due row (or a keyed row waiting behind its key's head), at commit
+//! — and only while some listener's row is fresh (30 s), so polling-only
 //! deployments pay no notify-queue lock on their commits. The row is removed when the thread
 //! stops; a crashed process's row simply goes stale. Notifications
 //! are drained every few milliseconds (no query is sent to do so) and folded into one wake-up

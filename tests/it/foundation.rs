@@ -542,12 +542,19 @@ fn woke(seen: Vec<String>) -> bool {
 /// A Herald listens to learn that something is due. A row scheduled for later wakes nobody (a
 /// claim would find nothing, and the application's commit would take PostgreSQL's notify-queue
 /// lock for it); a row due now or within the second does, and so does a transaction holding
-/// both. A due row in a savepoint rolled back takes its wake-up with it, and one transaction's
-/// due row does not make the session's next transaction notify. Herald's own ways in (the
-/// `herald_enqueue` function, the API's group enqueue) follow the same rule.
+/// both. A due row in a savepoint rolled back takes its wake-up with it, and a due row `ON
+/// CONFLICT DO NOTHING` skipped wakes nobody (what counts is the rows as stored). A keyed row
+/// waiting behind its key's head wakes as before (a sender may wait for its commit to release
+/// the key). A fan-out's children decide for it. Herald's own ways in (the `herald_enqueue`
+/// function, the API's group enqueue) follow the same rule.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_a_row_that_is_due_wakes_herald_postgres() {
-    let app = spawn_app_with(Backend::Postgres, "listen_notify = false\n").await;
+    let app = spawn_app_with(
+        Backend::Postgres,
+        "listen_notify = false\n[endpoints.e]\nurl = \"https://e.example/hook\"\n\
+         event_types = [\"order.*\"]\n",
+    )
+    .await;
     // A Herald listening elsewhere, as its registration shows it.
     app.raw_sql(
         "INSERT INTO herald_listeners (owner, seen_at) VALUES ('elsewhere', now() + interval '1 hour')",
@@ -591,17 +598,40 @@ async fn only_a_row_that_is_due_wakes_herald_postgres() {
         "the due row was rolled back to its savepoint"
     );
     assert!(app.db.find_by_event_id("undone").unwrap().is_none());
-    // The mark is the transaction's: the same session's next transaction starts without it.
-    let mut session = PgConnection::establish(&app.test_db.url).unwrap();
-    session
-        .batch_execute(&outbox_insert("d3", "now()"))
-        .unwrap();
-    let listener = listen_for_wake_ups(&app);
-    session.batch_execute(&outbox_insert("l4", later)).unwrap();
+    let keyed = |id: &str, at: &str| {
+        format!(
+            "INSERT INTO herald_outbox (event_id, channel, destination, payload, scheduled_at, \
+             ordering_key) VALUES ('{id}', 'webhook', 'https://x.example/h', '{{\"body\": 1}}', {at}, 'k')"
+        )
+    };
     assert!(
-        !woke(notifications_until_sent_sentinel(&app, listener).await),
-        "the session's earlier transaction marked this one"
+        !wakes(&app, &keyed("k-head", later)).await,
+        "the key's head, later"
     );
+    assert!(
+        wakes(&app, &keyed("k-behind", "now()")).await,
+        "behind its key's head: a sender whose outcome found the key locked by this insert \
+         releases the key when the insert's commit wakes it"
+    );
+    assert!(
+        app.row("k-behind").next_attempt_at.is_none(),
+        "waits for its head"
+    );
+    assert!(
+        !wakes(
+            &app,
+            &format!("{} ON CONFLICT DO NOTHING", outbox_insert("later", "now()"))
+        )
+        .await,
+        "a due row skipped: its event id was there"
+    );
+    // A fan-out's row is not stored: its children are, by a statement of their own.
+    let fan_out = |id: &str, at: &str| {
+        outbox_insert(id, at).replace("https://x.example/h", "type:order.placed")
+    };
+    assert!(!wakes(&app, &fan_out("fan-later", later)).await);
+    assert!(wakes(&app, &fan_out("fan-now", "now()")).await);
+    assert!(app.db.find_by_event_id("fan-now:e").unwrap().is_some());
     let enqueue = |id: &str, at: &str| {
         format!(
             "SELECT herald_enqueue('{id}', 'webhook', 'https://x.example/h', '{{\"body\": 1}}', {at})"

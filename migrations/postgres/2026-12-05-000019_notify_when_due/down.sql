@@ -1,12 +1,4 @@
-CREATE OR REPLACE FUNCTION herald_outbox_defaults() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF NEW.next_attempt_at IS NULL AND NEW.state IN ('scheduled', 'retryable') THEN
-        NEW.next_attempt_at := NEW.scheduled_at;
-    END IF;
-    RETURN NEW;
-END
-$$;
-
+DROP TRIGGER herald_outbox_notify ON herald_outbox;
 CREATE OR REPLACE FUNCTION herald_outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM herald_listeners WHERE seen_at > now() - interval '30 seconds') THEN
@@ -15,3 +7,5 @@ BEGIN
     RETURN NULL;
 END
 $$;
+CREATE TRIGGER herald_outbox_notify AFTER INSERT ON herald_outbox
+    FOR EACH STATEMENT EXECUTE FUNCTION herald_outbox_notify();

@@ -181,6 +181,7 @@ pub const SCENARIOS: &[(&str, ScenarioFn)] = &[
     ("dispatch_pg_keyed", scenarios::dispatch_pg_keyed),
     ("ingest_pg", scenarios::ingest_pg),
     ("enqueue_pg", scenarios::enqueue_pg),
+    ("app_insert_pg", scenarios::app_insert_pg),
     ("latency", scenarios::latency),
     ("claim", scenarios::claim_at_1m),
     ("dispatch_sqlite", scenarios::dispatch_sqlite),

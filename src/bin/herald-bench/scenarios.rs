@@ -571,6 +571,50 @@ pub fn enqueue_pg(ctx: &mut Ctx) -> Result<Vec<Figure>> {
     ))
 }
 
+/// An application inserting outbox rows by SQL, each scheduled an hour ahead (pgbench, one
+/// ~1 KiB row a transaction), while a Herald listens, against the same insert while none does
+/// (in the same database, before). A notifying commit waits for the one before it; a row not yet
+/// due notifies nobody (migration 000019), so the two should be alike.
+pub fn app_insert_pg(ctx: &mut Ctx) -> Result<Vec<Figure>> {
+    let window = Duration::from_secs(ctx.sizes.window_secs);
+    let db = "bench_app_insert";
+    let url = ctx.cluster()?.fresh(db)?;
+    let mut conn = PgConnection::establish(&url)?;
+    let script = "INSERT INTO herald_outbox (event_id, channel, destination, payload, scheduled_at) \
+                  VALUES ('app-' || nextval('bench_app_ids'), 'webhook', 'https://x.example/h', \
+                  jsonb_build_object('body', repeat('x', 1000)), now() + interval '1 hour');\n";
+    let listening =
+        "SELECT count(*) AS n FROM herald_listeners WHERE seen_at > now() - interval '30 seconds'";
+    conn.batch_execute("CREATE SEQUENCE bench_app_ids")?;
+    ensure!(
+        count_sql(&mut conn, listening)? == 0,
+        "a listener is registered"
+    );
+    let alone = ctx.cluster()?.pgbench(db, INGEST_CLIENTS, window, script)?;
+    // The second phase on as empty a table as the first, no checkpoint owed.
+    conn.batch_execute("TRUNCATE herald_outbox CASCADE")?;
+    conn.batch_execute("CHECKPOINT")?;
+    let h = ctx.rt.block_on(HeraldProc::start(&url, ""))?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count_sql(&mut conn, listening)? == 0 {
+        ensure!(
+            Instant::now() < deadline,
+            "herald serve never registered as listening"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let beside = ctx.cluster()?.pgbench(db, INGEST_CLIENTS, window, script);
+    ctx.rt.block_on(h.stop())?;
+    let beside = beside?;
+    Ok(vec![
+        Figure::measured("app_insert_later_pg", beside, alone, "tx/s").note(format!(
+            "pgbench, {INGEST_CLIENTS} clients, a ~1 KiB outbox row scheduled an hour ahead a \
+             transaction, {}s, a Herald listening; baseline: the same, nobody listening",
+            window.as_secs()
+        )),
+    ])
+}
+
 /// `POST /v1/messages` on SQLite against SQLite's single-row insert.
 pub fn enqueue_sqlite(ctx: &mut Ctx) -> Result<Vec<Figure>> {
     let window = Duration::from_secs(ctx.sizes.window_secs);
