@@ -341,13 +341,14 @@ async fn create_message(
             Ok(Prepared::Message(row)) => row,
         };
         row.enqueued_by = Some(owner);
-        if row.ordering_key.is_none() {
+        // A keyed row takes its key's insert lock: on PostgreSQL a transaction of its own (see
+        // `MessageWriter::enqueue`). SQLite has one writer at a time, which orders every key's
+        // inserts by itself: there a keyed row joins the group too.
+        if row.ordering_key.is_none() || db.backend() == crate::storage::Backend::Sqlite {
             // Committed with the group of requests coming in meanwhile (one commit for all).
             return Ok(Ok(Planned::Plain(Box::new(row), coming)));
         }
         drop(coming);
-        // A keyed row takes its key's insert lock: a transaction of its own (see
-        // `MessageWriter::enqueue`).
         Ok(db
             .enqueue(&row)?
             .map(|(created, stored)| Planned::Stored(created, stored)))
@@ -440,7 +441,7 @@ async fn create_message(
 }
 
 /// What `POST /v1/messages`' plan led to: written already (a fan-out), a keyed message stored in
-/// a transaction of its own, or a plain message for the group writer.
+/// a transaction of its own (PostgreSQL), or a message for the group writer.
 enum Planned {
     Written(Written),
     Stored(bool, crate::storage::models::OutboxRow),

@@ -513,11 +513,13 @@ impl MessageWriter {
 
     /// Enqueues one message row with the next group; returns once that group committed (or
     /// failed), with what [`Db::enqueue`] returns: (created, the stored row), or the event id
-    /// refused because a fan-out holds it. `POST /v1/messages` sends plain rows without an
-    /// ordering key here: a keyed row takes its key's insert lock, and two groups holding
-    /// several keys each could wait on each other's; keyed rows keep a transaction of their
-    /// own ([`Db::enqueue`]). A keyed row given here is still written correctly, request by
-    /// request.
+    /// refused because a fan-out holds it. On PostgreSQL `POST /v1/messages` sends plain rows
+    /// without an ordering key here: a keyed row takes its key's insert lock, and two groups
+    /// holding several keys each could wait on each other's (or on an application's); keyed
+    /// rows keep a transaction of their own ([`Db::enqueue`]). On SQLite, with one writer at a
+    /// time, keyed rows come here too. A keyed row is written request by request, each as
+    /// [`Db::enqueue`] writes it; concurrent requests of one key take their places in event-id
+    /// order (neither was answered before the other was sent, so neither came first).
     pub async fn enqueue(
         &self,
         coming: Coming,

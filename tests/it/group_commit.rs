@@ -589,8 +589,8 @@ async fn a_value_the_database_refuses_fails_only_its_own_enqueue(backend: Backen
 both_backends!(a_value_the_database_refuses_fails_only_its_own_enqueue);
 
 /// On PostgreSQL a message with an ordering key is written in a transaction of its own, not by
-/// the group writer: it is answered while the writer's commit is held. (On SQLite every write
-/// waits for the one writer anyway.)
+/// the group writer: it is answered while the writer's commit is held. (On SQLite it joins the
+/// group: `keyed_enqueues_join_the_group_on_sqlite`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keyed_enqueue_does_not_wait_for_the_group_writer() {
     let app = spawn_app_with(Backend::Postgres, &enqueue_config()).await;
@@ -611,6 +611,45 @@ async fn a_keyed_enqueue_does_not_wait_for_the_group_writer() {
     assert_eq!(writer.queued(), 0);
     gate.open.send(()).unwrap();
     assert_eq!(first.await.unwrap().0, 201);
+    app.stop().await;
+}
+
+/// On SQLite a keyed enqueue joins the group: one writer at a time orders every key's inserts by
+/// itself. Three keyed requests sent while a group's commit is held queue for the writer, are
+/// committed together in the next group, are answered 201 only after it, and each key's messages
+/// take consecutive places, the second of a key waiting behind the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_enqueues_join_the_group_on_sqlite() {
+    let app = spawn_app_with(Backend::Sqlite, &enqueue_config()).await;
+    let writer = &app.herald.message_writer;
+    let gate = gate_on(writer, &[]);
+    let first = post(&app, &gate, &app.http, plain("m-0"));
+    gate.wait_entered().await;
+    let keyed: Vec<_> = [("k-a1", "a"), ("k-a2", "a"), ("k-b1", "b")]
+        .into_iter()
+        .map(|(id, key)| {
+            let mut body = plain(id);
+            body["ordering_key"] = json!(key);
+            post(&app, &gate, &app.http, body)
+        })
+        .collect();
+    queued_on(writer, 3).await;
+    assert!(!first.is_finished() && keyed.iter().all(|t| !t.is_finished()));
+    gate.open.send(()).unwrap();
+    assert_eq!(first.await.unwrap().0, 201);
+    for t in keyed {
+        let (status, view) = t.await.unwrap();
+        assert_eq!(status, 201, "{view}");
+    }
+    let groups: Vec<usize> = gate.seen.lock().unwrap().iter().map(|(n, _)| *n).collect();
+    assert_eq!(groups, [1, 3], "the keyed requests' group");
+    let place = |id: &str| app.row(id).ordering_seq;
+    assert_eq!(
+        (place("k-a1"), place("k-a2"), place("k-b1")),
+        (Some(1), Some(2), Some(1))
+    );
+    assert!(app.row("k-a1").next_attempt_at.is_some());
+    assert!(app.row("k-a2").next_attempt_at.is_none(), "waits for k-a1");
     app.stop().await;
 }
 

@@ -187,6 +187,7 @@ pub const SCENARIOS: &[(&str, ScenarioFn)] = &[
     ("dispatch_sqlite", scenarios::dispatch_sqlite),
     ("ingest_sqlite", scenarios::ingest_sqlite),
     ("enqueue_sqlite", scenarios::enqueue_sqlite),
+    ("enqueue_sqlite_keyed", scenarios::enqueue_sqlite_keyed),
     ("email_smtp", scenarios::email_smtp),
     ("email_smtp_api", scenarios::email_smtp_api),
     ("email_smtp_rtt", scenarios::email_smtp_rtt),

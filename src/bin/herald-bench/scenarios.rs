@@ -520,25 +520,27 @@ pub fn ingest_pg(ctx: &mut Ctx) -> Result<Vec<Figure>> {
 /// `INGEST_CLIENTS` clients enqueueing webhooks of about 1 KiB through `POST /v1/messages` for
 /// `window`, each with an event id of its own and scheduled an hour ahead: the figure is the
 /// API's enqueue alone, the sender finding nothing due.
-async fn enqueue_load(base: &str, window: Duration) -> Result<Load> {
+/// `keys`: each message keyed, over that many ordering keys (request `n` in key `n % keys`).
+async fn enqueue_load(base: &str, window: Duration, keys: Option<usize>) -> Result<Load> {
     let url = format!("{base}/v1/messages");
     let at = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
     let note = "x".repeat(860);
     http_load(window, 201, move |client, n| {
+        let mut body = serde_json::json!({
+            "event_id": format!("enqueue-{n}"),
+            "channel": "webhook",
+            "destination": "http://127.0.0.1:9/hooks",
+            "scheduled_at": at,
+            "payload": {"body": {"type": "order.placed", "data": {"id": n, "note": note}}},
+        });
+        if let Some(keys) = keys {
+            body["ordering_key"] = format!("key-{}", n % keys).into();
+        }
         client
             .post(&url)
             .bearer_auth(crate::proc::TOKEN)
             .header("content-type", "application/json")
-            .body(
-                serde_json::to_vec(&serde_json::json!({
-                    "event_id": format!("enqueue-{n}"),
-                    "channel": "webhook",
-                    "destination": "http://127.0.0.1:9/hooks",
-                    "scheduled_at": at,
-                    "payload": {"body": {"type": "order.placed", "data": {"id": n, "note": note}}},
-                }))
-                .unwrap_or_default(),
-            )
+            .body(serde_json::to_vec(&body).unwrap_or_default())
     })
     .await
 }
@@ -552,7 +554,7 @@ pub fn enqueue_pg(ctx: &mut Ctx) -> Result<Vec<Figure>> {
     conn.batch_execute(&format!("{MARK} SELECT pg_stat_statements_reset()"))?;
     let load = ctx.rt.block_on(async {
         let h = HeraldProc::start(&url, "").await?;
-        let r = enqueue_load(&h.base, window).await;
+        let r = enqueue_load(&h.base, window, None).await;
         h.stop().await?;
         r
     })?;
@@ -617,12 +619,21 @@ pub fn app_insert_pg(ctx: &mut Ctx) -> Result<Vec<Figure>> {
 
 /// `POST /v1/messages` on SQLite against SQLite's single-row insert.
 pub fn enqueue_sqlite(ctx: &mut Ctx) -> Result<Vec<Figure>> {
+    enqueue_sqlite_with(ctx, "enqueue_sqlite", None)
+}
+
+/// The same with every message keyed, over 1,000 ordering keys.
+pub fn enqueue_sqlite_keyed(ctx: &mut Ctx) -> Result<Vec<Figure>> {
+    enqueue_sqlite_with(ctx, "enqueue_sqlite_keyed", Some(1000))
+}
+
+fn enqueue_sqlite_with(ctx: &mut Ctx, name: &str, keys: Option<usize>) -> Result<Vec<Figure>> {
     let window = Duration::from_secs(ctx.sizes.window_secs);
     let baseline = sqlite_single_insert_baseline(ctx, window)?;
-    let (path, url) = fresh_sqlite(ctx, "enqueue")?;
+    let (path, url) = fresh_sqlite(ctx, name)?;
     let load = ctx.rt.block_on(async {
         let h = HeraldProc::start(&url, "").await?;
-        let r = enqueue_load(&h.base, window).await;
+        let r = enqueue_load(&h.base, window, keys).await;
         h.stop().await?;
         r
     })?;
@@ -636,7 +647,7 @@ pub fn enqueue_sqlite(ctx: &mut Ctx) -> Result<Vec<Figure>> {
         load.answered
     );
     Ok(enqueue_figures(
-        "enqueue_sqlite",
+        name,
         &load,
         baseline,
         "single-row INSERT+commit, synchronous=FULL",
