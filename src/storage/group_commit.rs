@@ -102,8 +102,8 @@ pub type ReceiptWriter = GroupWriter<Receipts, Stored>;
 /// its event id cannot be used.
 pub type Enqueued = Result<(bool, OutboxRow), Vec<InvalidField>>;
 
-/// `POST /v1/messages`' writer: plain messages without an ordering key (see
-/// [`MessageWriter::enqueue`]).
+/// `POST /v1/messages`' writer: messages other than fan-outs; on PostgreSQL only those without
+/// an ordering key (see [`MessageWriter::enqueue`]).
 pub type MessageWriter = GroupWriter<NewOutboxRow, Enqueued>;
 
 /// A request on its way to the writer (see [`GroupWriter::begin`]).
@@ -518,8 +518,8 @@ impl MessageWriter {
     /// holding several keys each could wait on each other's (or on an application's); keyed
     /// rows keep a transaction of their own ([`Db::enqueue`]). On SQLite, with one writer at a
     /// time, keyed rows come here too. A keyed row is written request by request, each as
-    /// [`Db::enqueue`] writes it; concurrent requests of one key take their places in event-id
-    /// order (neither was answered before the other was sent, so neither came first).
+    /// [`Db::enqueue`] writes it; requests of one key in one group take their places in
+    /// event-id order (none was answered before the others were sent, so none came first).
     pub async fn enqueue(
         &self,
         coming: Coming,

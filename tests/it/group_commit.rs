@@ -617,7 +617,8 @@ async fn a_keyed_enqueue_does_not_wait_for_the_group_writer() {
 /// On SQLite a keyed enqueue joins the group: one writer at a time orders every key's inserts by
 /// itself. Three keyed requests sent while a group's commit is held queue for the writer, are
 /// committed together in the next group, are answered 201 only after it, and each key's messages
-/// take consecutive places, the second of a key waiting behind the first.
+/// take consecutive places in event-id order (not the order they queued in), the second of a
+/// key waiting behind the first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyed_enqueues_join_the_group_on_sqlite() {
     let app = spawn_app_with(Backend::Sqlite, &enqueue_config()).await;
@@ -625,24 +626,31 @@ async fn keyed_enqueues_join_the_group_on_sqlite() {
     let gate = gate_on(writer, &[]);
     let first = post(&app, &gate, &app.http, plain("m-0"));
     gate.wait_entered().await;
-    let keyed: Vec<_> = [("k-a1", "a"), ("k-a2", "a"), ("k-b1", "b")]
-        .into_iter()
-        .map(|(id, key)| {
-            let mut body = plain(id);
-            body["ordering_key"] = json!(key);
-            post(&app, &gate, &app.http, body)
-        })
-        .collect();
+    let keyed = |id: &str, key: &str| {
+        let mut body = plain(id);
+        body["ordering_key"] = json!(key);
+        post(&app, &gate, &app.http, body)
+    };
+    // The key's later event id queues first.
+    let mut keyed_posts = vec![keyed("k-a2", "a")];
+    queued_on(writer, 1).await;
+    keyed_posts.push(keyed("k-a1", "a"));
+    keyed_posts.push(keyed("k-b1", "b"));
     queued_on(writer, 3).await;
-    assert!(!first.is_finished() && keyed.iter().all(|t| !t.is_finished()));
+    assert!(!first.is_finished() && keyed_posts.iter().all(|t| !t.is_finished()));
     gate.open.send(()).unwrap();
     assert_eq!(first.await.unwrap().0, 201);
-    for t in keyed {
+    for t in keyed_posts {
         let (status, view) = t.await.unwrap();
         assert_eq!(status, 201, "{view}");
     }
-    let groups: Vec<usize> = gate.seen.lock().unwrap().iter().map(|(n, _)| *n).collect();
-    assert_eq!(groups, [1, 3], "the keyed requests' group");
+    let seen = gate.seen.lock().unwrap().clone();
+    assert_eq!(
+        seen.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+        [1, 3],
+        "the keyed requests' group"
+    );
+    assert!(seen[1].1 <= 1, "a keyed request answered before its commit");
     let place = |id: &str| app.row(id).ordering_seq;
     assert_eq!(
         (place("k-a1"), place("k-a2"), place("k-b1")),

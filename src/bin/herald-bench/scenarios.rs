@@ -646,12 +646,13 @@ fn enqueue_sqlite_with(ctx: &mut Ctx, name: &str, keys: Option<usize>) -> Result
         "{} enqueues answered 201, {rows} rows stored",
         load.answered
     );
-    Ok(enqueue_figures(
-        name,
-        &load,
-        baseline,
-        "single-row INSERT+commit, synchronous=FULL",
-    ))
+    let what = match keys {
+        Some(keys) => {
+            format!("keyed over {keys} keys; baseline: single-row INSERT+commit, synchronous=FULL")
+        }
+        None => "single-row INSERT+commit, synchronous=FULL".into(),
+    };
+    Ok(enqueue_figures(name, &load, baseline, &what))
 }
 
 fn enqueue_figures(name: &str, load: &Load, baseline: f64, what: &str) -> Vec<Figure> {
