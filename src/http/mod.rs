@@ -378,6 +378,9 @@ async fn create_message(
         }
         Ok(stored) => Written::Message(true, stored, Vec::new()),
     };
+    // A keyed message waiting behind its key's head is not due: its release wakes the sender.
+    let due_now = due_now
+        && !matches!(&written, Written::Message(_, stored, _) if stored.next_attempt_at.is_none());
     let (created, owners) = match &written {
         Written::Message(created, stored, _) => (*created, vec![stored.enqueued_by.clone()]),
         Written::FanOut(f) => {

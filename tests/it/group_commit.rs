@@ -759,7 +759,8 @@ async fn the_group_insert_stores_what_a_single_insert_stores(backend: Backend) {
 both_backends!(the_group_insert_stores_what_a_single_insert_stores);
 
 /// A created message due at once wakes the sender; one scheduled later does not (the poll
-/// takes it: a wake-up for it was a claim that found nothing, one per request in a burst).
+/// takes it: a wake-up for it was a claim that found nothing, one per request in a burst), nor
+/// does a keyed one waiting behind its key's head (its head's outcome releases it).
 async fn an_enqueue_wakes_the_sender_only_for_a_message_due_now(backend: Backend) {
     let app = spawn_app_with(backend, &enqueue_config()).await;
     // The sender does not run here, nor a LISTEN thread (in production each group's NOTIFY
@@ -776,6 +777,20 @@ async fn an_enqueue_wakes_the_sender_only_for_a_message_due_now(backend: Backend
     assert!(!woken().await, "woken for a message due in an hour");
     assert_eq!(app.post_message(plain("now")).await.status(), 201);
     assert!(woken().await, "not woken for a message due now");
+    // A keyed message due now, but waiting behind its key's head: its release wakes the sender.
+    let keyed = |id: &str| {
+        let mut body = plain(id);
+        body["ordering_key"] = json!("order-1");
+        body
+    };
+    assert_eq!(app.post_message(keyed("head")).await.status(), 201);
+    assert!(woken().await, "not woken for a keyed head due now");
+    assert_eq!(app.post_message(keyed("behind")).await.status(), 201);
+    assert!(app.row("behind").next_attempt_at.is_none());
+    assert!(
+        !woken().await,
+        "woken for a message waiting behind its key's head"
+    );
     app.stop().await;
 }
 
