@@ -44,7 +44,8 @@ pub struct Herald {
     pub admin: AdminState,
     /// Ingest's group-commit writer: concurrent requests' receipts share one transaction.
     pub receipt_writer: ReceiptWriter,
-    /// `POST /v1/messages`' group-commit writer: concurrent plain messages share one transaction.
+    /// `POST /v1/messages`' group-commit writer: concurrent messages share one transaction (not
+    /// fan-outs; on PostgreSQL not keyed ones).
     pub message_writer: MessageWriter,
 }
 

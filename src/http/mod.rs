@@ -56,7 +56,8 @@ pub struct AppState {
     pub sender_heartbeat: Arc<Heartbeat>,
     /// Ingest's group-commit writer (on `db`): a request is answered after its group commits.
     pub receipt_writer: ReceiptWriter,
-    /// `POST /v1/messages`' group-commit writer (on `db`), for plain messages.
+    /// `POST /v1/messages`' group-commit writer (on `db`): messages other than fan-outs (on
+    /// PostgreSQL, only those without an ordering key).
     pub message_writer: MessageWriter,
 }
 

@@ -98,8 +98,8 @@ impl<P, A> std::fmt::Debug for GroupWriter<P, A> {
 /// Ingest's writer: a request's receipts, stored unless replayed.
 pub type ReceiptWriter = GroupWriter<Receipts, Stored>;
 
-/// What `POST /v1/messages` gets back for a plain message: (created, the stored row), or why
-/// its event id cannot be used.
+/// What `POST /v1/messages` gets back for a message (not a fan-out): (created, the stored
+/// row), or why its event id cannot be used.
 pub type Enqueued = Result<(bool, OutboxRow), Vec<InvalidField>>;
 
 /// `POST /v1/messages`' writer: messages other than fan-outs; on PostgreSQL only those without
@@ -539,8 +539,9 @@ fn commit_messages(
     group: &[Job<NewOutboxRow, Enqueued>],
     shared: &Shared,
 ) -> Result<Vec<JobResult<Enqueued>>, StorageError> {
-    let merged = matches!(db, Db::Pg(_)) && group.iter().all(|j| j.payload.ordering_key.is_none());
-    if let (true, Db::Pg(pool)) = (merged, db) {
+    if let Db::Pg(pool) = db
+        && group.iter().all(|j| j.payload.ordering_key.is_none())
+    {
         let r = super::pg_transaction(pool, |c: &mut diesel::pg::PgConnection| {
             pg_merged_messages(c, group, shared)
         });
@@ -563,11 +564,7 @@ fn commit_messages(
         }
         Db::Sqlite(sq) => {
             use super::queries::sqlite as q;
-            let _w = sq.lock_writer();
-            let mut conn = sq.pool.get().map_err(StorageError::from)?;
-            conn.immediate_transaction(|c: &mut diesel::sqlite::SqliteConnection| {
-                messages_one_by_one!(c, q, group, shared)
-            })
+            sq.write(|c| messages_one_by_one!(c, q, group, shared))
         }
     }
 }
