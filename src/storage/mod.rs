@@ -490,11 +490,21 @@ impl SqliteDb {
     }
 }
 
+/// How soon a pooled connection's `BEGIN` must have failed for [`pg_transaction`] to try the
+/// next one: a connection the server closed fails at its first write, in well under a
+/// millisecond; one across a partition only after `tcp_user_timeout` (60 s unless the URL sets
+/// it).
+pub(crate) const RETRY_FAILED_WITHIN: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Runs `f` in a transaction on a pooled PostgreSQL connection. Connections are not pinged at
 /// checkout (a round trip and a transaction each time); one that broke while idle (the database
 /// restarted, its backend was terminated) fails at `BEGIN` — before anything of `f` was sent —
 /// and is dropped by the pool as broken, and the next connection is tried (at most the pool's
-/// size, plus one, in all). Always READ COMMITTED, whatever `default_transaction_isolation` the
+/// size, plus one, in all). Only when that `BEGIN` failed at once ([`RETRY_FAILED_WITHIN`]): a
+/// connection the server closed fails on its first write, but across a network partition each
+/// one fails only when TCP gives up on it (`tcp_user_timeout`), and trying every pooled
+/// connection in turn would keep the caller — an ingest request, whose provider waits — for
+/// that long times the pool's size. Always READ COMMITTED, whatever `default_transaction_isolation` the
 /// database or role sets: Herald's statements are written for it (each statement sees what
 /// committed before it — the claim's re-check of keyed heads, a replay's reads after its key's
 /// lock — and `SKIP LOCKED` claims, which a stricter level would turn into serialization
@@ -511,6 +521,7 @@ where
     let mut tries = pool.max_size() as usize + 1;
     loop {
         let mut conn = pool.get().map_err(|e| E::from(StorageError::from(e)))?;
+        let began = std::time::Instant::now();
         let r = conn
             .build_transaction()
             .read_committed()
@@ -519,8 +530,16 @@ where
                 None => Err(E::from(DieselError::BrokenTransactionManager)),
             });
         match r {
-            // `f` never ran: the BEGIN failed. Retry on another connection if this one is dead.
-            Err(_) if f.is_some() && tries > 1 && conn.is_broken() => tries -= 1,
+            // `f` never ran: the BEGIN failed. Retry on another connection if this one is dead,
+            // and was found dead at once.
+            Err(_)
+                if f.is_some()
+                    && tries > 1
+                    && conn.is_broken()
+                    && began.elapsed() < RETRY_FAILED_WITHIN =>
+            {
+                tries -= 1
+            }
             r => return r,
         }
     }

@@ -349,12 +349,25 @@ pub struct Cluster {
     dir: PathBuf,
     port: u16,
     root: bool,
+    /// The server's own network namespace and the link to it ([`Cluster::start_behind_link`]);
+    /// dropped after the server is stopped (fields drop after `Drop::drop`).
+    link: Option<super::link::Link>,
 }
 
 impl Cluster {
     /// initdb, then start it (the commits of a test stay durable across a stop: synchronous
     /// commit is on; fsync is off, as the OS keeps the files across a server crash).
     pub fn start_new() -> Self {
+        Self::start_on(None)
+    }
+
+    /// As [`Cluster::start_new`], but the server runs in a network namespace of its own and is
+    /// reached over a [`Link`](super::link::Link) the test can cut ([`Cluster::link`]).
+    pub fn start_behind_link() -> Self {
+        Self::start_on(Some(super::link::Link::new()))
+    }
+
+    fn start_on(link: Option<super::link::Link>) -> Self {
         let bin = pg_bin_dir().expect("no PostgreSQL server binaries (initdb)");
         let root = is_root();
         let dir = std::env::temp_dir().join(format!(
@@ -388,33 +401,55 @@ impl Cluster {
             "initdb failed; see {}/initdb.log",
             dir.display()
         );
+        if let Some(link) = &link {
+            // initdb trusts loopback only.
+            use std::io::Write;
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(dir.join("data/pg_hba.conf"))
+                .and_then(|mut f| writeln!(f, "host all all {}/32 trust", link.near))
+                .expect("let the near end of the link in");
+        }
         let cluster = Cluster {
             bin,
             dir,
             port: free_port(),
             root,
+            link,
         };
         cluster.start();
         cluster
     }
 
-    /// `postgres://herald@127.0.0.1:PORT/DB`.
+    /// The link to the server's namespace. Panics for a cluster not started behind one.
+    pub fn link(&self) -> &super::link::Link {
+        self.link.as_ref().expect("a cluster started behind a link")
+    }
+
+    /// Where the server listens: loopback, or the far end of its link.
+    fn host(&self) -> &str {
+        self.link.as_ref().map_or("127.0.0.1", |l| l.far.as_str())
+    }
+
+    /// `postgres://herald@HOST:PORT/DB`.
     pub fn url_for(&self, db: &str) -> String {
-        format!("postgres://herald@127.0.0.1:{}/{db}", self.port)
+        format!("postgres://herald@{}:{}/{db}", self.host(), self.port)
     }
 
     fn pg_ctl(&self, action: &str) -> bool {
-        sh(
-            &format!(
-                "'{bin}/pg_ctl' -D '{dir}/data' -l '{dir}/postgres.log' -w -t 60 \
-                 -o \"-p {port} -c listen_addresses=127.0.0.1 -k '{dir}' -c fsync=off \
-                 -c full_page_writes=off -c max_connections=100\" {action} >>'{dir}/pg_ctl.log' 2>&1",
-                bin = self.bin.display(),
-                dir = self.dir.display(),
-                port = self.port,
-            ),
-            self.root,
-        )
+        let script = format!(
+            "'{bin}/pg_ctl' -D '{dir}/data' -l '{dir}/postgres.log' -w -t 60 \
+             -o \"-p {port} -c listen_addresses={host} -k '{dir}' -c fsync=off \
+             -c full_page_writes=off -c max_connections=100\" {action} >>'{dir}/pg_ctl.log' 2>&1",
+            bin = self.bin.display(),
+            dir = self.dir.display(),
+            port = self.port,
+            host = self.host(),
+        );
+        match &self.link {
+            Some(link) => link.sh(&script, self.root),
+            None => sh(&script, self.root),
+        }
         .status()
         .map(|s| s.success())
         .unwrap_or(false)

@@ -5,6 +5,7 @@ pub mod admin;
 pub mod app;
 pub mod browser;
 pub mod db;
+pub mod link;
 pub mod prom;
 pub mod receiver;
 pub mod smtp_sink;
