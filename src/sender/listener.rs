@@ -82,9 +82,14 @@ fn listen_loop(url: &str, wake: &Notify, stop: &AtomicBool) {
     );
     let mut backoff = Duration::from_millis(200);
     while !stop.load(Ordering::Relaxed) {
-        let listening = PgConnection::establish(&crate::storage::pg_url_with_keepalive(url))
+        let with_keepalive = crate::storage::pg_url_with_keepalive(url);
+        let listening = PgConnection::establish(&with_keepalive)
             .ok()
             .and_then(|mut c| {
+                // The server's end keeps the same watch (see `ServerKeepalive`).
+                crate::storage::ServerKeepalive::of_url(&with_keepalive)
+                    .apply(&mut c)
+                    .ok()?;
                 // Listening before registering: while registered, nothing is missed.
                 c.batch_execute(&format!(
                     "SET application_name = '{APPLICATION_NAME}'; LISTEN herald_outbox"

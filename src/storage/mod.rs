@@ -140,14 +140,92 @@ fn is_sqlite_busy(message: &str) -> bool {
 pub struct PgManager {
     inner: ConnectionManager<PgConnection>,
     secrets: Vec<String>,
+    server_side: ServerKeepalive,
 }
 
 impl PgManager {
     fn new(url: &str) -> Self {
+        let url = pg_url_with_keepalive(url);
         Self {
-            inner: ConnectionManager::new(pg_url_with_keepalive(url)),
-            secrets: url_secrets(url),
+            server_side: ServerKeepalive::of_url(&url),
+            inner: ConnectionManager::new(url.clone()),
+            secrets: url_secrets(&url),
         }
+    }
+}
+
+/// The server's end of each of Herald's sessions keeps the watch the URL sets for Herald's end:
+/// `keepalives_idle`, `keepalives_interval`, `keepalives_count` and `tcp_user_timeout` (libpq's,
+/// with [`PG_KEEPALIVE_DEFAULTS`]) set the session's `tcp_keepalives_idle`,
+/// `tcp_keepalives_interval`, `tcp_keepalives_count` and `tcp_user_timeout` — each only where
+/// nothing else set it (`postgresql.conf`, `ALTER ROLE` or `ALTER DATABASE … SET`, the URL's
+/// `options`: what the server reports as its default).
+///
+/// Why: when Herald gives up on a connection across a network partition, the server's session
+/// of it lives on, in the middle of whatever it was doing — a claim not yet committed holding
+/// its rows, a group of receipts holding their keys — and nothing reaches it to say the client
+/// has gone: it waits for a next command. The server's own keepalive probes are what end it,
+/// and by the system's defaults the first goes after two hours. Meanwhile the claimed rows are
+/// skipped by every other claim, a provider's retry of those receipts waits on their keys, and
+/// each such session holds a connection slot. With the same watch as the client's, the server
+/// finds such a session gone within about a minute by default (the drill
+/// `drills::network_partition_while_sending_and_ingesting`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ServerKeepalive(Vec<(&'static str, u32)>);
+
+impl ServerKeepalive {
+    /// Read from a `postgres://` URL's query (after [`pg_url_with_keepalive`]): the client's
+    /// keepalive settings unless its `keepalives` is `0`, and its `tcp_user_timeout`; each only
+    /// when a positive whole number (`0` leaves the system's default, on both ends).
+    pub fn of_url(url: &str) -> Self {
+        let params = pg_url_params(url);
+        let value = |name: &str| params.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v);
+        let keepalives = value("keepalives").is_none_or(|v| v.trim() != "0");
+        let mut settings = Vec::new();
+        for (client, server, only_with_keepalives) in [
+            ("keepalives_idle", "tcp_keepalives_idle", true),
+            ("keepalives_interval", "tcp_keepalives_interval", true),
+            ("keepalives_count", "tcp_keepalives_count", true),
+            ("tcp_user_timeout", "tcp_user_timeout", false),
+        ] {
+            if only_with_keepalives && !keepalives {
+                continue;
+            }
+            if let Some(n) = value(client)
+                .and_then(|v| v.trim().parse::<u32>().ok())
+                .filter(|n| *n > 0)
+            {
+                settings.push((server, n));
+            }
+        }
+        ServerKeepalive(settings)
+    }
+
+    /// The settings, as (the server's name, its value).
+    pub fn settings(&self) -> &[(&'static str, u32)] {
+        &self.0
+    }
+
+    /// Sets them on `conn`'s session where the server reports them at their default. A
+    /// setting the server does not have (`tcp_user_timeout` before PostgreSQL 12) is passed over.
+    pub fn apply(&self, conn: &mut PgConnection) -> diesel::QueryResult<()> {
+        use diesel::RunQueryDsl;
+        use diesel::sql_types::{Array, Text};
+        if self.0.is_empty() {
+            return Ok(());
+        }
+        let (names, values): (Vec<&str>, Vec<String>) =
+            self.0.iter().map(|(k, v)| (*k, v.to_string())).unzip();
+        diesel::sql_query(
+            "SELECT set_config(d.name, d.value, false) \
+             FROM unnest($1::text[], $2::text[]) AS d(name, value) \
+             JOIN pg_settings AS s ON s.name = d.name \
+             WHERE s.source = 'default'",
+        )
+        .bind::<Array<Text>, _>(names)
+        .bind::<Array<Text>, _>(values)
+        .execute(conn)
+        .map(|_| ())
     }
 }
 
@@ -169,12 +247,7 @@ pub const PG_KEEPALIVE_DEFAULTS: [(&str, &str); 5] = [
 /// appended: the URL's own text is kept as it is.
 pub fn pg_url_with_keepalive(url: &str) -> String {
     let query = pg_query_start(url).map(|q| &url[q + 1..]);
-    let named: Vec<String> = query
-        .unwrap_or("")
-        .split('&')
-        .filter_map(|kv| kv.split('=').next())
-        .map(percent_decoded)
-        .collect();
+    let named: Vec<String> = pg_url_params(url).into_iter().map(|(k, _)| k).collect();
     let added: Vec<String> = PG_KEEPALIVE_DEFAULTS
         .iter()
         .filter(|(k, _)| !named.iter().any(|n| n == k))
@@ -189,6 +262,22 @@ pub fn pg_url_with_keepalive(url: &str) -> String {
         Some(_) => "&",
     };
     format!("{url}{joint}{}", added.join("&"))
+}
+
+/// A `postgres://` URL's query parameters, in order, keys and values `%XX`-decoded as libpq
+/// decodes them (a key without `=` has an empty value).
+fn pg_url_params(url: &str) -> Vec<(String, String)> {
+    let Some(q) = pg_query_start(url) else {
+        return Vec::new();
+    };
+    url[q + 1..]
+        .split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (percent_decoded(k), percent_decoded(v))
+        })
+        .collect()
 }
 
 /// Where a `postgres://` URL's query string starts (its `?`), read as libpq reads it: a user
@@ -241,12 +330,16 @@ impl r2d2::ManageConnection for PgManager {
     type Error = diesel::r2d2::Error;
 
     fn connect(&self) -> Result<PgConnection, Self::Error> {
-        self.inner.connect().map_err(|e| match e {
+        let mut conn = self.inner.connect().map_err(|e| match e {
             diesel::r2d2::Error::ConnectionError(c) => diesel::r2d2::Error::ConnectionError(
                 diesel::ConnectionError::BadConnection(redact(&c.to_string(), &self.secrets)),
             ),
             other => other,
-        })
+        })?;
+        self.server_side
+            .apply(&mut conn)
+            .map_err(diesel::r2d2::Error::QueryError)?;
+        Ok(conn)
     }
 
     fn is_valid(&self, conn: &mut PgConnection) -> Result<(), Self::Error> {
@@ -672,6 +765,54 @@ mod tests {
         }
         let own = format!("postgres://db/herald?{all}");
         assert_eq!(pg_url_with_keepalive(&own), own);
+    }
+
+    #[test]
+    fn the_servers_end_keeps_the_watch_the_url_sets_for_the_client() {
+        let of = |url: &str| ServerKeepalive::of_url(&pg_url_with_keepalive(url));
+        let defaults = [
+            ("tcp_keepalives_idle", 30),
+            ("tcp_keepalives_interval", 10),
+            ("tcp_keepalives_count", 3),
+            ("tcp_user_timeout", 60_000),
+        ];
+        assert_eq!(of("postgres://h@db/herald").settings(), defaults);
+        for (url, expected) in [
+            // The URL's own values, percent-encoded keys and values too.
+            (
+                "postgres://h@db/herald?keepalives%5Fidle=1&keepalives_interval=%32\
+                 &keepalives_count=2&tcp_user_timeout=2000",
+                vec![
+                    ("tcp_keepalives_idle", 1),
+                    ("tcp_keepalives_interval", 2),
+                    ("tcp_keepalives_count", 2),
+                    ("tcp_user_timeout", 2000),
+                ],
+            ),
+            // Keepalives off: only the user timeout is mirrored.
+            (
+                "postgres://h@db/herald?keepalives=0",
+                vec![("tcp_user_timeout", 60_000)],
+            ),
+            // 0, or what is not a whole number, leaves the system's default on both ends.
+            (
+                "postgres://h@db/herald?tcp_user_timeout=0&keepalives_idle=soon\
+                 &keepalives_count=-1",
+                vec![("tcp_keepalives_interval", 10)],
+            ),
+            // A `?` and `=` in a password are the password's.
+            (
+                "postgres://u:p?tcp_user_timeout=5@db/herald",
+                defaults.to_vec(),
+            ),
+        ] {
+            assert_eq!(of(url).settings(), expected, "{url}");
+        }
+        assert!(
+            ServerKeepalive::of_url("postgres://h@db/herald")
+                .settings()
+                .is_empty()
+        );
     }
 
     #[test]

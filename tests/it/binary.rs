@@ -1169,7 +1169,9 @@ async fn serve_answers_its_openapi_document_without_a_token() {
 /// keepalive probing after 30 s idle, as the operating system shows its sockets (`ss -o`):
 /// Herald adds libpq's keepalive settings to a URL that does not name them. With the system's
 /// defaults the first probe goes after two hours, and a connection whose peer vanished (a
-/// failover, a partition) waits for an answer that long.
+/// failover, a partition) waits for an answer that long. So does the server's end of each
+/// (`ServerKeepalive`): a session whose client gave up on it across a partition would otherwise
+/// live on for two hours, holding whatever its transaction held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_connections_probe_a_silent_peer_within_a_minute() {
     let db = crate::support::TestDb::new(crate::support::Backend::Postgres);
@@ -1194,10 +1196,19 @@ async fn postgres_connections_probe_a_silent_peer_within_a_minute() {
     );
     herald.wait_healthy(&format!("http://{listen}")).await;
     let pid = format!("pid={},", herald.child.id());
-    // Herald's sockets to the database, once both the pool's idle connection and the LISTEN
-    // thread's are open and none is waiting for an acknowledgement (`timer:(on,…)`).
+    // `ss -H` with a state: Recv-Q, Send-Q, local address, peer address, process, timer.
+    let ends = |line: &str| -> (String, String) {
+        let mut cols = line.split_whitespace().skip(2);
+        (
+            cols.next().unwrap_or_default().to_owned(),
+            cols.next().unwrap_or_default().to_owned(),
+        )
+    };
+    // Herald's sockets to the database and the server's end of each (its local address is
+    // Herald's peer, its peer Herald's local), once both the pool's idle connection and the
+    // LISTEN thread's are open and no end is waiting for an acknowledgement (`timer:(on,…)`).
     let deadline = Instant::now() + Duration::from_secs(20);
-    let (out, mine) = loop {
+    let (out, mine, servers) = loop {
         let ss = Command::new("ss")
             .args(["-tnopH", "state", "established"])
             .output()
@@ -1208,13 +1219,28 @@ async fn postgres_connections_probe_a_silent_peer_within_a_minute() {
             .filter(|l| l.contains(&pid) && l.contains(&format!(":{port} ")))
             .map(str::to_owned)
             .collect();
-        if mine.len() >= 2 && !mine.iter().any(|l| l.contains("timer:(on,")) {
-            break (out, mine);
+        let servers: Vec<String> = mine
+            .iter()
+            .filter_map(|line| {
+                let (local, peer) = ends(line);
+                out.lines()
+                    .find(|l| ends(l) == (peer.clone(), local.clone()))
+            })
+            .map(str::to_owned)
+            .collect();
+        if mine.len() >= 2
+            && servers.len() == mine.len()
+            && !mine
+                .iter()
+                .chain(&servers)
+                .any(|l| l.contains("timer:(on,"))
+        {
+            break (out, mine, servers);
         }
         assert!(Instant::now() < deadline, "herald's connections:\n{out}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    for line in &mine {
+    for line in mine.iter().chain(&servers) {
         let timer = line
             .split("timer:(keepalive,")
             .nth(1)

@@ -464,169 +464,73 @@ async fn shutdown_with_the_database_hanging_stops_at_the_hard_stop() {
 async fn database_restart_while_sending_and_ingesting() {
     let mut rng = rng_for("db-restart");
     let (cluster, url) = own_cluster().await;
-    let rx = Receiver::start().await;
-    let toml = "[sources.esp]\nscheme = \"hmac\"\nsecrets = [\"drill-esp\"]\n";
-    let (mut h, base) = serve(&url, &[], Some(toml)).await;
-    const BACKLOG: usize = 600;
-    enqueue_by_sql(Backend::Postgres, &url, "kill", BACKLOG, &rx.url);
-
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut loops = Vec::new();
-    for (kind, lane) in [("ingest", 0), ("ingest", 1), ("message", 0)] {
-        loops.push(tokio::spawn(load_loop(
-            kind,
-            lane,
-            base.clone(),
-            rx.url.clone(),
-            stop_rx.clone(),
-        )));
-    }
-    // Stop the server at a random moment while the backlog is being sent.
-    rx.wait_for(rng.random_range(50..250), 60).await;
-    tokio::time::sleep(Duration::from_millis(rng.random_range(0..50))).await;
     let c = &cluster;
-    std::thread::scope(|s| s.spawn(|| c.stop_immediately()).join().unwrap());
-    let stopped = Instant::now();
-    // Down long enough for requests to begin and end while it is: a request waits up to the
-    // pool's 5 s connection timeout before its 503, and the first ones began before the stop.
-    tokio::time::sleep(Duration::from_secs(12)).await;
-    let starting = Instant::now();
-    std::thread::scope(|s| s.spawn(|| c.start()).join().unwrap());
-    let up = Instant::now();
-    // Load goes on until both ingest and sending have recovered, then a little longer.
-    let deadline = up + SETTLE_WITHIN;
-    let sent_after_up = loop {
-        if let Some(r) = rx.requests().iter().find(|r| r.at > up) {
-            break r.at;
-        }
-        assert!(Instant::now() < deadline, "sending never resumed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    stop_tx.send(true).unwrap();
-    let mut answers: Vec<(&str, Answered)> = Vec::new();
-    for (l, kind) in loops.into_iter().zip(["ingest", "ingest", "message"]) {
-        answers.extend(l.await.unwrap().into_iter().map(|a| (kind, a)));
-    }
-    assert!(
-        h.child.try_wait().unwrap().is_none(),
-        "the same process rode out the restart:\n{}",
-        h.stderr()
-    );
-
-    // While it was down: 503, never 2xx; at any time: 2xx or 503, nothing else.
-    let mut down_503 = 0;
-    for (kind, a) in &answers {
-        let status = a
-            .status
-            .unwrap_or_else(|| panic!("{kind} {} got no answer", a.id));
-        assert!(
-            (200..300).contains(&status) || status == 503,
-            "{kind} {}: {status}",
-            a.id
-        );
-        if a.sent >= stopped && a.answered <= starting {
-            assert_eq!(status, 503, "{kind} {} answered {status} while down", a.id);
-            down_503 += 1;
-        }
-    }
-    if down_503 == 0 {
-        for (kind, a) in &answers {
-            if a.answered >= stopped && a.sent <= up {
-                eprintln!(
-                    "{kind} {} sent {:?} answered {:?} (after the stop) {:?}",
-                    a.id,
-                    a.sent.checked_duration_since(stopped),
-                    a.answered.duration_since(stopped),
-                    a.status
-                );
-            }
-        }
-    }
-    assert!(
-        down_503 > 0,
-        "no request was answered while the database was down"
-    );
-    let first_ingest_ok = answers
-        .iter()
-        .filter(|(k, a)| *k == "ingest" && a.answered > up && a.status == Some(200))
-        .map(|(_, a)| a.answered)
-        .min()
-        .expect("ingest recovered");
-
-    // Nothing acknowledged is lost: every 2xx receipt is stored, every 2xx message delivered
-    // (with the backlog), and received.
-    let acked = |kind: &str| -> Vec<String> {
-        answers
-            .iter()
-            .filter(|(k, a)| *k == kind && a.status.is_some_and(|s| (200..300).contains(&s)))
-            .map(|(_, a)| a.id.clone())
-            .collect()
-    };
-    let receipts = acked("ingest");
-    let messages = acked("message");
-    let list = |ids: &[String]| {
-        ids.iter()
-            .map(|i| format!("'{i}'"))
-            .collect::<Vec<_>>()
-            .join(",")
-    };
-    assert_eq!(
-        count(
-            Backend::Postgres,
-            &url,
-            &format!(
-                "SELECT count(*) AS n FROM herald_receipts WHERE provider_event_id IN ({})",
-                list(&receipts)
-            )
-        ),
-        receipts.len() as i64,
-        "an acknowledged receipt is missing"
-    );
-    let total = BACKLOG + messages.len();
-    wait_count(
-        Backend::Postgres,
+    load_through_outage(
+        "db-restart",
+        &mut rng,
         &url,
-        "SELECT count(*) AS n FROM herald_outbox WHERE state = 'delivered'",
-        total as i64,
-        "delivered",
+        &[],
+        || c.stop_immediately(),
+        || c.start(),
     )
     .await;
-    assert_eq!(
-        count(
-            Backend::Postgres,
-            &url,
-            &format!(
-                "SELECT count(*) AS n FROM herald_outbox WHERE state = 'delivered' \
-                 AND (event_id LIKE 'kill-%' OR event_id IN ({}))",
-                list(&messages)
-            )
-        ),
-        total as i64
-    );
-    let seen: HashSet<String> = rx.event_ids().into_iter().collect();
-    for id in messages.iter().chain(
-        (1..=BACKLOG)
-            .map(|i| format!("kill-{i}"))
-            .collect::<Vec<_>>()
-            .iter(),
-    ) {
-        assert!(seen.contains(id), "{id} acknowledged but never received");
+}
+
+/// Drill: the network between Herald and PostgreSQL cut without a word mid-run — every packet
+/// dropped, no reset, no "unreachable", new connections left waiting (`support::link`) — then
+/// mended. Unlike a restart, nothing tells Herald: each connection must find out by its own
+/// timeouts, and the server's sessions of the connections Herald gave up on live on after the
+/// link is back, in the middle of whatever transaction they were in. The URL sets the client's
+/// timeouts short (`PARTITION_URL_TIMEOUTS`), as an operator who wants a quick failover would;
+/// Herald carries them over to the server's side of each session, so the server ends those
+/// sessions too, and their row locks (a claim that never committed, a group of receipts)
+/// do not hold messages and receipts back until the system's keepalive (two hours) finds them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_partition_while_sending_and_ingesting() {
+    let mut rng = rng_for("partition");
+    let cluster = tokio::task::spawn_blocking(crate::support::db::Cluster::start_behind_link)
+        .await
+        .unwrap();
+    cluster.create_database("herald");
+    let url = format!("{}?{PARTITION_URL_TIMEOUTS}", cluster.url_for("herald"));
+    let link = cluster.link();
+    let pool = PARTITION_POOL.to_string();
+    load_through_outage(
+        "partition",
+        &mut rng,
+        &url,
+        &[("HERALD_DATABASE_POOL_SIZE", pool.as_str())],
+        || link.cut(),
+        || link.mend(),
+    )
+    .await;
+    // The server's side, Herald stopped: its own sessions ended with it, and no session of a
+    // connection it gave up on during the partition is left (each would hold a connection slot,
+    // and one cut in a transaction its locks, until the system's keepalive found it).
+    let sessions = "SELECT count(*) AS n FROM pg_stat_activity \
+                    WHERE datname = 'herald' AND backend_type = 'client backend' \
+                    AND pid <> pg_backend_pid()";
+    let stopped = Instant::now();
+    let deadline = stopped + Duration::from_secs(30);
+    loop {
+        let (u, q) = (url.clone(), sessions.to_owned());
+        let n = tokio::task::spawn_blocking(move || count(Backend::Postgres, &u, &q))
+            .await
+            .unwrap();
+        if n == 0 {
+            eprintln!(
+                "DRILL partition server_sessions_gone_after_exit_ms={}",
+                stopped.elapsed().as_millis()
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} sessions left on the server after Herald stopped: sessions of connections \
+             it gave up on were never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let r = client().get(format!("{base}/readyz")).send().await.unwrap();
-    assert_eq!(r.status(), 200, "ready again after the restart");
-    let duplicates = rx.requests().len() - seen.len();
-    eprintln!(
-        "DRILL db-restart down_ms={} ingest_recovery_ms={} sending_recovery_ms={} \
-         answered_503_while_down={down_503} receipts_acked={} messages_acked={} backlog={BACKLOG} \
-         duplicates={duplicates}",
-        starting.duration_since(stopped).as_millis(),
-        first_ingest_ok.duration_since(up).as_millis(),
-        sent_after_up.duration_since(up).as_millis(),
-        receipts.len(),
-        messages.len(),
-    );
-    assert!(h.terminate().await.success(), "{}", h.stderr());
 }
 
 /// A write across a partition fails after one connection's `tcp_user_timeout`, not after each
@@ -680,6 +584,198 @@ async fn a_write_across_a_partition_fails_after_one_connections_timeout() {
         "the write across the partition took {took:?}"
     );
     assert_eq!(after, Ok(0), "a write once the link is mended");
+}
+
+/// The partition drill's client timeouts, in the database URL: an unacknowledged request fails
+/// after 2 s, an idle connection whose peer is gone after 1 + 2 × 1 s.
+const PARTITION_URL_TIMEOUTS: &str =
+    "tcp_user_timeout=2000&keepalives_idle=1&keepalives_interval=1&keepalives_count=2";
+/// The partition drill's pool size.
+const PARTITION_POOL: u32 = 6;
+
+/// An outage under load, the part the restart and partition drills share: a backlog of
+/// webhooks enqueued by SQL, then two loops posting signed receipts and one posting messages;
+/// at a random moment while the backlog is sent, `begin` (the outage); 12 s later `end`. Load
+/// goes on until sending has resumed, then a second longer. Checks that the same process rode
+/// it out; that every request was answered (within the loops' 30 s), 2xx or 503 and nothing
+/// else, and 503 when it was sent and answered while the database was out of reach; that every
+/// acknowledged receipt is stored and every acknowledged message and the whole backlog
+/// delivered and received; and readiness after. Prints the figures as `DRILL {drill} …`.
+async fn load_through_outage(
+    drill: &str,
+    rng: &mut StdRng,
+    url: &str,
+    env: &[(&str, &str)],
+    begin: impl FnOnce() + Send,
+    end: impl FnOnce() + Send,
+) {
+    let rx = Receiver::start().await;
+    let toml = "[sources.esp]\nscheme = \"hmac\"\nsecrets = [\"drill-esp\"]\n";
+    let (mut h, base) = serve(url, env, Some(toml)).await;
+    const BACKLOG: usize = 600;
+    enqueue_by_sql(Backend::Postgres, url, "kill", BACKLOG, &rx.url);
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut loops = Vec::new();
+    for (kind, lane) in [("ingest", 0), ("ingest", 1), ("message", 0)] {
+        loops.push(tokio::spawn(load_loop(
+            kind,
+            lane,
+            base.clone(),
+            rx.url.clone(),
+            stop_rx.clone(),
+        )));
+    }
+    // The outage begins at a random moment while the backlog is being sent.
+    rx.wait_for(rng.random_range(50..250), 60).await;
+    tokio::time::sleep(Duration::from_millis(rng.random_range(0..50))).await;
+    std::thread::scope(|s| s.spawn(begin).join().unwrap());
+    let stopped = Instant::now();
+    // Long enough for requests to begin and end within it: a request waits up to the pool's
+    // 5 s connection timeout before its 503, and the first ones began before the outage.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let starting = Instant::now();
+    std::thread::scope(|s| s.spawn(end).join().unwrap());
+    let up = Instant::now();
+    // Load goes on until both ingest and sending have recovered, then a little longer.
+    let deadline = up + SETTLE_WITHIN;
+    let sent_after_up = loop {
+        if let Some(r) = rx.requests().iter().find(|r| r.at > up) {
+            break r.at;
+        }
+        assert!(Instant::now() < deadline, "sending never resumed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop_tx.send(true).unwrap();
+    let mut answers: Vec<(&str, Answered)> = Vec::new();
+    for (l, kind) in loops.into_iter().zip(["ingest", "ingest", "message"]) {
+        answers.extend(l.await.unwrap().into_iter().map(|a| (kind, a)));
+    }
+    assert!(
+        h.child.try_wait().unwrap().is_none(),
+        "the same process rode out the outage:\n{}",
+        h.stderr()
+    );
+
+    // While it was down: 503, never 2xx; at any time: 2xx or 503, nothing else.
+    let mut down_503 = 0;
+    let mut slowest_while_down = Duration::ZERO;
+    for (kind, a) in &answers {
+        let status = a
+            .status
+            .unwrap_or_else(|| panic!("{kind} {} got no answer", a.id));
+        assert!(
+            (200..300).contains(&status) || status == 503,
+            "{kind} {}: {status}",
+            a.id
+        );
+        if a.sent >= stopped && a.answered <= starting {
+            assert_eq!(status, 503, "{kind} {} answered {status} while down", a.id);
+            down_503 += 1;
+        }
+        if a.sent >= stopped && a.sent <= starting {
+            slowest_while_down = slowest_while_down.max(a.answered.duration_since(a.sent));
+        }
+    }
+    if down_503 == 0 {
+        for (kind, a) in &answers {
+            if a.answered >= stopped && a.sent <= up {
+                eprintln!(
+                    "{kind} {} sent {:?} answered {:?} (after the outage began) {:?}",
+                    a.id,
+                    a.sent.checked_duration_since(stopped),
+                    a.answered.duration_since(stopped),
+                    a.status
+                );
+            }
+        }
+    }
+    assert!(
+        down_503 > 0,
+        "no request was answered while the database was out of reach"
+    );
+    let first_ingest_ok = answers
+        .iter()
+        .filter(|(k, a)| *k == "ingest" && a.answered > up && a.status == Some(200))
+        .map(|(_, a)| a.answered)
+        .min()
+        .expect("ingest recovered");
+
+    // Nothing acknowledged is lost: every 2xx receipt is stored, every 2xx message delivered
+    // (with the backlog), and received.
+    let acked = |kind: &str| -> Vec<String> {
+        answers
+            .iter()
+            .filter(|(k, a)| *k == kind && a.status.is_some_and(|s| (200..300).contains(&s)))
+            .map(|(_, a)| a.id.clone())
+            .collect()
+    };
+    let receipts = acked("ingest");
+    let messages = acked("message");
+    let list = |ids: &[String]| {
+        ids.iter()
+            .map(|i| format!("'{i}'"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    assert_eq!(
+        count(
+            Backend::Postgres,
+            url,
+            &format!(
+                "SELECT count(*) AS n FROM herald_receipts WHERE provider_event_id IN ({})",
+                list(&receipts)
+            )
+        ),
+        receipts.len() as i64,
+        "an acknowledged receipt is missing"
+    );
+    let total = BACKLOG + messages.len();
+    wait_count(
+        Backend::Postgres,
+        url,
+        "SELECT count(*) AS n FROM herald_outbox WHERE state = 'delivered'",
+        total as i64,
+        "delivered",
+    )
+    .await;
+    assert_eq!(
+        count(
+            Backend::Postgres,
+            url,
+            &format!(
+                "SELECT count(*) AS n FROM herald_outbox WHERE state = 'delivered' \
+                 AND (event_id LIKE 'kill-%' OR event_id IN ({}))",
+                list(&messages)
+            )
+        ),
+        total as i64
+    );
+    let seen: HashSet<String> = rx.event_ids().into_iter().collect();
+    for id in messages.iter().chain(
+        (1..=BACKLOG)
+            .map(|i| format!("kill-{i}"))
+            .collect::<Vec<_>>()
+            .iter(),
+    ) {
+        assert!(seen.contains(id), "{id} acknowledged but never received");
+    }
+    let r = client().get(format!("{base}/readyz")).send().await.unwrap();
+    assert_eq!(r.status(), 200, "ready again after the outage");
+    let duplicates = rx.requests().len() - seen.len();
+    eprintln!(
+        "DRILL {drill} down_ms={} ingest_recovery_ms={} sending_recovery_ms={} \
+         answered_503_while_down={down_503} slowest_answer_while_down_ms={} receipts_acked={} \
+         messages_acked={} backlog={BACKLOG} duplicates={duplicates}",
+        starting.duration_since(stopped).as_millis(),
+        first_ingest_ok.duration_since(up).as_millis(),
+        sent_after_up.duration_since(up).as_millis(),
+        slowest_while_down.as_millis(),
+        receipts.len(),
+        messages.len(),
+    );
+    assert!(h.terminate().await.success(), "{}", h.stderr());
 }
 
 /// Outcomes that cannot be written while the database is unavailable are written once it is
