@@ -1166,7 +1166,7 @@ async fn serve_answers_its_openapi_document_without_a_token() {
 }
 
 /// Every PostgreSQL connection of `herald serve` (the pool's, the LISTEN thread's) has TCP
-/// keepalive probing after 30 s idle, as the operating system shows its sockets (`ss -o`):
+/// keepalive probing after 10 s idle, as the operating system shows its sockets (`ss -o`):
 /// Herald adds libpq's keepalive settings to a URL that does not name them. With the system's
 /// defaults the first probe goes after two hours, and a connection whose peer vanished (a
 /// failover, a partition) waits for an answer that long. So does the server's end of each
@@ -1246,14 +1246,14 @@ async fn postgres_connections_probe_a_silent_peer_within_a_minute() {
             .nth(1)
             .and_then(|t| t.split(',').next())
             .unwrap_or_else(|| panic!("no keepalive timer: {line}\n{out}"));
-        // `29sec`, `9.5sec` or `950ms` under 30 s; `119min` with the system's defaults.
+        // `9.5sec` or `950ms` under 10 s; `119min` with the system's defaults.
         let secs: f64 = match (timer.strip_suffix("ms"), timer.strip_suffix("sec")) {
             (Some(ms), _) => ms.parse::<f64>().map(|v| v / 1000.0),
             (_, Some(sec)) => sec.parse::<f64>(),
             _ => panic!("keepalive timer {timer} is not in seconds: {line}"),
         }
         .unwrap_or_else(|_| panic!("keepalive timer {timer}: {line}"));
-        assert!(secs <= 30.0, "{line}");
+        assert!(secs <= 10.0, "{line}");
     }
     let status = herald.terminate().await;
     assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
