@@ -87,9 +87,7 @@ fn listen_loop(url: &str, wake: &Notify, stop: &AtomicBool) {
             .ok()
             .and_then(|mut c| {
                 // The server's end keeps the same watch (see `ServerKeepalive`).
-                crate::storage::ServerKeepalive::of_url(&with_keepalive)
-                    .apply(&mut c)
-                    .ok()?;
+                crate::storage::ServerKeepalive::of_url(&with_keepalive).apply(&mut c);
                 // Listening before registering: while registered, nothing is missed.
                 c.batch_execute(&format!(
                     "SET application_name = '{APPLICATION_NAME}'; LISTEN herald_outbox"

@@ -168,19 +168,23 @@ impl PgManager {
 /// and by the system's defaults the first goes after two hours. Meanwhile the claimed rows are
 /// skipped by every other claim, a provider's retry of those receipts waits on their keys, and
 /// each such session holds a connection slot. With the same watch as the client's, the server
-/// finds such a session gone within about 25 s by default (the drill
+/// finds such a session gone within about 15 s by default (the drill
 /// `drills::network_partition_while_sending_and_ingesting`).
+///
+/// Best effort: where the statement fails (a server or pooler without these settings), the
+/// connection is used as it is, and a warning says so.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ServerKeepalive(Vec<(&'static str, u32)>);
 
 impl ServerKeepalive {
     /// Read from a `postgres://` URL's query (after [`pg_url_with_keepalive`]): the client's
-    /// keepalive settings unless its `keepalives` is `0`, and its `tcp_user_timeout`; each only
-    /// when a positive whole number (`0` leaves the system's default, on both ends).
+    /// keepalive settings unless its `keepalives` is a number that is 0 (as libpq reads it),
+    /// and its `tcp_user_timeout`; each only when a whole number from 1 to the server's
+    /// limit, 2³¹ − 1 (`0` leaves the system's default, on both ends).
     pub fn of_url(url: &str) -> Self {
         let params = pg_url_params(url);
         let value = |name: &str| params.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v);
-        let keepalives = value("keepalives").is_none_or(|v| v.trim() != "0");
+        let keepalives = value("keepalives").is_none_or(|v| v.trim().parse::<i64>() != Ok(0));
         let mut settings = Vec::new();
         for (client, server, only_with_keepalives) in [
             ("keepalives_idle", "tcp_keepalives_idle", true),
@@ -193,7 +197,7 @@ impl ServerKeepalive {
             }
             if let Some(n) = value(client)
                 .and_then(|v| v.trim().parse::<u32>().ok())
-                .filter(|n| *n > 0)
+                .filter(|n| (1..=i32::MAX as u32).contains(n))
             {
                 settings.push((server, n));
             }
@@ -206,40 +210,54 @@ impl ServerKeepalive {
         &self.0
     }
 
-    /// Sets them on `conn`'s session where the server reports them at their default. A
-    /// setting the server does not have (`tcp_user_timeout` before PostgreSQL 12) is passed over.
-    pub fn apply(&self, conn: &mut PgConnection) -> diesel::QueryResult<()> {
-        use diesel::RunQueryDsl;
-        use diesel::sql_types::{Array, Text};
+    /// The statement that sets them where the server reports them at their default (a setting
+    /// the server does not have, `tcp_user_timeout` before PostgreSQL 12, is passed over); a
+    /// plain statement, no parameters (the names are Herald's, the values numbers). `None`:
+    /// nothing to set.
+    pub fn statement(&self) -> Option<String> {
         if self.0.is_empty() {
-            return Ok(());
+            return None;
         }
-        let (names, values): (Vec<&str>, Vec<String>) =
-            self.0.iter().map(|(k, v)| (*k, v.to_string())).unzip();
-        diesel::sql_query(
-            "SELECT set_config(d.name, d.value, false) \
-             FROM unnest($1::text[], $2::text[]) AS d(name, value) \
-             JOIN pg_settings AS s ON s.name = d.name \
-             WHERE s.source = 'default'",
-        )
-        .bind::<Array<Text>, _>(names)
-        .bind::<Array<Text>, _>(values)
-        .execute(conn)
-        .map(|_| ())
+        let values: Vec<String> = self
+            .0
+            .iter()
+            .map(|(k, v)| format!("('{k}', '{v}')"))
+            .collect();
+        Some(format!(
+            "SELECT set_config(d.name, d.value, false) FROM (VALUES {}) AS d(name, value) \
+             JOIN pg_settings AS s ON s.name = d.name WHERE s.source = 'default'",
+            values.join(", ")
+        ))
+    }
+
+    /// Runs [`ServerKeepalive::statement`] on `conn`; where it fails, warns (the kind of error
+    /// only) and leaves the session as it is.
+    pub fn apply(&self, conn: &mut PgConnection) {
+        use diesel::connection::SimpleConnection;
+        let Some(statement) = self.statement() else {
+            return;
+        };
+        if let Err(e) = conn.batch_execute(&statement) {
+            tracing::warn!(
+                reason = %StorageError::from(e).log_safe(),
+                "could not set the server's keepalive for this database session; its end keeps the server's own settings"
+            );
+        }
     }
 }
 
 /// libpq's TCP settings Herald adds to a `postgres://` URL that does not set them itself: a
 /// connection whose peer vanished without a word (a failover, a network partition, a NAT that
-/// forgot it) fails within about 25 s, and the pool replaces it, instead of waiting for an
+/// forgot it) fails within about 15 s, and the pool replaces it, instead of waiting for an
 /// answer for ever (with the system's defaults, the first keepalive probe goes after two
 /// hours). The user timeout ends a connection whose sent request is not acknowledged for 15 s;
-/// keepalive probes, after 10 s of silence, one that waits for an answer (then the user timeout
-/// ends it, 15 s after the last thing it heard). Neither fires on a healthy connection to a busy
+/// keepalive probes start after 10 s of silence on one that waits for an answer, and once one
+/// is out, the user timeout decides on Linux: it ends 15 s after the last thing it heard
+/// (`keepalives_count` counts only where the user timeout is 0). Neither fires on a healthy connection to a busy
 /// server: the server's system acknowledges and answers probes whatever PostgreSQL is doing.
 /// Unix-socket connections ignore them. Measured by hand (a 90 s partition under a request every
 /// 200 ms, README "Configuration"): requests sent during it were answered after 7.7 s (median)
-/// and 20.2 s at most with these values, 20.8 s and 65.4 s with the earlier 60 s user timeout
+/// and 20.2–20.3 s at most with these values, 20.8 s and 65.4 s with the earlier 60 s user timeout
 /// and 30 s idle.
 pub const PG_KEEPALIVE_DEFAULTS: [(&str, &str); 5] = [
     ("keepalives", "1"),
@@ -342,9 +360,7 @@ impl r2d2::ManageConnection for PgManager {
             ),
             other => other,
         })?;
-        self.server_side
-            .apply(&mut conn)
-            .map_err(diesel::r2d2::Error::QueryError)?;
+        self.server_side.apply(&mut conn);
         Ok(conn)
     }
 
@@ -811,6 +827,20 @@ mod tests {
                 "postgres://u:p?tcp_user_timeout=5@db/herald",
                 defaults.to_vec(),
             ),
+            // `keepalives` off as libpq reads it (a number that is 0); past the server's limit.
+            (
+                "postgres://h@db/herald?keepalives=00&tcp_user_timeout=2147483648",
+                vec![],
+            ),
+            (
+                "postgres://h@db/herald?keepalives=2&tcp_user_timeout=2147483647",
+                vec![
+                    ("tcp_keepalives_idle", 10),
+                    ("tcp_keepalives_interval", 5),
+                    ("tcp_keepalives_count", 3),
+                    ("tcp_user_timeout", 2_147_483_647),
+                ],
+            ),
         ] {
             assert_eq!(of(url).settings(), expected, "{url}");
         }
@@ -818,6 +848,19 @@ mod tests {
             ServerKeepalive::of_url("postgres://h@db/herald")
                 .settings()
                 .is_empty()
+        );
+        assert_eq!(
+            ServerKeepalive::of_url("postgres://h@db/herald").statement(),
+            None
+        );
+        assert_eq!(
+            of("postgres://h@db/herald?keepalives=0&tcp_user_timeout=2000").statement(),
+            Some(
+                "SELECT set_config(d.name, d.value, false) FROM (VALUES ('tcp_user_timeout', \
+                 '2000')) AS d(name, value) JOIN pg_settings AS s ON s.name = d.name \
+                 WHERE s.source = 'default'"
+                    .to_owned()
+            )
         );
     }
 

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 pub struct Link {
     ns: String,
+    near_end: String,
     ns_end: String,
     /// This end's address.
     pub near: String,
@@ -42,46 +43,54 @@ fn ip(args: &str) -> Result<(), String> {
 
 impl Link {
     /// A fresh namespace and link, named after this test process and a count of the links it
-    /// made, on a /30 no other interface of this machine has.
+    /// made, on a /30 of 198.18.0.0/16 that no address of this machine is in. Namespaces left
+    /// by test processes that are gone (killed) are removed first.
     pub fn new() -> Self {
         static MADE: AtomicU32 = AtomicU32::new(0);
         let pid = std::process::id();
-        let n = MADE.fetch_add(1, Ordering::Relaxed);
+        let n = MADE.fetch_add(1, Ordering::Relaxed) % 100;
         let ns = format!("herald-drill-{pid}-{n}");
-        // Interface names are at most 15 bytes.
-        let tag = format!("{}-{}", pid % 100_000, n % 100);
-        let near_end = format!("hd{tag}h");
-        let ns_end = format!("hd{tag}n");
-        // A /30 of 198.18.0.0/15 (16,384 of them) that no address of this machine is in.
+        // Interface names are at most 15 bytes: `hd` + a pid (at most 7 digits) + `-NNh`.
+        let near_end = format!("hd{pid}-{n}h");
+        let ns_end = format!("hd{pid}-{n}n");
+        // One process at a time picks and takes a block (two could pick the same otherwise:
+        // Linux lets two interfaces have the same address).
+        let lock = std::fs::File::create(std::env::temp_dir().join("herald-drill-links.lock"))
+            .expect("the links' lock file");
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: flock on a descriptor this File owns; released when it is closed.
+            let locked = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+            assert_eq!(locked, 0, "lock the links' lock file");
+        }
+        forget_the_gone();
         let shown = Command::new("ip")
             .args(["-o", "-4", "addr", "show"])
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default();
-        let block_of = |a: u32| (a >> 2) & 16_383;
         let used: std::collections::HashSet<u32> = shown
             .split_whitespace()
             .filter_map(|w| w.split('/').next()?.parse::<std::net::Ipv4Addr>().ok())
             .map(u32::from)
-            .filter(|a| a >> 17 == (198 << 7) | (18 >> 1))
-            .map(block_of)
+            .filter(|a| a >> 16 == (198 << 8) | 18)
+            .map(|a| (a >> 2) & 16_383)
             .collect();
-        let mut block = (pid.wrapping_mul(8).wrapping_add(n)) % 16_384;
+        let mut block = pid.wrapping_mul(8).wrapping_add(n) % 16_384;
         while used.contains(&block) {
             block = (block + 1) % 16_384;
         }
         let base = (198u32 << 24) | (18 << 16) | (block * 4);
         let addr = |i: u32| std::net::Ipv4Addr::from(base + i).to_string();
         let (near, far) = (addr(1), addr(2));
-        // Left over by an earlier process of the same pid that was killed.
-        let _ = ip(&format!("netns del {ns}"));
-        let _ = ip(&format!("link del {near_end}"));
         let link = Link {
             ns,
+            near_end,
             ns_end,
             near,
             far,
         };
+        let near_end = &link.near_end;
         let inside = |cmd: &str| format!("netns exec {} ip {cmd}", link.ns);
         let steps = [
             format!("netns add {}", link.ns),
@@ -114,6 +123,7 @@ impl Link {
             link.far
         ))
         .expect("pin the far end's neighbour entry");
+        drop(lock);
         link
     }
 
@@ -150,5 +160,29 @@ impl Link {
 impl Drop for Link {
     fn drop(&mut self) {
         let _ = ip(&format!("netns del {}", self.ns));
+        // Gone with the namespace once its end was moved there; not if making it failed before.
+        let _ = ip(&format!("link del {}", self.near_end));
+    }
+}
+
+/// Removes the namespaces (and with them their links) of test processes that are gone: a
+/// process killed before its links were dropped. (A server it started inside one runs on until
+/// stopped; its namespace is only unnamed.)
+fn forget_the_gone() {
+    let listed = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    for name in listed.lines().filter_map(|l| l.split_whitespace().next()) {
+        let Some(pid) = name
+            .strip_prefix("herald-drill-")
+            .and_then(|r| r.split('-').next())
+        else {
+            continue;
+        };
+        if !std::path::Path::new("/proc").join(pid).exists() {
+            let _ = ip(&format!("netns del {name}"));
+        }
     }
 }
