@@ -253,12 +253,12 @@ impl ServerKeepalive {
 /// hours). The user timeout ends a connection whose sent request is not acknowledged for 15 s;
 /// keepalive probes start after 10 s of silence on one that waits for an answer, and once one
 /// is out, the user timeout decides on Linux: it ends 15 s after the last thing it heard
-/// (`keepalives_count` counts only where the user timeout is 0). Neither fires on a healthy connection to a busy
-/// server: the server's system acknowledges and answers probes whatever PostgreSQL is doing.
-/// Unix-socket connections ignore them. Measured by hand (a 90 s partition under a request every
-/// 200 ms, README "Configuration"): requests sent during it were answered after 7.7 s (median)
-/// and 20.2–20.3 s at most with these values, 20.8 s and 65.4 s with the earlier 60 s user timeout
-/// and 30 s idle.
+/// (`keepalives_count` counts only where the user timeout is 0). Neither fires on a healthy
+/// connection to a busy server: the server's system acknowledges and answers probes whatever
+/// PostgreSQL is doing. Unix-socket connections ignore them. Measured by hand (a 90 s partition
+/// under a request every 200 ms, `scripts/partition-by-hand`): requests sent during it were
+/// answered after 7.7 s (median) and 20.2–20.3 s at most with these values, 20.8 s and 65.4 s
+/// with the earlier 60 s user timeout and 30 s idle.
 pub const PG_KEEPALIVE_DEFAULTS: [(&str, &str); 5] = [
     ("keepalives", "1"),
     ("keepalives_idle", "10"),
@@ -619,11 +619,11 @@ pub(crate) const RETRY_FAILED_WITHIN: std::time::Duration = std::time::Duration:
 /// connection the server closed fails on its first write, but across a network partition each
 /// one fails only when TCP gives up on it (`tcp_user_timeout`), and trying every pooled
 /// connection in turn would keep the caller — an ingest request, whose provider waits — for
-/// that long times the pool's size. Always READ COMMITTED, whatever `default_transaction_isolation` the
-/// database or role sets: Herald's statements are written for it (each statement sees what
-/// committed before it — the claim's re-check of keyed heads, a replay's reads after its key's
-/// lock — and `SKIP LOCKED` claims, which a stricter level would turn into serialization
-/// failures).
+/// that long times the pool's size. Always READ COMMITTED, whatever
+/// `default_transaction_isolation` the database or role sets: Herald's statements are written
+/// for it (each statement sees what committed before it — the claim's re-check of keyed heads, a
+/// replay's reads after its key's lock — and `SKIP LOCKED` claims, which a stricter level would
+/// turn into serialization failures).
 pub(crate) fn pg_transaction<T, E>(
     pool: &PgPool,
     f: impl FnOnce(&mut PgConnection) -> Result<T, E>,

@@ -537,7 +537,8 @@ async fn network_partition_while_sending_and_ingesting() {
 /// pooled connection's in turn: `storage::pg_transaction` tries the next connection only when
 /// a `BEGIN` failed at once (a connection the server closed), and here every one of the pool's
 /// 6 connections would take 1 s to fail, then the pool's own 5 s wait for a new one. With the
-/// retry unbounded, this write took 13.6 s; now about 1.4 s, and the bound is 3 s. Once the link is mended, writes succeed again.
+/// retry unbounded, this write took 13.6 s; now about 1.4 s, and the bound is 3 s. Once the
+/// link is mended, writes succeed again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_across_a_partition_fails_after_one_connections_timeout() {
     use herald::storage::{Db, PoolOptions};
