@@ -691,6 +691,55 @@ async fn a_read_only_database_answers_503_postgres() {
     app.stop().await;
 }
 
+/// The server's end of a pooled connection takes the URL's TCP settings (`ServerKeepalive`)
+/// where nothing else set them, and keeps what the database's own settings say: here
+/// `ALTER DATABASE … SET tcp_keepalives_idle = 77` wins over the URL's 10, while the user
+/// timeout, which nothing else set, is the URL's. Over TCP, as the harness's cluster is reached.
+#[test]
+fn the_servers_end_takes_the_urls_tcp_settings_unless_the_database_sets_them_postgres() {
+    use diesel::{QueryableByName, RunQueryDsl};
+    #[derive(QueryableByName)]
+    struct Shown {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        idle: String,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        user_timeout: String,
+    }
+    let shown = |url: &str| -> (String, String) {
+        let db =
+            herald::storage::Db::connect(url, &herald::storage::PoolOptions::default()).unwrap();
+        let herald::storage::Db::Pg(pool) = &db else {
+            unreachable!()
+        };
+        let s: Shown = diesel::sql_query(
+            "SELECT current_setting('tcp_keepalives_idle') AS idle, \
+             current_setting('tcp_user_timeout') AS user_timeout",
+        )
+        .get_result(&mut pool.get().unwrap())
+        .unwrap();
+        (s.idle, s.user_timeout)
+    };
+    let plain = crate::support::TestDb::new(Backend::Postgres);
+    assert_eq!(
+        shown(&plain.url),
+        ("10".to_owned(), "15000".to_owned()),
+        "Herald's defaults on the server's end"
+    );
+    let set = crate::support::TestDb::new(Backend::Postgres);
+    PgConnection::establish(&set.url)
+        .unwrap()
+        .batch_execute(
+            "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET tcp_keepalives_idle = 77', \
+             current_database()); END $$",
+        )
+        .unwrap();
+    assert_eq!(
+        shown(&format!("{}?tcp_user_timeout=4000", set.url)),
+        ("77".to_owned(), "4000".to_owned()),
+        "the database's own setting kept; the URL's user timeout"
+    );
+}
+
 async fn nul_is_refused_at_the_edge(backend: Backend) {
     let app = spawn_app(backend).await;
     let problem = |r: serde_json::Value| r["field"].as_str().map(str::to_owned);
