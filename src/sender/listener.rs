@@ -80,14 +80,15 @@ fn listen_loop(url: &str, wake: &Notify, stop: &AtomicBool) {
         std::process::id(),
         rand::random::<u32>()
     );
+    let with_keepalive = crate::storage::pg_url_with_keepalive(url);
+    // The server's end keeps the same watch (see `ServerKeepalive`).
+    let server_side = crate::storage::ServerKeepalive::of_url(&with_keepalive);
     let mut backoff = Duration::from_millis(200);
     while !stop.load(Ordering::Relaxed) {
-        let with_keepalive = crate::storage::pg_url_with_keepalive(url);
         let listening = PgConnection::establish(&with_keepalive)
             .ok()
             .and_then(|mut c| {
-                // The server's end keeps the same watch (see `ServerKeepalive`).
-                crate::storage::ServerKeepalive::of_url(&with_keepalive).apply(&mut c);
+                server_side.apply(&mut c);
                 // Listening before registering: while registered, nothing is missed.
                 c.batch_execute(&format!(
                     "SET application_name = '{APPLICATION_NAME}'; LISTEN herald_outbox"
