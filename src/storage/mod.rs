@@ -447,23 +447,102 @@ impl std::fmt::Debug for Db {
     }
 }
 
-/// SQLite pool plus the single-writer lock.
+/// SQLite pool plus the single-writer lock, and the [`Checkpointer`].
 #[derive(Clone)]
 pub struct SqliteDb {
     pub pool: SqlitePool,
     writer: Arc<Mutex<()>>,
+    checkpointer: Arc<Checkpointer>,
 }
+
+/// Every SQLite connection's settings. `wal_autocheckpoint` is the writers' own checkpoint, left
+/// as a backstop behind the [`Checkpointer`]: a commit that finds this many pages in the WAL
+/// copies them into the database file itself, holding the writer lock meanwhile.
+const SQLITE_PRAGMAS: &str = "PRAGMA busy_timeout = 5000; PRAGMA journal_mode = WAL; \
+     PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON; PRAGMA wal_autocheckpoint = 10000;";
 
 #[derive(Debug)]
 struct SqlitePragmas;
 
 impl CustomizeConnection<SqliteConnection, diesel::r2d2::Error> for SqlitePragmas {
     fn on_acquire(&self, conn: &mut SqliteConnection) -> Result<(), diesel::r2d2::Error> {
-        conn.batch_execute(
-            "PRAGMA busy_timeout = 5000; PRAGMA journal_mode = WAL; \
-             PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;",
-        )
-        .map_err(diesel::r2d2::Error::QueryError)
+        conn.batch_execute(SQLITE_PRAGMAS)
+            .map_err(diesel::r2d2::Error::QueryError)
+    }
+}
+
+/// How often the [`Checkpointer`] copies the WAL's committed pages into the database file.
+pub const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
+
+/// A thread with a connection of its own that runs a passive checkpoint every
+/// [`CHECKPOINT_EVERY`]: it copies what the WAL holds into the database file without blocking
+/// readers or writers, so that writes do not (SQLite's default has the commit that brings the
+/// WAL to 1,000 pages copy them, holding Herald's writer lock, and every write behind it waits).
+/// Under load a pass finds more than those 1,000 pages, and a page written again and again
+/// between two passes (an index's, a hot table page) is copied once. The thread ends when the
+/// last clone of its [`SqliteDb`] is dropped.
+struct Checkpointer {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    passes: Arc<Passes>,
+}
+
+/// How many passes the [`Checkpointer`] has made, and a way to wait for the next.
+#[derive(Default)]
+struct Passes {
+    count: Mutex<u64>,
+    made: std::sync::Condvar,
+}
+
+impl Checkpointer {
+    fn start(path: &str) -> Result<Checkpointer, StorageError> {
+        use diesel::Connection;
+        let mut conn = SqliteConnection::establish(path)
+            .map_err(|e| StorageError::Unavailable(Box::new(e)))?;
+        conn.batch_execute(SQLITE_PRAGMAS)?;
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let passes = Arc::new(Passes::default());
+        let done = passes.clone();
+        let thread = std::thread::Builder::new()
+            .name("herald-checkpoint".into())
+            .spawn(move || {
+                let mut failing = false;
+                // Until the sender is dropped (nothing is ever sent on it).
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(CHECKPOINT_EVERY)
+                {
+                    // Said once when it starts failing (a full disk, an I/O error) and once when
+                    // it works again, not ten times a second; the writers' backstop still holds.
+                    match conn.batch_execute("PRAGMA wal_checkpoint(PASSIVE)") {
+                        Err(e) if !failing => {
+                            failing = true;
+                            tracing::warn!(error = %StorageError::from(e).log_safe(), "WAL checkpoint failed; trying again every pass");
+                        }
+                        Ok(()) if failing => {
+                            failing = false;
+                            tracing::info!("WAL checkpoint works again");
+                        }
+                        _ => {}
+                    }
+                    *done.count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+                    done.made.notify_all();
+                }
+            })
+            .map_err(|e| StorageError::Unavailable(Box::new(e)))?;
+        Ok(Checkpointer {
+            stop: Some(stop),
+            thread: Some(thread),
+            passes,
+        })
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -518,9 +597,11 @@ impl Db {
                 .test_on_check_out(false)
                 .connection_customizer(Box::new(SqlitePragmas))
                 .build(ConnectionManager::<SqliteConnection>::new(path))?;
+            let checkpointer = Arc::new(Checkpointer::start(path)?);
             Ok(Db::Sqlite(SqliteDb {
                 pool,
                 writer: Arc::new(Mutex::new(())),
+                checkpointer,
             }))
         } else {
             Err(StorageError::BadUrl(url_shape(url)))
@@ -583,6 +664,21 @@ impl Db {
 }
 
 impl SqliteDb {
+    /// Waits (at most `within`) until the [`Checkpointer`] has made `n` passes that began after
+    /// this call; whether it did. A pass copies what every reader's snapshot has done with: what
+    /// was committed before this call, unless a read transaction older than it is still open.
+    pub fn wait_for_checkpoints(&self, n: u64, within: Duration) -> bool {
+        let passes = &self.checkpointer.passes;
+        let count = passes.count.lock().unwrap_or_else(|p| p.into_inner());
+        // The pass under way now (if any) may have begun before this call: it does not count.
+        let target = *count + n + 1;
+        let (count, _) = passes
+            .made
+            .wait_timeout_while(count, within, |c| *c < target)
+            .unwrap_or_else(|p| p.into_inner());
+        *count >= target
+    }
+
     fn lock_writer(&self) -> std::sync::MutexGuard<'_, ()> {
         // A poisoned lock only means another writer panicked; the database itself is consistent.
         self.writer.lock().unwrap_or_else(|p| p.into_inner())

@@ -740,6 +740,62 @@ fn the_servers_end_takes_the_urls_tcp_settings_unless_the_database_sets_them_pos
     );
 }
 
+/// On SQLite, Herald's checkpointer copies what the WAL holds into the database file while
+/// Herald runs, so that no commit of Herald's has to (SQLite's default has the commit that
+/// brings the WAL to 1,000 pages copy them, holding the writer lock). Here one small write,
+/// far below the writers' own backstop: a reader open since before it keeps it in the WAL
+/// only (the file read alone, `immutable=1`, does not have it); once that reader ends, a
+/// pass of the checkpointer puts it in the file. Seen failing with the checkpointer's thread
+/// not started (the last look found 0 rows).
+#[test]
+fn the_checkpointer_copies_committed_writes_into_the_database_file_sqlite() {
+    use diesel::RunQueryDsl;
+    #[derive(diesel::QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let t = crate::support::TestDb::new(Backend::Sqlite);
+    let path = herald::storage::sqlite_path(&t.url).unwrap().to_owned();
+    // The database file alone, as if the WAL were not there.
+    let in_file = || -> i64 {
+        let mut c =
+            diesel::sqlite::SqliteConnection::establish(&format!("file:{path}?immutable=1"))
+                .unwrap();
+        diesel::sql_query("SELECT count(*) AS n FROM herald_outbox WHERE event_id = 'ckpt-1'")
+            .get_result::<Count>(&mut c)
+            .unwrap()
+            .n
+    };
+    let db =
+        herald::storage::Db::connect(&t.url, &herald::storage::PoolOptions::default()).unwrap();
+    let herald::storage::Db::Sqlite(sq) = &db else {
+        unreachable!()
+    };
+    let mut reader = sq.pool.get().unwrap();
+    reader
+        .batch_execute("BEGIN; SELECT count(*) FROM herald_outbox;")
+        .unwrap();
+    sq.write(|c| {
+        Ok(c.batch_execute(
+            "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+             VALUES ('ckpt-1', 'webhook', 'https://x.example/h', '{\"body\": {}}')",
+        )?)
+    })
+    .unwrap();
+    assert!(
+        sq.wait_for_checkpoints(2, Duration::from_secs(10)),
+        "no pass within 10 s"
+    );
+    assert_eq!(in_file(), 0, "copied past an older reader's snapshot");
+    reader.batch_execute("COMMIT").unwrap();
+    assert!(
+        sq.wait_for_checkpoints(1, Duration::from_secs(10)),
+        "no pass within 10 s"
+    );
+    assert_eq!(in_file(), 1, "the committed row in the database file");
+}
+
 async fn nul_is_refused_at_the_edge(backend: Backend) {
     let app = spawn_app(backend).await;
     let problem = |r: serde_json::Value| r["field"].as_str().map(str::to_owned);
