@@ -334,20 +334,22 @@ pub fn build_message(
         .collect();
     let envelope = Envelope::new(Some(from.email.clone()), recipients)
         .map_err(|e| InvalidField::new("payload", format!("cannot build the email: {e}")))?;
+    // Each address header set once, whole: lettre's `to`, `cc` and `bcc` parse the header built
+    // so far back out of its text to add one more.
+    use lettre::message::{Mailboxes, header};
     let mut b = Message::builder()
         .envelope(envelope)
         .from(from)
-        .to(to)
+        .mailbox(header::To::from(
+            std::iter::once(to).chain(p.to).collect::<Mailboxes>(),
+        ))
         .subject(p.subject.clone())
         .message_id(Some(message_id(row.event_id, domain)));
-    for m in p.to {
-        b = b.to(m);
+    if !p.cc.is_empty() {
+        b = b.mailbox(header::Cc::from(p.cc.into_iter().collect::<Mailboxes>()));
     }
-    for m in p.cc {
-        b = b.cc(m);
-    }
-    for m in p.bcc {
-        b = b.bcc(m);
+    if !p.bcc.is_empty() {
+        b = b.mailbox(header::Bcc::from(p.bcc.into_iter().collect::<Mailboxes>()));
     }
     if let Some(r) = p.reply_to {
         b = b.reply_to(r);
@@ -2297,7 +2299,8 @@ mod tests {
     }
 
     /// The envelope Herald hands lettre is the one lettre would take from the headers: the
-    /// sender, then the destination, To, Cc and Bcc in order; and the Bcc header still goes.
+    /// sender, then the destination, To, Cc and Bcc in order; the address headers are the ones
+    /// lettre writes when they are added one by one; and the Bcc header still goes.
     #[test]
     fn the_envelope_is_the_one_lettre_takes_from_the_headers() {
         let payload = json!({"subject": "s", "text": "t", "from": "Desk <desk@example.com>",
@@ -2325,6 +2328,13 @@ mod tests {
             .body(String::from("t"))
             .unwrap();
         assert_eq!(built.envelope(), lettres.envelope());
+        for h in ["From", "To", "Cc"] {
+            assert_eq!(
+                built.headers().get_raw(h),
+                lettres.headers().get_raw(h),
+                "{h}"
+            );
+        }
         assert_eq!(
             built.envelope().from().map(|a| a.to_string()).as_deref(),
             Some("desk@example.com")
@@ -2364,6 +2374,29 @@ mod tests {
             !text.contains("Bcc:") && !text.contains("d@example.com"),
             "{text}"
         );
+        // An internationalized domain goes in its ASCII form, in the envelope as in the headers.
+        let idn = json!({"subject": "s", "text": "t", "cc": ["c@bücher.example"]});
+        let built = build_message(
+            &Outgoing {
+                destination: "ada@bücher.example",
+                payload: &idn,
+                ..row
+            },
+            &default_from,
+            "h.example",
+            &MessageOptions::default(),
+        )
+        .unwrap();
+        let to: Vec<String> = built
+            .envelope()
+            .to()
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        assert_eq!(to, ["ada@xn--bcher-kva.example", "c@xn--bcher-kva.example"]);
+        let headers = built.headers();
+        assert_eq!(headers.get_raw("To"), Some("ada@xn--bcher-kva.example"));
+        assert_eq!(headers.get_raw("Cc"), Some("c@xn--bcher-kva.example"));
     }
 
     #[test]

@@ -456,12 +456,14 @@ pub struct SqliteDb {
 }
 
 /// Every SQLite connection's settings. `wal_autocheckpoint` is the writers' own checkpoint,
-/// behind the [`Checkpointer`]: a commit that finds this many pages in the WAL checkpoints
-/// itself, holding the writer lock, and the next write starts the WAL again from its beginning
-/// (the file keeps its size: 2,000 pages, 8 MiB). Under steady writes this is how the WAL comes
-/// back to its beginning — a passive checkpoint beside the writes never finds all of it copied
-/// when the next write begins — but the thread has copied all but its last pass's pages by then.
-/// Measured with 10,000 too: no faster, and a WAL of 40 MiB.
+/// behind the [`Checkpointer`]: a commit that brings the WAL to this many pages checkpoints
+/// itself, holding the writer lock, and once that has copied everything the next write starts
+/// the WAL again from its beginning (the file keeps its size: about 2,000 pages and that
+/// commit's, some 8 MiB). Under steady writes this is how the WAL comes back to its beginning —
+/// a passive checkpoint beside the writes never finds all of it copied when the next write
+/// begins — but the thread has copied all but its last pass's pages by then. A reader that
+/// still needs older pages holds the WAL longer, as with SQLite's default. Measured with 10,000
+/// too: no faster, and a WAL of 40 MiB.
 const SQLITE_PRAGMAS: &str = "PRAGMA busy_timeout = 5000; PRAGMA journal_mode = WAL; \
      PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON; PRAGMA wal_autocheckpoint = 2000;";
 
@@ -489,7 +491,16 @@ struct Checkpointer {
     passes: Arc<Passes>,
 }
 
-/// How many passes the [`Checkpointer`] has made, and a way to wait for the next.
+/// What `PRAGMA wal_checkpoint` answers first: whether another checkpoint kept it from running
+/// (its other columns, the WAL's pages and those copied, are not read).
+#[derive(diesel::QueryableByName)]
+struct CheckpointPass {
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    busy: i32,
+}
+
+/// How many passes the [`Checkpointer`] has made (those that ran: not kept off by another
+/// checkpoint, not failed), and a way to wait for the next.
 #[derive(Default)]
 struct Passes {
     count: Mutex<u64>,
@@ -501,7 +512,11 @@ impl Checkpointer {
         use diesel::Connection;
         let mut conn = SqliteConnection::establish(path)
             .map_err(|e| StorageError::Unavailable(Box::new(e)))?;
+        // The same settings (`synchronous = FULL`: a pass syncs the database file before it
+        // marks the WAL's pages copied), but a short wait on a lock: a pass that would wait
+        // is left to the next one, and dropping the last handle waits for the pass under way.
         conn.batch_execute(SQLITE_PRAGMAS)?;
+        conn.batch_execute("PRAGMA busy_timeout = 100")?;
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
         let passes = Arc::new(Passes::default());
         let done = passes.clone();
@@ -514,20 +529,35 @@ impl Checkpointer {
                     stopped.recv_timeout(CHECKPOINT_EVERY)
                 {
                     // Said once when it starts failing (a full disk, an I/O error) and once when
-                    // it works again, not ten times a second; the writers' backstop still holds.
-                    match conn.batch_execute("PRAGMA wal_checkpoint(PASSIVE)") {
-                        Err(e) if !failing => {
-                            failing = true;
-                            tracing::warn!(error = %StorageError::from(e).log_safe(), "WAL checkpoint failed; trying again every pass");
+                    // it works again, not ten times a second; the writers' checkpoint still
+                    // holds. SQLite's own message: it names the failure, never a value.
+                    let ran = match diesel::sql_query("PRAGMA wal_checkpoint(PASSIVE)")
+                        .get_result::<CheckpointPass>(&mut conn)
+                    {
+                        Err(e) => {
+                            if !failing {
+                                failing = true;
+                                let error = match &e {
+                                    DieselError::DatabaseError(_, info) => info.message().to_owned(),
+                                    _ => StorageError::from(e).log_safe(),
+                                };
+                                tracing::warn!(%error, "WAL checkpoint failed; trying again every pass");
+                            }
+                            false
                         }
-                        Ok(()) if failing => {
-                            failing = false;
-                            tracing::info!("WAL checkpoint works again");
+                        Ok(pass) => {
+                            if failing {
+                                failing = false;
+                                tracing::info!("WAL checkpoint works again");
+                            }
+                            // Busy: another connection was checkpointing; nothing copied.
+                            pass.busy == 0
                         }
-                        _ => {}
+                    };
+                    if ran {
+                        *done.count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+                        done.made.notify_all();
                     }
-                    *done.count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-                    done.made.notify_all();
                 }
             })
             .map_err(|e| StorageError::Unavailable(Box::new(e)))?;
@@ -667,8 +697,8 @@ impl Db {
 
 impl SqliteDb {
     /// Waits (at most `within`) until the [`Checkpointer`] has made `n` passes that began after
-    /// this call; whether it did. A pass copies what every reader's snapshot has done with: what
-    /// was committed before this call, unless a read transaction older than it is still open.
+    /// this call and ran (see [`Passes`]); whether it did. Such a pass copied what was committed
+    /// before this call, unless a read transaction older than it was still open.
     pub fn wait_for_checkpoints(&self, n: u64, within: Duration) -> bool {
         let passes = &self.checkpointer.passes;
         let count = passes.count.lock().unwrap_or_else(|p| p.into_inner());
