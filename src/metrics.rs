@@ -21,6 +21,7 @@ use prometheus::{
 };
 
 use crate::domain::{AttemptClass, Channel, State};
+use crate::storage::WalState;
 use crate::storage::models::DbStats;
 
 /// The `source` label of a request to a source that is not configured (not a valid source name,
@@ -192,6 +193,9 @@ struct Inner {
     reconciler_lag: Gauge,
     unmatched: IntGauge,
     blocked_keys: IntGauge,
+    wal_pages: IntGauge,
+    wal_pages_held: IntGauge,
+    checkpoint_failing: IntGauge,
     database_up: IntGauge,
     sender_heartbeat_age: Gauge,
     /// One scrape at a time sets the gauges and renders.
@@ -320,6 +324,18 @@ impl Metrics {
             "herald_ordering_blocked_keys",
             "Ordering keys held by a dead_letter or unconfirmed head (block policy): their later messages wait until it is replayed, canceled or skipped.",
         )?;
+        let wal_pages = int_gauge(
+            "herald_sqlite_wal_pages",
+            "SQLite only: pages in the WAL when Herald's checkpointer last ran.",
+        )?;
+        let wal_pages_held = int_gauge(
+            "herald_sqlite_wal_pages_held",
+            "SQLite only: WAL pages the last checkpoint could not copy because an open read transaction still needed them; while it stays up the WAL file grows.",
+        )?;
+        let checkpoint_failing = int_gauge(
+            "herald_sqlite_checkpoint_failing",
+            "SQLite only: 1 while Herald's WAL checkpoints fail (a full disk, an I/O error), else 0.",
+        )?;
         let database_up = int_gauge(
             "herald_database_up",
             "1 when the scrape could read the database gauges, else 0 (they are then left out).",
@@ -387,6 +403,9 @@ impl Metrics {
                 reconciler_lag,
                 unmatched,
                 blocked_keys,
+                wal_pages,
+                wal_pages_held,
+                checkpoint_failing,
                 database_up,
                 sender_heartbeat_age,
                 scrape: Mutex::new(()),
@@ -498,10 +517,12 @@ impl Metrics {
     }
 
     /// The text exposition: every counter and histogram, and the gauges from `stats` (the
-    /// database's, `None` when it could not be read) and the sender's last beat.
+    /// database's, `None` when it could not be read), `wal` (SQLite's WAL, `None` on
+    /// PostgreSQL) and the sender's last beat.
     pub fn render(
         &self,
         stats: Option<&DbStats>,
+        wal: Option<&WalState>,
         sender_last_beat: Option<DateTime<Utc>>,
         now: DateTime<Utc>,
     ) -> Result<String, prometheus::Error> {
@@ -527,6 +548,11 @@ impl Metrics {
             i.unmatched.set(s.unmatched_receipts);
             i.blocked_keys.set(s.blocked_keys);
         }
+        if let Some(w) = wal {
+            i.wal_pages.set(w.pages);
+            i.wal_pages_held.set(w.held);
+            i.checkpoint_failing.set(i64::from(w.failing));
+        }
         let heartbeat = sender_last_beat.map(|t| age(now, Some(t)));
         if let Some(a) = heartbeat {
             i.sender_heartbeat_age.set(a);
@@ -540,7 +566,9 @@ impl Metrics {
                     | "herald_receipts_unmatched"
                     | "herald_ordering_blocked_keys"
             );
+            let wal_gauge = f.name().starts_with("herald_sqlite_");
             let absent = (db_gauge && stats.is_none())
+                || (wal_gauge && wal.is_none())
                 || (f.name() == "herald_sender_heartbeat_age_seconds" && heartbeat.is_none());
             if !absent {
                 families.push(f);
@@ -581,7 +609,12 @@ mod tests {
         m.receipts("https://evil.example/x", ReceiptVerdict::Stored, 1);
         m.ingest_request("nope/../x", IngestVerdict::UnknownSource, Duration::ZERO);
         let s = stats();
-        let text = m.render(Some(&s), None, s.at).unwrap();
+        let wal = WalState {
+            pages: 120,
+            held: 7,
+            failing: false,
+        };
+        let text = m.render(Some(&s), Some(&wal), None, s.at).unwrap();
         for line in [
             "herald_attempts_total{channel=\"webhook\",class=\"transient\"} 1",
             "herald_attempts_total{channel=\"email\",class=\"accepted\"} 0",
@@ -599,6 +632,9 @@ mod tests {
             "herald_receipts_unmatched 2",
             "herald_ordering_blocked_keys 1",
             "herald_database_up 1",
+            "herald_sqlite_wal_pages 120",
+            "herald_sqlite_wal_pages_held 7",
+            "herald_sqlite_checkpoint_failing 0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
         }
@@ -612,7 +648,7 @@ mod tests {
         let m = Metrics::new(["a"]).unwrap();
         let now = DateTime::from_timestamp(1_700_000_100, 0).unwrap();
         let text = m
-            .render(None, Some(now - chrono::Duration::seconds(4)), now)
+            .render(None, None, Some(now - chrono::Duration::seconds(4)), now)
             .unwrap();
         assert!(text.contains("herald_database_up 0"), "{text}");
         assert!(
@@ -621,6 +657,8 @@ mod tests {
         );
         assert!(!text.contains("herald_messages{"), "{text}");
         assert!(!text.contains("herald_oldest_due_message_age_seconds"));
+        // PostgreSQL: no WAL of Herald's to report.
+        assert!(!text.contains("herald_sqlite_"), "{text}");
     }
 
     #[test]

@@ -183,6 +183,7 @@ async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
         .metrics
         .render(
             stats.as_ref(),
+            state.db.wal_state().as_ref(),
             state.sender_heartbeat.last(),
             state.clock.now(),
         )

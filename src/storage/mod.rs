@@ -491,19 +491,36 @@ struct Checkpointer {
     passes: Arc<Passes>,
 }
 
-/// What `PRAGMA wal_checkpoint` answers first: whether another checkpoint kept it from running
-/// (its other columns, the WAL's pages and those copied, are not read).
+/// What `PRAGMA wal_checkpoint` answers: whether another checkpoint kept it from running, the
+/// WAL's pages when it began, and how many of them are in the database file when it ended.
 #[derive(diesel::QueryableByName)]
 struct CheckpointPass {
     #[diesel(sql_type = diesel::sql_types::Integer)]
     busy: i32,
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    log: i32,
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    checkpointed: i32,
+}
+
+/// The WAL as the [`Checkpointer`]'s last pass left it (the `herald_sqlite_*` gauges).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WalState {
+    /// The WAL's pages when the last pass that ran began.
+    pub pages: i64,
+    /// Of those, the pages it could not copy: an open read transaction still needed them. The
+    /// WAL cannot start again from its beginning until they are copied, so while this stays
+    /// up the WAL file grows.
+    pub held: i64,
+    /// Whether the last pass failed (a full disk, an I/O error).
+    pub failing: bool,
 }
 
 /// How many passes the [`Checkpointer`] has made (those that ran: not kept off by another
-/// checkpoint, not failed), and a way to wait for the next.
+/// checkpoint, not failed) and what the last left, and a way to wait for the next.
 #[derive(Default)]
 struct Passes {
-    count: Mutex<u64>,
+    state: Mutex<(u64, WalState)>,
     made: std::sync::Condvar,
 }
 
@@ -531,9 +548,10 @@ impl Checkpointer {
                     // Said once when it starts failing (a full disk, an I/O error) and once when
                     // it works again, not ten times a second; the writers' checkpoint still
                     // holds. SQLite's own message: it names the failure, never a value.
-                    let ran = match diesel::sql_query("PRAGMA wal_checkpoint(PASSIVE)")
-                        .get_result::<CheckpointPass>(&mut conn)
-                    {
+                    let pass = diesel::sql_query("PRAGMA wal_checkpoint(PASSIVE)")
+                        .get_result::<CheckpointPass>(&mut conn);
+                    let mut state = done.state.lock().unwrap_or_else(|p| p.into_inner());
+                    match pass {
                         Err(e) => {
                             if !failing {
                                 failing = true;
@@ -543,20 +561,22 @@ impl Checkpointer {
                                 };
                                 tracing::warn!(%error, "WAL checkpoint failed; trying again every pass");
                             }
-                            false
+                            state.1.failing = true;
                         }
                         Ok(pass) => {
                             if failing {
                                 failing = false;
                                 tracing::info!("WAL checkpoint works again");
                             }
+                            state.1.failing = false;
                             // Busy: another connection was checkpointing; nothing copied.
-                            pass.busy == 0
+                            if pass.busy == 0 {
+                                let pages = i64::from(pass.log.max(0));
+                                let held = (pages - i64::from(pass.checkpointed.max(0))).max(0);
+                                *state = (state.0 + 1, WalState { pages, held, failing: false });
+                                done.made.notify_all();
+                            }
                         }
-                    };
-                    if ran {
-                        *done.count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-                        done.made.notify_all();
                     }
                 }
             })
@@ -640,6 +660,14 @@ impl Db {
         }
     }
 
+    /// On SQLite, the WAL as Herald's checkpointer last left it; `None` on PostgreSQL.
+    pub fn wal_state(&self) -> Option<WalState> {
+        match self {
+            Db::Pg(_) => None,
+            Db::Sqlite(db) => Some(db.wal_state()),
+        }
+    }
+
     pub fn backend(&self) -> Backend {
         match self {
             Db::Pg(_) => Backend::Postgres,
@@ -701,14 +729,24 @@ impl SqliteDb {
     /// before this call, unless a read transaction older than it was still open.
     pub fn wait_for_checkpoints(&self, n: u64, within: Duration) -> bool {
         let passes = &self.checkpointer.passes;
-        let count = passes.count.lock().unwrap_or_else(|p| p.into_inner());
+        let state = passes.state.lock().unwrap_or_else(|p| p.into_inner());
         // The pass under way now (if any) may have begun before this call: it does not count.
-        let target = *count + n + 1;
-        let (count, _) = passes
+        let target = state.0 + n + 1;
+        let (state, _) = passes
             .made
-            .wait_timeout_while(count, within, |c| *c < target)
+            .wait_timeout_while(state, within, |s| s.0 < target)
             .unwrap_or_else(|p| p.into_inner());
-        *count >= target
+        state.0 >= target
+    }
+
+    /// The WAL as the [`Checkpointer`]'s last pass left it (all zero before the first).
+    pub fn wal_state(&self) -> WalState {
+        self.checkpointer
+            .passes
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
     }
 
     fn lock_writer(&self) -> std::sync::MutexGuard<'_, ()> {

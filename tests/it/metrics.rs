@@ -484,6 +484,64 @@ both_backends!(
     readyz_says_when_the_sender_stalls,
 );
 
+/// On SQLite, `/metrics` shows what Herald's checkpointer last found: pages that an open read
+/// transaction keeps it from copying are `herald_sqlite_wal_pages_held` until that transaction
+/// ends (the WAL cannot start again meanwhile, and its file grows). On PostgreSQL no
+/// `herald_sqlite_*` series is there.
+#[actix_web::test]
+async fn the_sqlite_wal_gauges_show_the_pages_an_open_reader_holds() {
+    use diesel::connection::SimpleConnection;
+    let app = spawn_app_with(Backend::Sqlite, "").await;
+    let herald::storage::Db::Sqlite(sq) = app.db.clone() else {
+        unreachable!()
+    };
+    let passes = |n: u64| {
+        let sq = sq.clone();
+        async move {
+            let ran = tokio::task::spawn_blocking(move || {
+                sq.wait_for_checkpoints(n, Duration::from_secs(10))
+            })
+            .await
+            .unwrap();
+            assert!(ran, "no checkpoint pass within 10 s");
+        }
+    };
+    let mut reader = sq.pool.get().unwrap();
+    reader
+        .batch_execute("BEGIN; SELECT count(*) FROM herald_outbox;")
+        .unwrap();
+    // Due in a thousand years: written, never sent.
+    sq.write(|c| {
+        Ok(c.batch_execute(
+            "INSERT INTO herald_outbox (event_id, channel, destination, payload, scheduled_at) \
+             VALUES ('wal-1', 'webhook', 'https://x.example/h', '{\"body\": {}}', \
+             '3026-01-01 00:00:00+00:00')",
+        )?)
+    })
+    .unwrap();
+    passes(2).await;
+    let (text, s) = scrape(&app.http, &app.base).await;
+    let held = value(&s, "herald_sqlite_wal_pages_held", &[]);
+    assert!(held >= 1.0, "the write's pages held by the reader\n{text}");
+    assert!(value(&s, "herald_sqlite_wal_pages", &[]) >= held, "{text}");
+    assert_eq!(value(&s, "herald_sqlite_checkpoint_failing", &[]), 0.0);
+    reader.batch_execute("COMMIT").unwrap();
+    passes(1).await;
+    let (text, s) = scrape(&app.http, &app.base).await;
+    assert_eq!(
+        value(&s, "herald_sqlite_wal_pages_held", &[]),
+        0.0,
+        "copied once the reader ended\n{text}"
+    );
+    drop(reader);
+    app.stop().await;
+
+    let pg = spawn_app_with(Backend::Postgres, "").await;
+    let (text, _) = scrape(&pg.http, &pg.base).await;
+    assert!(!text.contains("herald_sqlite_"), "{text}");
+    pg.stop().await;
+}
+
 /// The database down: `/readyz` names it, `/metrics` still answers with its counters and says
 /// the database gauges could not be read.
 #[actix_web::test]
