@@ -796,6 +796,52 @@ fn the_checkpointer_copies_committed_writes_into_the_database_file_sqlite() {
     assert_eq!(in_file(), 1, "the committed row in the database file");
 }
 
+/// A burst that leaves SQLite's WAL larger than 16 MiB (here one transaction of some 24 MiB)
+/// does not keep that size: once the checkpointer has copied it, the next write starts the WAL
+/// again and cuts the file back to 16 MiB (`journal_size_limit`). Seen failing without the
+/// setting (the file stayed at its largest).
+#[test]
+fn a_wal_left_large_by_a_burst_is_cut_back_sqlite() {
+    let t = crate::support::TestDb::new(Backend::Sqlite);
+    let path = herald::storage::sqlite_path(&t.url).unwrap().to_owned();
+    let wal_len = || std::fs::metadata(format!("{path}-wal")).unwrap().len();
+    let db =
+        herald::storage::Db::connect(&t.url, &herald::storage::PoolOptions::default()).unwrap();
+    let herald::storage::Db::Sqlite(sq) = &db else {
+        unreachable!()
+    };
+    // 6,000 rows of 4 KiB, due in a thousand years (nothing runs to send them anyway).
+    sq.write(|c| {
+        Ok(c.batch_execute(
+            "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < 6000) \
+             INSERT INTO herald_outbox (event_id, channel, destination, payload, scheduled_at) \
+             SELECT 'burst-' || i, 'webhook', 'https://x.example/h', \
+             json_object('body', json_object('pad', printf('%.4000c', 'x'))), \
+             '3026-01-01 00:00:00+00:00' FROM s",
+        )?)
+    })
+    .unwrap();
+    let burst = wal_len();
+    assert!(burst > 20 << 20, "the burst's WAL: {burst} bytes");
+    assert!(
+        sq.wait_for_checkpoints(1, Duration::from_secs(30)),
+        "no pass within 30 s"
+    );
+    sq.write(|c| {
+        Ok(
+            c.batch_execute(
+                "UPDATE herald_outbox SET max_attempts = 3 WHERE event_id = 'burst-1'",
+            )?,
+        )
+    })
+    .unwrap();
+    let after = wal_len();
+    assert!(
+        after <= 16 << 20,
+        "the WAL after the next write: {after} bytes (was {burst})"
+    );
+}
+
 async fn nul_is_refused_at_the_edge(backend: Backend) {
     let app = spawn_app(backend).await;
     let problem = |r: serde_json::Value| r["field"].as_str().map(str::to_owned);
