@@ -193,8 +193,8 @@ struct Inner {
     reconciler_lag: Gauge,
     unmatched: IntGauge,
     blocked_keys: IntGauge,
-    wal_pages: IntGauge,
-    wal_pages_held: IntGauge,
+    wal_frames: IntGauge,
+    wal_frames_held: IntGauge,
     checkpoint_failing: IntGauge,
     database_up: IntGauge,
     sender_heartbeat_age: Gauge,
@@ -324,13 +324,13 @@ impl Metrics {
             "herald_ordering_blocked_keys",
             "Ordering keys held by a dead_letter or unconfirmed head (block policy): their later messages wait until it is replayed, canceled or skipped.",
         )?;
-        let wal_pages = int_gauge(
-            "herald_sqlite_wal_pages",
-            "SQLite only: pages in the WAL when Herald's checkpointer last ran.",
+        let wal_frames = int_gauge(
+            "herald_sqlite_wal_frames",
+            "SQLite only: frames written to the WAL since it last started again, copied or not, when Herald's checkpointer last ran.",
         )?;
-        let wal_pages_held = int_gauge(
-            "herald_sqlite_wal_pages_held",
-            "SQLite only: WAL pages the last checkpoint could not copy because an open read transaction still needed them; while it stays up the WAL file grows.",
+        let wal_frames_held = int_gauge(
+            "herald_sqlite_wal_frames_held",
+            "SQLite only: of those, the frames the last checkpoint could not copy because an older read transaction still needed them.",
         )?;
         let checkpoint_failing = int_gauge(
             "herald_sqlite_checkpoint_failing",
@@ -403,8 +403,8 @@ impl Metrics {
                 reconciler_lag,
                 unmatched,
                 blocked_keys,
-                wal_pages,
-                wal_pages_held,
+                wal_frames,
+                wal_frames_held,
                 checkpoint_failing,
                 database_up,
                 sender_heartbeat_age,
@@ -549,8 +549,8 @@ impl Metrics {
             i.blocked_keys.set(s.blocked_keys);
         }
         if let Some(w) = wal {
-            i.wal_pages.set(w.pages);
-            i.wal_pages_held.set(w.held);
+            i.wal_frames.set(w.frames);
+            i.wal_frames_held.set(w.held);
             i.checkpoint_failing.set(i64::from(w.failing));
         }
         let heartbeat = sender_last_beat.map(|t| age(now, Some(t)));
@@ -610,7 +610,7 @@ mod tests {
         m.ingest_request("nope/../x", IngestVerdict::UnknownSource, Duration::ZERO);
         let s = stats();
         let wal = WalState {
-            pages: 120,
+            frames: 120,
             held: 7,
             failing: false,
         };
@@ -632,8 +632,8 @@ mod tests {
             "herald_receipts_unmatched 2",
             "herald_ordering_blocked_keys 1",
             "herald_database_up 1",
-            "herald_sqlite_wal_pages 120",
-            "herald_sqlite_wal_pages_held 7",
+            "herald_sqlite_wal_frames 120",
+            "herald_sqlite_wal_frames_held 7",
             "herald_sqlite_checkpoint_failing 0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in\n{text}");

@@ -509,11 +509,15 @@ struct CheckpointPass {
 /// The WAL as the [`Checkpointer`]'s last pass left it (the `herald_sqlite_*` gauges).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WalState {
-    /// The WAL's pages when the last pass that ran began.
-    pub pages: i64,
-    /// Of those, the pages it could not copy: an open read transaction still needed them. The
-    /// WAL cannot start again from its beginning until they are copied, so while this stays
-    /// up the WAL file grows.
+    /// The frames (a page each; a page written by several commits is in several) written since
+    /// the WAL last started again, copied or not, when the last pass that ran began. It stays
+    /// up while nothing is written and drops only when the WAL starts again.
+    pub frames: i64,
+    /// Of those, the frames it could not copy: a read transaction that began before the latest
+    /// of them still needed the older state. Any reader does that for a moment; one that stays
+    /// (a backup, a shell left in a transaction) keeps the WAL from starting again, and its
+    /// file grows. (For one pass it can also read as all of them, when a writer starts the WAL
+    /// again in the instant between the pass's two reads.)
     pub held: i64,
     /// Whether the last pass failed (a full disk, an I/O error).
     pub failing: bool,
@@ -553,33 +557,33 @@ impl Checkpointer {
                     // holds. SQLite's own message: it names the failure, never a value.
                     let pass = diesel::sql_query("PRAGMA wal_checkpoint(PASSIVE)")
                         .get_result::<CheckpointPass>(&mut conn);
+                    // Logged before the state's lock is taken: a slow log writer must not hold
+                    // up a scrape.
+                    match &pass {
+                        Err(e) if !failing => {
+                            failing = true;
+                            let error = match e {
+                                DieselError::DatabaseError(_, info) => info.message().to_owned(),
+                                _ => "query failed".to_owned(),
+                            };
+                            tracing::warn!(%error, "WAL checkpoint failed; trying again every pass");
+                        }
+                        Ok(_) if failing => {
+                            failing = false;
+                            tracing::info!("WAL checkpoint works again");
+                        }
+                        _ => {}
+                    }
                     let mut state = done.state.lock().unwrap_or_else(|p| p.into_inner());
-                    match pass {
-                        Err(e) => {
-                            if !failing {
-                                failing = true;
-                                let error = match &e {
-                                    DieselError::DatabaseError(_, info) => info.message().to_owned(),
-                                    _ => StorageError::from(e).log_safe(),
-                                };
-                                tracing::warn!(%error, "WAL checkpoint failed; trying again every pass");
-                            }
-                            state.1.failing = true;
-                        }
-                        Ok(pass) => {
-                            if failing {
-                                failing = false;
-                                tracing::info!("WAL checkpoint works again");
-                            }
-                            state.1.failing = false;
-                            // Busy: another connection was checkpointing; nothing copied.
-                            if pass.busy == 0 {
-                                let pages = i64::from(pass.log.max(0));
-                                let held = (pages - i64::from(pass.checkpointed.max(0))).max(0);
-                                *state = (state.0 + 1, WalState { pages, held, failing: false });
-                                done.made.notify_all();
-                            }
-                        }
+                    state.1.failing = failing;
+                    // Busy: another connection was checkpointing; nothing copied.
+                    if let Ok(pass) = pass
+                        && pass.busy == 0
+                    {
+                        let frames = i64::from(pass.log.max(0));
+                        let held = (frames - i64::from(pass.checkpointed.max(0))).max(0);
+                        *state = (state.0 + 1, WalState { frames, held, failing: false });
+                        done.made.notify_all();
                     }
                 }
             })

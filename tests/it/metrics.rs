@@ -484,12 +484,12 @@ both_backends!(
     readyz_says_when_the_sender_stalls,
 );
 
-/// On SQLite, `/metrics` shows what Herald's checkpointer last found: pages that an open read
-/// transaction keeps it from copying are `herald_sqlite_wal_pages_held` until that transaction
+/// On SQLite, `/metrics` shows what Herald's checkpointer last found: frames that an open read
+/// transaction keeps it from copying are `herald_sqlite_wal_frames_held` until that transaction
 /// ends (the WAL cannot start again meanwhile, and its file grows). On PostgreSQL no
 /// `herald_sqlite_*` series is there.
 #[actix_web::test]
-async fn the_sqlite_wal_gauges_show_the_pages_an_open_reader_holds() {
+async fn the_sqlite_wal_gauges_show_the_frames_an_open_reader_holds() {
     use diesel::connection::SimpleConnection;
     let app = spawn_app_with(Backend::Sqlite, "").await;
     let herald::storage::Db::Sqlite(sq) = app.db.clone() else {
@@ -521,15 +521,15 @@ async fn the_sqlite_wal_gauges_show_the_pages_an_open_reader_holds() {
     .unwrap();
     passes(2).await;
     let (text, s) = scrape(&app.http, &app.base).await;
-    let held = value(&s, "herald_sqlite_wal_pages_held", &[]);
-    assert!(held >= 1.0, "the write's pages held by the reader\n{text}");
-    assert!(value(&s, "herald_sqlite_wal_pages", &[]) >= held, "{text}");
+    let held = value(&s, "herald_sqlite_wal_frames_held", &[]);
+    assert!(held >= 1.0, "the write's frames held by the reader\n{text}");
+    assert!(value(&s, "herald_sqlite_wal_frames", &[]) >= 1.0, "{text}");
     assert_eq!(value(&s, "herald_sqlite_checkpoint_failing", &[]), 0.0);
     reader.batch_execute("COMMIT").unwrap();
     passes(1).await;
     let (text, s) = scrape(&app.http, &app.base).await;
     assert_eq!(
-        value(&s, "herald_sqlite_wal_pages_held", &[]),
+        value(&s, "herald_sqlite_wal_frames_held", &[]),
         0.0,
         "copied once the reader ended\n{text}"
     );
