@@ -772,17 +772,7 @@ fn the_checkpointer_copies_committed_writes_into_the_database_file_sqlite() {
     let herald::storage::Db::Sqlite(sq) = &db else {
         unreachable!()
     };
-    let mut reader = sq.pool.get().unwrap();
-    reader
-        .batch_execute("BEGIN; SELECT count(*) FROM herald_outbox;")
-        .unwrap();
-    sq.write(|c| {
-        Ok(c.batch_execute(
-            "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
-             VALUES ('ckpt-1', 'webhook', 'https://x.example/h', '{\"body\": {}}')",
-        )?)
-    })
-    .unwrap();
+    let mut reader = crate::support::db::reader_then_row(sq, "ckpt-1");
     assert!(
         sq.wait_for_checkpoints(2, Duration::from_secs(10)),
         "no pass within 10 s"

@@ -506,19 +506,7 @@ async fn the_sqlite_wal_gauges_show_the_frames_an_open_reader_holds() {
             assert!(ran, "no checkpoint pass within 10 s");
         }
     };
-    let mut reader = sq.pool.get().unwrap();
-    reader
-        .batch_execute("BEGIN; SELECT count(*) FROM herald_outbox;")
-        .unwrap();
-    // Due in a thousand years: written, never sent.
-    sq.write(|c| {
-        Ok(c.batch_execute(
-            "INSERT INTO herald_outbox (event_id, channel, destination, payload, scheduled_at) \
-             VALUES ('wal-1', 'webhook', 'https://x.example/h', '{\"body\": {}}', \
-             '3026-01-01 00:00:00+00:00')",
-        )?)
-    })
-    .unwrap();
+    let mut reader = crate::support::db::reader_then_row(&sq, "wal-1");
     passes(2).await;
     let (text, s) = scrape(&app.http, &app.base).await;
     let held = value(&s, "herald_sqlite_wal_frames_held", &[]);

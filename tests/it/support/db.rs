@@ -528,3 +528,26 @@ impl Drop for Cluster {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// An SQLite read transaction opened, then a row (`event_id`, due in a thousand years, so never
+/// sent) committed after it through Herald's writer: the reader still needs the state before
+/// the row, so no checkpoint can copy the row's WAL frames until the reader ends (`COMMIT`).
+pub fn reader_then_row(
+    sq: &herald::storage::SqliteDb,
+    event_id: &str,
+) -> diesel::r2d2::PooledConnection<diesel::r2d2::ConnectionManager<diesel::sqlite::SqliteConnection>>
+{
+    let mut reader = sq.pool.get().unwrap();
+    reader
+        .batch_execute("BEGIN; SELECT count(*) FROM herald_outbox;")
+        .unwrap();
+    sq.write(|c| {
+        Ok(c.batch_execute(&format!(
+            "INSERT INTO herald_outbox (event_id, channel, destination, payload, scheduled_at) \
+             VALUES ('{event_id}', 'webhook', 'https://x.example/h', '{{\"body\": {{}}}}', \
+             '3026-01-01 00:00:00+00:00')"
+        ))?)
+    })
+    .unwrap();
+    reader
+}
