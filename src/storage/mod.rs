@@ -481,7 +481,7 @@ impl CustomizeConnection<SqliteConnection, diesel::r2d2::Error> for SqlitePragma
 }
 
 /// How often the [`Checkpointer`] copies the WAL's committed pages into the database file.
-pub const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
 
 /// A thread with a connection of its own that runs a passive checkpoint every
 /// [`CHECKPOINT_EVERY`]: it copies what the WAL holds into the database file without blocking
@@ -539,8 +539,7 @@ impl Checkpointer {
         // The same settings (`synchronous = FULL`: a pass syncs the database file before it
         // marks the WAL's pages copied), but a short wait on a lock: a pass that would wait
         // is left to the next one, and dropping the last handle waits for the pass under way.
-        conn.batch_execute(SQLITE_PRAGMAS)?;
-        conn.batch_execute("PRAGMA busy_timeout = 100")?;
+        conn.batch_execute(&format!("{SQLITE_PRAGMAS} PRAGMA busy_timeout = 100;"))?;
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
         let passes = Arc::new(Passes::default());
         let done = passes.clone();
