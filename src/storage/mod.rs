@@ -23,6 +23,7 @@ pub mod settings;
 pub(crate) mod sql;
 pub mod stats;
 pub mod support;
+pub mod watch;
 #[rustfmt::skip]
 pub mod schema_pg;
 #[rustfmt::skip]
@@ -480,6 +481,17 @@ impl CustomizeConnection<SqliteConnection, diesel::r2d2::Error> for SqlitePragma
     }
 }
 
+/// A connection of its own to the SQLite database at `path`, outside the pool (the
+/// [`Checkpointer`]'s, the insert watch's): Herald's settings, but a lock is waited for at most
+/// 100 ms, so a thread using it is never held up long and a shutdown never waits long for it.
+fn side_connection(path: &str) -> Result<SqliteConnection, StorageError> {
+    use diesel::Connection;
+    let mut conn =
+        SqliteConnection::establish(path).map_err(|e| StorageError::Unavailable(Box::new(e)))?;
+    conn.batch_execute(&format!("{SQLITE_PRAGMAS} PRAGMA busy_timeout = 100;"))?;
+    Ok(conn)
+}
+
 /// How often the [`Checkpointer`] copies the WAL's committed pages into the database file.
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
 
@@ -533,13 +545,10 @@ struct Passes {
 
 impl Checkpointer {
     fn start(path: &str) -> Result<Checkpointer, StorageError> {
-        use diesel::Connection;
-        let mut conn = SqliteConnection::establish(path)
-            .map_err(|e| StorageError::Unavailable(Box::new(e)))?;
-        // The same settings (`synchronous = FULL`: a pass syncs the database file before it
-        // marks the WAL's pages copied), but a short wait on a lock: a pass that would wait
-        // is left to the next one, and dropping the last handle waits for the pass under way.
-        conn.batch_execute(&format!("{SQLITE_PRAGMAS} PRAGMA busy_timeout = 100;"))?;
+        // `synchronous = FULL` among the settings: a pass syncs the database file before it
+        // marks the WAL's pages copied. A pass that would wait on a lock is left to the next
+        // one, and dropping the last handle waits for the pass under way.
+        let mut conn = side_connection(path)?;
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
         let passes = Arc::new(Passes::default());
         let done = passes.clone();

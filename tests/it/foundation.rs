@@ -526,6 +526,100 @@ async fn notify_follows_whether_herald_listens_postgres() {
     app.stop().await;
 }
 
+/// SQLite's insert watch (its LISTEN/NOTIFY) wakes for what the PostgreSQL trigger notifies for,
+/// as other connections commit it: a row due now or within the second, a keyed row waiting
+/// behind its key's head; not for a row scheduled for later, an insert rolled back, an update of
+/// a row already there (a claim, an outcome), or nothing at all. Each wake-up is reported once.
+/// With file events (Linux), each commit is reported as a write of the WAL file first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_insert_watch_wakes_for_what_notify_would_sqlite() {
+    for file_events in [true, false] {
+        insert_watch_wakes_for_what_notify_would(file_events).await;
+    }
+}
+
+async fn insert_watch_wakes_for_what_notify_would(file_events: bool) {
+    use herald::storage::watch::InsertWatch;
+    let app = spawn_app(Backend::Sqlite).await;
+    app.raw_sql(
+        "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+         VALUES ('there-before', 'webhook', 'https://x.example/h', '{\"body\": 1}')",
+    );
+    let path = herald::storage::sqlite_path(&app.test_db.url).unwrap();
+    let mut watch = InsertWatch::open(path, file_events).unwrap();
+    assert_eq!(
+        watch.has_file_events(),
+        file_events && cfg!(target_os = "linux")
+    );
+    // After a commit: the watch is told the WAL file was written (at once where the system
+    // reports writes), then looks.
+    let look = |watch: &mut InsertWatch, what: &str| {
+        assert!(
+            watch.wait(Duration::from_secs(10)).unwrap(),
+            "{what}: the WAL's write reported"
+        );
+        watch.look(Utc::now()).unwrap()
+    };
+    // An update that changes a value (one that changes nothing writes nothing at all).
+    let touch = "UPDATE herald_outbox SET attempts = attempts + 1 WHERE event_id = 'there-before'";
+    app.raw_sql(touch);
+    assert!(!look(
+        &mut watch,
+        "a row there before the watch began, and an update of it"
+    ));
+    let insert = |id: &str, extra_cols: &str, extra_vals: &str| {
+        format!(
+            "INSERT INTO herald_outbox (event_id, channel, destination, payload{extra_cols}) \
+             VALUES ('{id}', 'webhook', 'https://x.example/h', '{{\"body\": 1}}'{extra_vals})"
+        )
+    };
+    let at = |offset: &str| format!(", strftime('%Y-%m-%d %H:%M:%f+00:00', 'now', '{offset}')");
+    app.raw_sql(&insert("later", ", scheduled_at", &at("+1 hour")));
+    assert!(!look(&mut watch, "scheduled an hour ahead"));
+    // A rolled-back insert may write nothing at all, so it is looked at with the next commit.
+    app.raw_sql(&format!(
+        "BEGIN IMMEDIATE; {}; ROLLBACK;",
+        insert("undone", "", "")
+    ));
+    app.raw_sql(touch);
+    assert!(!look(
+        &mut watch,
+        "rolled back, then an update of a row there before"
+    ));
+    app.raw_sql(&insert("due", "", ""));
+    assert!(look(&mut watch, "due at once"));
+    assert!(!watch.look(Utc::now()).unwrap(), "reported once");
+    app.raw_sql(&insert("soon", ", scheduled_at", &at("+0.5 seconds")));
+    assert!(look(&mut watch, "due within the second"));
+    app.raw_sql(&insert("head", ", ordering_key", ", 'k'"));
+    assert!(look(&mut watch, "a keyed row at its key's head is due"));
+    app.raw_sql(&insert("behind", ", ordering_key", ", 'k'"));
+    assert!(
+        app.row("behind").next_attempt_at.is_none(),
+        "waits behind its key's head"
+    );
+    assert!(look(
+        &mut watch,
+        "a keyed row waiting behind its key's head"
+    ));
+    // One wake-up for a commit that added several rows, one of them due.
+    app.raw_sql(&format!(
+        "BEGIN IMMEDIATE; {}; {}; COMMIT;",
+        insert("later-2", ", scheduled_at", &at("+1 hour")),
+        insert("due-2", "", "")
+    ));
+    assert!(look(&mut watch, "a commit with a due row among others"));
+    assert!(!watch.look(Utc::now()).unwrap(), "nothing since");
+    if watch.has_file_events() {
+        assert!(
+            !watch.wait(Duration::from_millis(50)).unwrap(),
+            "no write, no event"
+        );
+    }
+    drop(watch);
+    app.stop().await;
+}
+
 /// Whether `batch` woke a listening Herald (the outbox's NOTIFY came before the sentinel).
 async fn wakes(app: &TestApp, batch: &str) -> bool {
     woke(notifications_of_sql(app, None, batch).await)

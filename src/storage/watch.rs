@@ -1,0 +1,286 @@
+//! SQLite's counterpart of PostgreSQL's LISTEN/NOTIFY: a look, on a connection of its own,
+//! whether a row worth waking the sender for was committed since the last look — by an
+//! application's own transaction (the outbox's first way in), a script, or Herald itself.
+//!
+//! SQLite has no notifications between processes, so the look is cheap instead: one statement
+//! over the rows added since the last look (`id` is the rowid, and `AUTOINCREMENT` never hands
+//! out an id again, so they are the rows whose id is above the largest seen: with none, one seek
+//! in the table's b-tree). SQLite has one writer at a time and an id is taken inside its writing
+//! transaction, so rows become visible in id order: none can appear below the largest seen.
+//!
+//! Worth waking for means what the PostgreSQL trigger notifies for (migration 000019): a row due
+//! within a second of `now` (the second covers a commit a moment after the insert), or a keyed
+//! row waiting behind its key's head (the sender then releases the key). A row scheduled for
+//! later is the periodic claim's, and an outcome or a claim adds no row: neither wakes anyone.
+//!
+//! When to look: every commit appends to the database's WAL file, so on Linux the watch waits for
+//! the kernel to say that file was written (inotify, on its directory: the file may be created
+//! again), and an idle database costs nothing. Elsewhere, or where inotify cannot be had (its
+//! per-user limits), it looks every [`POLL_EVERY`].
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use diesel::sql_types::{BigInt, Nullable, TimestamptzSqlite};
+use diesel::sqlite::SqliteConnection;
+use diesel::{QueryResult, RunQueryDsl};
+
+use super::StorageError;
+use super::prepared::cached;
+
+/// The rows added since the last look: the largest id among them, and whether one is worth a
+/// wake-up. One range scan of the rowid from the largest id seen.
+const ADDED_SQL: &str = "SELECT max(id) AS newest, \
+     max(next_attempt_at <= ?2 \
+         OR (next_attempt_at IS NULL AND ordering_key IS NOT NULL AND state = 'scheduled')) AS due \
+     FROM herald_outbox WHERE id > ?1";
+
+#[derive(diesel::QueryableByName)]
+struct Added {
+    #[diesel(sql_type = Nullable<BigInt>)]
+    newest: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    due: Option<i64>,
+}
+
+/// How often a watch without file events looks.
+pub const POLL_EVERY: Duration = Duration::from_millis(10);
+
+/// A watch on one SQLite database's outbox; see the module docs.
+pub struct InsertWatch {
+    conn: SqliteConnection,
+    newest: i64,
+    /// The WAL file's writes, where the system reports them; else why not.
+    writes: Result<wal_writes::WalWrites, String>,
+}
+
+impl InsertWatch {
+    /// Opens the watch on the database at `path` (a file path, as `Db::connect` takes it from
+    /// the URL), taking its bearings: what is there now does not count as added. `file_events`:
+    /// wait for the WAL file's writes where the system reports them (false: look every
+    /// [`POLL_EVERY`], as where it does not).
+    pub fn open(path: &str, file_events: bool) -> Result<InsertWatch, StorageError> {
+        // Watching from before the bearings are taken: no commit falls between the two.
+        let writes = if file_events {
+            wal_writes::WalWrites::open(std::path::Path::new(path)).map_err(|e| e.to_string())
+        } else {
+            Err("not asked for".to_owned())
+        };
+        let mut conn = super::side_connection(path)?;
+        let newest = added(&mut conn, 0, Utc::now())?.newest.unwrap_or(0);
+        Ok(InsertWatch {
+            conn,
+            newest,
+            writes,
+        })
+    }
+
+    /// Whether it waits for the WAL file's writes (else it looks every [`POLL_EVERY`]).
+    pub fn has_file_events(&self) -> bool {
+        self.writes.is_ok()
+    }
+
+    /// Why it has no file events (the system's error, say `Too many open files`), if it has none.
+    pub fn no_file_events_because(&self) -> Option<&str> {
+        self.writes.as_ref().err().map(String::as_str)
+    }
+
+    /// Waits until something may have been committed, at most `at_most`: the WAL file was
+    /// written (true; its commit may not be visible yet: the sync comes after the write), or
+    /// the time is up (false). Without file events it waits [`POLL_EVERY`], whatever
+    /// `at_most`, and says true. An error means the file events stopped (the directory went
+    /// away, say): open the watch again.
+    pub fn wait(&mut self, at_most: Duration) -> Result<bool, StorageError> {
+        match &mut self.writes {
+            Ok(w) => w
+                .wait(at_most)
+                .map_err(|e| StorageError::Unavailable(Box::new(e))),
+            Err(_) => {
+                std::thread::sleep(POLL_EVERY);
+                Ok(true)
+            }
+        }
+    }
+
+    /// Whether, since the last look, some connection committed a row due by `now` (within a
+    /// second) or a keyed row waiting behind its key's head.
+    pub fn look(&mut self, now: DateTime<Utc>) -> Result<bool, StorageError> {
+        let added = added(&mut self.conn, self.newest, now)?;
+        if let Some(newest) = added.newest {
+            self.newest = self.newest.max(newest);
+        }
+        Ok(added.due.unwrap_or(0) != 0)
+    }
+}
+
+fn added(conn: &mut SqliteConnection, above: i64, now: DateTime<Utc>) -> QueryResult<Added> {
+    cached(ADDED_SQL)
+        .bind::<BigInt, _>(above)
+        .bind::<TimestamptzSqlite, _>(now + chrono::Duration::seconds(1))
+        .get_result::<Added>(conn)
+}
+
+/// The WAL file's writes, as inotify reports them (Linux).
+#[cfg(target_os = "linux")]
+mod wal_writes {
+    use std::ffi::{CString, OsString};
+    use std::io;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::Path;
+    use std::time::Duration;
+
+    /// An inotify watch on the database's directory, for the WAL file's name: SQLite deletes
+    /// that file when the last connection closes and creates it again with the next.
+    pub struct WalWrites {
+        fd: OwnedFd,
+        wal: OsString,
+        buf: Vec<u8>,
+    }
+
+    /// An event's fixed part: `wd`, `mask`, `cookie`, `len`, each 4 bytes; its name follows,
+    /// `len` bytes padded with NULs.
+    const HEADER: usize = 16;
+
+    impl WalWrites {
+        pub fn open(db: &Path) -> io::Result<WalWrites> {
+            let name = db
+                .file_name()
+                .ok_or_else(|| io::Error::other("the database path names no file"))?;
+            let mut wal = name.to_os_string();
+            wal.push("-wal");
+            let dir = match db.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => Path::new("."),
+            };
+            let dir = CString::new(dir.as_os_str().as_bytes())?;
+            // SAFETY: no pointer is passed; the result is a new descriptor or -1.
+            let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: `fd` was just opened and nothing else owns it.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            // SAFETY: `dir` is a NUL-terminated string that outlives the call.
+            let wd = unsafe {
+                libc::inotify_add_watch(
+                    fd.as_raw_fd(),
+                    dir.as_ptr(),
+                    libc::IN_MODIFY | libc::IN_CREATE | libc::IN_MOVED_TO,
+                )
+            };
+            if wd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(WalWrites {
+                fd,
+                wal,
+                buf: vec![0; 4096],
+            })
+        }
+
+        /// Waits at most `at_most` for the WAL file to be written (or for events to be lost:
+        /// the queue overflowed); whether it was. Other files' events are read and passed over.
+        pub fn wait(&mut self, at_most: Duration) -> io::Result<bool> {
+            let until = std::time::Instant::now() + at_most;
+            loop {
+                let left = until.saturating_duration_since(std::time::Instant::now());
+                if self.ready(left)? && self.drain()? {
+                    return Ok(true);
+                }
+                if left.is_zero() {
+                    return Ok(false);
+                }
+            }
+        }
+
+        /// Whether events are there to read, waiting at most `at_most`.
+        fn ready(&self, at_most: Duration) -> io::Result<bool> {
+            let mut ready = libc::pollfd {
+                fd: self.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // Rounded up: a wait of less than a millisecond is not a busy loop.
+            let ms = i32::try_from(at_most.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
+            // SAFETY: one valid `pollfd`, for the length given.
+            let n = unsafe { libc::poll(&mut ready, 1, ms) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                return if e.kind() == io::ErrorKind::Interrupted {
+                    Ok(false)
+                } else {
+                    Err(e)
+                };
+            }
+            Ok(n > 0)
+        }
+
+        /// Reads every event queued (a burst of writes is one look); whether one was the WAL
+        /// file's, or the queue overflowed.
+        fn drain(&mut self) -> io::Result<bool> {
+            let mut written = false;
+            loop {
+                // SAFETY: `buf` is valid for writes of its length.
+                let got = unsafe {
+                    libc::read(
+                        self.fd.as_raw_fd(),
+                        self.buf.as_mut_ptr().cast(),
+                        self.buf.len(),
+                    )
+                };
+                if got < 0 {
+                    let e = io::Error::last_os_error();
+                    match e.kind() {
+                        io::ErrorKind::WouldBlock => break,
+                        io::ErrorKind::Interrupted => continue,
+                        _ => return Err(e),
+                    }
+                }
+                let got = got as usize;
+                if got == 0 {
+                    break;
+                }
+                let mut at = 0;
+                while at + HEADER <= got {
+                    let word = |i: usize| {
+                        let b = &self.buf[at + i..at + i + 4];
+                        u32::from_ne_bytes([b[0], b[1], b[2], b[3]])
+                    };
+                    let (mask, len) = (word(4), word(12) as usize);
+                    let end = (at + HEADER + len).min(got);
+                    let name = &self.buf[at + HEADER..end];
+                    let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+                    if mask & libc::IN_IGNORED != 0 {
+                        return Err(io::Error::other("the database's directory is gone"));
+                    }
+                    if mask & libc::IN_Q_OVERFLOW != 0 || name == self.wal.as_bytes() {
+                        written = true;
+                    }
+                    at = end;
+                }
+            }
+            Ok(written)
+        }
+    }
+}
+
+/// No file events outside Linux: the watch looks every [`POLL_EVERY`].
+#[cfg(not(target_os = "linux"))]
+mod wal_writes {
+    use std::io;
+    use std::path::Path;
+    use std::time::Duration;
+
+    pub enum WalWrites {}
+
+    impl WalWrites {
+        pub fn open(_db: &Path) -> io::Result<WalWrites> {
+            Err(io::Error::from(io::ErrorKind::Unsupported))
+        }
+
+        pub fn wait(&mut self, _at_most: Duration) -> io::Result<bool> {
+            match *self {}
+        }
+    }
+}
