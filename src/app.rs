@@ -22,7 +22,7 @@ use crate::reconcile::{Reconciler, ReconcilerConfig};
 use crate::retention::Retention;
 use crate::sender::{Sender, SenderConfig};
 use crate::storage::group_commit::{MessageWriter, ReceiptWriter};
-use crate::storage::{Backend, Db, PoolOptions};
+use crate::storage::{Db, PoolOptions};
 
 /// The key under which a generated webhook secret is stored in `herald_settings`.
 pub const WEBHOOK_SECRET_KEY: &str = "webhook_secret";
@@ -350,14 +350,14 @@ impl Herald {
 
         let (stop_tx, stop_rx) = watch::channel(false);
         let stop_listen = Arc::new(AtomicBool::new(false));
-        let listen_thread = (self.db.backend() == Backend::Postgres && self.settings.listen_notify)
-            .then(|| {
-                crate::sender::listener::spawn(
-                    self.settings.database_url.expose().to_owned(),
-                    self.wake.clone(),
-                    stop_listen.clone(),
-                )
-            });
+        // LISTEN on PostgreSQL, the watch on SQLite: rows committed by others wake the sender.
+        let listen_thread = self.settings.listen_notify.then(|| {
+            crate::sender::listener::spawn(
+                self.settings.database_url.expose().to_owned(),
+                self.wake.clone(),
+                stop_listen.clone(),
+            )
+        });
         let sender_task = self
             .settings
             .sender_enabled

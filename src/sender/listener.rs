@@ -1,4 +1,6 @@
-//! PostgreSQL LISTEN/NOTIFY wake-up. A dedicated connection (application_name
+//! The wake-up for rows committed by others: PostgreSQL's LISTEN/NOTIFY, or SQLite's watch.
+//!
+//! PostgreSQL: LISTEN/NOTIFY wake-up. A dedicated connection (application_name
 //! [`APPLICATION_NAME`]) LISTENs on `herald_outbox`, then registers in `herald_listeners` and
 //! renews its row every [`CHECK_EVERY`]; the trigger on `herald_outbox` notifies once per
 //! transaction that inserted a due row (or a keyed row waiting behind its key's head), at commit
@@ -7,6 +9,13 @@
 //! stops; a crashed process's row simply goes stale. Notifications
 //! are drained every few milliseconds (no query is sent to do so) and folded into one wake-up
 //! (the debounce); polling remains the fallback, and a broken connection is re-opened.
+//!
+//! SQLite has no notifications between processes: a thread with a connection of its own waits
+//! for the database's WAL file to be written (inotify on Linux; elsewhere it looks every 10 ms),
+//! then looks whether another connection committed a row worth waking for (the trigger's rule;
+//! see [`crate::storage::watch`]), every [`DRAIN_EVERY`] until the writes stop. An idle database
+//! costs a look a second. A failing watch is opened again with backoff; polling remains the
+//! fallback.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -53,12 +62,102 @@ fn unregister(conn: &mut PgConnection, me: &str) {
         .execute(conn);
 }
 
-/// Starts the listener thread; it ends when `stop` is set.
+/// Starts the listener thread for the database at `url` (LISTEN on PostgreSQL, the watch on
+/// SQLite); it ends when `stop` is set.
 pub fn spawn(url: String, wake: Arc<Notify>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
-    std::thread::Builder::new()
-        .name("herald-listen".into())
-        .spawn(move || listen_loop(&url, &wake, &stop))
-        .unwrap_or_else(|e| panic!("cannot start the LISTEN thread: {e}"))
+    let thread = match crate::storage::sqlite_path(&url).map(str::to_owned) {
+        Some(path) => std::thread::Builder::new()
+            .name("herald-watch".into())
+            .spawn(move || watch_loop(&path, &wake, &stop)),
+        None => std::thread::Builder::new()
+            .name("herald-listen".into())
+            .spawn(move || listen_loop(&url, &wake, &stop)),
+    };
+    thread.unwrap_or_else(|e| panic!("cannot start the LISTEN thread: {e}"))
+}
+
+/// SQLite: for this long after the WAL file was last written the watch looks every
+/// [`DRAIN_EVERY`]. A write is reported before its commit is (with `synchronous = FULL` the
+/// commit is visible only once the WAL is synced), so one look at the report is not enough: this
+/// covers a sync of up to a quarter of a second.
+const SETTLE: Duration = Duration::from_millis(250);
+/// SQLite: otherwise the watch looks once per this long: the safety net for a slower sync, or a
+/// file system that reports no writes (the sender's own poll is the other).
+const LOOK_ANYWAY: Duration = Duration::from_secs(1);
+
+/// SQLite: looks whether a row worth waking for was committed, at most once per
+/// [`DRAIN_EVERY`] (under load Herald's own commits write the WAL all the time); see [`SETTLE`].
+fn watch_loop(path: &str, wake: &Notify, stop: &AtomicBool) {
+    let mut backoff = Duration::from_millis(200);
+    while !stop.load(Ordering::Relaxed) {
+        let mut watch = match crate::storage::watch::InsertWatch::open(path, true) {
+            Ok(w) => w,
+            Err(e) => {
+                let error = cause(&e);
+                warn!(%error, "cannot watch the SQLite database for inserts; polling only until it works");
+                sleep_unless_stopped(backoff, stop);
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+                continue;
+            }
+        };
+        match watch.no_file_events_because() {
+            None => info!("watching the SQLite database for inserts"),
+            Some(why) => info!(
+                why,
+                every_ms = crate::storage::watch::POLL_EVERY.as_millis(),
+                "watching the SQLite database for inserts by looking: the system reports no \
+                 file writes"
+            ),
+        }
+        // Something may have been committed while nobody watched.
+        wake.notify_one();
+        let mut looked = Instant::now();
+        let mut written: Option<Instant> = None;
+        while !stop.load(Ordering::Relaxed) {
+            let busy = |w: Option<Instant>| w.is_some_and(|t| t.elapsed() < SETTLE);
+            let at_most = if busy(written) {
+                DRAIN_EVERY.saturating_sub(looked.elapsed())
+            } else {
+                STOP_POLL
+            };
+            let step = watch.wait(at_most).and_then(|now_written| {
+                if now_written {
+                    written = Some(Instant::now());
+                }
+                if !busy(written) && looked.elapsed() < LOOK_ANYWAY {
+                    return Ok(None);
+                }
+                if let Some(rest) = DRAIN_EVERY.checked_sub(looked.elapsed()) {
+                    std::thread::sleep(rest);
+                }
+                looked = Instant::now();
+                watch.look(chrono::Utc::now()).map(Some)
+            });
+            match step {
+                Ok(None) => {}
+                Ok(Some(woken)) => {
+                    backoff = Duration::from_millis(200);
+                    if woken {
+                        wake.notify_one();
+                    }
+                }
+                Err(e) => {
+                    // Once per backoff (growing to 10 s), not 500 times a second.
+                    let error = cause(&e);
+                    warn!(%error, "watching the SQLite database failed; polling only until it works");
+                    sleep_unless_stopped(backoff, stop);
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// What SQLite or the system said (a read of the outbox's ids names no value), rather than
+/// "database unavailable".
+fn cause(e: &crate::storage::StorageError) -> String {
+    std::error::Error::source(e).map_or_else(|| e.to_string(), ToString::to_string)
 }
 
 /// Sleeps `d`, or less once `stop` is set: a shutdown never waits out a reconnect backoff

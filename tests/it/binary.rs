@@ -231,7 +231,8 @@ async fn serve_with_smtp_delivers_and_stops_on_sigterm() {
         &[
             ("HERALD_LISTEN", &listen),
             ("HERALD_SMTP_URL", &sink.url),
-            ("HERALD_POLL_INTERVAL_MS", "100"),
+            // An hour: what is sent below is woken for, never polled for.
+            ("HERALD_POLL_INTERVAL_MS", "3600000"),
         ],
     );
     herald.wait_healthy(&base).await;
@@ -268,14 +269,38 @@ async fn serve_with_smtp_delivers_and_stops_on_sigterm() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // An application's own transaction, on its own connection to the database file: the insert
+    // watch wakes the sender for it (the poll is an hour away).
+    {
+        use diesel::Connection;
+        use diesel::connection::SimpleConnection;
+        let mut app = diesel::sqlite::SqliteConnection::establish(db.to_str().unwrap()).unwrap();
+        app.batch_execute(
+            "PRAGMA busy_timeout = 5000; BEGIN IMMEDIATE; \
+             INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+             VALUES ('bin-mail-sql', 'email', 'grace@example.com', \
+                     '{\"subject\": \"By SQL\", \"text\": \"Inserted by the application\"}'); \
+             COMMIT;",
+        )
+        .unwrap();
+    }
+    let mails = sink.wait_for_mail(2, Duration::from_secs(10)).await;
+    assert_eq!(mails[1].rcpt, "<grace@example.com>");
+    assert!(mails[1].data.contains("X-Herald-Event-Id: bin-mail-sql"));
 
     let status = herald.terminate().await;
     let log = herald.stderr();
     assert!(status.success(), "{status}; stderr:\n{log}");
     assert!(!log.contains("panicked"), "{log}");
-    // Logs carry identifiers, never the token or the recipient's address.
     assert!(
-        !log.contains(token) && !log.contains("ada@example.com"),
+        log.contains("watching the SQLite database for inserts"),
+        "{log}"
+    );
+    // Logs carry identifiers, never the token or the recipients' addresses.
+    assert!(
+        !log.contains(token)
+            && !log.contains("ada@example.com")
+            && !log.contains("grace@example.com"),
         "{log}"
     );
 }

@@ -793,6 +793,29 @@ async fn a_refused_outcome_costs_its_batch_nothing() {
     app.stop().await;
 }
 
+/// SQLite has no NOTIFY: the production loop is woken by the insert watch for rows an
+/// application commits by plain SQL on a connection of its own, each sent at once although the
+/// poll comes only once an hour here (the first row may meet the start-up claim; the second,
+/// inserted once the first has arrived, only the watch can bring).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_insert_by_sql_wakes_the_sender_on_sqlite() {
+    let app = spawn_app_with(Backend::Sqlite, "poll_interval_ms = 3600000\n").await;
+    let rx = Receiver::start().await;
+    let sender = app.start_sender();
+    for i in 1..=2 {
+        app.raw_sql(&format!(
+            "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+             VALUES ('by-sql-{i}', 'webhook', '{}', '{{\"body\": {i}}}')",
+            rx.url
+        ));
+        rx.wait_for(i, 10).await;
+    }
+    sender.stop().await;
+    assert_eq!(rx.event_ids(), ["by-sql-1", "by-sql-2"]);
+    assert_eq!(app.message("by-sql-2").await["state"], "delivered");
+    app.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notify_wakes_on_postgres() {
     notify_wakes_the_sender_on_commit().await

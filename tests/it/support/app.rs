@@ -240,11 +240,12 @@ impl TestApp {
     }
 }
 
-/// The production sender loop (with LISTEN/NOTIFY on PostgreSQL), running until [`RunningSender::stop`].
+/// The production sender loop (with LISTEN/NOTIFY on PostgreSQL, the insert watch on SQLite),
+/// running until [`RunningSender::stop`].
 pub struct RunningSender {
     stop: tokio::sync::watch::Sender<bool>,
     stop_listen: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    listener: Option<std::thread::JoinHandle<()>>,
+    listener: std::thread::JoinHandle<()>,
     running: tokio::task::JoinHandle<()>,
 }
 
@@ -252,13 +253,12 @@ impl TestApp {
     pub fn start_sender(&self) -> RunningSender {
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
         let stop_listen = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let listener = (self.test_db.backend == Backend::Postgres).then(|| {
-            herald::sender::listener::spawn(
-                self.test_db.url.clone(),
-                self.herald.wake.clone(),
-                stop_listen.clone(),
-            )
-        });
+        // As `herald serve` does: LISTEN on PostgreSQL, the insert watch on SQLite.
+        let listener = herald::sender::listener::spawn(
+            self.test_db.url.clone(),
+            self.herald.wake.clone(),
+            stop_listen.clone(),
+        );
         let running = tokio::spawn(self.herald.sender.clone().run(stop_rx));
         RunningSender {
             stop,
@@ -289,10 +289,9 @@ impl RunningSender {
             .unwrap();
         self.stop_listen
             .store(true, std::sync::atomic::Ordering::Relaxed);
-        if let Some(t) = self.listener {
-            tokio::task::spawn_blocking(move || t.join().unwrap())
-                .await
-                .unwrap();
-        }
+        let t = self.listener;
+        tokio::task::spawn_blocking(move || t.join().unwrap())
+            .await
+            .unwrap();
     }
 }
