@@ -186,6 +186,7 @@ pub const SCENARIOS: &[(&str, ScenarioFn)] = &[
     ("claim", scenarios::claim_at_1m),
     ("dispatch_sqlite", scenarios::dispatch_sqlite),
     ("ingest_sqlite", scenarios::ingest_sqlite),
+    ("latency_sqlite", scenarios::latency_sqlite),
     ("enqueue_sqlite", scenarios::enqueue_sqlite),
     ("enqueue_sqlite_keyed", scenarios::enqueue_sqlite_keyed),
     ("email_smtp", scenarios::email_smtp),

@@ -667,10 +667,18 @@ fn enqueue_figures(name: &str, load: &Load, baseline: f64, what: &str) -> Vec<Fi
 
 /// Insert → first attempt, one message every 20 ms for `secs`, each inserted by SQL on the
 /// benchmark's own connection; (p50, p99) ms.
+/// An application's connection to Herald's database, on which `latency_run` inserts.
+fn app_conn(url: &str) -> Result<Box<dyn SimpleConnection>> {
+    Ok(match herald::storage::sqlite_path(url) {
+        Some(path) => Box::new(sqlite_conn(std::path::Path::new(path))?),
+        None => Box::new(PgConnection::establish(url)?),
+    })
+}
+
 async fn latency_run(url: &str, extra: &str, secs: u64) -> Result<(f64, f64, usize)> {
     let rx = HttpReceiver::start().await?;
     let h = HeraldProc::start(url, extra).await?;
-    let mut conn = PgConnection::establish(url)?;
+    let mut conn = app_conn(url)?;
     let mut committed = Vec::new();
     let end = Instant::now() + Duration::from_secs(secs);
     let mut i = 0;
@@ -724,6 +732,34 @@ pub fn latency(ctx: &mut Ctx) -> Result<Vec<Figure>> {
         Figure::against_target("latency_notify_p99_ms", p99, Target::AtMost(20.0), "ms")
             .note(format!("{n} messages at 50/s")),
         Figure::measured("latency_poll_p50_ms", poll50, 1000.0, "ms").note(format!(
+            "{m} messages, polling only; baseline: the poll interval"
+        )),
+    ])
+}
+
+/// `latency` on SQLite: an application inserts by SQL on a connection of its own, and Herald's
+/// insert watch (SQLite's stand-in for LISTEN/NOTIFY) wakes the sender; and with
+/// `listen_notify = false`, polling only.
+pub fn latency_sqlite(ctx: &mut Ctx) -> Result<Vec<Figure>> {
+    let secs = ctx.sizes.latency_secs;
+    let (_, url) = fresh_sqlite(ctx, "latency")?;
+    let (_, poll_url) = fresh_sqlite(ctx, "latency_poll")?;
+    let (p50, p99, n) = ctx
+        .rt
+        .block_on(latency_run(&url, &sender_toml(1000), secs))?;
+    let (poll50, _, m) = ctx.rt.block_on(latency_run(
+        &poll_url,
+        &format!("{}listen_notify = false\n", sender_toml(1000)),
+        secs,
+    ))?;
+    Ok(vec![
+        Figure::measured("latency_sqlite_p50_ms", p50, poll50, "ms").note(format!(
+            "{n} messages at 50/s, the insert watch, poll 1 s; baseline: polling only"
+        )),
+        Figure::measured("latency_sqlite_p99_ms", p99, poll50, "ms").note(format!(
+            "{n} messages at 50/s; baseline: polling only's p50"
+        )),
+        Figure::measured("latency_sqlite_poll_p50_ms", poll50, 1000.0, "ms").note(format!(
             "{m} messages, polling only; baseline: the poll interval"
         )),
     ])
