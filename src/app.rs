@@ -351,13 +351,16 @@ impl Herald {
         let (stop_tx, stop_rx) = watch::channel(false);
         let stop_listen = Arc::new(AtomicBool::new(false));
         // LISTEN on PostgreSQL, the watch on SQLite: rows committed by others wake the sender.
-        let listen_thread = self.settings.listen_notify.then(|| {
-            crate::sender::listener::spawn(
-                self.settings.database_url.expose().to_owned(),
-                self.wake.clone(),
-                stop_listen.clone(),
-            )
-        });
+        // Without a sender nothing needs waking (and on PostgreSQL a registered listener would
+        // make application commits notify for nobody).
+        let listen_thread =
+            (self.settings.listen_notify && self.settings.sender_enabled).then(|| {
+                crate::sender::listener::spawn(
+                    self.settings.database_url.expose().to_owned(),
+                    self.wake.clone(),
+                    stop_listen.clone(),
+                )
+            });
         let sender_task = self
             .settings
             .sender_enabled

@@ -467,7 +467,9 @@ pub struct SqliteDb {
 /// too: no faster, and a WAL of 40 MiB. `journal_size_limit`: when the WAL starts again, a file
 /// left larger than 16 MiB by a burst (a bulk insert, a long reader) is cut back to that, rather
 /// than kept at its largest until the last connection closes; the steady 8 MiB is left alone.
-const SQLITE_PRAGMAS: &str = "PRAGMA busy_timeout = 5000; PRAGMA journal_mode = WAL; \
+/// Each connection sets its lock wait first (the pool's 5 s, [`side_connection`]'s 100 ms), so
+/// that it also bounds these statements' own.
+const SQLITE_PRAGMAS: &str = "PRAGMA journal_mode = WAL; \
      PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON; PRAGMA wal_autocheckpoint = 2000; \
      PRAGMA journal_size_limit = 16777216;";
 
@@ -476,7 +478,7 @@ struct SqlitePragmas;
 
 impl CustomizeConnection<SqliteConnection, diesel::r2d2::Error> for SqlitePragmas {
     fn on_acquire(&self, conn: &mut SqliteConnection) -> Result<(), diesel::r2d2::Error> {
-        conn.batch_execute(SQLITE_PRAGMAS)
+        conn.batch_execute(&format!("PRAGMA busy_timeout = 5000; {SQLITE_PRAGMAS}"))
             .map_err(diesel::r2d2::Error::QueryError)
     }
 }
@@ -488,7 +490,7 @@ fn side_connection(path: &str) -> Result<SqliteConnection, StorageError> {
     use diesel::Connection;
     let mut conn =
         SqliteConnection::establish(path).map_err(|e| StorageError::Unavailable(Box::new(e)))?;
-    conn.batch_execute(&format!("{SQLITE_PRAGMAS} PRAGMA busy_timeout = 100;"))?;
+    conn.batch_execute(&format!("PRAGMA busy_timeout = 100; {SQLITE_PRAGMAS}"))?;
     Ok(conn)
 }
 

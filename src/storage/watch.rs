@@ -13,10 +13,14 @@
 //! row waiting behind its key's head (the sender then releases the key). A row scheduled for
 //! later is the periodic claim's, and an outcome or a claim adds no row: neither wakes anyone.
 //!
+//! A row an application inserts with an id of its own choosing, below the largest seen, is not
+//! seen: the periodic claim finds it.
+//!
 //! When to look: every commit appends to the database's WAL file, so on Linux the watch waits for
-//! the kernel to say that file was written (inotify, on its directory: the file may be created
-//! again), and an idle database costs nothing. Elsewhere, or where inotify cannot be had (its
-//! per-user limits), it looks every [`POLL_EVERY`].
+//! the kernel to say that file was written (inotify, on its directory, the one a symbolic link
+//! leads to: the file may be created again), and an idle database costs nothing. Elsewhere, for
+//! a `file:` URI, or where inotify cannot be had (its per-user limits), it looks every
+//! [`POLL_EVERY`].
 
 use std::time::Duration;
 
@@ -28,12 +32,22 @@ use diesel::{QueryResult, RunQueryDsl};
 use super::StorageError;
 use super::prepared::cached;
 
+/// The largest id now: one seek down the table's b-tree (one aggregate, so SQLite's `max`
+/// shortcut applies), where [`ADDED_SQL`] from 0 would read every row.
+const NEWEST_SQL: &str = "SELECT max(id) AS newest FROM herald_outbox";
+
 /// The rows added since the last look: the largest id among them, and whether one is worth a
 /// wake-up. One range scan of the rowid from the largest id seen.
 const ADDED_SQL: &str = "SELECT max(id) AS newest, \
      max(next_attempt_at <= ?2 \
          OR (next_attempt_at IS NULL AND ordering_key IS NOT NULL AND state = 'scheduled')) AS due \
      FROM herald_outbox WHERE id > ?1";
+
+#[derive(diesel::QueryableByName)]
+struct Newest {
+    #[diesel(sql_type = Nullable<BigInt>)]
+    newest: Option<i64>,
+}
 
 #[derive(diesel::QueryableByName)]
 struct Added {
@@ -67,7 +81,10 @@ impl InsertWatch {
             Err("not asked for".to_owned())
         };
         let mut conn = super::side_connection(path)?;
-        let newest = added(&mut conn, 0, Utc::now())?.newest.unwrap_or(0);
+        let newest = cached(NEWEST_SQL)
+            .get_result::<Newest>(&mut conn)?
+            .newest
+            .unwrap_or(0);
         Ok(InsertWatch {
             conn,
             newest,
@@ -144,6 +161,13 @@ mod wal_writes {
 
     impl WalWrites {
         pub fn open(db: &Path) -> io::Result<WalWrites> {
+            if db.as_os_str().as_bytes().starts_with(b"file:") {
+                return Err(io::Error::other(
+                    "a file: URI (its WAL file's name is not worked out here)",
+                ));
+            }
+            // SQLite keeps the WAL beside the file a symbolic link leads to.
+            let db = std::fs::canonicalize(db)?;
             let name = db
                 .file_name()
                 .ok_or_else(|| io::Error::other("the database path names no file"))?;

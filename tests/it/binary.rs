@@ -292,8 +292,14 @@ async fn serve_with_smtp_delivers_and_stops_on_sigterm() {
     let log = herald.stderr();
     assert!(status.success(), "{status}; stderr:\n{log}");
     assert!(!log.contains("panicked"), "{log}");
+    // With the kernel's reports of the WAL's writes (Linux), not by looking every 10 ms.
     assert!(
         log.contains("watching the SQLite database for inserts"),
+        "{log}"
+    );
+    assert_eq!(
+        log.contains("by looking"),
+        !cfg!(target_os = "linux"),
         "{log}"
     );
     // Logs carry identifiers, never the token or the recipients' addresses.
@@ -303,6 +309,25 @@ async fn serve_with_smtp_delivers_and_stops_on_sigterm() {
             && !log.contains("grace@example.com"),
         "{log}"
     );
+}
+
+/// Without a sender in the process nothing needs waking: no insert watch runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_sender_no_insert_watch_runs() {
+    let listen = free_addr();
+    let mut herald = Herald::spawn(
+        &["serve"],
+        &[
+            ("HERALD_LISTEN", &listen),
+            ("HERALD_SENDER_ENABLED", "false"),
+        ],
+    );
+    herald.wait_healthy(&format!("http://{listen}")).await;
+    let status = herald.terminate().await;
+    let log = herald.stderr();
+    assert!(status.success(), "{status}; stderr:\n{log}");
+    assert!(log.contains("herald serving"), "{log}");
+    assert!(!log.contains("watching the SQLite database"), "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -551,6 +551,13 @@ async fn insert_watch_wakes_for_what_notify_would(file_events: bool) {
         watch.has_file_events(),
         file_events && cfg!(target_os = "linux")
     );
+    // Through a symbolic link from another directory: the WAL is beside the file it leads to,
+    // and so is the watch's.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let link = elsewhere.path().join("linked.db");
+    std::os::unix::fs::symlink(path, &link).unwrap();
+    let mut linked = InsertWatch::open(link.to_str().unwrap(), file_events).unwrap();
+    assert_eq!(linked.has_file_events(), watch.has_file_events());
     // After a commit: the watch is told the WAL file was written (at once where the system
     // reports writes), then looks.
     let look = |watch: &mut InsertWatch, what: &str| {
@@ -563,6 +570,10 @@ async fn insert_watch_wakes_for_what_notify_would(file_events: bool) {
     // An update that changes a value (one that changes nothing writes nothing at all).
     let touch = "UPDATE herald_outbox SET attempts = attempts + 1 WHERE event_id = 'there-before'";
     app.raw_sql(touch);
+    assert!(
+        linked.wait(Duration::from_secs(10)).unwrap(),
+        "the WAL's write reported through the link"
+    );
     assert!(!look(
         &mut watch,
         "a row there before the watch began, and an update of it"
@@ -616,7 +627,15 @@ async fn insert_watch_wakes_for_what_notify_would(file_events: bool) {
             "no write, no event"
         );
     }
-    drop(watch);
+    // A `file:` URI: no file events (its WAL's name is not worked out), looking instead.
+    let uri = InsertWatch::open(&format!("file:{path}"), true).unwrap();
+    assert!(!uri.has_file_events());
+    assert!(
+        uri.no_file_events_because().unwrap().contains("URI"),
+        "{:?}",
+        uri.no_file_events_because()
+    );
+    drop((watch, linked, uri));
     app.stop().await;
 }
 

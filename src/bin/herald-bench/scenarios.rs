@@ -665,8 +665,6 @@ fn enqueue_figures(name: &str, load: &Load, baseline: f64, what: &str) -> Vec<Fi
     ]
 }
 
-/// Insert → first attempt, one message every 20 ms for `secs`, each inserted by SQL on the
-/// benchmark's own connection; (p50, p99) ms.
 /// An application's connection to Herald's database, on which `latency_run` inserts.
 fn app_conn(url: &str) -> Result<Box<dyn SimpleConnection>> {
     Ok(match herald::storage::sqlite_path(url) {
@@ -675,7 +673,14 @@ fn app_conn(url: &str) -> Result<Box<dyn SimpleConnection>> {
     })
 }
 
-async fn latency_run(url: &str, extra: &str, secs: u64) -> Result<(f64, f64, usize)> {
+/// Insert → first attempt, one message every `gap` for `secs`, each inserted by SQL on the
+/// benchmark's own connection; (p50, p99) ms and how many.
+async fn latency_run(
+    url: &str,
+    extra: &str,
+    secs: u64,
+    gap: Duration,
+) -> Result<(f64, f64, usize)> {
     let rx = HttpReceiver::start().await?;
     let h = HeraldProc::start(url, extra).await?;
     let mut conn = app_conn(url)?;
@@ -691,7 +696,7 @@ async fn latency_run(url: &str, extra: &str, secs: u64) -> Result<(f64, f64, usi
         ))?;
         committed.push((id, Instant::now()));
         i += 1;
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(gap).await;
     }
     ensure!(
         rx.tally
@@ -717,14 +722,15 @@ pub fn latency(ctx: &mut Ctx) -> Result<Vec<Figure>> {
     let secs = ctx.sizes.latency_secs;
     let url = ctx.cluster()?.fresh("bench_latency")?;
     let poll_url = ctx.cluster()?.fresh("bench_latency_poll")?;
-    let (p50, p99, n) = ctx
-        .rt
-        .block_on(latency_run(&url, &sender_toml(1000), secs))?;
+    let (p50, p99, n) =
+        ctx.rt
+            .block_on(latency_run(&url, &sender_toml(1000), secs, LATENCY_GAP))?;
     // Polling only: the production default interval (1 s).
     let (poll50, _, m) = ctx.rt.block_on(latency_run(
         &poll_url,
         &format!("{}listen_notify = false\n", sender_toml(1000)),
         secs,
+        LATENCY_GAP,
     ))?;
     Ok(vec![
         Figure::against_target("latency_notify_p50_ms", p50, Target::AtMost(5.0), "ms")
@@ -737,20 +743,35 @@ pub fn latency(ctx: &mut Ctx) -> Result<Vec<Figure>> {
     ])
 }
 
+/// The latency scenarios' pace: a message every 20 ms (50/s).
+const LATENCY_GAP: Duration = Duration::from_millis(20);
+
+/// `latency_sqlite`'s sparse run: a message every 400 ms, each after the watch has gone quiet
+/// (it looks every 2 ms only for 250 ms after the WAL was last written).
+const SPARSE_GAP: Duration = Duration::from_millis(400);
+
 /// `latency` on SQLite: an application inserts by SQL on a connection of its own, and Herald's
-/// insert watch (SQLite's stand-in for LISTEN/NOTIFY) wakes the sender; and with
-/// `listen_notify = false`, polling only.
+/// insert watch (SQLite's stand-in for LISTEN/NOTIFY) wakes the sender; the same sparsely, each
+/// insert finding the watch quiet; and with `listen_notify = false`, polling only.
 pub fn latency_sqlite(ctx: &mut Ctx) -> Result<Vec<Figure>> {
     let secs = ctx.sizes.latency_secs;
     let (_, url) = fresh_sqlite(ctx, "latency")?;
+    let (_, sparse_url) = fresh_sqlite(ctx, "latency_sparse")?;
     let (_, poll_url) = fresh_sqlite(ctx, "latency_poll")?;
-    let (p50, p99, n) = ctx
-        .rt
-        .block_on(latency_run(&url, &sender_toml(1000), secs))?;
+    let (sparse50, sparse99, k) = ctx.rt.block_on(latency_run(
+        &sparse_url,
+        &sender_toml(1000),
+        secs,
+        SPARSE_GAP,
+    ))?;
+    let (p50, p99, n) =
+        ctx.rt
+            .block_on(latency_run(&url, &sender_toml(1000), secs, LATENCY_GAP))?;
     let (poll50, _, m) = ctx.rt.block_on(latency_run(
         &poll_url,
         &format!("{}listen_notify = false\n", sender_toml(1000)),
         secs,
+        LATENCY_GAP,
     ))?;
     Ok(vec![
         Figure::measured("latency_sqlite_p50_ms", p50, poll50, "ms").note(format!(
@@ -758,6 +779,11 @@ pub fn latency_sqlite(ctx: &mut Ctx) -> Result<Vec<Figure>> {
         )),
         Figure::measured("latency_sqlite_p99_ms", p99, poll50, "ms").note(format!(
             "{n} messages at 50/s; baseline: polling only's p50"
+        )),
+        Figure::measured("latency_sqlite_sparse_p50_ms", sparse50, poll50, "ms").note(format!(
+            "{k} messages, one every {} ms, each finding the watch quiet; p99 {sparse99:.2} ms; \
+             baseline: polling only's p50",
+            SPARSE_GAP.as_millis()
         )),
         Figure::measured("latency_sqlite_poll_p50_ms", poll50, 1000.0, "ms").note(format!(
             "{m} messages, polling only; baseline: the poll interval"
