@@ -1,6 +1,7 @@
 //! Signatures, endpoints, email, the lease watchdog and its fence, and the production loop.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::json;
@@ -796,7 +797,8 @@ async fn a_refused_outcome_costs_its_batch_nothing() {
 /// SQLite has no NOTIFY: the production loop is woken by the insert watch for rows an
 /// application commits by plain SQL on a connection of its own, each sent at once although the
 /// poll comes only once an hour here (the first row may meet the start-up claim; the second,
-/// inserted once the first has arrived, only the watch can bring).
+/// inserted once the first has arrived, only the watch can bring); and one inserted while
+/// Herald itself keeps writing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_insert_by_sql_wakes_the_sender_on_sqlite() {
     let app = spawn_app_with(Backend::Sqlite, "poll_interval_ms = 3600000\n").await;
@@ -810,8 +812,34 @@ async fn an_insert_by_sql_wakes_the_sender_on_sqlite() {
         ));
         rx.wait_for(i, 10).await;
     }
+    // Among Herald's own writes (enqueues for an hour ahead, one after another, each a WAL write
+    // that makes the watch look and find nothing worth waking for): the application's row is
+    // still found.
+    let later = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
+    let (enqueued, done) = (AtomicUsize::new(0), AtomicBool::new(false));
+    let own_writes = async {
+        while !done.load(Ordering::SeqCst) {
+            let n = enqueued.fetch_add(1, Ordering::SeqCst);
+            let mut m = webhook(&format!("later-{n}"), &rx.url, json!({}));
+            m["scheduled_at"] = json!(later);
+            assert_eq!(app.post_message(m).await.status(), 201);
+        }
+    };
+    let among_them = async {
+        while enqueued.load(Ordering::SeqCst) < 3 {
+            tokio::task::yield_now().await;
+        }
+        app.raw_sql(&format!(
+            "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+             VALUES ('by-sql-3', 'webhook', '{}', '{{\"body\": 3}}')",
+            rx.url
+        ));
+        rx.wait_for(3, 10).await;
+        done.store(true, Ordering::SeqCst);
+    };
+    tokio::join!(own_writes, among_them);
     sender.stop().await;
-    assert_eq!(rx.event_ids(), ["by-sql-1", "by-sql-2"]);
+    assert_eq!(rx.event_ids(), ["by-sql-1", "by-sql-2", "by-sql-3"]);
     assert_eq!(app.message("by-sql-2").await["state"], "delivered");
     app.stop().await;
 }
