@@ -95,8 +95,7 @@ fn watch_loop(path: &str, wake: &Notify, stop: &AtomicBool) {
             Err(e) => {
                 let error = cause(&e);
                 warn!(%error, "cannot watch the SQLite database for inserts; polling only until it works");
-                sleep_unless_stopped(backoff, stop);
-                backoff = (backoff * 2).min(Duration::from_secs(10));
+                back_off(&mut backoff, stop);
                 continue;
             }
         };
@@ -145,8 +144,7 @@ fn watch_loop(path: &str, wake: &Notify, stop: &AtomicBool) {
                     // Once per backoff (growing to 10 s), not 500 times a second.
                     let error = cause(&e);
                     warn!(%error, "watching the SQLite database failed; polling only until it works");
-                    sleep_unless_stopped(backoff, stop);
-                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                    back_off(&mut backoff, stop);
                     break;
                 }
             }
@@ -158,6 +156,12 @@ fn watch_loop(path: &str, wake: &Notify, stop: &AtomicBool) {
 /// "database unavailable".
 fn cause(e: &crate::storage::StorageError) -> String {
     std::error::Error::source(e).map_or_else(|| e.to_string(), ToString::to_string)
+}
+
+/// Waits out `backoff` (less once `stop` is set), then doubles it, up to 10 s.
+fn back_off(backoff: &mut Duration, stop: &AtomicBool) {
+    sleep_unless_stopped(*backoff, stop);
+    *backoff = (*backoff * 2).min(Duration::from_secs(10));
 }
 
 /// Sleeps `d`, or less once `stop` is set: a shutdown never waits out a reconnect backoff
@@ -200,8 +204,7 @@ fn listen_loop(url: &str, wake: &Notify, stop: &AtomicBool) {
             Some(c) => c,
             None => {
                 warn!("LISTEN connection failed; polling only until it is back");
-                sleep_unless_stopped(backoff, stop);
-                backoff = (backoff * 2).min(Duration::from_secs(10));
+                back_off(&mut backoff, stop);
                 continue;
             }
         };

@@ -675,12 +675,7 @@ fn app_conn(url: &str) -> Result<Box<dyn SimpleConnection>> {
 
 /// Insert → first attempt, one message every `gap` for `secs`, each inserted by SQL on the
 /// benchmark's own connection; (p50, p99) ms and how many.
-async fn latency_run(
-    url: &str,
-    extra: &str,
-    secs: u64,
-    gap: Duration,
-) -> Result<(f64, f64, usize)> {
+async fn latency_run(url: &str, extra: &str, secs: u64, gap: Duration) -> Result<Latency> {
     let rx = HttpReceiver::start().await?;
     let h = HeraldProc::start(url, extra).await?;
     let mut conn = app_conn(url)?;
@@ -718,20 +713,34 @@ async fn latency_run(
     Ok((percentile(&lat, 50.0), percentile(&lat, 99.0), lat.len()))
 }
 
-pub fn latency(ctx: &mut Ctx) -> Result<Vec<Figure>> {
+/// What [`latency_run`] measured: p50 and p99 in ms, and how many messages.
+type Latency = (f64, f64, usize);
+
+/// [`latency_run`] at 50/s on `url` with the wake-up for others' commits (LISTEN/NOTIFY, the
+/// insert watch), then on `poll_url` polling only, at the production default interval (1 s):
+/// each's [`Latency`].
+fn latency_with_and_without_wake_up(
+    ctx: &Ctx,
+    url: &str,
+    poll_url: &str,
+) -> Result<(Latency, Latency)> {
     let secs = ctx.sizes.latency_secs;
-    let url = ctx.cluster()?.fresh("bench_latency")?;
-    let poll_url = ctx.cluster()?.fresh("bench_latency_poll")?;
-    let (p50, p99, n) =
-        ctx.rt
-            .block_on(latency_run(&url, &sender_toml(1000), secs, LATENCY_GAP))?;
-    // Polling only: the production default interval (1 s).
-    let (poll50, _, m) = ctx.rt.block_on(latency_run(
-        &poll_url,
+    let woken = ctx
+        .rt
+        .block_on(latency_run(url, &sender_toml(1000), secs, LATENCY_GAP))?;
+    let polled = ctx.rt.block_on(latency_run(
+        poll_url,
         &format!("{}listen_notify = false\n", sender_toml(1000)),
         secs,
         LATENCY_GAP,
     ))?;
+    Ok((woken, polled))
+}
+
+pub fn latency(ctx: &mut Ctx) -> Result<Vec<Figure>> {
+    let url = ctx.cluster()?.fresh("bench_latency")?;
+    let poll_url = ctx.cluster()?.fresh("bench_latency_poll")?;
+    let ((p50, p99, n), (poll50, _, m)) = latency_with_and_without_wake_up(ctx, &url, &poll_url)?;
     Ok(vec![
         Figure::against_target("latency_notify_p50_ms", p50, Target::AtMost(5.0), "ms")
             .note(format!("{n} messages at 50/s, LISTEN/NOTIFY, poll 1 s")),
@@ -764,15 +773,7 @@ pub fn latency_sqlite(ctx: &mut Ctx) -> Result<Vec<Figure>> {
         secs,
         SPARSE_GAP,
     ))?;
-    let (p50, p99, n) =
-        ctx.rt
-            .block_on(latency_run(&url, &sender_toml(1000), secs, LATENCY_GAP))?;
-    let (poll50, _, m) = ctx.rt.block_on(latency_run(
-        &poll_url,
-        &format!("{}listen_notify = false\n", sender_toml(1000)),
-        secs,
-        LATENCY_GAP,
-    ))?;
+    let ((p50, p99, n), (poll50, _, m)) = latency_with_and_without_wake_up(ctx, &url, &poll_url)?;
     Ok(vec![
         Figure::measured("latency_sqlite_p50_ms", p50, poll50, "ms").note(format!(
             "{n} messages at 50/s, the insert watch, poll 1 s; baseline: polling only"
