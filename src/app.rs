@@ -329,8 +329,9 @@ impl Herald {
         .run())
     }
 
-    /// Serves until SIGINT or SIGTERM: HTTP, the sender (unless disabled) and, on PostgreSQL, the
-    /// LISTEN wake-up. Shutdown stops claiming, lets in-flight sends finish and flushes them.
+    /// Serves until SIGINT or SIGTERM: HTTP, the sender (unless disabled) and with it the wake-up
+    /// for rows others commit (LISTEN on PostgreSQL, the insert watch on SQLite). Shutdown stops
+    /// claiming, lets in-flight sends finish and flushes them.
     pub async fn serve(self) -> anyhow::Result<()> {
         let listener = TcpListener::bind(&self.settings.listen)
             .with_context(|| format!("cannot listen on {}", self.settings.listen))?;

@@ -73,7 +73,7 @@ pub fn spawn(url: String, wake: Arc<Notify>, stop: Arc<AtomicBool>) -> std::thre
             .name("herald-listen".into())
             .spawn(move || listen_loop(&url, &wake, &stop)),
     };
-    thread.unwrap_or_else(|e| panic!("cannot start the LISTEN thread: {e}"))
+    thread.unwrap_or_else(|e| panic!("cannot start the wake-up thread (LISTEN or watch): {e}"))
 }
 
 /// SQLite: for this long after the WAL file was last written the watch looks every

@@ -467,8 +467,7 @@ pub struct SqliteDb {
 /// too: no faster, and a WAL of 40 MiB. `journal_size_limit`: when the WAL starts again, a file
 /// left larger than 16 MiB by a burst (a bulk insert, a long reader) is cut back to that, rather
 /// than kept at its largest until the last connection closes; the steady 8 MiB is left alone.
-/// Each connection sets its lock wait first (the pool's 5 s, [`side_connection`]'s 100 ms), so
-/// that it also bounds these statements' own.
+/// Each connection sets its lock wait (5 s) first, so that it also bounds these statements' own.
 const SQLITE_PRAGMAS: &str = "PRAGMA journal_mode = WAL; \
      PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON; PRAGMA wal_autocheckpoint = 2000; \
      PRAGMA journal_size_limit = 16777216;";
@@ -484,13 +483,16 @@ impl CustomizeConnection<SqliteConnection, diesel::r2d2::Error> for SqlitePragma
 }
 
 /// A connection of its own to the SQLite database at `path`, outside the pool (the
-/// [`Checkpointer`]'s, the insert watch's): Herald's settings, but a lock is waited for at most
-/// 100 ms, so a thread using it is never held up long and a shutdown never waits long for it.
+/// [`Checkpointer`]'s, the insert watch's): Herald's settings, applied with the pool's 5 s lock
+/// wait, after which a lock is waited for at most 100 ms, so a thread using it is never held up
+/// long and a shutdown never waits long for it.
 fn side_connection(path: &str) -> Result<SqliteConnection, StorageError> {
     use diesel::Connection;
     let mut conn =
         SqliteConnection::establish(path).map_err(|e| StorageError::Unavailable(Box::new(e)))?;
-    conn.batch_execute(&format!("PRAGMA busy_timeout = 100; {SQLITE_PRAGMAS}"))?;
+    conn.batch_execute(&format!(
+        "PRAGMA busy_timeout = 5000; {SQLITE_PRAGMAS} PRAGMA busy_timeout = 100;"
+    ))?;
     Ok(conn)
 }
 

@@ -292,16 +292,19 @@ async fn serve_with_smtp_delivers_and_stops_on_sigterm() {
     let log = herald.stderr();
     assert!(status.success(), "{status}; stderr:\n{log}");
     assert!(!log.contains("panicked"), "{log}");
-    // With the kernel's reports of the WAL's writes (Linux), not by looking every 10 ms.
+    // With the kernel's reports of the WAL's writes (Linux), not by looking every 10 ms —
+    // unless this user's inotify instances ran out (many tests in parallel on a big machine).
     assert!(
         log.contains("watching the SQLite database for inserts"),
         "{log}"
     );
-    assert_eq!(
-        log.contains("by looking"),
-        !cfg!(target_os = "linux"),
-        "{log}"
-    );
+    if !log.contains("Too many open files") {
+        assert_eq!(
+            log.contains("by looking"),
+            !cfg!(target_os = "linux"),
+            "{log}"
+        );
+    }
     // Logs carry identifiers, never the token or the recipients' addresses.
     assert!(
         !log.contains(token)

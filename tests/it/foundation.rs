@@ -547,9 +547,16 @@ async fn insert_watch_wakes_for_what_notify_would(file_events: bool) {
     );
     let path = herald::storage::sqlite_path(&app.test_db.url).unwrap();
     let mut watch = InsertWatch::open(path, file_events).unwrap();
+    // File events where asked for on Linux — unless this user's inotify instances ran out (many
+    // tests in parallel on a big machine): then it looks every 10 ms, and every assertion below
+    // holds the same.
+    let out_of_inotify = |w: &InsertWatch| {
+        w.no_file_events_because()
+            .is_some_and(|why| why.contains("Too many open files"))
+    };
     assert_eq!(
         watch.has_file_events(),
-        file_events && cfg!(target_os = "linux")
+        file_events && cfg!(target_os = "linux") && !out_of_inotify(&watch)
     );
     // Through a symbolic link from another directory: the WAL is beside the file it leads to,
     // and so is the watch's.
@@ -557,7 +564,10 @@ async fn insert_watch_wakes_for_what_notify_would(file_events: bool) {
     let link = elsewhere.path().join("linked.db");
     std::os::unix::fs::symlink(path, &link).unwrap();
     let mut linked = InsertWatch::open(link.to_str().unwrap(), file_events).unwrap();
-    assert_eq!(linked.has_file_events(), watch.has_file_events());
+    assert_eq!(
+        linked.has_file_events(),
+        file_events && cfg!(target_os = "linux") && !out_of_inotify(&linked)
+    );
     // After a commit: the watch is told the WAL file was written (at once where the system
     // reports writes), then looks.
     let look = |watch: &mut InsertWatch, what: &str| {
