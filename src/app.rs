@@ -357,6 +357,7 @@ impl Herald {
         let listen_thread =
             (self.settings.listen_notify && self.settings.sender_enabled).then(|| {
                 crate::sender::listener::spawn(
+                    &self.db,
                     self.settings.database_url.expose().to_owned(),
                     self.wake.clone(),
                     stop_listen.clone(),

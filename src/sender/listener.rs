@@ -27,6 +27,8 @@ use diesel::pg::PgConnection;
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
+use crate::storage::{Db, OwnWrites};
+
 /// The application_name of the LISTEN connection: the insert trigger notifies only while a
 /// session with this name is connected to the database.
 pub const APPLICATION_NAME: &str = "herald-listen";
@@ -62,13 +64,19 @@ fn unregister(conn: &mut PgConnection, me: &str) {
         .execute(conn);
 }
 
-/// Starts the listener thread for the database at `url` (LISTEN on PostgreSQL, the watch on
-/// SQLite); it ends when `stop` is set.
-pub fn spawn(url: String, wake: Arc<Notify>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+/// Starts the listener thread for the database at `url`, which `db` is open on (LISTEN on
+/// PostgreSQL, the watch on SQLite); it ends when `stop` is set.
+pub fn spawn(
+    db: &Db,
+    url: String,
+    wake: Arc<Notify>,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    let own = db.own_writes();
     let thread = match crate::storage::sqlite_path(&url).map(str::to_owned) {
         Some(path) => std::thread::Builder::new()
             .name("herald-watch".into())
-            .spawn(move || watch_loop(&path, &wake, &stop)),
+            .spawn(move || watch_loop(&path, own, &wake, &stop)),
         None => std::thread::Builder::new()
             .name("herald-listen".into())
             .spawn(move || listen_loop(&url, &wake, &stop)),
@@ -85,9 +93,21 @@ const SETTLE: Duration = Duration::from_millis(250);
 /// file system that reports no writes (the sender's own poll is the other).
 const LOOK_ANYWAY: Duration = Duration::from_secs(1);
 
+/// SQLite: the pace of the looks once this process's own writer has begun a write in each of
+/// [`OWN_STREAK`] looks' intervals in a row: under sustained load its commits write the WAL all
+/// the time and add nothing the sender needs waking for (it wakes itself for what it enqueues),
+/// so an application's commit among them may wait this long. Herald's periodic passes (one
+/// write transaction a second or so) and a message's claim and outcome never make such a
+/// streak.
+const AMONG_OWN_WRITES: Duration = Duration::from_millis(10);
+/// SQLite: see [`AMONG_OWN_WRITES`].
+const OWN_STREAK: u32 = 5;
+
 /// SQLite: looks whether a row worth waking for was committed, at most once per
-/// [`DRAIN_EVERY`] (under load Herald's own commits write the WAL all the time); see [`SETTLE`].
-fn watch_loop(path: &str, wake: &Notify, stop: &AtomicBool) {
+/// [`DRAIN_EVERY`], or per [`AMONG_OWN_WRITES`] while Herald's own writer keeps writing; see
+/// [`SETTLE`]. `own`: the count of this process's write transactions (none: no streak).
+fn watch_loop(path: &str, own: Option<OwnWrites>, wake: &Notify, stop: &AtomicBool) {
+    let own_count = || own.as_ref().map_or(0, OwnWrites::count);
     let mut backoff = Duration::from_millis(200);
     while !stop.load(Ordering::Relaxed) {
         let mut watch = match crate::storage::watch::InsertWatch::open(path, true) {
@@ -112,10 +132,16 @@ fn watch_loop(path: &str, wake: &Notify, stop: &AtomicBool) {
         wake.notify_one();
         let mut looked = Instant::now();
         let mut written: Option<Instant> = None;
+        let (mut own_seen, mut streak) = (own_count(), 0u32);
         while !stop.load(Ordering::Relaxed) {
             let busy = |w: Option<Instant>| w.is_some_and(|t| t.elapsed() < SETTLE);
+            let pace = if streak >= OWN_STREAK {
+                AMONG_OWN_WRITES
+            } else {
+                DRAIN_EVERY
+            };
             let at_most = if busy(written) {
-                DRAIN_EVERY.saturating_sub(looked.elapsed())
+                pace.saturating_sub(looked.elapsed())
             } else {
                 STOP_POLL
             };
@@ -126,10 +152,15 @@ fn watch_loop(path: &str, wake: &Notify, stop: &AtomicBool) {
                 if !busy(written) && looked.elapsed() < LOOK_ANYWAY {
                     return Ok(None);
                 }
-                if let Some(rest) = DRAIN_EVERY.checked_sub(looked.elapsed()) {
+                if let Some(rest) = pace.checked_sub(looked.elapsed()) {
                     std::thread::sleep(rest);
                 }
                 looked = Instant::now();
+                // Read before the look: a write of Herald's that began before it counts in this
+                // interval or the next, never in none.
+                let count = own_count();
+                streak = if count == own_seen { 0 } else { streak + 1 };
+                own_seen = count;
                 watch.look(chrono::Utc::now()).map(Some)
             });
             match step {

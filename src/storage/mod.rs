@@ -454,6 +454,19 @@ pub struct SqliteDb {
     pub pool: SqlitePool,
     writer: Arc<Mutex<()>>,
     checkpointer: Arc<Checkpointer>,
+    own_writes: OwnWrites,
+}
+
+/// How many write transactions this process's handles on one SQLite database have begun (taken
+/// the writer lock for), whether they wrote anything or not: the insert watch tells a stretch of
+/// Herald's own commits by it.
+#[derive(Debug, Clone, Default)]
+pub struct OwnWrites(Arc<std::sync::atomic::AtomicU64>);
+
+impl OwnWrites {
+    pub fn count(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
 }
 
 /// Every SQLite connection's settings. `wal_autocheckpoint` is the writers' own checkpoint,
@@ -673,9 +686,19 @@ impl Db {
                 pool,
                 writer: Arc::new(Mutex::new(())),
                 checkpointer,
+                own_writes: OwnWrites::default(),
             }))
         } else {
             Err(StorageError::BadUrl(url_shape(url)))
+        }
+    }
+
+    /// On SQLite, the count of the write transactions of this handle and its clones; `None` on
+    /// PostgreSQL.
+    pub fn own_writes(&self) -> Option<OwnWrites> {
+        match self {
+            Db::Pg(_) => None,
+            Db::Sqlite(db) => Some(db.own_writes.clone()),
         }
     }
 
@@ -770,7 +793,13 @@ impl SqliteDb {
 
     fn lock_writer(&self) -> std::sync::MutexGuard<'_, ()> {
         // A poisoned lock only means another writer panicked; the database itself is consistent.
-        self.writer.lock().unwrap_or_else(|p| p.into_inner())
+        let guard = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        // Counted before anything is written: a look that follows this write's WAL frames sees
+        // the count moved.
+        self.own_writes
+            .0
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        guard
     }
 
     /// Runs `f` in a `BEGIN IMMEDIATE` transaction, one writer at a time.

@@ -496,7 +496,12 @@ async fn notify_follows_whether_herald_listens_postgres() {
     );
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let wake = Arc::new(tokio::sync::Notify::new());
-    let t = herald::sender::listener::spawn(app.test_db.url.clone(), wake.clone(), stop.clone());
+    let t = herald::sender::listener::spawn(
+        &app.db,
+        app.test_db.url.clone(),
+        wake.clone(),
+        stop.clone(),
+    );
     // The listener wakes once when it has connected and listens.
     tokio::time::timeout(Duration::from_secs(10), wake.notified())
         .await

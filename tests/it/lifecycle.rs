@@ -666,7 +666,12 @@ async fn notify_wakes_the_sender_on_commit() {
     let app = spawn_app(Backend::Postgres).await;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let wake = Arc::new(tokio::sync::Notify::new());
-    let t = herald::sender::listener::spawn(app.test_db.url.clone(), wake.clone(), stop.clone());
+    let t = herald::sender::listener::spawn(
+        &app.db,
+        app.test_db.url.clone(),
+        wake.clone(),
+        stop.clone(),
+    );
     // The listener wakes once when it (re)connects; take that one first.
     tokio::time::timeout(Duration::from_secs(10), wake.notified())
         .await
@@ -812,12 +817,13 @@ async fn an_insert_by_sql_wakes_the_sender_on_sqlite() {
         ));
         rx.wait_for(i, 10).await;
     }
-    // Among Herald's own writes (enqueues for an hour ahead, one after another, each a WAL write
-    // that makes the watch look and find nothing worth waking for): the application's row is
-    // still found.
+    // Among Herald's own writes (enqueues for an hour ahead, each a WAL write that makes the
+    // watch look and find nothing worth waking for): the application's row is still found.
     let later = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
     let (enqueued, done) = (AtomicUsize::new(0), AtomicBool::new(false));
-    let own_writes = async {
+    // Four clients at once, so that Herald's writer writes without a break: the watch then looks
+    // only every 10 ms.
+    let client = || async {
         while !done.load(Ordering::SeqCst) {
             let n = enqueued.fetch_add(1, Ordering::SeqCst);
             let mut m = webhook(&format!("later-{n}"), &rx.url, json!({}));
@@ -825,8 +831,9 @@ async fn an_insert_by_sql_wakes_the_sender_on_sqlite() {
             assert_eq!(app.post_message(m).await.status(), 201);
         }
     };
+    let own_writes = futures_util::future::join_all((0..4).map(|_| client()));
     let among_them = async {
-        while enqueued.load(Ordering::SeqCst) < 3 {
+        while enqueued.load(Ordering::SeqCst) < 200 {
             tokio::task::yield_now().await;
         }
         app.raw_sql(&format!(

@@ -255,6 +255,7 @@ impl TestApp {
         let stop_listen = Arc::new(std::sync::atomic::AtomicBool::new(false));
         // As `herald serve` does: LISTEN on PostgreSQL, the insert watch on SQLite.
         let listener = herald::sender::listener::spawn(
+            &self.db,
             self.test_db.url.clone(),
             self.herald.wake.clone(),
             stop_listen.clone(),
