@@ -17,8 +17,8 @@
 //! seen: the periodic claim finds it.
 //!
 //! When to look: every commit appends to the database's WAL file, so on Linux the watch waits for
-//! the kernel to say that file was written (inotify, on its directory, the one a symbolic link
-//! leads to: the file may be created again), and an idle database costs nothing. Elsewhere, for
+//! the kernel to say that file was written (inotify on the WAL beside the file a symbolic link
+//! leads to, one write reported at a time), and an idle database costs nothing. Elsewhere, for
 //! a `file:` URI, or where inotify cannot be had (its per-user limits), it looks every
 //! [`POLL_EVERY`].
 
@@ -140,23 +140,29 @@ fn added(conn: &mut SqliteConnection, above: i64, now: DateTime<Utc>) -> QueryRe
 /// The WAL file's writes, as inotify reports them (Linux).
 #[cfg(target_os = "linux")]
 mod wal_writes {
-    use std::ffi::{CString, OsString};
+    use std::ffi::CString;
     use std::io;
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     use std::os::unix::ffi::OsStrExt;
     use std::path::Path;
     use std::time::Duration;
 
-    /// An inotify watch on the database's directory, for the WAL file's name: SQLite deletes
-    /// that file when the last connection closes and creates it again with the next.
+    /// A one-shot inotify watch on the database's WAL file, armed again as soon as it has
+    /// reported: under load the WAL is written tens of thousands of times a second, and only the
+    /// first write after a report needs one (a watch that stays makes the kernel queue, or
+    /// merge, an event at every write, in the writer's time). The WAL is there as long as a
+    /// connection is open (Herald's pool keeps some); if it goes, arming fails and the watch is
+    /// opened again.
     pub struct WalWrites {
         fd: OwnedFd,
-        wal: OsString,
+        wal: CString,
         buf: Vec<u8>,
+        /// Whether the one-shot watch is in place (nothing read since it was armed).
+        armed: bool,
     }
 
-    /// An event's fixed part: `wd`, `mask`, `cookie`, `len`, each 4 bytes; its name follows,
-    /// `len` bytes padded with NULs.
+    /// An event's fixed part: `wd`, `mask`, `cookie`, `len`, each 4 bytes; a name of `len`
+    /// bytes follows (none for a watch on a file).
     const HEADER: usize = 16;
 
     impl WalWrites {
@@ -167,17 +173,9 @@ mod wal_writes {
                 ));
             }
             // SQLite keeps the WAL beside the file a symbolic link leads to.
-            let db = std::fs::canonicalize(db)?;
-            let name = db
-                .file_name()
-                .ok_or_else(|| io::Error::other("the database path names no file"))?;
-            let mut wal = name.to_os_string();
+            let mut wal = std::fs::canonicalize(db)?.into_os_string();
             wal.push("-wal");
-            let dir = match db.parent() {
-                Some(d) if !d.as_os_str().is_empty() => d,
-                _ => Path::new("."),
-            };
-            let dir = CString::new(dir.as_os_str().as_bytes())?;
+            let wal = CString::new(wal.as_bytes())?;
             // SAFETY: no pointer is passed; the result is a new descriptor or -1.
             let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
             if fd < 0 {
@@ -185,32 +183,51 @@ mod wal_writes {
             }
             // SAFETY: `fd` was just opened and nothing else owns it.
             let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-            // SAFETY: `dir` is a NUL-terminated string that outlives the call.
+            let mut w = WalWrites {
+                fd,
+                wal,
+                buf: vec![0; 4096],
+                armed: false,
+            };
+            w.arm()?;
+            Ok(w)
+        }
+
+        /// Puts the one-shot watch in place (again); fails when the WAL file is gone.
+        fn arm(&mut self) -> io::Result<()> {
+            // SAFETY: `wal` is a NUL-terminated string that outlives the call.
             let wd = unsafe {
                 libc::inotify_add_watch(
-                    fd.as_raw_fd(),
-                    dir.as_ptr(),
-                    libc::IN_MODIFY | libc::IN_CREATE | libc::IN_MOVED_TO,
+                    self.fd.as_raw_fd(),
+                    self.wal.as_ptr(),
+                    libc::IN_MODIFY | libc::IN_ONESHOT,
                 )
             };
             if wd < 0 {
                 return Err(io::Error::last_os_error());
             }
-            Ok(WalWrites {
-                fd,
-                wal,
-                buf: vec![0; 4096],
-            })
+            self.armed = true;
+            Ok(())
         }
 
         /// Waits at most `at_most` for the WAL file to be written (or for events to be lost:
-        /// the queue overflowed); whether it was. Other files' events are read and passed over.
+        /// the queue overflowed); whether it was. Armed again before it returns, so that the
+        /// next write is reported to the next wait.
         pub fn wait(&mut self, at_most: Duration) -> io::Result<bool> {
             let until = std::time::Instant::now() + at_most;
             loop {
+                if !self.armed {
+                    self.arm()?;
+                }
                 let left = until.saturating_duration_since(std::time::Instant::now());
-                if self.ready(left)? && self.drain()? {
-                    return Ok(true);
+                if self.ready(left)? {
+                    let written = self.drain()?;
+                    if !self.armed {
+                        self.arm()?;
+                    }
+                    if written {
+                        return Ok(true);
+                    }
                 }
                 if left.is_zero() {
                     return Ok(false);
@@ -240,8 +257,8 @@ mod wal_writes {
             Ok(n > 0)
         }
 
-        /// Reads every event queued (a burst of writes is one look); whether one was the WAL
-        /// file's, or the queue overflowed.
+        /// Reads every event queued; whether one was a write (or the queue overflowed). Any
+        /// event means the one-shot watch is gone (a write's, and the IN_IGNORED that follows).
         fn drain(&mut self) -> io::Result<bool> {
             let mut written = false;
             loop {
@@ -272,16 +289,11 @@ mod wal_writes {
                         u32::from_ne_bytes([b[0], b[1], b[2], b[3]])
                     };
                     let (mask, len) = (word(4), word(12) as usize);
-                    let end = (at + HEADER + len).min(got);
-                    let name = &self.buf[at + HEADER..end];
-                    let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
-                    if mask & libc::IN_IGNORED != 0 {
-                        return Err(io::Error::other("the database's directory is gone"));
-                    }
-                    if mask & libc::IN_Q_OVERFLOW != 0 || name == self.wal.as_bytes() {
+                    self.armed = false;
+                    if mask & (libc::IN_MODIFY | libc::IN_Q_OVERFLOW) != 0 {
                         written = true;
                     }
-                    at = end;
+                    at = (at + HEADER + len).min(got);
                 }
             }
             Ok(written)
