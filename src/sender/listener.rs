@@ -159,7 +159,11 @@ fn watch_loop(path: &str, own: Option<OwnWrites>, wake: &Notify, stop: &AtomicBo
                 // Read before the look: a write of Herald's that began before it counts in this
                 // interval or the next, never in none.
                 let count = own_count();
-                streak = if count == own_seen { 0 } else { streak + 1 };
+                streak = if count == own_seen {
+                    0
+                } else {
+                    streak.saturating_add(1)
+                };
                 own_seen = count;
                 watch.look(chrono::Utc::now()).map(Some)
             });
