@@ -317,35 +317,28 @@ async fn serve_with_smtp_delivers_and_stops_on_sigterm() {
 /// Without a sender in the process nothing needs waking: no insert watch runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_sender_no_insert_watch_runs() {
-    let listen = free_addr();
-    let mut herald = Herald::spawn(
-        &["serve"],
-        &[
-            ("HERALD_LISTEN", &listen),
-            ("HERALD_SENDER_ENABLED", "false"),
-        ],
-    );
-    herald.wait_healthy(&format!("http://{listen}")).await;
-    let status = herald.terminate().await;
-    let log = herald.stderr();
-    assert!(status.success(), "{status}; stderr:\n{log}");
+    let log = serve_until_healthy_then_stop(&[("HERALD_SENDER_ENABLED", "false")]).await;
     assert!(log.contains("herald serving"), "{log}");
     assert!(!log.contains("watching the SQLite database"), "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_timeout_alone_starts() {
+    serve_until_healthy_then_stop(&[("HERALD_WEBHOOK_TIMEOUT_MS", "1500")]).await;
+}
+
+/// Runs `herald serve` with `env` until it answers `/healthz`, stops it with SIGTERM, requires a
+/// clean exit, and returns its log.
+async fn serve_until_healthy_then_stop(env: &[(&str, &str)]) -> String {
     let listen = free_addr();
-    let mut herald = Herald::spawn(
-        &["serve"],
-        &[
-            ("HERALD_LISTEN", &listen),
-            ("HERALD_WEBHOOK_TIMEOUT_MS", "1500"),
-        ],
-    );
+    let mut all = vec![("HERALD_LISTEN", listen.as_str())];
+    all.extend_from_slice(env);
+    let mut herald = Herald::spawn(&["serve"], &all);
     herald.wait_healthy(&format!("http://{listen}")).await;
     let status = herald.terminate().await;
-    assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
+    let log = herald.stderr();
+    assert!(status.success(), "{status}; stderr:\n{log}");
+    log
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
