@@ -258,6 +258,10 @@ enum EndpointAction {
 /// Exit status of a refused configuration (a setting that cannot work as given).
 const EXIT_CONFIG: u8 = 2;
 
+/// How long `herald serve`, once stopped, waits for the last handle on a SQLite database to be
+/// dropped (a moment, normally) so that it closes the database before exiting.
+const DB_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// How long `herald healthcheck` waits for the answer, connecting included.
 const HEALTHCHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -367,14 +371,31 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .enable_all()
                 .build()
                 .context("cannot start the async runtime")?;
-            runtime.block_on(async move {
+            let mut closed = None;
+            let served = runtime.block_on(async {
                 let herald = tokio::task::spawn_blocking(move || {
                     Herald::build(settings, Arc::new(SystemClock), !no_migrate)
                 })
                 .await
                 .context("start-up failed")??;
+                closed = herald.db.closed();
                 herald.serve().await
-            })?;
+            });
+            // Tasks still holding the database end with the runtime; threads that hold it (the
+            // HTTP workers' state, the group writers) end by themselves a moment after the
+            // server stopped. Exiting before the last handle is dropped would leave SQLite's WAL
+            // uncheckpointed beside the database file (see `Closed`).
+            drop(runtime);
+            if let Some(closed) = closed
+                && !closed.wait(DB_CLOSE_WAIT)
+            {
+                tracing::warn!(
+                    seconds = DB_CLOSE_WAIT.as_secs(),
+                    "the database is still in use after shutdown: exiting without closing it; \
+                     the next start reads its WAL"
+                );
+            }
+            served?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Migrate => {

@@ -455,6 +455,40 @@ pub struct SqliteDb {
     writer: Arc<Mutex<()>>,
     checkpointer: Arc<Checkpointer>,
     own_writes: OwnWrites,
+    /// Last, so that the last handle's drop signals only after its pool and checkpointer have
+    /// closed their connections (fields drop in declaration order).
+    closing: Arc<Closing>,
+}
+
+/// Signals [`Closed`] when dropped: the last handle on a SQLite database is gone.
+#[derive(Default)]
+struct Closing(Arc<(Mutex<bool>, std::sync::Condvar)>);
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        let (done, signal) = &*self.0;
+        *done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        signal.notify_all();
+    }
+}
+
+/// Waits until every handle on a SQLite database has been dropped, wherever it was, and with the
+/// last its connections closed. The last connection to close checkpoints the WAL into the
+/// database file and removes the `-wal` and `-shm` files; a process that exits before then (a
+/// thread still dropping its handle) leaves them, and the database file alone is not the whole
+/// database until the next open. See [`Db::closed`].
+pub struct Closed(Arc<(Mutex<bool>, std::sync::Condvar)>);
+
+impl Closed {
+    /// Whether the last handle was dropped within `within`.
+    pub fn wait(&self, within: Duration) -> bool {
+        let (done, signal) = &*self.0;
+        let done = done.lock().unwrap_or_else(|p| p.into_inner());
+        let (done, _) = signal
+            .wait_timeout_while(done, within, |d| !*d)
+            .unwrap_or_else(|p| p.into_inner());
+        *done
+    }
 }
 
 /// How many write transactions this process's handles on one SQLite database have begun (taken
@@ -687,6 +721,7 @@ impl Db {
                 writer: Arc::new(Mutex::new(())),
                 checkpointer,
                 own_writes: OwnWrites::default(),
+                closing: Arc::default(),
             }))
         } else {
             Err(StorageError::BadUrl(url_shape(url)))
@@ -699,6 +734,16 @@ impl Db {
         match self {
             Db::Pg(_) => None,
             Db::Sqlite(db) => Some(db.own_writes.clone()),
+        }
+    }
+
+    /// On SQLite, a way to wait until this handle and all its clones are dropped and the
+    /// database closed (see [`Closed`]); `None` on PostgreSQL, where a connection that ends with
+    /// the process leaves nothing behind.
+    pub fn closed(&self) -> Option<Closed> {
+        match self {
+            Db::Pg(_) => None,
+            Db::Sqlite(db) => Some(Closed(db.closing.0.clone())),
         }
     }
 

@@ -914,6 +914,77 @@ fn the_checkpointer_copies_committed_writes_into_the_database_file_sqlite() {
     assert_eq!(in_file(), 1, "the committed row in the database file");
 }
 
+/// `Db::closed` (what `herald serve` waits on before it exits) reports the database closed only
+/// once the last handle is gone — here one held by another thread after the first was dropped —
+/// and its connections with it: by then SQLite has copied the WAL into the database file and
+/// removed `-wal` and `-shm`. Seen failing with the signal's field declared before the pool
+/// ("-wal still there when closed was reported"). PostgreSQL has nothing to wait for.
+#[test]
+fn closed_is_reported_once_the_last_handle_has_closed_the_database_sqlite() {
+    use diesel::RunQueryDsl;
+    use herald::storage::{Db, PoolOptions};
+    let t = crate::support::TestDb::new(Backend::Sqlite);
+    let path = herald::storage::sqlite_path(&t.url).unwrap().to_owned();
+    let wal = std::path::PathBuf::from(format!("{path}-wal"));
+    let shm = std::path::PathBuf::from(format!("{path}-shm"));
+    let db = Db::connect(&t.url, &PoolOptions::default()).unwrap();
+    let Db::Sqlite(sq) = &db else { unreachable!() };
+    sq.write(|c| {
+        Ok(c.batch_execute(
+            "INSERT INTO herald_outbox (event_id, channel, destination, payload, scheduled_at) \
+             VALUES ('close-1', 'webhook', 'https://x.example/h', '{}', \
+             '3026-01-01 00:00:00+00:00')",
+        )?)
+    })
+    .unwrap();
+    assert!(
+        wal.exists() && shm.exists(),
+        "WAL mode: both files while open"
+    );
+    let closed = db.closed().expect("SQLite");
+    let held = db.clone();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        // A read on the pool while held: the connection goes back to the pool, not away.
+        let Db::Sqlite(sq) = &held else {
+            unreachable!()
+        };
+        sq.pool.get().unwrap().batch_execute("SELECT 1").unwrap();
+        released.recv().unwrap();
+        drop(held);
+    });
+    drop(db);
+    assert!(
+        !closed.wait(Duration::from_millis(200)),
+        "closed reported while another thread held a handle"
+    );
+    assert!(wal.exists(), "the WAL went while a handle was held");
+    release.send(()).unwrap();
+    assert!(
+        closed.wait(Duration::from_secs(10)),
+        "not closed within 10 s"
+    );
+    assert!(!wal.exists(), "-wal still there when closed was reported");
+    assert!(!shm.exists(), "-shm still there when closed was reported");
+    holder.join().unwrap();
+    #[derive(diesel::QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let mut c =
+        diesel::sqlite::SqliteConnection::establish(&format!("file:{path}?immutable=1")).unwrap();
+    let n = diesel::sql_query("SELECT count(*) AS n FROM herald_outbox WHERE event_id = 'close-1'")
+        .get_result::<Count>(&mut c)
+        .unwrap()
+        .n;
+    assert_eq!(n, 1, "the row in the database file itself");
+
+    let pg = crate::support::TestDb::new(Backend::Postgres);
+    let pg = Db::connect(&pg.url, &PoolOptions::default()).unwrap();
+    assert!(pg.closed().is_none());
+}
+
 /// A burst that leaves SQLite's WAL larger than 16 MiB (here one transaction of some 24 MiB)
 /// does not keep that size: once the checkpointer has copied it, the next write starts the WAL
 /// again and cuts the file back to 16 MiB (`journal_size_limit`). Seen failing without the
