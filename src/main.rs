@@ -266,6 +266,9 @@ const DB_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 const HEALTHCHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn main() -> ExitCode {
+    // SAFETY: one thread so far, and every connection Herald opens is used by one thread at a
+    // time. Refused (false) only if SQLite was already initialized: it then stays serialized.
+    let _ = unsafe { herald::storage::configure_sqlite_for_single_thread_connections() };
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,

@@ -529,6 +529,45 @@ impl CustomizeConnection<SqliteConnection, diesel::r2d2::Error> for SqlitePragma
     }
 }
 
+/// Sets SQLite's library-wide options for a process whose every connection is used by one thread
+/// at a time (Herald's: pooled connections, and side connections each owned by its thread): no
+/// mutex on each call into a connection or statement (`SQLITE_CONFIG_MULTITHREAD`; the bundled
+/// library is built serialized), and no global count of allocated memory
+/// (`SQLITE_CONFIG_MEMSTATUS` off: the count takes a global mutex at every allocation). SQLite
+/// takes them only before its first connection is opened, so `herald` calls this first thing in
+/// `main`, while it has one thread; whether it took them is [`sqlite_threading`]. Not for a
+/// library user whose process may use a connection from two threads at once.
+///
+/// # Safety
+/// No other thread may be calling into SQLite meanwhile (SQLite's `sqlite3_config` is not
+/// thread-safe), and no connection may ever be used by two threads at once afterwards.
+pub unsafe fn configure_sqlite_for_single_thread_connections() -> bool {
+    use libsqlite3_sys::{
+        SQLITE_CONFIG_MEMSTATUS, SQLITE_CONFIG_MULTITHREAD, SQLITE_OK, sqlite3_config,
+    };
+    // SAFETY: the caller's promise; each option takes the documented arguments (none; an int).
+    let took = unsafe {
+        sqlite3_config(SQLITE_CONFIG_MULTITHREAD) == SQLITE_OK
+            && sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0 as std::ffi::c_int) == SQLITE_OK
+    };
+    SQLITE_MULTITHREAD.store(took, std::sync::atomic::Ordering::Release);
+    took
+}
+
+static SQLITE_MULTITHREAD: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// SQLite's threading mode in this process: `multi-thread` once
+/// [`configure_sqlite_for_single_thread_connections`] took effect, else `serialized` (the
+/// bundled library's default: a mutex on every call).
+pub fn sqlite_threading() -> &'static str {
+    if SQLITE_MULTITHREAD.load(std::sync::atomic::Ordering::Acquire) {
+        "multi-thread"
+    } else {
+        "serialized"
+    }
+}
+
 /// A connection of its own to the SQLite database at `path`, outside the pool (the
 /// [`Checkpointer`]'s, the insert watch's): Herald's settings, applied with the pool's 5 s lock
 /// wait, after which a lock is waited for at most 100 ms, so a thread using it is never held up

@@ -605,6 +605,12 @@ async fn serve_on_sqlite_closes_the_database_before_it_exits() {
         let log = herald.stderr();
         assert!(status.success(), "run {run}: {status}; stderr:\n{log}");
         assert!(!log.contains("still in use"), "run {run}: {log}");
+        // Its connections without SQLite's per-call mutexes (each is used by one thread at a
+        // time), under these sends and concurrent reads.
+        assert!(
+            log.contains("sqlite_threading=\"multi-thread\""),
+            "run {run}: {log}"
+        );
         let dir = herald.dir.path();
         for leftover in ["herald.db-wal", "herald.db-shm"] {
             assert!(
