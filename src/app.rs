@@ -347,17 +347,15 @@ impl Herald {
             .map(|(n, s)| format!("{n}:{s}"))
             .collect();
         info!(tokens = %names.join(","), "API tokens accepted (names and scopes)");
-        match self.db.backend() {
-            crate::storage::Backend::Sqlite => info!(
-                listen = %self.settings.listen,
-                backend = ?self.db.backend(),
-                sqlite_threading = crate::storage::sqlite_threading(),
-                "herald serving"
-            ),
-            crate::storage::Backend::Postgres => {
-                info!(listen = %self.settings.listen, backend = ?self.db.backend(), "herald serving")
-            }
-        }
+        // SQLite's threading mode (see `storage::sqlite_threading`); not said on PostgreSQL.
+        let sqlite_threading = (self.db.backend() == crate::storage::Backend::Sqlite)
+            .then(crate::storage::sqlite_threading);
+        info!(
+            listen = %self.settings.listen,
+            backend = ?self.db.backend(),
+            sqlite_threading,
+            "herald serving"
+        );
 
         let (stop_tx, stop_rx) = watch::channel(false);
         let stop_listen = Arc::new(AtomicBool::new(false));
