@@ -13,6 +13,13 @@
 //! third of Herald's CPU in `herald-bench email_smtp`; the hot ones are written here instead
 //! (`tests/it/concurrency.rs` checks each is compiled once per connection).
 //!
+//! diesel finds a cached statement by its key: for [`cached`], the statement's text and bind
+//! types, which it builds (the whole text, into a new string) and hashes at every call — on
+//! SQLite, where the outcome update and the attempt row run once per message, 4 % of Herald's
+//! CPU in `herald-bench email_smtp`. [`cached_const!`] gives constant text a type of its own, and
+//! diesel keys the statement by that type and the bind types instead, building the text only
+//! the first time on each connection.
+//!
 //! The statement's text refers to its parameters by number (`$1`, `?1`, …) as with `sql_query`;
 //! the placeholders diesel writes for the binds, in bind order, go into a leading comment
 //! (`/* $1$2 */`, `/* ?? */`), where neither backend's parser looks. The binds are sent in that
@@ -29,13 +36,14 @@ use diesel::{QueryResult, RunQueryDsl};
 /// A raw SQL statement with its binds that diesel may cache prepared; see the module docs.
 /// Its rows are read by name (`QueryableByName`) unless [`Cached::typed`] gives their SQL types.
 #[must_use = "a statement does nothing until it is run"]
-pub struct Cached<B, ST = Untyped> {
+pub struct Cached<B, ST = Untyped, K = ByText> {
     sql: &'static str,
     binds: B,
-    _rows: std::marker::PhantomData<ST>,
+    _rows: std::marker::PhantomData<(ST, K)>,
 }
 
 /// A statement from static SQL text; its parameters are added with [`Cached::bind`], in order.
+/// Where the text is a constant, [`cached_const!`] saves building and hashing it at every call.
 pub fn cached(sql: &'static str) -> Cached<()> {
     Cached {
         sql,
@@ -44,15 +52,78 @@ pub fn cached(sql: &'static str) -> Cached<()> {
     }
 }
 
+/// A statement's text as a type of its own: what [`cached_const!`] makes.
+pub trait StaticSql: 'static {
+    const SQL: &'static str;
+}
+
+/// The statement [`StaticSql`] `Q` holds; its parameters are added with [`Cached::bind`]. Use
+/// [`cached_const!`], which makes `Q`.
+pub fn cached_as<Q: StaticSql>() -> Cached<(), Untyped, ByType<Q>> {
+    Cached {
+        sql: Q::SQL,
+        binds: (),
+        _rows: std::marker::PhantomData,
+    }
+}
+
+/// `cached_const!(SQL)`: as [`cached`]`(SQL)` for constant text (a `const`, a literal, a `concat!`),
+/// kept in diesel's cache under a type made here for it (and the bind types), so that a call
+/// neither builds nor hashes the text. Each use makes its own type: two uses of one text are two
+/// prepared statements.
+macro_rules! cached_const {
+    ($sql:expr $(,)?) => {{
+        struct Sql;
+        impl $crate::storage::prepared::StaticSql for Sql {
+            const SQL: &'static str = $sql;
+        }
+        $crate::storage::prepared::cached_as::<Sql>()
+    }};
+}
+pub(crate) use cached_const;
+
+/// How diesel finds a [`Cached`] statement in its cache: by its text ([`ByText`]) or by the type
+/// its text was given ([`ByType`]); and by its bind types either way.
+pub trait CacheKey: 'static {
+    const BY_TYPE: bool;
+}
+
+/// See [`CacheKey`].
+pub struct ByText;
+
+impl CacheKey for ByText {
+    const BY_TYPE: bool = false;
+}
+
+/// See [`CacheKey`].
+pub struct ByType<Q>(std::marker::PhantomData<Q>);
+
+impl<Q: StaticSql> CacheKey for ByType<Q> {
+    const BY_TYPE: bool = true;
+}
+
+/// The SQL types of a [`Cached`] statement's binds, as one type (part of its cache key).
+pub trait BindTypes {
+    type Types: 'static;
+}
+
+impl BindTypes for () {
+    type Types = ();
+}
+
+impl<Rest: BindTypes, ST: 'static, T> BindTypes for (Rest, Bound<ST, T>) {
+    type Types = (Rest::Types, ST);
+}
+
 /// One bound value of SQL type `ST`.
 pub struct Bound<ST, T> {
     value: T,
     _type: std::marker::PhantomData<ST>,
 }
 
-impl<B, Rows> Cached<B, Rows> {
+impl<B, Rows, K> Cached<B, Rows, K> {
     /// Adds the next parameter (`$n` on PostgreSQL, `?n` on SQLite, n counted from 1).
-    pub fn bind<ST, T>(self, value: T) -> Cached<(B, Bound<ST, T>), Rows> {
+    pub fn bind<ST, T>(self, value: T) -> Cached<(B, Bound<ST, T>), Rows, K> {
         Cached {
             sql: self.sql,
             binds: (
@@ -69,7 +140,7 @@ impl<B, Rows> Cached<B, Rows> {
     /// Its rows have the SQL types `ST`, column by column (read with `Queryable`): for
     /// `RETURNING t.*` into a table's row struct, the table's `all_columns` type — the schema
     /// check keeps `schema_*.rs` in the database's column order.
-    pub fn typed<ST>(self) -> Cached<B, ST> {
+    pub fn typed<ST>(self) -> Cached<B, ST, K> {
         Cached {
             sql: self.sql,
             binds: self.binds,
@@ -101,7 +172,7 @@ where
     }
 }
 
-impl<DB: Backend, B: Binds<DB>, Rows> QueryFragment<DB> for Cached<B, Rows> {
+impl<DB: Backend, B: Binds<DB>, Rows, K> QueryFragment<DB> for Cached<B, Rows, K> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         out.push_sql("/* ");
         self.binds.push(&mut out)?;
@@ -111,17 +182,18 @@ impl<DB: Backend, B: Binds<DB>, Rows> QueryFragment<DB> for Cached<B, Rows> {
     }
 }
 
-impl<B, Rows> QueryId for Cached<B, Rows> {
-    type QueryId = ();
-    // Not a static type: diesel keys the cache by the SQL text (and bind types) instead.
-    const HAS_STATIC_QUERY_ID: bool = false;
+impl<B: BindTypes, Rows, K: CacheKey> QueryId for Cached<B, Rows, K> {
+    type QueryId = (K, B::Types);
+    // By type: the key is this type (the text's own, and the binds'). By text: diesel keys the
+    // cache by the SQL text and bind types instead.
+    const HAS_STATIC_QUERY_ID: bool = K::BY_TYPE;
 }
 
-impl<B, Rows> Query for Cached<B, Rows> {
+impl<B, Rows, K> Query for Cached<B, Rows, K> {
     type SqlType = Rows;
 }
 
-impl<Conn, B, Rows> RunQueryDsl<Conn> for Cached<B, Rows> {}
+impl<Conn, B, Rows, K> RunQueryDsl<Conn> for Cached<B, Rows, K> {}
 
 #[cfg(test)]
 mod tests {
@@ -181,6 +253,48 @@ mod tests {
                     s: "c".into()
                 }
             ]
+        );
+    }
+
+    /// Statements keyed by type ([`cached_const!`]): two texts with the same bind types are two
+    /// statements (a key that ignored the text would run the first for both), each compiled once
+    /// over repeated calls; a text keyed by type and the same text keyed by text do not mix.
+    #[test]
+    fn constant_statements_are_keyed_by_their_own_type() {
+        let mut c = SqliteConnection::establish(":memory:").unwrap();
+        let prepared = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let seen = prepared.clone();
+        c.set_instrumentation(move |e: diesel::connection::InstrumentationEvent<'_>| {
+            if let diesel::connection::InstrumentationEvent::CacheQuery { sql, .. } = e {
+                seen.lock().unwrap().push(sql.to_owned());
+            }
+        });
+        const PLUS: &str = "SELECT ?1 + 1 AS n, 'plus' AS s";
+        for i in 0..3i64 {
+            let plus: Row = cached_const!(PLUS)
+                .bind::<BigInt, _>(i)
+                .get_result(&mut c)
+                .unwrap();
+            let times: Row = cached_const!("SELECT ?1 * 10 AS n, 'times' AS s")
+                .bind::<BigInt, _>(i)
+                .get_result(&mut c)
+                .unwrap();
+            let by_text: Row = cached(PLUS)
+                .bind::<BigInt, _>(i)
+                .get_result(&mut c)
+                .unwrap();
+            assert_eq!((plus.n, plus.s.as_str()), (i + 1, "plus"));
+            assert_eq!((times.n, times.s.as_str()), (i * 10, "times"));
+            assert_eq!((by_text.n, by_text.s.as_str()), (i + 1, "plus"));
+        }
+        assert_eq!(
+            *prepared.lock().unwrap(),
+            [
+                "/* ? */ SELECT ?1 + 1 AS n, 'plus' AS s",
+                "/* ? */ SELECT ?1 * 10 AS n, 'times' AS s",
+                "/* ? */ SELECT ?1 + 1 AS n, 'plus' AS s",
+            ],
+            "each compiled once"
         );
     }
 }

@@ -264,7 +264,7 @@ pub fn sqlite_claim_rows(
         .filter(|r| r.channel == crate::domain::Channel::Email && r.message_key.is_none())
     {
         let key = crate::domain::email_message_key(&row.event_id);
-        super::prepared::cached(SQLITE_SET_MESSAGE_KEY_SQL)
+        super::prepared::cached_const!(SQLITE_SET_MESSAGE_KEY_SQL)
             .bind::<Text, _>(&key)
             .bind::<BigInt, _>(row.id)
             .execute(conn)?;
@@ -296,7 +296,7 @@ pub fn pg_now(
     now: &Now,
 ) -> diesel::QueryResult<DateTime<Utc>> {
     use diesel::RunQueryDsl;
-    let t: PgTime = super::prepared::cached(concat!("SELECT ", pg_now!(), " AS now"))
+    let t: PgTime = super::prepared::cached_const!(concat!("SELECT ", pg_now!(), " AS now"))
         .bind::<diesel::sql_types::Double, _>(now.shift_micros())
         .get_result(conn)?;
     Ok(t.now)
@@ -418,7 +418,7 @@ pub fn pg_update_outcomes(
     use diesel::RunQueryDsl;
     use diesel::sql_types::{Array, Double};
     let col = |f: fn(&OutcomeRecord) -> Option<String>| outcomes.iter().map(f).collect::<Vec<_>>();
-    let updated: Vec<IdRow> = super::prepared::cached(PG_UPDATE_OUTCOMES_SQL)
+    let updated: Vec<IdRow> = super::prepared::cached_const!(PG_UPDATE_OUTCOMES_SQL)
         .bind::<Double, _>(now.shift_micros())
         .bind::<Text, _>(owner)
         .bind::<Array<BigInt>, _>(outcomes.iter().map(|x| x.message_id).collect::<Vec<_>>())
@@ -514,7 +514,7 @@ pub fn pg_insert_attempts(
     if made.is_empty() {
         return Ok(());
     }
-    super::prepared::cached(PG_INSERT_ATTEMPTS_SQL)
+    super::prepared::cached_const!(PG_INSERT_ATTEMPTS_SQL)
         .bind::<Nullable<Text>, _>(owner)
         .bind::<Array<BigInt>, _>(column(&made, |(x, _, _)| x.message_id))
         .bind::<Array<Text>, _>(column(&made, |(x, _, _)| x.event_id.as_str()))
@@ -570,7 +570,7 @@ pub fn pg_insert_receipts_returning(
     if rows.is_empty() {
         return Ok(Vec::new());
     }
-    let new: Vec<ReceiptKey> = super::prepared::cached(PG_INSERT_RECEIPTS_SQL)
+    let new: Vec<ReceiptKey> = super::prepared::cached_const!(PG_INSERT_RECEIPTS_SQL)
         .bind::<Array<Text>, _>(column(rows, |r| r.0))
         .bind::<Array<Text>, _>(column(rows, |r| r.1.provider_event_id.as_str()))
         .bind::<Array<Text>, _>(column(rows, |r| r.1.event_type.as_str()))
@@ -669,7 +669,7 @@ pub fn sqlite_insert_attempts(
     use diesel::RunQueryDsl;
     use diesel::sql_types::TimestamptzSqlite;
     for (x, t, applied) in attempts_made(outcomes, applied) {
-        super::prepared::cached(SQLITE_INSERT_ATTEMPT_SQL)
+        super::prepared::cached_const!(SQLITE_INSERT_ATTEMPT_SQL)
             .bind::<BigInt, _>(x.message_id)
             .bind::<Text, _>(x.event_id.as_str())
             .bind::<Integer, _>(x.claimed_attempt)
@@ -712,7 +712,7 @@ pub fn sqlite_insert_receipts_returning(
     use diesel::sql_types::{Json, TimestamptzSqlite};
     let mut new = Vec::new();
     for (source, x, now) in rows {
-        let key: Vec<ReceiptKey> = super::prepared::cached(SQLITE_INSERT_RECEIPT_SQL)
+        let key: Vec<ReceiptKey> = super::prepared::cached_const!(SQLITE_INSERT_RECEIPT_SQL)
             .bind::<Text, _>(*source)
             .bind::<Text, _>(x.provider_event_id.as_str())
             .bind::<Text, _>(x.event_type.as_str())
@@ -777,7 +777,7 @@ pub const SQLITE_PENDING_RECEIPTS_SQL: &str = pending_receipts_sql!("?1", "(?2 +
 macro_rules! load_pending_receipts {
     ($conn:expr, $sql:expr, $time:ty, $at:expr, $limit:expr) => {{
         use diesel::RunQueryDsl;
-        super::prepared::cached($sql)
+        super::prepared::cached_const!($sql)
             .bind::<$time, _>($at)
             .bind::<BigInt, _>($limit)
             .typed::<(
@@ -838,7 +838,7 @@ pub fn pg_mark_reconciled(
     if done.is_empty() {
         return Ok(());
     }
-    super::prepared::cached(
+    super::prepared::cached_const!(
         "WITH dequeued AS (DELETE FROM herald_receipt_queue WHERE receipt_id = ANY($2::bigint[])) \
          UPDATE herald_receipts AS r SET reconciled_at = $1, message_id = v.message_id, \
          outcome = v.outcome, outcome_reason = v.reason \
@@ -867,7 +867,7 @@ pub fn pg_mark_unmatched(
     if unmatched.is_empty() {
         return Ok(());
     }
-    super::prepared::cached(
+    super::prepared::cached_const!(
         "WITH v AS (SELECT * FROM unnest($1::bigint[], $2::int[], $3::timestamptz[], $4::text[]) \
              AS v(id, tries, next, reason)), \
          retried AS (UPDATE herald_receipt_queue AS q SET tries = v.tries, due_at = v.next \
@@ -896,7 +896,7 @@ pub fn sqlite_mark_unmatched(
     for u in unmatched {
         match u.next {
             Some(next) => {
-                super::prepared::cached(
+                super::prepared::cached_const!(
                     "UPDATE herald_receipt_queue SET tries = ?1, due_at = ?2 WHERE receipt_id = ?3",
                 )
                 .bind::<Integer, _>(u.tries)
@@ -906,7 +906,7 @@ pub fn sqlite_mark_unmatched(
             }
             None => {
                 sqlite_dequeue(conn, u.receipt_id)?;
-                super::prepared::cached(
+                super::prepared::cached_const!(
                     "UPDATE herald_receipts SET outcome = 'unmatched', outcome_reason = ?1, \
                      match_attempts = ?2 WHERE id = ?3",
                 )
@@ -926,7 +926,7 @@ fn sqlite_dequeue(
     receipt_id: i64,
 ) -> diesel::QueryResult<()> {
     use diesel::RunQueryDsl;
-    super::prepared::cached("DELETE FROM herald_receipt_queue WHERE receipt_id = ?1")
+    super::prepared::cached_const!("DELETE FROM herald_receipt_queue WHERE receipt_id = ?1")
         .bind::<BigInt, _>(receipt_id)
         .execute(conn)?;
     Ok(())
@@ -942,7 +942,7 @@ pub fn pg_write_statuses(
     if messages.is_empty() {
         return Ok(());
     }
-    super::prepared::cached(
+    super::prepared::cached_const!(
         "UPDATE herald_outbox AS o SET delivery_status = v.status, delivery_status_at = v.at \
          FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) AS v(id, status, at) \
          WHERE o.id = v.id",
@@ -971,7 +971,7 @@ pub fn sqlite_write_statuses(
     use diesel::RunQueryDsl;
     use diesel::sql_types::TimestamptzSqlite;
     for m in messages {
-        super::prepared::cached(
+        super::prepared::cached_const!(
             "UPDATE herald_outbox SET delivery_status = ?1, delivery_status_at = ?2 WHERE id = ?3",
         )
         .bind::<Nullable<Text>, _>(m.delivery_status.as_deref())
@@ -992,7 +992,7 @@ pub fn sqlite_mark_reconciled(
     use diesel::sql_types::TimestamptzSqlite;
     for d in done {
         sqlite_dequeue(conn, d.receipt_id)?;
-        super::prepared::cached(
+        super::prepared::cached_const!(
             "UPDATE herald_receipts SET reconciled_at = ?1, message_id = ?2, outcome = ?3, \
              outcome_reason = ?4 WHERE id = ?5",
         )
@@ -1110,7 +1110,7 @@ pub mod sqlite {
         use diesel::sql_types::{BigInt, Integer, Nullable, Text, TimestamptzSqlite};
         let mut applied = Vec::with_capacity(outcomes.len());
         for x in outcomes {
-            let n = crate::storage::prepared::cached(super::SQLITE_UPDATE_OUTCOME_SQL)
+            let n = crate::storage::prepared::cached_const!(super::SQLITE_UPDATE_OUTCOME_SQL)
                 .bind::<Text, _>(x.state)
                 .bind::<Integer, _>(x.attempts_after)
                 .bind::<Nullable<TimestamptzSqlite>, _>(x.next_attempt_at)
@@ -1124,7 +1124,7 @@ pub mod sqlite {
             if n == 1
                 && let Some(fingerprint) = &x.request_fingerprint
             {
-                crate::storage::prepared::cached(super::SQLITE_SET_FINGERPRINT_SQL)
+                crate::storage::prepared::cached_const!(super::SQLITE_SET_FINGERPRINT_SQL)
                     .bind::<Text, _>(fingerprint)
                     .bind::<BigInt, _>(x.message_id)
                     .execute(conn)?;
@@ -1221,7 +1221,7 @@ pub fn pg_key_rows_busy(
     except: i64,
 ) -> diesel::QueryResult<bool> {
     use diesel::RunQueryDsl;
-    let row: BusyRow = super::prepared::cached(
+    let row: BusyRow = super::prepared::cached_const!(
         "WITH open AS MATERIALIZED (
     SELECT id FROM herald_outbox
     WHERE ordering_key = $1 AND destination = $2 AND id <> $3
@@ -1262,7 +1262,7 @@ pub fn pg_claimed_not_heads(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let rows: Vec<IdRow> = super::prepared::cached(PG_CLAIMED_NOT_HEADS_SQL)
+    let rows: Vec<IdRow> = super::prepared::cached_const!(PG_CLAIMED_NOT_HEADS_SQL)
         .bind::<Array<BigInt>, _>(ids)
         .load(conn)?;
     Ok(rows.into_iter().map(|r| r.id).collect())
@@ -1293,7 +1293,7 @@ pub fn pg_key_lock_busy(
     destination: &str,
 ) -> diesel::QueryResult<bool> {
     use diesel::RunQueryDsl;
-    let row: BusyRow = super::prepared::cached(
+    let row: BusyRow = super::prepared::cached_const!(
         "WITH k AS MATERIALIZED (
     SELECT 1 FROM herald_ordering_locks WHERE ordering_key = $1 AND destination = $2
 ), l AS MATERIALIZED (
@@ -1366,7 +1366,7 @@ pub fn pg_busy_keys(
     // (triggers disabled: `session_replication_role = replica`, a restore with
     // `--disable-triggers`; or an UPDATE of its key or destination). Such a key is taken for
     // free, never waited for: its next insert writes the row.
-    let rows: Vec<IdRow> = super::prepared::cached(
+    let rows: Vec<IdRow> = super::prepared::cached_const!(
         "WITH k AS MATERIALIZED ( \
              SELECT o.id, o.destination, o.ordering_key FROM herald_outbox AS o \
              WHERE o.id = ANY($1::bigint[]) AND o.ordering_key IS NOT NULL), \
@@ -1405,7 +1405,7 @@ pub fn pg_lock_event_id(
     event_id: &str,
 ) -> diesel::QueryResult<()> {
     use diesel::RunQueryDsl;
-    super::prepared::cached("SELECT pg_advisory_xact_lock($1, hashtext($2))")
+    super::prepared::cached_const!("SELECT pg_advisory_xact_lock($1, hashtext($2))")
         .bind::<Integer, _>(EVENT_ID_LOCK_CLASS)
         .bind::<Text, _>(event_id)
         .execute(conn)?;
@@ -1422,7 +1422,7 @@ pub fn pg_lock_event_ids(
     use diesel::RunQueryDsl;
     // The sorted subquery is not flattened into the outer one (it sorts and is DISTINCT), so
     // the locks are taken as its rows come, in key order.
-    super::prepared::cached(
+    super::prepared::cached_const!(
         "SELECT pg_advisory_xact_lock($1, s.k) FROM ( \
              SELECT DISTINCT hashtext(e) AS k FROM unnest($2::text[]) AS e ORDER BY 1) AS s",
     )
@@ -1457,13 +1457,13 @@ pub fn pg_release_heads(
     use diesel::RunQueryDsl;
     use diesel::sql_types::Array;
     let rows: Vec<IdRow> = match heads {
-        Heads::Of(ids) => super::prepared::cached(PG_RELEASE_SQL)
+        Heads::Of(ids) => super::prepared::cached_const!(PG_RELEASE_SQL)
             .bind::<Array<BigInt>, _>(ids)
             .load(conn)?,
-        Heads::Ended(ids) => super::prepared::cached(PG_RELEASE_ENDED_SQL)
+        Heads::Ended(ids) => super::prepared::cached_const!(PG_RELEASE_ENDED_SQL)
             .bind::<Array<BigInt>, _>(ids)
             .load(conn)?,
-        Heads::Waiting => super::prepared::cached(RELEASE_WAITING_SQL).load(conn)?,
+        Heads::Waiting => super::prepared::cached_const!(RELEASE_WAITING_SQL).load(conn)?,
     };
     Ok(rows.into_iter().map(|r| r.id).collect())
 }
@@ -1475,13 +1475,13 @@ pub fn sqlite_release_heads(
     use diesel::RunQueryDsl;
     let list = |ids: &[i64]| serde_json::to_string(ids).unwrap_or_else(|_| "[]".to_owned());
     let rows: Vec<IdRow> = match heads {
-        Heads::Of(ids) => super::prepared::cached(SQLITE_RELEASE_SQL)
+        Heads::Of(ids) => super::prepared::cached_const!(SQLITE_RELEASE_SQL)
             .bind::<Text, _>(list(ids))
             .load(conn)?,
-        Heads::Ended(ids) => super::prepared::cached(SQLITE_RELEASE_ENDED_SQL)
+        Heads::Ended(ids) => super::prepared::cached_const!(SQLITE_RELEASE_ENDED_SQL)
             .bind::<Text, _>(list(ids))
             .load(conn)?,
-        Heads::Waiting => super::prepared::cached(RELEASE_WAITING_SQL).load(conn)?,
+        Heads::Waiting => super::prepared::cached_const!(RELEASE_WAITING_SQL).load(conn)?,
     };
     Ok(rows.into_iter().map(|r| r.id).collect())
 }

@@ -30,7 +30,7 @@ use diesel::sqlite::SqliteConnection;
 use diesel::{QueryResult, RunQueryDsl};
 
 use super::StorageError;
-use super::prepared::cached;
+use super::prepared::cached_const;
 
 /// The largest id now: one seek down the table's b-tree (one aggregate, so SQLite's `max`
 /// shortcut applies), where [`ADDED_SQL`] from 0 would read every row.
@@ -81,7 +81,7 @@ impl InsertWatch {
             Err("not asked for".to_owned())
         };
         let mut conn = super::side_connection(path)?;
-        let newest = cached(NEWEST_SQL)
+        let newest = cached_const!(NEWEST_SQL)
             .get_result::<Newest>(&mut conn)?
             .newest
             .unwrap_or(0);
@@ -131,7 +131,7 @@ impl InsertWatch {
 }
 
 fn added(conn: &mut SqliteConnection, above: i64, now: DateTime<Utc>) -> QueryResult<Added> {
-    cached(ADDED_SQL)
+    cached_const!(ADDED_SQL)
         .bind::<BigInt, _>(above)
         .bind::<TimestamptzSqlite, _>(now + chrono::Duration::seconds(1))
         .get_result::<Added>(conn)
