@@ -403,15 +403,22 @@ impl Herald {
         // Nothing needs wake-ups any more: the LISTEN thread ends now, not after the tasks.
         stop_listen.store(true, Ordering::Relaxed);
         handle.stop(true).await;
-        if let Some(t) = sender_task {
-            t.await.context("sender task failed")?;
-        }
-        reconciler_task.await.context("reconciler task failed")?;
-        retention_task.await.context("retention task failed")?;
+        // Every part is waited for before any failure is returned: a part left running would
+        // keep the database open past the exit (see `storage::Closed`).
+        let sender = match sender_task {
+            Some(t) => t.await.context("sender task failed"),
+            None => Ok(()),
+        };
+        let reconciler = reconciler_task.await.context("reconciler task failed");
+        let retention = retention_task.await.context("retention task failed");
         if let Some(t) = listen_thread {
             let _ = tokio::task::spawn_blocking(move || t.join()).await;
         }
-        server_task.await.context("server task failed")??;
+        let server = server_task.await.context("server task failed");
+        sender?;
+        reconciler?;
+        retention?;
+        server??;
         Ok(())
     }
 }

@@ -259,7 +259,9 @@ enum EndpointAction {
 const EXIT_CONFIG: u8 = 2;
 
 /// How long `herald serve`, once stopped, waits for the last handle on a SQLite database to be
-/// dropped (a moment, normally) so that it closes the database before exiting.
+/// dropped (a moment, normally) so that it closes the database before exiting. The hard stop
+/// (`app::hard_stop_after`, counted from the signal) still runs meanwhile: a shutdown that used
+/// up nearly all of it may end there, with status 1, while it waits.
 const DB_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How long `herald healthcheck` waits for the answer, connecting included.

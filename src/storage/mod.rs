@@ -546,12 +546,14 @@ pub unsafe fn configure_sqlite_for_single_thread_connections() -> bool {
         SQLITE_CONFIG_MEMSTATUS, SQLITE_CONFIG_MULTITHREAD, SQLITE_OK, sqlite3_config,
     };
     // SAFETY: the caller's promise; each option takes the documented arguments (none; an int).
-    let took = unsafe {
-        sqlite3_config(SQLITE_CONFIG_MULTITHREAD) == SQLITE_OK
-            && sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0 as std::ffi::c_int) == SQLITE_OK
+    let (multithread, no_memstatus) = unsafe {
+        (
+            sqlite3_config(SQLITE_CONFIG_MULTITHREAD) == SQLITE_OK,
+            sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0 as std::ffi::c_int) == SQLITE_OK,
+        )
     };
-    SQLITE_MULTITHREAD.store(took, std::sync::atomic::Ordering::Release);
-    took
+    SQLITE_MULTITHREAD.store(multithread, std::sync::atomic::Ordering::Release);
+    multithread && no_memstatus
 }
 
 static SQLITE_MULTITHREAD: std::sync::atomic::AtomicBool =
@@ -571,7 +573,10 @@ pub fn sqlite_threading() -> &'static str {
 /// A connection of its own to the SQLite database at `path`, outside the pool (the
 /// [`Checkpointer`]'s, the insert watch's): Herald's settings, applied with the pool's 5 s lock
 /// wait, after which a lock is waited for at most 100 ms, so a thread using it is never held up
-/// long and a shutdown never waits long for it.
+/// long and a shutdown never waits long for it. Like every SQLite connection in Herald, it must
+/// only ever be used by one thread at a time (no sharing behind `unsafe impl Sync`, no
+/// `sqlite3_interrupt` from another thread): `herald` runs SQLite in multi-thread mode
+/// ([`configure_sqlite_for_single_thread_connections`]).
 fn side_connection(path: &str) -> Result<SqliteConnection, StorageError> {
     use diesel::Connection;
     let mut conn =
@@ -750,6 +755,11 @@ impl Db {
             let pool = Pool::builder()
                 .max_size(options.max_size.min(8))
                 .connection_timeout(options.connection_timeout)
+                // A local file: no connection to recycle. Without r2d2's idle timeout and maximum
+                // lifetime no background task reopens one, so the last handle's drop closes every
+                // connection on its own thread (see `Closed`).
+                .idle_timeout(None)
+                .max_lifetime(None)
                 // A file on this machine: nothing to ping.
                 .test_on_check_out(false)
                 .connection_customizer(Box::new(SqlitePragmas))

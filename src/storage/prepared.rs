@@ -73,11 +73,11 @@ pub fn cached_as<Q: StaticSql>() -> Cached<(), Untyped, ByType<Q>> {
 /// prepared statements.
 macro_rules! cached_const {
     ($sql:expr $(,)?) => {{
-        struct Sql;
-        impl $crate::storage::prepared::StaticSql for Sql {
+        struct CachedConstSql;
+        impl $crate::storage::prepared::StaticSql for CachedConstSql {
             const SQL: &'static str = $sql;
         }
-        $crate::storage::prepared::cached_as::<Sql>()
+        $crate::storage::prepared::cached_as::<CachedConstSql>()
     }};
 }
 pub(crate) use cached_const;

@@ -568,7 +568,7 @@ async fn wait_for_view(
 /// into the database file and removed with `-shm`, so the file alone (an operator's copy of it)
 /// holds everything, delivered states included. Threads holding the database (the HTTP workers'
 /// state, the group writers) drop it a moment after the server stops; exiting before then left
-/// the WAL behind in about half of the runs with traffic. Three runs, each with sends and
+/// the WAL behind in about half of the runs with traffic. Five runs, each with sends and
 /// concurrent requests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_on_sqlite_closes_the_database_before_it_exits() {

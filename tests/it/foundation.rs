@@ -918,7 +918,7 @@ fn the_checkpointer_copies_committed_writes_into_the_database_file_sqlite() {
 /// once the last handle is gone — here one held by another thread after the first was dropped —
 /// and its connections with it: by then SQLite has copied the WAL into the database file and
 /// removed `-wal` and `-shm`. Seen failing with the signal's field declared before the pool
-/// ("-wal still there when closed was reported"). PostgreSQL has nothing to wait for.
+/// ("-wal still there when closed was reported").
 #[test]
 fn closed_is_reported_once_the_last_handle_has_closed_the_database_sqlite() {
     use diesel::RunQueryDsl;
@@ -979,10 +979,15 @@ fn closed_is_reported_once_the_last_handle_has_closed_the_database_sqlite() {
         .unwrap()
         .n;
     assert_eq!(n, 1, "the row in the database file itself");
+}
 
-    let pg = crate::support::TestDb::new(Backend::Postgres);
-    let pg = Db::connect(&pg.url, &PoolOptions::default()).unwrap();
-    assert!(pg.closed().is_none());
+/// PostgreSQL has nothing to wait for at exit: `Db::closed` is `None`.
+#[test]
+fn closed_has_nothing_to_wait_for_pg() {
+    let t = crate::support::TestDb::new(Backend::Postgres);
+    let db =
+        herald::storage::Db::connect(&t.url, &herald::storage::PoolOptions::default()).unwrap();
+    assert!(db.closed().is_none());
 }
 
 /// A burst that leaves SQLite's WAL larger than 16 MiB (here one transaction of some 24 MiB)
