@@ -102,6 +102,8 @@ const LOOK_ANYWAY: Duration = Duration::from_secs(1);
 const AMONG_OWN_WRITES: Duration = Duration::from_millis(10);
 /// SQLite: see [`AMONG_OWN_WRITES`].
 const OWN_STREAK: u32 = 5;
+/// SQLite: how often a watch without file events (but asked for them) tries for them again.
+const FILE_EVENTS_AGAIN: Duration = Duration::from_secs(60);
 
 /// SQLite: looks whether a row worth waking for was committed, at most once per
 /// [`DRAIN_EVERY`], or per [`AMONG_OWN_WRITES`] while Herald's own writer keeps writing; see
@@ -130,10 +132,22 @@ fn watch_loop(path: &str, own: Option<OwnWrites>, wake: &Notify, stop: &AtomicBo
         }
         // Something may have been committed while nobody watched.
         wake.notify_one();
+        let mut tried_file_events = Instant::now();
         let mut looked = Instant::now();
         let mut written: Option<Instant> = None;
         let (mut own_seen, mut streak) = (own_count(), 0u32);
         while !stop.load(Ordering::Relaxed) {
+            // Looking every 10 ms costs an idle Herald CPU and a busy one throughput: without
+            // the system's reports (its inotify limit reached, say), try for them again now and
+            // then.
+            if !watch.has_file_events() && tried_file_events.elapsed() >= FILE_EVENTS_AGAIN {
+                tried_file_events = Instant::now();
+                if watch.try_file_events_again() {
+                    info!(
+                        "watching the SQLite database for inserts: the system reports file writes now"
+                    );
+                }
+            }
             let busy = |w: Option<Instant>| w.is_some_and(|t| t.elapsed() < SETTLE);
             let pace = if streak >= OWN_STREAK {
                 AMONG_OWN_WRITES

@@ -20,7 +20,8 @@
 //! the kernel to say that file was written (inotify on the WAL beside the file a symbolic link
 //! leads to, one write reported at a time), and an idle database costs nothing. Elsewhere, for
 //! a `file:` URI, or where inotify cannot be had (its per-user limits), it looks every
-//! [`POLL_EVERY`].
+//! [`POLL_EVERY`], and tries for inotify again now and then
+//! ([`InsertWatch::try_file_events_again`]).
 
 use std::time::Duration;
 
@@ -66,6 +67,8 @@ pub struct InsertWatch {
     newest: i64,
     /// The WAL file's writes, where the system reports them; else why not.
     writes: Result<wal_writes::WalWrites, String>,
+    /// The database's path, where file events were asked for (to try them again).
+    asked: Option<std::path::PathBuf>,
 }
 
 impl InsertWatch {
@@ -89,7 +92,31 @@ impl InsertWatch {
             conn,
             newest,
             writes,
+            asked: file_events.then(|| std::path::PathBuf::from(path)),
         })
+    }
+
+    /// Without file events although they were asked for, tries to get them again, keeping the
+    /// watch's bearings: the system's limit on inotify instances may have been reached when the
+    /// watch opened and freed since, or the WAL file not have been there yet. Whether it has
+    /// them now. What is committed while it tries is seen at the next look, as before.
+    pub fn try_file_events_again(&mut self) -> bool {
+        if self.writes.is_ok() {
+            return true;
+        }
+        let Some(path) = &self.asked else {
+            return false;
+        };
+        match wal_writes::WalWrites::open(path) {
+            Ok(w) => {
+                self.writes = Ok(w);
+                true
+            }
+            Err(e) => {
+                self.writes = Err(e.to_string());
+                false
+            }
+        }
     }
 
     /// Whether it waits for the WAL file's writes (else it looks every [`POLL_EVERY`]).

@@ -914,6 +914,77 @@ fn the_checkpointer_copies_committed_writes_into_the_database_file_sqlite() {
     assert_eq!(in_file(), 1, "the committed row in the database file");
 }
 
+/// A watch that asked for file events and could not have them (here: opened while no connection
+/// held the database, so its WAL file was not there yet; in production, more often, the user's
+/// inotify instances used up) gets them by trying again, keeping its bearings: a row committed
+/// before the retry is still seen at the next look, and a later commit is reported as a write.
+/// A watch that did not ask never gets them. Seen failing with the retry left out ("file events
+/// once the WAL is there").
+#[test]
+fn the_insert_watch_gets_file_events_by_trying_again_sqlite() {
+    use herald::storage::watch::InsertWatch;
+    use herald::storage::{Db, PoolOptions};
+    let t = crate::support::TestDb::new(Backend::Sqlite);
+    let path = herald::storage::sqlite_path(&t.url).unwrap().to_owned();
+    let wal = std::path::PathBuf::from(format!("{path}-wal"));
+    assert!(!wal.exists(), "no connection open: no WAL file");
+    let mut watch = InsertWatch::open(&path, true).unwrap();
+    if !cfg!(target_os = "linux") {
+        assert!(!watch.has_file_events() && !watch.try_file_events_again());
+        return;
+    }
+    assert!(!watch.has_file_events(), "no WAL file to watch yet");
+    let why = watch
+        .no_file_events_because()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(why.contains("No such file"), "{why}");
+    // The watch's own connection opened the database: its WAL is there now.
+    assert!(wal.exists());
+    let db = Db::connect(&t.url, &PoolOptions::default()).unwrap();
+    let Db::Sqlite(sq) = &db else { unreachable!() };
+    let insert = |id: &str| {
+        sq.write(|c| {
+            Ok(c.batch_execute(&format!(
+                "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+                 VALUES ('{id}', 'webhook', 'https://x.example/h', '{{\"body\": 1}}')"
+            ))?)
+        })
+        .unwrap()
+    };
+    insert("before-the-retry");
+    let got = watch.try_file_events_again();
+    let why = watch
+        .no_file_events_because()
+        .unwrap_or_default()
+        .to_owned();
+    // Unless this user's inotify instances ran out (many tests in parallel on a big machine).
+    if why.contains("Too many open files") {
+        return;
+    }
+    assert!(
+        got && watch.has_file_events(),
+        "file events once the WAL is there: {why}"
+    );
+    assert!(
+        watch.look(Utc::now()).unwrap(),
+        "a due row committed before the retry, seen at the next look"
+    );
+    assert!(!watch.look(Utc::now()).unwrap(), "and only once");
+    insert("after-the-retry");
+    assert!(
+        watch.wait(Duration::from_secs(10)).unwrap(),
+        "the commit's WAL write reported"
+    );
+    assert!(
+        watch.look(Utc::now()).unwrap(),
+        "a due row committed after the retry"
+    );
+    let mut not_asked = InsertWatch::open(&path, false).unwrap();
+    assert!(!not_asked.try_file_events_again());
+    assert!(!not_asked.has_file_events());
+}
+
 /// `Db::closed` (what `herald serve` waits on before it exits) reports the database closed only
 /// once the last handle is gone — here one held by another thread after the first was dropped —
 /// and its connections with it: by then SQLite has copied the WAL into the database file and
