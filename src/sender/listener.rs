@@ -143,6 +143,9 @@ fn watch_loop(path: &str, own: Option<OwnWrites>, wake: &Notify, stop: &AtomicBo
             if !watch.has_file_events() && tried_file_events.elapsed() >= FILE_EVENTS_AGAIN {
                 tried_file_events = Instant::now();
                 if watch.try_file_events_again() {
+                    // A commit between the last look and the new watch was reported to nobody:
+                    // look as after a write.
+                    written = Some(Instant::now());
                     info!(
                         "watching the SQLite database for inserts: the system reports file writes now"
                     );
