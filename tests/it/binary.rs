@@ -148,6 +148,14 @@ impl Herald {
         self.wait_exit(EXIT_WITHIN).await
     }
 
+    /// SIGTERM, then requires a clean exit (status 0, bounded); returns the log.
+    pub(crate) async fn stop_cleanly(&mut self) -> String {
+        let status = self.terminate().await;
+        let log = self.stderr();
+        assert!(status.success(), "{status}; stderr:\n{log}");
+        log
+    }
+
     /// SIGTERM, without waiting for the exit.
     pub(crate) fn sigterm(&self) {
         let sent = Command::new("kill")
@@ -288,9 +296,7 @@ async fn serve_with_smtp_delivers_and_stops_on_sigterm() {
     assert_eq!(mails[1].rcpt, "<grace@example.com>");
     assert!(mails[1].data.contains("X-Herald-Event-Id: bin-mail-sql"));
 
-    let status = herald.terminate().await;
-    let log = herald.stderr();
-    assert!(status.success(), "{status}; stderr:\n{log}");
+    let log = herald.stop_cleanly().await;
     assert!(!log.contains("panicked"), "{log}");
     // With the kernel's reports of the WAL's writes (Linux), not by looking every 10 ms —
     // unless this user's inotify instances ran out (many tests in parallel on a big machine).
@@ -335,10 +341,7 @@ async fn serve_until_healthy_then_stop(env: &[(&str, &str)]) -> String {
     all.extend_from_slice(env);
     let mut herald = Herald::spawn(&["serve"], &all);
     herald.wait_healthy(&format!("http://{listen}")).await;
-    let status = herald.terminate().await;
-    let log = herald.stderr();
-    assert!(status.success(), "{status}; stderr:\n{log}");
-    log
+    herald.stop_cleanly().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -388,9 +391,7 @@ async fn tokens_are_generated_when_none_is_configured_and_scopes_hold() {
         .await
         .unwrap();
     assert_eq!(r.status(), 201);
-    let status = herald.terminate().await;
-    let log = herald.stderr();
-    assert!(status.success(), "{status}; stderr:\n{log}");
+    let log = herald.stop_cleanly().await;
     assert!(!log.contains(token), "the token is never logged:\n{log}");
 
     // `herald token NAME --scope send` prints a token and the lines for herald.toml.
@@ -440,9 +441,7 @@ async fn tokens_are_generated_when_none_is_configured_and_scopes_hold() {
         200,
         "HERALD_API_TOKEN is the admin token named default"
     );
-    let status = herald.terminate().await;
-    let log = herald.stderr();
-    assert!(status.success(), "{status}; stderr:\n{log}");
+    let log = herald.stop_cleanly().await;
     assert!(
         log.contains("shop:send") && log.contains("default:admin"),
         "token names are logged:\n{log}"
@@ -601,9 +600,7 @@ async fn serve_on_sqlite_closes_the_database_before_it_exits() {
         }
         drop(http);
 
-        let status = herald.terminate().await;
-        let log = herald.stderr();
-        assert!(status.success(), "run {run}: {status}; stderr:\n{log}");
+        let log = herald.stop_cleanly().await;
         assert!(!log.contains("still in use"), "run {run}: {log}");
         // Its connections without SQLite's per-call mutexes (each is used by one thread at a
         // time), under these sends and concurrent reads.
@@ -681,8 +678,7 @@ async fn serve_reconciles_receipts_in_the_background() {
     let view = wait_for_view(&base, "bin-rc-1", |v| v["delivery_status"] == "bounced").await;
     assert_eq!(view["receipts"][0]["outcome"], "applied");
     assert_eq!(rx.requests().len(), 1, "a receipt never causes a send");
-    let status = herald.terminate().await;
-    assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
+    herald.stop_cleanly().await;
 }
 
 /// The SSRF guard in the real binary: with `HERALD_ALLOW_NETWORKS` unset a loopback receiver is
@@ -724,8 +720,7 @@ async fn the_ssrf_guard_refuses_loopback_unless_allow_listed() {
     assert_eq!(r.status(), 201);
     let view = wait_for_view(&base, "bin-ssrf-2", |v| v["state"] == "dead_letter").await;
     assert_eq!(view["last_error_class"], "permanent", "{view}");
-    let status = herald.terminate().await;
-    assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
+    herald.stop_cleanly().await;
     assert!(
         rx.requests().is_empty(),
         "no request may reach the receiver"
@@ -748,8 +743,7 @@ async fn the_ssrf_guard_refuses_loopback_unless_allow_listed() {
         wait_for_view(&base, id, |v| v["state"] == "delivered").await;
     }
     assert_eq!(rx.event_ids(), ["bin-ssrf-3", "bin-ssrf-4"]);
-    let status = herald.terminate().await;
-    assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
+    herald.stop_cleanly().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -778,7 +772,7 @@ async fn an_endpoint_at_a_refused_address_is_refused_at_start_naming_its_key() {
         Some(toml),
     );
     h.wait_healthy(&format!("http://{listen}")).await;
-    assert!(h.terminate().await.success(), "{}", h.stderr());
+    h.stop_cleanly().await;
 }
 
 /// Runs `herald serve` with `env`, sends one webhook to a path and body that must stay out of
@@ -808,8 +802,7 @@ async fn logs_of_one_webhook(env: &[(&str, &str)]) -> (String, String) {
     assert_eq!(r.status(), 201);
     wait_for_view(&base, "bin-log-1", |v| v["state"] == "delivered").await;
     assert_eq!(rx.requests()[0].path, "/secret-path-q7?token=tok-q7");
-    let status = herald.terminate().await;
-    assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
+    herald.stop_cleanly().await;
     (herald.stdout(), herald.stderr())
 }
 
@@ -875,7 +868,7 @@ async fn healthcheck_exits_0_while_serving_and_1_after() {
     let status = probe.wait_exit(EXIT_WITHIN).await;
     assert_eq!(status.code(), Some(0), "stderr:\n{}", probe.stderr());
     assert_eq!(probe.stderr(), "", "a healthy probe prints nothing");
-    assert!(herald.terminate().await.success(), "{}", herald.stderr());
+    herald.stop_cleanly().await;
     let mut probe = Herald::spawn(&["healthcheck"], &env);
     let status = probe.wait_exit(EXIT_WITHIN).await;
     let stderr = probe.stderr();
@@ -973,8 +966,7 @@ async fn a_429_holds_the_destinations_other_messages_for_its_retry_after() {
         let v = wait_for_view(&base, id, |v| v["state"] == "delivered").await;
         assert_eq!(v["attempts"], attempts, "{id}: {v}");
     }
-    let status = herald.terminate().await;
-    assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
+    herald.stop_cleanly().await;
 }
 
 /// Auto-disable in the real binary: the operational event is logged (by endpoint name, never its
@@ -1031,9 +1023,7 @@ async fn a_failing_endpoint_is_disabled_and_the_cli_enables_it() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(!listed.to_string().contains("secret-path"), "{listed}");
-    let status = herald.terminate().await;
-    let log = herald.stderr();
-    assert!(status.success(), "{status}; stderr:\n{log}");
+    let log = herald.stop_cleanly().await;
     assert!(
         log.contains("endpoint disabled") && log.contains("flaky"),
         "{log}"
@@ -1172,8 +1162,7 @@ async fn serve_exposes_bounded_metrics_that_count_its_work() {
         r.json::<serde_json::Value>().await.unwrap(),
         json!({"status": "ready"})
     );
-    let status = herald.terminate().await;
-    assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
+    herald.stop_cleanly().await;
 }
 
 /// The real binary fans out and purges on its own: `type:` to two subscribed endpoints, each
@@ -1232,8 +1221,7 @@ async fn serve_fans_out_and_purges_in_the_background() {
     .unwrap();
     wait_for_view(&base, "bin-fan:a", |v| v["status"] == 404).await;
     wait_for_view(&base, "bin-fan", |v| v["status"] == 404).await;
-    let status = herald.terminate().await;
-    assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
+    herald.stop_cleanly().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1278,7 +1266,7 @@ async fn serve_offers_the_admin_page_and_its_sessions_survive_a_restart() {
     let r = page(cookie.clone()).await;
     assert_eq!(r.status(), 200);
     assert!(r.text().await.unwrap().contains("default (admin)"));
-    assert!(herald.terminate().await.success());
+    herald.stop_cleanly().await;
 
     // The session key is in the database: after a restart the session still holds.
     let dir = std::mem::replace(&mut herald.dir, tempfile::tempdir().unwrap());
@@ -1290,9 +1278,7 @@ async fn serve_offers_the_admin_page_and_its_sessions_survive_a_restart() {
     );
     again.wait_healthy(&base).await;
     assert_eq!(page(cookie.clone()).await.status(), 200);
-    let status = again.terminate().await;
-    let log = again.stderr();
-    assert!(status.success(), "{status}; stderr:\n{log}");
+    let log = again.stop_cleanly().await;
     let value = cookie.split_once('=').unwrap().1;
     assert!(!log.contains(BIN_TOKEN) && !log.contains(value), "{log}");
 }
@@ -1314,7 +1300,7 @@ async fn serve_answers_its_openapi_document_without_a_token() {
     assert!(served["paths"]["/openapi.json"]["get"].is_object());
     let generated = serde_json::to_value(herald::http::openapi::document()).unwrap();
     assert_eq!(served, generated);
-    assert!(herald.terminate().await.success());
+    herald.stop_cleanly().await;
 }
 
 /// Every PostgreSQL connection of `herald serve` (the pool's, the LISTEN thread's) has TCP
@@ -1415,8 +1401,7 @@ async fn postgres_connections_probe_a_silent_peer_on_both_ends() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let status = herald.terminate().await;
-    assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
+    herald.stop_cleanly().await;
 }
 
 /// `herald serve` on PostgreSQL, end to end, under concurrent enqueues (plain ones go to its
@@ -1489,8 +1474,7 @@ async fn serve_answers_concurrent_enqueues_as_each_alone() {
     rx.wait_for(28, 30).await;
     let view = wait_for_view(&base, "bin-g-same", |v| v["state"] == "delivered").await;
     assert_eq!(view["attempts"], 1);
-    let status = herald.terminate().await;
-    assert!(status.success(), "{status}; stderr:\n{}", herald.stderr());
+    herald.stop_cleanly().await;
     // Stopped: every request it made is in; one each.
     let mut ids: Vec<String> = rx.event_ids();
     let sent = ids.len();
