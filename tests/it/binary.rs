@@ -207,27 +207,6 @@ fn assert_one_line_refusal(status: ExitStatus, stderr: &str, setting: &str) {
     assert!(!text.contains("panicked"), "{stderr}");
 }
 
-/// A message's state as the SQLite database file alone holds it (`immutable=1`: its WAL not
-/// read); `None` while it is not there (or the file is being written at that instant).
-fn state_in_database_file(db: &std::path::Path, event_id: &str) -> Option<String> {
-    use diesel::{Connection, OptionalExtension, RunQueryDsl};
-    #[derive(diesel::QueryableByName)]
-    struct State {
-        #[diesel(sql_type = diesel::sql_types::Text)]
-        state: String,
-    }
-    let mut c =
-        diesel::sqlite::SqliteConnection::establish(&format!("file:{}?immutable=1", db.display()))
-            .ok()?;
-    diesel::sql_query("SELECT state FROM herald_outbox WHERE event_id = ?")
-        .bind::<diesel::sql_types::Text, _>(event_id)
-        .get_result::<State>(&mut c)
-        .optional()
-        .ok()
-        .flatten()
-        .map(|s| s.state)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_with_smtp_delivers_and_stops_on_sigterm() {
     let sink = SmtpSink::start().await;
@@ -269,11 +248,13 @@ async fn serve_with_smtp_delivers_and_stops_on_sigterm() {
     // message's `delivered` is in the file itself, read without the WAL.
     let db = herald.dir.path().join("herald.db");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while state_in_database_file(&db, "bin-mail-1").as_deref() != Some("delivered") {
+    while crate::support::db::state_in_database_file(&db, "bin-mail-1").as_deref()
+        != Some("delivered")
+    {
         assert!(
             Instant::now() < deadline,
             "not delivered in the database file within 10 s: {:?}",
-            state_in_database_file(&db, "bin-mail-1")
+            crate::support::db::state_in_database_file(&db, "bin-mail-1")
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -620,7 +601,8 @@ async fn serve_on_sqlite_closes_the_database_before_it_exits() {
         std::fs::copy(dir.join("herald.db"), copy.path().join("herald.db")).unwrap();
         for id in &ids {
             assert_eq!(
-                state_in_database_file(&copy.path().join("herald.db"), id).as_deref(),
+                crate::support::db::state_in_database_file(&copy.path().join("herald.db"), id)
+                    .as_deref(),
                 Some("delivered"),
                 "run {run}: {id}"
             );

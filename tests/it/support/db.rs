@@ -551,3 +551,24 @@ pub fn reader_then_row(
     .unwrap();
     reader
 }
+
+/// A message's state as the SQLite database file alone holds it (`immutable=1`: its WAL not
+/// read); `None` while it is not there (or the file is being written at that instant).
+pub fn state_in_database_file(db: &std::path::Path, event_id: &str) -> Option<String> {
+    use diesel::{Connection, OptionalExtension, RunQueryDsl};
+    #[derive(diesel::QueryableByName)]
+    struct State {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        state: String,
+    }
+    let mut c =
+        diesel::sqlite::SqliteConnection::establish(&format!("file:{}?immutable=1", db.display()))
+            .ok()?;
+    diesel::sql_query("SELECT state FROM herald_outbox WHERE event_id = ?")
+        .bind::<diesel::sql_types::Text, _>(event_id)
+        .get_result::<State>(&mut c)
+        .optional()
+        .ok()
+        .flatten()
+        .map(|s| s.state)
+}
