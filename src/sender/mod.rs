@@ -142,6 +142,7 @@ fn outcome_of(row: &OutboxRow) -> OutcomeRecord {
         retry_delay_ms: None,
         error_class: None,
         request_fingerprint: None,
+        fingerprint_in_row: row.request_fingerprint.is_some(),
         provider_message_id: None,
         attempt: None,
         ordering: None,

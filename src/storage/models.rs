@@ -144,6 +144,10 @@ pub struct OutcomeRecord {
     pub retry_delay_ms: Option<i64>,
     pub error_class: Option<AttemptClass>,
     pub request_fingerprint: Option<String>,
+    /// Whether the row had its request fingerprint when it was claimed (the API's rows, from
+    /// their insert): then SQLite's outcome update leaves the column alone. Either way, a
+    /// fingerprint already stored is never replaced.
+    pub fingerprint_in_row: bool,
     pub provider_message_id: Option<String>,
     /// `None` when no request was made (expired before sending): no attempt row.
     pub attempt: Option<NewAttempt>,
@@ -260,6 +264,7 @@ impl OutcomeRecord {
             retry_delay_ms: d.delay_ms,
             error_class: d.error_class,
             request_fingerprint: row.request_fingerprint.clone(),
+            fingerprint_in_row: row.request_fingerprint.is_some(),
             provider_message_id: None,
             attempt: Some(NewAttempt {
                 // The claim set updated_at: the attempt started then.

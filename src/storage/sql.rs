@@ -279,11 +279,6 @@ pub fn sqlite_claim_rows(
 pub const SQLITE_SET_MESSAGE_KEY_SQL: &str =
     "UPDATE herald_outbox SET message_key = ?1 WHERE id = ?2 AND message_key IS NULL";
 
-/// The request fingerprint of a row inserted by plain SQL, from its first outcome: set only where
-/// there is none, so that the outcome update does not name the column (see [`SQLITE_CLAIM_SQL`]
-/// on why that matters on SQLite; the API's rows have theirs from their insert).
-pub const SQLITE_SET_FINGERPRINT_SQL: &str = "UPDATE herald_outbox SET request_fingerprint = ?1 WHERE id = ?2 AND request_fingerprint IS NULL";
-
 #[derive(diesel::QueryableByName)]
 struct PgTime {
     #[diesel(sql_type = diesel::sql_types::Timestamptz)]
@@ -372,12 +367,35 @@ pub fn sqlite_expired_leases(
 }
 
 /// The SQLite outcome update of one row, with the fence: applied only while the row is still
-/// `sending`, leased to this owner, at the attempt that was claimed.
-pub const SQLITE_UPDATE_OUTCOME_SQL: &str = "UPDATE herald_outbox
+/// `sending`, leased to this owner, at the attempt that was claimed. `$more`: further columns
+/// to set.
+macro_rules! sqlite_update_outcome {
+    ($more:literal) => {
+        concat!(
+            "UPDATE herald_outbox
 SET state = ?1, attempts = ?2, next_attempt_at = ?3, lease_owner = NULL, lease_until = NULL,
     last_error_class = ?4, provider_message_id = COALESCE(?5, provider_message_id),
-    updated_at = ?6
-WHERE id = ?7 AND state = 'sending' AND lease_owner = ?8 AND attempts = ?9";
+    updated_at = ?6",
+            $more,
+            "
+WHERE id = ?7 AND state = 'sending' AND lease_owner = ?8 AND attempts = ?9"
+        )
+    };
+}
+
+/// The outcome update of a row that has its request fingerprint (the API's rows, from their
+/// insert): the column is not named, see [`SQLITE_UPDATE_OUTCOME_FINGERPRINT_SQL`].
+pub const SQLITE_UPDATE_OUTCOME_SQL: &str = sqlite_update_outcome!("");
+
+/// The outcome update of a row claimed without its request fingerprint (inserted by plain SQL):
+/// its first outcome sets it, `?10`. Two statements, chosen per row, because SQLite rewrites
+/// the index entry of every column an `UPDATE` sets, changed or not (see [`SQLITE_CLAIM_SQL`]):
+/// naming the column in every outcome update rewrote the random-keyed `herald_outbox_fingerprint`
+/// entry of every API row at every outcome, and a separate `UPDATE` for the rows without one
+/// rewrote the whole row a second time (3 % of Herald's CPU in `herald-bench email_smtp`, inside
+/// the writer lock).
+pub const SQLITE_UPDATE_OUTCOME_FINGERPRINT_SQL: &str =
+    sqlite_update_outcome!(", request_fingerprint = COALESCE(request_fingerprint, ?10)");
 
 /// The PostgreSQL outcome update: the whole batch in one statement over `unnest`ed arrays, with
 /// the same fence as [`sqlite::update_outcomes`] (one round trip instead of one per row).
@@ -1110,25 +1128,28 @@ pub mod sqlite {
         use diesel::sql_types::{BigInt, Integer, Nullable, Text, TimestamptzSqlite};
         let mut applied = Vec::with_capacity(outcomes.len());
         for x in outcomes {
-            let n = crate::storage::prepared::cached_const!(super::SQLITE_UPDATE_OUTCOME_SQL)
-                .bind::<Text, _>(x.state)
-                .bind::<Integer, _>(x.attempts_after)
-                .bind::<Nullable<TimestamptzSqlite>, _>(x.next_attempt_at)
-                .bind::<Nullable<Text>, _>(x.error_class)
-                .bind::<Nullable<Text>, _>(x.provider_message_id.as_deref())
-                .bind::<TimestamptzSqlite, _>(at)
-                .bind::<BigInt, _>(x.message_id)
-                .bind::<Text, _>(owner)
-                .bind::<Integer, _>(x.claimed_attempt)
-                .execute(conn)?;
-            if n == 1
-                && let Some(fingerprint) = &x.request_fingerprint
-            {
-                crate::storage::prepared::cached_const!(super::SQLITE_SET_FINGERPRINT_SQL)
-                    .bind::<Text, _>(fingerprint)
-                    .bind::<BigInt, _>(x.message_id)
-                    .execute(conn)?;
+            macro_rules! outcome {
+                ($sql:expr) => {
+                    crate::storage::prepared::cached_const!($sql)
+                        .bind::<Text, _>(x.state)
+                        .bind::<Integer, _>(x.attempts_after)
+                        .bind::<Nullable<TimestamptzSqlite>, _>(x.next_attempt_at)
+                        .bind::<Nullable<Text>, _>(x.error_class)
+                        .bind::<Nullable<Text>, _>(x.provider_message_id.as_deref())
+                        .bind::<TimestamptzSqlite, _>(at)
+                        .bind::<BigInt, _>(x.message_id)
+                        .bind::<Text, _>(owner)
+                        .bind::<Integer, _>(x.claimed_attempt)
+                };
             }
+            let n = match x.request_fingerprint.as_deref() {
+                Some(fingerprint) if !x.fingerprint_in_row => {
+                    outcome!(super::SQLITE_UPDATE_OUTCOME_FINGERPRINT_SQL)
+                        .bind::<Text, _>(fingerprint)
+                        .execute(conn)?
+                }
+                _ => outcome!(super::SQLITE_UPDATE_OUTCOME_SQL).execute(conn)?,
+            };
             applied.push(if n == 1 {
                 Applied::Yes
             } else {

@@ -138,6 +138,7 @@ fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
         retry_delay_ms: Some(0),
         error_class: None,
         request_fingerprint: None,
+        fingerprint_in_row: false,
         provider_message_id: None,
         attempt: None,
         ordering: None,
@@ -333,13 +334,14 @@ fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
 }
 
 /// SQLite: every statement of the sender's hot path — the claim, the Message-ID key of an email
-/// inserted by plain SQL, the outcome update, the first request fingerprint, the attempt rows —
-/// and the reconciler's receipt marks and status writes are compiled once per connection and
-/// then run from diesel's cache, and write what the query-builder statements they replaced
-/// wrote. diesel never caches a query-builder `UPDATE` or multi-row `INSERT`; compiling one per
-/// message was a third of Herald's CPU in `herald-bench email_smtp`. And the claim and the
-/// outcome update do not name the key or the fingerprint: SQLite rewrites the index entry of
-/// every column an `UPDATE` sets, changed or not, and both indexes have random keys.
+/// inserted by plain SQL, the outcome update (with the first request fingerprint of a row that
+/// has none), the attempt rows — and the reconciler's receipt marks and status writes are
+/// compiled once per connection and then run from diesel's cache, and write what the
+/// query-builder statements they replaced wrote. diesel never caches a query-builder `UPDATE` or
+/// multi-row `INSERT`; compiling one per message was a third of Herald's CPU in `herald-bench
+/// email_smtp`. And the claim does not name the key, nor the outcome update of a row that has
+/// its fingerprint the fingerprint: SQLite rewrites the index entry of every column an `UPDATE`
+/// sets, changed or not, and both indexes have random keys.
 #[test]
 fn sqlite_hot_statements_are_compiled_once_per_connection() {
     use std::sync::{Arc, Mutex};
@@ -506,6 +508,7 @@ fn sqlite_hot_statements_are_compiled_once_per_connection() {
                 retry_delay_ms: None,
                 error_class: None,
                 request_fingerprint: Some(format!("fp-new-{}", r.event_id)),
+                fingerprint_in_row: r.request_fingerprint.is_some(),
                 provider_message_id: Some(format!("q-{}", r.event_id)),
                 attempt: Some(attempt()),
                 ordering: None,
@@ -627,7 +630,8 @@ fn sqlite_hot_statements_are_compiled_once_per_connection() {
     let cached = cached.lock().unwrap().clone();
     let hot = [
         "UPDATE herald_outbox SET state = CASE",
-        "UPDATE herald_outbox SET state = ?",
+        // The outcome update's two statements: without the fingerprint, and with it.
+        "updated_at = ?6 WHERE id = ?7",
         "INSERT INTO herald_attempts",
         "FROM herald_receipt_queue AS q JOIN herald_receipts",
         "UPDATE herald_receipt_queue SET tries",
@@ -635,7 +639,7 @@ fn sqlite_hot_statements_are_compiled_once_per_connection() {
         "UPDATE herald_receipts SET reconciled_at",
         "UPDATE herald_outbox SET delivery_status",
         "UPDATE herald_outbox SET message_key",
-        "UPDATE herald_outbox SET request_fingerprint",
+        "request_fingerprint = COALESCE(request_fingerprint, ?10)",
         "INSERT INTO herald_receipts (source, provider_event_id, event_type, provider_type, event_time",
     ];
     // Only where it is missing: the plain-SQL email of each round, not the one with its key.
@@ -644,17 +648,30 @@ fn sqlite_hot_statements_are_compiled_once_per_connection() {
         .filter(|s| s.contains("UPDATE herald_outbox SET message_key"))
         .count();
     assert_eq!(key_runs, 3, "{ran:#?}");
-    for wide in [
-        "UPDATE herald_outbox SET state = CASE",
-        "UPDATE herald_outbox SET state = ?",
-    ] {
-        for s in ran.iter().filter(|s| s.contains(wide)) {
-            assert!(
-                !s.contains("message_key =") && !s.contains("request_fingerprint ="),
-                "the claim and the outcome update set no key or fingerprint: {s}"
-            );
-        }
+    for s in ran
+        .iter()
+        .filter(|s| s.contains("UPDATE herald_outbox SET state = CASE"))
+    {
+        assert!(!s.contains("message_key ="), "the claim sets no key: {s}");
     }
+    // The outcome update names the fingerprint only for the rows claimed without one: the
+    // plain-SQL email and webhook of each round, not the one that has it.
+    let outcome_updates = |with_fingerprint: bool| {
+        ran.iter()
+            .filter(|s| s.contains("UPDATE herald_outbox SET state = ?"))
+            .filter(|s| s.contains("request_fingerprint =") == with_fingerprint)
+            .count()
+    };
+    assert_eq!(
+        (outcome_updates(true), outcome_updates(false)),
+        (6, 3),
+        "{ran:#?}"
+    );
+    assert!(
+        !ran.iter()
+            .any(|s| s.starts_with("UPDATE herald_outbox SET request_fingerprint")),
+        "no second update of a row for its fingerprint: {ran:#?}"
+    );
     for h in hot {
         let runs = ran.iter().filter(|s| s.contains(h)).count();
         let compiles = cached.iter().filter(|s| s.contains(h)).count();
