@@ -140,7 +140,7 @@ fn sqlite_attempts_by_hour(
          COUNT(*) AS n FROM herald_attempts WHERE started_at >= ? \
          GROUP BY 1, 2 ORDER BY 1, 2",
     )
-    .bind::<diesel::sql_types::TimestamptzSqlite, _>(since)
+    .bind::<crate::storage::sqlite_time::SqliteTime, _>(since)
     .load(conn)
 }
 

@@ -21,6 +21,7 @@ pub mod receipts;
 pub mod retention;
 pub mod settings;
 pub(crate) mod sql;
+pub mod sqlite_time;
 pub mod stats;
 pub mod support;
 pub mod watch;

@@ -257,10 +257,11 @@ pub mod sqlite {
         before: DateTime<Utc>,
         limit: i64,
     ) -> diesel::QueryResult<usize> {
+        use crate::storage::sqlite_time::SqliteTime;
         use diesel::RunQueryDsl;
-        use diesel::sql_types::{BigInt, TimestamptzSqlite};
+        use diesel::sql_types::BigInt;
         diesel::sql_query(SQLITE_PURGE_REPLAY_KEYS_SQL)
-            .bind::<TimestamptzSqlite, _>(before)
+            .bind::<SqliteTime, _>(before)
             .bind::<BigInt, _>(limit)
             .execute(conn)
     }

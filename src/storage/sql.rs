@@ -239,8 +239,8 @@ pub fn sqlite_claim_rows(
     policy_version: &str,
 ) -> diesel::QueryResult<Vec<OutboxRow>> {
     use super::schema_sqlite::herald_outbox as o;
+    use crate::storage::sqlite_time::SqliteTime;
     use diesel::prelude::*;
-    use diesel::sql_types::TimestamptzSqlite;
     let lease_until = now.local + chrono::Duration::from_std(lease).unwrap_or_default();
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let sql = SQL.get_or_init(|| {
@@ -252,10 +252,10 @@ pub fn sqlite_claim_rows(
         )
     });
     let mut rows: Vec<OutboxRow> = super::prepared::cached(sql)
-        .bind::<TimestamptzSqlite, _>(now.local)
+        .bind::<SqliteTime, _>(now.local)
         .bind::<BigInt, _>(limit)
         .bind::<Text, _>(owner)
-        .bind::<TimestamptzSqlite, _>(lease_until)
+        .bind::<SqliteTime, _>(lease_until)
         .bind::<Text, _>(policy_version)
         .typed::<diesel::dsl::SqlTypeOf<<o::table as diesel::Table>::AllColumns>>()
         .load(conn)?;
@@ -684,15 +684,15 @@ pub fn sqlite_insert_attempts(
     outcomes: &[OutcomeRecord],
     applied: &[Applied],
 ) -> diesel::QueryResult<()> {
+    use crate::storage::sqlite_time::SqliteTime;
     use diesel::RunQueryDsl;
-    use diesel::sql_types::TimestamptzSqlite;
     for (x, t, applied) in attempts_made(outcomes, applied) {
         super::prepared::cached_const!(SQLITE_INSERT_ATTEMPT_SQL)
             .bind::<BigInt, _>(x.message_id)
             .bind::<Text, _>(x.event_id.as_str())
             .bind::<Integer, _>(x.claimed_attempt)
-            .bind::<TimestamptzSqlite, _>(t.started_at)
-            .bind::<TimestamptzSqlite, _>(t.finished_at)
+            .bind::<SqliteTime, _>(t.started_at)
+            .bind::<SqliteTime, _>(t.finished_at)
             .bind::<BigInt, _>(t.duration_ms)
             .bind::<Nullable<Text>, _>(x.request_fingerprint.as_deref())
             .bind::<Nullable<Integer>, _>(t.response_status)
@@ -726,8 +726,9 @@ pub fn sqlite_insert_receipts_returning(
     conn: &mut diesel::sqlite::SqliteConnection,
     rows: &[(&str, &NewReceipt, DateTime<Utc>)],
 ) -> diesel::QueryResult<Vec<(String, String)>> {
+    use crate::storage::sqlite_time::SqliteTime;
     use diesel::RunQueryDsl;
-    use diesel::sql_types::{Json, TimestamptzSqlite};
+    use diesel::sql_types::Json;
     let mut new = Vec::new();
     for (source, x, now) in rows {
         let key: Vec<ReceiptKey> = super::prepared::cached_const!(SQLITE_INSERT_RECEIPT_SQL)
@@ -735,8 +736,8 @@ pub fn sqlite_insert_receipts_returning(
             .bind::<Text, _>(x.provider_event_id.as_str())
             .bind::<Text, _>(x.event_type.as_str())
             .bind::<Text, _>(x.provider_type.as_str())
-            .bind::<Nullable<TimestamptzSqlite>, _>(x.event_time)
-            .bind::<TimestamptzSqlite, _>(*now)
+            .bind::<Nullable<SqliteTime>, _>(x.event_time)
+            .bind::<SqliteTime, _>(*now)
             .bind::<Nullable<Text>, _>(x.herald_event_id.as_deref())
             .bind::<Nullable<Text>, _>(x.provider_message_id.as_deref())
             .bind::<Json, _>(&x.raw)
@@ -838,7 +839,7 @@ pub fn sqlite_pending_receipts(
     load_pending_receipts!(
         conn,
         SQLITE_PENDING_RECEIPTS_SQL,
-        diesel::sql_types::TimestamptzSqlite,
+        crate::storage::sqlite_time::SqliteTime,
         at,
         limit
     )
@@ -909,8 +910,8 @@ pub fn sqlite_mark_unmatched(
     conn: &mut diesel::sqlite::SqliteConnection,
     unmatched: &[Unmatched],
 ) -> diesel::QueryResult<()> {
+    use crate::storage::sqlite_time::SqliteTime;
     use diesel::RunQueryDsl;
-    use diesel::sql_types::TimestamptzSqlite;
     for u in unmatched {
         match u.next {
             Some(next) => {
@@ -918,7 +919,7 @@ pub fn sqlite_mark_unmatched(
                     "UPDATE herald_receipt_queue SET tries = ?1, due_at = ?2 WHERE receipt_id = ?3",
                 )
                 .bind::<Integer, _>(u.tries)
-                .bind::<TimestamptzSqlite, _>(next)
+                .bind::<SqliteTime, _>(next)
                 .bind::<BigInt, _>(u.receipt_id)
                 .execute(conn)?;
             }
@@ -986,14 +987,14 @@ pub fn sqlite_write_statuses(
     conn: &mut diesel::sqlite::SqliteConnection,
     messages: &[&MatchedMessage],
 ) -> diesel::QueryResult<()> {
+    use crate::storage::sqlite_time::SqliteTime;
     use diesel::RunQueryDsl;
-    use diesel::sql_types::TimestamptzSqlite;
     for m in messages {
         super::prepared::cached_const!(
             "UPDATE herald_outbox SET delivery_status = ?1, delivery_status_at = ?2 WHERE id = ?3",
         )
         .bind::<Nullable<Text>, _>(m.delivery_status.as_deref())
-        .bind::<Nullable<TimestamptzSqlite>, _>(m.delivery_status_at)
+        .bind::<Nullable<SqliteTime>, _>(m.delivery_status_at)
         .bind::<BigInt, _>(m.id)
         .execute(conn)?;
     }
@@ -1006,15 +1007,15 @@ pub fn sqlite_mark_reconciled(
     at: DateTime<Utc>,
     done: &[Reconciled],
 ) -> diesel::QueryResult<()> {
+    use crate::storage::sqlite_time::SqliteTime;
     use diesel::RunQueryDsl;
-    use diesel::sql_types::TimestamptzSqlite;
     for d in done {
         sqlite_dequeue(conn, d.receipt_id)?;
         super::prepared::cached_const!(
             "UPDATE herald_receipts SET reconciled_at = ?1, message_id = ?2, outcome = ?3, \
              outcome_reason = ?4 WHERE id = ?5",
         )
-        .bind::<TimestamptzSqlite, _>(at)
+        .bind::<SqliteTime, _>(at)
         .bind::<BigInt, _>(d.message_id)
         .bind::<Text, _>(d.outcome)
         .bind::<Text, _>(d.reason.as_str())
@@ -1125,7 +1126,8 @@ pub mod sqlite {
         at: DateTime<Utc>,
         outcomes: &[OutcomeRecord],
     ) -> QueryResult<Vec<Applied>> {
-        use diesel::sql_types::{BigInt, Integer, Nullable, Text, TimestamptzSqlite};
+        use crate::storage::sqlite_time::SqliteTime;
+        use diesel::sql_types::{BigInt, Integer, Nullable, Text};
         let mut applied = Vec::with_capacity(outcomes.len());
         for x in outcomes {
             macro_rules! outcome {
@@ -1133,10 +1135,10 @@ pub mod sqlite {
                     crate::storage::prepared::cached_const!($sql)
                         .bind::<Text, _>(x.state)
                         .bind::<Integer, _>(x.attempts_after)
-                        .bind::<Nullable<TimestamptzSqlite>, _>(x.next_attempt_at)
+                        .bind::<Nullable<SqliteTime>, _>(x.next_attempt_at)
                         .bind::<Nullable<Text>, _>(x.error_class)
                         .bind::<Nullable<Text>, _>(x.provider_message_id.as_deref())
-                        .bind::<TimestamptzSqlite, _>(at)
+                        .bind::<SqliteTime, _>(at)
                         .bind::<BigInt, _>(x.message_id)
                         .bind::<Text, _>(owner)
                         .bind::<Integer, _>(x.claimed_attempt)

@@ -25,8 +25,9 @@
 
 use std::time::Duration;
 
+use crate::storage::sqlite_time::SqliteTime;
 use chrono::{DateTime, Utc};
-use diesel::sql_types::{BigInt, Nullable, TimestamptzSqlite};
+use diesel::sql_types::{BigInt, Nullable};
 use diesel::sqlite::SqliteConnection;
 use diesel::{QueryResult, RunQueryDsl};
 
@@ -160,7 +161,7 @@ impl InsertWatch {
 fn added(conn: &mut SqliteConnection, above: i64, now: DateTime<Utc>) -> QueryResult<Added> {
     cached_const!(ADDED_SQL)
         .bind::<BigInt, _>(above)
-        .bind::<TimestamptzSqlite, _>(now + chrono::Duration::seconds(1))
+        .bind::<SqliteTime, _>(now + chrono::Duration::seconds(1))
         .get_result::<Added>(conn)
 }
 
