@@ -695,6 +695,123 @@ fn sqlite_hot_statements_are_compiled_once_per_connection() {
     );
 }
 
+/// SQLite: the claim reads a row's timestamps whatever text an application wrote them in: a
+/// fraction of any width in the columns whose spelling the schema checks (they compare as text),
+/// and in the others ISO 8601 with `T` and `Z`, no zone, no seconds, an offset; and the
+/// migrations' own defaults. (A reader of Herald's own text alone, `storage::sqlite_time::parse`,
+/// must never be the only one the claim has.)
+#[test]
+fn sqlite_claim_reads_timestamps_in_any_format_an_application_writes() {
+    use chrono::{DateTime, TimeZone, Utc};
+    use diesel::Connection;
+    use diesel::connection::SimpleConnection;
+    use diesel::sqlite::SqliteConnection;
+    use herald::storage::outbox;
+
+    let test_db = TestDb::new(Backend::Sqlite);
+    let mut c = SqliteConnection::establish(test_db.url.trim_start_matches("sqlite://")).unwrap();
+    let utc = |y, mo, d, h, mi, s, nanos| {
+        Utc.with_ymd_and_hms(y, mo, d, h, mi, s).unwrap() + chrono::Duration::nanoseconds(nanos)
+    };
+    let at = |nanos| utc(2026, 3, 4, 5, 6, 7, nanos);
+    // (event id, scheduled_at, created_at, the moment of both)
+    let cases: [(&str, &str, &str, DateTime<Utc>); 7] = [
+        (
+            "whole",
+            "2026-03-04 05:06:07+00:00",
+            "2026-03-04T05:06:07Z",
+            at(0),
+        ),
+        (
+            "tenths",
+            "2026-03-04 05:06:07.5+00:00",
+            "2026-03-04T05:06:07.5Z",
+            at(500_000_000),
+        ),
+        (
+            "millis",
+            "2026-03-04 05:06:07.000+00:00",
+            "2026-03-04 05:06:07",
+            at(0),
+        ),
+        (
+            "micros",
+            "2026-03-04 05:06:07.000008+00:00",
+            "2026-03-04 07:06:07.000008+02:00",
+            at(8_000),
+        ),
+        (
+            "nanos",
+            "2026-03-04 05:06:07.123456789+00:00",
+            "2026-03-04 05:06:07.123456789",
+            at(123_456_789),
+        ),
+        (
+            "four",
+            "2026-03-04 05:06:07.1234+00:00",
+            "2026-03-04 05:06:07.1234+00:00",
+            at(123_400_000),
+        ),
+        (
+            "minutes",
+            "2026-03-04 05:06:00+00:00",
+            "2026-03-04 05:06",
+            utc(2026, 3, 4, 5, 6, 0, 0),
+        ),
+    ];
+    for (id, scheduled, created, _) in &cases {
+        c.batch_execute(&format!(
+            "INSERT INTO herald_outbox (event_id, channel, destination, payload, scheduled_at, \
+             created_at, expires_at) \
+             VALUES ('{id}', 'webhook', 'https://example.com/h', '{{\"body\": {{}}}}', \
+             '{scheduled}', '{created}', '2099-01-02 03:04:05.5+00:00')"
+        ))
+        .unwrap();
+    }
+    // With the migrations' defaults (`strftime('%Y-%m-%d %H:%M:%f+00:00', 'now')`).
+    c.batch_execute(
+        "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+         VALUES ('defaults', 'webhook', 'https://example.com/h', '{\"body\": {}}')",
+    )
+    .unwrap();
+    let now = herald::clock::Now {
+        local: Utc::now() + chrono::Duration::seconds(1),
+        shift: chrono::Duration::zero(),
+    };
+    let lease = std::time::Duration::from_secs(30);
+    let (rows, _) = c
+        .transaction(|c| outbox::sqlite::claim(c, &now, 100, "formats", lease, "v1"))
+        .unwrap();
+    assert_eq!(rows.len(), cases.len() + 1);
+    let row = |id: &str| rows.iter().find(|r| r.event_id == id).unwrap();
+    for (id, scheduled, created, at) in &cases {
+        let row = row(id);
+        assert_eq!(
+            (row.scheduled_at, row.next_attempt_at, row.created_at),
+            (*at, Some(*at), *at),
+            "{id}: {scheduled}, {created}"
+        );
+        assert_eq!(
+            row.expires_at,
+            Some(utc(2099, 1, 2, 3, 4, 5, 500_000_000)),
+            "{id}"
+        );
+        // Herald's own texts: the claim's time and lease.
+        assert_eq!(
+            (row.updated_at, row.lease_until),
+            (now.local, Some(now.local + chrono::Duration::seconds(30))),
+            "{id}"
+        );
+    }
+    let defaults = row("defaults");
+    assert_eq!(defaults.scheduled_at, defaults.created_at);
+    assert!(
+        (now.local - defaults.created_at).num_milliseconds().abs() < 60_000,
+        "{:?}",
+        defaults.created_at
+    );
+}
+
 /// A send task holds the SMTP dialogue's state only while an email is sent (boxed there), and
 /// the cleared row in its box: held inline, the dialogue made every send task, a webhook's
 /// included, larger than the dialogue itself, and the row passed by value through the nested
