@@ -9,7 +9,9 @@
 //! outcome's and its attempt row's two), all of it inside the SQLite writer lock. [`SqliteTime`]
 //! is the same column type, written by [`format`], which gives the same text without parsing
 //! anything (checked against diesel's own binding in the tests below), and read by [`parse`],
-//! which takes that text directly and leaves any other to diesel.
+//! which takes that text directly and leaves any other to diesel. (Only the reconciler's pending
+//! receipts are read as `SqliteTime`; the claim's rows are read by diesel: reading them so
+//! measured within noise, +0.4 % over twenty pairs of `email_smtp`.)
 
 use chrono::{DateTime, Datelike, NaiveDate, Timelike, Utc};
 use diesel::deserialize::{self, FromSql};
@@ -39,8 +41,10 @@ impl FromSql<SqliteTime, Sqlite> for DateTime<Utc> {
     }
 }
 
-/// The moment [`format`] wrote as `text`; `None` for any other text (which diesel reads: the
-/// other formats it accepts, a Julian day number).
+/// The moment in `text` if it is spelled as [`format`] writes (a fraction of exactly 3, 6 or 9
+/// digits, `+00:00`), whether or not `format` would have written it so (`.000`, `.500000`);
+/// `None` for any other text, which diesel reads (the other spellings it accepts, a Julian day
+/// number).
 pub fn parse(text: &str) -> Option<DateTime<Utc>> {
     let b = text.strip_suffix("+00:00")?.as_bytes();
     // `YYYY-MM-DD HH:MM:SS`, then nothing or a fraction of 3, 6 or 9 digits.
@@ -77,12 +81,9 @@ fn number(digits: &[u8]) -> Option<u32> {
 /// otherwise, are left to chrono.
 pub fn format(t: &DateTime<Utc>) -> String {
     let (year, nanos) = (t.year(), t.nanosecond());
-    let Ok(year @ 0..=9999) = u32::try_from(year) else {
+    let (Ok(year @ 0..=9999), 0..=999_999_999) = (u32::try_from(year), nanos) else {
         return t.format(CHRONO_FORMAT).to_string();
     };
-    if nanos >= 1_000_000_000 {
-        return t.format(CHRONO_FORMAT).to_string();
-    }
     let mut s = String::with_capacity(35);
     digits(&mut s, year, 4);
     s.push('-');

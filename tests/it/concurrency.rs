@@ -339,9 +339,9 @@ fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
 /// compiled once per connection and then run from diesel's cache, and write what the
 /// query-builder statements they replaced wrote. diesel never caches a query-builder `UPDATE` or
 /// multi-row `INSERT`; compiling one per message was a third of Herald's CPU in `herald-bench
-/// email_smtp`. And the claim does not name the key, nor the outcome update of a row that has
-/// its fingerprint the fingerprint: SQLite rewrites the index entry of every column an `UPDATE`
-/// sets, changed or not, and both indexes have random keys.
+/// email_smtp`. And the claim does not name the Message-ID key, and the outcome update names the
+/// fingerprint only for a row claimed without one: SQLite rewrites the index entry of every
+/// column an `UPDATE` sets, changed or not, and both indexes have random keys.
 #[test]
 fn sqlite_hot_statements_are_compiled_once_per_connection() {
     use std::sync::{Arc, Mutex};
