@@ -79,10 +79,10 @@ impl InsertWatch {
     /// [`POLL_EVERY`], as where it does not).
     pub fn open(path: &str, file_events: bool) -> Result<InsertWatch, StorageError> {
         // Watching from before the bearings are taken: no commit falls between the two.
-        let writes = if file_events {
-            wal_writes::WalWrites::open(std::path::Path::new(path)).map_err(|e| e.to_string())
-        } else {
-            Err("not asked for".to_owned())
+        let asked = file_events.then(|| std::path::PathBuf::from(path));
+        let writes = match &asked {
+            Some(path) => file_writes(path),
+            None => Err("not asked for".to_owned()),
         };
         let mut conn = super::side_connection(path)?;
         let newest = cached_const!(NEWEST_SQL)
@@ -93,7 +93,7 @@ impl InsertWatch {
             conn,
             newest,
             writes,
-            asked: file_events.then(|| std::path::PathBuf::from(path)),
+            asked,
         })
     }
 
@@ -108,16 +108,8 @@ impl InsertWatch {
         let Some(path) = &self.asked else {
             return false;
         };
-        match wal_writes::WalWrites::open(path) {
-            Ok(w) => {
-                self.writes = Ok(w);
-                true
-            }
-            Err(e) => {
-                self.writes = Err(e.to_string());
-                false
-            }
-        }
+        self.writes = file_writes(path);
+        self.writes.is_ok()
     }
 
     /// Whether it waits for the WAL file's writes (else it looks every [`POLL_EVERY`]).
@@ -156,6 +148,11 @@ impl InsertWatch {
         }
         Ok(added.due.unwrap_or(0) != 0)
     }
+}
+
+/// The system's reports of writes to the WAL file of the database at `path`; else why not.
+fn file_writes(path: &std::path::Path) -> Result<wal_writes::WalWrites, String> {
+    wal_writes::WalWrites::open(path).map_err(|e| e.to_string())
 }
 
 fn added(conn: &mut SqliteConnection, above: i64, now: DateTime<Utc>) -> QueryResult<Added> {
