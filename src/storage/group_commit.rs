@@ -37,7 +37,9 @@ pub const GROUP_WAIT: Duration = Duration::from_micros(200);
 pub const GROUP_MAX: usize = 256;
 
 /// Called inside each group's transaction just before its commit, with the number of requests
-/// in the group; an error rolls the group back (tests: holding or failing a commit).
+/// in the group; an error rolls the group back (tests: holding or failing a commit). An ingest
+/// group without replay keys is one insert, and the hook runs just before it: on PostgreSQL that
+/// insert commits by itself, so an error there means nothing of the group was written.
 pub type BeforeCommit = Box<dyn Fn(usize) -> Result<(), StorageError> + Send + Sync>;
 
 /// One request in a writer's queue: what it asks to write, and where its answer goes.
@@ -381,7 +383,10 @@ fn answer(r: Result<(usize, usize), Abort>) -> JobResult<Stored> {
 
 /// The group body when no request carries a replay key (nothing can abort a request): every
 /// receipt of the group in one multi-row insert, in key order, each key once; each request is
-/// told which of its receipts were new. Compiled once per backend.
+/// told which of its receipts were new. The before-commit hook runs before the insert: on
+/// PostgreSQL the insert is the group's whole write, committed by itself (see [`commit_once`]).
+/// Running it again after it committed stores nothing more (each key is stored once); its
+/// receipts are then told apart as duplicates. Compiled once per backend.
 macro_rules! merged_body {
     ($conn:expr, $q:ident, $group:expr, $shared:expr) => {{
         let conn = $conn;
@@ -396,11 +401,11 @@ macro_rules! merged_body {
             .collect();
         rows.sort_by(|a, b| (a.0, &a.1.provider_event_id).cmp(&(b.0, &b.1.provider_event_id)));
         rows.dedup_by(|a, b| a.0 == b.0 && a.1.provider_event_id == b.1.provider_event_id);
+        before_commit($shared, $group.len())?;
         let mut new: std::collections::HashSet<(String, String)> =
             $q::insert_receipts_returning(conn, &rows)?
                 .into_iter()
                 .collect();
-        before_commit($shared, $group.len())?;
         // The first request (in arrival order) that carries a new key stored it; any other
         // carrying it (the provider retrying while the first try was in flight) has a duplicate.
         let out: Vec<JobResult<Stored>> = $group
@@ -459,9 +464,11 @@ fn commit_once(
     let savepoints = match body {
         Body::Merged => {
             return match db {
+                // One statement (the receipts' insert, their queue rows by its trigger), committed
+                // by itself: no `BEGIN` and `COMMIT` round trips, a shorter turn of the writer.
                 Db::Pg(pool) => {
                     use super::queries::pg as q;
-                    super::pg_transaction(
+                    super::pg_autocommit(
                         pool,
                         |c: &mut diesel::pg::PgConnection| -> Result<_, GroupError> {
                             merged_body!(c, q, group, shared)

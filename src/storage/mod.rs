@@ -969,6 +969,43 @@ where
     }
 }
 
+/// Runs `f`, one statement committed by itself (autocommit: its answer comes only after its
+/// commit), on a pooled PostgreSQL connection, without [`pg_transaction`]'s `BEGIN` and `COMMIT`
+/// round trips. A pooled connection that broke while idle fails at the statement, found at once
+/// ([`RETRY_FAILED_WITHIN`]), and `f` runs again on the next one, as `pg_transaction` retries a
+/// failed `BEGIN`. So `f` must be safe to run twice: a statement whose first run may have
+/// committed before its connection broke (the server died just after its commit) must store
+/// nothing more the second time (ingest's receipt insert skips the keys it finds).
+pub(crate) fn pg_autocommit<T, E>(
+    pool: &PgPool,
+    mut f: impl FnMut(&mut PgConnection) -> Result<T, E>,
+) -> Result<T, E>
+where
+    E: From<StorageError>,
+{
+    let mut tries = pool.max_size() as usize + 1;
+    loop {
+        let mut conn = pool.get().map_err(|e| E::from(StorageError::from(e)))?;
+        let began = std::time::Instant::now();
+        match f(&mut conn) {
+            Err(_) if tries > 1 && began.elapsed() < RETRY_FAILED_WITHIN && dead(&mut conn) => {
+                tries -= 1
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Whether a connection whose statement just failed is dead (and then marked broken, so that the
+/// pool drops it). diesel marks a connection broken when a statement fails on it, but not when
+/// the statement's preparation failed — the first use of a statement on that connection — so a
+/// simple query, which marks it either way, tells: a round trip on a failure only.
+fn dead(conn: &mut PgConnection) -> bool {
+    use diesel::connection::SimpleConnection;
+    use diesel::r2d2::R2D2Connection;
+    conn.is_broken() || (conn.batch_execute("SELECT 1").is_err() && conn.is_broken())
+}
+
 /// Runs a body once per backend, with `schema` bound to that backend's schema module and `q`
 /// to its compiled [`queries`] module. `read` runs on a pooled connection; `write` in a
 /// transaction (`BEGIN IMMEDIATE` behind the writer lock on SQLite).

@@ -795,3 +795,78 @@ async fn an_enqueue_wakes_the_sender_only_for_a_message_due_now(backend: Backend
 }
 
 both_backends!(an_enqueue_wakes_the_sender_only_for_a_message_due_now);
+
+/// Every pooled connection broke while idle (its backend terminated; the database itself up, as
+/// after a restart): the next group is stored at once, on a new connection. On PostgreSQL a
+/// group without replay keys is one insert committed by itself, with no `BEGIN` to fail first:
+/// it is run again on the next connection when it failed at once on a broken one
+/// (`storage::pg_autocommit`), as a transaction whose `BEGIN` failed is. Without that the store
+/// fails (503 at the edge), although the database is up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_after_its_pooled_connections_broke_is_stored_at_once() {
+    use diesel::connection::SimpleConnection;
+    use diesel::{Connection, RunQueryDsl};
+    use herald::storage::group_commit::ReceiptWriter;
+    use herald::storage::models::NewReceipt;
+    use herald::storage::receipts::Stored;
+    use herald::storage::{Db, PoolOptions};
+    let test_db = crate::support::db::TestDb::new(Backend::Postgres);
+    let db = Db::connect(&test_db.url, &PoolOptions::default()).unwrap();
+    let writer = ReceiptWriter::spawn(db).unwrap();
+    let receipt = |id: &str| NewReceipt {
+        provider_event_id: id.into(),
+        event_type: "delivered".into(),
+        provider_type: "email.delivered".into(),
+        event_time: None,
+        herald_event_id: None,
+        provider_message_id: None,
+        raw: json!({ "id": id }),
+        replay_key: None,
+    };
+    let stored = Stored::Receipts {
+        new: 1,
+        duplicates: 0,
+    };
+    let before = writer
+        .store(writer.begin(), "src", vec![receipt("before")], Utc::now())
+        .await;
+    assert_eq!(before.unwrap(), stored);
+    let name = url::Url::parse(&test_db.url)
+        .unwrap()
+        .path()
+        .trim_start_matches('/')
+        .to_owned();
+    let admin_url = test_db.url.replace(&format!("/{name}"), "/postgres");
+    let mut admin = diesel::pg::PgConnection::establish(&admin_url).unwrap();
+    #[derive(diesel::QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let live = |admin: &mut diesel::pg::PgConnection| {
+        diesel::sql_query(format!(
+            "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = '{name}'"
+        ))
+        .get_result::<Count>(admin)
+        .unwrap()
+        .n
+    };
+    assert!(live(&mut admin) > 0, "the pool holds connections");
+    admin
+        .batch_execute(&format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
+        ))
+        .unwrap();
+    // Their backends gone before the next group asks anything of them (nothing else here
+    // connects to this database).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while live(&mut admin) > 0 {
+        assert!(Instant::now() < deadline, "the backends did not end");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let after = writer
+        .store(writer.begin(), "src", vec![receipt("after")], Utc::now())
+        .await;
+    assert_eq!(after.unwrap(), stored);
+    assert_eq!(writer.commits(), 2);
+}
