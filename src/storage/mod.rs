@@ -987,12 +987,14 @@ where
     loop {
         let mut conn = pool.get().map_err(|e| E::from(StorageError::from(e)))?;
         let began = std::time::Instant::now();
-        match f(&mut conn) {
-            Err(_) if tries > 1 && began.elapsed() < RETRY_FAILED_WITHIN && dead(&mut conn) => {
-                tries -= 1
-            }
-            r => return r,
+        let r = f(&mut conn);
+        let at_once = began.elapsed() < RETRY_FAILED_WITHIN;
+        // A dead connection leaves the pool whenever it failed a statement (`pg_dead`).
+        if r.is_err() && pg_dead(&mut conn) && at_once && tries > 1 {
+            tries -= 1;
+            continue;
         }
+        return r;
     }
 }
 
@@ -1000,7 +1002,7 @@ where
 /// pool drops it). diesel marks a connection broken when a statement fails on it, but not when
 /// the statement's preparation failed — the first use of a statement on that connection — so a
 /// simple query, which marks it either way, tells: a round trip on a failure only.
-fn dead(conn: &mut PgConnection) -> bool {
+pub(crate) fn pg_dead(conn: &mut PgConnection) -> bool {
     use diesel::connection::SimpleConnection;
     use diesel::r2d2::R2D2Connection;
     conn.is_broken() || (conn.batch_execute("SELECT 1").is_err() && conn.is_broken())
@@ -1016,8 +1018,15 @@ macro_rules! db_run {
                 #[allow(unused_imports)]
                 use $crate::storage::queries::pg as $q;
                 let mut pooled = pool.get()?;
-                let $conn: &mut ::diesel::pg::PgConnection = &mut pooled;
-                $body
+                // A closure: a `?` in the body ends the read here, not the caller.
+                let r = (|$conn: &mut ::diesel::pg::PgConnection| -> Result<_, $crate::storage::StorageError> {
+                    $body
+                })(&mut pooled);
+                // A connection that died while idle leaves the pool with the read it failed.
+                if r.is_err() {
+                    $crate::storage::pg_dead(&mut pooled);
+                }
+                r
             }
             $crate::storage::Db::Sqlite(db) => {
                 #[allow(unused_imports)]

@@ -804,8 +804,6 @@ both_backends!(an_enqueue_wakes_the_sender_only_for_a_message_due_now);
 /// fails (503 at the edge), although the database is up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_after_its_pooled_connections_broke_is_stored_at_once() {
-    use diesel::connection::SimpleConnection;
-    use diesel::{Connection, RunQueryDsl};
     use herald::storage::group_commit::ReceiptWriter;
     use herald::storage::models::NewReceipt;
     use herald::storage::receipts::Stored;
@@ -831,12 +829,27 @@ async fn a_group_after_its_pooled_connections_broke_is_stored_at_once() {
         .store(writer.begin(), "src", vec![receipt("before")], Utc::now())
         .await;
     assert_eq!(before.unwrap(), stored);
-    let name = url::Url::parse(&test_db.url)
+    // Their backends gone before the next group asks anything of them.
+    assert!(terminate_connections(&test_db.url).await > 0);
+    let after = writer
+        .store(writer.begin(), "src", vec![receipt("after")], Utc::now())
+        .await;
+    assert_eq!(after.unwrap(), stored);
+    assert_eq!(writer.commits(), 2);
+}
+
+/// Ends every connection to the test database `url` (its backends terminated; the database
+/// itself stays up, as after a restart) and waits until the server has none left; returns how
+/// many there were. Nothing else in these tests connects to that database meanwhile.
+async fn terminate_connections(url: &str) -> i64 {
+    use diesel::connection::SimpleConnection;
+    use diesel::{Connection, RunQueryDsl};
+    let name = url::Url::parse(url)
         .unwrap()
         .path()
         .trim_start_matches('/')
         .to_owned();
-    let admin_url = test_db.url.replace(&format!("/{name}"), "/postgres");
+    let admin_url = url.replace(&format!("/{name}"), "/postgres");
     let mut admin = diesel::pg::PgConnection::establish(&admin_url).unwrap();
     #[derive(diesel::QueryableByName)]
     struct Count {
@@ -851,22 +864,45 @@ async fn a_group_after_its_pooled_connections_broke_is_stored_at_once() {
         .unwrap()
         .n
     };
-    assert!(live(&mut admin) > 0, "the pool holds connections");
+    let n = live(&mut admin);
+    assert!(n > 0, "the pool holds connections");
     admin
         .batch_execute(&format!(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
         ))
         .unwrap();
-    // Their backends gone before the next group asks anything of them (nothing else here
-    // connects to this database).
     let deadline = Instant::now() + Duration::from_secs(10);
     while live(&mut admin) > 0 {
         assert!(Instant::now() < deadline, "the backends did not end");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let after = writer
-        .store(writer.begin(), "src", vec![receipt("after")], Utc::now())
-        .await;
-    assert_eq!(after.unwrap(), stored);
-    assert_eq!(writer.commits(), 2);
+    n
+}
+
+/// A read on a pooled connection that broke while idle fails (503 at the edge), and that
+/// connection leaves the pool with it, so the next read works. diesel marks a connection broken
+/// when a statement fails on it, but not when only the statement's preparation failed (its
+/// first use on that connection); the failed read then asks the connection a simple query,
+/// which does. Before, the dead connection went back to the pool and every read that took it
+/// failed, until some transaction's `BEGIN` happened to find it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_on_a_broken_pooled_connection_fails_once_and_takes_it_along() {
+    use herald::storage::{Db, PoolOptions};
+    let test_db = crate::support::db::TestDb::new(Backend::Postgres);
+    let db = Db::connect(&test_db.url, &PoolOptions::default()).unwrap();
+    // A pooled connection, on which the read below was never prepared.
+    assert_eq!(db.receipts_of_message(1).unwrap().len(), 0);
+    let dead = terminate_connections(&test_db.url).await;
+    // Each dead connection fails one read at most, then reads work.
+    let reads: Vec<_> = (0..=dead).map(|_| db.receipts_of_source("src")).collect();
+    let failed = reads.iter().filter(|r| r.is_err()).count() as i64;
+    assert!(failed >= 1 && failed <= dead, "{dead} dead: {reads:?}");
+    assert!(
+        reads.iter().all(|r| match r {
+            Ok(rows) => rows.is_empty(),
+            Err(e) => matches!(e, StorageError::Unavailable(_)),
+        }),
+        "{reads:?}"
+    );
+    assert!(reads[dead as usize].is_ok(), "{reads:?}");
 }
