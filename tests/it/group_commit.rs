@@ -809,7 +809,12 @@ async fn a_group_after_its_pooled_connections_broke_is_stored_at_once() {
     use herald::storage::receipts::Stored;
     use herald::storage::{Db, PoolOptions};
     let test_db = crate::support::db::TestDb::new(Backend::Postgres);
-    let db = Db::connect(&test_db.url, &PoolOptions::default()).unwrap();
+    // One connection: none is opened behind the test's back.
+    let one = PoolOptions {
+        max_size: 1,
+        ..PoolOptions::default()
+    };
+    let db = Db::connect(&test_db.url, &one).unwrap();
     let writer = ReceiptWriter::spawn(db).unwrap();
     let receipt = |id: &str| NewReceipt {
         provider_event_id: id.into(),
@@ -838,11 +843,10 @@ async fn a_group_after_its_pooled_connections_broke_is_stored_at_once() {
     assert_eq!(writer.commits(), 2);
 }
 
-/// Ends every connection to the test database `url` (its backends terminated; the database
-/// itself stays up, as after a restart) and waits until the server has none left; returns how
-/// many there were. Nothing else in these tests connects to that database meanwhile.
-async fn terminate_connections(url: &str) -> i64 {
-    use diesel::connection::SimpleConnection;
+/// Ends every connection to the test database `url` that is open now (its backends terminated;
+/// the database itself stays up, as after a restart), waits until the server has none of them
+/// left, and returns how many there were.
+async fn terminate_connections(url: &str) -> usize {
     use diesel::{Connection, RunQueryDsl};
     let name = url::Url::parse(url)
         .unwrap()
@@ -852,31 +856,35 @@ async fn terminate_connections(url: &str) -> i64 {
     let admin_url = url.replace(&format!("/{name}"), "/postgres");
     let mut admin = diesel::pg::PgConnection::establish(&admin_url).unwrap();
     #[derive(diesel::QueryableByName)]
-    struct Count {
-        #[diesel(sql_type = diesel::sql_types::BigInt)]
-        n: i64,
+    struct Pid {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        pid: i32,
     }
-    let live = |admin: &mut diesel::pg::PgConnection| {
-        diesel::sql_query(format!(
-            "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = '{name}'"
-        ))
-        .get_result::<Count>(admin)
-        .unwrap()
-        .n
-    };
-    let n = live(&mut admin);
-    assert!(n > 0, "the pool holds connections");
-    admin
-        .batch_execute(&format!(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
-        ))
+    let ended: Vec<i32> = diesel::sql_query(format!(
+        "SELECT pid FROM pg_stat_activity WHERE datname = '{name}'"
+    ))
+    .load::<Pid>(&mut admin)
+    .unwrap()
+    .into_iter()
+    .map(|p| p.pid)
+    .collect();
+    assert!(!ended.is_empty(), "the pool holds connections");
+    diesel::sql_query("SELECT pg_terminate_backend(pid) FROM unnest($1) AS pid")
+        .bind::<diesel::sql_types::Array<diesel::sql_types::Integer>, _>(&ended)
+        .execute(&mut admin)
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while live(&mut admin) > 0 {
+    loop {
+        let left = diesel::sql_query("SELECT pid FROM pg_stat_activity WHERE pid = ANY($1)")
+            .bind::<diesel::sql_types::Array<diesel::sql_types::Integer>, _>(&ended)
+            .load::<Pid>(&mut admin)
+            .unwrap();
+        if left.is_empty() {
+            return ended.len();
+        }
         assert!(Instant::now() < deadline, "the backends did not end");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    n
 }
 
 /// A read on a pooled connection that broke while idle fails (503 at the edge), and that
@@ -889,13 +897,18 @@ async fn terminate_connections(url: &str) -> i64 {
 async fn a_read_on_a_broken_pooled_connection_fails_once_and_takes_it_along() {
     use herald::storage::{Db, PoolOptions};
     let test_db = crate::support::db::TestDb::new(Backend::Postgres);
-    let db = Db::connect(&test_db.url, &PoolOptions::default()).unwrap();
+    // One connection: none is opened behind the test's back.
+    let one = PoolOptions {
+        max_size: 1,
+        ..PoolOptions::default()
+    };
+    let db = Db::connect(&test_db.url, &one).unwrap();
     // A pooled connection, on which the read below was never prepared.
     assert_eq!(db.receipts_of_message(1).unwrap().len(), 0);
     let dead = terminate_connections(&test_db.url).await;
     // Each dead connection fails one read at most, then reads work.
     let reads: Vec<_> = (0..=dead).map(|_| db.receipts_of_source("src")).collect();
-    let failed = reads.iter().filter(|r| r.is_err()).count() as i64;
+    let failed = reads.iter().filter(|r| r.is_err()).count();
     assert!(failed >= 1 && failed <= dead, "{dead} dead: {reads:?}");
     assert!(
         reads.iter().all(|r| match r {
@@ -904,5 +917,5 @@ async fn a_read_on_a_broken_pooled_connection_fails_once_and_takes_it_along() {
         }),
         "{reads:?}"
     );
-    assert!(reads[dead as usize].is_ok(), "{reads:?}");
+    assert!(reads[dead].is_ok(), "{reads:?}");
 }
