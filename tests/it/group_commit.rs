@@ -807,14 +807,7 @@ async fn a_group_after_its_pooled_connections_broke_is_stored_at_once() {
     use herald::storage::group_commit::ReceiptWriter;
     use herald::storage::models::NewReceipt;
     use herald::storage::receipts::Stored;
-    use herald::storage::{Db, PoolOptions};
-    let test_db = crate::support::db::TestDb::new(Backend::Postgres);
-    // One connection: none is opened behind the test's back.
-    let one = PoolOptions {
-        max_size: 1,
-        ..PoolOptions::default()
-    };
-    let db = Db::connect(&test_db.url, &one).unwrap();
+    let (test_db, db) = one_connection_pool();
     let writer = ReceiptWriter::spawn(db).unwrap();
     let receipt = |id: &str| NewReceipt {
         provider_event_id: id.into(),
@@ -841,6 +834,19 @@ async fn a_group_after_its_pooled_connections_broke_is_stored_at_once() {
         .await;
     assert_eq!(after.unwrap(), stored);
     assert_eq!(writer.commits(), 2);
+}
+
+/// A PostgreSQL test database and a pool of one connection on it: none is opened behind the
+/// test's back.
+fn one_connection_pool() -> (crate::support::db::TestDb, herald::storage::Db) {
+    use herald::storage::{Db, PoolOptions};
+    let test_db = crate::support::db::TestDb::new(Backend::Postgres);
+    let one = PoolOptions {
+        max_size: 1,
+        ..PoolOptions::default()
+    };
+    let db = Db::connect(&test_db.url, &one).unwrap();
+    (test_db, db)
 }
 
 /// Ends every connection to the test database `url` that is open now (its backends terminated;
@@ -895,14 +901,7 @@ async fn terminate_connections(url: &str) -> usize {
 /// failed, until some transaction's `BEGIN` happened to find it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_on_a_broken_pooled_connection_fails_once_and_takes_it_along() {
-    use herald::storage::{Db, PoolOptions};
-    let test_db = crate::support::db::TestDb::new(Backend::Postgres);
-    // One connection: none is opened behind the test's back.
-    let one = PoolOptions {
-        max_size: 1,
-        ..PoolOptions::default()
-    };
-    let db = Db::connect(&test_db.url, &one).unwrap();
+    let (test_db, db) = one_connection_pool();
     // A pooled connection, on which the read below was never prepared.
     assert_eq!(db.receipts_of_message(1).unwrap().len(), 0);
     let dead = terminate_connections(&test_db.url).await;
