@@ -1022,8 +1022,9 @@ macro_rules! db_run {
                 let r = (|$conn: &mut ::diesel::pg::PgConnection| -> Result<_, $crate::storage::StorageError> {
                     $body
                 })(&mut pooled);
-                // A connection that died while idle leaves the pool with the read it failed.
-                if r.is_err() {
+                // A connection that died while idle leaves the pool with the read it failed (a
+                // read that found nothing, or a value it could not decode, asks nothing more).
+                if r.as_ref().is_err_and(|e| e.is_unavailable()) {
                     $crate::storage::pg_dead(&mut pooled);
                 }
                 r
