@@ -663,6 +663,53 @@ async fn serve_reconciles_receipts_in_the_background() {
     herald.stop_cleanly().await;
 }
 
+/// `herald serve` on PostgreSQL stores a receipt at once after every connection it held was
+/// ended while it was idle (the database itself up, as after a restart): ingest's group, one
+/// statement committed by itself, runs again on a new connection when it failed at once on a
+/// dead one — 200, not 503 — and is stored once. Nothing else in the process connects meanwhile
+/// (no sender, no LISTEN, a reconciler woken only by ingest, a pool of two).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_stores_a_receipt_at_once_after_its_connections_were_ended() {
+    use hmac::{Hmac, Mac};
+    let db = crate::support::TestDb::new(crate::support::Backend::Postgres);
+    let listen = free_addr();
+    let base = format!("http://{listen}");
+    let mut herald = Herald::spawn_with_config(
+        &["serve"],
+        &[
+            ("HERALD_LISTEN", &listen),
+            ("HERALD_DATABASE_URL", &db.url),
+            ("HERALD_DATABASE_POOL_SIZE", "2"),
+            ("HERALD_SENDER_ENABLED", "false"),
+            ("HERALD_LISTEN_NOTIFY", "false"),
+            ("HERALD_RECONCILE_INTERVAL_MS", "3600000"),
+        ],
+        Some("[sources.esp]\nscheme = \"hmac\"\nsecrets = [\"bin-esp\"]\n"),
+    );
+    herald.wait_healthy(&base).await;
+    let http = client();
+    let post = |id: &str| {
+        let body = serde_json::to_vec(&json!({"id": id, "type": "delivered"})).unwrap();
+        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(b"bin-esp").unwrap();
+        mac.update(&body);
+        http.post(format!("{base}/v1/ingest/esp"))
+            .header("x-signature", hex::encode(mac.finalize().into_bytes()))
+            .body(body)
+            .send()
+    };
+    let first = post("esp-before").await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert!(crate::support::db::terminate_connections(&db.url).await > 0);
+    let after = post("esp-after").await.unwrap();
+    assert_eq!(after.status(), 200, "stderr:\n{}", herald.stderr());
+    assert_eq!(
+        after.json::<serde_json::Value>().await.unwrap(),
+        json!({"stored": 1, "duplicates": 0})
+    );
+    let stderr = herald.stop_cleanly().await;
+    assert!(!stderr.contains("group commit failed"), "{stderr}");
+}
+
 /// The SSRF guard in the real binary: with `HERALD_ALLOW_NETWORKS` unset a loopback receiver is
 /// refused — its literal address with a 422 at enqueue, the name `localhost` at send time
 /// (`permanent`, no request) — and with `HERALD_ALLOW_NETWORKS=127.0.0.0/8` it is delivered.

@@ -828,7 +828,7 @@ async fn a_group_after_its_pooled_connections_broke_is_stored_at_once() {
         .await;
     assert_eq!(before.unwrap(), stored);
     // Their backends gone before the next group asks anything of them.
-    assert!(terminate_connections(&test_db.url).await > 0);
+    assert!(crate::support::db::terminate_connections(&test_db.url).await > 0);
     let after = writer
         .store(writer.begin(), "src", vec![receipt("after")], Utc::now())
         .await;
@@ -849,50 +849,6 @@ fn one_connection_pool() -> (crate::support::db::TestDb, herald::storage::Db) {
     (test_db, db)
 }
 
-/// Ends every connection to the test database `url` that is open now (its backends terminated;
-/// the database itself stays up, as after a restart), waits until the server has none of them
-/// left, and returns how many there were.
-async fn terminate_connections(url: &str) -> usize {
-    use diesel::{Connection, RunQueryDsl};
-    let name = url::Url::parse(url)
-        .unwrap()
-        .path()
-        .trim_start_matches('/')
-        .to_owned();
-    let admin_url = url.replace(&format!("/{name}"), "/postgres");
-    let mut admin = diesel::pg::PgConnection::establish(&admin_url).unwrap();
-    #[derive(diesel::QueryableByName)]
-    struct Pid {
-        #[diesel(sql_type = diesel::sql_types::Integer)]
-        pid: i32,
-    }
-    let ended: Vec<i32> = diesel::sql_query(format!(
-        "SELECT pid FROM pg_stat_activity WHERE datname = '{name}'"
-    ))
-    .load::<Pid>(&mut admin)
-    .unwrap()
-    .into_iter()
-    .map(|p| p.pid)
-    .collect();
-    assert!(!ended.is_empty(), "the pool holds connections");
-    diesel::sql_query("SELECT pg_terminate_backend(pid) FROM unnest($1) AS pid")
-        .bind::<diesel::sql_types::Array<diesel::sql_types::Integer>, _>(&ended)
-        .execute(&mut admin)
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let left = diesel::sql_query("SELECT pid FROM pg_stat_activity WHERE pid = ANY($1)")
-            .bind::<diesel::sql_types::Array<diesel::sql_types::Integer>, _>(&ended)
-            .load::<Pid>(&mut admin)
-            .unwrap();
-        if left.is_empty() {
-            return ended.len();
-        }
-        assert!(Instant::now() < deadline, "the backends did not end");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 /// A read on a pooled connection that broke while idle fails (503 at the edge), and that
 /// connection leaves the pool with it, so the next read works. diesel marks a connection broken
 /// when a statement fails on it, but not when only the statement's preparation failed (its
@@ -904,7 +860,7 @@ async fn a_read_on_a_broken_pooled_connection_fails_once_and_takes_it_along() {
     let (test_db, db) = one_connection_pool();
     // A pooled connection, on which the read below was never prepared.
     assert_eq!(db.receipts_of_message(1).unwrap().len(), 0);
-    let dead = terminate_connections(&test_db.url).await;
+    let dead = crate::support::db::terminate_connections(&test_db.url).await;
     // Each dead connection fails one read at most, then reads work.
     let reads: Vec<_> = (0..=dead).map(|_| db.receipts_of_source("src")).collect();
     let failed = reads.iter().filter(|r| r.is_err()).count();
