@@ -699,7 +699,7 @@ async fn serve_stores_a_receipt_at_once_after_its_connections_were_ended() {
     };
     let first = post("esp-before").await.unwrap();
     assert_eq!(first.status(), 200);
-    assert!(crate::support::db::terminate_connections(&db.url).await > 0);
+    assert!(db.end_connections().await > 0);
     let after = post("esp-after").await.unwrap();
     assert_eq!(after.status(), 200, "stderr:\n{}", herald.stderr());
     assert_eq!(

@@ -828,7 +828,7 @@ async fn a_group_after_its_pooled_connections_broke_is_stored_at_once() {
         .await;
     assert_eq!(before.unwrap(), stored);
     // Their backends gone before the next group asks anything of them.
-    assert!(crate::support::db::terminate_connections(&test_db.url).await > 0);
+    assert!(test_db.end_connections().await > 0);
     let after = writer
         .store(writer.begin(), "src", vec![receipt("after")], Utc::now())
         .await;
@@ -860,7 +860,7 @@ async fn a_read_on_a_broken_pooled_connection_fails_once_and_takes_it_along() {
     let (test_db, db) = one_connection_pool();
     // A pooled connection, on which the read below was never prepared.
     assert_eq!(db.receipts_of_message(1).unwrap().len(), 0);
-    let dead = crate::support::db::terminate_connections(&test_db.url).await;
+    let dead = test_db.end_connections().await;
     // Each dead connection fails one read at most, then reads work.
     let reads: Vec<_> = (0..=dead).map(|_| db.receipts_of_source("src")).collect();
     let failed = reads.iter().filter(|r| r.is_err()).count();

@@ -573,45 +573,45 @@ pub fn state_in_database_file(db: &std::path::Path, event_id: &str) -> Option<St
         .map(|s| s.state)
 }
 
-/// Ends every connection to the test database `url` that is open now (its backends terminated;
-/// the database itself stays up, as after a restart), waits until the server has none of them
-/// left, and returns how many there were.
-pub async fn terminate_connections(url: &str) -> usize {
-    let name = url::Url::parse(url)
-        .unwrap()
-        .path()
-        .trim_start_matches('/')
-        .to_owned();
-    let admin_url = url.replace(&format!("/{name}"), "/postgres");
-    let mut admin = diesel::pg::PgConnection::establish(&admin_url).unwrap();
-    #[derive(diesel::QueryableByName)]
-    struct Pid {
-        #[diesel(sql_type = diesel::sql_types::Integer)]
-        pid: i32,
-    }
-    let ended: Vec<i32> = diesel::sql_query(format!(
-        "SELECT pid FROM pg_stat_activity WHERE datname = '{name}'"
-    ))
-    .load::<Pid>(&mut admin)
-    .unwrap()
-    .into_iter()
-    .map(|p| p.pid)
-    .collect();
-    assert!(!ended.is_empty(), "the pool holds connections");
-    diesel::sql_query("SELECT pg_terminate_backend(pid) FROM unnest($1) AS pid")
-        .bind::<diesel::sql_types::Array<diesel::sql_types::Integer>, _>(&ended)
-        .execute(&mut admin)
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let left = diesel::sql_query("SELECT pid FROM pg_stat_activity WHERE pid = ANY($1)")
-            .bind::<diesel::sql_types::Array<diesel::sql_types::Integer>, _>(&ended)
-            .load::<Pid>(&mut admin)
-            .unwrap();
-        if left.is_empty() {
-            return ended.len();
+impl TestDb {
+    /// Ends every connection to this PostgreSQL test database that is open now (its backends
+    /// terminated; the database itself stays up, as after a restart), waits until the server has
+    /// none of them left, and returns how many there were.
+    pub async fn end_connections(&self) -> usize {
+        let name = self
+            .pg_name
+            .as_deref()
+            .expect("a PostgreSQL test database of its own");
+        let mut admin = server().admin();
+        #[derive(diesel::QueryableByName)]
+        struct Pid {
+            #[diesel(sql_type = diesel::sql_types::Integer)]
+            pid: i32,
         }
-        assert!(Instant::now() < deadline, "the backends did not end");
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        let ended: Vec<i32> = diesel::sql_query(format!(
+            "SELECT pid FROM pg_stat_activity WHERE datname = '{name}'"
+        ))
+        .load::<Pid>(&mut admin)
+        .unwrap()
+        .into_iter()
+        .map(|p| p.pid)
+        .collect();
+        assert!(!ended.is_empty(), "the pool holds connections");
+        diesel::sql_query("SELECT pg_terminate_backend(pid) FROM unnest($1) AS pid")
+            .bind::<diesel::sql_types::Array<diesel::sql_types::Integer>, _>(&ended)
+            .execute(&mut admin)
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = diesel::sql_query("SELECT pid FROM pg_stat_activity WHERE pid = ANY($1)")
+                .bind::<diesel::sql_types::Array<diesel::sql_types::Integer>, _>(&ended)
+                .load::<Pid>(&mut admin)
+                .unwrap();
+            if left.is_empty() {
+                return ended.len();
+            }
+            assert!(Instant::now() < deadline, "the backends did not end");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 }
