@@ -942,10 +942,7 @@ where
 {
     use diesel::r2d2::R2D2Connection;
     let mut f = Some(f);
-    let mut tries = pool.max_size() as usize + 1;
-    loop {
-        let mut conn = pool.get().map_err(|e| E::from(StorageError::from(e)))?;
-        let began = std::time::Instant::now();
+    on_a_live_connection(pool, |conn| {
         let r = conn
             .build_transaction()
             .read_committed()
@@ -953,18 +950,32 @@ where
                 Some(f) => f(c),
                 None => Err(E::from(DieselError::BrokenTransactionManager)),
             });
-        match r {
-            // `f` never ran: the BEGIN failed. Retry on another connection if this one is dead,
-            // and was found dead at once.
-            Err(_)
-                if f.is_some()
-                    && tries > 1
-                    && conn.is_broken()
-                    && began.elapsed() < RETRY_FAILED_WITHIN =>
-            {
+        // Again only if `f` never ran (the `BEGIN` failed) and this connection is dead.
+        r.map_err(|e| (e, f.is_some() && conn.is_broken()))
+    })
+}
+
+/// The retry [`pg_transaction`] and [`pg_autocommit`] share: `attempt` runs on a pooled
+/// connection and, when it fails, says whether it may run again on the next one (the connection
+/// is dead, and running it again loses nothing); it does when it failed at once
+/// ([`RETRY_FAILED_WITHIN`]), at most the pool's size, plus one, times in all.
+fn on_a_live_connection<T, E>(
+    pool: &PgPool,
+    mut attempt: impl FnMut(&mut PgConnection) -> Result<T, (E, bool)>,
+) -> Result<T, E>
+where
+    E: From<StorageError>,
+{
+    let mut tries = pool.max_size() as usize + 1;
+    loop {
+        let mut conn = pool.get().map_err(|e| E::from(StorageError::from(e)))?;
+        let began = std::time::Instant::now();
+        match attempt(&mut conn) {
+            Ok(t) => return Ok(t),
+            Err((_, again)) if again && tries > 1 && began.elapsed() < RETRY_FAILED_WITHIN => {
                 tries -= 1
             }
-            r => return r,
+            Err((e, _)) => return Err(e),
         }
     }
 }
@@ -983,19 +994,8 @@ pub(crate) fn pg_autocommit<T, E>(
 where
     E: From<StorageError>,
 {
-    let mut tries = pool.max_size() as usize + 1;
-    loop {
-        let mut conn = pool.get().map_err(|e| E::from(StorageError::from(e)))?;
-        let began = std::time::Instant::now();
-        let r = f(&mut conn);
-        let at_once = began.elapsed() < RETRY_FAILED_WITHIN;
-        // A dead connection leaves the pool whenever it failed a statement (`pg_dead`).
-        if r.is_err() && pg_dead(&mut conn) && at_once && tries > 1 {
-            tries -= 1;
-            continue;
-        }
-        return r;
-    }
+    // A dead connection leaves the pool whenever it failed a statement (`pg_dead`).
+    on_a_live_connection(pool, |conn| f(conn).map_err(|e| (e, pg_dead(conn))))
 }
 
 /// Whether a connection whose statement just failed is dead (and then marked broken, so that the
