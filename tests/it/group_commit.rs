@@ -836,6 +836,27 @@ async fn a_group_after_its_pooled_connections_broke_is_stored_at_once() {
     assert_eq!(writer.commits(), 2);
 }
 
+/// The same for a transaction (`storage::pg_transaction`: `POST /v1/messages`' group, and every
+/// other write on PostgreSQL): its `BEGIN` fails at once on the dead connection, before anything
+/// of it was sent, and the transaction runs on a new connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_after_its_pooled_connection_broke_commits_at_once() {
+    use herald::outbox::{Limits, NewMessage};
+    use herald::storage::group_commit::MessageWriter;
+    let (test_db, db) = one_connection_pool();
+    let writer = MessageWriter::spawn(db).unwrap();
+    let row = |id: &str| {
+        NewMessage::webhook(id, "https://x.example/h", json!({}))
+            .prepare(&Limits::default(), Utc::now())
+            .unwrap()
+    };
+    let before = writer.enqueue(writer.begin(), row("before")).await;
+    assert!(matches!(before, Ok(Ok((true, _)))), "{:?}", before.err());
+    assert!(test_db.end_connections().await > 0);
+    let after = writer.enqueue(writer.begin(), row("after")).await;
+    assert!(matches!(after, Ok(Ok((true, _)))), "{:?}", after.err());
+}
+
 /// A PostgreSQL test database and a pool of one connection on it: none is opened behind the
 /// test's back.
 fn one_connection_pool() -> (crate::support::db::TestDb, herald::storage::Db) {
