@@ -236,3 +236,74 @@ async fn the_replay_keys_upgrade_keeps_the_keys_receipts_held(backend: Backend) 
 }
 
 both_backends!(the_replay_keys_upgrade_keeps_the_keys_receipts_held);
+
+/// A stored receipt writes an entry only into the indexes some statement of Herald's reads:
+/// the key (source, provider event id) that deduplicates it, the replay keys, the message it
+/// was matched to, and the age of unmatched ones for retention. Not the receipt's own Herald
+/// event id or provider message id: the reconciler looks those up among the messages, never
+/// among the receipts (migration 000020 dropped the two indexes that held them).
+async fn receipts_are_indexed_only_for_herald_s_own_reads(backend: Backend) {
+    use diesel::{QueryableByName, RunQueryDsl};
+    use diesel_migrations::MigrationHarness;
+
+    #[derive(QueryableByName, Debug)]
+    struct Index {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        name: String,
+    }
+    macro_rules! indexes {
+        ($c:expr, $migrations:expr, $sql:expr) => {{
+            let c = $c;
+            c.run_pending_migrations($migrations).unwrap();
+            let names: Vec<String> = diesel::sql_query($sql)
+                .load::<Index>(c)
+                .unwrap()
+                .into_iter()
+                .map(|i| i.name)
+                .collect();
+            names
+        }};
+    }
+    on_a_fresh_database(
+        backend,
+        |c| {
+            let names = indexes!(
+                c,
+                herald::storage::PG_MIGRATIONS,
+                "SELECT indexname::text AS name FROM pg_indexes \
+                 WHERE tablename = 'herald_receipts' ORDER BY 1"
+            );
+            assert_eq!(
+                names,
+                [
+                    "herald_receipts_message",
+                    "herald_receipts_pkey",
+                    "herald_receipts_replay",
+                    "herald_receipts_source_event_key",
+                    "herald_receipts_unmatched_age",
+                ]
+            );
+        },
+        |c| {
+            // SQLite names a UNIQUE constraint's index itself; its primary key is the rowid.
+            let names = indexes!(
+                c,
+                herald::storage::SQLITE_MIGRATIONS,
+                "SELECT name FROM sqlite_master WHERE type = 'index' \
+                 AND tbl_name = 'herald_receipts' ORDER BY 1"
+            );
+            assert_eq!(
+                names,
+                [
+                    "herald_receipts_message",
+                    "herald_receipts_replay",
+                    "herald_receipts_unmatched_age",
+                    "sqlite_autoindex_herald_receipts_1",
+                ]
+            );
+        },
+    )
+    .await;
+}
+
+both_backends!(receipts_are_indexed_only_for_herald_s_own_reads);
