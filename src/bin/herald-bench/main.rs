@@ -180,6 +180,7 @@ pub const SCENARIOS: &[(&str, ScenarioFn)] = &[
     ("dispatch_pg_procs", scenarios::dispatch_pg_procs),
     ("dispatch_pg_keyed", scenarios::dispatch_pg_keyed),
     ("ingest_pg", scenarios::ingest_pg),
+    ("ingest_pg_matched", scenarios::ingest_pg_matched),
     ("enqueue_pg", scenarios::enqueue_pg),
     ("app_insert_pg", scenarios::app_insert_pg),
     ("latency", scenarios::latency),

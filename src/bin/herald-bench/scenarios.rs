@@ -517,6 +517,84 @@ pub fn ingest_pg(ctx: &mut Ctx) -> Result<Vec<Figure>> {
     ])
 }
 
+/// `ingest_pg` with receipts that each match a message Herald sent, as a provider's are: every
+/// receipt `n` (`email.delivered`, provider message id `em_n`) finds the `delivered` message
+/// `sent-n`, loaded by SQL beforehand, and the reconciler applies it (the message's delivery
+/// status written, the receipt marked applied) while the load runs. Also measured: how fast the
+/// reconciler applied them — every receipt answered, from the window's start until the queue
+/// was empty — against the rate they arrived at. Checked: every receipt applied, each to its own
+/// message.
+pub fn ingest_pg_matched(ctx: &mut Ctx) -> Result<Vec<Figure>> {
+    let window = Duration::from_secs(ctx.sizes.window_secs);
+    // More messages than the load can send receipts for (about 16,000/s at the most here).
+    let messages: usize = if ctx.sizes.quick { 100_000 } else { 250_000 };
+    let (url, tps) = pg_single_insert_baseline(ctx, "bench_ingest_matched", window)?;
+    let mut conn = PgConnection::establish(&url)?;
+    conn.batch_execute(&format!(
+        "{MARK} INSERT INTO herald_outbox (event_id, channel, destination, payload, state, attempts, \
+         provider_message_id) SELECT 'sent-' || i, 'webhook', 'https://x.example/h', \
+         '{{\"body\": {{}}}}', 'delivered', 1, 'em_' || i FROM generate_series(0, {}) AS i; \
+         {MARK} ANALYZE herald_outbox",
+        messages - 1
+    ))?;
+    conn.batch_execute(&format!("{MARK} SELECT pg_stat_statements_reset()"))?;
+    let queued = "SELECT count(*) AS n FROM herald_receipt_queue";
+    let (load, drained) = ctx.rt.block_on(async {
+        let h = HeraldProc::start(&url, "").await?;
+        let start = Instant::now();
+        let load = ingest_load(&h.base, window).await;
+        let mut drained = None;
+        if load.is_ok() {
+            while start.elapsed() < WAIT_LIMIT {
+                if count_sql(&mut conn, queued)? == 0 {
+                    drained = Some(start.elapsed());
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        h.stop().await?;
+        Ok::<_, anyhow::Error>((load?, drained))
+    })?;
+    let drained = drained.context("the reconciler did not empty its queue")?;
+    let Load {
+        answered,
+        rate,
+        p50,
+        p99,
+    } = load;
+    ensure!(
+        answered <= messages,
+        "{answered} receipts for {messages} messages: raise the number of messages"
+    );
+    let applied = count_sql(
+        &mut conn,
+        "SELECT count(*) AS n FROM herald_receipts WHERE outcome = 'applied' \
+         AND message_id IS NOT NULL",
+    )?;
+    let statuses = count_sql(
+        &mut conn,
+        "SELECT count(*) AS n FROM herald_outbox WHERE delivery_status = 'delivered'",
+    )?;
+    ensure!(
+        applied == answered as i64 && statuses == answered as i64,
+        "{answered} receipts answered, {applied} applied, {statuses} messages given their status"
+    );
+    print_top_statements(&mut conn)?;
+    let reconciled = answered as f64 / drained.as_secs_f64();
+    Ok(vec![
+        Figure::measured("ingest_pg_matched", rate, tps, "receipts/s").note(format!(
+            "as ingest_pg, each receipt matching one of {messages} sent messages; p50 {p50:.2} ms, \
+             p99 {p99:.2} ms; baseline: pgbench single-row INSERT, {INGEST_CLIENTS} clients"
+        )),
+        Figure::measured("reconcile_pg_matched", reconciled, rate, "receipts/s").note(format!(
+            "{answered} receipts applied, the queue empty {:.1} s after the window began; \
+             baseline: the rate they arrived at",
+            drained.as_secs_f64()
+        )),
+    ])
+}
+
 /// `INGEST_CLIENTS` clients enqueueing webhooks of about 1 KiB through `POST /v1/messages` for
 /// `window`, each with an event id of its own and scheduled an hour ahead: the figure is the
 /// API's enqueue alone, the sender finding nothing due.
