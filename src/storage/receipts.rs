@@ -163,13 +163,16 @@ per_backend! {
             let Some(id) = target(receipt) else {
                 // Tried again with growing waits for a day after it arrived, the last try at
                 // its day's end ([`next_unmatched_try`]); then it stays listed (and counted)
-                // as unmatched, no longer tried.
+                // as unmatched, no longer tried. One that names no message at all can never
+                // match one: no more tries.
                 let tries = receipt.match_attempts.saturating_add(1);
-                let next = crate::storage::receipts::next_unmatched_try(receipt.received_at, at, tries);
-                let reason = if next.is_some() {
-                    crate::storage::receipts::STILL_UNMATCHED
+                let (next, reason) = if !crate::storage::receipts::names_a_message(receipt) {
+                    (None, crate::storage::receipts::NAMES_NO_MESSAGE)
                 } else {
-                    "no message with its event id or provider message id within a day: no longer tried"
+                    match crate::storage::receipts::next_unmatched_try(receipt.received_at, at, tries) {
+                        Some(next) => (Some(next), crate::storage::receipts::STILL_UNMATCHED),
+                        None => (None, "no message with its event id or provider message id within a day: no longer tried"),
+                    }
                 };
                 unmatched.push(Unmatched { receipt_id: receipt.id, tries, next, reason });
                 pass.unmatched += 1;
@@ -367,6 +370,19 @@ per_backend! {
 
 /// Why a receipt that is still tried matches no message (shown while it waits in the queue).
 pub(crate) const STILL_UNMATCHED: &str = "no message with its event id or provider message id yet";
+
+/// Why a receipt that carries neither Herald's event id nor a provider message id is not tried
+/// again: nothing in it can ever match a message (a provider's event about something Herald did
+/// not send, or a source whose events carry no id where Herald looks for one).
+pub(crate) const NAMES_NO_MESSAGE: &str =
+    "it carries no event id and no provider message id to match a message by: not tried again";
+
+/// Whether `r` carries an id a message could be found by: Herald's event id, or a provider
+/// message id (which also holds Herald's own email `Message-ID`). An empty one names nothing.
+pub(crate) fn names_a_message(r: &PendingReceipt) -> bool {
+    let named = |v: &Option<String>| v.as_deref().is_some_and(|v| !v.is_empty());
+    named(&r.herald_event_id) || named(&r.provider_message_id)
+}
 
 /// How long an unmatched receipt is tried again.
 const UNMATCHED_FOR: chrono::Duration = chrono::Duration::days(1);

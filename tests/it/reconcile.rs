@@ -309,6 +309,69 @@ async fn an_unmatched_receipt_is_tried_for_a_day(backend: Backend) {
     app.stop().await;
 }
 
+/// A receipt that carries neither Herald's event id nor a provider message id can never match a
+/// message: it is tried once, on arrival, and then listed as unmatched, not tried again — where
+/// one that names a message that does not exist yet is tried again.
+async fn a_receipt_that_names_no_message_is_not_tried_again(backend: Backend) {
+    let app = spawn_app_with(backend, SOURCE).await;
+    for event in [
+        json!({"id": "nameless", "type": "opened", "at": T0}),
+        json!({"id": "blank", "type": "opened", "at": T0, "herald_event_id": "", "message_id": ""}),
+        json!({"id": "named", "type": "opened", "at": T0, "message_id": "not-yet-sent"}),
+    ] {
+        assert_eq!(post_receipt(&app, event).await, 200);
+    }
+    assert_eq!(reconcile(&app).await, 0);
+    let tries = |app: &TestApp| {
+        let mut rows: Vec<_> = app
+            .db
+            .receipts_of_source("esp")
+            .unwrap()
+            .into_iter()
+            .map(|r| {
+                (
+                    r.provider_event_id,
+                    r.outcome,
+                    r.match_attempts,
+                    r.next_match_at.is_some(),
+                )
+            })
+            .collect();
+        rows.sort();
+        rows
+    };
+    let unmatched_tried_again =
+        |id: &str, n: i32, again: bool| (id.to_owned(), Some("unmatched".to_owned()), n, again);
+    assert_eq!(
+        tries(&app),
+        [
+            unmatched_tried_again("blank", 1, false),
+            unmatched_tried_again("named", 1, true),
+            unmatched_tried_again("nameless", 1, false),
+        ]
+    );
+    let nameless = app.db.receipts_of_source("esp").unwrap();
+    let reason = nameless
+        .iter()
+        .find(|r| r.provider_event_id == "nameless")
+        .and_then(|r| r.outcome_reason.clone())
+        .unwrap();
+    assert!(reason.contains("not tried again"), "{reason}");
+    // An hour on: only the one that names a message was tried again.
+    app.advance(Duration::from_secs(3600));
+    assert_eq!(reconcile(&app).await, 0);
+    assert_eq!(
+        tries(&app),
+        [
+            unmatched_tried_again("blank", 1, false),
+            unmatched_tried_again("named", 2, true),
+            unmatched_tried_again("nameless", 1, false),
+        ]
+    );
+    assert_eq!(unmatched(&app).await["count"], 3, "all three listed");
+    app.stop().await;
+}
+
 /// Walked through its day try by try (Herald's clock moved to each `next_match_at`), a receipt
 /// that never matches is tried with waits that keep doubling, up to an hour, and once more at the
 /// end of its day: each try rewrites its row, so a short capped wait would rewrite it every few
@@ -723,6 +786,7 @@ both_backends!(
     every_arrival_order_ends_in_the_same_status,
     a_receipt_before_its_message_is_matched_once_it_appears,
     an_unmatched_receipt_is_tried_for_a_day,
+    a_receipt_that_names_no_message_is_not_tried_again,
     an_unmatched_receipt_waits_longer_after_each_try,
     a_receipt_faster_than_the_senders_commit_is_matched_later,
     receipts_match_by_the_captured_provider_message_id,
