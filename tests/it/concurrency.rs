@@ -459,7 +459,9 @@ fn sqlite_hot_statements_are_compiled_once_per_connection() {
         };
         let (hit, miss) = (
             receipt("hit", Some(format!("mail-{round}"))),
-            receipt("miss", None),
+            // It names a message that is not there: tried again later (one that names none is
+            // not tried again, and would not exercise the queue's write).
+            receipt("miss", Some(format!("never-sent-{round}"))),
         );
         let new =
             receipts::sqlite::insert_receipts_returning(&mut c, &[("cache", &hit, fixed)]).unwrap();
