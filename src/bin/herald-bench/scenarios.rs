@@ -538,29 +538,17 @@ pub fn ingest_pg_matched(ctx: &mut Ctx) -> Result<Vec<Figure>> {
         messages - 1
     ))?;
     conn.batch_execute(&format!("{MARK} SELECT pg_stat_statements_reset()"))?;
-    let queued = "SELECT count(*) AS n FROM herald_receipt_queue";
     let (load, drained) = ctx.rt.block_on(async {
         let h = HeraldProc::start(&url, "").await?;
         let start = Instant::now();
-        let load = ingest_load(&h.base, window).await;
-        let mut drained = Ok(None);
-        if load.is_ok() {
-            while start.elapsed() < WAIT_LIMIT {
-                match count_sql(&mut conn, queued) {
-                    Ok(0) => drained = Ok(Some(start.elapsed())),
-                    Ok(_) => {}
-                    Err(e) => drained = Err(e),
-                }
-                if !matches!(drained, Ok(None)) {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+        let r = async {
+            let load = ingest_load(&h.base, window).await?;
+            Ok::<_, anyhow::Error>((load, queue_emptied(&mut conn, start).await?))
         }
+        .await;
         h.stop().await?;
-        Ok::<_, anyhow::Error>((load?, drained?))
+        r
     })?;
-    let drained = drained.context("the reconciler did not empty its queue")?;
     let Load {
         answered,
         rate,
@@ -597,6 +585,21 @@ pub fn ingest_pg_matched(ctx: &mut Ctx) -> Result<Vec<Figure>> {
             drained.as_secs_f64()
         )),
     ])
+}
+
+/// Waits until the reconciler's queue is empty; the time since `start`.
+async fn queue_emptied(conn: &mut PgConnection, start: Instant) -> Result<Duration> {
+    loop {
+        let queued = count_sql(conn, "SELECT count(*) AS n FROM herald_receipt_queue")?;
+        if queued == 0 {
+            return Ok(start.elapsed());
+        }
+        ensure!(
+            start.elapsed() < WAIT_LIMIT,
+            "the reconciler did not empty its queue: {queued} receipts left"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// `INGEST_CLIENTS` clients enqueueing webhooks of about 1 KiB through `POST /v1/messages` for
