@@ -5,6 +5,7 @@
 //! written only if the row is still leased to this sender for that attempt (a fence against a
 //! lease that expired and was claimed again); a lease that runs out is returned by the watchdog.
 
+pub mod awake;
 pub mod decide;
 pub mod disable;
 pub mod limits;
@@ -64,6 +65,9 @@ pub struct SenderConfig {
     /// down): past it, counted from the signal, the flusher gives up on them (see
     /// [`give_up_writing_outcomes`]).
     pub shutdown_timeout: Duration,
+    /// Stay awake while claims keep finding rows, so that applications' inserts skip the
+    /// wake-up ([`awake`]): for a sender woken by LISTEN/NOTIFY on PostgreSQL.
+    pub keep_awake: bool,
 }
 
 /// Per-destination limits beyond a named endpoint's own (see [`limits`]).
@@ -360,6 +364,34 @@ impl Sender {
         let db = self.inner.db.clone();
         let span = tracing::Span::current();
         Ok(tokio::task::spawn_blocking(move || span.in_scope(|| f(&db))).await??)
+    }
+
+    /// Promises to stay awake ([`awake::PROMISE`]); the promise, or `None` where there is
+    /// nothing to promise or it failed (then inserts keep notifying: nothing is missed).
+    async fn promise_awake(&self) -> Option<i64> {
+        let for_ms = awake::PROMISE.as_millis() as i64;
+        match self.blocking(move |db| db.promise_awake(for_ms)).await {
+            Ok(p) => p,
+            Err(e) => {
+                debug!(error = %e, "promising to stay awake failed; inserts keep waking");
+                None
+            }
+        }
+    }
+
+    /// Withdraws `promise` and says whether the claim after this sees every row whose wake-up
+    /// was skipped under it ([`awake`]); `false` when that cannot be told.
+    async fn settle_awake(&self, promise: Option<i64>) -> bool {
+        // No promise of ours (its statement failed): another's, if any, is withdrawn by its
+        // maker; still wait for the transactions that may have seen ours before.
+        let promise = promise.unwrap_or(-1);
+        match self.blocking(move |db| db.settle_awake(promise)).await {
+            Ok(settled) => settled,
+            Err(e) => {
+                debug!(error = %e, "withdrawing the promise to stay awake failed; will retry");
+                false
+            }
+        }
     }
 
     /// The claim transaction: leases up to `limit` due rows and commits.
@@ -1217,6 +1249,9 @@ impl Sender {
         let mut failures = 0u32;
         let heartbeat = &self.inner.heartbeat;
         heartbeat.beat(self.inner.clock.now());
+        // Staying awake (PostgreSQL, listening), and the last promise made.
+        let mut phase = cfg.keep_awake.then(awake::Phase::default);
+        let mut promise = None;
         loop {
             if *shutdown.borrow() {
                 break;
@@ -1267,6 +1302,10 @@ impl Sender {
             let Ok(mut places) = room.clone().try_acquire_many_owned(free) else {
                 continue;
             };
+            let settled = match phase {
+                Some(p) if p.settles_first() => self.settle_awake(promise).await,
+                _ => false,
+            };
             let at = self.inner.clock.now();
             let rows = match self.claim(free).await {
                 Ok(rows) => {
@@ -1286,6 +1325,17 @@ impl Sender {
                 }
             };
             let full = rows.len() as u32 == free;
+            let wait = match phase {
+                Some(p) => {
+                    let next = p.after_claim(std::time::Instant::now(), !rows.is_empty(), settled);
+                    phase = Some(next.phase);
+                    if next.promise {
+                        promise = self.promise_awake().await.or(promise);
+                    }
+                    next.wait
+                }
+                None => awake::Wait::Asleep,
+            };
             // Held from now until their outcome is written: this process's watchdog must not
             // return a row that waits here for its slot, even past its lease (an outage that
             // stalls the flusher stalls the sends too); the send loop puts such a row back.
@@ -1302,12 +1352,22 @@ impl Sender {
                 let idle = self
                     .recheck_wait()
                     .map_or(cfg.poll_interval, |w| cfg.poll_interval.min(w));
-                tokio::select! {
-                    _ = self.inner.wake.notified() => debug!("woken"),
-                    _ = tokio::time::sleep(idle) => {}
-                    _ = shutdown.changed() => {}
+                let idle = match wait {
+                    awake::Wait::Asleep => idle,
+                    awake::Wait::For(d) => d.min(idle),
+                };
+                if !idle.is_zero() {
+                    tokio::select! {
+                        _ = self.inner.wake.notified() => debug!("woken"),
+                        _ = tokio::time::sleep(idle) => {}
+                        _ = shutdown.changed() => {}
+                    }
                 }
             }
+        }
+        // Stopping: inserts wake the other senders again at once, not once the promise lapses.
+        if phase.is_some_and(awake::Phase::has_promised) {
+            self.settle_awake(promise).await;
         }
     }
 

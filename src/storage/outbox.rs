@@ -339,6 +339,30 @@ impl Db {
         Ok((Vec::new(), 0))
     }
 
+    /// PostgreSQL: promises, for `for_ms` ms, that this sender claims again every few ms, so that
+    /// applications' inserts meanwhile skip the wake-up (`sql::pg_promise_awake`); the promise
+    /// to withdraw with [`Db::settle_awake`]. SQLite: nothing to promise (`None`).
+    pub fn promise_awake(&self, for_ms: i64) -> Result<Option<i64>, StorageError> {
+        match self {
+            Db::Pg(pool) => {
+                super::pg_autocommit(pool, |c| Ok(Some(super::sql::pg_promise_awake(c, for_ms)?)))
+            }
+            Db::Sqlite(_) => Ok(None),
+        }
+    }
+
+    /// PostgreSQL: withdraws `promise` (unless another sender's replaced it) and says whether
+    /// every transaction that may have skipped its wake-up under it has ended; a claim after a
+    /// `true` sees their rows (`sql::pg_settle_awake`). SQLite: `true`.
+    pub fn settle_awake(&self, promise: i64) -> Result<bool, StorageError> {
+        match self {
+            Db::Pg(pool) => {
+                super::pg_autocommit(pool, |c| Ok(super::sql::pg_settle_awake(c, promise)?))
+            }
+            Db::Sqlite(_) => Ok(true),
+        }
+    }
+
     /// The outcome transaction (see the per-backend body): what each outcome did, and the ended
     /// keyed messages to pass to [`Db::release_rechecked`] later.
     pub fn record_outcomes(

@@ -4,7 +4,7 @@
 //! `sql::claim_rows(…)` and get their backend's arm.
 
 use chrono::{DateTime, Utc};
-use diesel::sql_types::{BigInt, Integer, Nullable, Text};
+use diesel::sql_types::{BigInt, Bool, Integer, Nullable, Text};
 
 use super::models::{
     Applied, ExpiredLease, MatchedMessage, NewAttempt, NewOutboxRow, NewReceipt, Now, OutboxRow,
@@ -1433,6 +1433,47 @@ pub fn pg_lock_event_id(
         .bind::<Text, _>(event_id)
         .execute(conn)?;
     Ok(())
+}
+
+/// The advisory lock class of the outbox insert trigger's shared lock (migration 000021), held
+/// by every transaction that inserted a due row while a Herald listens, from before it looks
+/// whether a sender is awake until it ends: see [`pg_settle_awake`].
+pub const AWAKE_LOCK_CLASS: i32 = 1751477358;
+
+/// Promises that this sender claims again every few ms for the next `for_ms` ms (the insert
+/// trigger skips the wake-up meanwhile: migration 000021). Returns the promise: its end, in ms
+/// since the epoch by the database's clock. Sets the sequence at once, whatever transaction runs.
+pub fn pg_promise_awake(
+    conn: &mut diesel::pg::PgConnection,
+    for_ms: i64,
+) -> diesel::QueryResult<i64> {
+    use diesel::RunQueryDsl;
+    super::prepared::cached_const!(
+        "SELECT setval('herald_awake', (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $1)"
+    )
+    .bind::<BigInt, _>(for_ms)
+    .typed::<BigInt>()
+    .get_result(conn)
+}
+
+/// Withdraws `promise` unless another sender's has replaced it, then whether no transaction
+/// holds [`AWAKE_LOCK_CLASS`] any more — one that may have skipped its wake-up under a promise
+/// (without waiting for it, and releasing it at once: run by itself, the statement is its own
+/// transaction). Once this says so, a claim sees every row whose wake-up was skipped under
+/// `promise`. In one statement: the aggregate below runs before the lock is tried.
+pub fn pg_settle_awake(
+    conn: &mut diesel::pg::PgConnection,
+    promise: i64,
+) -> diesel::QueryResult<bool> {
+    use diesel::RunQueryDsl;
+    super::prepared::cached_const!(
+        "SELECT pg_try_advisory_xact_lock($1, 0) FROM \
+         (SELECT count(setval('herald_awake', 0)) FROM herald_awake WHERE last_value = $2) w"
+    )
+    .bind::<Integer, _>(AWAKE_LOCK_CLASS)
+    .bind::<BigInt, _>(promise)
+    .typed::<Bool>()
+    .get_result(conn)
 }
 
 /// [`pg_lock_event_id`] for several event ids at once (the group commit of `POST /v1/messages`):

@@ -1511,3 +1511,146 @@ async fn serve_answers_concurrent_enqueues_as_each_alone() {
     ids.dedup();
     assert_eq!((sent, ids.len()), (28, 28), "{ids:?}");
 }
+
+/// `herald serve` on PostgreSQL, listening, with a poll of ten minutes, so that within the test
+/// only wake-ups and its promise to stay awake (`sender::awake`) find a row. Eight application
+/// connections insert 1,920 due rows in 40 rounds: in each, five quick transactions 2 ms apart,
+/// then one held open 15–40 ms after its insert; then, once every row of the round is delivered
+/// (within 5 s, or the test fails), a pause of 15–25 ms for all. So the sender becomes awake on
+/// the quick ones, stops finding rows while the held ones are open, and settles with them open
+/// across it — rows whose wake-up was skipped, committed after the sender's claims stopped
+/// finding anything. Every row is delivered once, each round's before the next round could wake
+/// the sender, and fewer wake-ups were sent than transactions committed (the promise skipped the
+/// others).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_skips_wake_ups_while_awake_and_leaves_no_row_to_the_poll_postgres() {
+    use diesel::Connection;
+    use diesel::connection::SimpleConnection;
+    use rand::Rng;
+    const THREADS: usize = 8;
+    const ROUNDS: usize = 40;
+    const QUICK: usize = 5;
+    let db = crate::support::TestDb::new(crate::support::Backend::Postgres);
+    let rx = crate::support::Receiver::start().await;
+    let listen = free_addr();
+    let base = format!("http://{listen}");
+    let mut herald = Herald::spawn_with_config(
+        &["serve"],
+        &[
+            ("HERALD_LISTEN", &listen),
+            ("HERALD_DATABASE_URL", &db.url),
+            ("HERALD_POLL_INTERVAL_MS", "600000"),
+        ],
+        None,
+    );
+    herald.wait_healthy(&base).await;
+    let mut wake_ups = diesel::pg::PgConnection::establish(&db.url).unwrap();
+    wake_ups
+        .batch_execute("LISTEN herald_outbox; LISTEN herald_test_sentinel")
+        .unwrap();
+    // Registered: from now on an insert of a due row wakes it, unless it is awake.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut admin = diesel::pg::PgConnection::establish(&db.url).unwrap();
+    let listeners = |c: &mut diesel::pg::PgConnection| -> i64 {
+        use diesel::RunQueryDsl;
+        diesel::dsl::sql::<diesel::sql_types::BigInt>("SELECT count(*) FROM herald_listeners")
+            .get_result(c)
+            .unwrap()
+    };
+    while listeners(&mut admin) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "never listened:\n{}",
+            herald.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    fn undelivered(c: &mut diesel::pg::PgConnection) -> i64 {
+        use diesel::RunQueryDsl;
+        diesel::dsl::sql::<diesel::sql_types::BigInt>(
+            "SELECT count(*) FROM herald_outbox WHERE state <> 'delivered'",
+        )
+        .get_result(c)
+        .unwrap()
+    }
+    let rounds = std::sync::Arc::new(std::sync::Barrier::new(THREADS));
+    // A round whose rows were not all delivered within its time: every thread stops.
+    let left = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (url, dest) = (db.url.clone(), rx.url.clone());
+            let (rounds, left) = (rounds.clone(), left.clone());
+            std::thread::spawn(move || {
+                let mut c = diesel::pg::PgConnection::establish(&url).unwrap();
+                let mut rng = rand::rng();
+                let mut n = 0;
+                for _ in 0..ROUNDS {
+                    for held in (0..=QUICK).map(|k| k == QUICK) {
+                        c.batch_execute(&format!(
+                            "BEGIN; INSERT INTO herald_outbox (event_id, channel, destination, \
+                             payload) VALUES ('awake-{t}-{n}', 'webhook', '{dest}', \
+                             '{{\"body\": {n}}}')"
+                        ))
+                        .unwrap();
+                        n += 1;
+                        // The held one: open across the sender's change from awake to
+                        // settling.
+                        let ms = if held { rng.random_range(15..40) } else { 0 };
+                        std::thread::sleep(Duration::from_millis(ms));
+                        c.batch_execute("COMMIT").unwrap();
+                        if !held {
+                            std::thread::sleep(Duration::from_millis(2));
+                        }
+                    }
+                    // Every row of the round delivered before the next round's inserts could
+                    // wake the sender for it.
+                    if rounds.wait().is_leader() {
+                        let deadline = Instant::now() + Duration::from_secs(5);
+                        while undelivered(&mut c) > 0 && Instant::now() < deadline {
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
+                        if undelivered(&mut c) > 0 {
+                            left.store(true, std::sync::atomic::Ordering::SeqCst);
+                        }
+                    }
+                    rounds.wait();
+                    if left.load(std::sync::atomic::Ordering::SeqCst) {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(rng.random_range(15..25)));
+                }
+            })
+        })
+        .collect();
+    tokio::task::spawn_blocking(move || load.into_iter().for_each(|h| h.join().unwrap()))
+        .await
+        .unwrap();
+    assert!(
+        !left.load(std::sync::atomic::Ordering::SeqCst),
+        "a row was left to the poll:\n{}",
+        herald.stderr()
+    );
+    let all = THREADS * ROUNDS * (QUICK + 1);
+    let got = rx.wait_for(all, 60).await;
+    let mut ids: Vec<String> = rx.event_ids();
+    ids.sort();
+    ids.dedup();
+    assert_eq!((got.len(), ids.len()), (all, all), "each row once");
+    admin.batch_execute("NOTIFY herald_test_sentinel").unwrap();
+    let woke = tokio::task::spawn_blocking(move || {
+        crate::foundation::notifications_until_sentinel(&mut wake_ups)
+            .iter()
+            .filter(|c| *c == "herald_outbox")
+            .count()
+    })
+    .await
+    .unwrap();
+    eprintln!("{all} transactions committed, {woke} wake-ups sent");
+    assert!(woke < all, "no wake-up was skipped: {woke}");
+    let stderr = herald.stop_cleanly().await;
+    assert_eq!(
+        rx.requests().len(),
+        all,
+        "no request after the last: {stderr}"
+    );
+}

@@ -399,7 +399,7 @@ async fn the_policy_version_is_recorded_on_the_row(backend: Backend) {
 /// Which of `channels` notified, in order, up to and including the sentinel that the test sends
 /// last (notifications arrive in commit order, so the sentinel closes the window: no waiting
 /// for something not to happen).
-fn notifications_until_sentinel(listener: &mut PgConnection) -> Vec<String> {
+pub(crate) fn notifications_until_sentinel(listener: &mut PgConnection) -> Vec<String> {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let mut seen = Vec::new();
     loop {
@@ -524,6 +524,98 @@ async fn notify_follows_whether_herald_listens_postgres() {
         ["herald_test_sentinel"],
         "a listener that stopped has unregistered"
     );
+    app.raw_sql(&format!(
+        "REVOKE ALL ON herald_outbox FROM {role}; \
+         REVOKE ALL ON SEQUENCE herald_outbox_id_seq FROM {role}; DROP ROLE {role}"
+    ));
+    app.stop().await;
+}
+
+/// An awake sender's promise (migration 000021, `sender::awake`): while it stands, inserts of
+/// due rows skip the wake-up — as an INSERT-only role too, which reads the promise; a lapsed
+/// one does not count. Settling withdraws the promise at once (the next insert notifies again)
+/// but says "not yet" while a transaction that skipped its wake-up is still open, and "settled"
+/// once it has committed, so the claim after it sees that row. A promise replaced by a later
+/// one is not withdrawn by its maker (the later one still stands). SQLite has nothing to
+/// promise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_awake_sender_skips_wake_ups_and_settles_only_after_every_skipper_postgres() {
+    let sqlite = spawn_app(Backend::Sqlite).await;
+    assert_eq!(sqlite.db.promise_awake(1_000).unwrap(), None);
+    assert!(sqlite.db.settle_awake(0).unwrap());
+    sqlite.stop().await;
+
+    let app = spawn_app_with(Backend::Postgres, "listen_notify = false\n").await;
+    let role = format!("awake_{}", app.test_db.url.rsplit('/').next().unwrap());
+    app.raw_sql(&format!(
+        "DROP ROLE IF EXISTS {role}; CREATE ROLE {role}; \
+         GRANT INSERT ON herald_outbox TO {role}; \
+         GRANT USAGE ON SEQUENCE herald_outbox_id_seq TO {role}; \
+         INSERT INTO herald_listeners (owner, seen_at) VALUES ('test', now() + interval '1 hour')"
+    ));
+    let insert = |id: &str| format!("{};", outbox_insert(id, "now()"));
+    let woke = ["herald_outbox", "herald_test_sentinel"];
+    let quiet = ["herald_test_sentinel"];
+    assert_eq!(
+        notifications_of_sql(&app, None, &insert("before")).await,
+        woke
+    );
+    let promise = app.db.promise_awake(600_000).unwrap().expect("a promise");
+    assert_eq!(
+        notifications_of_sql(&app, None, &insert("awake-1")).await,
+        quiet
+    );
+    assert_eq!(
+        notifications_of_sql(&app, Some(&role), &insert("awake-2")).await,
+        quiet,
+        "an INSERT-only role"
+    );
+
+    // A transaction that skipped its wake-up stays open across the settle.
+    let listener = listen_for_wake_ups(&app);
+    let mut open = PgConnection::establish(&app.test_db.url).unwrap();
+    open.batch_execute(&format!("BEGIN; {}", insert("straddler")))
+        .unwrap();
+    assert!(!app.db.settle_awake(promise).unwrap(), "a skipper is open");
+    // Withdrawn at once: this insert notifies.
+    let mut other = PgConnection::establish(&app.test_db.url).unwrap();
+    other.batch_execute(&insert("after-withdrawal")).unwrap();
+    assert!(
+        !app.db.settle_awake(promise).unwrap(),
+        "the skipper is still open"
+    );
+    open.batch_execute("COMMIT").unwrap();
+    assert!(
+        app.db.settle_awake(promise).unwrap(),
+        "every skipper has committed"
+    );
+    assert_eq!(
+        notifications_until_sent_sentinel(&app, listener).await,
+        woke,
+        "only the insert after the withdrawal woke; the straddler skipped its wake-up"
+    );
+
+    // A promise replaced by a later one: settling the first leaves the second standing.
+    let first = app.db.promise_awake(600_000).unwrap().unwrap();
+    let second = app.db.promise_awake(1_200_000).unwrap().unwrap();
+    assert!(second > first);
+    assert!(app.db.settle_awake(first).unwrap());
+    assert_eq!(
+        notifications_of_sql(&app, None, &insert("second-stands")).await,
+        quiet
+    );
+    assert!(app.db.settle_awake(second).unwrap());
+    assert_eq!(
+        notifications_of_sql(&app, None, &insert("withdrawn")).await,
+        woke
+    );
+    // A promise that has lapsed does not count.
+    app.db.promise_awake(-1).unwrap().unwrap();
+    assert_eq!(
+        notifications_of_sql(&app, None, &insert("lapsed")).await,
+        woke
+    );
+
     app.raw_sql(&format!(
         "REVOKE ALL ON herald_outbox FROM {role}; \
          REVOKE ALL ON SEQUENCE herald_outbox_id_seq FROM {role}; DROP ROLE {role}"
