@@ -5,7 +5,8 @@
 //! renews its row every [`CHECK_EVERY`]; the trigger on `herald_outbox` notifies once per
 //! transaction that inserted a due row (or a keyed row waiting behind its key's head), at commit
 //! — and only while some listener's row is fresh (30 s), so polling-only
-//! deployments pay no notify-queue lock on their commits. The row is removed when the thread
+//! deployments pay no notify-queue lock on their commits, and no sender has promised to stay
+//! awake ([`super::awake`]). The row is removed when the thread
 //! stops; a crashed process's row simply goes stale. Notifications
 //! are drained every few milliseconds (no query is sent to do so) and folded into one wake-up
 //! (the debounce); polling remains the fallback, and a broken connection is re-opened.

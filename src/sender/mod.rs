@@ -1325,17 +1325,8 @@ impl Sender {
                 }
             };
             let full = rows.len() as u32 == free;
-            let wait = match phase {
-                Some(p) => {
-                    let next = p.after_claim(std::time::Instant::now(), !rows.is_empty(), settled);
-                    phase = Some(next.phase);
-                    if next.promise {
-                        promise = self.promise_awake().await.or(promise);
-                    }
-                    next.wait
-                }
-                None => awake::Wait::Asleep,
-            };
+            let next =
+                phase.map(|p| p.after_claim(std::time::Instant::now(), !rows.is_empty(), settled));
             // Held from now until their outcome is written: this process's watchdog must not
             // return a row that waits here for its slot, even past its lease (an outage that
             // stalls the flusher stalls the sends too); the send loop puts such a row back.
@@ -1348,13 +1339,20 @@ impl Sender {
                 }
             }
             drop(places);
+            // After the rows went to their sends: a promise is one more round trip.
+            if let Some(next) = next {
+                phase = Some(next.phase);
+                if next.promise {
+                    promise = self.promise_awake().await.or(promise);
+                }
+            }
             if !full {
                 let idle = self
                     .recheck_wait()
                     .map_or(cfg.poll_interval, |w| cfg.poll_interval.min(w));
-                let idle = match wait {
-                    awake::Wait::Asleep => idle,
-                    awake::Wait::For(d) => d.min(idle),
+                let idle = match next.map(|n| n.wait) {
+                    Some(awake::Wait::For(d)) => d.min(idle),
+                    Some(awake::Wait::Asleep) | None => idle,
                 };
                 if !idle.is_zero() {
                     tokio::select! {
@@ -1365,9 +1363,11 @@ impl Sender {
                 }
             }
         }
-        // Stopping: inserts wake the other senders again at once, not once the promise lapses.
+        // Stopping: inserts wake the other senders again at once, not once the promise lapses
+        // (which it does within a second anyway: a database that does not answer is not waited
+        // for longer than that).
         if phase.is_some_and(awake::Phase::has_promised) {
-            self.settle_awake(promise).await;
+            let _ = tokio::time::timeout(awake::PROMISE, self.settle_awake(promise)).await;
         }
     }
 

@@ -661,7 +661,9 @@ pub fn enqueue_pg(ctx: &mut Ctx) -> Result<Vec<Figure>> {
 /// An application inserting outbox rows by SQL, each scheduled an hour ahead (pgbench, one
 /// ~1 KiB row a transaction), while a Herald listens, against the same insert while none does
 /// (in the same database, before). A notifying commit waits for the one before it; a row not yet
-/// due notifies nobody (migration 000019), so the two should be alike.
+/// due notifies nobody (migration 000019), so the two should be alike. Then rows due at once,
+/// with a Herald listening and delivering them: a commit notifies only while no sender has
+/// promised to stay awake (migration 000021); and with a Herald polling instead.
 pub fn app_insert_pg(ctx: &mut Ctx) -> Result<Vec<Figure>> {
     let window = Duration::from_secs(ctx.sizes.window_secs);
     let db = "bench_app_insert";
@@ -751,8 +753,8 @@ pub fn app_insert_pg(ctx: &mut Ctx) -> Result<Vec<Figure>> {
              listening"
         )),
         Figure::measured("app_insert_due_pg", beside_due, alone_due, "tx/s").note(format!(
-            "{what}, due at once, a Herald listening (woken by a NOTIFY at each commit) and \
-             delivering them ({} until it stopped); baseline: the same, nobody listening",
+            "{what}, due at once, a Herald listening (a commit notifies unless a sender has \
+             promised to stay awake) and delivering them ({} until it stopped); baseline: the same, nobody listening",
             rx.tally.count() - polled
         )),
         Figure::measured("app_insert_due_polled_pg", due_polled, alone_due, "tx/s").note(format!(
