@@ -244,7 +244,8 @@ impl Herald {
                 endpoint_policies: settings.endpoint_retry.clone(),
                 limits: settings.limits.clone(),
                 shutdown_timeout: settings.shutdown_timeout,
-                // Only a listening sender is woken, so only one stays awake (sender::awake).
+                // Only a listening sender is woken, so only a listening one promises to stay awake
+                // (sender::awake).
                 keep_awake: settings.listen_notify
                     && db.backend() == crate::storage::Backend::Postgres,
             },

@@ -22,6 +22,9 @@ pub const CADENCE: Duration = Duration::from_millis(2);
 /// How long a promise lasts in the database unless renewed: what one left by a sender that died
 /// awake costs (rows whose wake-up it skipped wait for the next poll).
 pub const PROMISE: Duration = Duration::from_secs(1);
+/// How long an awake sender with no room for a claim keeps its promise: then it withdraws it,
+/// and settles once it has room (`Phase::when_full`).
+pub const FULL_FOR: Duration = Duration::from_millis(100);
 /// The longest wait between a settling sender's claims (while an application's transaction that
 /// inserted a due row stays open).
 pub const SETTLING_MAX: Duration = Duration::from_millis(50);
@@ -77,6 +80,15 @@ impl Phase {
     /// Whether a promise may be outstanding (to withdraw when the sender stops).
     pub fn has_promised(self) -> bool {
         !matches!(self, Phase::Asleep { .. })
+    }
+
+    /// The phase of a sender that has had no room to claim for [`FULL_FOR`]: an awake one
+    /// withdraws its promise and settles (before its next claim); others are unchanged.
+    pub fn when_full(self) -> Phase {
+        match self {
+            Phase::Awake { .. } => Phase::Settling { wait: CADENCE },
+            p => p,
+        }
     }
 
     /// The next phase after a claim at `now` that `found` rows (or not); `settled`: what the
@@ -242,6 +254,11 @@ mod tests {
         assert!(n.phase.settles_first() && n.phase.has_promised());
         assert!(!awake.settles_first() && awake.has_promised());
         assert!(!Phase::default().settles_first() && !Phase::default().has_promised());
+        // No room to claim for FULL_FOR: the promise cannot be kept; settling.
+        assert_eq!(awake.when_full(), Phase::Settling { wait: CADENCE });
+        let settling = Phase::Settling { wait: ms(8) };
+        assert_eq!(settling.when_full(), settling);
+        assert_eq!(Phase::default().when_full(), Phase::default());
     }
 
     #[test]

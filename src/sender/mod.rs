@@ -1287,9 +1287,19 @@ impl Sender {
             }
             let free = room.available_permits() as u32;
             if free == 0 {
-                tokio::select! {
-                    p = room.clone().acquire_owned() => drop(p),
-                    _ = shutdown.changed() => {}
+                // No claim until a send ends: an awake sender that stays full for
+                // `awake::FULL_FOR` cannot keep its promise, and withdraws it (inserts wake the
+                // other senders again), then settles once it has room.
+                let waited = tokio::select! {
+                    p = tokio::time::timeout(awake::FULL_FOR, room.clone().acquire_owned()) => p.is_ok(),
+                    _ = shutdown.changed() => true,
+                };
+                if !waited && let Some(p) = phase {
+                    let next = p.when_full();
+                    if next != p {
+                        self.settle_awake(promise).await;
+                        phase = Some(next);
+                    }
                 }
                 continue;
             }
@@ -1363,11 +1373,27 @@ impl Sender {
                 }
             }
         }
-        // Stopping: inserts wake the other senders again at once, not once the promise lapses
-        // (which it does within a second anyway: a database that does not answer is not waited
-        // for longer than that).
+        // Stopping: the promise is withdrawn, and once every transaction that may have skipped
+        // its wake-up has ended, the other senders are woken for their rows (for at most a
+        // promise's length: a database that does not answer is not waited for longer).
         if phase.is_some_and(awake::Phase::has_promised) {
-            let _ = tokio::time::timeout(awake::PROMISE, self.settle_awake(promise)).await;
+            let hand_over = async {
+                while !self.settle_awake(promise).await {
+                    tokio::time::sleep(awake::CADENCE).await;
+                }
+                if let Err(e) = self.blocking(|db| db.wake_senders()).await {
+                    debug!(error = %e, "waking the other senders failed");
+                }
+            };
+            if tokio::time::timeout(awake::PROMISE, hand_over)
+                .await
+                .is_err()
+            {
+                warn!(
+                    "stopping while awake: the rows of transactions still open when it stopped \
+                     wait for another Herald's poll"
+                );
+            }
         }
     }
 

@@ -363,6 +363,15 @@ impl Db {
         }
     }
 
+    /// PostgreSQL: wakes every listening sender (NOTIFY), as an insert would (a stopping sender
+    /// hands over the rows whose wake-up was skipped under its promise). SQLite: nothing.
+    pub fn wake_senders(&self) -> Result<(), StorageError> {
+        match self {
+            Db::Pg(pool) => super::pg_autocommit(pool, |c| Ok(super::sql::pg_wake_senders(c)?)),
+            Db::Sqlite(_) => Ok(()),
+        }
+    }
+
     /// The outcome transaction (see the per-backend body): what each outcome did, and the ended
     /// keyed messages to pass to [`Db::release_rechecked`] later.
     pub fn record_outcomes(

@@ -1456,24 +1456,33 @@ pub fn pg_promise_awake(
     .get_result(conn)
 }
 
-/// Withdraws `promise` unless another sender's has replaced it, then whether no transaction
-/// holds [`AWAKE_LOCK_CLASS`] any more — one that may have skipped its wake-up under a promise
-/// (without waiting for it, and releasing it at once: run by itself, the statement is its own
-/// transaction). Once this says so, a claim sees every row whose wake-up was skipped under
-/// `promise`. In one statement: the aggregate below runs before the lock is tried.
+/// Withdraws `promise` unless another sender's has replaced it, then says whether no
+/// transaction holds [`AWAKE_LOCK_CLASS`] any more — one that may have skipped its wake-up
+/// under a promise (without waiting for it, and releasing it at once: run by itself, the
+/// statement is its own transaction). Once this says so, a claim sees every row whose wake-up
+/// was skipped under `promise`. Two statements, in this order (the lock is tried only after the
+/// withdrawal is in effect); run outside a transaction.
 pub fn pg_settle_awake(
     conn: &mut diesel::pg::PgConnection,
     promise: i64,
 ) -> diesel::QueryResult<bool> {
     use diesel::RunQueryDsl;
     super::prepared::cached_const!(
-        "SELECT pg_try_advisory_xact_lock($1, 0) FROM \
-         (SELECT count(setval('herald_awake', 0)) FROM herald_awake WHERE last_value = $2) w"
+        "SELECT setval('herald_awake', 0) FROM herald_awake WHERE last_value = $1"
     )
-    .bind::<Integer, _>(AWAKE_LOCK_CLASS)
     .bind::<BigInt, _>(promise)
-    .typed::<Bool>()
-    .get_result(conn)
+    .execute(conn)?;
+    super::prepared::cached_const!("SELECT pg_try_advisory_xact_lock($1, 0)")
+        .bind::<Integer, _>(AWAKE_LOCK_CLASS)
+        .typed::<Bool>()
+        .get_result(conn)
+}
+
+/// Wakes every listening sender (a NOTIFY, sent at once: run outside a transaction).
+pub fn pg_wake_senders(conn: &mut diesel::pg::PgConnection) -> diesel::QueryResult<()> {
+    use diesel::RunQueryDsl;
+    super::prepared::cached_const!("SELECT pg_notify('herald_outbox', '')").execute(conn)?;
+    Ok(())
 }
 
 /// [`pg_lock_event_id`] for several event ids at once (the group commit of `POST /v1/messages`):

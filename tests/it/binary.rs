@@ -1647,6 +1647,24 @@ async fn serve_skips_wake_ups_while_awake_and_leaves_no_row_to_the_poll_postgres
     .unwrap();
     eprintln!("{all} transactions committed, {woke} wake-ups sent");
     assert!(woke < all, "no wake-up was skipped: {woke}");
+    // Nothing more to find: the sender withdrew its promise (or it lapsed).
+    let promised = |c: &mut diesel::pg::PgConnection| -> bool {
+        use diesel::RunQueryDsl;
+        diesel::dsl::sql::<diesel::sql_types::Bool>(
+            "SELECT last_value > (extract(epoch FROM clock_timestamp()) * 1000)::bigint \
+             FROM herald_awake",
+        )
+        .get_result(c)
+        .unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while promised(&mut admin) {
+        assert!(
+            Instant::now() < deadline,
+            "the promise stands with nothing to find"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let stderr = herald.stop_cleanly().await;
     assert_eq!(
         rx.requests().len(),

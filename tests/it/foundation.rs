@@ -536,8 +536,8 @@ async fn notify_follows_whether_herald_listens_postgres() {
 /// one does not count. Settling withdraws the promise at once (the next insert notifies again)
 /// but says "not yet" while a transaction that skipped its wake-up is still open, and "settled"
 /// once it has committed, so the claim after it sees that row. A promise replaced by a later
-/// one is not withdrawn by its maker (the later one still stands). SQLite has nothing to
-/// promise.
+/// one is not withdrawn by its maker (the later one still stands). A REPEATABLE READ
+/// transaction whose snapshot predates a withdrawal sees it. SQLite has nothing to promise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_awake_sender_skips_wake_ups_and_settles_only_after_every_skipper_postgres() {
     let sqlite = spawn_app(Backend::Sqlite).await;
@@ -614,6 +614,21 @@ async fn an_awake_sender_skips_wake_ups_and_settles_only_after_every_skipper_pos
     assert_eq!(
         notifications_of_sql(&app, None, &insert("lapsed")).await,
         woke
+    );
+    // A REPEATABLE READ transaction whose snapshot was taken while a promise stood sees it
+    // withdrawn (the promise is read as it is now): it notifies.
+    let promise = app.db.promise_awake(600_000).unwrap().unwrap();
+    let listener = listen_for_wake_ups(&app);
+    let mut rr = PgConnection::establish(&app.test_db.url).unwrap();
+    rr.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM herald_outbox")
+        .unwrap();
+    assert!(app.db.settle_awake(promise).unwrap());
+    rr.batch_execute(&format!("{} COMMIT;", insert("repeatable-read")))
+        .unwrap();
+    assert_eq!(
+        notifications_until_sent_sentinel(&app, listener).await,
+        woke,
+        "a snapshot older than the withdrawal"
     );
 
     app.raw_sql(&format!(
