@@ -1377,6 +1377,10 @@ impl Sender {
         // its wake-up has ended, the other senders are woken for their rows (for at most a
         // promise's length: a database that does not answer is not waited for longer).
         if phase.is_some_and(awake::Phase::has_promised) {
+            info!(
+                "stopping while awake: waking the other senders once no insert that skipped its \
+                 wake-up is open"
+            );
             let hand_over = async {
                 while !self.settle_awake(promise).await {
                     tokio::time::sleep(awake::CADENCE).await;

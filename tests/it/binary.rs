@@ -1672,3 +1672,99 @@ async fn serve_skips_wake_ups_while_awake_and_leaves_no_row_to_the_poll_postgres
         "no request after the last: {stderr}"
     );
 }
+
+/// A Herald that stops while awake hands over the rows whose wake-up its promise skipped
+/// (`sender::awake`). Herald A, listening, is kept finding rows until it promises to stay awake;
+/// then an application transaction inserts a due row while the promise stands and stays open.
+/// Herald B starts once every other row is delivered (so it has nothing to find and sleeps),
+/// both with a poll of ten minutes. A is stopped; once its claims have ended (its log says it
+/// is handing over), the transaction commits. Only A's NOTIFY after that commit can wake B for
+/// the row: B delivers it. Fails with the hand-over's NOTIFY left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_herald_stopping_while_awake_wakes_another_for_the_rows_it_promised_postgres() {
+    use diesel::Connection;
+    use diesel::RunQueryDsl;
+    use diesel::connection::SimpleConnection;
+    use diesel::pg::PgConnection;
+    let db = crate::support::TestDb::new(crate::support::Backend::Postgres);
+    let rx = crate::support::Receiver::start().await;
+    let spawn = |listen: &str| {
+        Herald::spawn_with_config(
+            &["serve"],
+            &[
+                ("HERALD_LISTEN", listen),
+                ("HERALD_DATABASE_URL", &db.url),
+                ("HERALD_POLL_INTERVAL_MS", "600000"),
+            ],
+            None,
+        )
+    };
+    let scalar = |c: &mut PgConnection, sql: &str| -> i64 {
+        diesel::dsl::sql::<diesel::sql_types::BigInt>(sql)
+            .get_result(c)
+            .unwrap()
+    };
+    let listeners = "SELECT count(*) FROM herald_listeners";
+    let promised = "SELECT CASE WHEN last_value > (extract(epoch FROM clock_timestamp()) * 1000)::bigint THEN 1::int8 ELSE 0::int8 END \
+                    FROM herald_awake";
+    let insert = |id: &str| {
+        format!(
+            "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+             VALUES ('{id}', 'webhook', '{}', '{{\"body\": 1}}');",
+            rx.url
+        )
+    };
+    let mut admin = PgConnection::establish(&db.url).unwrap();
+    let la = free_addr();
+    let mut a = spawn(&la);
+    a.wait_healthy(&format!("http://{la}")).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while scalar(&mut admin, listeners) == 0 {
+        assert!(Instant::now() < deadline, "A never listened");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Rows for A, until an insert finds A's promise standing (checked in its own transaction,
+    // right after the insert whose trigger looked at it); then that transaction stays open.
+    let mut app = PgConnection::establish(&db.url).unwrap();
+    let mut skipper = PgConnection::establish(&db.url).unwrap();
+    let mut n = 0;
+    loop {
+        assert!(Instant::now() < deadline, "A never promised to stay awake");
+        app.batch_execute(&insert(&format!("burst-{n}"))).unwrap();
+        n += 1;
+        if scalar(&mut admin, promised) == 1 {
+            skipper
+                .batch_execute(&format!("BEGIN; {}", insert("handed-over")))
+                .unwrap();
+            if scalar(&mut skipper, promised) == 1 {
+                break;
+            }
+            skipper.batch_execute("ROLLBACK").unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // Every other row delivered: B will find nothing.
+    rx.wait_for(n, 30).await;
+    let lb = free_addr();
+    let mut b = spawn(&lb);
+    b.wait_healthy(&format!("http://{lb}")).await;
+    while scalar(&mut admin, listeners) < 2 {
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(10),
+            "B never listened"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    a.sigterm();
+    a.wait_for_log("stopping while awake", Duration::from_secs(10))
+        .await;
+    skipper.batch_execute("COMMIT").unwrap();
+    let got = rx.wait_for(n + 1, 20).await;
+    assert!(
+        got.iter()
+            .any(|r| r.header("webhook-id") == Some("handed-over")),
+        "B delivered the row"
+    );
+    assert!(a.terminate().await.success(), "{}", a.stderr());
+    b.stop_cleanly().await;
+}
