@@ -1532,47 +1532,13 @@ async fn serve_skips_wake_ups_while_awake_and_leaves_no_row_to_the_poll_postgres
     const QUICK: usize = 5;
     let db = crate::support::TestDb::new(crate::support::Backend::Postgres);
     let rx = crate::support::Receiver::start().await;
-    let listen = free_addr();
-    let base = format!("http://{listen}");
-    let mut herald = Herald::spawn_with_config(
-        &["serve"],
-        &[
-            ("HERALD_LISTEN", &listen),
-            ("HERALD_DATABASE_URL", &db.url),
-            ("HERALD_POLL_INTERVAL_MS", "600000"),
-        ],
-        None,
-    );
-    herald.wait_healthy(&base).await;
+    let mut admin = diesel::pg::PgConnection::establish(&db.url).unwrap();
+    // Registered: from now on an insert of a due row wakes it, unless it is awake.
+    let mut herald = listening_without_poll(&db.url, &mut admin, 1).await;
     let mut wake_ups = diesel::pg::PgConnection::establish(&db.url).unwrap();
     wake_ups
         .batch_execute("LISTEN herald_outbox; LISTEN herald_test_sentinel")
         .unwrap();
-    // Registered: from now on an insert of a due row wakes it, unless it is awake.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut admin = diesel::pg::PgConnection::establish(&db.url).unwrap();
-    let listeners = |c: &mut diesel::pg::PgConnection| -> i64 {
-        use diesel::RunQueryDsl;
-        diesel::dsl::sql::<diesel::sql_types::BigInt>("SELECT count(*) FROM herald_listeners")
-            .get_result(c)
-            .unwrap()
-    };
-    while listeners(&mut admin) == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "never listened:\n{}",
-            herald.stderr()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    fn undelivered(c: &mut diesel::pg::PgConnection) -> i64 {
-        use diesel::RunQueryDsl;
-        diesel::dsl::sql::<diesel::sql_types::BigInt>(
-            "SELECT count(*) FROM herald_outbox WHERE state <> 'delivered'",
-        )
-        .get_result(c)
-        .unwrap()
-    }
     let rounds = std::sync::Arc::new(std::sync::Barrier::new(THREADS));
     // A round whose rows were not all delivered within its time: every thread stops.
     let left = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -1606,10 +1572,10 @@ async fn serve_skips_wake_ups_while_awake_and_leaves_no_row_to_the_poll_postgres
                     // wake the sender for it.
                     if rounds.wait().is_leader() {
                         let deadline = Instant::now() + Duration::from_secs(5);
-                        while undelivered(&mut c) > 0 && Instant::now() < deadline {
+                        while pg_count(&mut c, UNDELIVERED) > 0 && Instant::now() < deadline {
                             std::thread::sleep(Duration::from_millis(5));
                         }
-                        if undelivered(&mut c) > 0 {
+                        if pg_count(&mut c, UNDELIVERED) > 0 {
                             left.store(true, std::sync::atomic::Ordering::SeqCst);
                         }
                     }
@@ -1648,17 +1614,8 @@ async fn serve_skips_wake_ups_while_awake_and_leaves_no_row_to_the_poll_postgres
     eprintln!("{all} transactions committed, {woke} wake-ups sent");
     assert!(woke < all, "no wake-up was skipped: {woke}");
     // Nothing more to find: the sender withdrew its promise (or it lapsed).
-    let promised = |c: &mut diesel::pg::PgConnection| -> bool {
-        use diesel::RunQueryDsl;
-        diesel::dsl::sql::<diesel::sql_types::Bool>(
-            "SELECT last_value > (extract(epoch FROM clock_timestamp()) * 1000)::bigint \
-             FROM herald_awake",
-        )
-        .get_result(c)
-        .unwrap()
-    };
     let deadline = Instant::now() + Duration::from_secs(10);
-    while promised(&mut admin) {
+    while pg_count(&mut admin, PROMISED) == 1 {
         assert!(
             Instant::now() < deadline,
             "the promise stands with nothing to find"
@@ -1673,6 +1630,51 @@ async fn serve_skips_wake_ups_while_awake_and_leaves_no_row_to_the_poll_postgres
     );
 }
 
+/// Rows not (yet) delivered.
+const UNDELIVERED: &str = "SELECT count(*) FROM herald_outbox WHERE state <> 'delivered'";
+/// 1 while a sender's promise to stay awake stands, else 0.
+const PROMISED: &str = "SELECT CASE WHEN last_value > \
+    (extract(epoch FROM clock_timestamp()) * 1000)::bigint THEN 1::int8 ELSE 0::int8 END \
+    FROM herald_awake";
+
+/// A count (`SELECT count(*) …` or another `int8`) on PostgreSQL.
+fn pg_count(c: &mut diesel::pg::PgConnection, sql: &str) -> i64 {
+    use diesel::RunQueryDsl;
+    diesel::dsl::sql::<diesel::sql_types::BigInt>(sql)
+        .get_result(c)
+        .unwrap()
+}
+
+/// `herald serve` on the PostgreSQL database at `url`, listening, with a poll of ten minutes
+/// (so that within a test only wake-ups and promises to stay awake find rows); returned once
+/// it is healthy and `listeners` Herald processes are registered as listening.
+async fn listening_without_poll(
+    url: &str,
+    admin: &mut diesel::pg::PgConnection,
+    listeners: i64,
+) -> Herald {
+    let listen = free_addr();
+    let mut herald = Herald::spawn_with_config(
+        &["serve"],
+        &[
+            ("HERALD_LISTEN", &listen),
+            ("HERALD_DATABASE_URL", url),
+            ("HERALD_POLL_INTERVAL_MS", "600000"),
+        ],
+        None,
+    );
+    herald.wait_healthy(&format!("http://{listen}")).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pg_count(admin, "SELECT count(*) FROM herald_listeners") < listeners {
+        assert!(
+            Instant::now() < deadline,
+            "never listened:\n{}",
+            herald.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    herald
+}
 /// A Herald that stops while awake hands over the rows whose wake-up its promise skipped
 /// (`sender::awake`). Herald A, listening, is kept finding rows until it promises to stay awake;
 /// then an application transaction inserts a due row while the promise stands and stays open.
@@ -1683,30 +1685,10 @@ async fn serve_skips_wake_ups_while_awake_and_leaves_no_row_to_the_poll_postgres
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_herald_stopping_while_awake_wakes_another_for_the_rows_it_promised_postgres() {
     use diesel::Connection;
-    use diesel::RunQueryDsl;
     use diesel::connection::SimpleConnection;
     use diesel::pg::PgConnection;
     let db = crate::support::TestDb::new(crate::support::Backend::Postgres);
     let rx = crate::support::Receiver::start().await;
-    let spawn = |listen: &str| {
-        Herald::spawn_with_config(
-            &["serve"],
-            &[
-                ("HERALD_LISTEN", listen),
-                ("HERALD_DATABASE_URL", &db.url),
-                ("HERALD_POLL_INTERVAL_MS", "600000"),
-            ],
-            None,
-        )
-    };
-    let scalar = |c: &mut PgConnection, sql: &str| -> i64 {
-        diesel::dsl::sql::<diesel::sql_types::BigInt>(sql)
-            .get_result(c)
-            .unwrap()
-    };
-    let listeners = "SELECT count(*) FROM herald_listeners";
-    let promised = "SELECT CASE WHEN last_value > (extract(epoch FROM clock_timestamp()) * 1000)::bigint THEN 1::int8 ELSE 0::int8 END \
-                    FROM herald_awake";
     let insert = |id: &str| {
         format!(
             "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
@@ -1715,28 +1697,22 @@ async fn a_herald_stopping_while_awake_wakes_another_for_the_rows_it_promised_po
         )
     };
     let mut admin = PgConnection::establish(&db.url).unwrap();
-    let la = free_addr();
-    let mut a = spawn(&la);
-    a.wait_healthy(&format!("http://{la}")).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while scalar(&mut admin, listeners) == 0 {
-        assert!(Instant::now() < deadline, "A never listened");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let mut a = listening_without_poll(&db.url, &mut admin, 1).await;
     // Rows for A, until an insert finds A's promise standing (checked in its own transaction,
     // right after the insert whose trigger looked at it); then that transaction stays open.
     let mut app = PgConnection::establish(&db.url).unwrap();
     let mut skipper = PgConnection::establish(&db.url).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
     let mut n = 0;
     loop {
         assert!(Instant::now() < deadline, "A never promised to stay awake");
         app.batch_execute(&insert(&format!("burst-{n}"))).unwrap();
         n += 1;
-        if scalar(&mut admin, promised) == 1 {
+        if pg_count(&mut admin, PROMISED) == 1 {
             skipper
                 .batch_execute(&format!("BEGIN; {}", insert("handed-over")))
                 .unwrap();
-            if scalar(&mut skipper, promised) == 1 {
+            if pg_count(&mut skipper, PROMISED) == 1 {
                 break;
             }
             skipper.batch_execute("ROLLBACK").unwrap();
@@ -1745,16 +1721,7 @@ async fn a_herald_stopping_while_awake_wakes_another_for_the_rows_it_promised_po
     }
     // Every other row delivered: B will find nothing.
     rx.wait_for(n, 30).await;
-    let lb = free_addr();
-    let mut b = spawn(&lb);
-    b.wait_healthy(&format!("http://{lb}")).await;
-    while scalar(&mut admin, listeners) < 2 {
-        assert!(
-            Instant::now() < deadline + Duration::from_secs(10),
-            "B never listened"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let mut b = listening_without_poll(&db.url, &mut admin, 2).await;
     a.sigterm();
     a.wait_for_log("stopping while awake", Duration::from_secs(10))
         .await;
