@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use prometheus::{
-    Gauge, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::domain::{AttemptClass, Channel, State};
@@ -198,6 +198,8 @@ struct Inner {
     checkpoint_failing: IntGauge,
     database_up: IntGauge,
     sender_heartbeat_age: Gauge,
+    sender_awake: IntGauge,
+    sender_awake_periods: IntCounter,
     /// One scrape at a time sets the gauges and renders.
     scrape: Mutex<()>,
 }
@@ -344,6 +346,18 @@ impl Metrics {
             "herald_sender_heartbeat_age_seconds",
             "Time since the sender loop last completed an iteration; absent while no sender loop runs.",
         )?;
+        let sender_awake = int_gauge(
+            "herald_sender_awake",
+            "PostgreSQL, listening: 1 while this process's sender has promised to stay awake (inserts skip the NOTIFY) or is withdrawing that promise, else 0.",
+        )?;
+        let sender_awake_periods = {
+            let c = IntCounter::new(
+                "herald_sender_awake_periods_total",
+                "PostgreSQL, listening: times this process's sender became awake (its claims kept finding rows).",
+            )?;
+            registry.register(Box::new(c.clone()))?;
+            c
+        };
         let sources: BTreeSet<String> = sources.into_iter().map(str::to_owned).collect();
         // Every series exists from the start, at zero: a rate over a series that appears late
         // misses its first increments, and an operator sees what can be counted.
@@ -408,6 +422,8 @@ impl Metrics {
                 checkpoint_failing,
                 database_up,
                 sender_heartbeat_age,
+                sender_awake,
+                sender_awake_periods,
                 scrape: Mutex::new(()),
             }),
         })
@@ -469,6 +485,15 @@ impl Metrics {
             .endpoints_disabled
             .with_label_values(&[endpoint])
             .inc();
+    }
+
+    /// The sender's promise to stay awake (`sender::awake`): `before` and `after` a change of
+    /// its phase, whether it had promised (or was withdrawing the promise).
+    pub fn sender_awake(&self, before: bool, after: bool) {
+        if after && !before {
+            self.inner.sender_awake_periods.inc();
+        }
+        self.inner.sender_awake.set(i64::from(after));
     }
 
     /// A claim that leased `rows` rows (callers skip empty claims).

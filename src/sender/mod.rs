@@ -1351,6 +1351,11 @@ impl Sender {
             drop(places);
             // After the rows went to their sends: a promise is one more round trip.
             if let Some(next) = next {
+                if let Some(before) = phase {
+                    self.inner
+                        .metrics
+                        .sender_awake(before.has_promised(), next.phase.has_promised());
+                }
                 phase = Some(next.phase);
                 if next.promise {
                     promise = self.promise_awake().await.or(promise);

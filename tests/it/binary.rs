@@ -1534,7 +1534,7 @@ async fn serve_skips_wake_ups_while_awake_and_leaves_no_row_to_the_poll_postgres
     let rx = crate::support::Receiver::start().await;
     let mut admin = diesel::pg::PgConnection::establish(&db.url).unwrap();
     // Registered: from now on an insert of a due row wakes it, unless it is awake.
-    let mut herald = listening_without_poll(&db.url, &mut admin, 1).await;
+    let (mut herald, base) = listening_without_poll(&db.url, &mut admin, 1).await;
     let mut wake_ups = diesel::pg::PgConnection::establish(&db.url).unwrap();
     wake_ups
         .batch_execute("LISTEN herald_outbox; LISTEN herald_test_sentinel")
@@ -1622,6 +1622,23 @@ async fn serve_skips_wake_ups_while_awake_and_leaves_no_row_to_the_poll_postgres
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // What an operator sees: it became awake, and is no longer.
+    let metrics = client()
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
+    };
+    assert!(value("herald_sender_awake_periods_total") >= 1.0);
+    assert_eq!(value("herald_sender_awake"), 0.0);
     let stderr = herald.stop_cleanly().await;
     assert_eq!(
         rx.requests().len(),
@@ -1647,12 +1664,13 @@ fn pg_count(c: &mut diesel::pg::PgConnection, sql: &str) -> i64 {
 
 /// `herald serve` on the PostgreSQL database at `url`, listening, with a poll of ten minutes
 /// (so that within a test only wake-ups and promises to stay awake find rows); returned once
-/// it is healthy and `listeners` Herald processes are registered as listening.
+/// it is healthy and `listeners` Herald processes are registered as listening; with its base
+/// URL.
 async fn listening_without_poll(
     url: &str,
     admin: &mut diesel::pg::PgConnection,
     listeners: i64,
-) -> Herald {
+) -> (Herald, String) {
     let listen = free_addr();
     let mut herald = Herald::spawn_with_config(
         &["serve"],
@@ -1663,7 +1681,8 @@ async fn listening_without_poll(
         ],
         None,
     );
-    herald.wait_healthy(&format!("http://{listen}")).await;
+    let base = format!("http://{listen}");
+    herald.wait_healthy(&base).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while pg_count(admin, "SELECT count(*) FROM herald_listeners") < listeners {
         assert!(
@@ -1673,7 +1692,7 @@ async fn listening_without_poll(
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    herald
+    (herald, base)
 }
 /// A Herald that stops while awake hands over the rows whose wake-up its promise skipped
 /// (`sender::awake`). Herald A, listening, is kept finding rows until it promises to stay awake;
@@ -1697,7 +1716,7 @@ async fn a_herald_stopping_while_awake_wakes_another_for_the_rows_it_promised_po
         )
     };
     let mut admin = PgConnection::establish(&db.url).unwrap();
-    let mut a = listening_without_poll(&db.url, &mut admin, 1).await;
+    let (mut a, _) = listening_without_poll(&db.url, &mut admin, 1).await;
     // Rows for A, until an insert finds A's promise standing (checked in its own transaction,
     // right after the insert whose trigger looked at it); then that transaction stays open.
     let mut app = PgConnection::establish(&db.url).unwrap();
@@ -1721,7 +1740,7 @@ async fn a_herald_stopping_while_awake_wakes_another_for_the_rows_it_promised_po
     }
     // Every other row delivered: B will find nothing.
     rx.wait_for(n, 30).await;
-    let mut b = listening_without_poll(&db.url, &mut admin, 2).await;
+    let (mut b, _) = listening_without_poll(&db.url, &mut admin, 2).await;
     a.sigterm();
     a.wait_for_log("stopping while awake", Duration::from_secs(10))
         .await;
