@@ -1623,20 +1623,8 @@ async fn serve_skips_wake_ups_while_awake_and_leaves_no_row_to_the_poll_postgres
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // What an operator sees: it became awake, and is no longer.
-    let metrics = client()
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let value = |name: &str| -> f64 {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
-    };
+    let (_, samples) = crate::support::prom::scrape(&client(), &base).await;
+    let value = |name: &str| crate::support::prom::value(&samples, name, &[]);
     assert!(value("herald_sender_awake_periods_total") >= 1.0);
     assert_eq!(value("herald_sender_awake"), 0.0);
     let stderr = herald.stop_cleanly().await;
