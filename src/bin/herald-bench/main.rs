@@ -211,7 +211,7 @@ fn usage() -> String {
     let names: Vec<_> = SCENARIOS.iter().map(|(n, _)| *n).collect();
     let named: Vec<_> = BY_NAME_ONLY.iter().map(|(n, _)| *n).collect();
     format!(
-        "usage: herald-bench all|SCENARIO... [--quick] [--out DIR]\nscenarios: {}\nby name only (not in all): {}",
+        "usage: herald-bench all|SCENARIO... [--quick] [--repeat N] [--out DIR]\nscenarios: {}\nby name only (not in all): {}",
         names.join(", "),
         named.join(", ")
     )
@@ -219,6 +219,7 @@ fn usage() -> String {
 
 fn main() -> Result<()> {
     let mut quick = false;
+    let mut repeat = 1usize;
     let mut out = std::path::PathBuf::from("target/bench");
     let mut chosen: Vec<String> = Vec::new();
     let mut args = std::env::args().skip(1).peekable();
@@ -229,6 +230,13 @@ fn main() -> Result<()> {
         match a.as_str() {
             "--quick" => quick = true,
             "--out" => out = args.next().context("--out needs a directory")?.into(),
+            "--repeat" => {
+                repeat = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|n| (1..=99).contains(n))
+                    .context("--repeat needs a count from 1 to 99")?
+            }
             "-h" | "--help" => {
                 println!("{}", usage());
                 return Ok(());
@@ -265,22 +273,49 @@ fn main() -> Result<()> {
         };
         eprintln!("== {name}");
         let t = Instant::now();
-        match run(&mut ctx) {
-            Ok(figs) => {
+        let mut runs = Vec::new();
+        let mut error = None;
+        for i in 1..=repeat {
+            if repeat > 1 {
+                // Each run measures its own HTTP baselines, so that every figure is paired with
+                // a baseline of its own window.
+                ctx.http_baseline = None;
+                ctx.http_baseline_in_child = None;
+                eprintln!("   run {i} of {repeat}");
+            }
+            let r = run(&mut ctx);
+            if let Some(c) = &ctx.cluster
+                && let Err(e) = c.drop_databases()
+            {
+                eprintln!("   could not drop the scenario's databases: {e:#}");
+            }
+            match r {
+                Ok(figs) => {
+                    if repeat > 1 {
+                        for f in &figs {
+                            eprintln!("   {}", result_line(f));
+                        }
+                    }
+                    runs.push(figs);
+                }
+                Err(e) => {
+                    error = Some(e);
+                    break;
+                }
+            }
+        }
+        match error {
+            None => {
+                let figs = median_figures(runs);
                 for f in &figs {
                     println!("{}", result_line(f));
                 }
                 ctx.figures.extend(figs);
             }
-            Err(e) => {
+            Some(e) => {
                 eprintln!("scenario {name} failed: {e:#}");
                 failed.push(name.clone());
             }
-        }
-        if let Some(c) = &ctx.cluster
-            && let Err(e) = c.drop_databases()
-        {
-            eprintln!("   could not drop the scenario's databases: {e:#}");
         }
         eprintln!("   ({:.1} s)", t.elapsed().as_secs_f64());
     }
@@ -294,6 +329,41 @@ fn main() -> Result<()> {
         bail!("scenarios failed: {}", failed.join(", "));
     }
     Ok(())
+}
+
+/// Each figure of a scenario run several times (`--repeat`): the run whose ratio (value over
+/// its own run's baseline) is the median — the lower of the two middle ones for an even count —
+/// with every run's ratio, in run order, added to its note. Each figure is chosen on its own, so
+/// two figures of one scenario may come from different runs. One run: its figures unchanged.
+fn median_figures(runs: Vec<Vec<Figure>>) -> Vec<Figure> {
+    if runs.len() <= 1 {
+        return runs.into_iter().flatten().collect();
+    }
+    let names: Vec<String> = runs[0].iter().map(|f| f.name.clone()).collect();
+    names
+        .iter()
+        .filter_map(|name| {
+            let of: Vec<&Figure> = runs
+                .iter()
+                .filter_map(|r| r.iter().find(|f| &f.name == name))
+                .collect();
+            let mut order: Vec<&Figure> = of.clone();
+            order.sort_by(|a, b| a.ratio().total_cmp(&b.ratio()));
+            let mut f = (*order.get((order.len() - 1) / 2)?).clone();
+            let ratios: Vec<String> = of.iter().map(|f| num(f.ratio())).collect();
+            let runs = format!(
+                "median of {} runs by ratio ({})",
+                of.len(),
+                ratios.join(", ")
+            );
+            f.note = if f.note.is_empty() {
+                runs
+            } else {
+                format!("{}; {runs}", f.note)
+            };
+            Some(f)
+        })
+        .collect()
 }
 
 fn num(v: f64) -> String {
@@ -395,4 +465,58 @@ fn to_json(figs: &[Figure], quick: bool, failed: &[String]) -> Result<String> {
         "results": results,
         "failed": failed,
     }))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fig(name: &str, value: f64, baseline: f64) -> Figure {
+        Figure::measured(name, value, baseline, "msg/s").note("n rows")
+    }
+
+    #[test]
+    fn one_run_is_kept_as_it_is() {
+        let figs = median_figures(vec![vec![fig("a", 1.0, 4.0), fig("b", 2.0, 4.0)]]);
+        assert_eq!(figs.len(), 2);
+        assert_eq!((figs[0].value, figs[0].note.as_str()), (1.0, "n rows"));
+        assert_eq!((figs[1].value, figs[1].note.as_str()), (2.0, "n rows"));
+    }
+
+    #[test]
+    fn each_figure_is_its_median_run_by_ratio_with_every_runs_ratio_in_its_note() {
+        // By value "a"'s median run would be the third (35 of 30, 40, 35); against each run's
+        // own baseline it is the first (0.3 of 0.3, 0.8, 0.175).
+        let runs = vec![
+            vec![fig("a", 30.0, 100.0), fig("b", 5.0, 10.0)],
+            vec![fig("a", 40.0, 50.0), fig("b", 9.0, 10.0)],
+            vec![fig("a", 35.0, 200.0), fig("b", 1.0, 10.0)],
+        ];
+        let figs = median_figures(runs);
+        assert_eq!(figs.len(), 2);
+        let a = &figs[0];
+        assert_eq!((a.name.as_str(), a.value, a.baseline), ("a", 30.0, 100.0));
+        assert_eq!(
+            a.note,
+            "n rows; median of 3 runs by ratio (0.3000, 0.8000, 0.1750)"
+        );
+        let b = &figs[1];
+        assert_eq!((b.name.as_str(), b.value, b.baseline), ("b", 5.0, 10.0));
+    }
+
+    #[test]
+    fn an_even_count_takes_the_lower_middle_run_and_an_absolute_figure_orders_by_value() {
+        let t = |v| Figure::against_target("us", v, Target::AtMost(15.0), "us");
+        let figs = median_figures(vec![
+            vec![t(52.0)],
+            vec![t(49.0)],
+            vec![t(61.0)],
+            vec![t(50.0)],
+        ]);
+        assert_eq!(figs[0].value, 50.0);
+        assert_eq!(
+            figs[0].note,
+            "median of 4 runs by ratio (3.47, 3.27, 4.07, 3.33)"
+        );
+    }
 }
