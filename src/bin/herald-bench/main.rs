@@ -351,15 +351,15 @@ fn median_figures(runs: Vec<Vec<Figure>>) -> Vec<Figure> {
             order.sort_by(|a, b| a.ratio().total_cmp(&b.ratio()));
             let mut f = (*order.get((order.len() - 1) / 2)?).clone();
             let ratios: Vec<String> = of.iter().map(|f| num(f.ratio())).collect();
-            let runs = format!(
+            let how = format!(
                 "median of {} runs by ratio ({})",
                 of.len(),
                 ratios.join(", ")
             );
             f.note = if f.note.is_empty() {
-                runs
+                how
             } else {
-                format!("{}; {runs}", f.note)
+                format!("{}; {how}", f.note)
             };
             Some(f)
         })
