@@ -648,6 +648,9 @@ fn support_command(command: Command, settings: &Settings) -> anyhow::Result<Exit
             } else {
                 eprintln!("herald: {e}");
             }
+            if let Some(hint) = support::cli_hint(&e) {
+                eprintln!("  {hint}");
+            }
             if let support::SupportError::Ambiguous(candidates, _) = &e {
                 for c in candidates {
                     eprintln!(

@@ -87,13 +87,11 @@ pub enum Refusal {
     Pending(State),
     #[error("it was canceled; a canceled message cannot be replayed")]
     Canceled,
-    #[error(
-        "it is delivered; a replay sends it again (with the same event id) and needs force: true"
-    )]
+    /// Each way in names its own means: the API's `force` field, `herald replay --force`, the
+    /// admin page's box ([`cli_hint`] adds the flag on the command line).
+    #[error("it is delivered; a replay sends it again (with the same event id) and needs force")]
     NeedsForce,
-    #[error(
-        "its expires_at ({0}) is not in the future: give expires_at a later time, or null to clear it"
-    )]
+    #[error("its expires_at ({0}) is not in the future: give it a later time, or clear it")]
     WouldExpire(String),
 }
 
@@ -788,6 +786,18 @@ pub const EXIT_REFUSED: u8 = 1;
 pub const EXIT_INVALID: u8 = 2;
 /// A fingerprint prefix that matches several messages.
 pub const EXIT_AMBIGUOUS: u8 = 3;
+
+/// For `herald replay`: the flag that answers a refusal, to print after it (the API's problem
+/// names the field instead).
+pub fn cli_hint(e: &SupportError) -> Option<&'static str> {
+    match e {
+        SupportError::Refused(Refusal::NeedsForce) => Some("add --force to send it again anyway"),
+        SupportError::Refused(Refusal::WouldExpire(_)) => {
+            Some("add --expires-at TIME (RFC 3339, later than now) or --clear-expires-at")
+        }
+        _ => None,
+    }
+}
 
 /// The CLI's exit status for an error.
 pub fn exit_code(e: &SupportError) -> u8 {

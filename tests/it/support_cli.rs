@@ -256,3 +256,63 @@ fn support_commands_on_the_database_the_server_uses() {
     let o = herald(d, &["dlq", "list", "--json"]);
     assert_eq!(json(&o)["dead_letters"], Value::Array(vec![]));
 }
+
+/// `herald replay` refusals that one of its flags answers say which flag: a delivered message
+/// needs `--force`, one whose `expires_at` has passed `--expires-at` or `--clear-expires-at`;
+/// with the flag the same command replays it.
+#[test]
+fn replay_refusals_name_the_flag_that_answers_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let m = herald(d, &["migrate"]);
+    assert_eq!(code(&m), 0, "{}", stderr(&m));
+    let mut c =
+        diesel::sqlite::SqliteConnection::establish(d.join("herald.db").to_str().unwrap()).unwrap();
+    c.batch_execute(&format!(
+        "INSERT INTO herald_outbox (id, event_id, channel, destination, payload, state, attempts, \
+             request_fingerprint, expires_at, updated_at) VALUES \
+         (1, 'cli-done', 'webhook', 'https://x.example/h', '{{\"body\":{{}}}}', 'delivered', 1, \
+             'deadbeef{z}', NULL, '2026-12-01 10:00:00+00:00'), \
+         (2, 'cli-late', 'webhook', 'https://x.example/h', '{{\"body\":{{}}}}', 'dead_letter', 1, \
+             'feedface{z}', '2026-12-01 11:00:00+00:00', '2026-12-01 10:00:00+00:00');",
+        z = "0".repeat(56)
+    ))
+    .unwrap();
+
+    let o = herald(d, &["replay", "deadbeef", "--reason", "lost it"]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("it is delivered") && stderr(&o).contains("add --force"),
+        "{}",
+        stderr(&o)
+    );
+    let o = herald(d, &["replay", "deadbeef", "--reason", "lost it", "--force"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("replayed cli-done"), "{}", stdout(&o));
+
+    let o = herald(d, &["replay", "feedface", "--reason", "receiver fixed"]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("is not in the future")
+            && stderr(&o).contains("add --expires-at TIME")
+            && stderr(&o).contains("--clear-expires-at"),
+        "{}",
+        stderr(&o)
+    );
+    let o = herald(
+        d,
+        &[
+            "replay",
+            "feedface",
+            "--reason",
+            "receiver fixed",
+            "--clear-expires-at",
+        ],
+    );
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("replayed cli-late"), "{}", stdout(&o));
+    // A refusal no flag answers gets no hint: the message just replayed is scheduled now.
+    let o = herald(d, &["replay", "feedface", "--reason", "again"]);
+    assert_eq!(code(&o), 1);
+    assert!(!stderr(&o).contains("add --"), "{}", stderr(&o));
+}
