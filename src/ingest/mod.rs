@@ -287,6 +287,19 @@ fn options_config(
         .map_err(|e: toml::de::Error| InvalidField::new("param", e.message().to_owned()))
 }
 
+/// A source the offline tool could not build, its field named as the tool's options name it
+/// (`--scheme`, `--url`, `--secret`, `--param KEY`) rather than as a `[sources.NAME]` key.
+fn as_offline_option(mut e: InvalidField) -> InvalidField {
+    let key = e.field.strip_prefix("source.").unwrap_or(&e.field);
+    e.field = match key {
+        "scheme" => "--scheme".into(),
+        "public_url" => "--url".into(),
+        "secrets" | "username" | "password" => "--secret".into(),
+        other => format!("--param {other}"),
+    };
+    e
+}
+
 /// [`verify_offline`] with a method and the source's scheme options.
 pub fn verify_request_offline(
     o: &OfflineRequest<'_>,
@@ -335,7 +348,7 @@ pub fn verify_request_offline(
             schemes::DEFAULT_TOLERANCE,
         ))
     } else {
-        schemes::build("scheme", &c)?
+        schemes::build("source", &c).map_err(as_offline_option)?
     };
     let query = url.and_then(|u| u.split_once('?')).map(|(_, q)| q);
     let request = RawRequest {

@@ -572,7 +572,7 @@ fn verify_receipt_refuses_unknown_or_misplaced_params_with_exit_2() {
     for (param, says) in [
         (
             "signature_method=crc32",
-            "signature_method: \"crc32\" is not one of",
+            "--param signature_method: \"crc32\" is not one of",
         ),
         ("no_such_option=1", "no_such_option"),
         ("secrets=x", "param.secrets"),
@@ -582,6 +582,28 @@ fn verify_receipt_refuses_unknown_or_misplaced_params_with_exit_2() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{param}: {err}");
         assert!(err.contains(says), "{param}: {err}");
+    }
+    // A source it cannot build names the option to change, not a configuration key.
+    for (args, says) in [
+        (
+            &["--scheme", "nope", "--secret", "s"][..],
+            "--scheme: unknown scheme \"nope\"; one of: standard-webhooks",
+        ),
+        (
+            &["--scheme", "twilio", "--secret", "s"][..],
+            "--url: is required for twilio",
+        ),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_herald"))
+            .arg("verify-receipt")
+            .args(args)
+            .arg("--body-file")
+            .arg(&body)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
     }
     // Nor is a body file it cannot read a refused signature (exit 1).
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_herald"))
