@@ -270,7 +270,7 @@ fn options_config(
     for (k, v) in params {
         if matches!(k.as_str(), "scheme" | "secret" | "secrets" | "public_url") {
             return Err(InvalidField::new(
-                format!("param.{k}"),
+                format!("--param {k}"),
                 "is given by its own option (--scheme, --secret, --url)",
             ));
         }
@@ -284,7 +284,7 @@ fn options_config(
         t.insert(k.clone(), value);
     }
     t.try_into()
-        .map_err(|e: toml::de::Error| InvalidField::new("param", e.message().to_owned()))
+        .map_err(|e: toml::de::Error| InvalidField::new("--param", e.message().to_owned()))
 }
 
 /// A source the offline tool could not build, its field named as the tool's options name it

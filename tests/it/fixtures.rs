@@ -575,7 +575,7 @@ fn verify_receipt_refuses_unknown_or_misplaced_params_with_exit_2() {
             "--param signature_method: \"crc32\" is not one of",
         ),
         ("no_such_option=1", "no_such_option"),
-        ("secrets=x", "param.secrets"),
+        ("secrets=x", "--param secrets: is given by its own option"),
         ("novalue", "KEY=VALUE"),
     ] {
         let out = run(param);
