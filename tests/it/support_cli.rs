@@ -60,19 +60,28 @@ fn assert_private(what: &str, text: &str) {
     }
 }
 
+/// A database in `dir` migrated by `herald migrate`, as `herald serve` leaves it, with `rows`
+/// (SQL) written into it.
+fn migrated_with(dir: &Path, rows: &str) {
+    let m = herald(dir, &["migrate"]);
+    assert_eq!(code(&m), 0, "{}", stderr(&m));
+    diesel::sqlite::SqliteConnection::establish(dir.join("herald.db").to_str().unwrap())
+        .unwrap()
+        .batch_execute(rows)
+        .unwrap();
+}
+
 #[test]
 fn support_commands_on_the_database_the_server_uses() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let m = herald(d, &["migrate"]);
-    assert_eq!(code(&m), 0, "{}", stderr(&m));
     // What the sender would have left (times as Herald writes them: no fraction when it is
     // zero): a permanent dead letter with its attempt, an email dead
     // letter, two messages sharing a prefix.
-    let mut c =
-        diesel::sqlite::SqliteConnection::establish(d.join("herald.db").to_str().unwrap()).unwrap();
-    c.batch_execute(&format!(
-        "INSERT INTO herald_outbox (id, event_id, channel, destination, payload, state, attempts, \
+    migrated_with(
+        d,
+        &format!(
+            "INSERT INTO herald_outbox (id, event_id, channel, destination, payload, state, attempts, \
              request_fingerprint, last_error_class, updated_at) VALUES \
          (1, 'cli-perm', 'webhook', 'https://hooks.example.com/secret/path?k=v', \
              '{{\"body\":{{\"card\":\"4242-private\"}}}}', 'dead_letter', 1, '{FP}', 'permanent', \
@@ -89,9 +98,9 @@ fn support_commands_on_the_database_the_server_uses() {
              '2026-12-01 10:00:00+00:00', 500, 404, 'permanent', \
              'permanent refusal: dead-lettered at once', 'default@12345678', 'receiver-body-text', \
              'dead_letter');",
-        z = "0".repeat(55)
-    ))
-    .unwrap();
+            z = "0".repeat(55)
+        ),
+    );
 
     // explain: a table and the paragraph; --json the same document as the API.
     let o = herald(d, &["explain", "C0FFEE00"]);
@@ -264,20 +273,18 @@ fn support_commands_on_the_database_the_server_uses() {
 fn replay_refusals_name_the_flag_that_answers_them() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let m = herald(d, &["migrate"]);
-    assert_eq!(code(&m), 0, "{}", stderr(&m));
-    let mut c =
-        diesel::sqlite::SqliteConnection::establish(d.join("herald.db").to_str().unwrap()).unwrap();
-    c.batch_execute(&format!(
-        "INSERT INTO herald_outbox (id, event_id, channel, destination, payload, state, attempts, \
+    migrated_with(
+        d,
+        &format!(
+            "INSERT INTO herald_outbox (id, event_id, channel, destination, payload, state, attempts, \
              request_fingerprint, expires_at, updated_at) VALUES \
          (1, 'cli-done', 'webhook', 'https://x.example/h', '{{\"body\":{{}}}}', 'delivered', 1, \
              'deadbeef{z}', NULL, '2026-12-01 10:00:00+00:00'), \
          (2, 'cli-late', 'webhook', 'https://x.example/h', '{{\"body\":{{}}}}', 'dead_letter', 1, \
              'feedface{z}', '2026-12-01 11:00:00+00:00', '2026-12-01 10:00:00+00:00');",
-        z = "0".repeat(56)
-    ))
-    .unwrap();
+            z = "0".repeat(56)
+        ),
+    );
 
     let o = herald(d, &["replay", "deadbeef", "--reason", "lost it"]);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
