@@ -288,8 +288,26 @@ async fn create_message(
             )])
         })?;
     json_body(&body)?;
-    let message = parse_new_message(&body, idempotency_key.as_deref())?;
     let now = state.clock.now();
+    let message = match parse_message_or_unnamed(&body, idempotency_key.as_deref()) {
+        Ok(m) => m,
+        // No event id, but the rest parsed: its own checks run too, so that one answer names
+        // every field to change, not the event id first and the rest on the next try.
+        Err((mut errors, Some(unnamed))) => {
+            let limits = Limits {
+                max_payload_bytes: state.max_payload_bytes,
+                retry_policy: state.retry_policy.clone(),
+                retry_policy_version: None,
+                endpoints: Some(&state.endpoints),
+                allow_networks: Some(&state.allow_networks),
+            };
+            if let Err(more) = unnamed.plan(&limits, now) {
+                errors.extend(more.into_iter().filter(|e| e.field != "event_id"));
+            }
+            return Err(errors.into());
+        }
+        Err((errors, None)) => return Err(errors.into()),
+    };
     // Only a message due at once is worth waking the sender for: a later one is the poll's (a
     // wake-up for it was a claim that found nothing, one per request in a burst of them). A
     // second of grace: on PostgreSQL the claim judges by the database's clock, which may run a
@@ -1097,10 +1115,27 @@ pub fn parse_new_message(
     body: &[u8],
     idempotency_key: Option<&str>,
 ) -> Result<NewMessage, Vec<InvalidField>> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| vec![InvalidField::new("body", format!("is not valid JSON: {e}"))])?;
+    parse_message_or_unnamed(body, idempotency_key).map_err(|(errors, _)| errors)
+}
+
+/// [`parse_new_message`], and when the event id is all that kept the body from being a message
+/// (missing, or not the Idempotency-Key header's), that message under a stand-in event id, for
+/// its own checks (`NewMessage::plan`) to name their fields in the same answer.
+fn parse_message_or_unnamed(
+    body: &[u8],
+    idempotency_key: Option<&str>,
+) -> Result<NewMessage, (Vec<InvalidField>, Option<Box<NewMessage>>)> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        (
+            vec![InvalidField::new("body", format!("is not valid JSON: {e}"))],
+            None,
+        )
+    })?;
     let Value::Object(obj) = value else {
-        return Err(vec![InvalidField::new("body", "must be a JSON object")]);
+        return Err((
+            vec![InvalidField::new("body", "must be a JSON object")],
+            None,
+        ));
     };
     let mut errors = Vec::new();
     for k in obj.keys().filter(|k| !MESSAGE_FIELDS.contains(&k.as_str())) {
@@ -1201,24 +1236,30 @@ pub fn parse_new_message(
             None
         }
     };
-    match (event_id, channel, destination, payload, semantics) {
-        (Some(event_id), Some(channel), Some(destination), Some(payload), Some(semantics))
-            if errors.is_empty() =>
-        {
-            Ok(NewMessage {
-                event_id,
-                channel,
-                destination,
-                payload,
-                scheduled_at,
-                expires_at,
-                semantics,
-                max_attempts,
-                ordering_key,
-                ordering_policy,
-            })
-        }
-        _ => Err(errors),
+    let (Some(channel), Some(destination), Some(payload), Some(semantics)) =
+        (channel, destination, payload, semantics)
+    else {
+        return Err((errors, None));
+    };
+    let named = event_id.is_some();
+    let message = NewMessage {
+        event_id: event_id.unwrap_or_else(|| "unnamed".to_owned()),
+        channel,
+        destination,
+        payload,
+        scheduled_at,
+        expires_at,
+        semantics,
+        max_attempts,
+        ordering_key,
+        ordering_policy,
+    };
+    if named && errors.is_empty() {
+        Ok(message)
+    } else if !named && errors.iter().all(|e| e.field == "event_id") {
+        Err((errors, Some(Box::new(message))))
+    } else {
+        Err((errors, None))
     }
 }
 

@@ -93,6 +93,47 @@ async fn bad_input_is_refused_with_the_field_and_nothing_is_stored(backend: Back
     app.stop().await;
 }
 
+/// A message without an event id is told of its other bad fields in the same answer (the
+/// message's own checks run under a stand-in id), not the event id first and the rest on the
+/// next try; nothing is stored.
+async fn a_message_without_an_event_id_is_told_of_every_bad_field_at_once(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let p = problem(
+        app.post_message(
+            json!({"channel": "webhook", "destination": "ftp://x.example/h",
+            "payload": {"body": 1}, "max_attempts": 0}),
+        )
+        .await,
+        422,
+    )
+    .await;
+    assert_eq!(p["field"], "event_id", "{p}");
+    let fields: Vec<&str> = p["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(fields, ["event_id", "destination", "max_attempts"], "{p}");
+    // The stand-in id is never shown, and a body with only the event id wrong is one error.
+    assert!(!p.to_string().contains("unnamed"), "{p}");
+    let p = problem(
+        app.post_message(
+            json!({"channel": "webhook", "destination": "https://x.example/h",
+            "payload": {"body": 1}}),
+        )
+        .await,
+        422,
+    )
+    .await;
+    assert_eq!(p["errors"].as_array().unwrap().len(), 1, "{p}");
+    assert!(
+        app.db.find_by_event_id("unnamed").unwrap().is_none(),
+        "nothing stored under the stand-in id"
+    );
+    app.stop().await;
+}
+
 async fn the_message_view_has_the_contract_fields(backend: Backend) {
     let app = spawn_app(backend).await;
     let r = app
@@ -250,6 +291,7 @@ async fn storage_down() {
 
 both_backends!(
     bad_input_is_refused_with_the_field_and_nothing_is_stored,
+    a_message_without_an_event_id_is_told_of_every_bad_field_at_once,
     the_message_view_has_the_contract_fields,
     tokens_and_scopes_guard_v1,
 );
