@@ -61,6 +61,19 @@ pub struct AppState {
     pub message_writer: MessageWriter,
 }
 
+impl AppState {
+    /// What a message enqueued through the API is checked against (`NewMessage::plan`).
+    fn limits(&self) -> Limits<'_> {
+        Limits {
+            max_payload_bytes: self.max_payload_bytes,
+            retry_policy: self.retry_policy.clone(),
+            retry_policy_version: Some(self.retry_policy_version.clone()),
+            endpoints: Some(&self.endpoints),
+            allow_networks: Some(&self.allow_networks),
+        }
+    }
+}
+
 /// Every route Herald serves, in one list: [`configure`] registers each handler at the
 /// method(s) and path its `#[utoipa::path]` declares, and `/openapi.json` documents exactly
 /// these ([`openapi::document`]). A new route goes here, with its annotation.
@@ -294,14 +307,7 @@ async fn create_message(
         // No event id, but the rest parsed: its own checks run too, so that one answer names
         // every field to change, not the event id first and the rest on the next try.
         Err((mut errors, Some(unnamed))) => {
-            let limits = Limits {
-                max_payload_bytes: state.max_payload_bytes,
-                retry_policy: state.retry_policy.clone(),
-                retry_policy_version: None,
-                endpoints: Some(&state.endpoints),
-                allow_networks: Some(&state.allow_networks),
-            };
-            if let Err(more) = unnamed.plan(&limits, now) {
+            if let Err(more) = unnamed.plan(&state.limits(), now) {
                 errors.extend(more.into_iter().filter(|e| e.field != "event_id"));
             }
             return Err(errors.into());
@@ -316,26 +322,13 @@ async fn create_message(
         .scheduled_at
         .is_none_or(|t| t <= now + chrono::Duration::seconds(1));
     let db = state.db.clone();
-    let endpoints = state.endpoints.clone();
-    let allow_networks = state.allow_networks.clone();
-    let (max_payload_bytes, retry_policy, retry_policy_version) = (
-        state.max_payload_bytes,
-        state.retry_policy.clone(),
-        state.retry_policy_version.clone(),
-    );
+    let checked = state.clone();
     let owner = who.name.clone();
     // Marked before the plan: the group writer waits a moment for a request on its way (let go
     // as soon as the plan shows it is not the writer's).
     let coming = state.message_writer.begin();
     let planned = web::block(move || -> Result<_, StorageError> {
-        let limits = Limits {
-            max_payload_bytes,
-            retry_policy,
-            retry_policy_version: Some(retry_policy_version),
-            endpoints: Some(&endpoints),
-            allow_networks: Some(&allow_networks),
-        };
-        let mut row = match message.plan(&limits, now) {
+        let mut row = match message.plan(&checked.limits(), now) {
             Err(invalid) => return Ok(Err(invalid)),
             Ok(Prepared::FanOut(plan)) => {
                 // Not for the group writer: it need not wait for this one.
