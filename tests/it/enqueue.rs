@@ -276,6 +276,65 @@ async fn herald_enqueue_on_postgres() {
     herald_enqueue_function_on_postgres().await
 }
 
+/// PostgreSQL: what an application role needs to call `herald_enqueue`, as the README says —
+/// INSERT on the outbox and USAGE on its id sequence (all a plain INSERT needs), and SELECT on
+/// `id` and `event_id`, since the function returns the new or the existing row's id. Without
+/// that SELECT the call is refused; with it, a new, a duplicate and a keyed message are written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn herald_enqueue_needs_select_on_id_and_event_id_besides_insert() {
+    let app = spawn_app(Backend::Postgres).await;
+    let role = format!("fn_{}", app.test_db.url.rsplit('/').next().unwrap());
+    app.raw_sql(&format!(
+        "DROP ROLE IF EXISTS {role}; CREATE ROLE {role}; \
+         GRANT INSERT ON herald_outbox TO {role}; \
+         GRANT USAGE ON SEQUENCE herald_outbox_id_seq TO {role}"
+    ));
+    #[derive(diesel::QueryableByName)]
+    struct Id {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        id: i64,
+    }
+    let call = |id: &str, key: &str| {
+        format!(
+            "SELECT herald_enqueue('{id}', 'webhook', 'https://role.example/h', \
+             '{{\"body\": {{}}}}'::jsonb, p_ordering_key => {key}) AS id"
+        )
+    };
+    let mut c = PgConnection::establish(&app.test_db.url).unwrap();
+    c.batch_execute(&format!("SET ROLE {role}")).unwrap();
+    let refused = diesel::sql_query(call("role-0", "NULL")).get_result::<Id>(&mut c);
+    let refusal = format!("{:?}", refused.err());
+    assert!(refusal.contains("permission denied"), "{refusal}");
+    c.batch_execute("RESET ROLE").unwrap();
+    assert!(app.db.find_by_event_id("role-0").unwrap().is_none());
+
+    app.raw_sql(&format!(
+        "GRANT SELECT (id, event_id) ON herald_outbox TO {role}"
+    ));
+    c.batch_execute(&format!("SET ROLE {role}")).unwrap();
+    let first: Id = diesel::sql_query(call("role-1", "NULL"))
+        .get_result(&mut c)
+        .unwrap();
+    let again: Id = diesel::sql_query(call("role-1", "NULL"))
+        .get_result(&mut c)
+        .unwrap();
+    let keyed: Id = diesel::sql_query(call("role-2", "'k'"))
+        .get_result(&mut c)
+        .unwrap();
+    c.batch_execute("RESET ROLE").unwrap();
+    assert_eq!(first.id, again.id, "a duplicate returns the existing id");
+    assert_eq!(app.row("role-1").id, first.id);
+    assert_eq!(
+        (app.row("role-2").id, app.row("role-2").ordering_seq),
+        (keyed.id, Some(1))
+    );
+    app.raw_sql(&format!(
+        "REVOKE ALL ON herald_outbox FROM {role}; \
+         REVOKE ALL ON SEQUENCE herald_outbox_id_seq FROM {role}; DROP ROLE {role}"
+    ));
+    app.stop().await;
+}
+
 both_backends!(
     rolled_back_rows_are_never_sent,
     plain_sql_insert_with_only_the_essentials,
