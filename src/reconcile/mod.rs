@@ -196,13 +196,25 @@ impl Reconciler {
 
     /// The decision for one matched receipt, as storage applies it.
     fn decide(&self, r: &PendingReceipt, m: &MatchedMessage) -> ReceiptDecision {
-        let verdict = judge(
-            m.delivery_status.as_deref(),
-            m.delivery_status_at,
-            &r.event_type,
-            r.event_time,
-        );
-        let settle = proves_acceptance(&r.event_type) && m.awaits_proof(r.received_at);
+        let earlier = m.replayed_after(r.event_time, r.received_at);
+        let verdict = match earlier {
+            Some(at) if precedence(&r.event_type).is_some() => Verdict::Superseded {
+                reason: format!(
+                    "of a send before the replay at {} (event time {}, arrived {}): kept in the history",
+                    show(Some(at)),
+                    show(r.event_time),
+                    show(Some(r.received_at))
+                ),
+            },
+            _ => judge(
+                m.delivery_status.as_deref(),
+                m.delivery_status_at,
+                &r.event_type,
+                r.event_time,
+            ),
+        };
+        let settle =
+            earlier.is_none() && proves_acceptance(&r.event_type) && m.awaits_proof(r.received_at);
         let mut enqueue = Vec::new();
         let (outcome, reason, new_status) = match verdict {
             Verdict::Applied { previous } => {
@@ -407,6 +419,33 @@ mod tests {
 
     fn t(s: i64) -> Option<DateTime<Utc>> {
         DateTime::from_timestamp(1_700_000_000 + s, 0)
+    }
+
+    #[test]
+    fn a_receipt_arrived_or_dated_before_the_last_replay_is_of_an_earlier_send() {
+        let m = |replayed_at| MatchedMessage {
+            id: 1,
+            event_id: "e".into(),
+            state: State::Unconfirmed,
+            delivery_status: None,
+            delivery_status_at: None,
+            state_reason: None,
+            updated_at: t(0).unwrap(),
+            replayed_at,
+        };
+        let at = |s| t(s).unwrap();
+        // Never replayed: every receipt is of the current series.
+        assert_eq!(m(None).replayed_after(t(-50), at(-50)), None);
+        let replayed = m(t(0));
+        // Arrived before the replay, whatever its event time.
+        assert_eq!(replayed.replayed_after(t(5), at(-1)), t(0));
+        assert_eq!(replayed.replayed_after(None, at(-1)), t(0));
+        // Arrived after it, of an event before it: an earlier send's, late.
+        assert_eq!(replayed.replayed_after(t(-1), at(5)), t(0));
+        // Arrived after it, of an event at or after it, or without an event time.
+        assert_eq!(replayed.replayed_after(t(0), at(5)), None);
+        assert_eq!(replayed.replayed_after(t(3), at(5)), None);
+        assert_eq!(replayed.replayed_after(None, at(0)), None);
     }
 
     #[test]

@@ -400,9 +400,25 @@ pub struct MatchedMessage {
     /// When its state last changed: for a `dead_letter` of `state_reason = 'unconfirmed'`, when
     /// the deadline moved it there.
     pub updated_at: DateTime<Utc>,
+    /// When it was last replayed (`herald_replays`), if ever: its sends before that are an
+    /// earlier series, whose receipts say nothing of the new one.
+    pub replayed_at: Option<DateTime<Utc>>,
 }
 
 impl MatchedMessage {
+    /// The time of the message's last replay, where a receipt speaks of a send before it: the
+    /// receipt arrived before the replay, or its event is older than the replay (an earlier
+    /// send's, arriving late). Its status and its proof of acceptance are then that send's, and
+    /// say nothing of the new one. `None` for a receipt of the current series.
+    pub fn replayed_after(
+        &self,
+        event_time: Option<DateTime<Utc>>,
+        received_at: DateTime<Utc>,
+    ) -> Option<DateTime<Utc>> {
+        let at = self.replayed_at?;
+        (received_at < at || event_time.is_some_and(|e| e < at)).then_some(at)
+    }
+
     /// Whether a receipt that proves acceptance and arrived at `received_at` settles it as
     /// `delivered`: an `unconfirmed` message, or one the unconfirmed deadline dead-lettered
     /// after the receipt was stored (the deadline's pass ran before the reconciler got to it).

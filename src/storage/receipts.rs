@@ -253,9 +253,10 @@ per_backend! {
         sql::keep_to_indexes(conn)?;
         let at = sql::now(conn, now)?;
         use self::schema::herald_replays as rp;
-        // Only a receipt that arrived after the message's last replay speaks for the send that
-        // made it `unconfirmed`: one of an earlier series (a force-replayed `delivered`) says
-        // nothing about the new one.
+        // Only a receipt that arrived after the message's last replay, of an event no older
+        // than it, speaks for the send that made it `unconfirmed`: one of an earlier series (a
+        // force-replayed `delivered`, an earlier send's receipt arriving late) says nothing
+        // about the new one ([`MatchedMessage::replayed_after`]).
         let proven = exists(
             r::table
                 .filter(r::message_id.eq(o::id.nullable()))
@@ -264,6 +265,11 @@ per_backend! {
                     rp::table
                         .filter(rp::message_id.eq(o::id))
                         .filter(rp::replayed_at.gt(r::received_at)),
+                )))
+                .filter(diesel::dsl::not(exists(
+                    rp::table
+                        .filter(rp::message_id.eq(o::id))
+                        .filter(rp::replayed_at.nullable().gt(r::event_time)),
                 ))),
         );
         let settled: Vec<i64> = diesel::update(

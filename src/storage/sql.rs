@@ -748,21 +748,6 @@ pub fn sqlite_insert_receipts_returning(
     Ok(new)
 }
 
-/// The columns of [`MatchedMessage`], in its field order.
-macro_rules! matched_message_columns {
-    ($o:ident) => {
-        (
-            $o::id,
-            $o::event_id,
-            $o::state,
-            $o::delivery_status,
-            $o::delivery_status_at,
-            $o::state_reason,
-            $o::updated_at,
-        )
-    };
-}
-
 /// The reconciler's read: the receipts of `herald_receipt_queue` that are due — new ones at
 /// their arrival, unmatched ones at their next try — oldest due first (index
 /// `herald_receipt_queue_due`: it never walks past a receipt that is not due), each with its
@@ -1025,14 +1010,30 @@ pub fn sqlite_mark_reconciled(
     Ok(())
 }
 
-/// The messages of `ids`, in id order, with `$lock`.
+/// The messages of `ids`, in id order, with `$lock`, each with the time of its last replay
+/// (index `herald_replays_message`).
 macro_rules! lock_messages {
     ($conn:expr, $schema:ident, $ids:expr $(, $lock:ident)*) => {{
         use super::$schema::herald_outbox as o;
+        use super::$schema::herald_replays as rp;
         use diesel::prelude::*;
+        let last_replay = rp::table
+            .filter(rp::message_id.eq(o::id))
+            .order(rp::id.desc())
+            .select(rp::replayed_at)
+            .single_value();
         o::table
             .filter(o::id.eq_any($ids))
-            .select(matched_message_columns!(o))
+            .select((
+                o::id,
+                o::event_id,
+                o::state,
+                o::delivery_status,
+                o::delivery_status_at,
+                o::state_reason,
+                o::updated_at,
+                last_replay,
+            ))
             .order(o::id)
             $(.$lock())*
             .load($conn)

@@ -479,6 +479,104 @@ async fn receipts_match_by_the_deterministic_message_id(backend: Backend) {
     app.stop().await;
 }
 
+/// Seconds from `T0` (as [`receipt`] takes them) of `app`'s clock moved by `by_secs`.
+fn at_clock(app: &TestApp, by_secs: i64) -> i64 {
+    (app.clock_now() + chrono::Duration::seconds(by_secs)).timestamp() - T0
+}
+
+/// POSTs `/v1/messages/{id}/replay`, forced; it must answer 200.
+async fn force_replay(app: &TestApp, id: &str) {
+    let r = app
+        .http
+        .post(format!("{}/v1/messages/{id}/replay", app.base))
+        .json(&json!({"reason": "resend to check", "force": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+/// After a replay, a receipt of an earlier send — its event before the replay — that arrives
+/// only now is history for the earlier send: it neither becomes the new send's delivery status
+/// nor settles the new send when that is `unconfirmed`, whether the reconciler meets it as it
+/// arrives or when the message turns unconfirmed later. The new send's own receipts do both.
+async fn a_late_receipt_of_an_earlier_send_says_nothing_of_the_replayed_one(backend: Backend) {
+    let app = spawn_app_with(backend, SOURCE).await;
+    let rx = Receiver::start().await;
+    delivered_message(&app, &rx, "again-1").await;
+    let sent = at_clock(&app, -120);
+    post_receipt(&app, receipt("a1", "delivered", Some(sent), "again-1")).await;
+    assert_eq!(reconcile(&app).await, 1);
+    force_replay(&app, "again-1").await;
+    assert_eq!(app.run_until_idle().await, 1);
+    // The earlier send's bounce, a minute before the replay, arrives after it.
+    let late = at_clock(&app, -60);
+    assert_eq!(
+        post_receipt(&app, receipt("a2", "bounced", Some(late), "again-1")).await,
+        200
+    );
+    assert_eq!(reconcile(&app).await, 1);
+    let view = app.message("again-1").await;
+    assert_eq!(view["delivery_status"], Value::Null, "{view}");
+    let reason = view["receipts"][1]["outcome_reason"].as_str().unwrap();
+    assert_eq!(view["receipts"][1]["outcome"], "superseded");
+    assert!(
+        reason.starts_with("of a send before the replay"),
+        "{reason}"
+    );
+    // The new send's own receipt is its status.
+    let new = at_clock(&app, 5);
+    post_receipt(&app, receipt("a3", "delivered", Some(new), "again-1")).await;
+    assert_eq!(reconcile(&app).await, 1);
+    assert_eq!(app.message("again-1").await["delivery_status"], "delivered");
+
+    // Unconfirmed (409), replayed, 409 again: an earlier send's receipt that arrives now does
+    // not settle it, neither when it finds the message unconfirmed nor when it came while the
+    // message was being sent again.
+    for (id, while_sending) in [("again-2", false), ("again-3", true)] {
+        rx.script([Reply::Status(409)]);
+        app.post_message(webhook(id, &rx.url, json!({}))).await;
+        app.run_until_idle().await;
+        assert_eq!(app.message(id).await["state"], "unconfirmed");
+        rx.script([Reply::Status(409)]);
+        force_replay(&app, id).await;
+        let old = receipt(
+            &format!("{id}-old"),
+            "delivered",
+            Some(at_clock(&app, -60)),
+            id,
+        );
+        if while_sending {
+            post_receipt(&app, old.clone()).await;
+            reconcile(&app).await;
+        }
+        assert_eq!(app.run_until_idle().await, 1);
+        if !while_sending {
+            post_receipt(&app, old).await;
+        }
+        reconcile(&app).await;
+        assert_eq!(
+            state_and_status(&app, id).await,
+            (Some("unconfirmed".into()), None),
+            "{id}"
+        );
+        let fresh = receipt(
+            &format!("{id}-new"),
+            "delivered",
+            Some(at_clock(&app, 5)),
+            id,
+        );
+        post_receipt(&app, fresh).await;
+        reconcile(&app).await;
+        assert_eq!(
+            state_and_status(&app, id).await,
+            (Some("delivered".into()), Some("delivered".into())),
+            "{id}"
+        );
+    }
+    app.stop().await;
+}
+
 /// A message's `state` and `delivery_status`, as `GET /v1/messages/{event_id}` shows them.
 async fn state_and_status(app: &TestApp, id: &str) -> (Option<String>, Option<String>) {
     let v = app.message(id).await;
@@ -795,4 +893,5 @@ both_backends!(
     a_proof_stored_before_the_deadline_settles_even_after_it,
     status_changes_are_called_back_through_the_outbox,
     each_status_change_is_called_back_once,
+    a_late_receipt_of_an_earlier_send_says_nothing_of_the_replayed_one,
 );
