@@ -308,6 +308,7 @@ impl Herald {
             sender_heartbeat: self.sender.heartbeat(),
             receipt_writer: self.receipt_writer.clone(),
             message_writer: self.message_writer.clone(),
+            refusals: Arc::default(),
         }
     }
 

@@ -455,12 +455,19 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::ApiToken => {
             match api_token(&open_db(&settings, true)?, &settings)? {
-                Some(t) => println!("{t}"),
-                None => println!(
-                    "tokens are configured (HERALD_API_TOKEN or [tokens.NAME]); the generated token is not accepted"
-                ),
+                Some(t) => {
+                    println!("{t}");
+                    Ok(ExitCode::SUCCESS)
+                }
+                // Nothing on standard output: `TOKEN=$(herald api-token)` must not take this for
+                // a token.
+                None => {
+                    eprintln!(
+                        "herald: tokens are configured (HERALD_API_TOKEN or [tokens.NAME]), so the generated token is not accepted: use one of those"
+                    );
+                    Ok(ExitCode::FAILURE)
+                }
             }
-            Ok(ExitCode::SUCCESS)
         }
         Command::Purge => {
             let db = open_db(&settings, false)?;
@@ -675,13 +682,16 @@ fn support_command(command: Command, settings: &Settings) -> anyhow::Result<Exit
 
 /// `herald token NAME --scope S`: a fresh token and its config lines.
 fn new_token(name: &str, scope: &str) -> anyhow::Result<ExitCode> {
+    // A bad command line: exit 2, as clap's own refusals and configuration refusals are.
     if !herald::auth::valid_name(name) {
-        anyhow::bail!(
-            "invalid configuration: {name:?} is not a token name (1–64 of A–Z, a–z, 0–9, '-', '_', '.')"
+        eprintln!(
+            "herald: NAME: {name:?} is not a token name (1–64 of A–Z, a–z, 0–9, '-', '_', '.')"
         );
+        return Ok(ExitCode::from(EXIT_CONFIG));
     }
     if herald::auth::Scope::parse(scope).is_none() {
-        anyhow::bail!("--scope must be send, support or admin");
+        eprintln!("herald: --scope: must be send, support or admin");
+        return Ok(ExitCode::from(EXIT_CONFIG));
     }
     let token = herald::auth::generate();
     println!("token: {token}");

@@ -59,6 +59,8 @@ pub struct AppState {
     /// `POST /v1/messages`' group-commit writer (on `db`): messages other than fan-outs (on
     /// PostgreSQL, only those without an ordering key).
     pub message_writer: MessageWriter,
+    /// Which refused receipts are logged at warn.
+    pub refusals: Arc<crate::ingest::RefusalLog>,
 }
 
 impl AppState {
@@ -1054,8 +1056,12 @@ async fn ingest_into(
             tracing::warn!(source = %name, reason = %e, "receipt not verifiable now; asked to retry");
             IngestVerdict::Unverifiable
         } else {
-            // Per request and unauthenticated: debug, not info, so junk traffic cannot flood logs.
-            tracing::debug!(source = %name, scheme = source.source.scheme(), reason = %e, "receipt refused");
+            // Per request and unauthenticated: each at debug; at warn only the first of a
+            // source and then one a minute (junk cannot flood the log, a wrong secret shows).
+            match state.refusals.take(&name, now) {
+                Some(left_out) => tracing::warn!(source = %name, scheme = %source.source.scheme(), reason = %e, refused_since_last_line = left_out, "receipt refused"),
+                None => tracing::debug!(source = %name, scheme = %source.source.scheme(), reason = %e, "receipt refused"),
+            }
             IngestVerdict::of_status(e.status())
         };
         (verdict, Problem::from(e))

@@ -11,6 +11,42 @@ use serde_json::Value;
 
 use crate::domain::InvalidField;
 
+/// How often a source's refused receipts are logged: the first refusal at once, then at most
+/// one line a minute, saying how many were refused in between.
+pub const REFUSAL_LOG_EVERY: chrono::Duration = chrono::Duration::seconds(60);
+
+/// Which refused receipts to log. Refusals are unauthenticated traffic, so each is not a line of
+/// its own (junk must not flood the log), yet a provider whose secret is wrong must show: per
+/// source (a configured one: the map is bounded), the first refusal is logged, then one a
+/// minute with the count of those left out since.
+#[derive(Debug, Default)]
+pub struct RefusalLog {
+    last: std::sync::Mutex<std::collections::HashMap<String, (DateTime<Utc>, u64)>>,
+}
+
+impl RefusalLog {
+    /// A refusal for `source` at `now`: `Some(n)` to log it, `n` refusals having been left out
+    /// since the source's last line; `None` to leave it out.
+    pub fn take(&self, source: &str, now: DateTime<Utc>) -> Option<u64> {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        match last.get_mut(source) {
+            Some((at, left_out)) if now - *at < REFUSAL_LOG_EVERY => {
+                *left_out += 1;
+                None
+            }
+            Some((at, left_out)) => {
+                let n = *left_out;
+                (*at, *left_out) = (now, 0);
+                Some(n)
+            }
+            None => {
+                last.insert(source.to_owned(), (now, 0));
+                Some(0)
+            }
+        }
+    }
+}
+
 /// A request as the verifier sees it: raw bytes, headers with lower-cased names.
 #[derive(Debug, Clone, Copy)]
 pub struct RawRequest<'a> {
@@ -379,6 +415,23 @@ pub fn verify_request_offline(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn refusals_are_logged_first_then_once_a_minute_per_source() {
+        let log = super::RefusalLog::default();
+        let t = |s: i64| chrono::DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap();
+        assert_eq!(log.take("a", t(0)), Some(0), "the first at once");
+        assert_eq!(log.take("a", t(1)), None);
+        assert_eq!(log.take("a", t(59)), None);
+        assert_eq!(log.take("b", t(2)), Some(0), "each source its own");
+        assert_eq!(
+            log.take("a", t(60)),
+            Some(2),
+            "a minute on, with those left out"
+        );
+        assert_eq!(log.take("a", t(61)), None);
+        assert_eq!(log.take("a", t(200)), Some(1));
+    }
+
     use super::*;
     use chrono::TimeZone;
     use serde_json::json;

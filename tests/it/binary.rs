@@ -374,7 +374,42 @@ async fn tokens_are_generated_when_none_is_configured_and_scopes_hold() {
     assert_eq!(r.status(), 201);
     let log = herald.stop_cleanly().await;
     assert!(!log.contains(token), "the token is never logged:\n{log}");
+    // Once a token is configured the generated one is not accepted, and `herald api-token`
+    // prints nothing a script would take for a token (`TOKEN=$(herald api-token)`): it says why
+    // on standard error and exits 1.
+    let configured = [
+        env[1],
+        ("HERALD_API_TOKEN", "a-configured-token-0123456789"),
+    ];
+    let out = herald_output(&["api-token"], &configured);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(out.stdout.is_empty(), "{:?}", out.stdout);
+    assert!(
+        stderr.starts_with("herald: tokens are configured") && stderr.contains("HERALD_API_TOKEN"),
+        "{stderr}"
+    );
 
+    // A name or scope it cannot make a token of: one line naming the argument, exit 2, as
+    // any bad command line.
+    for (args, named) in [
+        (
+            ["token", "bad name", "--scope", "send"],
+            "NAME: \"bad name\" is not a token name",
+        ),
+        (
+            ["token", "shop", "--scope", "root"],
+            "--scope: must be send, support or admin",
+        ),
+    ] {
+        let out = herald_output(&args, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        let line = stderr.trim_end();
+        assert!(line.starts_with(&format!("herald: {named}")), "{line}");
+        assert!(!line.contains('\n'), "{line}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
     // `herald token NAME --scope send` prints a token and the lines for herald.toml.
     let made = run_herald(&["token", "shop", "--scope", "send"], &[]);
     let shop = made
@@ -432,19 +467,24 @@ async fn tokens_are_generated_when_none_is_configured_and_scopes_hold() {
 
 /// Runs `herald ARGS` to completion with exactly `env`; its stdout (exit status 0 asserted).
 fn run_herald(args: &[&str], env: &[(&str, &str)]) -> String {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("HERALD_") || k == "RUST_LOG" {
-            cmd.env_remove(k);
-        }
-    }
-    let out = cmd.args(args).envs(env.iter().copied()).output().unwrap();
+    let out = herald_output(args, env);
     assert!(
         out.status.success(),
         "herald {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap()
+}
+
+/// `herald ARGS` with `env` (and none of the caller's `HERALD_*` variables), run to its end.
+fn herald_output(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("HERALD_") || k == "RUST_LOG" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.args(args).envs(env.iter().copied()).output().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1076,6 +1116,54 @@ async fn a_failing_endpoint_is_disabled_and_the_cli_enables_it() {
     let list = run_herald(&["--config", &config, "endpoint", "list"], &cli);
     assert_eq!(list.trim(), "flaky\tenabled");
     assert_eq!(rx.requests().len(), 2, "nothing was sent while disabled");
+}
+
+/// Refused receipts show in `herald serve`'s log at the default level, as a wrong provider
+/// secret must, without flooding it: the first refusal of a source at warn (its source, scheme
+/// and reason, never the secret or the signature), the next ones within the minute left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_logs_the_first_refused_receipt_of_a_source_at_warn() {
+    let listen = free_addr();
+    let base = format!("http://{listen}");
+    let mut herald = Herald::spawn_with_config(
+        &["serve"],
+        &[
+            ("HERALD_LISTEN", &listen),
+            ("HERALD_SENDER_ENABLED", "false"),
+        ],
+        Some("[sources.esp]\nscheme = \"hmac\"\nsecrets = [\"bin-esp-secret\"]\n"),
+    );
+    herald.wait_healthy(&base).await;
+    let http = client();
+    for signature in ["5ec7e7519a7", "0badc0de00", "0badc0de01"] {
+        let r = http
+            .post(format!("{base}/v1/ingest/esp"))
+            .header("x-signature", signature)
+            .body(r#"{"id": "r-1", "type": "delivered"}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401);
+    }
+    let log = herald.stop_cleanly().await;
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("receipt refused"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{log}");
+    let line = lines[0];
+    assert!(
+        line.contains("WARN")
+            && line.contains("source=esp")
+            && line.contains("scheme=hmac")
+            && line.contains("reason=")
+            && line.contains("refused_since_last_line=0"),
+        "{line}"
+    );
+    assert!(
+        !log.contains("bin-esp-secret") && !log.contains("5ec7e7519a7"),
+        "{log}"
+    );
 }
 
 /// A running `herald serve`: `/metrics` parses as Prometheus text, counts what the process did,
