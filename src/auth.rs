@@ -126,7 +126,9 @@ impl fmt::Debug for Tokens {
 pub enum TokenConfigError {
     #[error("a token name must be 1–64 characters of A–Z, a–z, 0–9, '-', '_' or '.'")]
     BadName,
-    #[error("sha256 must be the 64 hex digits of the token's SHA-256 (see `herald token new`)")]
+    #[error(
+        "sha256 must be the 64 hex digits of the token's SHA-256 (`herald token NAME --scope S` prints it)"
+    )]
     BadDigest,
     #[error("scope must be one of send, support, admin")]
     BadScope,

@@ -304,9 +304,16 @@ impl Settings {
     fn build(mut f: FileConfig, env: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
         let get = |name: &str| env.get(name).filter(|v| !v.is_empty()).cloned();
         fn num<T: std::str::FromStr>(name: &str, v: String) -> Result<T, ConfigError> {
-            v.trim()
-                .parse()
-                .map_err(|_| invalid(name, format!("{v:?} is not a valid number")))
+            v.trim().parse().map_err(|_| {
+                // A number all the same (`-1`, `0.5`): the settings read here that do not take
+                // it are counts and sizes.
+                let why = if v.trim().parse::<f64>().is_ok() {
+                    "is not a whole number of 0 or more"
+                } else {
+                    "is not a number"
+                };
+                invalid(name, format!("{v:?} {why}"))
+            })
         }
         fn flag(name: &str, v: String) -> Result<bool, ConfigError> {
             match v.trim() {
@@ -1071,7 +1078,19 @@ impl Timings {
         };
         // A lease of more than a day: a crash would hold its rows for that long, and far larger
         // values overflowed the lease's arithmetic (SQLite) or PostgreSQL's interval. Send
-        // timeouts that need one are refused with it.
+        // timeouts that need one are refused with it, naming the timeout when the lease was
+        // left to follow it.
+        if lease_seconds.is_none() && lease_s > MAX_LEASE_SECONDS {
+            return Err(invalid(
+                longest_key,
+                format!(
+                    "{longest_ms} ms needs a lease of {lease_s} s, more than the {MAX_LEASE_SECONDS} s \
+                     a lease may be; set {} to at most {} ms",
+                    env_name(longest_key),
+                    MAX_LEASE_SECONDS * 1000 - LEASE_MARGIN_MS
+                ),
+            ));
+        }
         let lease_s = at_most("lease_seconds", lease_s, MAX_LEASE_SECONDS)?;
         Ok(Self {
             lease: Duration::from_secs(lease_s),
@@ -1090,7 +1109,13 @@ pub fn endpoint_retry_policy(
     global: &RetryPolicy,
 ) -> Result<RetryPolicy, crate::domain::InvalidField> {
     let key = format!("endpoints.{endpoint}.retry");
-    let base = r.base_seconds.unwrap_or(global.base.as_secs_f64());
+    // Each default follows the other key where that one is set, as the global pair's does
+    // ([`retry_defaults`]): setting only one never makes the cap fall below the base.
+    let usable = |v: f64| v.is_finite() && v > 0.0;
+    let base = r.base_seconds.unwrap_or_else(|| match r.cap_seconds {
+        Some(c) if usable(c) => global.base.as_secs_f64().min(c),
+        _ => global.base.as_secs_f64(),
+    });
     let cap = r
         .cap_seconds
         .unwrap_or_else(|| global.cap.as_secs_f64().max(base));
@@ -1114,7 +1139,9 @@ pub fn endpoint_retry_policy(
             "retry_policy_name" => "name",
             other => other,
         };
-        crate::domain::InvalidField::new(format!("{key}.{field}"), e.message)
+        // The refusal's words name the endpoint's keys too (`must not be below base_seconds`).
+        let message = e.message.replace("retry_base_seconds", "base_seconds");
+        crate::domain::InvalidField::new(format!("{key}.{field}"), message)
     })
 }
 
@@ -1244,6 +1271,17 @@ mod tests {
         assert_eq!(again("base_seconds = 1\n"), again("base_seconds = 1\n"));
         assert_ne!(again("base_seconds = 1\n"), again("base_seconds = 3\n"));
         assert!(again("").starts_with("x@"));
+        // Only the cap, below the global base: the base follows it down, as the global pair's.
+        let s = Settings::from_toml(
+            "retry_base_seconds = 5\n[endpoints.a]\nurl = \"https://a.example/h\"\n\
+             [endpoints.a.retry]\ncap_seconds = 2\n",
+        )
+        .unwrap();
+        let a = &s.endpoint_retry["a"];
+        assert_eq!(
+            (a.base, a.cap),
+            (Duration::from_secs(2), Duration::from_secs(2))
+        );
         for (bad, field) in [
             ("jitter = 2", "endpoints.a.retry.jitter"),
             ("max_attempts = 0", "endpoints.a.retry.max_attempts"),
@@ -1258,6 +1296,10 @@ mod tests {
             ))
             .unwrap_err();
             assert!(err.to_string().starts_with(field), "{bad}: {err}");
+            assert!(
+                !err.to_string().contains("retry_"),
+                "the endpoint's keys: {err}"
+            );
         }
         let err = Settings::from_toml(
             "[endpoints.a]\nurl = \"https://a.example/h\"\nordering_policy = \"later\"\n",
@@ -1577,6 +1619,29 @@ mod tests {
         );
         let err = build(&[("HERALD_LEASE_SECONDS", "19")]).unwrap_err();
         one_line(&err, "lease_seconds", &["webhook_timeout_ms", "20"]);
+        // A number, but not one a count or size takes; and not a number at all.
+        for v in ["-1", "0.5"] {
+            let err = build(&[("HERALD_RETENTION_DELIVERED_DAYS", v)]).unwrap_err();
+            one_line(
+                &err,
+                "HERALD_RETENTION_DELIVERED_DAYS",
+                &["is not a whole number of 0 or more"],
+            );
+        }
+        let err = build(&[("HERALD_RETENTION_DELIVERED_DAYS", "ten")]).unwrap_err();
+        one_line(
+            &err,
+            "HERALD_RETENTION_DELIVERED_DAYS",
+            &["\"ten\" is not a number"],
+        );
+        // A timeout that would need a lease over a day, the lease left to follow it: the
+        // timeout is what to change.
+        let err = build(&[("HERALD_WEBHOOK_TIMEOUT_MS", "90000000")]).unwrap_err();
+        one_line(
+            &err,
+            "webhook_timeout_ms",
+            &["HERALD_WEBHOOK_TIMEOUT_MS", "86395000"],
+        );
         let err = build(&[
             ("HERALD_RETRY_BASE_SECONDS", "10"),
             ("HERALD_RETRY_CAP_SECONDS", "5"),

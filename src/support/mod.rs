@@ -733,6 +733,20 @@ pub fn redrive(
     req: &RedriveRequest,
     who: &str,
 ) -> Result<RedriveReport, SupportError> {
+    // A time already past would leave every message redriven to expire again at once: bad
+    // input, refused whole (as a single replay's is), not a skip per message.
+    if let Some(Some(t)) = req.expires_at
+        && t <= now.local
+    {
+        return Err(InvalidField::new(
+            "expires_at",
+            format!(
+                "{} is not in the future: every message redriven would expire again at once; give a later time, or null to clear it",
+                ts(&t)
+            ),
+        )
+        .into());
+    }
     let limit = req.limit.clamp(1, REDRIVE_MAX);
     let one = ReplayRequest {
         reason: req.reason.clone(),

@@ -243,9 +243,13 @@ pub fn dead_letters(page: &DeadLetterPage) -> String {
 /// `herald replay FP`.
 pub fn replayed(r: &Replayed) -> String {
     format!(
-        "replayed {} (fingerprint {}) from {}{}: now {}, a new attempt series from attempt {}, due {}\n",
+        "replayed {} ({}) from {}{}: now {}, a new attempt series from attempt {}, due {}\n",
         r.event_id,
-        opt(&r.fingerprint),
+        match &r.fingerprint {
+            Some(f) => format!("fingerprint {f}"),
+            // Written by SQL and never attempted: its fingerprint comes with its first attempt.
+            None => "no fingerprint until its first attempt".to_owned(),
+        },
         r.replay.from_state,
         if r.replay.forced { ", forced" } else { "" },
         r.state,
@@ -305,5 +309,33 @@ mod tests {
             ],
         );
         assert_eq!(t, "A    BB  C\nxxx  -   last\ny    z   -\n");
+    }
+
+    #[test]
+    fn a_replay_names_its_fingerprint_or_says_it_has_none_yet() {
+        use crate::domain::State;
+        let mut r = crate::support::Replayed {
+            event_id: "sql-exp".into(),
+            fingerprint: None,
+            state: State::Scheduled,
+            next_attempt_at: Some("2026-12-06T00:00:00.000000Z".into()),
+            replay: crate::support::view::ReplayEntry {
+                replayed_at: "2026-12-06T00:00:00.000000Z".into(),
+                who: "cli:ana".into(),
+                reason: "expired by mistake".into(),
+                from_state: State::Expired,
+                forced: false,
+                series_start: 1,
+                expires_at_before: None,
+                expires_at_after: None,
+            },
+        };
+        assert_eq!(
+            super::replayed(&r),
+            "replayed sql-exp (no fingerprint until its first attempt) from expired: now scheduled, \
+             a new attempt series from attempt 1, due 2026-12-06T00:00:00.000000Z\n"
+        );
+        r.fingerprint = Some("ab12".into());
+        assert!(super::replayed(&r).starts_with("replayed sql-exp (fingerprint ab12) from"));
     }
 }

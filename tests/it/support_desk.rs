@@ -944,6 +944,11 @@ async fn dead_letters_list_by_keyset_and_redrive_within_bounds(backend: Backend)
         (json!({"reason": "fixed", "limit": 0}), "limit"),
         (json!({"reason": "fixed", "class": "nope"}), "class"),
         (json!({"reason": "fixed", "after": "x"}), "after"),
+        // Every message would expire again at once: refused whole, as a replay's is.
+        (
+            json!({"reason": "fixed", "expires_at": "2020-01-01T00:00:00Z"}),
+            "expires_at",
+        ),
     ] {
         let p = problem(
             post(&app, "/v1/dead-letters/redrive", body.clone()).await,
