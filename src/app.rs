@@ -51,6 +51,16 @@ pub struct Herald {
 
 /// Opens the database (and migrates it unless told not to). Blocking.
 pub fn open_db(settings: &Settings, migrate: bool) -> anyhow::Result<Db> {
+    // Not migrating: a SQLite file that is not there is a wrong path or a database never set up,
+    // not one to create empty here.
+    if !migrate
+        && let Some(path) = crate::storage::sqlite_path(settings.database_url.expose())
+        && !std::path::Path::new(path).exists()
+    {
+        anyhow::bail!(
+            "no database at {path}: check HERALD_DATABASE_URL, or run `herald migrate` to create it"
+        );
+    }
     let db = Db::connect(
         settings.database_url.expose(),
         &PoolOptions {
@@ -64,6 +74,14 @@ pub fn open_db(settings: &Settings, migrate: bool) -> anyhow::Result<Db> {
         for m in applied {
             info!(migration = %m, "migration applied");
         }
+    } else if db
+        .never_migrated()
+        .context("cannot read the database's migrations")?
+    {
+        // Every query would fail on a missing table, in words that do not say why.
+        anyhow::bail!(
+            "the database has no Herald tables (no migration applied): run `herald migrate` first"
+        );
     }
     Ok(db)
 }

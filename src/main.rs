@@ -112,6 +112,7 @@ enum Command {
     /// Explain a send: identity, state, every attempt (status, class, delay and why), every
     /// receipt, every replay, and a paragraph in plain words. Reads the database directly.
     /// Exit status: 0 shown, 1 not found, 2 bad input or configuration, 3 ambiguous prefix.
+    #[command(override_usage = "herald explain <FINGERPRINT | --event-id EVENT_ID> [--json]")]
     Explain {
         /// The request fingerprint, or a unique prefix of it (at least 8 hex digits).
         #[arg(required_unless_present = "event_id", conflicts_with = "event_id")]
@@ -141,6 +142,9 @@ enum Command {
     /// id: a new attempt series under the current policy, the history kept, audited with who
     /// (cli:$USER), when and why. Exit status: 0 replayed, 1 not found or not replayable,
     /// 2 bad input or configuration, 3 ambiguous prefix.
+    #[command(
+        override_usage = "herald replay <FINGERPRINT | --event-id EVENT_ID> --reason <REASON> [OPTIONS]"
+    )]
     Replay {
         /// The request fingerprint, or a unique prefix of it (at least 8 hex digits).
         #[arg(required_unless_present = "event_id", conflicts_with = "event_id")]

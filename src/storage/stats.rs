@@ -82,6 +82,12 @@ impl Db {
         crate::storage::db_run! { self, read |c, q| Ok(q::db_stats(c, &now)?) }
     }
 
+    /// Whether no migration was ever applied to this database (read only).
+    pub fn never_migrated(&self) -> Result<bool, StorageError> {
+        let applied: Option<Vec<String>> = crate::storage::db_run! { self, read |c, q| Ok::<_, StorageError>(q::applied_migrations(c)?) }?;
+        Ok(applied.is_none_or(|a| a.is_empty()))
+    }
+
     /// The versions of the embedded migrations this database has not applied (read only: never
     /// creates diesel's bookkeeping table, unlike the migration harness).
     pub fn pending_migrations(&self) -> Result<Vec<String>, StorageError> {

@@ -323,3 +323,41 @@ fn replay_refusals_name_the_flag_that_answers_them() {
     assert_eq!(code(&o), 1);
     assert!(!stderr(&o).contains("add --"), "{}", stderr(&o));
 }
+
+/// Pointed at a database Herald never set up, the support commands (and `herald serve
+/// --no-migrate`) say so and how to set it up, exit 1, and create nothing: a SQLite path with no
+/// file, and a file without Herald's tables.
+#[test]
+fn commands_on_a_database_never_migrated_say_to_run_herald_migrate() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let commands: [&[&str]; 4] = [
+        &["explain", "--event-id", "x"],
+        &["dlq", "list"],
+        &["replay", "--event-id", "x", "--reason", "r"],
+        &["serve", "--no-migrate"],
+    ];
+    for args in commands {
+        let o = herald(d, args);
+        assert_eq!(code(&o), 1, "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("no database at") && stderr(&o).contains("herald migrate"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+        assert!(!d.join("herald.db").exists(), "{args:?} created the file");
+    }
+    diesel::sqlite::SqliteConnection::establish(d.join("herald.db").to_str().unwrap())
+        .unwrap()
+        .batch_execute("CREATE TABLE unrelated (x INTEGER)")
+        .unwrap();
+    for args in commands {
+        let o = herald(d, args);
+        assert_eq!(code(&o), 1, "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("no Herald tables") && stderr(&o).contains("`herald migrate`"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
+}
