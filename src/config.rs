@@ -258,6 +258,12 @@ impl std::fmt::Debug for ConfiguredSource {
 }
 
 impl Settings {
+    /// The retry policies messages come under, by destination (the global one, and each
+    /// endpoint's own).
+    pub fn policies(&self) -> crate::domain::policies::Policies {
+        crate::sender::policy::policies(&self.retry, &self.endpoint_retry)
+    }
+
     /// Defaults, then `path` (or `herald.toml` when it exists), then the environment.
     pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
         let env: BTreeMap<String, String> = std::env::vars()

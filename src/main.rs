@@ -515,7 +515,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 fn support_command(command: Command, settings: &Settings) -> anyhow::Result<ExitCode> {
     use herald::support::{self, Lookup, render};
     let db = open_db(settings, false)?;
-    let budget = settings.retry.max_attempts;
+    let policies = settings.policies();
     let now = || herald::clock::Clock::storage_now(&SystemClock);
     let who = support::cli_who(
         std::env::var("USER")
@@ -545,7 +545,7 @@ fn support_command(command: Command, settings: &Settings) -> anyhow::Result<Exit
             json,
             lookup(fingerprint, event_id)
                 .map_err(Into::into)
-                .and_then(|l| support::explain(&db, &l, budget))
+                .and_then(|l| support::explain(&db, &l, &policies))
                 .map(|e| (render::explanation(&e), serde_json::json!(e))),
         ),
         Command::Replay {

@@ -162,7 +162,7 @@ pub struct MessageDetail {
 pub fn message_detail(
     db: &Db,
     event_id: &str,
-    default_max_attempts: u32,
+    policies: &crate::domain::policies::Policies,
 ) -> Result<Option<MessageDetail>, StorageError> {
     let Some(row) = db.find_by_event_id(event_id)? else {
         return Ok(None);
@@ -176,7 +176,7 @@ pub fn message_detail(
         explanation: crate::support::explain(
             db,
             &crate::support::Lookup::event_id(event_id),
-            default_max_attempts,
+            policies,
         )
         .ok()
         .map(|e| e.explanation),

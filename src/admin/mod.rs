@@ -418,10 +418,10 @@ async fn message_page(
     notice: Option<Notice<'_>>,
 ) -> HttpResponse {
     let db = state.db.clone();
-    let budget = state.default_max_attempts;
+    let policies = state.policies.clone();
     let detail = tri!(
         blocking(Some(viewer), move || data::message_detail(
-            &db, &event_id, budget
+            &db, &event_id, &policies
         ))
         .await
     );

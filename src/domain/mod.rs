@@ -5,6 +5,7 @@
 pub mod classify;
 pub mod event_type;
 mod fingerprint;
+pub mod policies;
 pub mod ses_tag;
 
 pub use fingerprint::{Fingerprint, FingerprintInput};

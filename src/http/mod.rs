@@ -39,10 +39,9 @@ pub struct AppState {
     pub wake: Arc<Notify>,
     pub tokens: Arc<Tokens>,
     pub max_payload_bytes: usize,
-    pub retry_policy: String,
-    /// The policy's version, recorded on every message enqueued here.
-    pub retry_policy_version: String,
-    pub default_max_attempts: u32,
+    /// The retry policies by destination: recorded on every message enqueued here (an
+    /// endpoint's own, else the global), and the budget its view shows.
+    pub policies: Arc<crate::domain::policies::Policies>,
     pub endpoints: Arc<BTreeMap<String, Endpoint>>,
     /// Networks exempt from the SSRF guard (a refused literal destination is a 422).
     pub allow_networks: Arc<AllowList>,
@@ -68,8 +67,7 @@ impl AppState {
     fn limits(&self) -> Limits<'_> {
         Limits {
             max_payload_bytes: self.max_payload_bytes,
-            retry_policy: self.retry_policy.clone(),
-            retry_policy_version: Some(self.retry_policy_version.clone()),
+            policies: Some(&self.policies),
             endpoints: Some(&self.endpoints),
             allow_networks: Some(&self.allow_networks),
         }
@@ -428,7 +426,7 @@ async fn create_message(
     // Committed: only now is it acknowledged.
     let view = match written {
         Written::Message(created, stored, receipts) => {
-            let mut view = MessageView::new(&stored, state.default_max_attempts);
+            let mut view = MessageView::new(&stored, &state.policies);
             view.receipts = Some(receipts.iter().map(ReceiptView::new).collect());
             if created {
                 tracing::info!(event_id = %stored.event_id, channel = %stored.channel, token = %who.name, "message enqueued");
@@ -444,7 +442,7 @@ async fn create_message(
                     "fan-out enqueued"
                 );
             }
-            serde_json::to_value(FanOutView::new(&fanout, state.default_max_attempts))
+            serde_json::to_value(FanOutView::new(&fanout, &state.policies))
         }
     };
     let view = view.map_err(|_| Problem::internal())?;
@@ -532,13 +530,11 @@ async fn show_message(
             for m in owners {
                 permit(&who, Access::OwnMessage, m.enqueued_by.as_deref())?;
             }
-            return Ok(
-                HttpResponse::Ok().json(FanOutView::new(&fanout, state.default_max_attempts))
-            );
+            return Ok(HttpResponse::Ok().json(FanOutView::new(&fanout, &state.policies)));
         }
     };
     permit(&who, Access::OwnMessage, row.enqueued_by.as_deref())?;
-    let mut view = MessageView::new(&row, state.default_max_attempts);
+    let mut view = MessageView::new(&row, &state.policies);
     view.receipts = Some(receipts.iter().map(ReceiptView::new).collect());
     // Another client's head is named as such, not by its event id: a `send` token learns no
     // other client's event ids (their messages are 404s to it).
@@ -665,8 +661,8 @@ async fn explain(
 ) -> Result<HttpResponse, Problem> {
     let lookup = lookup.map_err(SupportError::from)?;
     let db = state.db.clone();
-    let budget = state.default_max_attempts;
-    let e = web::block(move || support::explain(&db, &lookup, budget)).await??;
+    let policies = state.policies.clone();
+    let e = web::block(move || support::explain(&db, &lookup, &policies)).await??;
     Ok(HttpResponse::Ok().json(e))
 }
 
@@ -907,7 +903,7 @@ async fn skip_message(
     let now = state.clock.storage_now();
     let row = web::block(move || support::skip(&db, now, &event_id, &request, &who.name)).await??;
     state.wake.notify_one();
-    Ok(HttpResponse::Ok().json(MessageView::new(&row, state.default_max_attempts)))
+    Ok(HttpResponse::Ok().json(MessageView::new(&row, &state.policies)))
 }
 
 #[utoipa::path(
@@ -942,7 +938,7 @@ async fn cancel_message(
     if changed {
         tracing::info!(event_id = %row.event_id, "message canceled");
     }
-    Ok(HttpResponse::Ok().json(MessageView::new(&row, state.default_max_attempts)))
+    Ok(HttpResponse::Ok().json(MessageView::new(&row, &state.policies)))
 }
 
 /// `POST` (or `GET`) `/v1/ingest/{source}`: verify over the raw bytes, store every event of the request in one

@@ -1,6 +1,7 @@
 //! The views the `/v1/messages`, `/v1/receipts`, `/v1/endpoints`, `/v1/ingest` and `/readyz`
 //! handlers answer with; each is also its schema in `/openapi.json`.
 
+use crate::domain::policies::Policies;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -97,7 +98,8 @@ impl ReceiptView {
 }
 
 impl MessageView {
-    pub fn new(row: &OutboxRow, default_max_attempts: u32) -> Self {
+    /// `policies`: the budget of a message that sets none is its destination's policy's.
+    pub fn new(row: &OutboxRow, policies: &Policies) -> Self {
         Self {
             event_id: row.event_id.clone(),
             channel: row.channel,
@@ -107,7 +109,7 @@ impl MessageView {
             max_attempts: row
                 .max_attempts
                 .map(i64::from)
-                .unwrap_or(i64::from(default_max_attempts)),
+                .unwrap_or_else(|| i64::from(policies.of(&row.destination).max_attempts)),
             semantics: row.semantics,
             retry_policy: row.retry_policy.clone(),
             retry_policy_version: row.retry_policy_version.clone(),
@@ -146,7 +148,7 @@ pub struct FanOutView {
 }
 
 impl FanOutView {
-    pub fn new(f: &FanOut, default_max_attempts: u32) -> Self {
+    pub fn new(f: &FanOut, policies: &Policies) -> Self {
         Self {
             event_id: f.event_id.clone(),
             channel: Channel::Webhook,
@@ -157,7 +159,7 @@ impl FanOutView {
                 .children
                 .iter()
                 .filter_map(|(_, m)| m.as_ref())
-                .map(|m| MessageView::new(m, default_max_attempts))
+                .map(|m| MessageView::new(m, policies))
                 .collect(),
         }
     }

@@ -247,8 +247,16 @@ impl NewMessage {
             payload: self.payload.clone(),
             scheduled_at: self.scheduled_at.map(trunc),
             max_attempts: self.max_attempts.map(|n| n as i32),
-            retry_policy: limits.retry_policy.clone(),
-            retry_policy_version: limits.retry_policy_version.clone(),
+            retry_policy: limits.policies.map_or_else(
+                || "default".to_owned(),
+                |p| p.of(&self.destination).name.clone(),
+            ),
+            // A fan-out's children copy its row: none recorded, each child's first claim
+            // records its own endpoint's.
+            retry_policy_version: limits
+                .policies
+                .filter(|_| !self.destination.starts_with("type:"))
+                .map(|p| p.of(&self.destination).version.clone()),
             message_key: (self.channel == Channel::Email)
                 .then(|| crate::domain::email_message_key(event_id.as_str())),
             semantics: self.semantics,
@@ -431,9 +439,10 @@ impl RequestBytes {
 #[derive(Debug, Clone)]
 pub struct Limits<'a> {
     pub max_payload_bytes: usize,
-    pub retry_policy: String,
-    /// Recorded on the row; `None` lets the first claim record the version in force then.
-    pub retry_policy_version: Option<String>,
+    /// The policy recorded on the row, by its destination (an endpoint's own, else the global);
+    /// `None` (the library) records the name `default` and no version, which the first claim
+    /// records then.
+    pub policies: Option<&'a crate::domain::policies::Policies>,
     /// Configured endpoints; `None` (the library) skips the name check: an unknown endpoint is
     /// then dead-lettered at send time.
     pub endpoints: Option<&'a BTreeMap<String, Endpoint>>,
@@ -446,8 +455,7 @@ impl Default for Limits<'_> {
     fn default() -> Self {
         Self {
             max_payload_bytes: 256 * 1024,
-            retry_policy: "default".into(),
-            retry_policy_version: None,
+            policies: None,
             endpoints: None,
             allow_networks: None,
         }

@@ -148,8 +148,8 @@ pub struct ReconcilerConfig {
     /// How long an `unconfirmed` message waits for a receipt before `dead_letter`.
     pub unconfirmed_deadline: Duration,
     pub callbacks: Option<StatusCallbacks>,
-    pub retry_policy: String,
-    pub retry_policy_version: String,
+    /// The retry policies by destination, recorded on the status callbacks it enqueues.
+    pub policies: Arc<crate::domain::policies::Policies>,
     /// The domain of Herald's deterministic email `Message-ID`s (receipts quoting one match).
     pub message_id_domain: String,
 }
@@ -286,8 +286,7 @@ impl Reconciler {
             body,
         );
         let limits = Limits {
-            retry_policy: self.config.retry_policy.clone(),
-            retry_policy_version: Some(self.config.retry_policy_version.clone()),
+            policies: Some(&self.config.policies),
             ..Limits::default()
         };
         match message.prepare(&limits, self.clock.now()) {

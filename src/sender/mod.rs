@@ -218,6 +218,8 @@ struct Inner {
     db: Db,
     clock: Arc<dyn Clock>,
     config: SenderConfig,
+    /// `config`'s policies as the claim records them on rows written without one.
+    policies: Arc<crate::domain::policies::Policies>,
     webhook: WebhookChannel,
     email: EmailChannel,
     wake: Arc<Notify>,
@@ -312,6 +314,7 @@ impl Sender {
             inner: Arc::new(Inner {
                 db,
                 clock,
+                policies: Arc::new(policy::policies(&config.policy, &config.endpoint_policies)),
                 config,
                 webhook,
                 email,
@@ -399,9 +402,9 @@ impl Sender {
         let now = self.inner.clock.storage_now();
         let lease = self.inner.config.lease;
         let owner = self.inner.config.owner.clone();
-        let version = self.inner.config.policy.version.clone();
+        let policies = self.inner.policies.clone();
         let (rows, expired) = self
-            .blocking(move |db| db.claim(now, limit, &owner, lease, &version))
+            .blocking(move |db| db.claim(now, limit, &owner, lease, &policies))
             .await?;
         // The rows are claimed (committed): a failed reread keeps the last list rather than
         // leaving them leased and unsent until their lease runs out.

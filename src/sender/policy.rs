@@ -32,7 +32,28 @@ pub struct Delay {
     pub reason: String,
 }
 
+/// The global policy and the endpoints' own (by endpoint name), as messages record and show
+/// them.
+pub fn policies(
+    global: &RetryPolicy,
+    endpoints: &std::collections::BTreeMap<String, RetryPolicy>,
+) -> crate::domain::policies::Policies {
+    crate::domain::policies::Policies::new(
+        global.id(),
+        endpoints.iter().map(|(n, p)| (n.clone(), p.id())),
+    )
+}
+
 impl RetryPolicy {
+    /// Its name, version and budget, as messages record and show them.
+    pub fn id(&self) -> crate::domain::policies::PolicyId {
+        crate::domain::policies::PolicyId {
+            name: self.name.clone(),
+            version: self.version.clone(),
+            max_attempts: self.max_attempts,
+        }
+    }
+
     pub fn new(
         name: String,
         base_seconds: f64,

@@ -7,6 +7,7 @@ use super::models::{
     Applied, ExpiredLease, LeaseDecision, LeaseSweep, NewOutboxRow, Now, OutboxRow, OutcomeRecord,
 };
 use super::{Db, StorageError, per_backend};
+use crate::domain::policies::Policies;
 
 per_backend! {
     use chrono::{DateTime, Utc};
@@ -15,6 +16,7 @@ per_backend! {
     use crate::storage::models::*;
     use crate::domain::{AttemptClass, Semantics, State};
     use crate::storage::sql::coalesce_text;
+    use crate::domain::policies::Policies;
     use self::schema::herald_outbox as o;
 
     /// Inserts a message; `None` when its event id is already there.
@@ -105,10 +107,10 @@ per_backend! {
         limit: i64,
         owner: &str,
         lease: std::time::Duration,
-        policy_version: &str,
+        policies: &Policies,
     ) -> QueryResult<(Vec<OutboxRow>, usize)> {
         sql::keep_to_indexes(conn)?;
-        let mut rows = sql::claim_rows(conn, now, limit, owner, lease, policy_version)?;
+        let mut rows = sql::claim_rows(conn, now, limit, owner, lease, policies)?;
         if rows.is_empty() {
             return Ok((Vec::new(), 0));
         }
@@ -317,14 +319,14 @@ impl Db {
         limit: u32,
         owner: &str,
         lease: std::time::Duration,
-        policy_version: &str,
+        policies: &Policies,
     ) -> Result<(Vec<OutboxRow>, usize), StorageError> {
         let limit = i64::from(limit);
         // A claim undone because a replay committed under it (`q::claim`) is made again at once,
         // on a fresh snapshot; each try needs another replay of the same key to commit in that
         // instant, so a few tries are plenty. After the last, nothing is claimed this time.
         for _ in 0..CLAIM_TRIES {
-            let claimed = crate::storage::db_run! { self, write |c, q| Ok(q::claim(c, &now, limit, owner, lease, policy_version)?) };
+            let claimed = crate::storage::db_run! { self, write |c, q| Ok(q::claim(c, &now, limit, owner, lease, policies)?) };
             match claimed {
                 Err(StorageError::Query(diesel::result::Error::RollbackTransaction)) => {
                     tracing::debug!("claim undone: a replay of a key it took committed under it");

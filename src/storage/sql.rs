@@ -4,6 +4,8 @@
 //! `sql::claim_rows(…)` and get their backend's arm.
 
 use chrono::{DateTime, Utc};
+
+use crate::domain::policies::Policies;
 use diesel::sql_types::{BigInt, Bool, Integer, Nullable, Text};
 
 use super::models::{
@@ -89,7 +91,9 @@ SET state = CASE WHEN o.expires_at <= t.now THEN 'expired' ELSE 'sending' END,
     lease_until = CASE WHEN o.expires_at <= t.now THEN NULL
                        ELSE t.now + $4::float8 * interval '1 microsecond' END,
     next_attempt_at = CASE WHEN o.expires_at <= t.now THEN NULL ELSE o.next_attempt_at END,
-    retry_policy_version = COALESCE(o.retry_policy_version, $5),
+    retry_policy_version = COALESCE(o.retry_policy_version, $6 -> o.destination ->> 1, $5),
+    retry_policy = CASE WHEN o.retry_policy_version IS NULL
+        THEN COALESCE($6 -> o.destination ->> 0, o.retry_policy) ELSE o.retry_policy END,
     message_key = COALESCE(o.message_key, CASE WHEN o.channel = 'email'
         THEN encode(substring(sha256(convert_to(o.event_id, 'UTF8')) FROM 1 FOR 16), 'hex') END),
     updated_at = t.now
@@ -117,7 +121,11 @@ SET state = CASE WHEN expires_at <= ?1 THEN 'expired' ELSE 'sending' END,
     lease_owner = CASE WHEN expires_at <= ?1 THEN NULL ELSE ?3 END,
     lease_until = CASE WHEN expires_at <= ?1 THEN NULL ELSE ?4 END,
     next_attempt_at = CASE WHEN expires_at <= ?1 THEN NULL ELSE next_attempt_at END,
-    retry_policy_version = COALESCE(retry_policy_version, ?5),
+    retry_policy_version = COALESCE(retry_policy_version, CASE WHEN ?6 IS NOT NULL THEN
+        (SELECT json_extract(value, '$[1]') FROM json_each(?6) WHERE key = destination) END, ?5),
+    retry_policy = CASE WHEN retry_policy_version IS NULL AND ?6 IS NOT NULL THEN COALESCE(
+        (SELECT json_extract(value, '$[0]') FROM json_each(?6) WHERE key = destination),
+        retry_policy) ELSE retry_policy END,
     updated_at = ?1
 WHERE id IN (
     SELECT id FROM herald_outbox AS c
@@ -198,7 +206,7 @@ pub fn pg_claim_rows(
     limit: i64,
     owner: &str,
     lease: std::time::Duration,
-    policy_version: &str,
+    policies: &Policies,
 ) -> diesel::QueryResult<Vec<OutboxRow>> {
     use super::schema_pg::herald_outbox as o;
     use diesel::RunQueryDsl;
@@ -217,11 +225,21 @@ pub fn pg_claim_rows(
         .bind::<BigInt, _>(limit)
         .bind::<Text, _>(owner)
         .bind::<Double, _>(lease.as_micros() as f64)
-        .bind::<Text, _>(policy_version)
+        .bind::<Text, _>(&policies.global().version)
+        .bind::<Nullable<diesel::sql_types::Jsonb>, _>(claim_map(policies))
         .typed::<diesel::dsl::SqlTypeOf<<o::table as diesel::Table>::AllColumns>>()
         .load(conn)?;
     rows.sort_by_key(claim_order);
     Ok(rows)
+}
+
+/// The claim's map of the endpoints' own policies (see [`Policies::claim_map`]); `None` when no
+/// endpoint has one, so that the claim looks nothing up.
+fn claim_map(policies: &Policies) -> Option<&serde_json::Value> {
+    let map = policies.claim_map();
+    map.as_object()
+        .is_some_and(|m| !m.is_empty())
+        .then_some(map)
 }
 
 /// The order rows were claimed in (the due index's): `RETURNING` does not keep it. Expired
@@ -236,7 +254,7 @@ pub fn sqlite_claim_rows(
     limit: i64,
     owner: &str,
     lease: std::time::Duration,
-    policy_version: &str,
+    policies: &Policies,
 ) -> diesel::QueryResult<Vec<OutboxRow>> {
     use super::schema_sqlite::herald_outbox as o;
     use crate::storage::sqlite_time::SqliteTime;
@@ -256,7 +274,8 @@ pub fn sqlite_claim_rows(
         .bind::<BigInt, _>(limit)
         .bind::<Text, _>(owner)
         .bind::<SqliteTime, _>(lease_until)
-        .bind::<Text, _>(policy_version)
+        .bind::<Text, _>(&policies.global().version)
+        .bind::<Nullable<Text>, _>(claim_map(policies).map(|m| m.to_string()))
         .typed::<diesel::dsl::SqlTypeOf<<o::table as diesel::Table>::AllColumns>>()
         .load(conn)?;
     for row in rows

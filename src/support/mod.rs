@@ -159,14 +159,16 @@ pub fn find(db: &Db, lookup: &Lookup) -> Result<OutboxRow, SupportError> {
 pub fn explain(
     db: &Db,
     lookup: &Lookup,
-    default_max_attempts: u32,
+    policies: &crate::domain::policies::Policies,
 ) -> Result<Explanation, SupportError> {
     let row = find(db, lookup)?;
     let attempts = db.attempts_of(row.id)?;
     let receipts = db.receipts_of_message(row.id)?;
     let replays = db.replays_of(row.id)?;
     let head = db.key_head(&row)?;
-    let mut e = Explanation::facts(&row, &attempts, &receipts, &replays, default_max_attempts);
+    // A message that sets no budget has its destination's policy's: its endpoint's own, if any.
+    let budget = policies.of(&row.destination).max_attempts;
+    let mut e = Explanation::facts(&row, &attempts, &receipts, &replays, budget);
     e.ordering = view::OrderingFacts::new(&row, head.as_ref());
     e.explanation = narrative::narrate(&e);
     Ok(e)

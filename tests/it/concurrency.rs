@@ -152,7 +152,16 @@ fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
     // Each in a transaction of its own, as Herald runs them.
     for _ in 0..8 {
         let claimed = c
-            .transaction(|c| outbox::pg::claim(c, &now(), 100, "plan-test", lease, "v1"))
+            .transaction(|c| {
+                outbox::pg::claim(
+                    c,
+                    &now(),
+                    100,
+                    "plan-test",
+                    lease,
+                    &crate::support::global_policy("v1"),
+                )
+            })
             .unwrap();
         assert!(claimed.0.is_empty());
         c.transaction(|c| {
@@ -184,7 +193,15 @@ fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
     .unwrap();
     let claimed: Vec<i64> = c
         .transaction(|c| {
-            let rows = outbox::pg::claim(c, &now(), 100, "plan-test", lease, "v1")?.0;
+            let rows = outbox::pg::claim(
+                c,
+                &now(),
+                100,
+                "plan-test",
+                lease,
+                &crate::support::global_policy("v1"),
+            )?
+            .0;
             let p = plan(c, "%WITH due AS%", "0, 100, 'plan-test', 30000000, 'v1'")?;
             assert!(p.contains("Index Scan using herald_outbox_due"), "{p}");
             assert!(p.contains("Index Scan using herald_outbox_pkey"), "{p}");
@@ -475,7 +492,16 @@ fn sqlite_hot_statements_are_compiled_once_per_connection() {
             1
         );
         let (rows, _) = c
-            .transaction(|c| outbox::sqlite::claim(c, &now(), 100, "cache-test", lease, "v1"))
+            .transaction(|c| {
+                outbox::sqlite::claim(
+                    c,
+                    &now(),
+                    100,
+                    "cache-test",
+                    lease,
+                    &crate::support::global_policy("v1"),
+                )
+            })
             .unwrap();
         assert_eq!(rows.len(), 3);
         // The claimed rows as they now are: the plain-SQL email with its computed key.
@@ -782,7 +808,16 @@ fn sqlite_claim_reads_timestamps_in_any_format_an_application_writes() {
     };
     let lease = std::time::Duration::from_secs(30);
     let (rows, _) = c
-        .transaction(|c| outbox::sqlite::claim(c, &now, 100, "formats", lease, "v1"))
+        .transaction(|c| {
+            outbox::sqlite::claim(
+                c,
+                &now,
+                100,
+                "formats",
+                lease,
+                &crate::support::global_policy("v1"),
+            )
+        })
         .unwrap();
     assert_eq!(rows.len(), cases.len() + 1);
     let row = |id: &str| rows.iter().find(|r| r.event_id == id).unwrap();
@@ -923,7 +958,7 @@ fn hot_transactions_never_jit_compile() {
             100,
             "jit-test",
             std::time::Duration::from_secs(30),
-            "v1",
+            &crate::support::global_policy("v1"),
         )?;
         assert!(claimed.0.is_empty());
         let s: Setting = diesel::sql_query("SHOW jit").get_result(c)?;

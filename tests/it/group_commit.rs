@@ -686,9 +686,14 @@ async fn the_group_insert_stores_what_a_single_insert_stores(backend: Backend) {
         every,
         NewMessage::email("x", "a@example.com", "Hello", "Text"),
     ];
+    let policies =
+        herald::domain::policies::Policies::global_only(herald::domain::policies::PolicyId {
+            name: "policy-a".into(),
+            version: "v-test".into(),
+            max_attempts: 15,
+        });
     let limits = Limits {
-        retry_policy: "policy-a".into(),
-        retry_policy_version: Some("v-test".into()),
+        policies: Some(&policies),
         ..Limits::default()
     };
     let prepare = |i: usize, side: &str| -> NewOutboxRow {

@@ -780,14 +780,17 @@ async fn run_until_idle_releases_a_key_once_its_open_insert_commits() {
     app.stop().await;
 }
 
-/// `[endpoints.NAME.retry]` decides its endpoint's attempts and is recorded on each of them.
+/// `[endpoints.NAME.retry]` decides its endpoint's attempts and is recorded on each of them,
+/// and on its messages — by the API at enqueue, by the first claim for a row written by SQL —
+/// whose view and explanation show its budget, not the global one's.
 async fn an_endpoint_retry_policy_decides_its_attempts(backend: Backend) {
     let rx = Receiver::start().await;
     let strict = rx.url_for("/strict");
     let app = spawn_app_with(
         backend,
         &format!(
-            "[endpoints.strict]\nurl = \"{strict}\"\n[endpoints.strict.retry]\nmax_attempts = 2\nbase_seconds = 0.5\n"
+            "[endpoints.strict]\nurl = \"{strict}\"\nevent_types = [\"strict.*\"]\n\
+             [endpoints.strict.retry]\nmax_attempts = 2\nbase_seconds = 0.5\n"
         ),
     )
     .await;
@@ -803,6 +806,17 @@ async fn an_endpoint_retry_policy_decides_its_attempts(backend: Backend) {
         crate::support::app::webhook("to-plain", &rx.url_for("/plain"), json!({})),
     )
     .await;
+    let view = app.message("to-strict").await;
+    assert_eq!(
+        (&view["retry_policy"], &view["max_attempts"]),
+        (&json!("endpoint-strict"), &json!(2)),
+        "{view}"
+    );
+    let version = view["retry_policy_version"].as_str().unwrap();
+    assert!(version.starts_with("endpoint-strict@"), "{view}");
+    let plain = app.message("to-plain").await;
+    assert_eq!(plain["retry_policy"], "default", "{plain}");
+    let version = version.to_owned();
     app.run_until_idle().await;
     app.advance(Duration::from_secs(2));
     app.run_until_idle().await;
@@ -825,6 +839,49 @@ async fn an_endpoint_retry_policy_decides_its_attempts(backend: Backend) {
     let plain = app.attempts("to-plain");
     assert!(plain[0].policy_version.starts_with("default@"), "{plain:?}");
     assert_eq!(app.row("to-plain").state.as_str(), "delivered");
+    let text = app
+        .http
+        .get(format!("{}/v1/messages/to-strict/explain", app.base))
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap()["explanation"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(text.contains("(2 of 2 in this series)"), "{text}");
+    // A row written by SQL records the policy at its first claim: its endpoint's.
+    app.raw_sql(
+        "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+         VALUES ('sql-strict', 'webhook', 'endpoint:strict', '{\"body\": {}}')",
+    );
+    assert_eq!(app.run_until_idle().await, 1);
+    let sql_row = app.row("sql-strict");
+    assert_eq!(
+        (
+            sql_row.retry_policy.as_str(),
+            sql_row.retry_policy_version.as_deref()
+        ),
+        ("endpoint-strict", Some(version.as_str()))
+    );
+    // A fan-out's child to the endpoint: its budget at once, its policy at its first claim.
+    post(
+        &app,
+        crate::support::app::webhook("fan", "type:strict.one", json!({})),
+    )
+    .await;
+    assert_eq!(app.message("fan:strict").await["max_attempts"], 2);
+    assert_eq!(app.run_until_idle().await, 1);
+    let child = app.row("fan:strict");
+    assert_eq!(
+        (
+            child.retry_policy.as_str(),
+            child.retry_policy_version.as_deref()
+        ),
+        ("endpoint-strict", Some(version.as_str()))
+    );
     app.stop().await;
 }
 
@@ -1066,9 +1123,10 @@ async fn a_claim_older_than_a_replay_does_not_put_two_of_a_key_in_flight() {
     assert_ne!(url, app.test_db.url, "the role's own URL");
     let other = herald::storage::Db::connect(&url, &Default::default()).unwrap();
     let now = herald::clock::Clock::storage_now(&*app.clock);
+    let app_policies = crate::support::global_policy("v1");
     let claim = std::thread::spawn(move || {
         other
-            .claim(now, 10, "other", Duration::from_secs(30), "v1")
+            .claim(now, 10, "other", Duration::from_secs(30), &app_policies)
             .unwrap()
     });
     // The claim's statement has its snapshot and waits at s.2.

@@ -996,7 +996,13 @@ pub fn claim_at_1m(ctx: &mut Ctx) -> Result<Vec<Figure>> {
             shift: chrono::Duration::zero(),
         };
         let t = Instant::now();
-        let (batch, _) = db.claim(now, 100, "bench", Duration::from_secs(60), "bench-1")?;
+        let (batch, _) = db.claim(
+            now,
+            100,
+            "bench",
+            Duration::from_secs(60),
+            &bench_policies(),
+        )?;
         lat.push(t.elapsed().as_secs_f64() * 1000.0);
         if batch.is_empty() {
             break;
@@ -1418,4 +1424,13 @@ pub fn rss_idle(ctx: &mut Ctx) -> Result<Vec<Figure>> {
         Figure::against_target("rss_idle_mib", rss, Target::AtMost(32.0), "MiB")
             .note("VmRSS of herald serve (SQLite) idle for 3 s"),
     ])
+}
+
+/// The claim's policies in `claim`: a global one only, as a Herald without endpoint policies.
+fn bench_policies() -> herald::domain::policies::Policies {
+    herald::domain::policies::Policies::global_only(herald::domain::policies::PolicyId {
+        name: "bench".into(),
+        version: "bench-1".into(),
+        max_attempts: 15,
+    })
 }

@@ -63,3 +63,12 @@ macro_rules! both_backends {
         )+
     };
 }
+
+/// A global retry policy alone, of `version`, for the claims tests make themselves.
+pub fn global_policy(version: &str) -> herald::domain::policies::Policies {
+    herald::domain::policies::Policies::global_only(herald::domain::policies::PolicyId {
+        name: "default".into(),
+        version: version.into(),
+        max_attempts: 15,
+    })
+}
