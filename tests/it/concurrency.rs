@@ -202,7 +202,11 @@ fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
                 &crate::support::global_policy("v1"),
             )?
             .0;
-            let p = plan(c, "%WITH due AS%", "0, 100, 'plan-test', 30000000, 'v1'")?;
+            let p = plan(
+                c,
+                "%WITH due AS%",
+                "0, 100, 'plan-test', 30000000, 'v1', NULL",
+            )?;
             assert!(p.contains("Index Scan using herald_outbox_due"), "{p}");
             assert!(p.contains("Index Scan using herald_outbox_pkey"), "{p}");
             assert!(!p.contains("Seq Scan") && !p.contains("Bitmap"), "{p}");
