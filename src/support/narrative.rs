@@ -186,6 +186,28 @@ fn ordering_sentence(e: &Explanation, o: &OrderingFacts) -> String {
     }
 }
 
+/// Who refused a message dead-lettered as `permanent`: the receiver (or mail server), by its
+/// answer, or Herald itself before any request (no status; the attempt's `error_kind` says
+/// why) — support must not chase a receiver that never saw it.
+fn permanent_why(e: &Explanation) -> String {
+    let last = e.attempt_timeline.last();
+    match last
+        .filter(|a| a.status.is_none())
+        .and_then(|a| a.error_kind.as_deref())
+    {
+        Some(crate::channels::webhook::REFUSED_DESTINATION) => {
+            "Herald's SSRF guard refused its destination, so no request was made \
+             (HERALD_ALLOW_NETWORKS exempts a network)"
+                .to_owned()
+        }
+        Some(kind) => {
+            format!("Herald could not send it as written ({kind}), so no request was made")
+        }
+        None if e.channel == Channel::Email => "the mail server refused it permanently".to_owned(),
+        None => "the receiver refused it permanently".to_owned(),
+    }
+}
+
 fn state_sentence(e: &Explanation) -> String {
     match e.state {
         State::Delivered => "It is delivered.".to_owned(),
@@ -194,9 +216,7 @@ fn state_sentence(e: &Explanation) -> String {
                 "it stayed unconfirmed past the deadline and no receipt settled it".to_owned()
             } else {
                 match e.last_error_class {
-                    Some(AttemptClass::Permanent) => {
-                        "the receiver refused it permanently".to_owned()
-                    }
+                    Some(AttemptClass::Permanent) => permanent_why(e),
                     Some(AttemptClass::Exhausted) => format!(
                         "its attempt budget was spent ({} of {} in this series)",
                         e.series_attempts, e.max_attempts
@@ -435,6 +455,28 @@ mod tests {
             text.ends_with("It is dead-lettered because the receiver refused it permanently; it stays dead until someone replays it."),
             "{text}"
         );
+
+        // Refused by Herald before any request: not the receiver.
+        let mut e = base(State::DeadLetter);
+        e.last_error_class = Some(AttemptClass::Permanent);
+        let mut a = attempt(1, None, AttemptClass::Permanent, "dead_letter");
+        a.error_kind = Some("refused_destination".into());
+        e.attempt_timeline = vec![a];
+        let text = narrate(&e);
+        assert!(
+            text.contains("It is dead-lettered because Herald's SSRF guard refused its destination, so no request was made"),
+            "{text}"
+        );
+        e.attempt_timeline[0].error_kind = Some("unknown_endpoint".into());
+        assert!(
+            narrate(&e).contains("because Herald could not send it as written (unknown_endpoint), so no request was made"),
+            "{}",
+            narrate(&e)
+        );
+        e.attempt_timeline[0].status = Some(550);
+        e.attempt_timeline[0].error_kind = None;
+        e.channel = Channel::Email;
+        assert!(narrate(&e).contains("because the mail server refused it permanently"));
 
         let mut e = base(State::DeadLetter);
         e.last_error_class = Some(AttemptClass::Exhausted);
