@@ -2091,6 +2091,29 @@ mod tests {
         let err = Settings::from_toml("[sources.x]\nscheme = \"twilio\"\nsecrets = [\"t\"]\n")
             .unwrap_err();
         assert!(err.to_string().starts_with("sources.x.public_url"), "{err}");
+        // A key the scheme does not read is refused, as an unknown key is; hmac's pointers are
+        // JSON pointers.
+        for (toml, refused) in [
+            (
+                "scheme = \"stripe\"\nsecrets = [\"s\"]\npublic_url = \"https://x.example/\"",
+                "sources.x.public_url: does not apply to scheme stripe (it takes: secret, secrets, tolerance_seconds)",
+            ),
+            (
+                "scheme = \"postmark\"\nusername = \"u\"\npassword = \"p\"\nsecrets = [\"s\"]",
+                "sources.x.secrets: does not apply to scheme postmark",
+            ),
+            (
+                "scheme = \"hmac\"\nsecrets = [\"s\"]\nevent_id_pointer = \"id\"",
+                "sources.x.event_id_pointer: \"id\" is not a JSON pointer: write \"/id\"",
+            ),
+        ] {
+            let err = Settings::from_toml(&format!("[sources.x]\n{toml}\n")).unwrap_err();
+            assert!(err.to_string().starts_with(refused), "{err}");
+        }
+        let ok = Settings::from_toml(
+            "[sources.x]\nscheme = \"hmac\"\nsecrets = [\"s\"]\nevent_id_pointer = \"/data/id\"\n",
+        );
+        assert!(ok.is_ok(), "{ok:?}");
     }
 
     #[test]

@@ -313,9 +313,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         // option) is 2, never taken for a refused signature.
         let verdict = (|| -> anyhow::Result<bool> {
             let cert = match cert_file {
-                Some(p) => {
-                    Some(std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?)
-                }
+                Some(p) => Some(
+                    std::fs::read(p)
+                        .with_context(|| format!("--cert-file: cannot read {}", p.display()))?,
+                ),
                 None => None,
             };
             let params = params
@@ -716,8 +717,8 @@ fn verify_receipt(
     cert: Option<Vec<u8>>,
     at: Option<i64>,
 ) -> anyhow::Result<bool> {
-    let body =
-        std::fs::read(body_file).with_context(|| format!("cannot read {}", body_file.display()))?;
+    let body = std::fs::read(body_file)
+        .with_context(|| format!("--body-file: cannot read {}", body_file.display()))?;
     let headers = headers
         .iter()
         .map(|h| {

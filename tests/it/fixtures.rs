@@ -83,7 +83,9 @@ fn source_toml(i: usize, c: &Case) -> String {
     } else if let Some(secret) = s["secret"].as_str() {
         t += &format!("secrets = [{secret:?}]\n");
     }
-    if let Some(url) = s["url"].as_str() {
+    let takes_url =
+        herald::ingest::schemes::keys_of(c.scheme).is_some_and(|k| k.contains(&"public_url"));
+    if let Some(url) = s["url"].as_str().filter(|_| takes_url) {
         // The SMS schemes take the query as received: the public URL is the part before it.
         let url = if SMS_SCHEMES.contains(&c.scheme) {
             url.split_once('?').map_or(url, |(base, _)| base)
@@ -544,7 +546,12 @@ fn verify_receipt_gives_every_example_its_verdict_offline() {
         let out = cmd.output().unwrap();
         let verdict: Value = serde_json::from_slice(&out.stdout)
             .unwrap_or_else(|_| panic!("{}: {}", c.name, String::from_utf8_lossy(&out.stderr)));
-        let accepted = verdict["signature_valid"].as_bool().unwrap();
+        // A receipt outside its time window is refused whatever its signature, which the
+        // verdict still checks (`signature_valid`, to point at the clock).
+        let stale = verdict["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("timestamp outside the tolerance"));
+        let accepted = verdict["signature_valid"].as_bool().unwrap() && !stale;
         let expected = s["expect"] == "valid";
         // Exit 0 exactly when stored; a verified body that is not a receipt is 1 with status 400.
         let exit_ok = out.status.code() == Some(if verdict["valid"] == true { 0 } else { 1 });
@@ -577,6 +584,15 @@ fn verify_receipt_refuses_unknown_or_misplaced_params_with_exit_2() {
         ("no_such_option=1", "no_such_option"),
         ("secrets=x", "--param secrets: is given by its own option"),
         ("novalue", "KEY=VALUE"),
+        // A value of the wrong kind names its key; a key the scheme does not read is refused.
+        (
+            "tolerance_seconds=abc",
+            "--param tolerance_seconds: invalid type",
+        ),
+        (
+            "event_id_pointer=/id",
+            "--param event_id_pointer: does not apply to scheme vonage",
+        ),
     ] {
         let out = run(param);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -592,6 +608,14 @@ fn verify_receipt_refuses_unknown_or_misplaced_params_with_exit_2() {
         (
             &["--scheme", "twilio", "--secret", "s"][..],
             "--url: is required for twilio",
+        ),
+        (
+            &["--scheme", "ses", "--secret", "s"][..],
+            "--secret: does not apply to scheme ses",
+        ),
+        (
+            &["--scheme", "postmark", "--secret", "no-colon"][..],
+            "--secret: postmark takes username:password",
         ),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_herald"))
@@ -613,7 +637,22 @@ fn verify_receipt_refuses_unknown_or_misplaced_params_with_exit_2() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("cannot read"), "{err}");
+    assert!(err.contains("--body-file: cannot read"), "{err}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_herald"))
+        .args([
+            "verify-receipt",
+            "--scheme",
+            "ses",
+            "--cert-file",
+            "/nonexistent/c.pem",
+        ])
+        .arg("--body-file")
+        .arg(&body)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--cert-file: cannot read"), "{err}");
 }
 
 #[test]
@@ -622,23 +661,19 @@ fn verify_receipt_checks_a_published_example_offline() {
         .into_iter()
         .find(|c| c.name == "stripe/sdk-valid-1")
         .unwrap();
-    let run = |body: &Path| {
+    let at = c.spec["at"].as_i64().unwrap();
+    let run_at = |body: &Path, at: i64, secret: &str| {
         let header = c.spec["headers"]["Stripe-Signature"].as_str().unwrap();
         std::process::Command::new(env!("CARGO_BIN_EXE_herald"))
-            .args([
-                "verify-receipt",
-                "--scheme",
-                "stripe",
-                "--secret",
-                "webhook_secret",
-            ])
+            .args(["verify-receipt", "--scheme", "stripe", "--secret", secret])
             .args(["--header", &format!("Stripe-Signature: {header}")])
             .arg("--body-file")
             .arg(body)
-            .args(["--at", &c.spec["at"].as_i64().unwrap().to_string()])
+            .args(["--at", &at.to_string()])
             .output()
             .unwrap()
     };
+    let run = |body: &Path| run_at(body, at, "webhook_secret");
     let ok = run(&c.dir.join("body"));
     assert_eq!(
         ok.status.code(),
@@ -661,4 +696,23 @@ fn verify_receipt_checks_a_published_example_offline() {
         (verdict["valid"].as_bool(), verdict["status"].as_u64()),
         (Some(false), Some(401))
     );
+    // Outside its time window (an hour later): refused, but the signature itself matches, and
+    // the verdict says so, pointing at the clock rather than the secret; with the wrong secret
+    // it does not.
+    for (secret, matches) in [("webhook_secret", true), ("another_secret", false)] {
+        let late = run_at(&c.dir.join("body"), at + 3600, secret);
+        assert_eq!(late.status.code(), Some(1), "{secret}");
+        let verdict: Value = serde_json::from_slice(&late.stdout).unwrap();
+        assert_eq!(verdict["signature_valid"], matches, "{secret}: {verdict}");
+        let error = verdict["error"].as_str().unwrap();
+        assert!(
+            error.starts_with("timestamp outside the tolerance"),
+            "{error}"
+        );
+        assert_eq!(
+            error.contains("the signature itself matches"),
+            matches,
+            "{error}"
+        );
+    }
 }

@@ -153,8 +153,115 @@ impl SourceConfig {
     }
 }
 
+/// The keys of `[sources.NAME]` a scheme reads, beside `scheme`; `None` for an unknown scheme.
+pub fn keys_of(scheme: &str) -> Option<&'static [&'static str]> {
+    Some(match scheme {
+        "standard-webhooks" | "stripe" | "mailgun" | "sendgrid" | "telnyx" => {
+            &["secret", "secrets", "tolerance_seconds"]
+        }
+        "twilio" | "plivo" | "messagebird" => &["secret", "secrets", "public_url"],
+        "postmark" => &["username", "password", "credentials"],
+        "hmac" => &[
+            "secret",
+            "secrets",
+            "tolerance_seconds",
+            "header",
+            "encoding",
+            "signed",
+            "timestamp_header",
+            "prefix",
+            "event_id_pointer",
+            "event_type_pointer",
+            "event_time_pointer",
+        ],
+        "ses" => &[
+            "topic_arns",
+            "confirm_subscriptions",
+            "certificates",
+            "tolerance_seconds",
+        ],
+        "vonage" => &["secret", "secrets", "signature_method", "tolerance_seconds"],
+        _ => return None,
+    })
+}
+
+impl SourceConfig {
+    /// The keys set here, beside `scheme`, in the file's vocabulary.
+    fn keys_set(&self) -> Vec<&'static str> {
+        [
+            ("secret", self.secret.is_some()),
+            ("secrets", !self.secrets.is_empty()),
+            ("public_url", self.public_url.is_some()),
+            ("tolerance_seconds", self.tolerance_seconds.is_some()),
+            ("username", self.username.is_some()),
+            ("password", self.password.is_some()),
+            ("credentials", !self.credentials.is_empty()),
+            ("topic_arns", !self.topic_arns.is_empty()),
+            (
+                "confirm_subscriptions",
+                self.confirm_subscriptions.is_some(),
+            ),
+            ("certificates", !self.certificates.is_empty()),
+            ("header", self.header.is_some()),
+            ("encoding", self.encoding.is_some()),
+            ("signed", self.signed.is_some()),
+            ("timestamp_header", self.timestamp_header.is_some()),
+            ("prefix", self.prefix.is_some()),
+            ("event_id_pointer", self.event_id_pointer.is_some()),
+            ("event_type_pointer", self.event_type_pointer.is_some()),
+            ("event_time_pointer", self.event_time_pointer.is_some()),
+            ("signature_method", self.signature_method.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(k, set)| set.then_some(k))
+        .collect()
+    }
+}
+
+/// A key set for a scheme that does not read it is refused, as an unknown key is: it would be
+/// ignored without a word (`public_url` on a stripe source, a pointer on anything but hmac).
+pub fn check_keys(field: &str, c: &SourceConfig) -> Result<(), InvalidField> {
+    let Some(takes) = keys_of(&c.scheme) else {
+        return Ok(()); // `build` names the unknown scheme
+    };
+    match c.keys_set().into_iter().find(|k| !takes.contains(k)) {
+        Some(k) => Err(InvalidField::new(
+            format!("{field}.{k}"),
+            format!(
+                "does not apply to scheme {} (it takes: {})",
+                c.scheme,
+                takes.join(", ")
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// hmac's pointers are JSON pointers (RFC 6901): empty, or starting with `/`. `id` (no slash)
+/// would find nothing in any receipt, and every receipt would fall back to its body's hash as
+/// its id, silently.
+fn check_pointers(field: &str, c: &SourceConfig) -> Result<(), InvalidField> {
+    for (key, v) in [
+        ("event_id_pointer", &c.event_id_pointer),
+        ("event_type_pointer", &c.event_type_pointer),
+        ("event_time_pointer", &c.event_time_pointer),
+    ] {
+        if let Some(p) = v
+            && !p.is_empty()
+            && !p.starts_with('/')
+        {
+            return Err(InvalidField::new(
+                format!("{field}.{key}"),
+                format!("{p:?} is not a JSON pointer: write \"/{p}\" (RFC 6901)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Builds the verifier for a configured source; `field` prefixes error names (`sources.NAME`).
 pub fn build(field: &str, c: &SourceConfig) -> Result<Arc<dyn Source>, InvalidField> {
+    check_keys(field, c)?;
     let need_secrets = |secrets: Vec<String>| {
         if secrets.is_empty() {
             Err(InvalidField::new(
@@ -191,10 +298,13 @@ pub fn build(field: &str, c: &SourceConfig) -> Result<Arc<dyn Source>, InvalidFi
             )
         }
         "postmark" => Arc::new(postmark_source(field, c)?),
-        "hmac" => Arc::new(
-            hmac_generic::GenericHmac::new(need_secrets(c.all_secrets())?, c)
-                .map_err(|e| InvalidField::new(field.to_owned(), e.to_string()))?,
-        ),
+        "hmac" => {
+            check_pointers(field, c)?;
+            Arc::new(
+                hmac_generic::GenericHmac::new(need_secrets(c.all_secrets())?, c)
+                    .map_err(|e| InvalidField::new(field.to_owned(), e.to_string()))?,
+            )
+        }
         "sendgrid" => Arc::new(
             sendgrid::SendGrid::new(&need_secrets(c.all_secrets())?, c.tolerance())
                 .map_err(|e| InvalidField::new(format!("{field}.secrets"), e.to_string()))?,
@@ -530,7 +640,9 @@ mod hostile_input {
             let mut c = SourceConfig {
                 scheme: scheme.into(),
                 secrets: vec![Secret::new(secret)],
-                public_url: Some("https://h.example/in".into()),
+                public_url: keys_of(scheme)
+                    .is_some_and(|k| k.contains(&"public_url"))
+                    .then(|| "https://h.example/in".into()),
                 ..Default::default()
             };
             extra(&mut c);
