@@ -230,6 +230,16 @@ pub fn search(db: &Db, query: &Query) -> Result<Found, StorageError> {
     if db.find_by_event_id(event_id)?.is_some() {
         return Ok(Found::One(event_id.clone()));
     }
+    // A fan-out's own event id names no row: its children are the messages (`order-42:billing`).
+    let children: Vec<MessageSummary> = db
+        .fanout_of(event_id)?
+        .iter()
+        .filter_map(|(_, m)| m.as_ref())
+        .map(MessageSummary::of)
+        .collect();
+    if !children.is_empty() {
+        return Ok(Found::Many(children));
+    }
     let Some(prefix) = prefix else {
         return Ok(Found::Nothing);
     };

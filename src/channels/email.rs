@@ -259,6 +259,17 @@ fn parse_header(name: &str, value: &Value) -> Result<(String, String), InvalidFi
         .any(|h| h.eq_ignore_ascii_case(name));
     let v = if json_object {
         match serde_json::from_str::<Value>(v) {
+            // SendGrid's `unique_args` is where the id goes: one that is not an object would
+            // have to be replaced, losing what the application put there.
+            Ok(Value::Object(o))
+                if name.eq_ignore_ascii_case(relay::SENDGRID)
+                    && o.get("unique_args").is_some_and(|a| !a.is_object()) =>
+            {
+                return Err(InvalidField::new(
+                    format!("payload.headers.{name}"),
+                    "its unique_args must be a JSON object (Herald adds herald_event_id to it)",
+                ));
+            }
             Ok(o @ Value::Object(_)) => relay::spaced_json(&o),
             _ => {
                 return Err(InvalidField::new(
@@ -2284,7 +2295,11 @@ mod tests {
             "payload.list_unsubscribe_post"
         );
         // The relay headers Herald merges into must be JSON objects.
-        for (name, value) in [("X-SMTPAPI", "nope"), ("x-mailgun-variables", "[1]")] {
+        for (name, value) in [
+            ("X-SMTPAPI", "nope"),
+            ("x-mailgun-variables", "[1]"),
+            ("X-SMTPAPI", r#"{"unique_args": "not an object"}"#),
+        ] {
             assert_eq!(
                 field(with("headers", json!({name: value}))),
                 format!("payload.headers.{name}")

@@ -400,7 +400,38 @@ async fn dead_letters_page_newest_first_by_keyset(backend: Backend) {
     app.stop().await;
 }
 
+/// A fan-out's own event id names no row: the search lists its children, each a message.
+async fn search_by_a_fan_outs_event_id_lists_its_children(backend: Backend) {
+    let app = crate::support::app::spawn_app_with(
+        backend,
+        &format!(
+            "{}[endpoints.a]\nurl = \"https://a.example/h\"\nevent_types = [\"order.*\"]\n\
+             [endpoints.b]\nurl = \"https://b.example/h\"\nevent_types = [\"order.*\"]\n",
+            crate::support::admin::tokens_toml()
+        ),
+    )
+    .await;
+    let r = app
+        .post_message(crate::support::app::webhook(
+            "fan-9",
+            "type:order.placed",
+            serde_json::json!({}),
+        ))
+        .await;
+    assert_eq!(r.status(), 201);
+    let cookie = session(&app, DESK).await;
+    let r = get(&app, "/admin/search?q=fan-9", Some(&cookie)).await;
+    assert_eq!(r.status(), 200);
+    let html = r.text().await.unwrap();
+    assert!(
+        html.contains("fan-9:a") && html.contains("fan-9:b"),
+        "{html}"
+    );
+    app.stop().await;
+}
+
 both_backends!(
+    search_by_a_fan_outs_event_id_lists_its_children,
     sign_in_takes_support_or_admin_tokens_and_sets_a_strict_cookie,
     sessions_expire_and_every_process_on_the_database_accepts_them,
     actions_need_this_site_a_session_and_its_csrf_token,
