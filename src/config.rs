@@ -2129,5 +2129,19 @@ mod tests {
             !shown.contains("hunter2") && !shown.contains("aHVudGVy"),
             "{shown}"
         );
+        // An empty credential is a slip, refused at start rather than sent as `Bearer `.
+        for (auth, key) in [
+            ("{ bearer = \"\" }", "endpoints.a.auth.bearer"),
+            (
+                "{ basic = { username = \" \", password = \"p\" } }",
+                "endpoints.a.auth.basic.username",
+            ),
+        ] {
+            let err = Settings::from_toml(&format!(
+                "[endpoints.a]\nurl = \"https://a.example/hook\"\nauth = {auth}\n"
+            ))
+            .unwrap_err();
+            assert!(err.to_string().starts_with(key), "{err}");
+        }
     }
 }

@@ -326,10 +326,14 @@ async fn sign_in(
     let who = match session::sign_in(&state.tokens, form.get("token").unwrap_or("")) {
         Ok(who) => who,
         Err(e) => {
-            tracing::info!(reason = ?e, "admin sign-in refused");
+            tracing::info!(
+                reason = e.kind(),
+                token = e.token_name(),
+                "admin sign-in refused"
+            );
             let status = match e {
                 session::SignInRefused::UnknownToken => StatusCode::UNAUTHORIZED,
-                session::SignInRefused::SendScope => StatusCode::FORBIDDEN,
+                session::SignInRefused::SendScope(_) => StatusCode::FORBIDDEN,
             };
             return refused(status, &e.to_string());
         }

@@ -73,14 +73,33 @@ pub struct Session {
 }
 
 /// Why a sign-in is refused (shown on the page, in these words).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SignInRefused {
     #[error("That token is not known to Herald.")]
     UnknownToken,
+    /// The token's name (a name, never the token).
     #[error(
         "That token has the send scope; the admin page needs a token with the support or admin scope."
     )]
-    SendScope,
+    SendScope(String),
+}
+
+impl SignInRefused {
+    /// Why, as the log says it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SignInRefused::UnknownToken => "unknown_token",
+            SignInRefused::SendScope(_) => "send_scope",
+        }
+    }
+
+    /// The token's name, where the token is known.
+    pub fn token_name(&self) -> Option<&str> {
+        match self {
+            SignInRefused::UnknownToken => None,
+            SignInRefused::SendScope(name) => Some(name),
+        }
+    }
 }
 
 /// Checks a token typed into the sign-in form: known, and of scope `support` or `admin`.
@@ -90,7 +109,7 @@ pub fn sign_in(tokens: &Tokens, presented: &str) -> Result<Principal, SignInRefu
         .ok_or(SignInRefused::UnknownToken)?;
     match who.scope {
         Scope::Support | Scope::Admin => Ok(who),
-        Scope::Send => Err(SignInRefused::SendScope),
+        Scope::Send => Err(SignInRefused::SendScope(who.name)),
     }
 }
 
@@ -283,10 +302,13 @@ mod tests {
             sign_in(&t, " root-token-0123456789\n").unwrap().name,
             "default"
         );
+        let refused = sign_in(&t, "shop-token-0123456789").unwrap_err();
+        assert_eq!(refused, SignInRefused::SendScope("shop".into()));
         assert_eq!(
-            sign_in(&t, "shop-token-0123456789"),
-            Err(SignInRefused::SendScope)
+            (refused.kind(), refused.token_name()),
+            ("send_scope", Some("shop"))
         );
+        assert_eq!(SignInRefused::UnknownToken.token_name(), None);
         assert_eq!(sign_in(&t, "nope"), Err(SignInRefused::UnknownToken));
         assert_eq!(sign_in(&t, ""), Err(SignInRefused::UnknownToken));
     }

@@ -155,6 +155,23 @@ impl Endpoint {
                 "must be a JSON pointer such as /id",
             ));
         }
+        // An empty credential would go out as `Bearer ` (or a user without a password): a
+        // configuration slip, not a credential.
+        match &e.auth {
+            Some(EndpointAuth::Bearer(t)) if t.expose().trim().is_empty() => {
+                return Err(InvalidField::new(
+                    format!("{key}.auth.bearer"),
+                    "must not be empty",
+                ));
+            }
+            Some(EndpointAuth::Basic { username, .. }) if username.trim().is_empty() => {
+                return Err(InvalidField::new(
+                    format!("{key}.auth.basic.username"),
+                    "must not be empty",
+                ));
+            }
+            _ => {}
+        }
         // The values too: one that is no valid header value (a newline, a non-ASCII letter)
         // would fail every send to the endpoint, each dead-lettered as `invalid_header`.
         for (h, v) in &e.headers {
