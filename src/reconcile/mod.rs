@@ -109,6 +109,20 @@ pub fn judge(
     }
 }
 
+/// How far after its arrival a receipt's event time is believed: an event is not reported
+/// before it happens, so a time further ahead is a provider's clock running ahead, or a wrong
+/// value (`9999-12-31`), and would otherwise outrank every later receipt for good.
+pub const EVENT_TIME_AHEAD_MAX: chrono::Duration = chrono::Duration::minutes(5);
+
+/// The time a receipt is ordered by: its event time, at most [`EVENT_TIME_AHEAD_MAX`] after its
+/// arrival.
+pub fn ordering_time(
+    event_time: Option<DateTime<Utc>>,
+    received_at: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    event_time.map(|t| t.min(received_at + EVENT_TIME_AHEAD_MAX))
+}
+
 /// Whether a receipt of this type proves the provider accepted the message (settles an
 /// `unconfirmed` one): every status and engagement event does; an unknown type does not.
 pub fn proves_acceptance(event_type: &str) -> bool {
@@ -196,13 +210,14 @@ impl Reconciler {
 
     /// The decision for one matched receipt, as storage applies it.
     fn decide(&self, r: &PendingReceipt, m: &MatchedMessage) -> ReceiptDecision {
-        let earlier = m.replayed_after(r.event_time, r.received_at);
+        let event_time = ordering_time(r.event_time, r.received_at);
+        let earlier = m.replayed_after(event_time, r.received_at);
         let verdict = match earlier {
             Some(at) if precedence(&r.event_type).is_some() => Verdict::Superseded {
                 reason: format!(
                     "of a send before the replay at {} (event time {}, arrived {}): kept in the history",
                     show(Some(at)),
-                    show(r.event_time),
+                    show(event_time),
                     show(Some(r.received_at))
                 ),
             },
@@ -210,7 +225,7 @@ impl Reconciler {
                 m.delivery_status.as_deref(),
                 m.delivery_status_at,
                 &r.event_type,
-                r.event_time,
+                event_time,
             ),
         };
         let settle =
@@ -231,7 +246,7 @@ impl Reconciler {
                         previous.as_deref().unwrap_or("none"),
                         r.event_type
                     ),
-                    Some((r.event_type.clone(), r.event_time)),
+                    Some((r.event_type.clone(), event_time)),
                 )
             }
             Verdict::Superseded { reason } => ("superseded", reason, None),
@@ -274,7 +289,7 @@ impl Reconciler {
         let body = json!({
             "event_id": m.event_id,
             "delivery_status": r.event_type,
-            "delivery_status_at": r.event_time.map(|t| t.to_rfc3339_opts(SecondsFormat::Micros, true)),
+            "delivery_status_at": ordering_time(r.event_time, r.received_at).map(|t| t.to_rfc3339_opts(SecondsFormat::Micros, true)),
             "previous_status": previous,
             "source": r.source,
             "provider_type": r.provider_type,
@@ -445,6 +460,20 @@ mod tests {
         assert_eq!(replayed.replayed_after(t(0), at(5)), None);
         assert_eq!(replayed.replayed_after(t(3), at(5)), None);
         assert_eq!(replayed.replayed_after(None, at(0)), None);
+    }
+
+    #[test]
+    fn an_event_time_is_believed_up_to_five_minutes_after_its_arrival() {
+        let arrived = t(0).unwrap();
+        assert_eq!(ordering_time(None, arrived), None);
+        assert_eq!(ordering_time(t(-3600), arrived), t(-3600));
+        assert_eq!(ordering_time(t(299), arrived), t(299));
+        assert_eq!(ordering_time(t(300), arrived), t(300));
+        assert_eq!(ordering_time(t(301), arrived), t(300));
+        let far = DateTime::parse_from_rfc3339("9999-12-31T23:59:59Z")
+            .unwrap()
+            .to_utc();
+        assert_eq!(ordering_time(Some(far), arrived), t(300));
     }
 
     #[test]

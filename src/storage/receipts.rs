@@ -85,7 +85,7 @@ per_backend! {
         sql::keep_to_indexes(conn)?;
         let at = sql::now(conn, now)?;
         let mut batch = sql::pending_receipts(conn, at, limit)?;
-        batch.sort_by_key(|a| (a.event_time, a.id));
+        batch.sort_by_key(|a| (crate::reconcile::ordering_time(a.event_time, a.received_at), a.id));
         // Correlation for the whole batch at once: by Herald's event id, else by Herald's own
         // email Message-ID, else by the provider's message id (the oldest message carrying it).
         let event_ids: Vec<&str> = batch.iter().filter_map(|r| r.herald_event_id.as_deref()).collect();

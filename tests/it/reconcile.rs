@@ -18,7 +18,7 @@ use crate::support::{Backend, Receiver, Reply, TestApp};
 /// `herald_event_id` and `message_id`.
 const SOURCE: &str = "[sources.esp]\nscheme = \"hmac\"\nsecrets = [\"esp-secret\"]\n\
                       event_time_pointer = \"/at\"\n";
-const T0: i64 = 1_800_000_000;
+const T0: i64 = 1_700_000_000;
 
 async fn post_receipt(app: &TestApp, event: Value) -> u16 {
     let body = serde_json::to_vec(&event).unwrap();
@@ -577,6 +577,40 @@ async fn a_late_receipt_of_an_earlier_send_says_nothing_of_the_replayed_one(back
     app.stop().await;
 }
 
+/// A receipt dated far ahead of its arrival (a provider's clock ahead, a wrong value) is
+/// ordered at most five minutes after its arrival: it cannot outrank every later receipt for
+/// good.
+async fn a_receipt_dated_far_ahead_does_not_pin_the_status(backend: Backend) {
+    let app = spawn_app_with(backend, SOURCE).await;
+    let rx = Receiver::start().await;
+    delivered_message(&app, &rx, "ahead-1").await;
+    let year_9999 = 253_402_300_799 - T0;
+    assert_eq!(
+        post_receipt(&app, receipt("f1", "bounced", Some(year_9999), "ahead-1")).await,
+        200
+    );
+    assert_eq!(reconcile(&app).await, 1);
+    let view = app.message("ahead-1").await;
+    assert_eq!(view["delivery_status"], "bounced");
+    let at: chrono::DateTime<chrono::Utc> = view["delivery_status_at"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let ahead = at - app.clock_now();
+    assert!(
+        ahead <= chrono::Duration::minutes(5) && ahead > chrono::Duration::minutes(4),
+        "{at}"
+    );
+    // Ten minutes on, the next event is later than that.
+    app.advance(Duration::from_secs(600));
+    let now = at_clock(&app, 0);
+    post_receipt(&app, receipt("f2", "delivered", Some(now), "ahead-1")).await;
+    assert_eq!(reconcile(&app).await, 1);
+    assert_eq!(app.message("ahead-1").await["delivery_status"], "delivered");
+    app.stop().await;
+}
+
 /// A message's `state` and `delivery_status`, as `GET /v1/messages/{event_id}` shows them.
 async fn state_and_status(app: &TestApp, id: &str) -> (Option<String>, Option<String>) {
     let v = app.message(id).await;
@@ -635,9 +669,14 @@ async fn unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline(ba
         state_and_status(&app, "maybe-1").await,
         (Some("unconfirmed".into()), None)
     );
-    // A receipt of the new send settles it.
+    // A receipt of the new send (an event after the replay) settles it.
+    let after_replay = at_clock(&app, 5);
     assert_eq!(
-        post_receipt(&app, receipt("ok-1b", "delivered", Some(5), "maybe-1")).await,
+        post_receipt(
+            &app,
+            receipt("ok-1b", "delivered", Some(after_replay), "maybe-1")
+        )
+        .await,
         200
     );
     assert_eq!(reconcile(&app).await, 1);
@@ -894,4 +933,5 @@ both_backends!(
     status_changes_are_called_back_through_the_outbox,
     each_status_change_is_called_back_once,
     a_late_receipt_of_an_earlier_send_says_nothing_of_the_replayed_one,
+    a_receipt_dated_far_ahead_does_not_pin_the_status,
 );
