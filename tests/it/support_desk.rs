@@ -17,7 +17,7 @@ use crate::support::{Backend, Receiver, Reply, TestApp};
 /// A generic HMAC receipt source whose events carry `id`, `type`, `at`, `herald_event_id`.
 const SOURCE: &str = "[sources.esp]\nscheme = \"hmac\"\nsecrets = [\"esp-secret\"]\n\
                       event_time_pointer = \"/at\"\n";
-const T0: i64 = 1_800_000_000;
+const T0: i64 = 1_700_000_000;
 
 /// Text that must never appear in a support view: the body, an address, a URL path and query, a
 /// receiver's response text, secrets.
