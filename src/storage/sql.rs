@@ -4,9 +4,9 @@
 //! `sql::claim_rows(…)` and get their backend's arm.
 
 use chrono::{DateTime, Utc};
+use diesel::sql_types::{BigInt, Bool, Integer, Nullable, Text};
 
 use crate::domain::policies::Policies;
-use diesel::sql_types::{BigInt, Bool, Integer, Nullable, Text};
 
 use super::models::{
     Applied, ExpiredLease, MatchedMessage, NewAttempt, NewOutboxRow, NewReceipt, Now, OutboxRow,
@@ -66,7 +66,9 @@ macro_rules! key_head {
 /// (measured: 1.8 ms per claim at 10,000 rows, growing with the table).
 /// A due row whose `expires_at` has passed becomes `expired` in the same statement: no lease, no
 /// attempt, no request. Every time is the database's ([`pg_now!`]); the lease is `$4` µs long.
-/// A row inserted by plain SQL gets the policy version in force (`$5`) at its first claim.
+/// A row inserted by plain SQL gets the policy in force at its first claim: its endpoint's own
+/// where `$6` (`{"endpoint:NAME": [name, version]}`, NULL when no endpoint has one) names its
+/// destination, else the global version (`$5`).
 /// The predicate and order match the partial index `herald_outbox_due` exactly; the state list is
 /// literal SQL, not bound parameters, so the planner can match the index.
 pub const PG_CLAIM_SQL: &str = concat!(
@@ -114,6 +116,8 @@ RETURNING o.*"
 /// be compiled again whenever that parameter is bound anew — at every claim (seen with a
 /// `perf probe` on `sqlite3Reprepare`: once per claim). The claim's order comes from
 /// `herald_outbox_due`, so the planner has nothing to gain from knowing the limit.
+/// `?5` and `?6` are PostgreSQL's `$5` and `$6` (the map as JSON text, read with `json_each`
+/// only when it is set; `retry_policy`, which the claim now also sets, is in no index).
 pub const SQLITE_CLAIM_SQL: &str = concat!(
     "UPDATE herald_outbox
 SET state = CASE WHEN expires_at <= ?1 THEN 'expired' ELSE 'sending' END,
