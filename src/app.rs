@@ -51,15 +51,24 @@ pub struct Herald {
 
 /// Opens the database (and migrates it unless told not to). Blocking.
 pub fn open_db(settings: &Settings, migrate: bool) -> anyhow::Result<Db> {
-    // Not migrating: a SQLite file that is not there is a wrong path or a database never set up,
-    // not one to create empty here.
-    if !migrate
-        && let Some(path) = crate::storage::sqlite_path(settings.database_url.expose())
-        && !std::path::Path::new(path).exists()
-    {
-        anyhow::bail!(
-            "no database at {path}: check HERALD_DATABASE_URL, or run `herald migrate` to create it"
-        );
+    if let Some(path) = crate::storage::sqlite_path(settings.database_url.expose()) {
+        let file = std::path::Path::new(path);
+        // Not migrating: a SQLite file that is not there is a wrong path or a database never
+        // set up, not one to create empty here.
+        if !migrate && !file.exists() {
+            anyhow::bail!(
+                "no database at {path}: check HERALD_DATABASE_URL, or run `herald migrate` to create it"
+            );
+        }
+        // SQLite creates the file, not its directory: say so now, not after the pool's wait.
+        if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty())
+            && !dir.is_dir()
+        {
+            anyhow::bail!(
+                "no directory {} for the SQLite database {path}: create it, or check HERALD_DATABASE_URL",
+                dir.display()
+            );
+        }
     }
     let db = Db::connect(
         settings.database_url.expose(),

@@ -34,10 +34,12 @@ pub enum ConfigError {
     },
     /// The file does not parse. The message names the line but never quotes it: the line may
     /// hold a secret.
-    #[error("config file {path} is not valid: line {line}: {message}")]
+    #[error("config file {path} is not valid: line {line}{}: {message}", key.as_deref().map(|k| format!(" ({k})")).unwrap_or_default())]
     Parse {
         path: PathBuf,
         line: usize,
+        /// The key written on that line, as `table.key` (never its value).
+        key: Option<String>,
         message: String,
     },
     #[error("{name}: {message}")]
@@ -49,11 +51,47 @@ fn parse_error(path: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
         .span()
         .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
         .unwrap_or(0);
+    // serde's words for the numbers the file takes, in the README's.
+    let mut message = e.message().to_owned();
+    for t in ["u8", "u16", "u32", "u64", "usize"] {
+        message = message.replace(
+            &format!("expected {t}"),
+            "expected a whole number of 0 or more",
+        );
+    }
+    message = message.replace("expected f64", "expected a number");
     ConfigError::Parse {
         path: path.to_owned(),
         line,
-        message: e.message().to_owned(),
+        key: key_on_line(text, line),
+        message,
     }
+}
+
+/// The key written on line `line` (1-based) of a TOML text, under the table it is in
+/// (`endpoints.a.retry.max_attempts`); `None` where the line holds no plain `key =`. Only the
+/// key: the value may be a secret.
+fn key_on_line(text: &str, line: usize) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let (key, _) = lines.get(line.checked_sub(1)?)?.split_once('=')?;
+    let key = key.trim();
+    let plain = |k: &str| {
+        !k.is_empty()
+            && k.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '"'))
+    };
+    if !plain(key) {
+        return None;
+    }
+    let table = lines[..line - 1].iter().rev().find_map(|l| {
+        let t = l.trim();
+        (t.starts_with('[') && t.ends_with(']') && !t.starts_with("[["))
+            .then(|| t.trim_matches(['[', ']']).trim().to_owned())
+    });
+    Some(match table.filter(|t| plain(t)) {
+        Some(t) => format!("{t}.{key}"),
+        None => key.to_owned(),
+    })
 }
 
 fn invalid(name: impl Into<String>, message: impl Into<String>) -> ConfigError {
@@ -1515,6 +1553,29 @@ mod tests {
         assert_eq!(s.lease, Duration::from_secs(86_400));
         let err = Settings::from_toml("leese_seconds = 1").unwrap_err();
         assert!(matches!(err, ConfigError::Parse { line: 1, .. }), "{err}");
+        // A value of the wrong kind names its key (under its table), never the value, in words.
+        let err = Settings::from_toml("listen = \"127.0.0.1:1\"\nretention_delivered_days = -1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.ends_with(
+                "line 2 (retention_delivered_days): invalid value: integer `-1`, expected a whole number of 0 or more"
+            ),
+            "{err}"
+        );
+        let err = Settings::from_toml(
+            "[endpoints.a]\nurl = \"https://a.example/h\"\n[endpoints.a.retry]\nmax_attempts = \"x\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("line 4 (endpoints.a.retry.max_attempts): invalid type"),
+            "{err}"
+        );
+        let err = Settings::from_toml("api_token = 5\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 1 (api_token)"), "{err}");
         // A parse error never quotes the line: it may hold a secret.
         let err =
             Settings::from_toml("listen = \"x\"\ndatabse_url = \"postgres://u:hunter2@db/h\"")

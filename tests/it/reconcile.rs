@@ -655,14 +655,7 @@ async fn unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline(ba
     // Replayed by force, its new send answered 409 again: the status starts over, and the
     // earlier send's receipt proves nothing about the new one (it settled it once).
     rx.script([Reply::Status(409)]);
-    let r = app
-        .http
-        .post(format!("{}/v1/messages/maybe-1/replay", app.base))
-        .json(&json!({"reason": "resend to check", "force": true}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    force_replay(&app, "maybe-1").await;
     assert_eq!(app.run_until_idle().await, 1);
     reconcile(&app).await;
     assert_eq!(
