@@ -2171,8 +2171,17 @@ mod tests {
             let err = Settings::from_toml(&format!("[sources.x]\n{toml}\n")).unwrap_err();
             assert!(err.to_string().starts_with(refused), "{err}");
         }
+        let err = Settings::from_toml(
+            "[sources.x]\nscheme = \"hmac\"\nsecrets = [\"s\"]\nevent_id_pointer = \"/a~2\"\n",
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("sources.x.event_id_pointer: \"/a~2\": in a JSON pointer"),
+            "{err}"
+        );
         let ok = Settings::from_toml(
-            "[sources.x]\nscheme = \"hmac\"\nsecrets = [\"s\"]\nevent_id_pointer = \"/data/id\"\n",
+            "[sources.x]\nscheme = \"hmac\"\nsecrets = [\"s\"]\nevent_id_pointer = \"/data/a~1b~0c\"\n",
         );
         assert!(ok.is_ok(), "{ok:?}");
     }

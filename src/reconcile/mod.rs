@@ -353,9 +353,9 @@ impl Reconciler {
             })
         })
         .await??;
-        if pass.applied + pass.unmatched + pass.settled > 0 {
+        if pass.matched + pass.unmatched + pass.settled > 0 {
             info!(
-                applied = pass.applied,
+                matched = pass.matched,
                 unmatched = pass.unmatched,
                 status_changes = pass.status_changes,
                 settled = pass.settled,
@@ -378,10 +378,10 @@ impl Reconciler {
         let mut total = 0;
         loop {
             let pass = self.run_once().await?;
-            if pass.applied + pass.unmatched == 0 {
+            if pass.matched + pass.unmatched == 0 {
                 return Ok(total);
             }
-            total += pass.applied;
+            total += pass.matched;
         }
     }
 
@@ -400,7 +400,7 @@ impl Reconciler {
                     if deadline {
                         next_deadline = tokio::time::Instant::now() + self.config.interval;
                     }
-                    pass.applied + pass.unmatched >= self.config.batch_size as usize
+                    pass.matched + pass.unmatched >= self.config.batch_size as usize
                 }
                 Err(e) => {
                     failures += 1;

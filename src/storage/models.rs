@@ -474,8 +474,8 @@ pub struct Unmatched {
 /// Counts from one reconciler pass.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ReconcilePass {
-    /// Receipts matched and applied (whatever their outcome).
-    pub applied: usize,
+    /// Receipts matched to their message and decided (applied, superseded, unchanged, history).
+    pub matched: usize,
     /// Receipts still without a message (tried again later).
     pub unmatched: usize,
     /// Messages whose delivery status changed.

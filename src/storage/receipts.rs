@@ -203,7 +203,7 @@ per_backend! {
                 outcome: d.outcome,
                 reason: d.reason,
             });
-            pass.applied += 1;
+            pass.matched += 1;
         }
         sql::mark_reconciled(conn, at, &done)?;
         sql::mark_unmatched(conn, &unmatched)?;

@@ -562,7 +562,7 @@ fn sqlite_hot_statements_are_compiled_once_per_connection() {
             .unwrap();
         // This round's two receipts; the earlier rounds' unmatched one is not due again yet.
         assert_eq!(
-            (pass.applied, pass.unmatched, pass.status_changes),
+            (pass.matched, pass.unmatched, pass.status_changes),
             (1, 1, 1),
             "{pass:?}"
         );

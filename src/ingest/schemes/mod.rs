@@ -255,6 +255,19 @@ fn check_pointers(field: &str, c: &SourceConfig) -> Result<(), InvalidField> {
                 format!("{p:?} is not a JSON pointer: write \"/{p}\" (RFC 6901)"),
             ));
         }
+        // `~` escapes only `~0` (`~`) and `~1` (`/`); any other never matches a key.
+        if let Some(p) = v
+            && p.split('~')
+                .skip(1)
+                .any(|rest| !rest.starts_with(['0', '1']))
+        {
+            return Err(InvalidField::new(
+                format!("{field}.{key}"),
+                format!(
+                    "{p:?}: in a JSON pointer `~` is written ~0 and `/` in a key ~1 (RFC 6901)"
+                ),
+            ));
+        }
     }
     Ok(())
 }
