@@ -454,9 +454,12 @@ mod tests {
         // Arrived before the replay, whatever its event time.
         assert_eq!(replayed.replayed_after(t(5), at(-1)), t(0));
         assert_eq!(replayed.replayed_after(None, at(-1)), t(0));
-        // Arrived after it, of an event before it: an earlier send's, late.
-        assert_eq!(replayed.replayed_after(t(-1), at(5)), t(0));
-        // Arrived after it, of an event at or after it, or without an event time.
+        // Arrived after it, of an event more than 5 s before it: an earlier send's, late.
+        assert_eq!(replayed.replayed_after(t(-6), at(5)), t(0));
+        // Arrived after it, of an event at most 5 s before it (a whole-second provider time in
+        // the replay's own second, a clock a little behind), at or after it, or without one.
+        assert_eq!(replayed.replayed_after(t(-5), at(5)), None);
+        assert_eq!(replayed.replayed_after(t(-1), at(5)), None);
         assert_eq!(replayed.replayed_after(t(0), at(5)), None);
         assert_eq!(replayed.replayed_after(t(3), at(5)), None);
         assert_eq!(replayed.replayed_after(None, at(0)), None);

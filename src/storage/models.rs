@@ -416,7 +416,7 @@ impl MatchedMessage {
         received_at: DateTime<Utc>,
     ) -> Option<DateTime<Utc>> {
         let at = self.replayed_at?;
-        (received_at < at || event_time.is_some_and(|e| e < at)).then_some(at)
+        (received_at < at || event_time.is_some_and(|e| e + REPLAY_SLACK < at)).then_some(at)
     }
 
     /// Whether a receipt that proves acceptance and arrived at `received_at` settles it as
@@ -433,6 +433,12 @@ impl MatchedMessage {
         }
     }
 }
+
+/// How much older than a replay a receipt's event may be and still be the new send's: providers
+/// that give whole seconds (SendGrid, Stripe) date an event in the replay's own second before
+/// it, and clocks differ by a little. An earlier send's event this close to the replay is taken
+/// for the new one's. (The settle pass's SQL says 5 seconds too: `sql::REPLAY_AFTER_EVENT`.)
+pub const REPLAY_SLACK: chrono::Duration = chrono::Duration::seconds(5);
 
 /// The `state_reason` of a message the unconfirmed deadline moved to `dead_letter`.
 pub const UNCONFIRMED_DEADLINE_REASON: &str = "unconfirmed";

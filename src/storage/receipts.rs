@@ -269,7 +269,9 @@ per_backend! {
                 .filter(diesel::dsl::not(exists(
                     rp::table
                         .filter(rp::message_id.eq(o::id))
-                        .filter(rp::replayed_at.nullable().gt(r::event_time)),
+                        .filter(diesel::dsl::sql::<diesel::sql_types::Bool>(
+                            sql::REPLAY_AFTER_EVENT,
+                        )),
                 ))),
         );
         let settled: Vec<i64> = diesel::update(

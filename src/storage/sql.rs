@@ -1092,7 +1092,18 @@ pub fn sqlite_scheduled_at(m: &NewOutboxRow) -> Option<DateTime<Utc>> {
 }
 
 /// The PostgreSQL arm of each backend-specific query.
+/// The settle pass's test that a message's replay came more than
+/// [`crate::storage::models::REPLAY_SLACK`] (5 s) after a receipt's event: the receipt is of an
+/// earlier send ([`crate::storage::models::MatchedMessage::replayed_after`]). Raw SQL over the
+/// two tables' own names, as diesel writes them in the settle pass's subqueries.
+pub const PG_REPLAY_AFTER_EVENT: &str =
+    "herald_replays.replayed_at > herald_receipts.event_time + interval '5 seconds'";
+/// [`PG_REPLAY_AFTER_EVENT`] on SQLite, whose times are UTC text (`julianday` reads them).
+pub const SQLITE_REPLAY_AFTER_EVENT: &str = "julianday(herald_replays.replayed_at) > \
+     julianday(herald_receipts.event_time) + 5.0 / 86400.0";
+
 pub mod pg {
+    pub use super::PG_REPLAY_AFTER_EVENT as REPLAY_AFTER_EVENT;
     pub use super::pg_busy_keys as busy_keys;
     pub use super::pg_claimed_not_heads as claimed_not_heads;
     pub use super::pg_insert_attempts as insert_attempts;
@@ -1117,6 +1128,8 @@ pub mod pg {
 pub mod sqlite {
     use chrono::{DateTime, Utc};
     use diesel::prelude::*;
+
+    pub use super::SQLITE_REPLAY_AFTER_EVENT as REPLAY_AFTER_EVENT;
 
     pub use super::sqlite_busy_keys as busy_keys;
     pub use super::sqlite_claimed_not_heads as claimed_not_heads;

@@ -532,29 +532,38 @@ async fn a_late_receipt_of_an_earlier_send_says_nothing_of_the_replayed_one(back
 
     // Unconfirmed (409), replayed, 409 again: an earlier send's receipt that arrives now does
     // not settle it, neither when it finds the message unconfirmed nor when it came while the
-    // message was being sent again.
-    for (id, while_sending) in [("again-2", false), ("again-3", true)] {
+    // message was being sent again. One dated a second before the replay (a provider's whole
+    // seconds) is the new send's, and settles it, in the settle pass too.
+    for (id, while_sending, dated, settles) in [
+        ("again-2", false, -60, false),
+        ("again-3", true, -60, false),
+        ("again-4", true, -1, true),
+    ] {
         rx.script([Reply::Status(409)]);
         app.post_message(webhook(id, &rx.url, json!({}))).await;
         app.run_until_idle().await;
         assert_eq!(app.message(id).await["state"], "unconfirmed");
         rx.script([Reply::Status(409)]);
         force_replay(&app, id).await;
-        let old = receipt(
-            &format!("{id}-old"),
+        let first = receipt(
+            &format!("{id}-first"),
             "delivered",
-            Some(at_clock(&app, -60)),
+            Some(at_clock(&app, dated)),
             id,
         );
         if while_sending {
-            post_receipt(&app, old.clone()).await;
+            post_receipt(&app, first.clone()).await;
             reconcile(&app).await;
         }
         assert_eq!(app.run_until_idle().await, 1);
         if !while_sending {
-            post_receipt(&app, old).await;
+            post_receipt(&app, first).await;
         }
         reconcile(&app).await;
+        if settles {
+            assert_eq!(app.message(id).await["state"], "delivered", "{id}");
+            continue;
+        }
         assert_eq!(
             state_and_status(&app, id).await,
             (Some("unconfirmed".into()), None),
