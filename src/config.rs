@@ -51,12 +51,19 @@ fn parse_error(path: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
         .span()
         .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
         .unwrap_or(0);
-    // serde's words for the numbers the file takes, in the README's.
-    let mut message = e.message().to_owned();
-    for t in ["u8", "u16", "u32", "u64", "usize"] {
+    // serde's words for the numbers the file takes, in the README's; a string it quotes is the
+    // value written, which may be a secret: not shown.
+    let mut message = mask_quoted(e.message());
+    for (t, max) in [
+        ("u8", u64::from(u8::MAX)),
+        ("u16", u64::from(u16::MAX)),
+        ("u32", u64::from(u32::MAX)),
+        ("u64", u64::MAX),
+        ("usize", u64::MAX),
+    ] {
         message = message.replace(
             &format!("expected {t}"),
-            "expected a whole number of 0 or more",
+            &format!("expected a whole number from 0 to {max}"),
         );
     }
     message = message.replace("expected f64", "expected a number");
@@ -75,23 +82,88 @@ fn key_on_line(text: &str, line: usize) -> Option<String> {
     let lines: Vec<&str> = text.lines().collect();
     let (key, _) = lines.get(line.checked_sub(1)?)?.split_once('=')?;
     let key = key.trim();
-    let plain = |k: &str| {
-        !k.is_empty()
-            && k.chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '"'))
-    };
-    if !plain(key) {
+    // Only a key Herald's file has: anything else before an `=` (a line of a multi-line array
+    // or string, a secret's base64 padding) is not shown.
+    if !known_file_keys().contains(&key) {
         return None;
     }
+    let name = |t: &str| {
+        !t.is_empty()
+            && t.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    };
     let table = lines[..line - 1].iter().rev().find_map(|l| {
-        let t = l.trim();
+        let t = l.split('#').next().unwrap_or("").trim();
         (t.starts_with('[') && t.ends_with(']') && !t.starts_with("[["))
             .then(|| t.trim_matches(['[', ']']).trim().to_owned())
     });
-    Some(match table.filter(|t| plain(t)) {
+    Some(match table.filter(|t| name(t)) {
         Some(t) => format!("{t}.{key}"),
         None => key.to_owned(),
     })
+}
+
+/// Every key of the file and of its tables (`[tokens.NAME]`, `[sources.NAME]`,
+/// `[endpoints.NAME]` and its `retry` and `auth`, …).
+fn known_file_keys() -> &'static [&'static str] {
+    static KEYS: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    KEYS.get_or_init(|| {
+        let mut keys: Vec<&'static str> = [
+            field_names::<FileConfig>(),
+            field_names::<TokenConfig>(),
+            field_names::<DestinationConfig>(),
+            field_names::<StatusCallbacksConfig>(),
+            field_names::<crate::channels::webhook::EndpointConfig>(),
+            field_names::<crate::channels::webhook::EndpointRetryConfig>(),
+            field_names::<crate::ingest::schemes::SourceConfig>(),
+            field_names::<crate::ingest::schemes::postmark::Credentials>(),
+        ]
+        .concat();
+        keys.extend(["bearer", "basic", "username", "password"]);
+        keys
+    })
+}
+
+/// `text` with every double-quoted part replaced by `"…"`.
+fn mask_quoted(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for (i, part) in text.split('"').enumerate() {
+        if i > 0 {
+            out.push('"');
+        }
+        out.push_str(if i % 2 == 1 { "…" } else { part });
+    }
+    out
+}
+
+/// The field names serde knows for `T` (a struct), read by asking it to deserialize from a
+/// probe that records them.
+fn field_names<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
+    use serde::de::{self, Visitor};
+    struct Probe<'a>(&'a mut &'static [&'static str]);
+    impl<'de> de::Deserializer<'de> for Probe<'_> {
+        type Error = de::value::Error;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(de::Error::custom("probe"))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(de::Error::custom("probe"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+            identifier ignored_any
+        }
+    }
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Probe(&mut fields));
+    fields
 }
 
 fn invalid(name: impl Into<String>, message: impl Into<String>) -> ConfigError {
@@ -351,10 +423,10 @@ impl Settings {
             v.trim().parse().map_err(|_| {
                 // A number all the same (`-1`, `0.5`): the settings read here that do not take
                 // it are counts and sizes.
-                let why = if v.trim().parse::<f64>().is_ok() {
-                    "is not a whole number of 0 or more"
-                } else {
-                    "is not a number"
+                let why = match v.trim().parse::<f64>() {
+                    Ok(f) if f >= 0.0 && f.fract() == 0.0 => "is too large for this setting",
+                    Ok(_) => "is not a whole number of 0 or more",
+                    Err(_) => "is not a number",
                 };
                 invalid(name, format!("{v:?} {why}"))
             })
@@ -1411,35 +1483,6 @@ mod tests {
         Settings::from_toml(&top).unwrap_or_else(|e| panic!("{e}\n{top}"));
     }
 
-    /// The field names of a serde struct, read from its `Deserialize` impl.
-    fn field_names<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
-        use serde::de::{self, Visitor};
-        struct Probe<'a>(&'a mut &'static [&'static str]);
-        impl<'de> de::Deserializer<'de> for Probe<'_> {
-            type Error = de::value::Error;
-            fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
-                Err(de::Error::custom("probe"))
-            }
-            fn deserialize_struct<V: Visitor<'de>>(
-                self,
-                _: &'static str,
-                fields: &'static [&'static str],
-                _: V,
-            ) -> Result<V::Value, Self::Error> {
-                *self.0 = fields;
-                Err(de::Error::custom("probe"))
-            }
-            serde::forward_to_deserialize_any! {
-                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
-                byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
-                identifier ignored_any
-            }
-        }
-        let mut fields: &'static [&'static str] = &[];
-        let _ = T::deserialize(Probe(&mut fields));
-        fields
-    }
-
     /// Every key of the file is in herald.example.toml and, with its HERALD_* variable, in the
     /// README's Configuration: adding a key without documenting it fails here.
     #[test]
@@ -1559,10 +1602,34 @@ mod tests {
             .to_string();
         assert!(
             err.ends_with(
-                "line 2 (retention_delivered_days): invalid value: integer `-1`, expected a whole number of 0 or more"
+                "line 2 (retention_delivered_days): invalid value: integer `-1`, expected a whole number from 0 to 4294967295"
             ),
             "{err}"
         );
+        // Never a value: a string serde quotes is masked, and a line that is no key of Herald's
+        // (here a secret's base64 padding in a multi-line array) names no key.
+        let err = Settings::from_toml("retry_max_attempts = \"s3cret\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("s3cret"), "{err}");
+        assert!(
+            err.contains("line 1 (retry_max_attempts): invalid type: string \"…\""),
+            "{err}"
+        );
+        let err = Settings::from_toml(
+            "[sources.x]\nscheme = \"hmac\"\nsecrets = [\n  \"c2VjcmV0LWtleQ==\" \"next\"\n]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(!err.contains("c2VjcmV0LWtleQ"), "{err}");
+        assert!(err.contains("line 4: "), "{err}");
+        // A table header with a comment after it still names the table.
+        let err = Settings::from_toml(
+            "[endpoints.a]\nurl = \"https://a.example/h\"\n[endpoints.a.retry]  # billing\nmax_attempts = \"x\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("(endpoints.a.retry.max_attempts)"), "{err}");
         let err = Settings::from_toml(
             "[endpoints.a]\nurl = \"https://a.example/h\"\n[endpoints.a.retry]\nmax_attempts = \"x\"\n",
         )
@@ -1687,6 +1754,12 @@ mod tests {
         let err = build(&[("HERALD_LEASE_SECONDS", "19")]).unwrap_err();
         one_line(&err, "lease_seconds", &["webhook_timeout_ms", "20"]);
         // A number, but not one a count or size takes; and not a number at all.
+        let err = build(&[("HERALD_RETENTION_DELIVERED_DAYS", "5000000000")]).unwrap_err();
+        one_line(
+            &err,
+            "HERALD_RETENTION_DELIVERED_DAYS",
+            &["is too large for this setting"],
+        );
         for v in ["-1", "0.5"] {
             let err = build(&[("HERALD_RETENTION_DELIVERED_DAYS", v)]).unwrap_err();
             one_line(
