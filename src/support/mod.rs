@@ -743,7 +743,7 @@ pub fn redrive(
         return Err(InvalidField::new(
             "expires_at",
             format!(
-                "{} is not in the future: every message redriven would expire again at once; give a later time, or null to clear it",
+                "{} is not in the future: every message redriven would expire again at once; give a later time, or clear it",
                 ts(&t)
             ),
         )
