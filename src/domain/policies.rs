@@ -21,8 +21,9 @@ pub struct PolicyId {
 pub struct Policies {
     global: PolicyId,
     by_destination: BTreeMap<String, PolicyId>,
-    /// `{"endpoint:NAME": [name, version], …}`, as the claim reads it.
-    claim_map: serde_json::Value,
+    /// `{"endpoint:NAME": [name, version], …}`, as the claim reads it; `None` when no endpoint
+    /// has a policy of its own.
+    claim_map: Option<serde_json::Value>,
 }
 
 impl Policies {
@@ -32,12 +33,14 @@ impl Policies {
             .into_iter()
             .map(|(name, p)| (format!("endpoint:{name}"), p))
             .collect();
-        let claim_map = serde_json::Value::Object(
-            by_destination
-                .iter()
-                .map(|(d, p)| (d.clone(), serde_json::json!([p.name, p.version])))
-                .collect(),
-        );
+        let claim_map = (!by_destination.is_empty()).then(|| {
+            serde_json::Value::Object(
+                by_destination
+                    .iter()
+                    .map(|(d, p)| (d.clone(), serde_json::json!([p.name, p.version])))
+                    .collect(),
+            )
+        });
         Self {
             global,
             by_destination,
@@ -60,9 +63,10 @@ impl Policies {
     }
 
     /// What the claim records on a row written without a policy (by SQL, or the library):
-    /// `{"endpoint:NAME": [name, version]}` for the endpoints with their own.
-    pub fn claim_map(&self) -> &serde_json::Value {
-        &self.claim_map
+    /// `{"endpoint:NAME": [name, version]}` for the endpoints with their own; `None` when no
+    /// endpoint has one, so that the claim looks nothing up.
+    pub fn claim_map(&self) -> Option<&serde_json::Value> {
+        self.claim_map.as_ref()
     }
 }
 
@@ -89,11 +93,8 @@ mod tests {
         );
         assert_eq!(
             p.claim_map(),
-            &serde_json::json!({"endpoint:billing": ["bill", "bill@1"]})
+            Some(&serde_json::json!({"endpoint:billing": ["bill", "bill@1"]}))
         );
-        assert_eq!(
-            Policies::global_only(id("default", 15)).claim_map(),
-            &serde_json::json!({})
-        );
+        assert_eq!(Policies::global_only(id("default", 15)).claim_map(), None);
     }
 }

@@ -230,20 +230,11 @@ pub fn pg_claim_rows(
         .bind::<Text, _>(owner)
         .bind::<Double, _>(lease.as_micros() as f64)
         .bind::<Text, _>(&policies.global().version)
-        .bind::<Nullable<diesel::sql_types::Jsonb>, _>(claim_map(policies))
+        .bind::<Nullable<diesel::sql_types::Jsonb>, _>(policies.claim_map())
         .typed::<diesel::dsl::SqlTypeOf<<o::table as diesel::Table>::AllColumns>>()
         .load(conn)?;
     rows.sort_by_key(claim_order);
     Ok(rows)
-}
-
-/// The claim's map of the endpoints' own policies (see [`Policies::claim_map`]); `None` when no
-/// endpoint has one, so that the claim looks nothing up.
-fn claim_map(policies: &Policies) -> Option<&serde_json::Value> {
-    let map = policies.claim_map();
-    map.as_object()
-        .is_some_and(|m| !m.is_empty())
-        .then_some(map)
 }
 
 /// The order rows were claimed in (the due index's): `RETURNING` does not keep it. Expired
@@ -279,7 +270,7 @@ pub fn sqlite_claim_rows(
         .bind::<Text, _>(owner)
         .bind::<SqliteTime, _>(lease_until)
         .bind::<Text, _>(&policies.global().version)
-        .bind::<Nullable<Text>, _>(claim_map(policies).map(|m| m.to_string()))
+        .bind::<Nullable<Text>, _>(policies.claim_map().map(|m| m.to_string()))
         .typed::<diesel::dsl::SqlTypeOf<<o::table as diesel::Table>::AllColumns>>()
         .load(conn)?;
     for row in rows
@@ -1599,6 +1590,20 @@ pub fn sqlite_release_heads(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The settle pass's SQL and the reconciler's Rust say the same replay slack.
+    #[test]
+    fn the_replay_slack_is_one_in_rust_and_sql() {
+        let secs = crate::storage::models::REPLAY_SLACK.num_seconds();
+        assert!(
+            PG_REPLAY_AFTER_EVENT.ends_with(&format!("interval '{secs} seconds'")),
+            "{PG_REPLAY_AFTER_EVENT}"
+        );
+        assert!(
+            SQLITE_REPLAY_AFTER_EVENT.ends_with(&format!("+ {secs}.0 / 86400.0")),
+            "{SQLITE_REPLAY_AFTER_EVENT}"
+        );
+    }
 
     /// The SQLite claim's limit is not a bare parameter (SQLite would compile the statement again
     /// at every claim: see [`SQLITE_CLAIM_SQL`]), and no other bare parameter follows a `LIMIT`.

@@ -82,10 +82,16 @@ impl Db {
         crate::storage::db_run! { self, read |c, q| Ok(q::db_stats(c, &now)?) }
     }
 
+    /// The migration versions this database records as applied; none when diesel's bookkeeping
+    /// table is not there (read only).
+    fn applied_versions(&self) -> Result<Vec<String>, StorageError> {
+        let applied: Option<Vec<String>> = crate::storage::db_run! { self, read |c, q| Ok::<_, StorageError>(q::applied_migrations(c)?) }?;
+        Ok(applied.unwrap_or_default())
+    }
+
     /// Whether no migration was ever applied to this database (read only).
     pub fn never_migrated(&self) -> Result<bool, StorageError> {
-        let applied: Option<Vec<String>> = crate::storage::db_run! { self, read |c, q| Ok::<_, StorageError>(q::applied_migrations(c)?) }?;
-        Ok(applied.is_none_or(|a| a.is_empty()))
+        Ok(self.applied_versions()?.is_empty())
     }
 
     /// The versions of the embedded migrations this database has not applied (read only: never
@@ -105,8 +111,7 @@ impl Db {
                     .collect()
             }
         };
-        let applied: Option<Vec<String>> = crate::storage::db_run! { self, read |c, q| Ok::<_, StorageError>(q::applied_migrations(c)?) }?;
-        let applied = applied.unwrap_or_default();
+        let applied = self.applied_versions()?;
         Ok(embedded
             .into_iter()
             .filter(|v| !applied.contains(v))
