@@ -31,6 +31,7 @@ use self::session::{Session, SessionKey};
 use crate::domain::{AttemptClass, Channel};
 use crate::http::AppState;
 use crate::storage::admin::DeadLetterFilter;
+use crate::storage::models::UNCONFIRMED_DEADLINE_REASON;
 use crate::storage::{Db, StorageError};
 
 /// The Content-Security-Policy of every `/admin` answer.
@@ -540,8 +541,10 @@ fn parse_filter(q: &Form) -> Result<DeadLetterFilter, String> {
             .map(|v| Channel::parse(v).map_err(|e| e.to_string()))
             .transpose()?,
         class: nonempty("class")
-            .map(|v| AttemptClass::parse(v).map_err(|e| e.to_string()))
+            .filter(|v| *v != UNCONFIRMED_DEADLINE_REASON)
+            .map(|v| AttemptClass::parse(v).map_err(|e| format!("{e}, or unconfirmed")))
             .transpose()?,
+        unconfirmed: q.get("class") == Some(UNCONFIRMED_DEADLINE_REASON),
         before: nonempty("before")
             .map(|v| parse_cursor(v).ok_or("before: not a page cursor".to_owned()))
             .transpose()?,
@@ -555,6 +558,9 @@ fn next_href(filter: &DeadLetterFilter, cursor: (DateTime<Utc>, i64)) -> String 
     }
     if let Some(c) = filter.class {
         q.append_pair("class", c.as_str());
+    }
+    if filter.unconfirmed {
+        q.append_pair("class", UNCONFIRMED_DEADLINE_REASON);
     }
     q.append_pair(
         "before",
@@ -616,6 +622,13 @@ mod tests {
                 .contains("class")
         );
         assert!(parse_filter(&Form::parse(b"before=x")).is_err());
+        // The unconfirmed deadline's dead letters, as `GET /v1/dead-letters` names them.
+        let f = parse_filter(&Form::parse(b"class=unconfirmed")).unwrap();
+        assert_eq!((f.class, f.unconfirmed), (None, true));
+        assert_eq!(
+            next_href(&f, (t, 7)),
+            "/admin/dead-letters?class=unconfirmed&before=1764583200123456.7"
+        );
         assert_eq!(
             parse_filter(&Form::parse(b"channel=&class=")).unwrap(),
             DeadLetterFilter::default()

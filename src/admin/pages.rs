@@ -8,6 +8,7 @@ use super::data::{AttemptFacts, MAX_REASON, MessageDetail, ReceiptFacts, Replaya
 use crate::auth::Principal;
 use crate::domain::{AttemptClass, Channel};
 use crate::storage::admin::{DeadLetterFilter, MessageSummary};
+use crate::storage::models::UNCONFIRMED_DEADLINE_REASON;
 
 /// Who is signed in, for the header (and the sign-out form's CSRF token).
 pub struct Viewer<'a> {
@@ -430,6 +431,9 @@ pub fn dead_letters(
                         option value="" { "any" }
                         @for c in AttemptClass::ALL {
                             option value=(c) selected=[selected(filter.class == Some(*c))] { (c) }
+                        }
+                        option value=(UNCONFIRMED_DEADLINE_REASON) selected=[selected(filter.unconfirmed)] {
+                            (UNCONFIRMED_DEADLINE_REASON) " (no proof by the deadline)"
                         }
                     }
                     button #filter type="submit" { "Filter" }

@@ -48,6 +48,9 @@ impl MessageSummary {
 pub struct DeadLetterFilter {
     pub channel: Option<Channel>,
     pub class: Option<AttemptClass>,
+    /// Only those the unconfirmed deadline dead-lettered (`class=unconfirmed`, as in
+    /// `GET /v1/dead-letters`): they have no class, a person decides whether they arrived.
+    pub unconfirmed: bool,
     /// Keyset cursor: only rows older than this `(updated_at, id)`.
     pub before: Option<(DateTime<Utc>, i64)>,
 }
@@ -104,6 +107,9 @@ per_backend! {
         }
         if let Some(c) = filter.class {
             q = q.filter(o::last_error_class.eq(c));
+        }
+        if filter.unconfirmed {
+            q = q.filter(o::state_reason.eq(crate::storage::models::UNCONFIRMED_DEADLINE_REASON));
         }
         if let Some((t, id)) = filter.before {
             q = q.filter(o::updated_at.lt(t).or(o::updated_at.eq(t).and(o::id.lt(id))));

@@ -341,12 +341,11 @@ async fn pages_show_what_happened_and_nothing_secret(backend: Backend) {
         ("class=transient", false),
         ("channel=webhook&class=permanent", true),
         ("channel=email", false),
+        ("class=unconfirmed", false),
     ] {
-        let html = get(&app, &format!("/admin/dead-letters?{q}"), c)
-            .await
-            .text()
-            .await
-            .unwrap();
+        let r = get(&app, &format!("/admin/dead-letters?{q}"), c).await;
+        assert_eq!(r.status(), 200, "{q}");
+        let html = r.text().await.unwrap();
         assert_eq!(html.contains("order-1842:shipped"), listed, "{q}");
     }
     // An unknown class, and a page cursor no page gave (about 7500 BC: PostgreSQL refuses the

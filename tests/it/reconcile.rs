@@ -714,6 +714,47 @@ async fn unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline(ba
     // Never an automatic resend (the replay's is the fourth request).
     assert_eq!(rx.requests().len(), 4);
     assert_eq!(app.run_until_idle().await, 0);
+    // Listed as `class=unconfirmed`, by the API and on the admin page alike; a dead letter of
+    // a class is not.
+    rx.script([Reply::Status(404)]);
+    app.post_message(webhook("refused-1", &rx.url, json!({})))
+        .await;
+    assert_eq!(app.run_until_idle().await, 1);
+    let listed: Value = app
+        .http
+        .get(format!("{}/v1/dead-letters?class=unconfirmed", app.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["dead_letters"][0]["event_id"], "maybe-2", "{listed}");
+    assert_eq!(listed["dead_letters"].as_array().map(Vec::len), Some(1));
+    let db = app.db.clone();
+    let on_page = tokio::task::spawn_blocking(move || {
+        use herald::storage::admin::DeadLetterFilter;
+        let list = |filter: DeadLetterFilter| {
+            let (rows, _) = herald::admin::data::dead_letters(&db, &filter, 50).unwrap();
+            rows.into_iter().map(|r| r.event_id).collect::<Vec<_>>()
+        };
+        (
+            list(DeadLetterFilter {
+                unconfirmed: true,
+                ..Default::default()
+            }),
+            list(DeadLetterFilter {
+                class: Some(herald::domain::AttemptClass::Permanent),
+                ..Default::default()
+            }),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        on_page,
+        (vec!["maybe-2".to_owned()], vec!["refused-1".to_owned()])
+    );
     app.stop().await;
 }
 
