@@ -221,6 +221,14 @@ impl NewMessage {
         {
             errors.push(e);
         }
+        // A policy says what a key does when its head ends; without a key it would be kept and
+        // never read.
+        if self.ordering_policy.is_some() && self.ordering_key.is_none() {
+            errors.push(InvalidField::new(
+                "ordering_policy",
+                "applies only to a message with an ordering_key",
+            ));
+        }
         let scheduled_at = self.scheduled_at.unwrap_or(now);
         if let Some(expires) = self.expires_at
             && expires <= scheduled_at

@@ -929,6 +929,13 @@ async fn the_table_contract_and_http_take_an_ordering_key(backend: Backend) {
         .await;
     assert_eq!(r.status(), 422);
     assert!(r.text().await.unwrap().contains("ordering_policy"));
+    // A policy without a key would be kept and never read: refused, naming it.
+    let mut unkeyed = keyed("h.1", &rx.url, "k", json!({"ordering_policy": "skip"}));
+    unkeyed.as_object_mut().unwrap().remove("ordering_key");
+    let r = app.post_message(unkeyed).await;
+    assert_eq!(r.status(), 422);
+    let problem: Value = r.json().await.unwrap();
+    assert_eq!(problem["field"], "ordering_policy", "{problem}");
     assert!(
         app.db.find_by_event_id("h.1").unwrap().is_none(),
         "nothing half-written"
