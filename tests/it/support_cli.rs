@@ -382,3 +382,42 @@ fn commands_on_a_database_never_migrated_say_to_run_herald_migrate() {
         );
     }
 }
+
+/// A PostgreSQL role that may not read diesel's bookkeeping table is told so, not that the
+/// database has no Herald tables (the permission error named the table, and was taken for its
+/// absence).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_that_cannot_read_the_migrations_is_told_so() {
+    let app = crate::support::spawn_app(crate::support::Backend::Postgres).await;
+    let db_name = app.test_db.url.rsplit('/').next().unwrap().to_owned();
+    let role = format!("nomig_{db_name}");
+    app.raw_sql(&format!(
+        "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN; \
+         GRANT SELECT ON herald_outbox TO {role}"
+    ));
+    let url = app
+        .test_db
+        .url
+        .replacen("://herald@", &format!("://{role}@"), 1);
+    assert_ne!(url, app.test_db.url, "the role's own URL");
+    let dir = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_herald"))
+        .current_dir(dir.path())
+        .env("HERALD_DATABASE_URL", &url)
+        .env_remove("HERALD_API_TOKEN")
+        .args(["explain", "--event-id", "x"])
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("cannot read the database's migrations")
+            && stderr(&o).contains("permission denied"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!stderr(&o).contains("no Herald tables"), "{}", stderr(&o));
+    app.raw_sql(&format!(
+        "REVOKE ALL ON herald_outbox FROM {role}; DROP ROLE {role}"
+    ));
+    app.stop().await;
+}
