@@ -153,6 +153,8 @@ fn explain_claim(c: &mut PgConnection) {
     .bind::<Text, _>("explain")
     .bind::<Double, _>(1e6)
     .bind::<Text, _>("v")
+    .bind::<diesel::sql_types::Nullable<diesel::sql_types::Jsonb>, _>(None::<serde_json::Value>)
+    .bind::<Text, _>("default")
     .load(c)
     .unwrap();
     for p in plan {

@@ -68,7 +68,8 @@ macro_rules! key_head {
 /// attempt, no request. Every time is the database's ([`pg_now!`]); the lease is `$4` µs long.
 /// A row inserted by plain SQL gets the policy in force at its first claim: its endpoint's own
 /// where `$6` (`{"endpoint:NAME": [name, version]}`, NULL when no endpoint has one) names its
-/// destination, else the global version (`$5`).
+/// destination, else the global version (`$5`) and name (`$7`: the column's default,
+/// `default`, is not the global policy's name when `retry_policy_name` renames it).
 /// The predicate and order match the partial index `herald_outbox_due` exactly; the state list is
 /// literal SQL, not bound parameters, so the planner can match the index.
 pub const PG_CLAIM_SQL: &str = concat!(
@@ -95,7 +96,7 @@ SET state = CASE WHEN o.expires_at <= t.now THEN 'expired' ELSE 'sending' END,
     next_attempt_at = CASE WHEN o.expires_at <= t.now THEN NULL ELSE o.next_attempt_at END,
     retry_policy_version = COALESCE(o.retry_policy_version, $6 -> o.destination ->> 1, $5),
     retry_policy = CASE WHEN o.retry_policy_version IS NULL
-        THEN COALESCE($6 -> o.destination ->> 0, o.retry_policy) ELSE o.retry_policy END,
+        THEN COALESCE($6 -> o.destination ->> 0, $7) ELSE o.retry_policy END,
     message_key = COALESCE(o.message_key, CASE WHEN o.channel = 'email'
         THEN encode(substring(sha256(convert_to(o.event_id, 'UTF8')) FROM 1 FOR 16), 'hex') END),
     updated_at = t.now
@@ -116,7 +117,7 @@ RETURNING o.*"
 /// be compiled again whenever that parameter is bound anew — at every claim (seen with a
 /// `perf probe` on `sqlite3Reprepare`: once per claim). The claim's order comes from
 /// `herald_outbox_due`, so the planner has nothing to gain from knowing the limit.
-/// `?5` and `?6` are PostgreSQL's `$5` and `$6` (the map as JSON text, read with `json_each`
+/// `?5`, `?6` and `?7` are PostgreSQL's `$5`, `$6` and `$7` (the map as JSON text, read with `json_each`
 /// only when it is set; `retry_policy`, which the claim now also sets, is in no index).
 pub const SQLITE_CLAIM_SQL: &str = concat!(
     "UPDATE herald_outbox
@@ -127,9 +128,9 @@ SET state = CASE WHEN expires_at <= ?1 THEN 'expired' ELSE 'sending' END,
     next_attempt_at = CASE WHEN expires_at <= ?1 THEN NULL ELSE next_attempt_at END,
     retry_policy_version = COALESCE(retry_policy_version, CASE WHEN ?6 IS NOT NULL THEN
         (SELECT json_extract(value, '$[1]') FROM json_each(?6) WHERE key = destination) END, ?5),
-    retry_policy = CASE WHEN retry_policy_version IS NULL AND ?6 IS NOT NULL THEN COALESCE(
-        (SELECT json_extract(value, '$[0]') FROM json_each(?6) WHERE key = destination),
-        retry_policy) ELSE retry_policy END,
+    retry_policy = CASE WHEN retry_policy_version IS NULL THEN COALESCE(CASE WHEN ?6 IS NOT NULL
+        THEN (SELECT json_extract(value, '$[0]') FROM json_each(?6) WHERE key = destination) END,
+        ?7) ELSE retry_policy END,
     updated_at = ?1
 WHERE id IN (
     SELECT id FROM herald_outbox AS c
@@ -231,6 +232,7 @@ pub fn pg_claim_rows(
         .bind::<Double, _>(lease.as_micros() as f64)
         .bind::<Text, _>(&policies.global().version)
         .bind::<Nullable<diesel::sql_types::Jsonb>, _>(policies.claim_map())
+        .bind::<Text, _>(&policies.global().name)
         .typed::<diesel::dsl::SqlTypeOf<<o::table as diesel::Table>::AllColumns>>()
         .load(conn)?;
     rows.sort_by_key(claim_order);
@@ -271,6 +273,7 @@ pub fn sqlite_claim_rows(
         .bind::<SqliteTime, _>(lease_until)
         .bind::<Text, _>(&policies.global().version)
         .bind::<Nullable<Text>, _>(policies.claim_map().map(|m| m.to_string()))
+        .bind::<Text, _>(&policies.global().name)
         .typed::<diesel::dsl::SqlTypeOf<<o::table as diesel::Table>::AllColumns>>()
         .load(conn)?;
     for row in rows

@@ -885,6 +885,34 @@ async fn an_endpoint_retry_policy_decides_its_attempts(backend: Backend) {
     app.stop().await;
 }
 
+/// A row written by SQL records the global policy's own name at its first claim when
+/// `retry_policy_name` renames it (the column's default says `default`), with or without
+/// endpoint policies in the claim.
+async fn a_sql_row_records_the_renamed_global_policy(backend: Backend) {
+    let rx = Receiver::start().await;
+    for endpoints in [
+        "",
+        "[endpoints.strict]\nurl = \"https://strict.example/h\"\n[endpoints.strict.retry]\nmax_attempts = 2\n",
+    ] {
+        let app = spawn_app_with(
+            backend,
+            &format!("retry_policy_name = \"standard\"\n{endpoints}"),
+        )
+        .await;
+        app.raw_sql(&format!(
+            "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+             VALUES ('sql-plain', 'webhook', '{}', '{{\"body\": {{}}}}')",
+            rx.url
+        ));
+        assert_eq!(app.run_until_idle().await, 1);
+        let row = app.row("sql-plain");
+        assert_eq!(row.retry_policy, "standard", "{endpoints:?}");
+        let version = row.retry_policy_version.unwrap_or_default();
+        assert!(version.starts_with("standard@"), "{version}");
+        app.stop().await;
+    }
+}
+
 /// The table contract: a plain INSERT with `ordering_key` and nothing else of ordering; a key
 /// that is not visible ASCII is refused by the database and over HTTP (naming the field).
 async fn the_table_contract_and_http_take_an_ordering_key(backend: Backend) {
@@ -1333,6 +1361,7 @@ both_backends!(
     an_explicit_skip_or_a_cancel_releases_a_blocked_key,
     a_key_goes_in_commit_order_not_id_order,
     an_endpoint_retry_policy_decides_its_attempts,
+    a_sql_row_records_the_renamed_global_policy,
     the_table_contract_and_http_take_an_ordering_key,
 );
 
