@@ -20,6 +20,7 @@ pub const LEEWAY: i64 = 1;
 pub struct MessageBird {
     keys: Vec<String>,
     public_url: String,
+    leeway: i64,
 }
 
 impl MessageBird {
@@ -28,7 +29,17 @@ impl MessageBird {
         Ok(Self {
             keys,
             public_url: public_url.to_owned(),
+            leeway: LEEWAY,
         })
+    }
+
+    /// Another leeway than [`LEEWAY`]: only `herald verify-receipt`'s second look at an expired
+    /// token, to say whether its signature matches (a source cannot set it).
+    pub fn with_leeway(mut self, seconds: Option<u64>) -> Self {
+        if let Some(s) = seconds {
+            self.leeway = i64::try_from(s).unwrap_or(i64::MAX);
+        }
+        self
     }
 }
 
@@ -65,7 +76,7 @@ impl Source for MessageBird {
         if jwt::claim_str(&claims, "iss") != Some("MessageBird") {
             return Err(VerifyError::Mismatch);
         }
-        jwt::within_validity(&claims, now, LEEWAY)?;
+        jwt::within_validity(&claims, now, self.leeway)?;
         if jwt::claim_str(&claims, "jti").is_none_or(str::is_empty) {
             return Err(VerifyError::Mismatch);
         }

@@ -275,6 +275,16 @@ fn check_pointers(field: &str, c: &SourceConfig) -> Result<(), InvalidField> {
 /// Builds the verifier for a configured source; `field` prefixes error names (`sources.NAME`).
 pub fn build(field: &str, c: &SourceConfig) -> Result<Arc<dyn Source>, InvalidField> {
     check_keys(field, c)?;
+    build_unchecked(field, c)
+}
+
+/// [`build`] without refusing the keys its scheme does not read: for the offline tool's wide
+/// window, which also gives MessageBird (no `tolerance_seconds` of its own: its token's `nbf`
+/// and `exp` are the window) a leeway of `tolerance_seconds`.
+pub(crate) fn build_unchecked(
+    field: &str,
+    c: &SourceConfig,
+) -> Result<Arc<dyn Source>, InvalidField> {
     let need_secrets = |secrets: Vec<String>| {
         if secrets.is_empty() {
             Err(InvalidField::new(
@@ -383,7 +393,8 @@ pub fn build(field: &str, c: &SourceConfig) -> Result<Arc<dyn Source>, InvalidFi
             let url = required_url(field, c, "messagebird")?;
             Arc::new(
                 messagebird::MessageBird::new(need_secrets(c.all_secrets())?, &url)
-                    .map_err(|e| InvalidField::new(format!("{field}.public_url"), e.to_string()))?,
+                    .map_err(|e| InvalidField::new(format!("{field}.public_url"), e.to_string()))?
+                    .with_leeway(c.tolerance_seconds),
             )
         }
         other => {
