@@ -815,9 +815,10 @@ impl Sender {
                     .retry_after
                     .map(|asked| policy.after_retry_after(asked, 0.0).delay),
                 is_smtp: row.channel == Channel::Email,
+                error_kind: report.error_kind.as_deref(),
             };
             if let Some(until) = self.inner.throttle.observe(d, &answer, report.finished_at) {
-                warn!(%until, class = report.class.as_str(), status = report.status, "destination slowed down");
+                warn!(%until, class = report.class.as_str(), status = report.status, error_kind = report.error_kind.as_deref(), "destination slowed down");
             }
         }
         info!(

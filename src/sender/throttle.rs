@@ -1,6 +1,6 @@
 //! Per-destination slow-down. A receiver that says "slow down" — HTTP 429 or a 503 with
-//! `Retry-After`, an SMTP 421 (at the greeting or later) — or that answers with a burst of
-//! transient errors slows **every** message bound to it, not only the one that got the answer:
+//! `Retry-After`, an SMTP 421 (at the greeting or later), an SMTP relay refusing Herald's
+//! session (its login, TLS, greeting) — or that answers with a burst of transient errors slows **every** message bound to it, not only the one that got the answer:
 //! until the pause ends, messages for that destination are put back (`retryable` shortly after
 //! the pause's end, spread out) without a request and without spending an attempt.
 //!
@@ -30,24 +30,51 @@ pub const MAX_PAUSE: Duration = Duration::from_secs(300);
 
 /// What one answer tells about its destination.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Answer {
+pub struct Answer<'a> {
     pub class: AttemptClass,
     /// HTTP status or SMTP reply code.
     pub status: Option<u16>,
     /// The wait the receiver asked for (`Retry-After`, clamped by the retry policy).
     pub asked: Option<Duration>,
     pub is_smtp: bool,
+    /// The error kind, when the answer has one (`smtp_auth_refused`, `recipients_refused`, …).
+    pub error_kind: Option<&'a str>,
+}
+
+/// SMTP error kinds that say the relay refused Herald's session itself — its greeting, STARTTLS,
+/// TLS, the login, or a `530` asking for one: a configuration fault (or a relay refusing every
+/// client), the same for every message. Each pauses the relay at once, so that the messages
+/// behind the one that met it wait without spending attempts while the operator mends it.
+pub const SESSION_REFUSED: &[&str] = &[
+    "smtp_greeting_refused",
+    "smtp_starttls_refused",
+    "smtp_auth_refused",
+    "smtp_auth_required",
+    "smtp_auth",
+    "tls",
+];
+
+impl Answer<'_> {
+    fn session_refused(&self) -> bool {
+        self.is_smtp
+            && self
+                .error_kind
+                .is_some_and(|k| SESSION_REFUSED.contains(&k))
+    }
 }
 
 /// Whether `answer` (with `recent_transient` transient answers from the same destination within
 /// the burst window before it) asks for the whole destination to slow down:
 /// - a 429, or a 503 with `Retry-After`;
 /// - an SMTP 421 ("service not available, closing channel"), whatever stage it came at;
+/// - the relay refusing Herald's session ([`SESSION_REFUSED`]);
 /// - the [`BURST_COUNT`]-th transient answer (an SMTP 4xx at the greeting included) within
-///   [`BURST_WINDOW`].
-pub fn slows_down(answer: &Answer, recent_transient: usize) -> bool {
+///   [`BURST_WINDOW`]. Refused recipients (`recipients_refused`: a full mailbox, say) are the
+///   recipients' own, not the relay's: they do not count.
+pub fn slows_down(answer: &Answer<'_>, recent_transient: usize) -> bool {
     match (answer.class, answer.status, answer.is_smtp) {
         (_, Some(421), true) => true,
+        _ if answer.session_refused() => true,
         (AttemptClass::RateLimited, _, _) => true,
         (AttemptClass::Transient, Some(503), false) => answer.asked.is_some(),
         _ if is_transient(answer) => recent_transient + 1 >= BURST_COUNT,
@@ -57,9 +84,10 @@ pub fn slows_down(answer: &Answer, recent_transient: usize) -> bool {
 
 /// A transient answer for the burst count: the class, or an SMTP 4xx that stopped the session
 /// before the envelope (classed `not_sent`: nothing left).
-fn is_transient(answer: &Answer) -> bool {
-    answer.class == AttemptClass::Transient
-        || (answer.is_smtp && matches!(answer.status, Some(400..=499)))
+fn is_transient(answer: &Answer<'_>) -> bool {
+    answer.error_kind != Some("recipients_refused")
+        && (answer.class == AttemptClass::Transient
+            || (answer.is_smtp && matches!(answer.status, Some(400..=499))))
 }
 
 /// How long the destination is left alone: what it asked for, else `base` doubled for each
@@ -139,13 +167,65 @@ impl Throttle {
 mod tests {
     use super::*;
 
-    fn answer(class: AttemptClass, status: u16, asked: Option<u64>, is_smtp: bool) -> Answer {
+    fn answer(
+        class: AttemptClass,
+        status: u16,
+        asked: Option<u64>,
+        is_smtp: bool,
+    ) -> Answer<'static> {
         Answer {
             class,
             status: Some(status),
             asked: asked.map(Duration::from_secs),
             is_smtp,
+            error_kind: None,
         }
+    }
+
+    fn smtp_kind(class: AttemptClass, status: Option<u16>, kind: &'static str) -> Answer<'static> {
+        Answer {
+            class,
+            status,
+            asked: None,
+            is_smtp: true,
+            error_kind: Some(kind),
+        }
+    }
+
+    #[test]
+    fn the_relay_refusing_the_session_pauses_it_and_refused_recipients_do_not() {
+        use AttemptClass::*;
+        for (status, kind) in [
+            (Some(535), "smtp_auth_refused"),
+            (Some(530), "smtp_auth_required"),
+            (Some(554), "smtp_greeting_refused"),
+            (Some(454), "smtp_starttls_refused"),
+            (None, "tls"),
+            (None, "smtp_auth"),
+        ] {
+            assert!(slows_down(&smtp_kind(NotSent, status, kind), 0), "{kind}");
+        }
+        // A webhook's TLS failure is its receiver's alone.
+        let mut http_tls = smtp_kind(NotSent, None, "tls");
+        http_tls.is_smtp = false;
+        assert!(!slows_down(&http_tls, 0));
+        // A lost connection is not a refusal.
+        assert!(!slows_down(&smtp_kind(NotSent, None, "connect"), 0));
+        // Full mailboxes, however many: the recipients', not the relay's.
+        let full = smtp_kind(Transient, Some(452), "recipients_refused");
+        assert!(!slows_down(&full, BURST_COUNT - 1));
+        let t = Throttle::new(Duration::from_secs(5));
+        for i in 0..2 * BURST_COUNT {
+            assert_eq!(t.observe("smtp", &full, now()), None, "{i}");
+        }
+        assert_eq!(
+            t.observe(
+                "smtp",
+                &smtp_kind(NotSent, Some(535), "smtp_auth_refused"),
+                now()
+            ),
+            Some(now() + chrono::Duration::seconds(5))
+        );
     }
 
     fn now() -> DateTime<Utc> {

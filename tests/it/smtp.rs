@@ -76,6 +76,16 @@ async fn post_payload(
 }
 
 /// State, the message's last_error_class, and the first attempt's class and error kind.
+async fn cancel(app: &TestApp, id: &str) {
+    let r = app
+        .http
+        .post(format!("{}/v1/messages/{id}/cancel", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "cancel {id}");
+}
+
 async fn outcome(app: &TestApp, id: &str) -> (String, String, String, Option<String>) {
     let view = app.message(id).await;
     let a = &app.attempts(id)[0];
@@ -312,6 +322,9 @@ async fn smtp_greeting_554_is_not_sent(backend: Backend) {
 
 /// lettre 0.11's connection authenticates over plain TCP when told to (only its transport
 /// builder refuses credentials without TLS), so the sink can refuse AUTH PLAIN itself.
+/// A refused login is `not_sent` (code kept), and it pauses the relay: the mail behind it waits
+/// without a connection and without spending an attempt, logged once at WARN with the error
+/// kind, until the pause ends and the next message tries again.
 async fn smtp_auth_refused_is_not_sent(backend: Backend) {
     let sink = SmtpSink::start_scripted(Script {
         auth_reply: Some("535 5.7.8 authentication credentials invalid"),
@@ -319,12 +332,20 @@ async fn smtp_auth_refused_is_not_sent(backend: Backend) {
     })
     .await;
     let url = sink.url.replace("smtp://", "smtp://herald:hunter2@");
+    let logs = captured_logs();
     let app = spawn_app_with(backend, &format!("smtp_url = \"{url}\"\n")).await;
-    post_mail(&app, "auth-amo", "ada@example.com", None, "at_most_once").await;
-    post_mail(&app, "auth-alo", "bob@example.com", None, "at_least_once").await;
-    assert_eq!(app.herald.sender.run_once().await.unwrap(), 2);
-    assert!(sink.auth_commands() >= 1, "Herald never sent AUTH");
-    for id in ["auth-amo", "auth-alo"] {
+    // The test app's retry base (1 s) is the first pause; each in a row doubles it.
+    for (id, to, semantics, pause) in [
+        ("auth-amo", "ada@example.com", "at_most_once", 1),
+        ("auth-alo", "bob@example.com", "at_least_once", 2),
+    ] {
+        post_mail(&app, id, to, None, semantics).await;
+        let logins = sink.auth_commands();
+        assert_eq!(app.herald.sender.run_once().await.unwrap(), 1, "{id}");
+        assert!(
+            sink.auth_commands() > logins,
+            "{id}: Herald never sent AUTH"
+        );
         let (state, last, class, kind) = outcome(&app, id).await;
         assert_eq!(
             (state.as_str(), last.as_str(), class.as_str()),
@@ -336,8 +357,38 @@ async fn smtp_auth_refused_is_not_sent(backend: Backend) {
         assert_eq!(a.response_status, Some(535), "{id}");
         let excerpt = a.response_excerpt.clone().unwrap_or_default();
         assert!(!excerpt.contains("hunter2"), "{excerpt}");
+        // The relay is paused: the next message waits, no login tried, no attempt spent.
+        let waiting = format!("{id}-next");
+        post_mail(&app, &waiting, "cy@example.com", None, semantics).await;
+        let logins = sink.auth_commands();
+        app.herald.sender.run_once().await.unwrap();
+        assert_eq!(
+            sink.auth_commands(),
+            logins,
+            "{waiting}: no login while paused"
+        );
+        assert!(app.attempts(&waiting).is_empty(), "{waiting}");
+        let view = app.message(&waiting).await;
+        assert_eq!(
+            (&view["state"], &view["last_error_class"], &view["attempts"]),
+            (&json!("retryable"), &json!("rate_limited"), &json!(0)),
+            "{waiting}: {view}"
+        );
+        cancel(&app, &waiting).await;
+        app.advance(std::time::Duration::from_secs(pause));
+        cancel(&app, id).await;
     }
     assert!(sink.accepted().is_empty());
+    // The capture is the process's (other tests' lines too): the pause is said at WARN with its
+    // error kind, and the password is in no line.
+    let text = logs.text();
+    assert!(
+        text.lines().any(|l| l.contains("WARN")
+            && l.contains("destination slowed down")
+            && l.contains("error_kind=\"smtp_auth_refused\"")),
+        "{text}"
+    );
+    assert!(!text.contains("hunter2"));
     app.stop().await;
 }
 
