@@ -1055,6 +1055,7 @@ fn smtp_url_refusal(e: &EmailConfigError) -> String {
         EmailConfigError::SmtpUrl(None) => {
             "not one of the accepted smtp:// or smtps:// forms".into()
         }
+        EmailConfigError::SmtpUrlPart(part) => (*part).to_owned(),
         EmailConfigError::TlsHost(_) => "its host is not a valid name for TLS".into(),
         EmailConfigError::MailFrom(_) => "not valid".into(),
         EmailConfigError::CleartextCredentials => {

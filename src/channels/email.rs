@@ -479,6 +479,9 @@ pub enum EmailConfigError {
     /// Not a URL at all (the parser's cause), or not one of the accepted forms (no cause).
     #[error("smtp_url is not a valid smtp:// or smtps:// URL")]
     SmtpUrl(#[source] Option<url::ParseError>),
+    /// A URL of the right kind with a part Herald does not take (named, the value never shown).
+    #[error("smtp_url: {0}")]
+    SmtpUrlPart(&'static str),
     #[error("smtp_url: the host is not valid for TLS")]
     TlsHost(#[source] lettre::transport::smtp::Error),
     #[error("mail_from must be an email address")]
@@ -693,6 +696,24 @@ impl SmtpRelay {
             url::Host::Ipv4(ip) => ip.to_string(),
             url::Host::Ipv6(ip) => ip.to_string(),
         };
+        // Every other part is refused rather than ignored: a mistyped `?TLS=required` read as
+        // no TLS at all would send the mail in clear.
+        let part = |why| Err(EmailConfigError::SmtpUrlPart(why));
+        if url.query_pairs().any(|(k, _)| k != "tls") {
+            return part("the only query parameter is tls (required or opportunistic)");
+        }
+        if url.query_pairs().count() > 1 {
+            return part("tls is given more than once");
+        }
+        if url.fragment().is_some() {
+            return part("a fragment (#…) is not part of a relay's address");
+        }
+        if url.port() == Some(0) {
+            return part("port 0 is not a port to connect to");
+        }
+        if !url.username().is_empty() && url.password().is_none() {
+            return part("a user name needs its password (user:password@host)");
+        }
         let tls_param = url
             .query_pairs()
             .find(|(k, _)| k == "tls")
@@ -709,12 +730,16 @@ impl SmtpRelay {
             ("smtp", None) => (SMTP_PORT, Tls::None),
             ("smtp", Some("required")) => (SUBMISSION_PORT, Tls::Required(params()?)),
             ("smtp", Some("opportunistic")) => (SUBMISSION_PORT, Tls::Opportunistic(params()?)),
-            ("smtps", _) => (SUBMISSIONS_PORT, Tls::Wrapper(params()?)),
+            ("smtps", None) => (SUBMISSIONS_PORT, Tls::Wrapper(params()?)),
+            ("smtps", Some(_)) => {
+                return part("tls does not apply to smtps:// (TLS from the first byte)");
+            }
             _ => return Err(bad()),
         };
         let hello = match url.path().trim_matches('/') {
             "" => ClientId::default(),
-            name => ClientId::Domain(name.to_owned()),
+            name if is_ehlo_name(name) => ClientId::Domain(name.to_owned()),
+            _ => return part("the path, the EHLO name, must be a host name"),
         };
         let credentials = match url.password() {
             Some(password) => Some(Credentials::new(
@@ -731,6 +756,23 @@ impl SmtpRelay {
             credentials,
         })
     }
+}
+
+/// A name to say in EHLO: a host name's letters, digits, hyphens and dots (RFC 5321's
+/// `Domain`), or an address literal in brackets.
+fn is_ehlo_name(name: &str) -> bool {
+    let literal = name.starts_with('[') && name.ends_with(']');
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.');
+    let inner = if literal {
+        &name[1..name.len() - 1]
+    } else {
+        name
+    };
+    !inner.is_empty()
+        && name.len() <= 255
+        && inner
+            .bytes()
+            .all(|b| allowed(b) || (literal && matches!(b, b':' | b'%')))
 }
 
 fn percent_decode(s: &str) -> Option<String> {
@@ -2771,6 +2813,52 @@ mod tests {
             "nope",
         ] {
             assert!(SmtpRelay::parse(bad, None).is_err(), "{bad}");
+        }
+        // A part Herald would ignore is refused, named; the value is never shown.
+        for (bad, says) in [
+            (
+                "smtp://mail.example?TLS=required",
+                "the only query parameter is tls",
+            ),
+            (
+                "smtp://mail.example?starttls=required",
+                "the only query parameter is tls",
+            ),
+            (
+                "smtp://127.0.0.1?foo=bar",
+                "the only query parameter is tls",
+            ),
+            (
+                "smtp://m.example?tls=required&tls=opportunistic",
+                "more than once",
+            ),
+            ("smtp://127.0.0.1:2525#frag", "fragment"),
+            (
+                "smtps://m.example?tls=opportunistic",
+                "does not apply to smtps://",
+            ),
+            (
+                "smtps://m.example?tls=required",
+                "does not apply to smtps://",
+            ),
+            ("smtp://127.0.0.1:0", "port 0"),
+            ("smtp://hunter2@127.0.0.1", "needs its password"),
+            ("smtp://127.0.0.1/bad%20name!", "must be a host name"),
+        ] {
+            let err = SmtpRelay::parse(bad, None).err().unwrap().to_string();
+            assert!(err.contains(says), "{bad}: {err}");
+            assert!(!err.contains("hunter2") && !err.contains("#frag"), "{err}");
+        }
+        for name in [
+            "herald.example",
+            "mx-1",
+            "[192.0.2.7]",
+            "[IPv6:2001:db8::1]",
+        ] {
+            assert!(is_ehlo_name(name), "{name}");
+        }
+        for name in ["a b", "[]", "x_y", "a/b", "é.example"] {
+            assert!(!is_ehlo_name(name), "{name}");
         }
         // The message and every cause behind it.
         let chain = |e: &dyn std::error::Error| {

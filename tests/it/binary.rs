@@ -500,6 +500,13 @@ async fn an_invalid_smtp_url_or_mail_from_is_refused_in_one_line_before_the_data
             "ftp://herald:hunter2@mail.example",
             "hunter2",
         ),
+        // A mistyped TLS option would have meant mail in clear: refused, not ignored.
+        (
+            "HERALD_SMTP_URL",
+            "smtp://mail.example?TLS=required&k=hunter2",
+            "hunter2",
+        ),
+        ("HERALD_SMTP_URL", "smtp://hunter2@127.0.0.1", "hunter2"),
         ("HERALD_MAIL_FROM", "ada at example.com", "example.com"),
     ] {
         let mut h = Herald::spawn(&["serve"], &[(var, value), ("RUST_BACKTRACE", "1")]);
