@@ -327,6 +327,7 @@ impl Herald {
             allow_networks: Arc::new(self.settings.allow_networks.clone()),
             sources: Arc::new(self.settings.sources.clone()),
             ingest_max_body_bytes: self.settings.ingest_max_body_bytes,
+            body_read_timeout: self.settings.body_read_timeout,
             reconcile_wake: self.reconciler.wake_handle(),
             metrics: self.metrics.clone(),
             sender_heartbeat: self.sender.heartbeat(),

@@ -217,6 +217,7 @@ struct FileConfig {
     dkim_domain: Option<String>,
     dkim_key_file: Option<PathBuf>,
     ingest_max_body_bytes: Option<usize>,
+    body_read_timeout_ms: Option<u64>,
     reconcile_interval_ms: Option<u64>,
     reconcile_batch_size: Option<u32>,
     unconfirmed_deadline_seconds: Option<u64>,
@@ -329,6 +330,9 @@ pub struct Settings {
     /// `[endpoints.NAME.retry]`, built over the global policy, by endpoint name.
     pub endpoint_retry: BTreeMap<String, RetryPolicy>,
     pub ingest_max_body_bytes: usize,
+    /// The longest a request body may take to arrive, from its first read: a client that stalls
+    /// in it (holding a connection and a buffer, unauthenticated on ingest) is answered 408.
+    pub body_read_timeout: Duration,
     pub sources: BTreeMap<String, ConfiguredSource>,
     /// How often the reconciler looks for pending receipts (it also wakes on ingest).
     pub reconcile_interval: Duration,
@@ -514,6 +518,7 @@ impl Settings {
         over!(dkim_domain, "HERALD_DKIM_DOMAIN", string);
         over!(dkim_key_file, "HERALD_DKIM_KEY_FILE", string);
         over!(ingest_max_body_bytes, "HERALD_INGEST_MAX_BODY_BYTES", num);
+        over!(body_read_timeout_ms, "HERALD_BODY_READ_TIMEOUT_MS", num);
         over!(reconcile_interval_ms, "HERALD_RECONCILE_INTERVAL_MS", num);
         over!(
             destination_max_in_flight,
@@ -839,6 +844,14 @@ impl Settings {
             )?,
             10 * 365 * 86_400,
         )?);
+        let body_read_timeout = Duration::from_millis(at_most(
+            "body_read_timeout_ms",
+            positive(
+                "body_read_timeout_ms",
+                f.body_read_timeout_ms.unwrap_or(30_000),
+            )?,
+            3_600_000,
+        )?);
         let shutdown_timeout = Duration::from_secs(positive(
             "shutdown_timeout_seconds",
             f.shutdown_timeout_seconds.unwrap_or(20),
@@ -887,6 +900,7 @@ impl Settings {
             endpoints,
             endpoint_retry,
             ingest_max_body_bytes: f.ingest_max_body_bytes.unwrap_or(1024 * 1024),
+            body_read_timeout,
             sources,
             reconcile_interval,
             reconcile_batch_size: f.reconcile_batch_size.unwrap_or(500).clamp(1, 10_000),

@@ -47,6 +47,8 @@ pub struct AppState {
     pub allow_networks: Arc<AllowList>,
     pub sources: Arc<BTreeMap<String, ConfiguredSource>>,
     pub ingest_max_body_bytes: usize,
+    /// The longest a request body may take to arrive (`body_read_timeout_ms`): 408 after it.
+    pub body_read_timeout: std::time::Duration,
     /// Woken once receipts are committed: the reconciler applies them.
     pub reconcile_wake: Arc<tokio::sync::Notify>,
     /// This Herald's metrics (`GET /metrics`; receipts and ingest requests are counted here).
@@ -247,8 +249,33 @@ pub(crate) fn authorize(
     Ok(who)
 }
 
-/// Reads the body up to `limit` bytes; more is a 413 problem, never a partial read.
-async fn read_body(mut payload: web::Payload, limit: usize) -> Result<web::BytesMut, Problem> {
+/// Reads the body up to `limit` bytes within `state.body_read_timeout`; more is a 413 problem,
+/// a body still arriving at the deadline a 408 (the connection is then closed), never a partial
+/// read. Without the deadline a client that stopped sending held its connection and buffer for
+/// good — on ingest without any credential.
+async fn read_body(
+    state: &AppState,
+    payload: web::Payload,
+    limit: usize,
+) -> Result<web::BytesMut, Problem> {
+    match tokio::time::timeout(state.body_read_timeout, read_body_whole(payload, limit)).await {
+        Ok(read) => read,
+        Err(_) => Err(Problem::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body-timeout",
+            "The request body did not arrive in time",
+        )
+        .detail(format!(
+            "the body must arrive within {} ms (body_read_timeout_ms)",
+            state.body_read_timeout.as_millis()
+        ))),
+    }
+}
+
+async fn read_body_whole(
+    mut payload: web::Payload,
+    limit: usize,
+) -> Result<web::BytesMut, Problem> {
     let mut body = web::BytesMut::new();
     while let Some(chunk) = payload.next().await {
         let chunk = chunk.map_err(|_| Problem::malformed("the request body could not be read"))?;
@@ -288,7 +315,12 @@ async fn create_message(
 ) -> Result<HttpResponse, Problem> {
     let who = authorize(&req, &state, Access::Enqueue)?;
     // The payload limit applies to `payload`; the envelope gets some room on top.
-    let body = read_body(payload, state.max_payload_bytes.saturating_add(16 * 1024)).await?;
+    let body = read_body(
+        &state,
+        payload,
+        state.max_payload_bytes.saturating_add(16 * 1024),
+    )
+    .await?;
     let idempotency_key = req
         .headers()
         .get("idempotency-key")
@@ -730,7 +762,7 @@ async fn replay(
     payload: web::Payload,
 ) -> Result<HttpResponse, Problem> {
     let who = authorize(&req, &state, Access::Support)?;
-    let body = read_body(payload, SUPPORT_BODY_LIMIT).await?;
+    let body = read_body(&state, payload, SUPPORT_BODY_LIMIT).await?;
     json_body(&body)?;
     let request = support::parse_replay_body(&body).map_err(SupportError::from)?;
     let lookup = lookup.map_err(SupportError::from)?;
@@ -858,7 +890,7 @@ async fn redrive_dead_letters(
     payload: web::Payload,
 ) -> Result<HttpResponse, Problem> {
     let who = authorize(&req, &state, Access::Support)?;
-    let body = read_body(payload, SUPPORT_BODY_LIMIT).await?;
+    let body = read_body(&state, payload, SUPPORT_BODY_LIMIT).await?;
     json_body(&body)?;
     let request = support::parse_redrive_body(&body).map_err(SupportError::from)?;
     let db = state.db.clone();
@@ -895,7 +927,7 @@ async fn skip_message(
     payload: web::Payload,
 ) -> Result<HttpResponse, Problem> {
     let who = authorize(&req, &state, Access::Support)?;
-    let body = read_body(payload, SUPPORT_BODY_LIMIT).await?;
+    let body = read_body(&state, payload, SUPPORT_BODY_LIMIT).await?;
     json_body(&body)?;
     let request = support::parse_skip_body(&body).map_err(SupportError::from)?;
     let event_id = path.into_inner();
@@ -1019,7 +1051,7 @@ async fn ingest_into(
             "No such receipt source",
         ))
     })?;
-    let body = read_body(payload, state.ingest_max_body_bytes)
+    let body = read_body(&state, payload, state.ingest_max_body_bytes)
         .await
         .map_err(refused)?;
     let headers: Vec<(String, String)> = req

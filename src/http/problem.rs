@@ -188,6 +188,10 @@ impl ResponseError for Problem {
         if let Some(s) = self.retry_after {
             r.insert_header((header::RETRY_AFTER, s.to_string()));
         }
+        if self.status == 408 {
+            // The rest of the body may still come, or never: the connection is not reused.
+            r.force_close();
+        }
         if self.status == 401 && self.kind.ends_with("/unauthorized") {
             r.insert_header((header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
         }

@@ -1837,3 +1837,65 @@ async fn a_herald_stopping_while_awake_wakes_another_for_the_rows_it_promised_po
     assert!(a.terminate().await.success(), "{}", a.stderr());
     b.stop_cleanly().await;
 }
+
+/// A client that stops sending in the middle of a request body — on ingest, which takes no
+/// credential — is answered 408 once `HERALD_BODY_READ_TIMEOUT_MS` has passed and its
+/// connection closed: it no longer holds the connection and its buffer for good. A body that
+/// arrives in time is served as ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_body_that_stalls_is_answered_408_and_its_connection_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listen = free_addr();
+    let base = format!("http://{listen}");
+    let mut herald = Herald::spawn_with_config(
+        &["serve"],
+        &[
+            ("HERALD_LISTEN", &listen),
+            ("HERALD_BODY_READ_TIMEOUT_MS", "500"),
+        ],
+        Some("[sources.esp]\nscheme = \"hmac\"\nsecrets = [\"bin-esp\"]\n"),
+    );
+    herald.wait_healthy(&base).await;
+    for (path, auth) in [
+        ("/v1/ingest/esp", String::new()),
+        (
+            "/v1/messages",
+            format!("authorization: Bearer {BIN_TOKEN}\r\n"),
+        ),
+    ] {
+        let mut stream = tokio::net::TcpStream::connect(&listen).await.unwrap();
+        stream
+            .write_all(
+                format!(
+                    "POST {path} HTTP/1.1\r\nhost: {listen}\r\n{auth}content-type: application/json\r\n\
+                     content-length: 100000\r\n\r\n{{"
+                )
+                .as_bytes(),
+            )
+            .await
+            .unwrap();
+        // Nothing more is sent: Herald answers and closes (the read ends), well within the
+        // bound (which only keeps a broken build from hanging the suite).
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut answer))
+            .await
+            .unwrap_or_else(|_| panic!("{path}: still open, no answer"))
+            .unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 408"), "{path}: {answer}");
+        assert!(
+            answer.contains("application/problem+json") && answer.contains("body_read_timeout_ms"),
+            "{path}: {answer}"
+        );
+    }
+    let r = client()
+        .post(format!("{base}/v1/messages"))
+        .bearer_auth(BIN_TOKEN)
+        .json(&json!({"event_id": "in-time", "channel": "webhook",
+            "destination": "http://127.0.0.1:9/h", "payload": {"body": {}}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    herald.stop_cleanly().await;
+}
