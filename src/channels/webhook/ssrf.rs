@@ -325,10 +325,11 @@ pub fn check(ip: IpAddr, allow: &AllowList) -> Result<(), Refusal> {
             _ => Ok(()),
         };
     };
+    // Judged by the IPv4 inside alone: only an IPv4 entry opens it. An IPv6 entry that covers
+    // the outer address (`::/0`, `64:ff9b::/96`) does not, or allowing "all of IPv6" would
+    // open IPv4 loopback and private networks through `::ffff:127.0.0.1`.
     for (form, inner) in carried {
-        if let Err(r) = check(IpAddr::V4(inner), allow)
-            && !allow.permits(ip, r.kind)
-        {
+        if let Err(r) = check(IpAddr::V4(inner), allow) {
             return Err(refuse(r.kind, r.network, Some((form, inner))));
         }
     }
@@ -690,6 +691,29 @@ mod tests {
             ("::127.0.0.1", K::Ipv4Compatible),
         ] {
             assert_eq!(kind_of(ip, &allow), Some(kind), "{ip}");
+        }
+    }
+
+    #[test]
+    fn an_ipv6_entry_never_opens_the_ipv4_inside() {
+        for entries in [
+            "::/0",
+            "::ffff:0:0/96",
+            "64:ff9b::/96",
+            "2002::/16",
+            "2001::/32",
+        ] {
+            let allow = AllowList::parse([entries]).unwrap();
+            for (ip, kind) in [
+                ("::ffff:127.0.0.1", K::Loopback),
+                ("64:ff9b::7f00:1", K::Loopback),
+                ("2002:7f00:1::", K::Loopback),
+                ("64:ff9b::10.0.0.1", K::Private),
+            ] {
+                assert_eq!(kind_of(ip, &allow), Some(kind), "{entries}: {ip}");
+            }
+            // A public IPv4 inside passes, as without the entry.
+            assert_eq!(kind_of("64:ff9b::8.8.8.8", &allow), None, "{entries}");
         }
     }
 
