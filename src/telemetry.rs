@@ -69,6 +69,11 @@ pub fn init(format: LogFormat) {
 
 /// `user@example.com` → `u***@e***.com`.
 pub fn mask_email(address: &str) -> String {
+    // `Name <local@domain>`: the address in the brackets (the display name is not shown).
+    let address = match address.trim_end().strip_suffix('>') {
+        Some(rest) => rest.rsplit_once('<').map_or(rest, |(_, inner)| inner),
+        None => address,
+    };
     let Some((local, domain)) = address.rsplit_once('@') else {
         return mask_opaque(address);
     };
@@ -134,6 +139,15 @@ mod tests {
     fn masks_keep_only_a_hint() {
         assert_eq!(mask_email("user@example.com"), "u***@e***.com");
         assert_eq!(mask_email("nodomain"), "[8 chars]");
+        // A display name is not shown, nor is its first letter; the brackets go.
+        assert_eq!(
+            mask_email("Ada Lovelace <ada@example.com>"),
+            "a***@e***.com"
+        );
+        assert_eq!(
+            mask_email("\"a@b\" <zed@corp.example>"),
+            "z***@c***.example"
+        );
         assert_eq!(
             mask_url("https://u:p@hooks.example.com/secret/path?token=x"),
             "https://hooks.example.com/…"

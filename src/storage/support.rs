@@ -157,8 +157,14 @@ per_backend! {
                 // Host names and email domains compare without case (the host is lower-cased).
                 let h = crate::storage::support::escape_like(host);
                 let dest = || crate::storage::support::lower(o::destination);
+                // `ada@example.com`, or with a display name, `Ada <ada@example.com>`.
                 let mut any: Condition = Box::new(
-                    o::channel.eq(Channel::Email).and(dest().like(format!("%@{h}")).escape('\\')),
+                    o::channel.eq(Channel::Email).and(
+                        dest()
+                            .like(format!("%@{h}"))
+                            .escape('\\')
+                            .or(dest().like(format!("%@{h}>")).escape('\\')),
+                    ),
                 );
                 for scheme in ["http", "https"] {
                     any = Box::new(any.or(dest().eq(format!("{scheme}://{host}"))));

@@ -1023,7 +1023,32 @@ async fn dead_letters_list_by_keyset_and_redrive_within_bounds(backend: Backend)
     app.stop().await;
 }
 
+/// An email dead letter is listed by its domain, with or without a display name around its
+/// address, and shown masked without the name.
+async fn dead_letters_by_an_email_domain_with_or_without_a_display_name(backend: Backend) {
+    let app = spawn_app_with(backend, "").await;
+    // Rows an application wrote by SQL without a subject: dead-lettered at their first claim,
+    // no connection opened.
+    for (id, to) in [
+        ("mail-plain", "pat@corp.example"),
+        ("mail-named", "Pat Doe <pat@CORP.example>"),
+        ("mail-other", "Pat <pat@corp.example.org>"),
+    ] {
+        app.raw_sql(&format!(
+            "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+             VALUES ('{id}', 'email', '{to}', '{{\"text\": \"t\"}}')"
+        ));
+    }
+    assert_eq!(app.run_until_idle().await, 3);
+    let (ids, pages) = walk(&app, "&destination=corp.example", 1000).await;
+    assert_eq!(ids, ["mail-plain", "mail-named"]);
+    let shown = pages[0]["dead_letters"][1]["destination"].clone();
+    assert_eq!(shown, "p***@C***.example", "{}", pages[0]);
+    app.stop().await;
+}
+
 both_backends!(
+    dead_letters_by_an_email_domain_with_or_without_a_display_name,
     delivered_and_retried_then_delivered_read_correctly,
     dead_letters_explain_and_replay_with_their_event_id,
     unconfirmed_and_expired_replay,
