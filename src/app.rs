@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use actix_web::{App, HttpServer, web};
 use anyhow::Context;
 use tokio::sync::{Notify, watch};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::admin::AdminState;
 use crate::channels::email::{EmailChannel, MessageOptions, SmtpLimits};
@@ -93,6 +93,14 @@ pub fn open_db(settings: &Settings, migrate: bool) -> anyhow::Result<Db> {
         );
     }
     Ok(db)
+}
+
+/// Creates `dir` when missing and proves it writable with a file made and removed at once.
+fn check_mail_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let probe = dir.join(format!(".herald-check-{}", std::process::id()));
+    std::fs::write(&probe, b"")?;
+    std::fs::remove_file(&probe)
 }
 
 /// Stores the configured endpoint subscriptions (`[endpoints.NAME] event_types`) in
@@ -380,6 +388,21 @@ impl Herald {
         // SQLite's threading mode (see `storage::sqlite_threading`); not said on PostgreSQL.
         let sqlite_threading = (self.db.backend() == crate::storage::Backend::Sqlite)
             .then(crate::storage::sqlite_threading);
+        if self.settings.smtp_url.is_none() && self.settings.sender_enabled {
+            // Without a relay, mail goes to files: said at once, and the directory checked now
+            // rather than at the first email (each of which would fail and be retried).
+            let dir = &self.settings.mail_dir;
+            check_mail_dir(dir).with_context(|| {
+                format!(
+                    "mail_dir {} cannot be used (no smtp_url, so email is written there): set                      HERALD_MAIL_DIR to a directory Herald may write, or HERALD_SMTP_URL",
+                    dir.display()
+                )
+            })?;
+            warn!(
+                mail_dir = %dir.display(),
+                "no smtp_url: email is written as .eml files to mail_dir, not sent"
+            );
+        }
         info!(
             listen = %self.settings.listen,
             backend = ?self.db.backend(),

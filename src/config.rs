@@ -759,6 +759,24 @@ impl Settings {
                 ));
             }
         };
+        // The part after the @ of every Message-ID, which receivers deduplicate by.
+        let message_id_domain = f
+            .message_id_domain
+            .unwrap_or_else(|| "herald.localhost".into());
+        if !email::is_mail_domain(&message_id_domain) {
+            return Err(invalid(
+                "message_id_domain",
+                "must be a domain name (letters, digits, hyphens and dots) or an [address]: \
+                 set HERALD_MESSAGE_ID_DOMAIN to your sending domain, e.g. mail.example.com",
+            ));
+        }
+        if smtp_credentials.is_some() && f.smtp_url.is_none() {
+            return Err(invalid(
+                "smtp_username",
+                "smtp_username and smtp_password are set but smtp_url is not: mail would be \
+                 written to .eml files, not sent; set HERALD_SMTP_URL, or unset them",
+            ));
+        }
         let smtp_ca = match &f.smtp_ca_file {
             None => None,
             Some(path) => Some(email::SmtpCa::load(path).map_err(|e| {
@@ -892,9 +910,7 @@ impl Settings {
             smtp_credentials,
             mail_dir: f.mail_dir.unwrap_or_else(|| PathBuf::from("mail")),
             mail_from,
-            message_id_domain: f
-                .message_id_domain
-                .unwrap_or_else(|| "herald.localhost".into()),
+            message_id_domain,
             smtp_provider,
             dkim,
             endpoints,
@@ -1299,6 +1315,30 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn mail_settings_that_would_be_ignored_or_malformed_are_refused() {
+        let build = |toml: &str| Settings::from_toml(toml);
+        // Credentials without a relay: mail would go to files, the credentials unused.
+        let e = build("smtp_username = \"u\"\nsmtp_password = \"pw-123\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("smtp_url is not") && !e.contains("pw-123"),
+            "{e}"
+        );
+        // The Message-ID's domain: a domain or an address literal, nothing else.
+        for bad in ["my company", "a\\r\\nBcc: x", "", "ex@mple.com"] {
+            let e = build(&format!("message_id_domain = \"{bad}\"\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("message_id_domain"), "{bad}: {e}");
+        }
+        for good in ["mail.example.com", "herald.localhost", "[192.0.2.1]"] {
+            let s = build(&format!("message_id_domain = \"{good}\"\n")).unwrap();
+            assert_eq!(s.message_id_domain, good);
+        }
     }
 
     #[test]

@@ -738,7 +738,7 @@ impl SmtpRelay {
         };
         let hello = match url.path().trim_matches('/') {
             "" => ClientId::default(),
-            name if is_ehlo_name(name) => ClientId::Domain(name.to_owned()),
+            name if is_mail_domain(name) => ClientId::Domain(name.to_owned()),
             _ => return part("the path, the EHLO name, must be a host name"),
         };
         let credentials = match url.password() {
@@ -758,9 +758,9 @@ impl SmtpRelay {
     }
 }
 
-/// A name to say in EHLO: a host name's letters, digits, hyphens and dots (RFC 5321's
+/// A name to say in EHLO or after the @ of a Message-ID: a host name's letters, digits, hyphens and dots (RFC 5321's
 /// `Domain`), or an address literal in brackets.
-fn is_ehlo_name(name: &str) -> bool {
+pub fn is_mail_domain(name: &str) -> bool {
     let literal = name.starts_with('[') && name.ends_with(']');
     let allowed = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.');
     let inner = if literal {
@@ -2855,10 +2855,10 @@ mod tests {
             "[192.0.2.7]",
             "[IPv6:2001:db8::1]",
         ] {
-            assert!(is_ehlo_name(name), "{name}");
+            assert!(is_mail_domain(name), "{name}");
         }
         for name in ["a b", "[]", "x_y", "a/b", "é.example"] {
-            assert!(!is_ehlo_name(name), "{name}");
+            assert!(!is_mail_domain(name), "{name}");
         }
         // The message and every cause behind it.
         let chain = |e: &dyn std::error::Error| {

@@ -1899,3 +1899,43 @@ async fn a_request_body_that_stalls_is_answered_408_and_its_connection_closed() 
     assert_eq!(r.status(), 201);
     herald.stop_cleanly().await;
 }
+
+/// Without `HERALD_SMTP_URL`, `herald serve` says at start that mail is written to files (WARN,
+/// naming the directory), and refuses to start when that directory cannot be written (here a
+/// path under a regular file) instead of failing every email later; with a relay, no such line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_without_smtp_says_where_mail_goes_and_checks_the_directory() {
+    let blocker = tempfile::NamedTempFile::new().unwrap();
+    let unusable = blocker.path().join("mail");
+    let mut h = Herald::spawn(
+        &["serve"],
+        &[
+            ("HERALD_LISTEN", &free_addr()),
+            ("HERALD_MAIL_DIR", unusable.to_str().unwrap()),
+        ],
+    );
+    let status = h.wait_exit(EXIT_WITHIN).await;
+    let stderr = h.stderr();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("mail_dir") && stderr.contains("cannot be used"),
+        "{stderr}"
+    );
+    for smtp in [None, Some(SmtpSink::start().await)] {
+        let listen = free_addr();
+        let mut env = vec![("HERALD_LISTEN", listen.as_str())];
+        if let Some(sink) = &smtp {
+            env.push(("HERALD_SMTP_URL", sink.url.as_str()));
+        }
+        let mut herald = Herald::spawn(&["serve"], &env);
+        herald.wait_healthy(&format!("http://{listen}")).await;
+        let log = herald.stop_cleanly().await;
+        let said = log
+            .lines()
+            .any(|l| l.contains("WARN") && l.contains("no smtp_url: email is written"));
+        assert_eq!(said, smtp.is_none(), "{log}");
+        if smtp.is_none() {
+            assert!(herald.dir.path().join("mail").is_dir(), "created at start");
+        }
+    }
+}
