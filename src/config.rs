@@ -898,7 +898,10 @@ impl Settings {
             sender_concurrency,
             sender_enabled: f.sender_enabled.unwrap_or(true),
             listen_notify: f.listen_notify.unwrap_or(true),
-            max_payload_bytes: f.max_payload_bytes.unwrap_or(256 * 1024),
+            max_payload_bytes: positive(
+                "max_payload_bytes",
+                f.max_payload_bytes.unwrap_or(256 * 1024) as u64,
+            )? as usize,
             smtp_url: f.smtp_url,
             smtp_timeout: timings.smtp_timeout,
             smtp_pool_size,
@@ -915,7 +918,10 @@ impl Settings {
             dkim,
             endpoints,
             endpoint_retry,
-            ingest_max_body_bytes: f.ingest_max_body_bytes.unwrap_or(1024 * 1024),
+            ingest_max_body_bytes: positive(
+                "ingest_max_body_bytes",
+                f.ingest_max_body_bytes.unwrap_or(1024 * 1024) as u64,
+            )? as usize,
             body_read_timeout,
             sources,
             reconcile_interval,
@@ -1315,6 +1321,16 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn body_limits_of_zero_are_refused() {
+        for key in ["max_payload_bytes", "ingest_max_body_bytes"] {
+            let e = Settings::from_toml(&format!("{key} = 0\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key) && e.contains("greater than 0"), "{e}");
+        }
     }
 
     #[test]

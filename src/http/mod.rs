@@ -1051,7 +1051,7 @@ async fn ingest_into(
             "No such receipt source",
         ))
     })?;
-    let body = read_body(&state, payload, state.ingest_max_body_bytes)
+    let body = read_body(state, payload, state.ingest_max_body_bytes)
         .await
         .map_err(refused)?;
     let headers: Vec<(String, String)> = req
