@@ -81,7 +81,7 @@ impl MessageFacts {
     }
 }
 
-/// One attempt, without the response excerpt.
+/// One attempt, without the response excerpt (only Herald's own note from it).
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttemptFacts {
     pub number: i32,
@@ -96,6 +96,9 @@ pub struct AttemptFacts {
     /// The state it led to, or `lease_lost`.
     pub next_state: String,
     pub policy_version: String,
+    /// Herald's own note (refused recipients, an unsendable payload): see
+    /// [`crate::support::view::attempt_note`].
+    pub note: Option<String>,
 }
 
 impl AttemptFacts {
@@ -112,6 +115,10 @@ impl AttemptFacts {
             delay_reason: a.delay_reason.clone(),
             next_state: a.next_state.clone(),
             policy_version: a.policy_version.clone(),
+            note: crate::support::view::attempt_note(
+                a.error_kind.as_deref(),
+                a.response_excerpt.as_deref(),
+            ),
         }
     }
 }

@@ -197,6 +197,9 @@ fn attempt_entry(a: &AttemptFacts) -> Entry {
     if let Some(r) = &a.delay_reason {
         detail.push_str(&format!(" ({r})"));
     }
+    if let Some(n) = &a.note {
+        detail.push_str(&format!("; {n}"));
+    }
     if let Some(ra) = &a.retry_after {
         detail.push_str(&format!("; Retry-After: {ra}"));
     }
@@ -351,7 +354,10 @@ pub fn message(viewer: &Viewer, d: &MessageDetail, notice: Option<Notice>) -> Ma
                                     td { span class=(format!("class k-{}", a.class)) { (a.class) } }
                                     td { (a.next_state) }
                                     td.num { (a.delay_ms.map(duration).unwrap_or_else(|| "—".into())) }
-                                    td { (a.delay_reason.as_deref().unwrap_or("—")) }
+                                    td {
+                                        (a.delay_reason.as_deref().unwrap_or("—"))
+                                        @if let Some(n) = &a.note { br; span.note { (n) } }
+                                    }
                                     td { (a.policy_version) }
                                 }
                             }
@@ -514,6 +520,7 @@ mod tests {
                     delay_reason: Some("Retry-After honoured".into()),
                     next_state: "retryable".into(),
                     policy_version: "1".into(),
+                    note: None,
                 },
                 AttemptFacts {
                     number: 2,
@@ -527,6 +534,7 @@ mod tests {
                     delay_reason: None,
                     next_state: "dead_letter".into(),
                     policy_version: "1".into(),
+                    note: None,
                 },
             ],
             receipts: vec![ReceiptFacts {

@@ -92,6 +92,13 @@ fn attempt_sentence(a: &AttemptEntry) -> String {
         ),
         other => s.push_str(&format!("; it became {other}")),
     }
+    match (a.note.as_deref(), a.next_state.as_str()) {
+        (Some(note), "delivered") => s.push_str(&format!(
+            " — but not to every recipient: {note} (those did not get it, and are not retried)"
+        )),
+        (Some(note), _) => s.push_str(&format!(" — {note}")),
+        (None, _) => {}
+    }
     s.push('.');
     s
 }
@@ -363,6 +370,7 @@ mod tests {
             policy_version: "default@0000".into(),
             next_state: next.into(),
             provider_message_id: None,
+            note: None,
         }
     }
 

@@ -116,7 +116,10 @@ pub fn explanation(e: &Explanation) -> String {
                         .unwrap_or_default(),
                     a.next_state.clone(),
                     a.policy_version.clone(),
-                    opt(&a.delay_reason),
+                    match (&a.delay_reason, &a.note) {
+                        (Some(r), Some(n)) => format!("{r}; {n}"),
+                        (r, n) => opt(&r.clone().or(n.clone())),
+                    },
                 ]
             })
             .collect();

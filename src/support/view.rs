@@ -151,6 +151,24 @@ pub struct AttemptEntry {
     /// The state the attempt led to, or `lease_lost` (its outcome was not applied).
     pub next_state: String,
     pub provider_message_id: Option<String>,
+    /// Herald's own note on the attempt, where it has one worth showing: the recipients an SMTP
+    /// server refused at RCPT TO (masked, with their codes — also when the message went to the
+    /// others), or what made a payload unsendable. Never the receiver's response body.
+    pub note: Option<String>,
+}
+
+/// The part of an attempt's excerpt that is Herald's own words (see [`AttemptEntry::note`]):
+/// the refused-recipient list, or the refusal of a payload Herald could not build. A receiver's
+/// body (a webhook's answer, an SMTP server's text) is kept out.
+pub fn attempt_note(error_kind: Option<&str>, excerpt: Option<&str>) -> Option<String> {
+    let excerpt = excerpt?;
+    match error_kind? {
+        "recipients_refused" => excerpt
+            .find("refused at RCPT TO:")
+            .map(|i| excerpt[i..].to_owned()),
+        "invalid_payload" | "bare_line_end" | "unsupported_by_server" => Some(excerpt.to_owned()),
+        _ => None,
+    }
 }
 
 /// One receipt in the timeline, in event-time order.
@@ -212,6 +230,7 @@ impl AttemptEntry {
             policy_version: a.policy_version.clone(),
             next_state: a.next_state.clone(),
             provider_message_id: a.provider_message_id.clone(),
+            note: attempt_note(a.error_kind.as_deref(), a.response_excerpt.as_deref()),
         }
     }
 }
@@ -359,6 +378,32 @@ impl DeadLetterEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_attempt_note_is_herald_s_words_never_the_receiver_s() {
+        let partial = "250 2.0.0 Ok: queued as Q69; refused at RCPT TO: p***@e***.com 550";
+        assert_eq!(
+            attempt_note(Some("recipients_refused"), Some(partial)).as_deref(),
+            Some("refused at RCPT TO: p***@e***.com 550")
+        );
+        assert_eq!(
+            attempt_note(
+                Some("invalid_payload"),
+                Some("payload.subject: must be one line")
+            )
+            .as_deref(),
+            Some("payload.subject: must be one line")
+        );
+        // A receiver's body, or no kind: nothing.
+        for (kind, excerpt) in [
+            (Some("smtp_reply"), "550 user private@example.com unknown"),
+            (None, "{\"error\": \"receiver-body-text\"}"),
+            (Some("timeout"), "x"),
+        ] {
+            assert_eq!(attempt_note(kind, Some(excerpt)), None, "{kind:?}");
+        }
+        assert_eq!(attempt_note(Some("invalid_payload"), None), None);
+    }
 
     #[test]
     fn destinations_are_masked_per_channel() {

@@ -912,9 +912,29 @@ async fn recipient_refused_at_rcpt(backend: Backend, offered: bool, enabled: boo
         excerpt.ends_with("; refused at RCPT TO: r***@e***.com 550"),
         "{excerpt}"
     );
-    // No clear address on the attempt, in the message view or in any log line.
+    // Support sees it: the explanation's attempt names the refused recipient, masked, and its
+    // words say the message did not reach everyone.
+    let explained: serde_json::Value = app
+        .http
+        .get(format!("{}/v1/messages/some-refused/explain", app.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        explained["attempt_timeline"][0]["note"],
+        "refused at RCPT TO: r***@e***.com 550"
+    );
+    let words = explained["explanation"].as_str().unwrap_or_default();
+    assert!(
+        words.contains("but not to every recipient: refused at RCPT TO: r***@e***.com 550"),
+        "{words}"
+    );
+    // No clear address on the attempt, in the message view, the explanation or any log line.
     let view = app.message("some-refused").await.to_string();
-    for shown in [format!("{a:?}"), view, logs.text()] {
+    for shown in [format!("{a:?}"), view, explained.to_string(), logs.text()] {
         assert!(!shown.contains("rcpt550@"), "{shown}");
     }
     assert_envelopes(&sink, offered && enabled, 1);
