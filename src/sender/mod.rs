@@ -240,6 +240,39 @@ struct Inner {
     /// [`give_up_writing_outcomes`]); the entry goes when the outcome is written, or given up
     /// on.
     unwritten: std::sync::Mutex<std::collections::HashSet<(i64, i32)>>,
+    /// The soonest time a message this process wrote back as `retryable` becomes due, when that
+    /// is within a poll interval (put back by a destination's limit or pause, or a short
+    /// backoff): the idle loop wakes for it rather than at its next poll, so held messages go
+    /// when their slot comes.
+    next_due: std::sync::Mutex<std::collections::BTreeSet<std::time::Instant>>,
+}
+
+/// The most due times [`Inner::next_due`] keeps: beyond them, the latest are left to the poll.
+const DUE_NOTES: usize = 1024;
+
+type DueNotes = std::sync::Mutex<std::collections::BTreeSet<std::time::Instant>>;
+
+/// Notes `at` (see [`Inner::next_due`]); true when it is now the soonest, so an idle loop that
+/// chose its sleep before must be woken to choose again.
+fn note_due(notes: &DueNotes, at: std::time::Instant) -> bool {
+    let mut notes = notes.lock().unwrap_or_else(|p| p.into_inner());
+    notes.insert(at);
+    while notes.len() > DUE_NOTES {
+        notes.pop_last();
+    }
+    notes.first() == Some(&at)
+}
+
+/// How long until the soonest noted due time after `claimed_at`; those at or before it are
+/// forgotten (the claim that began then saw their rows). `None` when none is left.
+fn due_wait(notes: &DueNotes, claimed_at: std::time::Instant) -> Option<Duration> {
+    let mut notes = notes.lock().unwrap_or_else(|p| p.into_inner());
+    while notes.first().is_some_and(|at| *at <= claimed_at) {
+        notes.pop_first();
+    }
+    notes
+        .first()
+        .map(|at| at.saturating_duration_since(std::time::Instant::now()))
 }
 
 /// When the shutdown signal of one [`Sender::run`] came: set by a task of that run as it comes,
@@ -327,6 +360,7 @@ impl Sender {
                 heartbeat,
                 recheck: std::sync::Mutex::new(Recheck::default()),
                 unwritten: std::sync::Mutex::default(),
+                next_due: std::sync::Mutex::default(),
                 before_send: std::sync::OnceLock::new(),
             }),
         }
@@ -868,6 +902,22 @@ impl Sender {
             );
             lock_recheck(&self.inner.recheck).add(busy, std::time::Instant::now());
         }
+        // Written back as retryable and due within a poll interval: the idle loop wakes then.
+        let clock_now = self.inner.clock.now();
+        let soonest = outcomes
+            .iter()
+            .zip(&applied)
+            .filter(|(o, a)| o.state == State::Retryable && !matches!(a, Applied::LeaseLost))
+            .filter_map(|(o, _)| o.next_attempt_at)
+            .min();
+        if let Some(at) = soonest {
+            let wait = (at - clock_now).to_std().unwrap_or_default();
+            if wait < self.inner.config.poll_interval
+                && note_due(&self.inner.next_due, std::time::Instant::now() + wait)
+            {
+                self.inner.wake.notify_one();
+            }
+        }
         // A keyed message that ended made its key's next message due: claim again now (the
         // release is an UPDATE, which no insert notification announces).
         if outcomes.iter().any(|o| {
@@ -1321,6 +1371,7 @@ impl Sender {
                 _ => false,
             };
             let at = self.inner.clock.now();
+            let claimed_at = std::time::Instant::now();
             let rows = match self.claim(free).await {
                 Ok(rows) => {
                     failures = 0;
@@ -1369,6 +1420,7 @@ impl Sender {
                 let idle = self
                     .recheck_wait()
                     .map_or(cfg.poll_interval, |w| cfg.poll_interval.min(w));
+                let idle = due_wait(&self.inner.next_due, claimed_at).map_or(idle, |w| w.min(idle));
                 let idle = match next.map(|n| n.wait) {
                     Some(awake::Wait::For(d)) => d.min(idle),
                     Some(awake::Wait::Asleep) | None => idle,
@@ -1678,6 +1730,33 @@ fn put_back(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_idle_loop_wakes_for_every_noted_due_time_in_turn() {
+        let notes = DueNotes::default();
+        let t0 = std::time::Instant::now();
+        let s = Duration::from_secs;
+        assert_eq!(due_wait(&notes, t0), None);
+        // Each note sooner than every other says so: the idle loop is woken to sleep less.
+        for (at, soonest) in [(t0 + s(30), true), (t0 + s(10), true), (t0 + s(20), false)] {
+            assert_eq!(note_due(&notes, at), soonest);
+        }
+        // The soonest first; each claim after a due time forgets it, the later ones stay.
+        assert!(due_wait(&notes, t0).is_some_and(|w| w <= s(10) && w > s(9)));
+        assert!(due_wait(&notes, t0 + s(10)).is_some_and(|w| w <= s(20) && w > s(19)));
+        assert!(due_wait(&notes, t0 + s(25)).is_some_and(|w| w <= s(30) && w > s(29)));
+        assert_eq!(due_wait(&notes, t0 + s(30)), None);
+        // Bounded: beyond DUE_NOTES, the latest go (the poll finds their rows).
+        for i in 0..DUE_NOTES as u64 + 10 {
+            note_due(&notes, t0 + Duration::from_millis(i));
+        }
+        let kept = notes.lock().unwrap();
+        assert_eq!(kept.len(), DUE_NOTES);
+        assert_eq!(
+            kept.last(),
+            Some(&(t0 + Duration::from_millis(DUE_NOTES as u64 - 1)))
+        );
+    }
 
     #[test]
     fn outcomes_are_written_for_as_long_as_the_database_is_only_unavailable() {

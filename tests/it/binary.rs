@@ -1939,3 +1939,42 @@ async fn serve_without_smtp_says_where_mail_goes_and_checks_the_directory() {
         }
     }
 }
+
+/// Messages held back by a destination's rate go when their slot comes, not at the next poll:
+/// with a poll interval of a minute, four messages to a destination limited to 2 a second are
+/// all delivered well before it (each put back for its slot wakes the idle loop at that slot).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_held_for_a_rate_go_at_their_slot_not_at_the_next_poll() {
+    let rx = crate::support::Receiver::start().await;
+    let host = rx.url.split('/').nth(2).unwrap().to_owned();
+    let listen = free_addr();
+    let base = format!("http://{listen}");
+    let mut herald = Herald::spawn_with_config(
+        &["serve"],
+        &[
+            ("HERALD_LISTEN", &listen),
+            ("HERALD_POLL_INTERVAL_MS", "60000"),
+        ],
+        Some(&format!(
+            "[destinations.\"{host}\"]\nrate_limit_per_second = 2\nburst = 1\n"
+        )),
+    );
+    herald.wait_healthy(&base).await;
+    let http = client();
+    let ids: Vec<String> = (0..4).map(|i| format!("held-{i}")).collect();
+    for id in &ids {
+        let r = http
+            .post(format!("{base}/v1/messages"))
+            .json(&crate::support::app::webhook(id, &rx.url, json!({})))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+    }
+    // wait_for_view gives up after 30 s, half the poll interval.
+    for id in &ids {
+        wait_for_view(&base, id, |v| v["state"] == "delivered").await;
+    }
+    assert_eq!(rx.requests().len(), 4);
+    herald.stop_cleanly().await;
+}
