@@ -255,7 +255,7 @@ enum DlqCommand {
 enum EndpointAction {
     /// Every named endpoint and whether it is disabled (and why).
     List,
-    /// Enable a disabled endpoint; its held messages go out as they come due (within 30 s).
+    /// Enable a disabled endpoint; its held messages become due 2 s later and go out.
     Enable { name: String },
 }
 

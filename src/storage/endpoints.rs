@@ -4,6 +4,11 @@ use chrono::{DateTime, Utc};
 
 use super::{Db, StorageError, per_backend};
 
+/// How soon after an endpoint is enabled its waiting messages are due: past the senders'
+/// reread of the disabled endpoints (every second), so that none still takes the endpoint for
+/// disabled and puts them back for another wait.
+pub const ENABLED_DUE_IN: chrono::TimeDelta = chrono::TimeDelta::seconds(2);
+
 /// One disabled endpoint.
 #[derive(Debug, Clone, PartialEq, diesel::Queryable)]
 pub struct DisabledEndpoint {
@@ -50,8 +55,11 @@ per_backend! {
         Ok(changed > 0)
     }
 
-    /// Enables `name`; `true` when it was disabled.
+    /// Enables `name`; `true` when it was disabled. Its messages waiting for that (put back
+    /// `retryable` while it was disabled) become due within [`ENABLED_DUE_IN`] rather than at
+    /// the end of their wait, in the same transaction.
     pub fn enable_endpoint(conn: &mut Conn, name: &str, now: DateTime<Utc>) -> QueryResult<bool> {
+        use self::schema::herald_outbox as o;
         let changed = diesel::update(e::table.filter(e::name.eq(name)).filter(e::disabled_at.is_not_null()))
             .set((
                 e::disabled_at.eq(None::<DateTime<Utc>>),
@@ -59,6 +67,17 @@ per_backend! {
                 e::updated_at.eq(now),
             ))
             .execute(conn)?;
+        if changed > 0 {
+            let due = now + crate::storage::endpoints::ENABLED_DUE_IN;
+            diesel::update(
+                o::table
+                    .filter(o::destination.eq(format!("endpoint:{name}")))
+                    .filter(o::state.eq(crate::domain::State::Retryable))
+                    .filter(o::next_attempt_at.gt(due)),
+            )
+            .set(o::next_attempt_at.eq(due))
+            .execute(conn)?;
+        }
         Ok(changed > 0)
     }
 

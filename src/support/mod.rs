@@ -170,6 +170,19 @@ pub fn explain(
     let budget = policies.of(&row.destination).max_attempts;
     let mut e = Explanation::facts(&row, &attempts, &receipts, &replays, budget);
     e.ordering = view::OrderingFacts::new(&row, head.as_ref());
+    if let Some(name) = row.destination.strip_prefix("endpoint:")
+        && matches!(row.state, State::Scheduled | State::Retryable)
+    {
+        e.endpoint_disabled = db
+            .disabled_endpoints()?
+            .into_iter()
+            .find(|d| d.name == name)
+            .map(|d| view::EndpointDisabled {
+                endpoint: d.name,
+                since: view::ts(&d.disabled_at),
+                reason: d.reason,
+            });
+    }
     e.explanation = narrative::narrate(&e);
     Ok(e)
 }

@@ -300,6 +300,19 @@ pub fn narrate(e: &Explanation) -> String {
         parts.push(receipt_sentence(r));
     }
     parts.push(state_sentence(e));
+    if let Some(d) = &e.endpoint_disabled {
+        let why = d
+            .reason
+            .as_deref()
+            .map(|r| format!(" ({r})"))
+            .unwrap_or_default();
+        parts.push(format!(
+            "It waits for its endpoint {}, which Herald disabled at {}{why}: nothing is sent to \
+             it until the endpoint is enabled again (herald endpoint enable {}, or POST \
+             /v1/endpoints/{}/enable), and waiting spends no attempt.",
+            d.endpoint, d.since, d.endpoint, d.endpoint
+        ));
+    }
     if let Some(o) = &e.ordering {
         parts.push(ordering_sentence(e, o));
     }
@@ -350,6 +363,7 @@ mod tests {
             receipt_timeline: Vec::new(),
             replays: Vec::new(),
             ordering: None,
+            endpoint_disabled: None,
             explanation: String::new(),
         }
     }

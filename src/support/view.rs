@@ -85,8 +85,20 @@ pub struct Explanation {
     /// Its ordering key and where it stands in it (left out for an unkeyed message).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ordering: Option<OrderingFacts>,
+    /// Its named endpoint is disabled and it waits for it (left out otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint_disabled: Option<EndpointDisabled>,
     /// One plain-language paragraph built from the facts above.
     pub explanation: String,
+}
+
+/// The disabled endpoint a waiting message is bound to (README, "Automatic disabling").
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct EndpointDisabled {
+    pub endpoint: String,
+    #[schema(format = DateTime)]
+    pub since: String,
+    pub reason: Option<String>,
 }
 
 /// A keyed message's place in its key (README, "Ordered delivery").
@@ -316,6 +328,7 @@ impl Explanation {
             receipt_timeline: receipts.iter().map(ReceiptEntry::new).collect(),
             replays: replays.iter().map(ReplayEntry::new).collect(),
             ordering: None,
+            endpoint_disabled: None,
             explanation: String::new(),
         }
     }

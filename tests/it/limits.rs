@@ -194,6 +194,23 @@ async fn an_endpoint_that_keeps_failing_is_disabled_until_enabled(backend: Backe
     app.advance(Duration::from_secs(120));
     app.run_until_idle().await;
     assert_eq!(rx.requests().len(), 3);
+    // Its waiting messages say why they wait.
+    let explained: serde_json::Value = app
+        .http
+        .get(format!("{}/v1/messages/f-5/explain", app.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(explained["endpoint_disabled"]["endpoint"], "flaky");
+    let words = explained["explanation"].as_str().unwrap_or_default();
+    assert!(
+        words.contains("It waits for its endpoint flaky, which Herald disabled at")
+            && words.contains("herald endpoint enable flaky"),
+        "{words}"
+    );
 
     // Only an admin enables it; then everything goes out.
     let enable = format!("{}/v1/endpoints/flaky/enable", app.base);
@@ -212,7 +229,8 @@ async fn an_endpoint_that_keeps_failing_is_disabled_until_enabled(backend: Backe
         .await
         .unwrap();
     assert_eq!(r.status(), 404);
-    app.advance(Duration::from_secs(31));
+    // Enabling makes its waiting messages due within 2 s, not at the end of their wait.
+    app.advance(Duration::from_secs(3));
     app.run_until_idle().await;
     for i in 1..=5 {
         assert_eq!(app.row(&format!("f-{i}")).state, State::Delivered, "f-{i}");
