@@ -111,12 +111,20 @@ pub struct EmailPayload {
 
 impl EmailPayload {
     /// Every field checked, the first invalid one named (`payload.attachments[0].content_base64`).
-    /// The enqueue paths call this, so a payload that would not build is a 422 there; the sender
-    /// calls it again for rows inserted by plain SQL, where a failure is `permanent`.
+    /// The sender calls this for rows inserted by plain SQL, where a failure is `permanent`.
     pub fn parse(payload: &Value) -> Result<Self, InvalidField> {
-        let obj = payload
-            .as_object()
-            .ok_or_else(|| InvalidField::new("payload", "must be an object with a subject"))?;
+        Self::parse_all(payload).map_err(|mut e| e.swap_remove(0))
+    }
+
+    /// Every field checked, every invalid one named (never an empty list): what the enqueue
+    /// paths answer (a 422 lists them all).
+    pub fn parse_all(payload: &Value) -> Result<Self, Vec<InvalidField>> {
+        let obj = payload.as_object().ok_or_else(|| {
+            vec![InvalidField::new(
+                "payload",
+                "must be an object with a subject",
+            )]
+        })?;
         const KNOWN: &[&str] = &[
             "from",
             "to",
@@ -131,9 +139,11 @@ impl EmailPayload {
             "list_unsubscribe",
             "list_unsubscribe_post",
         ];
-        if let Some(k) = obj.keys().find(|k| !KNOWN.contains(&k.as_str())) {
-            return Err(InvalidField::new("payload", format!("unknown field {k:?}")));
-        }
+        let mut errors: Vec<InvalidField> = obj
+            .keys()
+            .filter(|k| !KNOWN.contains(&k.as_str()))
+            .map(|k| InvalidField::new("payload", format!("unknown field {k:?}")))
+            .collect();
         let string = |field: &'static str, key: &str| -> Result<Option<String>, InvalidField> {
             match obj.get(key) {
                 None | Some(Value::Null) => Ok(None),
@@ -172,58 +182,121 @@ impl EmailPayload {
                 )),
             }
         };
-        let subject = string("payload.subject", "subject")?.unwrap_or_default();
-        if subject.trim().is_empty() {
-            return Err(InvalidField::new("payload.subject", "is required"));
-        }
-        if subject.contains(['\r', '\n']) {
-            return Err(InvalidField::new("payload.subject", "must be one line"));
-        }
-        if !folds(&subject) {
-            return Err(InvalidField::new(
-                "payload.subject",
-                format!(
-                    "has a run of more than {MAX_HEADER_WORD} characters without a space (SMTP's line limit)"
-                ),
-            ));
-        }
-        let text = string("payload.text", "text")?;
-        let html = string("payload.html", "html")?;
-        if text.is_none() && html.is_none() {
-            return Err(InvalidField::new(
-                "payload.text",
-                "text or html is required",
-            ));
-        }
-        let headers = match obj.get("headers") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::Object(h)) => h
-                .iter()
-                .map(|(k, v)| parse_header(k, v))
-                .collect::<Result<_, _>>()?,
-            Some(_) => {
+        let subject = (|| {
+            let subject = string("payload.subject", "subject")?.unwrap_or_default();
+            if subject.trim().is_empty() {
+                return Err(InvalidField::new("payload.subject", "is required"));
+            }
+            if subject.contains(['\r', '\n']) {
+                return Err(InvalidField::new("payload.subject", "must be one line"));
+            }
+            if !folds(&subject) {
                 return Err(InvalidField::new(
-                    "payload.headers",
-                    "must be an object of strings",
+                    "payload.subject",
+                    format!(
+                        "has a run of more than {MAX_HEADER_WORD} characters without a space (SMTP's line limit)"
+                    ),
                 ));
             }
+            Ok(subject)
+        })();
+        let body = (|| {
+            let text = string("payload.text", "text")?;
+            let html = string("payload.html", "html")?;
+            // An empty string is no body: a message needs one that says something.
+            if text.as_deref().is_none_or(str::is_empty)
+                && html.as_deref().is_none_or(str::is_empty)
+            {
+                return Err(InvalidField::new(
+                    "payload.text",
+                    "text or html is required, and not empty",
+                ));
+            }
+            Ok((text, html))
+        })();
+        let headers = match obj.get("headers") {
+            None | Some(Value::Null) => Ok(Vec::new()),
+            Some(Value::Object(h)) => {
+                let mut seen = std::collections::HashSet::new();
+                let mut parsed = Vec::with_capacity(h.len());
+                for (k, v) in h {
+                    match parse_header(k, v) {
+                        Ok(h) if !seen.insert(h.0.to_ascii_lowercase()) => {
+                            errors.push(InvalidField::new(
+                                "payload.headers",
+                                format!("{k:?}: given twice (header names ignore case)"),
+                            ));
+                        }
+                        Ok(h) => parsed.push(h),
+                        Err(e) => errors.push(e),
+                    }
+                }
+                Ok(parsed)
+            }
+            Some(_) => Err(InvalidField::new(
+                "payload.headers",
+                "must be an object of strings",
+            )),
         };
-        Ok(Self {
-            from: mailbox("payload.from", "from")?,
-            to: list("payload.to", "to")?,
-            cc: list("payload.cc", "cc")?,
-            bcc: list("payload.bcc", "bcc")?,
-            reply_to: mailbox("payload.reply_to", "reply_to")?,
-            subject,
-            text,
-            html,
-            headers,
-            attachments: attachments::parse(obj.get("attachments"))?,
-            list_unsubscribe: list_unsubscribe::parse(
+        /// The value, or its refusal added to `errors`.
+        fn take<T>(errors: &mut Vec<InvalidField>, r: Result<T, InvalidField>) -> Option<T> {
+            r.map_err(|e| errors.push(e)).ok()
+        }
+        let e = &mut errors;
+        let subject = take(e, subject);
+        let body = take(e, body);
+        let headers = take(e, headers);
+        let from = take(e, mailbox("payload.from", "from"));
+        let to = take(e, list("payload.to", "to"));
+        let cc = take(e, list("payload.cc", "cc"));
+        let bcc = take(e, list("payload.bcc", "bcc"));
+        let reply_to = take(e, mailbox("payload.reply_to", "reply_to"));
+        let attachments = take(e, attachments::parse(obj.get("attachments")));
+        let list_unsubscribe = take(
+            e,
+            list_unsubscribe::parse(
                 obj.get("list_unsubscribe"),
                 obj.get("list_unsubscribe_post"),
-            )?,
-        })
+            ),
+        );
+        match (
+            subject,
+            body,
+            headers,
+            from,
+            to,
+            cc,
+            bcc,
+            reply_to,
+            attachments,
+            list_unsubscribe,
+        ) {
+            (
+                Some(subject),
+                Some((text, html)),
+                Some(headers),
+                Some(from),
+                Some(to),
+                Some(cc),
+                Some(bcc),
+                Some(reply_to),
+                Some(attachments),
+                Some(list_unsubscribe),
+            ) if errors.is_empty() => Ok(Self {
+                from,
+                to,
+                cc,
+                bcc,
+                reply_to,
+                subject,
+                text,
+                html,
+                headers,
+                attachments,
+                list_unsubscribe,
+            }),
+            _ => Err(errors),
+        }
     }
 }
 
@@ -241,7 +314,16 @@ fn parse_header(name: &str, value: &Value) -> Result<(String, String), InvalidFi
             !v.chars()
                 .any(|c| c.is_control() && !matches!(c, '\t' | '\0'))
         });
+    // `X-` and a name after it; never Herald's own `X-Herald-…` (its event id header, which a
+    // payload could otherwise have spoofed: it was dropped without a word).
+    if name.len() >= 9 && name[..9].eq_ignore_ascii_case("x-herald-") {
+        return Err(InvalidField::new(
+            "payload.headers",
+            format!("{name:?}: X-Herald-… headers are Herald's own"),
+        ));
+    }
     let ok_name = (name.starts_with("X-") || name.starts_with("x-"))
+        && name.len() > 2
         && name
             .bytes()
             .all(|b| (0x21..=0x7e).contains(&b) && b != b':');
@@ -2307,6 +2389,58 @@ mod tests {
         assert!(
             EmailPayload::parse(
                 &json!({"subject": "s", "html": "<p>h</p>", "cc": ["a@b.example"]})
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn every_bad_field_of_a_payload_is_named_at_once() {
+        let fields = |v: Value| {
+            EmailPayload::parse_all(&v)
+                .err()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|e| e.field)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            fields(
+                json!({"subject": "", "from": "nope", "cc": ["x"], "bcc": "y",
+                          "reply_to": "z", "headers": {"Subject": "s"}})
+            ),
+            [
+                "payload.headers",
+                "payload.subject",
+                "payload.text",
+                "payload.from",
+                "payload.cc",
+                "payload.bcc",
+                "payload.reply_to"
+            ]
+        );
+        // Custom headers: Herald's own, a name given twice, a bare prefix.
+        for headers in [
+            json!({"X-Herald-Event-Id": "spoof"}),
+            json!({"x-herald-anything": "v"}),
+            json!({"X-Tag": "a", "x-tag": "b"}),
+            json!({"X-": "v"}),
+        ] {
+            let p = json!({"subject": "s", "text": "t", "headers": headers});
+            assert_eq!(fields(p), ["payload.headers"], "{headers}");
+        }
+        // An empty body is none; an empty text beside an html is fine.
+        assert_eq!(
+            fields(json!({"subject": "s", "text": ""})),
+            ["payload.text"]
+        );
+        assert!(
+            EmailPayload::parse_all(&json!({"subject": "s", "text": "", "html": "<p>h</p>"}))
+                .is_ok()
+        );
+        assert!(
+            EmailPayload::parse_all(
+                &json!({"subject": "s", "text": "t", "headers": {"X-Tag": "a", "X-Other": "b"}})
             )
             .is_ok()
         );

@@ -180,8 +180,8 @@ impl NewMessage {
                 if let Err(e) = email::parse_recipient(&self.destination) {
                     errors.push(e);
                 }
-                if let Err(e) = email::EmailPayload::parse(&self.payload) {
-                    errors.push(e);
+                if let Err(e) = email::EmailPayload::parse_all(&self.payload) {
+                    errors.extend(e);
                 }
             }
         }

@@ -78,12 +78,37 @@ async fn bad_input_is_refused_with_the_field_and_nothing_is_stored(backend: Back
         assert_eq!(p["errors"][0]["field"], field);
         assert!(p["detail"].as_str().unwrap().contains(field));
     }
+    // An email's payload: every bad field in one answer, not one per try.
+    let p = problem(
+        app.post_message(json!({"event_id": "b15", "channel": "email",
+            "destination": "a@b.example", "payload": {"subject": "", "text": "",
+            "cc": ["nope"], "headers": {"X-Herald-Event-Id": "spoof"}}}))
+            .await,
+        422,
+    )
+    .await;
+    let fields: Vec<_> = p["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["field"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            "payload.headers",
+            "payload.subject",
+            "payload.text",
+            "payload.cc"
+        ],
+        "{p}"
+    );
     // An envelope far over the limit is refused before it is read whole.
     let huge = webhook("b14", "https://x.example/h", json!("y".repeat(64 * 1024)));
     let p = problem(app.post_message(huge).await, 413).await;
     assert_eq!(p["status"], 413);
     for id in [
-        "b1", "b2", "b3", "b4", "b5", "b6", "b7", "b9", "b10", "b11", "b12", "b14",
+        "b1", "b2", "b3", "b4", "b5", "b6", "b7", "b9", "b10", "b11", "b12", "b14", "b15",
     ] {
         assert!(
             app.db.find_by_event_id(id).unwrap().is_none(),
