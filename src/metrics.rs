@@ -264,7 +264,7 @@ impl Metrics {
         )?;
         let held = counter(
             "herald_held_total",
-            "Claimed messages put back without a request or a spent attempt, by why: paused (the destination asked to slow down), rate_limit, max_in_flight, endpoint_disabled, smtp_pool.",
+            "Claimed messages put back without a request or a spent attempt, by why: paused (the destination asked to slow down), rate_limit, max_in_flight, endpoint_disabled, smtp_pool, shutdown (claimed but not sent when Herald stopped), lease (it waited for a send slot so long that its lease could have run out mid-send).",
             &["reason"],
         )?;
         let endpoints_disabled = counter(

@@ -54,7 +54,7 @@ const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 pub enum WebhookConfigError {
     #[error("is not a valid URL ({0})")]
     InvalidUrl(#[source] url::ParseError),
-    #[error("must be an http:// or https:// URL, endpoint:NAME or type:EVENT.TYPE")]
+    #[error("must be an http:// or https:// URL")]
     UnsupportedScheme,
     #[error("must name a host")]
     NoHost,
@@ -121,7 +121,15 @@ impl WebhookTarget {
         }
         parse_webhook_url(destination)
             .map(Self::Url)
-            .map_err(|e| InvalidField::new("destination", e.to_string()))
+            .map_err(|e| match e {
+                // A message's destination may also name an endpoint or an event type (an endpoint's
+                // own URL may not: its error says only the first).
+                WebhookConfigError::UnsupportedScheme => InvalidField::new(
+                    "destination",
+                    "must be an http:// or https:// URL, endpoint:NAME or type:EVENT.TYPE",
+                ),
+                e => InvalidField::new("destination", e.to_string()),
+            })
     }
 }
 
@@ -779,10 +787,7 @@ mod tests {
             url("not a url"),
             "is not a valid URL (relative URL without a base)"
         );
-        assert_eq!(
-            url("ftp://a/b"),
-            "must be an http:// or https:// URL, endpoint:NAME or type:EVENT.TYPE"
-        );
+        assert_eq!(url("ftp://a/b"), "must be an http:// or https:// URL");
         assert_eq!(
             url("https://u:p@a.example/"),
             "must not carry credentials; configure an endpoint with auth instead"
