@@ -2024,6 +2024,10 @@ fn reply_code(e: &lettre::transport::smtp::Error) -> Option<u16> {
     e.status().map(|c| smtp_code(&c.to_string()))
 }
 
+/// The error kind of an email written to `mail_dir` (no `smtp_url`): accepted, with no reply
+/// code, since no server was asked.
+pub const WRITTEN_TO_FILE: &str = "written_to_file";
+
 async fn write_eml(
     dir: &std::path::Path,
     event_id: &str,
@@ -2054,8 +2058,8 @@ async fn write_eml(
                 now,
                 format!("written {stem}.eml"),
             );
-            r.error_kind = None;
-            r.status = Some(250);
+            // No server answered: no reply code to show (a 250 read as a relay's acceptance).
+            r.error_kind = Some(WRITTEN_TO_FILE.to_owned());
             r
         }
         // A full disk or a missing permission may heal; the message stays queued.

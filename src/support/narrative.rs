@@ -49,6 +49,9 @@ fn attempt_sentence(a: &AttemptEntry) -> String {
         (None, Some("lease_expired")) => {
             s.push_str("lost its sender before an outcome was recorded")
         }
+        (None, Some(crate::channels::email::WRITTEN_TO_FILE)) => s.push_str(
+            "was written as an .eml file to the mail directory (no SMTP relay is configured)",
+        ),
         (None, Some(kind)) => s.push_str(&format!("failed ({kind})")),
         (None, None) => s.push_str("ended without a status"),
     }
@@ -70,6 +73,12 @@ fn attempt_sentence(a: &AttemptEntry) -> String {
             if let Some(why) = why {
                 s.push_str(&format!(" ({why})"));
             }
+        }
+        "delivered" if a.error_kind.as_deref() == Some(crate::channels::email::WRITTEN_TO_FILE) => {
+            s.push_str(&format!(
+                "; delivered at {} to the directory, not to any mail server",
+                a.finished_at
+            ))
         }
         "delivered" => s.push_str(&format!(
             "; the receiver accepted it: delivered at {}",

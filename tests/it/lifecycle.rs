@@ -156,6 +156,30 @@ async fn email_goes_to_the_mail_directory(backend: Backend) {
     assert!(eml.contains("To: Ada <ada@example.com>"));
     assert!(eml.contains("Subject: Welcome"));
     assert_eq!(app.message("welcome-7").await["state"], "delivered");
+    // No server was asked: no reply code, and the explanation does not say a receiver took it.
+    let a = &app.attempts("welcome-7")[0];
+    assert_eq!(
+        (a.response_status, a.error_kind.as_deref()),
+        (None, Some("written_to_file"))
+    );
+    let words = app
+        .http
+        .get(format!("{}/v1/messages/welcome-7/explain", app.base))
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap()["explanation"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        words.contains("was written as an .eml file to the mail directory")
+            && words.contains("to the directory, not to any mail server")
+            && !words.contains("receiver accepted"),
+        "{words}"
+    );
     app.stop().await;
 }
 
