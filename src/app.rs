@@ -103,6 +103,16 @@ fn check_mail_dir(dir: &std::path::Path) -> std::io::Result<()> {
     std::fs::remove_file(&probe)
 }
 
+/// Keeps the retry policy versions this configuration runs with (`herald_retry_policies`), so
+/// that explanations read the budget of the version each attempt recorded.
+pub fn record_policies(db: &Db, settings: &Settings) -> anyhow::Result<()> {
+    db.record_policies(&crate::sender::policy::records(
+        &settings.retry,
+        &settings.endpoint_retry,
+    ))
+    .context("cannot keep the retry policies (herald_retry_policies)")
+}
+
 /// Stores the configured endpoint subscriptions (`[endpoints.NAME] event_types`) in
 /// `herald_subscriptions`, replacing what was there, so the SQL ways in fan out as Herald does.
 /// Every Herald process sharing a database should run with the same endpoints.
@@ -220,6 +230,7 @@ impl Herald {
                 .map_err(|e| anyhow::anyhow!("the stored API token is not valid: {e}"))?;
         }
         sync_subscriptions(&db, &settings)?;
+        record_policies(&db, &settings)?;
         let keys = match &settings.webhook_secret {
             Some(keys) => keys.clone(),
             None => {

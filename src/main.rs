@@ -411,6 +411,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Migrate => {
             let db = open_db(&settings, true)?;
             sync_subscriptions(&db, &settings)?;
+            herald::app::record_policies(&db, &settings)?;
             println!("migrations applied");
             Ok(ExitCode::SUCCESS)
         }

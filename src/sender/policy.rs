@@ -44,6 +44,29 @@ pub fn policies(
     )
 }
 
+/// The global policy and the endpoints' own, as `herald_retry_policies` keeps them.
+pub fn records(
+    global: &RetryPolicy,
+    endpoints: &std::collections::BTreeMap<String, RetryPolicy>,
+) -> Vec<crate::storage::retry_policies::PolicyRecord> {
+    std::iter::once(global)
+        .chain(endpoints.values())
+        .map(|p| crate::storage::retry_policies::PolicyRecord {
+            version: p.version.clone(),
+            name: p.name.clone(),
+            max_attempts: i32::try_from(p.max_attempts).unwrap_or(i32::MAX),
+            parameters: serde_json::json!({
+                "base_ms": p.base.as_millis() as u64,
+                "cap_ms": p.cap.as_millis() as u64,
+                "jitter": p.jitter,
+                "retry_after_max_ms": p.retry_after_max.as_millis() as u64,
+                "max_attempts": p.max_attempts,
+            })
+            .to_string(),
+        })
+        .collect()
+}
+
 impl RetryPolicy {
     /// Its name, version and budget, as messages record and show them.
     pub fn id(&self) -> crate::domain::policies::PolicyId {

@@ -19,6 +19,7 @@ pub(crate) mod prepared;
 pub mod queries;
 pub mod receipts;
 pub mod retention;
+pub mod retry_policies;
 pub mod settings;
 pub(crate) mod sql;
 pub mod sqlite_time;

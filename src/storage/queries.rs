@@ -14,6 +14,7 @@ pub mod pg {
     pub use crate::storage::outbox::pg::*;
     pub use crate::storage::receipts::pg::*;
     pub use crate::storage::retention::pg::*;
+    pub use crate::storage::retry_policies::pg::*;
     pub use crate::storage::settings::pg::*;
     pub use crate::storage::sql::pg::lock_event_id;
     pub use crate::storage::stats::pg::*;
@@ -30,6 +31,7 @@ pub mod sqlite {
     pub use crate::storage::outbox::sqlite::*;
     pub use crate::storage::receipts::sqlite::*;
     pub use crate::storage::retention::sqlite::*;
+    pub use crate::storage::retry_policies::sqlite::*;
     pub use crate::storage::settings::sqlite::*;
     pub use crate::storage::sql::sqlite::lock_event_id;
     pub use crate::storage::stats::sqlite::*;

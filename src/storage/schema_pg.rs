@@ -150,6 +150,16 @@ diesel::table! {
 }
 
 diesel::table! {
+    herald_retry_policies (version) {
+        version -> Text,
+        name -> Text,
+        max_attempts -> Int4,
+        parameters -> Text,
+        recorded_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
     herald_settings (key) {
         key -> Text,
         value -> Text,
@@ -176,6 +186,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     herald_receipts,
     herald_replay_keys,
     herald_replays,
+    herald_retry_policies,
     herald_settings,
     herald_subscriptions,
 );

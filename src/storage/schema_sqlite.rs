@@ -135,6 +135,16 @@ diesel::table! {
 }
 
 diesel::table! {
+    herald_retry_policies (version) {
+        version -> Text,
+        name -> Text,
+        max_attempts -> Integer,
+        parameters -> Text,
+        recorded_at -> Text,
+    }
+}
+
+diesel::table! {
     herald_settings (key) {
         key -> Text,
         value -> Text,
@@ -159,6 +169,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     herald_receipts,
     herald_replay_keys,
     herald_replays,
+    herald_retry_policies,
     herald_settings,
     herald_subscriptions,
 );

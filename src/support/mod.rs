@@ -166,8 +166,17 @@ pub fn explain(
     let receipts = db.receipts_of_message(row.id)?;
     let replays = db.replays_of(row.id)?;
     let head = db.key_head(&row)?;
-    // A message that sets no budget has its destination's policy's: its endpoint's own, if any.
-    let budget = policies.of(&row.destination).max_attempts;
+    // A message that sets no budget has its policy's: the one its current series' last attempt
+    // recorded, as kept (the configuration may have changed since, or this may be `herald
+    // explain` run with another one); else its destination's now — its endpoint's own, if any.
+    let recorded = attempts
+        .iter()
+        .rfind(|a| a.attempt_number > row.attempt_base)
+        .map(|a| db.policy_budget(&a.policy_version))
+        .transpose()?
+        .flatten()
+        .and_then(|n| u32::try_from(n).ok());
+    let budget = recorded.unwrap_or(policies.of(&row.destination).max_attempts);
     let mut e = Explanation::facts(&row, &attempts, &receipts, &replays, budget);
     e.ordering = view::OrderingFacts::new(&row, head.as_ref());
     if let Some(name) = row.destination.strip_prefix("endpoint:")

@@ -1978,3 +1978,55 @@ async fn messages_held_for_a_rate_go_at_their_slot_not_at_the_next_poll() {
     assert_eq!(rx.requests().len(), 4);
     herald.stop_cleanly().await;
 }
+
+/// `herald explain` states the budget the message's attempts were decided by, kept in
+/// `herald_retry_policies` by the server, even when run with another configuration (here none:
+/// the default budget of 15) than the server's (2 attempts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_reads_the_budget_of_the_policy_the_attempts_recorded() {
+    let rx = crate::support::Receiver::start().await;
+    rx.script([
+        crate::support::Reply::Status(503),
+        crate::support::Reply::Status(503),
+    ]);
+    let listen = free_addr();
+    let base = format!("http://{listen}");
+    let mut herald = Herald::spawn(
+        &["serve"],
+        &[
+            ("HERALD_LISTEN", &listen),
+            ("HERALD_RETRY_MAX_ATTEMPTS", "2"),
+            ("HERALD_RETRY_BASE_SECONDS", "0.1"),
+            ("HERALD_RETRY_JITTER", "0"),
+        ],
+    );
+    herald.wait_healthy(&base).await;
+    let r = client()
+        .post(format!("{base}/v1/messages"))
+        .json(&crate::support::app::webhook(
+            "two-tries",
+            &rx.url,
+            json!({}),
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    wait_for_view(&base, "two-tries", |v| v["state"] == "dead_letter").await;
+    herald.stop_cleanly().await;
+    let db = format!("sqlite://{}", herald.dir.path().join("herald.db").display());
+    let out = herald_output(
+        &["explain", "--event-id", "two-tries", "--json"],
+        &[("HERALD_DATABASE_URL", &db)],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(e["max_attempts"], 2, "{e}");
+    let words = e["explanation"].as_str().unwrap_or_default();
+    assert!(words.contains("(2 of 2 in this series)"), "{words}");
+    assert!(!words.contains("of 15"), "{words}");
+}
