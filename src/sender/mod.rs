@@ -906,21 +906,25 @@ impl Sender {
             );
             lock_recheck(&self.inner.recheck).add(busy, std::time::Instant::now());
         }
-        // Written back as retryable and due within a poll interval: the idle loop wakes then.
-        let clock_now = self.inner.clock.now();
-        let soonest = outcomes
+        // Written back as retryable and due within a poll interval: the idle loop wakes at each
+        // (every one of the batch: a rate's held messages come due one slot after another).
+        let (clock_now, instant_now) = (self.inner.clock.now(), std::time::Instant::now());
+        let mut sooner = false;
+        for (o, _) in outcomes
             .iter()
             .zip(&applied)
             .filter(|(o, a)| o.state == State::Retryable && !matches!(a, Applied::LeaseLost))
-            .filter_map(|(o, _)| o.next_attempt_at)
-            .min();
-        if let Some(at) = soonest {
+        {
+            let Some(at) = o.next_attempt_at else {
+                continue;
+            };
             let wait = (at - clock_now).to_std().unwrap_or_default();
-            if wait < self.inner.config.poll_interval
-                && note_due(&self.inner.next_due, std::time::Instant::now() + wait)
-            {
-                self.inner.wake.notify_one();
+            if wait < self.inner.config.poll_interval {
+                sooner |= note_due(&self.inner.next_due, instant_now + wait);
             }
+        }
+        if sooner {
+            self.inner.wake.notify_one();
         }
         // A keyed message that ended made its key's next message due: claim again now (the
         // release is an UPDATE, which no insert notification announces).

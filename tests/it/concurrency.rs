@@ -205,7 +205,7 @@ fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
             let p = plan(
                 c,
                 "%WITH due AS%",
-                "0, 100, 'plan-test', 30000000, 'v1', NULL",
+                "0, 100, 'plan-test', 30000000, 'v1', NULL, 'default'",
             )?;
             assert!(p.contains("Index Scan using herald_outbox_due"), "{p}");
             assert!(p.contains("Index Scan using herald_outbox_pkey"), "{p}");
