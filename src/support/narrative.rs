@@ -67,7 +67,7 @@ fn attempt_sentence(a: &AttemptEntry) -> String {
     match a.next_state.as_str() {
         "retryable" => {
             match a.delay_ms {
-                Some(ms) => s.push_str(&format!("; Herald waited {}", human_ms(ms))),
+                Some(ms) => s.push_str(&format!("; Herald set the next attempt {} later", human_ms(ms))),
                 None => s.push_str("; Herald scheduled a retry"),
             }
             if let Some(why) = why {
@@ -257,12 +257,20 @@ fn state_sentence(e: &Explanation) -> String {
                 "It is unconfirmed: {why}. Herald does not send it again on its own; a receipt can settle it, or a replay sends it again with the same event id."
             )
         }
-        State::Expired => match &e.expires_at {
-            Some(t) => format!(
-                "It expired: its expires_at ({t}) passed before it could be sent, so no further request was made."
-            ),
-            None => "It expired before it could be sent.".to_owned(),
-        },
+        State::Expired => {
+            // Sent before (and retried) or never sent at all.
+            let sent = if e.attempt_timeline.is_empty() {
+                "sent"
+            } else {
+                "sent again"
+            };
+            match &e.expires_at {
+                Some(t) => format!(
+                    "It expired: its expires_at ({t}) passed before it could be {sent}, so no further request was made."
+                ),
+                None => format!("It expired before it could be {sent}."),
+            }
+        }
         State::Canceled => format!(
             "It was canceled (at {}); nothing more is sent.",
             e.updated_at
@@ -454,10 +462,10 @@ mod tests {
         let text = narrate(&e);
         for want in [
             "Attempt 1 at 2026-12-01T10:01:00.000000Z got 503 after 250 ms, classified transient; \
-             Herald waited 1.04 s (backoff after attempt 1: min(cap 60s, base 1s × 2^0) = 1.000s, \
+             Herald set the next attempt 1.04 s later (backoff after attempt 1: min(cap 60s, base 1s × 2^0) = 1.000s, \
              jitter +4.0% → 1.040s).",
             "Attempt 2 at 2026-12-01T10:02:00.000000Z got 429 with Retry-After 2 min after 250 ms, \
-             classified rate_limited; Herald waited 2 min 6 s (Retry-After 120s, jitter +6.000s → \
+             classified rate_limited; Herald set the next attempt 2 min 6 s later (Retry-After 120s, jitter +6.000s → \
              126.000s).",
             "Attempt 3 at 2026-12-01T10:03:00.000000Z got 200 after 250 ms, classified accepted; \
              the receiver accepted it: delivered at 2026-12-01T10:03:00.250000Z.",
@@ -522,7 +530,7 @@ mod tests {
         e.attempt_timeline = vec![a1, a2];
         let text = narrate(&e);
         assert!(
-            text.contains("failed (connect) after 250 ms, classified not_sent; Herald waited 1 s."),
+            text.contains("failed (connect) after 250 ms, classified not_sent; Herald set the next attempt 1 s later."),
             "{text}"
         );
         assert!(
@@ -566,6 +574,13 @@ mod tests {
              2026-12-01T10:00:00.000000Z. No attempt has been made. It expired: its expires_at \
              (2026-12-01T10:01:00.000000Z) passed before it could be sent, so no further request \
              was made."
+        );
+        // Sent once and retried: it could not be sent *again*.
+        e.attempt_timeline = vec![attempt(1, Some(503), AttemptClass::Transient, "retryable")];
+        assert!(
+            narrate(&e).contains("passed before it could be sent again"),
+            "{}",
+            narrate(&e)
         );
     }
 

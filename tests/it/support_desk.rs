@@ -268,7 +268,7 @@ async fn delivered_and_retried_then_delivered_read_correctly(backend: Backend) {
     let text = e["explanation"].as_str().unwrap();
     for want in [
         "got 503 after ",
-        "classified transient; Herald waited ",
+        "classified transient; Herald set the next attempt ",
         "got 429 with Retry-After 2 s after ",
         "(Retry-After 2s, jitter +",
         "the receiver accepted it: delivered at ",
