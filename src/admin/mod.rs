@@ -217,27 +217,33 @@ impl Form {
     }
 }
 
-async fn read_form(payload: web::Payload) -> Result<Form, Halt> {
-    use futures_util::StreamExt;
-    let mut payload = payload;
-    let mut body = web::BytesMut::new();
-    while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|_| {
-            refuse(
-                StatusCode::BAD_REQUEST,
-                "Bad form",
-                "The form could not be read.",
-            )
-        })?;
-        if body.len() + chunk.len() > FORM_LIMIT {
-            return Err(refuse(
+async fn read_form(state: &AppState, payload: web::Payload) -> Result<Form, Halt> {
+    use crate::http::BodyError;
+    let body = crate::http::read_limited(payload, FORM_LIMIT, state.body_read_timeout)
+        .await
+        .map_err(|e| match e {
+            BodyError::TooLarge => refuse(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "Bad form",
                 "The form is too large.",
-            ));
-        }
-        body.extend_from_slice(&chunk);
-    }
+            ),
+            BodyError::Unreadable => refuse(
+                StatusCode::BAD_REQUEST,
+                "Bad form",
+                "The form could not be read.",
+            ),
+            BodyError::TimedOut => {
+                let mut page = refuse(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "Bad form",
+                    "The form did not arrive in time.",
+                );
+                // The rest may still come, or never: the connection is not reused.
+                page.head_mut()
+                    .set_connection_type(actix_web::http::ConnectionType::Close);
+                page
+            }
+        })?;
     Ok(Form::parse(&body))
 }
 
@@ -322,7 +328,7 @@ async fn sign_in(
 ) -> HttpResponse {
     // Login CSRF: another site must not sign a browser in with a token of its choosing.
     tri!(same_site(&req));
-    let form = tri!(read_form(payload).await);
+    let form = tri!(read_form(&state, payload).await);
     let refused = |status, why: &str| page(status, pages::sign_in(Some(why)));
     let who = match session::sign_in(&state.tokens, form.get("token").unwrap_or("")) {
         Ok(who) => who,
@@ -360,7 +366,7 @@ async fn sign_out(
     admin: web::Data<AdminState>,
     payload: web::Payload,
 ) -> HttpResponse {
-    let form = tri!(read_form(payload).await);
+    let form = tri!(read_form(&state, payload).await);
     let (s, _) = tri!(for_action(&req, &state, &admin, &form));
     tracing::info!(token = %s.principal.name, "admin sign-out");
     let mut r = see_other("/admin/sign-in");
@@ -463,7 +469,7 @@ async fn replay(
     admin: web::Data<AdminState>,
     payload: web::Payload,
 ) -> HttpResponse {
-    let form = tri!(read_form(payload).await);
+    let form = tri!(read_form(&state, payload).await);
     let (s, csrf) = tri!(for_action(&req, &state, &admin, &form));
     let viewer = Viewer {
         who: &s.principal,

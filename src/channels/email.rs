@@ -316,7 +316,11 @@ fn parse_header(name: &str, value: &Value) -> Result<(String, String), InvalidFi
         });
     // `X-` and a name after it; never Herald's own `X-Herald-…` (its event id header, which a
     // payload could otherwise have spoofed: it was dropped without a word).
-    if name.len() >= 9 && name[..9].eq_ignore_ascii_case("x-herald-") {
+    if name
+        .as_bytes()
+        .get(..9)
+        .is_some_and(|b| b.eq_ignore_ascii_case(b"x-herald-"))
+    {
         return Err(InvalidField::new(
             "payload.headers",
             format!("{name:?}: X-Herald-… headers are Herald's own"),
@@ -2429,6 +2433,9 @@ mod tests {
             json!({"x-herald-anything": "v"}),
             json!({"X-Tag": "a", "x-tag": "b"}),
             json!({"X-": "v"}),
+            // A name whose 9th byte falls inside a character (it panicked on a byte slice).
+            json!({"X-Heraldé": "v"}),
+            json!({"ééééé": "v"}),
         ] {
             let p = json!({"subject": "s", "text": "t", "headers": headers});
             assert_eq!(fields(p), ["payload.headers"], "{headers}");

@@ -249,47 +249,69 @@ pub(crate) fn authorize(
     Ok(who)
 }
 
-/// Reads the body up to `limit` bytes within `state.body_read_timeout`; more is a 413 problem,
-/// a body still arriving at the deadline a 408 (the connection is then closed), never a partial
-/// read. Without the deadline a client that stopped sending held its connection and buffer for
-/// good — on ingest without any credential.
+/// Why a request body was not read whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyError {
+    /// Over its limit (413).
+    TooLarge,
+    /// The connection failed while it came (400).
+    Unreadable,
+    /// Still arriving at the deadline (408, the connection then closed).
+    TimedOut,
+}
+
+/// Reads a request body whole, at most `limit` bytes, within `timeout` from the first read —
+/// every route that reads a body, the admin page's forms too. Without the deadline a client that
+/// stopped sending held its connection and buffer for good (on ingest and at the admin sign-in,
+/// without any credential).
+pub async fn read_limited(
+    mut payload: web::Payload,
+    limit: usize,
+    timeout: std::time::Duration,
+) -> Result<web::BytesMut, BodyError> {
+    let read = async {
+        let mut body = web::BytesMut::new();
+        while let Some(chunk) = payload.next().await {
+            let chunk = chunk.map_err(|_| BodyError::Unreadable)?;
+            if body.len() + chunk.len() > limit {
+                return Err(BodyError::TooLarge);
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
+    };
+    tokio::time::timeout(timeout, read)
+        .await
+        .unwrap_or(Err(BodyError::TimedOut))
+}
+
+/// [`read_limited`] within `state.body_read_timeout`, its refusals as problems: 413, 400, or
+/// 408 (whose answer closes the connection).
 async fn read_body(
     state: &AppState,
     payload: web::Payload,
     limit: usize,
 ) -> Result<web::BytesMut, Problem> {
-    match tokio::time::timeout(state.body_read_timeout, read_body_whole(payload, limit)).await {
-        Ok(read) => read,
-        Err(_) => Err(Problem::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "body-timeout",
-            "The request body did not arrive in time",
-        )
-        .detail(format!(
-            "the body must arrive within {} ms (body_read_timeout_ms)",
-            state.body_read_timeout.as_millis()
-        ))),
-    }
-}
-
-async fn read_body_whole(
-    mut payload: web::Payload,
-    limit: usize,
-) -> Result<web::BytesMut, Problem> {
-    let mut body = web::BytesMut::new();
-    while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|_| Problem::malformed("the request body could not be read"))?;
-        if body.len() + chunk.len() > limit {
-            return Err(Problem::new(
+    read_limited(payload, limit, state.body_read_timeout)
+        .await
+        .map_err(|e| match e {
+            BodyError::TooLarge => Problem::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "too-large",
                 "The request body is too large",
             )
-            .detail(format!("the limit is {limit} bytes")));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
+            .detail(format!("the limit is {limit} bytes")),
+            BodyError::Unreadable => Problem::malformed("the request body could not be read"),
+            BodyError::TimedOut => Problem::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "body-timeout",
+                "The request body did not arrive in time",
+            )
+            .detail(format!(
+                "the body must arrive within {} ms (body_read_timeout_ms)",
+                state.body_read_timeout.as_millis()
+            )),
+        })
 }
 
 #[utoipa::path(

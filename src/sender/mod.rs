@@ -907,18 +907,21 @@ impl Sender {
             lock_recheck(&self.inner.recheck).add(busy, std::time::Instant::now());
         }
         // Written back as retryable and due within a poll interval: the idle loop wakes at each
-        // (every one of the batch: a rate's held messages come due one slot after another).
-        let (clock_now, instant_now) = (self.inner.clock.now(), std::time::Instant::now());
+        // (every one of the batch: a rate's held messages come due one slot after another). Its
+        // delay from now, after the commit, is never before the time stored: PostgreSQL adds the
+        // delay (rounded up to the millisecond) to its clock in the outcome's transaction, which
+        // began before now; SQLite stores the time it was decided at plus the delay.
+        let instant_now = std::time::Instant::now();
         let mut sooner = false;
         for (o, _) in outcomes
             .iter()
             .zip(&applied)
             .filter(|(o, a)| o.state == State::Retryable && !matches!(a, Applied::LeaseLost))
         {
-            let Some(at) = o.next_attempt_at else {
+            let Some(ms) = o.retry_delay_ms.and_then(|ms| u64::try_from(ms).ok()) else {
                 continue;
             };
-            let wait = (at - clock_now).to_std().unwrap_or_default();
+            let wait = Duration::from_millis(ms);
             if wait < self.inner.config.poll_interval {
                 sooner |= note_due(&self.inner.next_due, instant_now + wait);
             }
