@@ -185,6 +185,9 @@ const CAP_PATIENCE: Duration = Duration::from_millis(100);
 /// only bounds the cost of a backlog held meanwhile (every message claimed and put back once a
 /// period: 30 s made a backlog of 1,000 a hundred claims a second, each logged).
 const DISABLED_WAIT: Duration = Duration::from_secs(300);
+/// How long after it sees an endpoint enabled the sender releases its waiting messages again at
+/// each reread (see `refresh_disabled`).
+const ENABLED_RELEASE_FOR: chrono::TimeDelta = chrono::TimeDelta::seconds(5);
 /// How often the sender rereads which endpoints are disabled (it knows at once of its own).
 const DISABLED_REFRESH: chrono::TimeDelta = chrono::TimeDelta::seconds(1);
 
@@ -248,6 +251,8 @@ struct Inner {
     /// backoff): the idle loop wakes for it rather than at its next poll, so held messages go
     /// when their slot comes.
     next_due: std::sync::Mutex<std::collections::BTreeSet<std::time::Instant>>,
+    /// Endpoints this process saw enabled, and when (see `refresh_disabled`).
+    enabled_recently: std::sync::Mutex<Vec<(String, chrono::DateTime<chrono::Utc>)>>,
 }
 
 /// The most due times [`Inner::next_due`] keeps: beyond them, the latest are left to the poll.
@@ -364,6 +369,7 @@ impl Sender {
                 recheck: std::sync::Mutex::new(Recheck::default()),
                 unwritten: std::sync::Mutex::default(),
                 next_due: std::sync::Mutex::default(),
+                enabled_recently: std::sync::Mutex::default(),
                 before_send: std::sync::OnceLock::new(),
             }),
         }
@@ -488,11 +494,38 @@ impl Sender {
                 .into_iter()
                 .map(|d| d.name)
                 .collect();
-            *self
-                .inner
-                .disabled
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()) = (Some(now), names);
+            let enabled: Vec<String> = {
+                let mut d = self
+                    .inner
+                    .disabled
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                let left = d.1.iter().filter(|n| !names.contains(n)).cloned().collect();
+                *d = (Some(now), names);
+                left
+            };
+            // Enabled since the last read (here or by another process): a message this process
+            // put back meanwhile, still taking the endpoint for disabled, would wait its whole
+            // DISABLED_WAIT. Released with the enabling's own UPDATE now and at the rereads of
+            // the next few seconds, which catch a put-back written after this one.
+            let releasing = {
+                let mut r = self
+                    .inner
+                    .enabled_recently
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                r.extend(enabled.into_iter().map(|n| (n, now)));
+                r.retain(|(_, since)| now - *since < ENABLED_RELEASE_FOR);
+                r.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>()
+            };
+            for name in releasing {
+                let released = self
+                    .blocking(move |db| db.release_enabled(&name, now))
+                    .await?;
+                if released > 0 {
+                    self.inner.wake.notify_one();
+                }
+            }
         }
         Ok(())
     }

@@ -59,7 +59,6 @@ per_backend! {
     /// `retryable` while it was disabled) become due within [`ENABLED_DUE_IN`] rather than at
     /// the end of their wait, in the same transaction.
     pub fn enable_endpoint(conn: &mut Conn, name: &str, now: DateTime<Utc>) -> QueryResult<bool> {
-        use self::schema::herald_outbox as o;
         let changed = diesel::update(e::table.filter(e::name.eq(name)).filter(e::disabled_at.is_not_null()))
             .set((
                 e::disabled_at.eq(None::<DateTime<Utc>>),
@@ -68,17 +67,26 @@ per_backend! {
             ))
             .execute(conn)?;
         if changed > 0 {
-            let due = now + crate::storage::endpoints::ENABLED_DUE_IN;
-            diesel::update(
-                o::table
-                    .filter(o::destination.eq(format!("endpoint:{name}")))
-                    .filter(o::state.eq(crate::domain::State::Retryable))
-                    .filter(o::next_attempt_at.gt(due)),
-            )
-            .set(o::next_attempt_at.eq(due))
-            .execute(conn)?;
+            release_enabled(conn, name, now)?;
         }
         Ok(changed > 0)
+    }
+
+    /// Makes the messages that wait for `name` (put back `retryable` as `not_sent` while it was
+    /// disabled) due within [`ENABLED_DUE_IN`](crate::storage::endpoints::ENABLED_DUE_IN); those
+    /// in a backoff of their own (a 5xx's, a `Retry-After`) keep it. Repeating it changes nothing.
+    pub fn release_enabled(conn: &mut Conn, name: &str, now: DateTime<Utc>) -> QueryResult<usize> {
+        use self::schema::herald_outbox as o;
+        let due = now + crate::storage::endpoints::ENABLED_DUE_IN;
+        diesel::update(
+            o::table
+                .filter(o::destination.eq(format!("endpoint:{name}")))
+                .filter(o::state.eq(crate::domain::State::Retryable))
+                .filter(o::last_error_class.eq(crate::domain::AttemptClass::NotSent))
+                .filter(o::next_attempt_at.gt(due)),
+        )
+        .set(o::next_attempt_at.eq(due))
+        .execute(conn)
     }
 
     pub fn disabled_endpoints(conn: &mut Conn) -> QueryResult<Vec<DisabledEndpoint>> {
@@ -102,6 +110,11 @@ impl Db {
 
     pub fn enable_endpoint(&self, name: &str, now: DateTime<Utc>) -> Result<bool, StorageError> {
         crate::storage::db_run! { self, write |c, q| Ok(q::enable_endpoint(c, name, now)?) }
+    }
+
+    /// See [`queries::pg::release_enabled`](super::queries::pg::release_enabled).
+    pub fn release_enabled(&self, name: &str, now: DateTime<Utc>) -> Result<usize, StorageError> {
+        crate::storage::db_run! { self, write |c, q| Ok(q::release_enabled(c, name, now)?) }
     }
 
     pub fn disabled_endpoints(&self) -> Result<Vec<DisabledEndpoint>, StorageError> {
