@@ -346,7 +346,7 @@ impl Sender {
         wake: Arc<Notify>,
         metrics: Metrics,
     ) -> Self {
-        let throttle = Throttle::new(config.policy.base);
+        let throttle = Throttle::new(config.policy.base, config.longest_send);
         let heartbeat = Arc::new(Heartbeat::new(Heartbeat::limit_for(
             config.poll_interval,
             config.lease,
@@ -670,7 +670,7 @@ impl Sender {
                 AttemptClass::NotSent,
             )));
         }
-        if let Some(until) = self.paused(destination.as_deref(), now) {
+        if let Some(until) = self.paused(destination.as_deref(), row.id, now) {
             return Err(Box::new(put_back(
                 base,
                 row.attempts,
@@ -733,9 +733,10 @@ impl Sender {
     fn paused(
         &self,
         destination: Option<&str>,
+        message: i64,
         now: chrono::DateTime<chrono::Utc>,
     ) -> Option<chrono::DateTime<chrono::Utc>> {
-        let until = destination.and_then(|d| self.inner.throttle.paused_until(d, now))?;
+        let until = destination.and_then(|d| self.inner.throttle.paused_until(d, message, now))?;
         info!(%until, "destination slowed down: put back without a request");
         self.inner.metrics.held("paused");
         Some(until)
@@ -813,7 +814,7 @@ impl Sender {
         // before its clearance would have: put back until the pause ends, no request, its
         // attempt not spent. (Cleared while that 429 was still on its way, it went 6 ms after
         // it: `binary::a_429_holds_the_destinations_other_messages_for_its_retry_after`.)
-        if let Some(until) = self.paused(cleared.destination.as_deref(), now) {
+        if let Some(until) = self.paused(cleared.destination.as_deref(), row.id, now) {
             let attempts = row.attempts;
             return put_back(
                 cleared.base,

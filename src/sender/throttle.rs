@@ -102,31 +102,62 @@ struct Entry {
     /// Pauses in a row, without an accepted answer between them.
     streak: u32,
     transient: Vec<DateTime<Utc>>,
+    /// The last pause came from the relay refusing the session ([`SESSION_REFUSED`]): once it
+    /// ends, one message goes first (the probe) and the others wait for its answer, rather than
+    /// each spending an attempt on the same refusal.
+    half_open: bool,
+    /// The probe in flight: its message id, and since when.
+    probe: Option<(i64, DateTime<Utc>)>,
 }
 
 /// The pauses of one process.
 #[derive(Debug)]
 pub struct Throttle {
     base: Duration,
+    /// How long a probe may be out before another message may probe instead (its send lost).
+    probe_timeout: Duration,
     entries: Mutex<HashMap<String, Entry>>,
 }
 
 impl Throttle {
-    /// `base`: the first pause when the destination asked for none (the retry policy's base).
-    pub fn new(base: Duration) -> Self {
+    /// `base`: the first pause when the destination asked for none (the retry policy's base);
+    /// `probe_timeout`: the longest a probe's send may take.
+    pub fn new(base: Duration, probe_timeout: Duration) -> Self {
         Self {
             base,
+            probe_timeout,
             entries: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Until when `destination` is paused, if it is at `now`.
-    pub fn paused_until(&self, destination: &str, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        entries
-            .get(destination)
-            .and_then(|e| e.paused_until)
-            .filter(|until| *until > now)
+    /// Until when `destination` is paused for `message` at `now`, if it is. After a pause for a
+    /// refused session, the first message to ask is the probe and goes; the others are held for
+    /// `base` at a time until its answer comes (the probe itself may ask again).
+    pub fn paused_until(
+        &self,
+        destination: &str,
+        message: i64,
+        now: DateTime<Utc>,
+    ) -> Option<DateTime<Utc>> {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let e = entries.get_mut(destination)?;
+        if let Some(until) = e.paused_until.filter(|until| *until > now) {
+            return Some(until);
+        }
+        if !e.half_open {
+            return None;
+        }
+        let timeout = chrono::Duration::from_std(self.probe_timeout).unwrap_or_default();
+        match e.probe {
+            Some((id, since)) if id != message && now - since < timeout => {
+                Some(now + chrono::Duration::from_std(self.base).unwrap_or_default())
+            }
+            Some((id, _)) if id == message => None,
+            _ => {
+                e.probe = Some((message, now));
+                None
+            }
+        }
     }
 
     /// Records an answer from `destination`; returns the pause it started, if any.
@@ -137,6 +168,14 @@ impl Throttle {
         now: DateTime<Utc>,
     ) -> Option<DateTime<Utc>> {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = entries.get_mut(destination) {
+            // Any answer ends the probe; one past the session (any but a refusal of it) shows the
+            // relay takes Herald's session again.
+            e.probe = None;
+            if !answer.session_refused() {
+                e.half_open = false;
+            }
+        }
         if answer.class == AttemptClass::Accepted {
             // All is well again: forget the destination (the map holds only troubled ones).
             entries.remove(destination);
@@ -159,6 +198,7 @@ impl Throttle {
         // A pause only ever grows: a shorter one learnt later does not end a longer one.
         let until = entry.paused_until.map_or(until, |u| u.max(until));
         entry.paused_until = Some(until);
+        entry.half_open |= answer.session_refused();
         Some(until)
     }
 }
@@ -193,6 +233,40 @@ mod tests {
     }
 
     #[test]
+    fn after_a_refused_session_one_message_probes_and_the_others_wait_for_its_answer() {
+        use AttemptClass::*;
+        let t = Throttle::new(Duration::from_secs(5), Duration::from_secs(30));
+        let refused = smtp_kind(NotSent, Some(535), "smtp_auth_refused");
+        let until = t.observe("smtp", &refused, now()).unwrap();
+        assert_eq!(t.paused_until("smtp", 1, now()), Some(until));
+        // The pause over: message 1 probes (and may ask again), 2 and 3 wait for its answer.
+        assert_eq!(t.paused_until("smtp", 1, until), None);
+        assert_eq!(t.paused_until("smtp", 1, until), None);
+        let held = until + chrono::Duration::seconds(5);
+        assert_eq!(t.paused_until("smtp", 2, until), Some(held));
+        assert_eq!(t.paused_until("smtp", 3, until), Some(held));
+        // Refused again: a longer pause, and a new probe after it.
+        let again = t.observe("smtp", &refused, until).unwrap();
+        assert_eq!(again, until + chrono::Duration::seconds(10));
+        assert_eq!(t.paused_until("smtp", 2, again), None, "2 probes now");
+        assert!(t.paused_until("smtp", 3, again).is_some());
+        // A probe whose answer never came (lost) gives way after the probe timeout.
+        let late = again + chrono::Duration::seconds(31);
+        assert_eq!(t.paused_until("smtp", 3, late), None, "3 probes instead");
+        // The session taken again (a 451 to a recipient, say): everyone goes.
+        let past = smtp_kind(Transient, Some(451), "smtp_reply");
+        assert_eq!(t.observe("smtp", &past, late), None);
+        assert_eq!(t.paused_until("smtp", 4, late), None);
+        assert_eq!(t.paused_until("smtp", 5, late), None);
+        // A 429's pause is not half-open: all go when it ends.
+        let web = answer(RateLimited, 429, Some(2), false);
+        let until = t.observe("https://a.example:443", &web, now()).unwrap();
+        for id in 1..4 {
+            assert_eq!(t.paused_until("https://a.example:443", id, until), None);
+        }
+    }
+
+    #[test]
     fn the_relay_refusing_the_session_pauses_it_and_refused_recipients_do_not() {
         use AttemptClass::*;
         for (status, kind) in [
@@ -214,7 +288,7 @@ mod tests {
         // Full mailboxes, however many: the recipients', not the relay's.
         let full = smtp_kind(Transient, Some(452), "recipients_refused");
         assert!(!slows_down(&full, BURST_COUNT - 1));
-        let t = Throttle::new(Duration::from_secs(5));
+        let t = Throttle::new(Duration::from_secs(5), Duration::from_secs(30));
         for i in 0..2 * BURST_COUNT {
             assert_eq!(t.observe("smtp", &full, now()), None, "{i}");
         }
@@ -277,14 +351,17 @@ mod tests {
 
     #[test]
     fn a_pause_holds_every_message_of_the_destination_until_it_ends() {
-        let t = Throttle::new(Duration::from_secs(5));
+        let t = Throttle::new(Duration::from_secs(5), Duration::from_secs(30));
         let a = answer(AttemptClass::RateLimited, 429, Some(30), false);
         let until = t.observe("https://a.example:443", &a, now()).unwrap();
         assert_eq!(until, now() + chrono::Duration::seconds(30));
-        assert_eq!(t.paused_until("https://a.example:443", now()), Some(until));
-        assert_eq!(t.paused_until("https://b.example:443", now()), None);
         assert_eq!(
-            t.paused_until("https://a.example:443", until),
+            t.paused_until("https://a.example:443", 0, now()),
+            Some(until)
+        );
+        assert_eq!(t.paused_until("https://b.example:443", 0, now()), None);
+        assert_eq!(
+            t.paused_until("https://a.example:443", 0, until),
             None,
             "over at its end"
         );
@@ -298,7 +375,7 @@ mod tests {
 
     #[test]
     fn pauses_in_a_row_grow_and_an_accepted_answer_resets_them() {
-        let t = Throttle::new(Duration::from_secs(5));
+        let t = Throttle::new(Duration::from_secs(5), Duration::from_secs(30));
         let mut at = now();
         let bye = answer(AttemptClass::NotSent, 421, None, true);
         for expected in [5, 10, 20] {
@@ -318,7 +395,7 @@ mod tests {
 
     #[test]
     fn a_burst_of_transient_answers_pauses_and_a_success_resets_the_count() {
-        let t = Throttle::new(Duration::from_secs(8));
+        let t = Throttle::new(Duration::from_secs(8), Duration::from_secs(30));
         let e = answer(AttemptClass::Transient, 500, None, false);
         let s = |i: i64| now() + chrono::Duration::seconds(i);
         for i in 0..BURST_COUNT as i64 - 1 {
@@ -336,7 +413,7 @@ mod tests {
             Some(s(5) + chrono::Duration::seconds(8))
         );
         // Spread out over more than the window: no burst.
-        let t = Throttle::new(Duration::from_secs(8));
+        let t = Throttle::new(Duration::from_secs(8), Duration::from_secs(30));
         for i in 0..BURST_COUNT as i64 * 2 {
             assert_eq!(t.observe("d", &e, s(11 * i)), None);
         }
@@ -344,7 +421,7 @@ mod tests {
 
     #[test]
     fn only_troubled_destinations_are_remembered() {
-        let t = Throttle::new(Duration::from_secs(5));
+        let t = Throttle::new(Duration::from_secs(5), Duration::from_secs(30));
         for i in 0..100 {
             let ok = answer(AttemptClass::Accepted, 200, None, false);
             assert_eq!(

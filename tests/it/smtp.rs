@@ -378,6 +378,20 @@ async fn smtp_auth_refused_is_not_sent(backend: Backend) {
         app.advance(std::time::Duration::from_secs(pause));
         cancel(&app, id).await;
     }
+    // Once the pause ends (the third in a row: 4 s), one message probes the relay and the other
+    // waits for its answer: one login, one attempt spent, not one each.
+    app.advance(std::time::Duration::from_secs(4));
+    for id in ["probe-a", "probe-b"] {
+        post_mail(&app, id, "dee@example.com", None, "at_least_once").await;
+    }
+    let logins = sink.auth_commands();
+    app.herald.sender.run_once().await.unwrap();
+    assert_eq!(sink.auth_commands(), logins + 1, "one probe");
+    let spent: Vec<usize> = ["probe-a", "probe-b"]
+        .iter()
+        .map(|id| app.attempts(id).len())
+        .collect();
+    assert_eq!(spent.iter().sum::<usize>(), 1, "{spent:?}");
     assert!(sink.accepted().is_empty());
     // The capture is the process's (other tests' lines too): the pause is said at WARN with its
     // error kind, and the password is in no line.
