@@ -405,7 +405,8 @@ impl Herald {
             let dir = &self.settings.mail_dir;
             check_mail_dir(dir).with_context(|| {
                 format!(
-                    "mail_dir {} cannot be used (no smtp_url, so email is written there): set                      HERALD_MAIL_DIR to a directory Herald may write, or HERALD_SMTP_URL",
+                    "mail_dir {} cannot be used (no smtp_url, so email is written there): set \
+                     HERALD_MAIL_DIR to a directory Herald may write, or HERALD_SMTP_URL",
                     dir.display()
                 )
             })?;

@@ -181,6 +181,9 @@ pub struct Entry {
 fn attempt_entry(a: &AttemptFacts) -> Entry {
     let answer = match (a.status, &a.error_kind) {
         (Some(s), _) => format!("answered {s}"),
+        (None, Some(k)) if k == crate::channels::email::WRITTEN_TO_FILE => {
+            "written to the mail directory (no SMTP relay)".into()
+        }
         (None, Some(k)) => format!("failed: {k}"),
         (None, None) => "no answer".into(),
     };

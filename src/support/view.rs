@@ -175,8 +175,15 @@ pub struct AttemptEntry {
 pub fn attempt_note(error_kind: Option<&str>, excerpt: Option<&str>) -> Option<String> {
     let excerpt = excerpt?;
     match error_kind? {
+        // Herald's list ends the excerpt, after the server's reply when some were accepted
+        // (`…; refused at RCPT TO: …`), alone when none was (`every recipient refused at …`):
+        // the last occurrence, so a reply that happens to hold the phrase is not taken.
         "recipients_refused" => excerpt
-            .find("refused at RCPT TO:")
+            .rfind("refused at RCPT TO: ")
+            .filter(|i| {
+                let before = &excerpt[..*i];
+                before.is_empty() || before.ends_with("; ") || before.ends_with("every recipient ")
+            })
             .map(|i| excerpt[i..].to_owned()),
         "invalid_payload" | "bare_line_end" | "unsupported_by_server" => Some(excerpt.to_owned()),
         _ => None,
@@ -397,6 +404,20 @@ mod tests {
         let partial = "250 2.0.0 Ok: queued as Q69; refused at RCPT TO: p***@e***.com 550";
         assert_eq!(
             attempt_note(Some("recipients_refused"), Some(partial)).as_deref(),
+            Some("refused at RCPT TO: p***@e***.com 550")
+        );
+        assert_eq!(
+            attempt_note(
+                Some("recipients_refused"),
+                Some("every recipient refused at RCPT TO: a***@e***.com 550")
+            )
+            .as_deref(),
+            Some("refused at RCPT TO: a***@e***.com 550")
+        );
+        // The server's reply quoting the phrase is not taken for Herald's list.
+        let quoting = "250 ok refused at RCPT TO: you; refused at RCPT TO: p***@e***.com 550";
+        assert_eq!(
+            attempt_note(Some("recipients_refused"), Some(quoting)).as_deref(),
             Some("refused at RCPT TO: p***@e***.com 550")
         );
         assert_eq!(
