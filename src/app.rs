@@ -95,11 +95,15 @@ pub fn open_db(settings: &Settings, migrate: bool) -> anyhow::Result<Db> {
     Ok(db)
 }
 
-/// Creates `dir` when missing and proves it writable with a file made and removed at once.
+/// Creates `dir` when missing and proves it writable with a file made and removed at once (a
+/// name of its own: containers sharing a volume are all process 1).
 fn check_mail_dir(dir: &std::path::Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    let probe = dir.join(format!(".herald-check-{}", std::process::id()));
-    std::fs::write(&probe, b"")?;
+    let probe = dir.join(format!(".herald-check-{:016x}", rand::random::<u64>()));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)?;
     std::fs::remove_file(&probe)
 }
 
@@ -401,19 +405,21 @@ impl Herald {
             .then(crate::storage::sqlite_threading);
         if self.settings.smtp_url.is_none() && self.settings.sender_enabled {
             // Without a relay, mail goes to files: said at once, and the directory checked now
-            // rather than at the first email (each of which would fail and be retried).
+            // rather than at the first email. A warning, not a refusal: a webhook-only
+            // deployment on a read-only file system sends no email at all.
             let dir = &self.settings.mail_dir;
-            check_mail_dir(dir).with_context(|| {
-                format!(
-                    "mail_dir {} cannot be used (no smtp_url, so email is written there): set \
-                     HERALD_MAIL_DIR to a directory Herald may write, or HERALD_SMTP_URL",
-                    dir.display()
-                )
-            })?;
             warn!(
                 mail_dir = %dir.display(),
                 "no smtp_url: email is written as .eml files to mail_dir, not sent"
             );
+            if let Err(e) = check_mail_dir(dir) {
+                warn!(
+                    mail_dir = %dir.display(),
+                    error = %e,
+                    "mail_dir cannot be written: every email will fail (transient, retried) until \
+                     it can; set HERALD_MAIL_DIR to a directory Herald may write, or HERALD_SMTP_URL"
+                );
+            }
         }
         info!(
             listen = %self.settings.listen,
