@@ -234,7 +234,14 @@ impl Herald {
                 .map_err(|e| anyhow::anyhow!("the stored API token is not valid: {e}"))?;
         }
         sync_subscriptions(&db, &settings)?;
-        record_policies(&db, &settings)?;
+        // Kept for explanations only: a database not migrated to the table (serve --no-migrate)
+        // or a role that may not write it still serves.
+        if let Err(e) = record_policies(&db, &settings) {
+            warn!(
+                error = format!("{e:#}"),
+                "retry policies not kept; explanations use the configured budget"
+            );
+        }
         let keys = match &settings.webhook_secret {
             Some(keys) => keys.clone(),
             None => {

@@ -169,12 +169,17 @@ pub fn explain(
     // A message that sets no budget has its policy's: the one its current series' last attempt
     // recorded, as kept (the configuration may have changed since, or this may be `herald
     // explain` run with another one); else its destination's now — its endpoint's own, if any.
+    // Only for a series that has ended: one still being retried is decided by the sender's
+    // configuration, which the view shows too. The lookup is a help, never a failure (a role
+    // without SELECT on the table, a database not migrated to it).
+    let ended = !matches!(
+        row.state,
+        State::Scheduled | State::Retryable | State::Sending
+    );
     let recorded = attempts
         .iter()
-        .rfind(|a| a.attempt_number > row.attempt_base)
-        .map(|a| db.policy_budget(&a.policy_version))
-        .transpose()?
-        .flatten()
+        .rfind(|a| ended && a.attempt_number > row.attempt_base)
+        .and_then(|a| db.policy_budget(&a.policy_version).ok().flatten())
         .and_then(|n| u32::try_from(n).ok());
     let budget = recorded.unwrap_or(policies.of(&row.destination).max_attempts);
     let mut e = Explanation::facts(&row, &attempts, &receipts, &replays, budget);
