@@ -1096,7 +1096,17 @@ pub const PG_REPLAY_AFTER_EVENT: &str =
 pub const SQLITE_REPLAY_AFTER_EVENT: &str = "julianday(herald_replays.replayed_at) > \
      julianday(herald_receipts.event_time) + 5.0 / 86400.0";
 
+/// Whether diesel's bookkeeping table is there, as one `present` boolean: asked rather than
+/// read from the error of a `SELECT` from it, whose words depend on the server's language (and a
+/// permission error names the table too).
+pub const PG_MIGRATIONS_TABLE_PRESENT: &str =
+    "SELECT to_regclass('__diesel_schema_migrations') IS NOT NULL AS present";
+/// SQLite's [`PG_MIGRATIONS_TABLE_PRESENT`].
+pub const SQLITE_MIGRATIONS_TABLE_PRESENT: &str = "SELECT EXISTS (SELECT 1 FROM sqlite_master \
+     WHERE type = 'table' AND name = '__diesel_schema_migrations') AS present";
+
 pub mod pg {
+    pub use super::PG_MIGRATIONS_TABLE_PRESENT as MIGRATIONS_TABLE_PRESENT;
     pub use super::PG_REPLAY_AFTER_EVENT as REPLAY_AFTER_EVENT;
     pub use super::pg_busy_keys as busy_keys;
     pub use super::pg_claimed_not_heads as claimed_not_heads;
@@ -1123,6 +1133,7 @@ pub mod sqlite {
     use chrono::{DateTime, Utc};
     use diesel::prelude::*;
 
+    pub use super::SQLITE_MIGRATIONS_TABLE_PRESENT as MIGRATIONS_TABLE_PRESENT;
     pub use super::SQLITE_REPLAY_AFTER_EVENT as REPLAY_AFTER_EVENT;
 
     pub use super::sqlite_busy_keys as busy_keys;

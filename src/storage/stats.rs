@@ -62,21 +62,19 @@ per_backend! {
     /// The migration versions recorded as applied; `None` when the bookkeeping table is not
     /// there (a database never migrated).
     pub fn applied_migrations(conn: &mut Conn) -> QueryResult<Option<Vec<String>>> {
-        match diesel::sql_query("SELECT version FROM __diesel_schema_migrations")
-            .load::<AppliedVersion>(conn)
-        {
-            Ok(rows) => Ok(Some(rows.into_iter().map(|r| r.version).collect())),
-            // Only its absence: "permission denied for table __diesel_schema_migrations" (a
-            // role without SELECT on it) names it too, and is an error to show as it is.
-            Err(diesel::result::Error::DatabaseError(_, info))
-                if info.message().contains("__diesel_schema_migrations")
-                    && (info.message().contains("does not exist")
-                        || info.message().contains("no such table")) =>
-            {
-                Ok(None)
-            }
-            Err(e) => Err(e),
+        #[derive(diesel::QueryableByName)]
+        struct Present {
+            #[diesel(sql_type = diesel::sql_types::Bool)]
+            present: bool,
         }
+        let present = diesel::sql_query(sql::MIGRATIONS_TABLE_PRESENT).get_result::<Present>(conn)?;
+        if !present.present {
+            return Ok(None);
+        }
+        // There: any error reading it (a role without SELECT on it) is shown as it is.
+        diesel::sql_query("SELECT version FROM __diesel_schema_migrations")
+            .load::<AppliedVersion>(conn)
+            .map(|rows| Some(rows.into_iter().map(|r| r.version).collect()))
     }
 }
 
