@@ -111,14 +111,23 @@ pub struct EmailPayload {
 
 impl EmailPayload {
     /// Every field checked, the first invalid one named (`payload.attachments[0].content_base64`).
-    /// The sender calls this for rows inserted by plain SQL, where a failure is `permanent`.
+    /// The sender calls this at every send, where a failure is `permanent`. It lets through what
+    /// only enqueue refuses (see [`Self::parse_all`]), so that a row accepted before those
+    /// refusals existed, or written by SQL, is sent as it was then: a custom `X-Herald-…`
+    /// header or a bare `X-` is dropped, a name given twice keeps its last value, and an empty
+    /// text is an empty body.
     pub fn parse(payload: &Value) -> Result<Self, InvalidField> {
-        Self::parse_all(payload).map_err(|mut e| e.swap_remove(0))
+        Self::parse_with(payload, false).map_err(|mut e| e.swap_remove(0))
     }
 
     /// Every field checked, every invalid one named (never an empty list): what the enqueue
-    /// paths answer (a 422 lists them all).
+    /// paths answer (a 422 lists them all). Stricter than [`Self::parse`]: an `X-Herald-…` or a
+    /// bare `X-` custom header, a header name given twice, and an empty body are refused.
     pub fn parse_all(payload: &Value) -> Result<Self, Vec<InvalidField>> {
+        Self::parse_with(payload, true)
+    }
+
+    fn parse_with(payload: &Value, at_enqueue: bool) -> Result<Self, Vec<InvalidField>> {
         let obj = payload.as_object().ok_or_else(|| {
             vec![InvalidField::new(
                 "payload",
@@ -204,9 +213,9 @@ impl EmailPayload {
             let text = string("payload.text", "text")?;
             let html = string("payload.html", "html")?;
             // An empty string is no body: a message needs one that says something.
-            if text.as_deref().is_none_or(str::is_empty)
-                && html.as_deref().is_none_or(str::is_empty)
-            {
+            let empty =
+                |b: &Option<String>| b.as_deref().is_none_or(|b| at_enqueue && b.is_empty());
+            if empty(&text) && empty(&html) {
                 return Err(InvalidField::new(
                     "payload.text",
                     "text or html is required, and not empty",
@@ -220,8 +229,12 @@ impl EmailPayload {
                 let mut seen = std::collections::HashSet::new();
                 let mut parsed = Vec::with_capacity(h.len());
                 for (k, v) in h {
+                    // Sent as before these refusals: Herald's own and bare names dropped.
+                    if !at_enqueue && (is_herald_header(k) || k.eq_ignore_ascii_case("x-")) {
+                        continue;
+                    }
                     match parse_header(k, v) {
-                        Ok(h) if !seen.insert(h.0.to_ascii_lowercase()) => {
+                        Ok(h) if !seen.insert(h.0.to_ascii_lowercase()) && at_enqueue => {
                             errors.push(InvalidField::new(
                                 "payload.headers",
                                 format!("{k:?}: given twice (header names ignore case)"),
@@ -306,6 +319,13 @@ impl EmailPayload {
 /// control character but tab). The relay headers Herald merges its correlation into
 /// ([`relay::JSON_OBJECT_HEADERS`]) must hold a JSON object; it is written again with a space
 /// after each `,` and `:`, where the header can fold.
+/// Herald's own header names (`X-Herald-…`: its event id), which a payload may not set.
+fn is_herald_header(name: &str) -> bool {
+    name.as_bytes()
+        .get(..9)
+        .is_some_and(|b| b.eq_ignore_ascii_case(b"x-herald-"))
+}
+
 fn parse_header(name: &str, value: &Value) -> Result<(String, String), InvalidField> {
     let v = value
         .as_str()
@@ -316,11 +336,7 @@ fn parse_header(name: &str, value: &Value) -> Result<(String, String), InvalidFi
         });
     // `X-` and a name after it; never Herald's own `X-Herald-…` (its event id header, which a
     // payload could otherwise have spoofed: it was dropped without a word).
-    if name
-        .as_bytes()
-        .get(..9)
-        .is_some_and(|b| b.eq_ignore_ascii_case(b"x-herald-"))
-    {
+    if is_herald_header(name) {
         return Err(InvalidField::new(
             "payload.headers",
             format!("{name:?}: X-Herald-… headers are Herald's own"),
@@ -2440,6 +2456,18 @@ mod tests {
             let p = json!({"subject": "s", "text": "t", "headers": headers});
             assert_eq!(fields(p), ["payload.headers"], "{headers}");
         }
+        // At send time (a row accepted before these refusals, or written by SQL) the same
+        // payloads are sent as they were then, not dead-lettered.
+        let lenient = json!({"subject": "s", "text": "", "headers":
+            {"X-Herald-Event-Id": "spoof", "X-": "v", "X-Tag": "a", "x-tag": "b"}});
+        let p = EmailPayload::parse(&lenient).unwrap();
+        assert_eq!(
+            p.headers,
+            [
+                ("X-Tag".to_owned(), "a".to_owned()),
+                ("x-tag".to_owned(), "b".to_owned())
+            ]
+        );
         // An empty body is none; an empty text beside an html is fine.
         assert_eq!(
             fields(json!({"subject": "s", "text": ""})),
