@@ -113,7 +113,8 @@ impl IngestVerdict {
         match status {
             200..=299 => IngestVerdict::Accepted,
             401 | 403 => IngestVerdict::SignatureRefused,
-            400 | 422 => IngestVerdict::BadRequest,
+            // A body that stalled (408) is the client's, as a malformed one is.
+            400 | 408 | 422 => IngestVerdict::BadRequest,
             413 => IngestVerdict::TooLarge,
             404 => IngestVerdict::UnknownSource,
             503 => IngestVerdict::Unavailable,
