@@ -1059,7 +1059,7 @@ impl Accepted {
         r.status = Some(code);
         r.provider_message_id = queue_id(&text);
         if !self.refused.is_empty() {
-            r.error_kind = Some("recipients_refused".to_owned());
+            r.error_kind = Some(kind::RECIPIENTS_REFUSED.to_owned());
             let reply = r.excerpt.take().unwrap_or_default();
             r.excerpt = Some(format!("{reply}; {}", refused_list(&self.refused)));
         }
@@ -1109,7 +1109,11 @@ impl SmtpFailure {
                     .find(|c| (400..500).contains(c))
                     .or_else(|| refused.first().map(|r| r.code))
                     .unwrap_or(550);
-                (classify_smtp_code(code), "recipients_refused", Some(code))
+                (
+                    classify_smtp_code(code),
+                    kind::RECIPIENTS_REFUSED,
+                    Some(code),
+                )
             }
             SmtpFailure::PoolTimeout => (AttemptClass::NotSent, "pool_timeout", None),
             SmtpFailure::Tcp(_) => (AttemptClass::NotSent, "connect", None),
@@ -1119,23 +1123,23 @@ impl SmtpFailure {
             SmtpFailure::Smtp(Stage::Connect(step), e) => {
                 let code = reply_code(e);
                 let kind = match (step, code) {
-                    (ConnectStep::Hello, Some(_)) => "smtp_greeting_refused",
-                    (ConnectStep::StartTls, Some(_)) => "smtp_starttls_refused",
-                    (ConnectStep::Auth, Some(_)) => "smtp_auth_refused",
+                    (ConnectStep::Hello, Some(_)) => kind::GREETING_REFUSED,
+                    (ConnectStep::StartTls, Some(_)) => kind::STARTTLS_REFUSED,
+                    (ConnectStep::Auth, Some(_)) => kind::AUTH_REFUSED,
                     _ if e.is_timeout() => "connect_timeout",
-                    _ if is_tls_failure(e) => "tls",
+                    _ if is_tls_failure(e) => kind::TLS,
                     (ConnectStep::Hello, None) => "connect",
                     // E.g. the server does not offer STARTTLS although `tls=required`.
-                    (ConnectStep::StartTls, None) => "tls",
+                    (ConnectStep::StartTls, None) => kind::TLS,
                     // E.g. no authentication mechanism in common.
-                    (ConnectStep::Auth, None) => "smtp_auth",
+                    (ConnectStep::Auth, None) => kind::AUTH,
                 };
                 (AttemptClass::NotSent, kind, code)
             }
             // "530 authentication required" (or "must issue STARTTLS first") in the envelope: a
             // configuration fault on our side, not this message's — never sent, not dead.
             SmtpFailure::Smtp(Stage::Envelope, e) if reply_code(e) == Some(530) => {
-                (AttemptClass::NotSent, "smtp_auth_required", Some(530))
+                (AttemptClass::NotSent, kind::AUTH_REQUIRED, Some(530))
             }
             SmtpFailure::Smtp(_, e) if e.status().is_some() => {
                 let code = reply_code(e).unwrap_or(0);
@@ -2047,6 +2051,30 @@ fn reply_code(e: &lettre::transport::smtp::Error) -> Option<u16> {
 /// The error kind of an email written to `mail_dir` (no `smtp_url`): accepted, with no reply
 /// code, since no server was asked.
 pub const WRITTEN_TO_FILE: &str = "written_to_file";
+
+/// The error kinds other parts decide by (the sender's throttle, the support note), named once.
+pub mod kind {
+    /// Recipients refused at RCPT TO (some, the message went to the others; or all).
+    pub const RECIPIENTS_REFUSED: &str = "recipients_refused";
+    /// The relay refused Herald's session: its greeting, STARTTLS, TLS, the login, or a `530`
+    /// asking for one ([`SESSION_REFUSED`]).
+    pub const GREETING_REFUSED: &str = "smtp_greeting_refused";
+    pub const STARTTLS_REFUSED: &str = "smtp_starttls_refused";
+    pub const AUTH_REFUSED: &str = "smtp_auth_refused";
+    pub const AUTH_REQUIRED: &str = "smtp_auth_required";
+    /// No authentication mechanism in common.
+    pub const AUTH: &str = "smtp_auth";
+    pub const TLS: &str = "tls";
+    /// Every kind that says the relay refused the session itself.
+    pub const SESSION_REFUSED: &[&str] = &[
+        GREETING_REFUSED,
+        STARTTLS_REFUSED,
+        AUTH_REFUSED,
+        AUTH_REQUIRED,
+        AUTH,
+        TLS,
+    ];
+}
 
 async fn write_eml(
     dir: &std::path::Path,

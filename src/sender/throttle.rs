@@ -45,14 +45,7 @@ pub struct Answer<'a> {
 /// TLS, the login, or a `530` asking for one: a configuration fault (or a relay refusing every
 /// client), the same for every message. Each pauses the relay at once, so that the messages
 /// behind the one that met it wait without spending attempts while the operator mends it.
-pub const SESSION_REFUSED: &[&str] = &[
-    "smtp_greeting_refused",
-    "smtp_starttls_refused",
-    "smtp_auth_refused",
-    "smtp_auth_required",
-    "smtp_auth",
-    "tls",
-];
+pub const SESSION_REFUSED: &[&str] = crate::channels::email::kind::SESSION_REFUSED;
 
 impl Answer<'_> {
     fn session_refused(&self) -> bool {
@@ -85,7 +78,7 @@ pub fn slows_down(answer: &Answer<'_>, recent_transient: usize) -> bool {
 /// A transient answer for the burst count: the class, or an SMTP 4xx that stopped the session
 /// before the envelope (classed `not_sent`: nothing left).
 fn is_transient(answer: &Answer<'_>) -> bool {
-    answer.error_kind != Some("recipients_refused")
+    answer.error_kind != Some(crate::channels::email::kind::RECIPIENTS_REFUSED)
         && (answer.class == AttemptClass::Transient
             || (answer.is_smtp && matches!(answer.status, Some(400..=499))))
 }

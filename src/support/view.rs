@@ -178,7 +178,7 @@ pub fn attempt_note(error_kind: Option<&str>, excerpt: Option<&str>) -> Option<S
         // Herald's list ends the excerpt, after the server's reply when some were accepted
         // (`…; refused at RCPT TO: …`), alone when none was (`every recipient refused at …`):
         // the last occurrence, so a reply that happens to hold the phrase is not taken.
-        "recipients_refused" => excerpt
+        crate::channels::email::kind::RECIPIENTS_REFUSED => excerpt
             .rfind("refused at RCPT TO: ")
             .filter(|i| {
                 let before = &excerpt[..*i];
