@@ -441,10 +441,14 @@ pub fn build_message(
     // as lettre would take it from the headers, but without parsing them back out of the
     // headers it has just written (that parse was half of what building a message cost,
     // measured in `herald-bench email_smtp`).
-    let recipients: Vec<lettre::Address> = std::iter::once(&to)
-        .chain(p.to.iter().chain(&p.cc).chain(&p.bcc))
-        .map(|m| m.email.clone())
-        .collect();
+    // Each address once: the same one as `destination` and in `bcc` got RCPT TO twice in one
+    // transaction.
+    let mut recipients: Vec<lettre::Address> = Vec::new();
+    for m in std::iter::once(&to).chain(p.to.iter().chain(&p.cc).chain(&p.bcc)) {
+        if !recipients.contains(&m.email) {
+            recipients.push(m.email.clone());
+        }
+    }
     let envelope = Envelope::new(Some(from.email.clone()), recipients)
         .map_err(|e| InvalidField::new("payload", format!("cannot build the email: {e}")))?;
     // Each address header set once, whole: lettre's `to`, `cc` and `bcc` parse the header built
@@ -2598,6 +2602,23 @@ mod tests {
             Some("desk@example.com")
         );
         assert_eq!(built.envelope().to().len(), 5);
+        // An address given twice (the destination again in bcc, a cc repeated) gets one RCPT.
+        let twice = json!({"subject": "s", "text": "t", "cc": ["c@example.com", "c@example.com"],
+            "bcc": ["ada@example.com"]});
+        let built = build_message(
+            &Outgoing {
+                payload: &twice,
+                ..row
+            },
+            &default_from,
+            "h.example",
+            &MessageOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            built.envelope().to(),
+            ["ada@example.com", "c@example.com"].map(|a| a.parse::<lettre::Address>().unwrap())
+        );
         // Without a `from`, the default sender.
         let plain = json!({"subject": "s", "text": "t"});
         let row = Outgoing {

@@ -53,6 +53,12 @@ pub struct Streaks {
 }
 
 impl Streaks {
+    /// Forgets `endpoint`'s streak (it was enabled again: failures before that do not count).
+    pub fn reset(&self, endpoint: &str) {
+        let mut map = self.by_endpoint.lock().unwrap_or_else(|p| p.into_inner());
+        map.remove(endpoint);
+    }
+
     /// Counts one attempt's class for `endpoint`; `Some` when the streak trips `rule` now (the
     /// streak then starts again from zero).
     pub fn observe(
@@ -109,6 +115,28 @@ mod tests {
             };
             assert_eq!(effect(*c), want, "{c}");
         }
+    }
+
+    #[test]
+    fn an_enabled_endpoint_starts_a_new_streak() {
+        let rule = AutoDisable {
+            failures: 3,
+            over: Duration::ZERO,
+        };
+        let s = Streaks::default();
+        // Sends in flight when it was disabled fail and count…
+        for t in [0, 1] {
+            assert_eq!(s.observe("a", AttemptClass::Transient, at(t), rule), None);
+        }
+        // …but not once it is enabled again: two failures more do not trip it.
+        s.reset("a");
+        for t in [2, 3] {
+            assert_eq!(s.observe("a", AttemptClass::Transient, at(t), rule), None);
+        }
+        assert!(
+            s.observe("a", AttemptClass::Transient, at(4), rule)
+                .is_some()
+        );
     }
 
     #[test]

@@ -246,14 +246,16 @@ struct Inner {
     /// [`give_up_writing_outcomes`]); the entry goes when the outcome is written, or given up
     /// on.
     unwritten: std::sync::Mutex<std::collections::HashSet<(i64, i32)>>,
-    /// The soonest time a message this process wrote back as `retryable` becomes due, when that
-    /// is within a poll interval (put back by a destination's limit or pause, or a short
-    /// backoff): the idle loop wakes for it rather than at its next poll, so held messages go
-    /// when their slot comes.
+    /// The times messages this process wrote back as `retryable` become due, within
+    /// [`DUE_HORIZON`] (put back by a destination's limit or pause, or a backoff): the idle loop
+    /// wakes for each rather than at its next poll, so held messages go when their slot comes.
     next_due: std::sync::Mutex<std::collections::BTreeSet<std::time::Instant>>,
     /// Endpoints this process saw enabled, and when (see `refresh_disabled`).
     enabled_recently: std::sync::Mutex<Vec<(String, chrono::DateTime<chrono::Utc>)>>,
 }
+
+/// How far ahead a due time is noted (see [`Inner::next_due`]); a later one is left to the poll.
+const DUE_HORIZON: Duration = Duration::from_secs(600);
 
 /// The most due times [`Inner::next_due`] keeps: beyond them, the latest are left to the poll.
 const DUE_NOTES: usize = 1024;
@@ -500,10 +502,16 @@ impl Sender {
                     .disabled
                     .lock()
                     .unwrap_or_else(|p| p.into_inner());
-                let left = d.1.iter().filter(|n| !names.contains(n)).cloned().collect();
+                let left: Vec<String> =
+                    d.1.iter().filter(|n| !names.contains(n)).cloned().collect();
                 *d = (Some(now), names);
                 left
             };
+            // Failures counted before the enabling (sends in flight when it was disabled) do not
+            // start its next streak.
+            for name in &enabled {
+                self.inner.streaks.reset(name);
+            }
             // Enabled since the last read (here or by another process): a message this process
             // put back meanwhile, still taking the endpoint for disabled, would wait its whole
             // DISABLED_WAIT. Released with the enabling's own UPDATE now and at the rereads of
@@ -737,7 +745,8 @@ impl Sender {
         now: chrono::DateTime<chrono::Utc>,
     ) -> Option<chrono::DateTime<chrono::Utc>> {
         let until = destination.and_then(|d| self.inner.throttle.paused_until(d, message, now))?;
-        info!(%until, "destination slowed down: put back without a request");
+        // Once per message and pause: the pause itself was the operational event (WARN).
+        debug!(%until, "destination slowed down: put back without a request");
         self.inner.metrics.held("paused");
         Some(until)
     }
@@ -900,6 +909,9 @@ impl Sender {
             delay_ms = decision.delay.map(|d| d.as_millis() as u64),
             "attempt classified"
         );
+        // No receiver accepted a mail written to a file (the decision's words say one did).
+        let written_to_file =
+            report.error_kind.as_deref() == Some(crate::channels::email::WRITTEN_TO_FILE);
         OutcomeRecord {
             state: decision.state,
             next_attempt_at: decision.next_attempt_at,
@@ -915,7 +927,11 @@ impl Sender {
                 class: report.class,
                 retry_after: report.retry_after_raw,
                 delay_ms: decision.delay.map(|d| d.as_millis() as i64),
-                delay_reason: Some(decision.reason),
+                delay_reason: Some(if written_to_file {
+                    "written to the mail directory (no SMTP relay)".to_owned()
+                } else {
+                    decision.reason
+                }),
                 policy_version: policy.version.clone(),
                 response_excerpt: report.excerpt,
             }),
@@ -940,7 +956,7 @@ impl Sender {
             );
             lock_recheck(&self.inner.recheck).add(busy, std::time::Instant::now());
         }
-        // Written back as retryable and due within a poll interval: the idle loop wakes at each
+        // Written back as retryable and due within DUE_HORIZON: the idle loop wakes at each
         // (every one of the batch: a rate's held messages come due one slot after another). Its
         // delay from now, after the commit, is never before the time stored: PostgreSQL adds the
         // delay (rounded up to the millisecond) to its clock in the outcome's transaction, which
@@ -955,8 +971,11 @@ impl Sender {
             let Some(ms) = o.retry_delay_ms.and_then(|ms| u64::try_from(ms).ok()) else {
                 continue;
             };
+            // Any due time within the horizon, not only within a poll interval: the poll finds a
+            // row up to a whole interval late (a rate's slots, 0.5 s apart, went in pairs at
+            // each 1 s poll).
             let wait = Duration::from_millis(ms);
-            if wait < self.inner.config.poll_interval {
+            if wait < DUE_HORIZON {
                 sooner |= note_due(&self.inner.next_due, instant_now + wait);
             }
         }

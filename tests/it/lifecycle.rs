@@ -159,8 +159,16 @@ async fn email_goes_to_the_mail_directory(backend: Backend) {
     // No server was asked: no reply code, and the explanation does not say a receiver took it.
     let a = &app.attempts("welcome-7")[0];
     assert_eq!(
-        (a.response_status, a.error_kind.as_deref()),
-        (None, Some("written_to_file"))
+        (
+            a.response_status,
+            a.error_kind.as_deref(),
+            a.delay_reason.as_deref()
+        ),
+        (
+            None,
+            Some("written_to_file"),
+            Some("written to the mail directory (no SMTP relay)")
+        )
     );
     let words = app
         .http
