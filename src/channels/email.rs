@@ -820,6 +820,9 @@ impl SmtpRelay {
         if !url.username().is_empty() && url.password().is_none() {
             return part("a user name needs its password (user:password@host)");
         }
+        if url.username().is_empty() && url.password().is_some() {
+            return part("a password needs its user name (user:password@host)");
+        }
         let tls_param = url
             .query_pairs()
             .find(|(k, _)| k == "tls")
@@ -842,8 +845,9 @@ impl SmtpRelay {
             }
             _ => return Err(bad()),
         };
+        // An empty path, or `/`; anything else must be a name (`//` is not one).
         let hello = match url.path().trim_matches('/') {
-            "" => ClientId::default(),
+            "" if url.path().len() <= 1 => ClientId::default(),
             name if is_mail_domain(name) => ClientId::Domain(name.to_owned()),
             _ => return part("the path, the EHLO name, must be a host name"),
         };
@@ -864,21 +868,25 @@ impl SmtpRelay {
     }
 }
 
-/// A name to say in EHLO or after the @ of a Message-ID: a host name's letters, digits, hyphens and dots (RFC 5321's
-/// `Domain`), or an address literal in brackets.
+/// A name to say in EHLO or after the @ of a Message-ID: a host name (RFC 5321's `Domain`:
+/// dot-separated labels of letters, digits and inner hyphens, 1–63 characters each), or an
+/// address literal that is one (`[192.0.2.7]`, `[IPv6:2001:db8::1]`).
 pub fn is_mail_domain(name: &str) -> bool {
-    let literal = name.starts_with('[') && name.ends_with(']');
-    let allowed = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.');
-    let inner = if literal {
-        &name[1..name.len() - 1]
-    } else {
-        name
+    if let Some(inner) = name.strip_prefix('[').and_then(|n| n.strip_suffix(']')) {
+        return match inner.get(..5) {
+            Some(tag) if tag.eq_ignore_ascii_case("IPv6:") => {
+                inner[5..].parse::<std::net::Ipv6Addr>().is_ok()
+            }
+            _ => inner.parse::<std::net::Ipv4Addr>().is_ok(),
+        };
+    }
+    let label = |l: &str| {
+        (1..=63).contains(&l.len())
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
     };
-    !inner.is_empty()
-        && name.len() <= 255
-        && inner
-            .bytes()
-            .all(|b| allowed(b) || (literal && matches!(b, b':' | b'%')))
+    name.len() <= 253 && name.split('.').all(label)
 }
 
 fn percent_decode(s: &str) -> Option<String> {
@@ -3079,8 +3087,24 @@ mod tests {
         ] {
             assert!(is_mail_domain(name), "{name}");
         }
-        for name in ["a b", "[]", "x_y", "a/b", "é.example"] {
+        for name in [
+            "a b",
+            "[]",
+            "x_y",
+            "a/b",
+            "é.example",
+            "-bad-",
+            "a..b",
+            "-a-.",
+            "a.",
+            "[999.1.1.1]",
+            "[2001:db8::1]",
+            "%2e%2e",
+        ] {
             assert!(!is_mail_domain(name), "{name}");
+        }
+        for bad in ["smtp://:pw@127.0.0.1", "smtp://127.0.0.1//"] {
+            assert!(SmtpRelay::parse(bad, None).is_err(), "{bad}");
         }
         // The message and every cause behind it.
         let chain = |e: &dyn std::error::Error| {
