@@ -766,8 +766,9 @@ impl Settings {
         if !email::is_mail_domain(&message_id_domain) {
             return Err(invalid(
                 "message_id_domain",
-                "must be a domain name (letters, digits, hyphens and dots) or an [address]: \
-                 set HERALD_MESSAGE_ID_DOMAIN to your sending domain, e.g. mail.example.com",
+                "must be a domain name (dot-separated labels of letters, digits and inner \
+                 hyphens, none empty) or an address literal ([192.0.2.1]): set \
+                 HERALD_MESSAGE_ID_DOMAIN to your sending domain, e.g. mail.example.com",
             ));
         }
         if smtp_credentials.is_some() && f.smtp_url.is_none() {

@@ -313,12 +313,6 @@ impl EmailPayload {
     }
 }
 
-/// A custom header: an `X-…` name of printable ASCII (RFC 5322 `ftext`: no control character,
-/// space or `:` — lettre's own check lets CR and LF through, and it writes the name as given, so
-/// `X-A\r\nReply-To` would have been a header of its own) with a one-line string value (no
-/// control character but tab). The relay headers Herald merges its correlation into
-/// ([`relay::JSON_OBJECT_HEADERS`]) must hold a JSON object; it is written again with a space
-/// after each `,` and `:`, where the header can fold.
 /// Herald's own header names (`X-Herald-…`: its event id), which a payload may not set.
 fn is_herald_header(name: &str) -> bool {
     name.as_bytes()
@@ -326,6 +320,12 @@ fn is_herald_header(name: &str) -> bool {
         .is_some_and(|b| b.eq_ignore_ascii_case(b"x-herald-"))
 }
 
+/// A custom header: an `X-…` name of printable ASCII (RFC 5322 `ftext`: no control character,
+/// space or `:` — lettre's own check lets CR and LF through, and it writes the name as given, so
+/// `X-A\r\nReply-To` would have been a header of its own) with a one-line string value (no
+/// control character but tab). The relay headers Herald merges its correlation into
+/// ([`relay::JSON_OBJECT_HEADERS`]) must hold a JSON object; it is written again with a space
+/// after each `,` and `:`, where the header can fold.
 fn parse_header(name: &str, value: &Value) -> Result<(String, String), InvalidField> {
     let v = value
         .as_str()
@@ -445,7 +445,11 @@ pub fn build_message(
     // transaction.
     let mut recipients: Vec<lettre::Address> = Vec::new();
     for m in std::iter::once(&to).chain(p.to.iter().chain(&p.cc).chain(&p.bcc)) {
-        if !recipients.contains(&m.email) {
+        // The domain compares without case, the local part as written (RFC 5321 §2.4).
+        let same = |r: &lettre::Address| {
+            r.user() == m.email.user() && r.domain().eq_ignore_ascii_case(m.email.domain())
+        };
+        if !recipients.iter().any(same) {
             recipients.push(m.email.clone());
         }
     }
@@ -1127,7 +1131,7 @@ impl SmtpFailure {
                     Some(code),
                 )
             }
-            SmtpFailure::PoolTimeout => (AttemptClass::NotSent, "pool_timeout", None),
+            SmtpFailure::PoolTimeout => (AttemptClass::NotSent, kind::POOL_TIMEOUT, None),
             SmtpFailure::Tcp(_) => (AttemptClass::NotSent, "connect", None),
             SmtpFailure::Timeout(Stage::Connect(_)) => {
                 (AttemptClass::NotSent, "connect_timeout", None)
@@ -2077,6 +2081,8 @@ pub mod kind {
     /// No authentication mechanism in common.
     pub const AUTH: &str = "smtp_auth";
     pub const TLS: &str = "tls";
+    /// No connection slot free within the SMTP timeout (the sender holds the relay's messages).
+    pub const POOL_TIMEOUT: &str = "pool_timeout";
     /// Every kind that says the relay refused the session itself.
     pub const SESSION_REFUSED: &[&str] = &[
         GREETING_REFUSED,
@@ -2611,7 +2617,7 @@ mod tests {
         );
         assert_eq!(built.envelope().to().len(), 5);
         // An address given twice (the destination again in bcc, a cc repeated) gets one RCPT.
-        let twice = json!({"subject": "s", "text": "t", "cc": ["c@example.com", "c@example.com"],
+        let twice = json!({"subject": "s", "text": "t", "cc": ["c@example.com", "c@EXAMPLE.com"],
             "bcc": ["ada@example.com"]});
         let built = build_message(
             &Outgoing {

@@ -698,7 +698,6 @@ async fn enable_endpoint(
     let changed = web::block(move || db.enable_endpoint(&n, now)).await??;
     if changed {
         tracing::warn!(endpoint = %name, token = %who.name, "endpoint enabled again");
-        state.wake.notify_one();
     }
     Ok(HttpResponse::Ok().json(view::EndpointEnabled {
         name,

@@ -185,6 +185,13 @@ const CAP_PATIENCE: Duration = Duration::from_millis(100);
 /// only bounds the cost of a backlog held meanwhile (every message claimed and put back once a
 /// period: 30 s made a backlog of 1,000 a hundred claims a second, each logged).
 const DISABLED_WAIT: Duration = Duration::from_secs(300);
+/// [`crate::storage::endpoints::ENABLED_DUE_IN`] as a wait.
+fn storage_endpoints_due_in() -> Duration {
+    crate::storage::endpoints::ENABLED_DUE_IN
+        .to_std()
+        .unwrap_or_default()
+}
+
 /// How long after it sees an endpoint enabled the sender releases its waiting messages again at
 /// each reread (see `refresh_disabled`).
 const ENABLED_RELEASE_FOR: chrono::TimeDelta = chrono::TimeDelta::seconds(5);
@@ -453,7 +460,22 @@ impl Sender {
             .await?;
         // The rows are claimed (committed): a failed reread keeps the last list rather than
         // leaving them leased and unsent until their lease runs out.
-        if !rows.is_empty()
+        // Also after an empty claim while an endpoint is (or was just) disabled: an enabling
+        // must be seen, and its held messages released, without a claim that finds rows.
+        let watching = {
+            let d = self
+                .inner
+                .disabled
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            !d.1.is_empty()
+        } || !self
+            .inner
+            .enabled_recently
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty();
+        if (!rows.is_empty() || watching)
             && let Err(e) = self.refresh_disabled().await
         {
             warn!(error = %e, "rereading the disabled endpoints failed; using the last list");
@@ -523,15 +545,30 @@ impl Sender {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner());
                 r.extend(enabled.into_iter().map(|n| (n, now)));
-                r.retain(|(_, since)| now - *since < ENABLED_RELEASE_FOR);
+                // Not one disabled again meanwhile: its put-backs must wait.
+                let disabled = &self
+                    .inner
+                    .disabled
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .1;
+                r.retain(|(n, since)| now - *since < ENABLED_RELEASE_FOR && !disabled.contains(n));
                 r.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>()
             };
             for name in releasing {
-                let released = self
-                    .blocking(move |db| db.release_enabled(&name, now))
-                    .await?;
-                if released > 0 {
-                    self.inner.wake.notify_one();
+                let n = name.clone();
+                match self.blocking(move |db| db.release_enabled(&n, now)).await {
+                    // Due in ENABLED_DUE_IN: the idle loop wakes then, not at its next poll.
+                    Ok(released) if released > 0 => {
+                        let due = std::time::Instant::now() + storage_endpoints_due_in();
+                        if note_due(&self.inner.next_due, due) {
+                            self.inner.wake.notify_one();
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        warn!(endpoint = %name, error = %e, "releasing an enabled endpoint's messages failed; they go at the end of their wait");
+                    }
                 }
             }
         }
@@ -857,7 +894,7 @@ impl Sender {
             Channel::Email => Box::pin(self.inner.email.send(&outgoing)).await,
         };
         let took = sending.elapsed();
-        if report.error_kind.as_deref() == Some("pool_timeout") {
+        if report.error_kind.as_deref() == Some(crate::channels::email::kind::POOL_TIMEOUT) {
             // Every SMTP connection stayed busy for the whole attempt: this message was never
             // tried, so no attempt is spent on it (more sends in flight than the pool's size
             // must not dead-letter mail that never left).
@@ -897,6 +934,7 @@ impl Sender {
                     .map(|asked| policy.after_retry_after(asked, 0.0).delay),
                 is_smtp: row.channel == Channel::Email,
                 error_kind: report.error_kind.as_deref(),
+                message: row.id,
             };
             if let Some(until) = self.inner.throttle.observe(d, &answer, report.finished_at) {
                 warn!(%until, class = report.class.as_str(), status = report.status, error_kind = report.error_kind.as_deref(), "destination slowed down");

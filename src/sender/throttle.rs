@@ -39,6 +39,8 @@ pub struct Answer<'a> {
     pub is_smtp: bool,
     /// The error kind, when the answer has one (`smtp_auth_refused`, `recipients_refused`, …).
     pub error_kind: Option<&'a str>,
+    /// The message it answered (a probe's answer ends the probe).
+    pub message: i64,
 }
 
 /// SMTP error kinds that say the relay refused Herald's session itself — its greeting, STARTTLS,
@@ -142,10 +144,14 @@ impl Throttle {
         }
         let timeout = chrono::Duration::from_std(self.probe_timeout).unwrap_or_default();
         match e.probe {
-            Some((id, since)) if id != message && now - since < timeout => {
-                Some(now + chrono::Duration::from_std(self.base).unwrap_or_default())
-            }
-            Some((id, _)) if id == message => None,
+            // Held a second at least: a small retry base would claim and put back every held
+            // message many times a second while the probe is out.
+            Some((id, since)) if id != message && now - since < timeout => Some(
+                now + chrono::Duration::from_std(self.base.max(Duration::from_secs(1)))
+                    .unwrap_or_default(),
+            ),
+            // The probe, asking again just before its request (after waiting for a send slot):
+            // its time runs from the request.
             _ => {
                 e.probe = Some((message, now));
                 None
@@ -162,10 +168,16 @@ impl Throttle {
     ) -> Option<DateTime<Utc>> {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(e) = entries.get_mut(destination) {
-            // Any answer ends the probe; one past the session (any but a refusal of it) shows the
-            // relay takes Herald's session again.
-            e.probe = None;
-            if !answer.session_refused() {
+            // The probe's answer ends the probe (a late answer of a send from before the pause
+            // does not); an answer past the session — accepted, or a reply about the message
+            // itself — shows the relay takes Herald's session again. One that never reached a
+            // session (a lost connection) shows nothing: the next message probes.
+            if e.probe.is_some_and(|(id, _)| id == answer.message) {
+                e.probe = None;
+            }
+            let session_taken = answer.class == AttemptClass::Accepted
+                || (answer.is_smtp && answer.status.is_some() && !answer.session_refused());
+            if session_taken {
                 e.half_open = false;
             }
         }
@@ -212,6 +224,7 @@ mod tests {
             asked: asked.map(Duration::from_secs),
             is_smtp,
             error_kind: None,
+            message: 0,
         }
     }
 
@@ -222,6 +235,7 @@ mod tests {
             asked: None,
             is_smtp: true,
             error_kind: Some(kind),
+            message: 0,
         }
     }
 
@@ -238,14 +252,47 @@ mod tests {
         let held = until + chrono::Duration::seconds(5);
         assert_eq!(t.paused_until("smtp", 2, until), Some(held));
         assert_eq!(t.paused_until("smtp", 3, until), Some(held));
-        // Refused again: a longer pause, and a new probe after it.
-        let again = t.observe("smtp", &refused, until).unwrap();
+        // A late answer of a send from before the pause is not the probe's: 2 still waits.
+        let late_other = Answer {
+            message: 9,
+            ..smtp_kind(Transient, None, "connect")
+        };
+        assert_eq!(t.observe("smtp", &late_other, until), None);
+        assert_eq!(t.paused_until("smtp", 2, until), Some(held));
+        // The probe refused again: a longer pause, and a new probe after it.
+        let again = t
+            .observe(
+                "smtp",
+                &Answer {
+                    message: 1,
+                    ..refused
+                },
+                until,
+            )
+            .unwrap();
         assert_eq!(again, until + chrono::Duration::seconds(10));
         assert_eq!(t.paused_until("smtp", 2, again), None, "2 probes now");
         assert!(t.paused_until("smtp", 3, again).is_some());
+        // The probe's connection lost before any session: it says nothing of the relay, the
+        // next message probes, the others still wait.
+        let lost = Answer {
+            message: 2,
+            ..smtp_kind(NotSent, None, "connect")
+        };
+        assert_eq!(t.observe("smtp", &lost, again), None);
+        assert_eq!(t.paused_until("smtp", 3, again), None, "3 probes");
+        assert!(t.paused_until("smtp", 4, again).is_some());
+        // A retry base under a second still holds the others a second.
+        let quick = Throttle::new(Duration::from_millis(50), Duration::from_secs(30));
+        let until = quick.observe("smtp", &refused, now()).unwrap();
+        assert_eq!(quick.paused_until("smtp", 1, until), None);
+        assert_eq!(
+            quick.paused_until("smtp", 2, until),
+            Some(until + chrono::Duration::seconds(1))
+        );
         // A probe whose answer never came (lost) gives way after the probe timeout.
         let late = again + chrono::Duration::seconds(31);
-        assert_eq!(t.paused_until("smtp", 3, late), None, "3 probes instead");
+        assert_eq!(t.paused_until("smtp", 4, late), None, "4 probes instead");
         // The session taken again (a 451 to a recipient, say): everyone goes.
         let past = smtp_kind(Transient, Some(451), "smtp_reply");
         assert_eq!(t.observe("smtp", &past, late), None);

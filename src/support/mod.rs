@@ -179,7 +179,13 @@ pub fn explain(
     let recorded = attempts
         .iter()
         .rfind(|a| ended && a.attempt_number > row.attempt_base)
-        .and_then(|a| db.policy_budget(&a.policy_version).ok().flatten())
+        .and_then(|a| match db.policy_budget(&a.policy_version) {
+            Ok(budget) => budget,
+            Err(e) => {
+                tracing::warn!(error = %e, "the kept retry policy could not be read; the configured budget is shown");
+                None
+            }
+        })
         .and_then(|n| u32::try_from(n).ok());
     let budget = recorded.unwrap_or(policies.of(&row.destination).max_attempts);
     let mut e = Explanation::facts(&row, &attempts, &receipts, &replays, budget);
