@@ -170,18 +170,8 @@ async fn email_goes_to_the_mail_directory(backend: Backend) {
             Some("written to the mail directory (no SMTP relay)")
         )
     );
-    let words = app
-        .http
-        .get(format!("{}/v1/messages/welcome-7/explain", app.base))
-        .send()
-        .await
-        .unwrap()
-        .json::<serde_json::Value>()
-        .await
-        .unwrap()["explanation"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let explained = app.explain("welcome-7").await;
+    let words = explained["explanation"].as_str().unwrap_or_default();
     assert!(
         words.contains("was written as an .eml file to the mail directory")
             && words.contains("to the directory, not to any mail server")

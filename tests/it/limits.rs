@@ -195,15 +195,7 @@ async fn an_endpoint_that_keeps_failing_is_disabled_until_enabled(backend: Backe
     app.run_until_idle().await;
     assert_eq!(rx.requests().len(), 3);
     // Its waiting messages say why they wait.
-    let explained: serde_json::Value = app
-        .http
-        .get(format!("{}/v1/messages/f-5/explain", app.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let explained = app.explain("f-5").await;
     assert_eq!(explained["endpoint_disabled"]["endpoint"], "flaky");
     let words = explained["explanation"].as_str().unwrap_or_default();
     assert!(

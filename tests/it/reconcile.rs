@@ -720,15 +720,7 @@ async fn unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline(ba
     app.post_message(webhook("refused-1", &rx.url, json!({})))
         .await;
     assert_eq!(app.run_until_idle().await, 1);
-    let listed: Value = app
-        .http
-        .get(format!("{}/v1/dead-letters?class=unconfirmed", app.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed = app.get_json("/v1/dead-letters?class=unconfirmed").await;
     assert_eq!(listed["dead_letters"][0]["event_id"], "maybe-2", "{listed}");
     assert_eq!(listed["dead_letters"].as_array().map(Vec::len), Some(1));
     let db = app.db.clone();

@@ -290,13 +290,7 @@ async fn a_refused_greeting_is_not_sent(backend: Backend, greeting: &'static str
         assert_eq!(app.herald.sender.run_once().await.unwrap(), 1, "{id}");
         app.advance(std::time::Duration::from_secs(600));
         // The refused ones are due again by now: out of the way of the next.
-        let cancel = app
-            .http
-            .post(format!("{}/v1/messages/{id}/cancel", app.base))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(cancel.status(), 200, "{id}");
+        cancel(&app, id).await;
     }
     for id in ids {
         let (state, last, class, kind) = outcome(&app, id).await;
@@ -928,15 +922,7 @@ async fn recipient_refused_at_rcpt(backend: Backend, offered: bool, enabled: boo
     );
     // Support sees it: the explanation's attempt names the refused recipient, masked, and its
     // words say the message did not reach everyone.
-    let explained: serde_json::Value = app
-        .http
-        .get(format!("{}/v1/messages/some-refused/explain", app.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let explained = app.explain("some-refused").await;
     assert_eq!(
         explained["attempt_timeline"][0]["note"],
         "refused at RCPT TO: r***@e***.com 550"

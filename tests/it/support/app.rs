@@ -133,15 +133,26 @@ impl TestApp {
             .expect("POST /v1/messages")
     }
 
-    pub async fn message(&self, event_id: &str) -> serde_json::Value {
+    /// `GET path` with the admin token; 200 expected, its JSON body.
+    pub async fn get_json(&self, path: &str) -> serde_json::Value {
         let r = self
             .http
-            .get(format!("{}/v1/messages/{event_id}", self.base))
+            .get(format!("{}{path}", self.base))
             .send()
             .await
-            .expect("GET message");
-        assert_eq!(r.status(), 200, "GET /v1/messages/{event_id}");
+            .expect("GET");
+        assert_eq!(r.status(), 200, "GET {path}");
         r.json().await.unwrap()
+    }
+
+    /// `GET /v1/messages/{event_id}/explain`.
+    pub async fn explain(&self, event_id: &str) -> serde_json::Value {
+        self.get_json(&format!("/v1/messages/{event_id}/explain"))
+            .await
+    }
+
+    pub async fn message(&self, event_id: &str) -> serde_json::Value {
+        self.get_json(&format!("/v1/messages/{event_id}")).await
     }
 
     pub fn row(&self, event_id: &str) -> OutboxRow {
