@@ -83,6 +83,8 @@ impl RangeKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Embedding {
     Mapped,
+    /// `::ffff:0:a.b.c.d` (SIIT's IPv4-translated form, RFC 7915).
+    Translated,
     Compatible,
     Nat64,
     SixToFour,
@@ -94,6 +96,7 @@ impl Embedding {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Mapped => "IPv4-mapped",
+            Self::Translated => "IPv4-translated",
             Self::Compatible => "IPv4-compatible",
             Self::Nat64 => "NAT64",
             Self::SixToFour => "6to4",
@@ -320,10 +323,30 @@ pub fn check(ip: IpAddr, allow: &AllowList) -> Result<(), Refusal> {
     };
     let carried = embedded_v4(v6);
     let Some(&(form, _)) = carried.first() else {
-        return match range_of(ip) {
-            Some((net, kind)) if !allow.permits(ip, kind) => Err(refuse(kind, net, None)),
-            _ => Ok(()),
+        if let Some((net, kind)) = range_of(ip)
+            && !allow.permits(ip, kind)
+        {
+            return Err(refuse(kind, net, None));
+        }
+        // Local-use NAT64 (RFC 8215, `64:ff9b:1::/48`) and SIIT's IPv4-translated form
+        // (`::ffff:0:a.b.c.d`), refused unless an entry lets them through: then judged by the
+        // IPv4 address in their last 32 bits too, as a translator reads it (a metadata address
+        // stays refused under `::/0`).
+        let s = v6.segments();
+        let form = if s[..3] == [0x64, 0xff9b, 1] {
+            Some(Embedding::Nat64)
+        } else if s[..4] == [0; 4] && s[4] == 0xffff && s[5] == 0 {
+            Some(Embedding::Translated)
+        } else {
+            None
         };
+        if let Some(form) = form {
+            let inner = Ipv4Addr::from((u128::from(v6) & 0xffff_ffff) as u32);
+            if let Err(r) = check(IpAddr::V4(inner), allow) {
+                return Err(refuse(r.kind, r.network, Some((form, inner))));
+            }
+        }
+        return Ok(());
     };
     // Judged by the IPv4 inside alone: only an IPv4 entry opens it. An IPv6 entry that covers
     // the outer address (`::/0`, `64:ff9b::/96`) does not, or allowing "all of IPv6" would
@@ -692,6 +715,21 @@ mod tests {
         ] {
             assert_eq!(kind_of(ip, &allow), Some(kind), "{ip}");
         }
+    }
+
+    #[test]
+    fn translated_and_local_use_nat64_forms_are_judged_by_the_ipv4_inside() {
+        let wide = AllowList::parse(["0.0.0.0/0,::/0"]).unwrap();
+        for ip in ["::ffff:0:169.254.169.254", "64:ff9b:1::a9fe:a9fe"] {
+            assert_eq!(kind_of(ip, &wide), Some(K::CloudMetadata), "{ip}");
+        }
+        // Let through by an entry naming the range, the IPv4 inside is still judged.
+        let local = AllowList::parse(["64:ff9b:1::/48"]).unwrap();
+        assert_eq!(kind_of("64:ff9b:1::7f00:1", &local), Some(K::Loopback));
+        assert_eq!(kind_of("64:ff9b:1::a00:1", &local), Some(K::Private));
+        assert_eq!(kind_of("64:ff9b:1::808:808", &local), None);
+        let wide = AllowList::parse(["0.0.0.0/0,::/0"]).unwrap();
+        assert_eq!(kind_of("::ffff:0:8.8.8.8", &wide), None);
     }
 
     #[test]
