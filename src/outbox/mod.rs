@@ -172,7 +172,12 @@ impl NewMessage {
                     Err(e) => errors.push(e),
                 }
                 match webhook::WebhookPayload::parse(&self.payload) {
-                    Ok(p) => webhook_payload = Some(p),
+                    Ok(p) => {
+                        if let Err(e) = p.check_distinct_headers() {
+                            errors.push(e);
+                        }
+                        webhook_payload = Some(p);
+                    }
                     Err(e) => errors.push(e),
                 }
             }

@@ -71,6 +71,11 @@ async fn bad_input_is_refused_with_the_field_and_nothing_is_stored(backend: Back
             json!({"event_id": "b 13", "channel": "webhook", "destination": "https://x.example/h", "payload": {"body": 1}}),
             "event_id",
         ),
+        (
+            json!({"event_id": "b16", "channel": "webhook", "destination": "https://x.example/h",
+                   "payload": {"body": 1, "headers": {"X-Tenant": "a", "x-tenant": "b"}}}),
+            "payload.headers",
+        ),
     ];
     for (body, field) in cases {
         let p = problem(app.post_message(body.clone()).await, 422).await;
@@ -108,7 +113,7 @@ async fn bad_input_is_refused_with_the_field_and_nothing_is_stored(backend: Back
     let p = problem(app.post_message(huge).await, 413).await;
     assert_eq!(p["status"], 413);
     for id in [
-        "b1", "b2", "b3", "b4", "b5", "b6", "b7", "b9", "b10", "b11", "b12", "b14", "b15",
+        "b1", "b2", "b3", "b4", "b5", "b6", "b7", "b9", "b10", "b11", "b12", "b14", "b15", "b16",
     ] {
         assert!(
             app.db.find_by_event_id(id).unwrap().is_none(),

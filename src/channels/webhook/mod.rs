@@ -212,6 +212,24 @@ impl<'a> WebhookPayload<'a> {
         Ok(Self { body, headers })
     }
 
+    /// Refused at enqueue (not at send time, where a row written before is sent as it was): a
+    /// header name given twice in different case, of which only one would reach the receiver,
+    /// and which made the fingerprint depend on the names' order.
+    pub fn check_distinct_headers(&self) -> Result<(), InvalidField> {
+        let mut seen = std::collections::HashSet::new();
+        match self
+            .headers
+            .iter()
+            .find(|(k, _)| !seen.insert(k.to_ascii_lowercase()))
+        {
+            Some((k, _)) => Err(InvalidField::new(
+                "payload.headers",
+                format!("{k:?}: given twice (header names ignore case)"),
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// The exact request body: `body` serialized (compact, keys sorted).
     pub fn body_bytes(&self) -> Vec<u8> {
         serde_json::to_vec(self.body).unwrap_or_default()
@@ -757,6 +775,20 @@ mod tests {
         assert_eq!(
             field(json!({"body": 1, "headers": {"X": 1}})),
             "payload.headers"
+        );
+        // A name twice in different case: parsed (a row written before is sent as it was), but
+        // refused at enqueue.
+        let twice = json!({"body": 1, "headers": {"X-Tenant": "a", "x-tenant": "b"}});
+        let p = WebhookPayload::parse(&twice).unwrap();
+        assert_eq!(
+            p.check_distinct_headers().unwrap_err().field,
+            "payload.headers"
+        );
+        assert!(
+            WebhookPayload::parse(&stored)
+                .unwrap()
+                .check_distinct_headers()
+                .is_ok()
         );
         assert_eq!(
             WebhookPayload::parse(&json!({"body": null}))
