@@ -226,7 +226,6 @@ impl EmailPayload {
         let headers = match obj.get("headers") {
             None | Some(Value::Null) => Ok(Vec::new()),
             Some(Value::Object(h)) => {
-                let mut seen = std::collections::HashSet::new();
                 let mut parsed = Vec::with_capacity(h.len());
                 for (k, v) in h {
                     // Sent as before these refusals: Herald's own and bare names dropped.
@@ -234,15 +233,14 @@ impl EmailPayload {
                         continue;
                     }
                     match parse_header(k, v) {
-                        Ok(h) if !seen.insert(h.0.to_ascii_lowercase()) && at_enqueue => {
-                            errors.push(InvalidField::new(
-                                "payload.headers",
-                                format!("{k:?}: given twice (header names ignore case)"),
-                            ));
-                        }
                         Ok(h) => parsed.push(h),
                         Err(e) => errors.push(e),
                     }
+                }
+                if at_enqueue {
+                    errors.extend(super::repeated_header(
+                        parsed.iter().map(|(k, _)| k.as_str()),
+                    ));
                 }
                 Ok(parsed)
             }

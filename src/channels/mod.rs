@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::domain::{AttemptClass, Semantics};
+use crate::domain::{AttemptClass, InvalidField, Semantics};
 
 /// A claimed message as a channel sends it: what goes out, nothing of how it is stored.
 #[derive(Debug, Clone, Copy)]
@@ -71,6 +71,21 @@ impl SendReport {
 }
 
 pub use crate::crypto::install_crypto_provider;
+
+/// A payload's custom header given twice (names compare without case), refused at enqueue for
+/// webhooks and email alike: only one of the two would reach the receiver.
+pub fn repeated_header<'a>(names: impl IntoIterator<Item = &'a str>) -> Option<InvalidField> {
+    let mut seen = std::collections::HashSet::new();
+    names
+        .into_iter()
+        .find(|k| !seen.insert(k.to_ascii_lowercase()))
+        .map(|k| {
+            InvalidField::new(
+                "payload.headers",
+                format!("{k:?}: given twice (header names ignore case)"),
+            )
+        })
+}
 
 /// The delivery limits of one destination (a host, a named endpoint, the SMTP relay): a rate
 /// (token bucket) and a cap on sends in flight. `None`: no limit of that kind.

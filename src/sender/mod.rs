@@ -185,13 +185,6 @@ const CAP_PATIENCE: Duration = Duration::from_millis(100);
 /// only bounds the cost of a backlog held meanwhile (every message claimed and put back once a
 /// period: 30 s made a backlog of 1,000 a hundred claims a second, each logged).
 const DISABLED_WAIT: Duration = Duration::from_secs(300);
-/// [`crate::storage::endpoints::ENABLED_DUE_IN`] as a wait.
-fn storage_endpoints_due_in() -> Duration {
-    crate::storage::endpoints::ENABLED_DUE_IN
-        .to_std()
-        .unwrap_or_default()
-}
-
 /// How long after it sees an endpoint enabled the sender releases its waiting messages again at
 /// each reread (see `refresh_disabled`).
 const ENABLED_RELEASE_FOR: chrono::TimeDelta = chrono::TimeDelta::seconds(5);
@@ -526,7 +519,8 @@ impl Sender {
                     .unwrap_or_else(|p| p.into_inner());
                 let left: Vec<String> =
                     d.1.iter().filter(|n| !names.contains(n)).cloned().collect();
-                *d = (Some(now), names);
+                d.0 = Some(now);
+                d.1.clone_from(&names);
                 left
             };
             // Failures counted before the enabling (sends in flight when it was disabled) do not
@@ -546,13 +540,7 @@ impl Sender {
                     .unwrap_or_else(|p| p.into_inner());
                 r.extend(enabled.into_iter().map(|n| (n, now)));
                 // Not one disabled again meanwhile: its put-backs must wait.
-                let disabled = &self
-                    .inner
-                    .disabled
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .1;
-                r.retain(|(n, since)| now - *since < ENABLED_RELEASE_FOR && !disabled.contains(n));
+                r.retain(|(n, since)| now - *since < ENABLED_RELEASE_FOR && !names.contains(n));
                 r.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>()
             };
             for name in releasing {
@@ -560,7 +548,8 @@ impl Sender {
                 match self.blocking(move |db| db.release_enabled(&n, now)).await {
                     // Due in ENABLED_DUE_IN: the idle loop wakes then, not at its next poll.
                     Ok(released) if released > 0 => {
-                        let due = std::time::Instant::now() + storage_endpoints_due_in();
+                        let due =
+                            std::time::Instant::now() + crate::storage::endpoints::ENABLED_DUE_IN;
                         if note_due(&self.inner.next_due, due) {
                             self.inner.wake.notify_one();
                         }

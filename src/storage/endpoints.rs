@@ -7,7 +7,7 @@ use super::{Db, StorageError, per_backend};
 /// How soon after an endpoint is enabled its waiting messages are due: past the senders'
 /// reread of the disabled endpoints (every second), so that none still takes the endpoint for
 /// disabled and puts them back for another wait.
-pub const ENABLED_DUE_IN: chrono::TimeDelta = chrono::TimeDelta::seconds(2);
+pub const ENABLED_DUE_IN: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// One disabled endpoint.
 #[derive(Debug, Clone, PartialEq, diesel::Queryable)]
@@ -77,7 +77,7 @@ per_backend! {
     /// in a backoff of their own (a 5xx's, a `Retry-After`) keep it. Repeating it changes nothing.
     pub fn release_enabled(conn: &mut Conn, name: &str, now: DateTime<Utc>) -> QueryResult<usize> {
         use self::schema::herald_outbox as o;
-        let due = now + crate::storage::endpoints::ENABLED_DUE_IN;
+        let due = now + chrono::TimeDelta::seconds(crate::storage::endpoints::ENABLED_DUE_IN.as_secs() as i64);
         diesel::update(
             o::table
                 .filter(o::destination.eq(format!("endpoint:{name}")))

@@ -216,16 +216,8 @@ impl<'a> WebhookPayload<'a> {
     /// header name given twice in different case, of which only one would reach the receiver,
     /// and which made the fingerprint depend on the names' order.
     pub fn check_distinct_headers(&self) -> Result<(), InvalidField> {
-        let mut seen = std::collections::HashSet::new();
-        match self
-            .headers
-            .iter()
-            .find(|(k, _)| !seen.insert(k.to_ascii_lowercase()))
-        {
-            Some((k, _)) => Err(InvalidField::new(
-                "payload.headers",
-                format!("{k:?}: given twice (header names ignore case)"),
-            )),
+        match super::repeated_header(self.headers.iter().map(|(k, _)| k.as_str())) {
+            Some(e) => Err(e),
             None => Ok(()),
         }
     }
