@@ -553,8 +553,10 @@ pub type RedriveResult<E> = (Vec<(OutboxRow, ReplayWrite<E>)>, bool);
 pub enum DestinationMatch {
     /// `endpoint:NAME` destinations of that name.
     Endpoint(String),
-    /// Webhook URLs of this host (any scheme, port, path) and email addresses at this domain.
-    Host(String),
+    /// Webhook URLs of this host (any scheme, port, path) and email addresses at this domain,
+    /// in each of its forms: lower-cased, its ASCII form (IDNA A-labels) first, then, for an
+    /// internationalized name, its Unicode form (a destination is stored as it was written).
+    Host(Vec<String>),
 }
 
 /// A dead-letter listing: filters, the keyset position and the page size.

@@ -153,24 +153,27 @@ per_backend! {
             Some(DestinationMatch::Endpoint(name)) => {
                 cond = Box::new(cond.and(o::destination.eq(format!("endpoint:{name}"))));
             }
-            Some(DestinationMatch::Host(host)) => {
-                // Host names and email domains compare without case (the host is lower-cased).
-                let h = crate::storage::support::escape_like(host);
+            Some(DestinationMatch::Host(forms)) => {
+                // Host names and email domains compare without case (the forms are lower-cased).
                 let dest = || crate::storage::support::lower(o::destination);
-                // `ada@example.com`, or with a display name, `Ada <ada@example.com>`.
-                let mut any: Condition = Box::new(
-                    o::channel.eq(Channel::Email).and(
-                        dest()
-                            .like(format!("%@{h}"))
-                            .escape('\\')
-                            .or(dest().like(format!("%@{h}>")).escape('\\')),
-                    ),
-                );
-                for scheme in ["http", "https"] {
-                    any = Box::new(any.or(dest().eq(format!("{scheme}://{host}"))));
-                    for sep in ['/', ':', '?', '#'] {
-                        let p = format!("{scheme}://{h}{sep}%");
-                        any = Box::new(any.or(o::channel.eq(Channel::Webhook).and(dest().like(p).escape('\\'))));
+                let mut any: Condition = Box::new(false.into_sql::<diesel::sql_types::Bool>());
+                for host in forms {
+                    let h = crate::storage::support::escape_like(host);
+                    // `ada@example.com`, or with a display name, `Ada <ada@example.com>`.
+                    any = Box::new(
+                        any.or(o::channel.eq(Channel::Email).and(
+                            dest()
+                                .like(format!("%@{h}"))
+                                .escape('\\')
+                                .or(dest().like(format!("%@{h}>")).escape('\\')),
+                        )),
+                    );
+                    for scheme in ["http", "https"] {
+                        any = Box::new(any.or(dest().eq(format!("{scheme}://{host}"))));
+                        for sep in ['/', ':', '?', '#'] {
+                            let p = format!("{scheme}://{h}{sep}%");
+                            any = Box::new(any.or(o::channel.eq(Channel::Webhook).and(dest().like(p).escape('\\'))));
+                        }
                     }
                 }
                 cond = Box::new(cond.and(any));

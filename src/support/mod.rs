@@ -583,20 +583,48 @@ pub fn parse_destination(raw: &str) -> Result<DestinationMatch, InvalidField> {
             "endpoint:NAME needs a valid endpoint name",
         ));
     }
-    let host = raw.to_ascii_lowercase();
-    if !host.is_empty()
-        && host.len() <= 253
-        && host
+    let refused = || {
+        InvalidField::new(
+            "destination",
+            "must be a host name (hooks.example.com, 10.0.0.7:8080, example.com for email) or endpoint:NAME",
+        )
+    };
+    let host = raw.to_lowercase();
+    // An internationalized name is looked for in both forms, `bücher.example` and
+    // `xn--bcher-kva.example`: a destination is stored as it was written.
+    let (name, port) = match host.rsplit_once(':') {
+        Some((name, port))
+            if !name.starts_with('[') && port.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            (name, &host[name.len()..])
+        }
+        _ => (host.as_str(), ""),
+    };
+    let ascii = if name.is_ascii() {
+        host.clone()
+    } else {
+        format!(
+            "{}{port}",
+            idna::domain_to_ascii(name).map_err(|_| refused())?
+        )
+    };
+    if ascii.is_empty()
+        || ascii.len() > 253
+        || !ascii
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b':' | b'[' | b']'))
     {
-        Ok(DestinationMatch::Host(host))
-    } else {
-        Err(InvalidField::new(
-            "destination",
-            "must be a host name (hooks.example.com, 10.0.0.7:8080, example.com for email) or endpoint:NAME",
-        ))
+        return Err(refused());
     }
+    let mut forms = vec![ascii];
+    if forms[0].contains("xn--") {
+        let (unicode, checked) = idna::domain_to_unicode(&forms[0][..forms[0].len() - port.len()]);
+        let unicode = format!("{unicode}{port}");
+        if checked.is_ok() && unicode != forms[0] {
+            forms.push(unicode);
+        }
+    }
+    Ok(DestinationMatch::Host(forms))
 }
 
 fn parse_limit(raw: &str, max: u32) -> Result<u32, InvalidField> {
@@ -1170,6 +1198,32 @@ mod tests {
     }
 
     #[test]
+    fn an_internationalized_host_is_looked_for_in_both_forms() {
+        let forms = |raw: &str| match parse_destination(raw) {
+            Ok(DestinationMatch::Host(f)) => f,
+            other => panic!("{raw}: {other:?}"),
+        };
+        let both = ["xn--bcher-kva.example", "bücher.example"];
+        assert_eq!(forms("Bücher.Example"), both);
+        assert_eq!(forms("xn--bcher-kva.EXAMPLE"), both);
+        assert_eq!(
+            forms("bücher.example:8443"),
+            ["xn--bcher-kva.example:8443", "bücher.example:8443"]
+        );
+        assert_eq!(forms("hooks.example.com"), ["hooks.example.com"]);
+        assert_eq!(forms("[::1]:8080"), ["[::1]:8080"]);
+        assert_eq!(forms("10.0.0.7:8080"), ["10.0.0.7:8080"]);
+        // A name IDNA refuses (a zero-width joiner where it may not stand), and a slash.
+        for bad in ["a\u{200d}.example", "bü/cher.example", ""] {
+            assert_eq!(
+                parse_destination(bad).unwrap_err().field,
+                "destination",
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
     fn listing_and_redrive_parameters() {
         let pairs = |v: &[(&str, &str)]| {
             v.iter()
@@ -1187,7 +1241,7 @@ mod tests {
         assert_eq!(r.filter.class, Some(AttemptClass::Permanent));
         assert_eq!(
             r.filter.destination,
-            Some(DestinationMatch::Host("hooks.example.com".into()))
+            Some(DestinationMatch::Host(vec!["hooks.example.com".into()]))
         );
         assert_eq!(r.limit, Some(10));
         let r = parse_list_query(&pairs(&[

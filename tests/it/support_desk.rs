@@ -1024,7 +1024,8 @@ async fn dead_letters_list_by_keyset_and_redrive_within_bounds(backend: Backend)
 }
 
 /// An email dead letter is listed by its domain, with or without a display name around its
-/// address, and shown masked without the name.
+/// address, and shown masked without the name; an internationalized domain by either of its
+/// forms, whichever the row was written with.
 async fn dead_letters_by_an_email_domain_with_or_without_a_display_name(backend: Backend) {
     let app = spawn_app_with(backend, "").await;
     // Rows an application wrote by SQL without a subject: dead-lettered at their first claim,
@@ -1033,17 +1034,23 @@ async fn dead_letters_by_an_email_domain_with_or_without_a_display_name(backend:
         ("mail-plain", "pat@corp.example"),
         ("mail-named", "Pat Doe <pat@CORP.example>"),
         ("mail-other", "Pat <pat@corp.example.org>"),
+        ("mail-unicode", "ada@bücher.example"),
+        ("mail-ascii", "Ada <ada@xn--bcher-kva.example>"),
     ] {
         app.raw_sql(&format!(
             "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
              VALUES ('{id}', 'email', '{to}', '{{\"text\": \"t\"}}')"
         ));
     }
-    assert_eq!(app.run_until_idle().await, 3);
+    assert_eq!(app.run_until_idle().await, 5);
     let (ids, pages) = walk(&app, "&destination=corp.example", 1000).await;
     assert_eq!(ids, ["mail-plain", "mail-named"]);
     let shown = pages[0]["dead_letters"][1]["destination"].clone();
     assert_eq!(shown, "p***@C***.example", "{}", pages[0]);
+    for domain in ["b%C3%BCcher.example", "XN--BCHER-KVA.example"] {
+        let (ids, _) = walk(&app, &format!("&destination={domain}"), 1000).await;
+        assert_eq!(ids, ["mail-unicode", "mail-ascii"], "{domain}");
+    }
     app.stop().await;
 }
 
