@@ -9,6 +9,7 @@ use crate::auth::Principal;
 use crate::domain::{AttemptClass, Channel};
 use crate::storage::admin::{DeadLetterFilter, MessageSummary};
 use crate::storage::models::UNCONFIRMED_DEADLINE_REASON;
+use crate::support::view::Answer;
 
 /// Who is signed in, for the header (and the sign-out form's CSRF token).
 pub struct Viewer<'a> {
@@ -179,13 +180,12 @@ pub struct Entry {
 }
 
 fn attempt_entry(a: &AttemptFacts) -> Entry {
-    let answer = match (a.status, &a.error_kind) {
-        (Some(s), _) => format!("answered {s}"),
-        (None, Some(k)) if k == crate::channels::email::WRITTEN_TO_FILE => {
-            "written to the mail directory (no SMTP relay)".into()
-        }
-        (None, Some(k)) => format!("failed: {k}"),
-        (None, None) => "no answer".into(),
+    let answer = match Answer::of(a.status, a.error_kind.as_deref()) {
+        Answer::Status(s) => format!("answered {s}"),
+        Answer::WrittenToFile => crate::channels::email::WRITTEN_TO_FILE_WORDS.into(),
+        Answer::LeaseExpired => "failed: lease_expired".into(),
+        Answer::Failed(k) => format!("failed: {k}"),
+        Answer::Nothing => "no answer".into(),
     };
     let then = match (a.next_state.as_str(), a.delay_ms) {
         ("retryable", Some(ms)) => format!("retry in {}", duration(ms)),

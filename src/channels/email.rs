@@ -2065,6 +2065,8 @@ fn reply_code(e: &lettre::transport::smtp::Error) -> Option<u16> {
 /// The error kind of an email written to `mail_dir` (no `smtp_url`): accepted, with no reply
 /// code, since no server was asked.
 pub const WRITTEN_TO_FILE: &str = "written_to_file";
+/// How the sender's reason and the admin page put [`WRITTEN_TO_FILE`].
+pub const WRITTEN_TO_FILE_WORDS: &str = "written to the mail directory (no SMTP relay)";
 
 /// The error kinds other parts decide by (the sender's throttle, the support note), named once.
 pub mod kind {

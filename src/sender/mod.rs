@@ -955,7 +955,7 @@ impl Sender {
                 retry_after: report.retry_after_raw,
                 delay_ms: decision.delay.map(|d| d.as_millis() as i64),
                 delay_reason: Some(if written_to_file {
-                    "written to the mail directory (no SMTP relay)".to_owned()
+                    crate::channels::email::WRITTEN_TO_FILE_WORDS.to_owned()
                 } else {
                     decision.reason
                 }),

@@ -4,7 +4,7 @@
 
 use crate::domain::{AttemptClass, Channel, State};
 
-use super::view::{AttemptEntry, Explanation, OrderingFacts, ReceiptEntry, ReplayEntry};
+use super::view::{Answer, AttemptEntry, Explanation, OrderingFacts, ReceiptEntry, ReplayEntry};
 
 /// A duration in milliseconds as a person reads it: `850 ms`, `4.08 s`, `126 s`, `2 min 6 s`.
 pub fn human_ms(ms: i64) -> String {
@@ -44,16 +44,15 @@ fn reason_text(a: &AttemptEntry) -> Option<&str> {
 
 fn attempt_sentence(a: &AttemptEntry) -> String {
     let mut s = format!("Attempt {} at {} ", a.attempt, a.started_at);
-    match (a.status, a.error_kind.as_deref()) {
-        (Some(code), _) => s.push_str(&format!("got {code}")),
-        (None, Some("lease_expired")) => {
-            s.push_str("lost its sender before an outcome was recorded")
-        }
-        (None, Some(crate::channels::email::WRITTEN_TO_FILE)) => s.push_str(
+    let answer = Answer::of(a.status, a.error_kind.as_deref());
+    match answer {
+        Answer::Status(code) => s.push_str(&format!("got {code}")),
+        Answer::LeaseExpired => s.push_str("lost its sender before an outcome was recorded"),
+        Answer::WrittenToFile => s.push_str(
             "was written as an .eml file to the mail directory (no SMTP relay is configured)",
         ),
-        (None, Some(kind)) => s.push_str(&format!("failed ({kind})")),
-        (None, None) => s.push_str("ended without a status"),
+        Answer::Failed(kind) => s.push_str(&format!("failed ({kind})")),
+        Answer::Nothing => s.push_str("ended without a status"),
     }
     if let Some(ra) = a.retry_after.as_deref() {
         s.push_str(&format!(" with Retry-After {}", human_retry_after(ra)));
@@ -74,7 +73,7 @@ fn attempt_sentence(a: &AttemptEntry) -> String {
                 s.push_str(&format!(" ({why})"));
             }
         }
-        "delivered" if a.error_kind.as_deref() == Some(crate::channels::email::WRITTEN_TO_FILE) => {
+        "delivered" if answer == Answer::WrittenToFile => {
             s.push_str(&format!(
                 "; delivered at {} to the directory, not to any mail server",
                 a.finished_at

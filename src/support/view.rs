@@ -169,6 +169,34 @@ pub struct AttemptEntry {
     pub note: Option<String>,
 }
 
+/// What an attempt got back, as every view of it tells it (the explanation's sentence, the
+/// admin page's timeline, the sender's reason): a status, or why there was none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer<'a> {
+    /// The HTTP status or SMTP reply code.
+    Status(i32),
+    /// The sender was lost before it recorded an outcome (the lease ran out).
+    LeaseExpired,
+    /// No SMTP relay is configured: the mail went to the mail directory as an `.eml` file.
+    WrittenToFile,
+    /// No status, for this reason (`timeout`, `connect`, …).
+    Failed(&'a str),
+    /// Neither a status nor a reason.
+    Nothing,
+}
+
+impl<'a> Answer<'a> {
+    pub fn of(status: Option<i32>, error_kind: Option<&'a str>) -> Self {
+        match (status, error_kind) {
+            (Some(s), _) => Answer::Status(s),
+            (None, Some("lease_expired")) => Answer::LeaseExpired,
+            (None, Some(crate::channels::email::WRITTEN_TO_FILE)) => Answer::WrittenToFile,
+            (None, Some(kind)) => Answer::Failed(kind),
+            (None, None) => Answer::Nothing,
+        }
+    }
+}
+
 /// The part of an attempt's excerpt that is Herald's own words (see [`AttemptEntry::note`]):
 /// the refused-recipient list, or the refusal of a payload Herald could not build. A receiver's
 /// body (a webhook's answer, an SMTP server's text) is kept out.
