@@ -274,12 +274,34 @@ fn state_sentence(e: &Explanation) -> String {
             "It was canceled (at {}); nothing more is sent.",
             e.updated_at
         ),
-        State::Scheduled | State::Retryable => match &e.next_attempt_at {
-            Some(t) => format!("It is {}; the next attempt is due at {t}.", e.state),
-            None => format!("It is {}.", e.state),
-        },
+        State::Scheduled | State::Retryable => {
+            let mut s = match &e.next_attempt_at {
+                Some(t) => format!("It is {}; the next attempt is due at {t}.", e.state),
+                None => format!("It is {}.", e.state),
+            };
+            if held_back(e) {
+                s.push_str(
+                    " Herald put it back without making a request: its destination was \
+                     paused (a receiver or relay asked Herald to slow down, or refused its \
+                     session) or at its rate limit; holding spends no attempt.",
+                );
+            }
+            s
+        }
         State::Sending => "An attempt is in flight now.".to_owned(),
     }
+}
+
+/// Whether the sender put `e` back without a request (a paused destination, a rate limit): the
+/// message then says `rate_limited` while no attempt of it does — none was made, or its last
+/// one was of another class. (Behind a 429 the two cannot be told apart, and the 429's own
+/// sentence says why it waits.)
+fn held_back(e: &Explanation) -> bool {
+    e.state == State::Retryable
+        && e.last_error_class == Some(AttemptClass::RateLimited)
+        && e.attempt_timeline
+            .last()
+            .is_none_or(|a| a.class != AttemptClass::RateLimited)
 }
 
 /// The paragraph for `e`.
@@ -617,6 +639,22 @@ mod tests {
                 "It is retryable; the next attempt is due at 2026-12-01T10:07:00.000000Z."
             )
         );
+        // Put back without a request: no attempt says rate_limited, the message does.
+        e.last_error_class = Some(AttemptClass::RateLimited);
+        let held = " Herald put it back without making a request: its destination was paused";
+        assert!(narrate(&e).contains(held), "{}", narrate(&e));
+        e.attempt_timeline = vec![attempt(1, Some(503), AttemptClass::Transient, "retryable")];
+        assert!(narrate(&e).contains(held));
+        e.attempt_timeline = vec![attempt(
+            1,
+            Some(429),
+            AttemptClass::RateLimited,
+            "retryable",
+        )];
+        assert!(!narrate(&e).contains(held));
+        e.attempt_timeline.clear();
+        e.last_error_class = Some(AttemptClass::Transient);
+        assert!(!narrate(&e).contains(held));
         assert!(narrate(&base(State::Sending)).ends_with("An attempt is in flight now."));
         assert!(
             narrate(&base(State::Canceled)).ends_with(

@@ -50,6 +50,12 @@ async fn an_endpoint_rate_holds_messages_for_their_slots_in_order(backend: Backe
         value(&m, "herald_held_total", &[("reason", "rate_limit")]),
         3.0
     );
+    // Support reads why a message without an attempt waits; the one sent says nothing of it.
+    let held_words = "Herald put it back without making a request";
+    let words = app.explain("p-2").await["explanation"].to_string();
+    assert!(words.contains(held_words), "{words}");
+    let words = app.explain("p-1").await["explanation"].to_string();
+    assert!(!words.contains(held_words), "{words}");
     for pair in held.windows(2) {
         let gap = (pair[1].next_attempt_at.unwrap() - pair[0].next_attempt_at.unwrap())
             .num_milliseconds();
