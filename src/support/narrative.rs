@@ -283,7 +283,8 @@ fn state_sentence(e: &Explanation) -> String {
                 s.push_str(
                     " Herald put it back without making a request: its destination was \
                      paused (a receiver or relay asked Herald to slow down, or refused its \
-                     session) or at its rate limit; holding spends no attempt.",
+                     session), at its rate limit, or at its cap on sends in flight; holding \
+                     spends no attempt.",
                 );
             }
             s
@@ -292,7 +293,8 @@ fn state_sentence(e: &Explanation) -> String {
     }
 }
 
-/// Whether the sender put `e` back without a request (a paused destination, a rate limit): the
+/// Whether the sender put `e` back without a request (a paused destination, its rate, its cap
+/// on sends in flight): the
 /// message then says `rate_limited` while no attempt of it does — none was made, or its last
 /// one was of another class. (Behind a 429 the two cannot be told apart, and the 429's own
 /// sentence says why it waits.)
