@@ -50,6 +50,90 @@ impl InvalidField {
             message: message.into(),
         }
     }
+
+    /// A body serde_json could not read as a value. Where the text is JSON but holds a value it
+    /// cannot represent (a number beyond f64's range, `1e400`), the field that holds it
+    /// (`max_attempts`, `payload.attachments[0].size`), found by the error's position; otherwise
+    /// `body`.
+    pub fn of_json(body: &[u8], e: &serde_json::Error) -> Self {
+        let well_formed = serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok();
+        match json_path_at(body, e.line(), e.column()).filter(|_| well_formed) {
+            Some(field) => Self::new(field, format!("cannot be read: {e}")),
+            None => Self::new("body", format!("is not valid JSON: {e}")),
+        }
+    }
+}
+
+/// The path of the value at `line`:`column` (1-based, in bytes, as serde_json counts) of the
+/// JSON text `body`: object keys joined by `.`, array places as `[i]`. None at the top level.
+fn json_path_at(body: &[u8], line: usize, column: usize) -> Option<String> {
+    enum Frame {
+        Object { key: Option<String>, at_key: bool },
+        Array(usize),
+    }
+    let line_start = if line <= 1 {
+        0
+    } else {
+        body.iter()
+            .enumerate()
+            .filter(|(_, b)| **b == b'\n')
+            .nth(line - 2)
+            .map(|(i, _)| i + 1)?
+    };
+    let end = (line_start + column).min(body.len());
+    let mut stack: Vec<Frame> = Vec::new();
+    let mut i = 0;
+    while i < end {
+        match body[i] {
+            b'{' => stack.push(Frame::Object {
+                key: None,
+                at_key: true,
+            }),
+            b'[' => stack.push(Frame::Array(0)),
+            b'}' | b']' => {
+                stack.pop();
+            }
+            b',' => match stack.last_mut() {
+                Some(Frame::Object { key, at_key }) => (*key, *at_key) = (None, true),
+                Some(Frame::Array(n)) => *n += 1,
+                None => {}
+            },
+            b':' => {
+                if let Some(Frame::Object { at_key, .. }) = stack.last_mut() {
+                    *at_key = false;
+                }
+            }
+            b'"' => {
+                let start = i;
+                i += 1;
+                while i < body.len() && body[i] != b'"' {
+                    i += if body[i] == b'\\' { 2 } else { 1 };
+                }
+                if let Some(Frame::Object { key, at_key: true }) = stack.last_mut() {
+                    *key = serde_json::from_slice::<String>(body.get(start..=i)?).ok();
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    let mut path = String::new();
+    for frame in &stack {
+        match frame {
+            Frame::Object {
+                key: Some(k),
+                at_key: false,
+            } => {
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(k);
+            }
+            Frame::Array(n) => path.push_str(&format!("[{n}]")),
+            Frame::Object { .. } => return None,
+        }
+    }
+    (!path.is_empty()).then_some(path)
 }
 
 /// The stable operation key of a message: unique in the outbox, sent with every request.
@@ -282,6 +366,33 @@ contract_enum!(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_value_json_cannot_hold_is_named_by_its_field() {
+        let field = |body: &str| {
+            let e = serde_json::from_str::<serde_json::Value>(body).unwrap_err();
+            InvalidField::of_json(body.as_bytes(), &e).field
+        };
+        assert_eq!(
+            field(r#"{"event_id":"a","max_attempts":1e400}"#),
+            "max_attempts"
+        );
+        assert_eq!(
+            field("{\"a\": 1,\n \"payload\": {\"x\\\"y\": \"}\", \"list\": [1, {\"n\": -1e999}]}}"),
+            "payload.list[1].n"
+        );
+        assert_eq!(field("[0, 1e400]"), "[1]");
+        // Not JSON at all: the body.
+        assert_eq!(field(r#"{"max_attempts": 1e400"#), "body");
+        assert_eq!(field(r#"{"a": tru}"#), "body");
+        assert_eq!(field(""), "body");
+        let e = serde_json::from_str::<serde_json::Value>("[1e400]").unwrap_err();
+        assert!(
+            InvalidField::of_json(b"[1e400]", &e)
+                .message
+                .contains("number out of range")
+        );
+    }
 
     #[test]
     fn an_ordering_key_is_visible_ascii_up_to_255() {

@@ -1174,12 +1174,8 @@ fn parse_message_or_unnamed(
     body: &[u8],
     idempotency_key: Option<&str>,
 ) -> Result<NewMessage, (Vec<InvalidField>, Option<Box<NewMessage>>)> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| {
-        (
-            vec![InvalidField::new("body", format!("is not valid JSON: {e}"))],
-            None,
-        )
-    })?;
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| (vec![InvalidField::of_json(body, &e)], None))?;
     let Value::Object(obj) = value else {
         return Err((
             vec![InvalidField::new("body", "must be a JSON object")],

@@ -267,10 +267,7 @@ fn as_object(body: &[u8]) -> Result<serde_json::Map<String, Value>, Vec<InvalidF
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(o)) => Ok(o),
         Ok(_) => Err(vec![InvalidField::new("body", "must be a JSON object")]),
-        Err(e) => Err(vec![InvalidField::new(
-            "body",
-            format!("is not valid JSON: {e}"),
-        )]),
+        Err(e) => Err(vec![InvalidField::of_json(body, &e)]),
     }
 }
 

@@ -24,6 +24,15 @@ async fn bad_input_is_refused_with_the_field_and_nothing_is_stored(backend: Back
     };
     let p = problem(post_raw("{not json").await.unwrap(), 400).await;
     assert_eq!(p["field"], "body");
+    // JSON, but a number no double holds: named by its field, not as the body.
+    let p = problem(
+        post_raw(r#"{"event_id": "b17", "channel": "webhook", "destination": "https://x.example/h", "payload": {"body": 1}, "max_attempts": 1e400}"#)
+            .await
+            .unwrap(),
+        422,
+    )
+    .await;
+    assert_eq!(p["field"], "max_attempts", "{p}");
     let cases = [
         (
             json!({"event_id": "b1", "channel": "sms", "destination": "x", "payload": {}}),
@@ -114,6 +123,7 @@ async fn bad_input_is_refused_with_the_field_and_nothing_is_stored(backend: Back
     assert_eq!(p["status"], 413);
     for id in [
         "b1", "b2", "b3", "b4", "b5", "b6", "b7", "b9", "b10", "b11", "b12", "b14", "b15", "b16",
+        "b17",
     ] {
         assert!(
             app.db.find_by_event_id(id).unwrap().is_none(),
