@@ -234,7 +234,7 @@ impl From<VerifyError> for Problem {
                     "The receipt was refused; nothing was stored",
                 )
                 .detail(e.to_string());
-                if let VerifyError::TooLong(field) = e {
+                if let VerifyError::TooLong(field) | VerifyError::Blank(field) = e {
                     p.field = Some(field.into());
                 }
                 p

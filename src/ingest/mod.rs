@@ -109,6 +109,10 @@ pub enum VerifyError {
     /// 400: a verified event carries an id longer than [`ID_MAX_BYTES`] (the field named).
     #[error("{0} is longer than {ID_MAX_BYTES} bytes")]
     TooLong(&'static str),
+    /// 400: a verified event's own id is empty (the field named): duplicates are found by it, so
+    /// every such receipt would be taken for the first one.
+    #[error("{0} is empty: a receipt is deduplicated by its provider's id")]
+    Blank(&'static str),
 }
 
 impl VerifyError {
@@ -116,7 +120,7 @@ impl VerifyError {
     /// verifier cannot decide now.
     pub fn status(&self) -> u16 {
         match self {
-            VerifyError::Unparsable(_) | VerifyError::TooLong(_) => 400,
+            VerifyError::Unparsable(_) | VerifyError::TooLong(_) | VerifyError::Blank(_) => 400,
             VerifyError::Unavailable(_) => 503,
             _ => 401,
         }
@@ -150,9 +154,19 @@ pub fn within(t: i64, now: DateTime<Utc>, tolerance: u64, future_too: bool) -> b
 /// the whole group commit the receipt was in).
 pub const ID_MAX_BYTES: usize = 1024;
 
-/// Refuses verified events that could not be stored: an id over [`ID_MAX_BYTES`].
+/// A value a receipt is identified by, if given and not blank: an empty one is no id at all
+/// (an empty `MessageSid` made `:delivered` the key of every such receipt).
+pub fn nonblank<S: AsRef<str>>(v: Option<S>) -> Option<S> {
+    v.filter(|s| !s.as_ref().trim().is_empty())
+}
+
+/// Refuses verified events that could not be stored: an id over [`ID_MAX_BYTES`], or an empty
+/// provider event id.
 pub fn check_storable(events: &[ReceiptEvent]) -> Result<(), VerifyError> {
     for e in events {
+        if nonblank(Some(&e.provider_event_id)).is_none() {
+            return Err(VerifyError::Blank("provider_event_id"));
+        }
         let ids = [
             ("provider_event_id", Some(&e.provider_event_id)),
             ("herald_event_id", e.herald_event_id.as_ref()),
@@ -410,7 +424,10 @@ pub fn verify_request_offline(
         query,
         method: o.method.unwrap_or("POST"),
     };
-    Ok(match source.verify(&request, at) {
+    let verified = source
+        .verify(&request, at)
+        .and_then(|events| check_storable(&events).map(|()| events));
+    Ok(match verified {
         Ok(events) => Verdict {
             valid: true,
             signature_valid: true,
@@ -544,6 +561,14 @@ mod tests {
             Err(VerifyError::TooLong("provider_event_id"))
         ));
         assert!(check_storable(&[event(&"\0".repeat(ID_MAX_BYTES / 3))]).is_ok());
+        // An empty id would be the key of every receipt without one.
+        for blank in ["", " \t"] {
+            let e = check_storable(&[event(&ok), event(blank)]).unwrap_err();
+            assert_eq!(
+                (e.status(), e),
+                (400, VerifyError::Blank("provider_event_id"))
+            );
+        }
         let long = "x".repeat(ID_MAX_BYTES + 1);
         let e = check_storable(&[event(&ok), event(&long)]).unwrap_err();
         assert_eq!(

@@ -152,6 +152,19 @@ async fn what_does_not_verify_is_refused_and_not_stored(backend: Backend) {
     let r = post(&app, "resend", &resend_headers("msg_junk", now, junk), junk).await;
     assert_eq!(r.status(), 400);
     assert_eq!(r.headers()["content-type"], "application/problem+json");
+    // Signed, but JSON that is no event object: 400.
+    for junk in [&b"5"[..], b"null", b"\"str\"", b"[1,2]"] {
+        let r = post(&app, "resend", &resend_headers("msg_list", now, junk), junk).await;
+        assert_eq!(r.status(), 400, "{}", String::from_utf8_lossy(junk));
+    }
+    // Signed with an empty id, which would be the key of every receipt without one: 400
+    // naming it, and a later event with an empty id is not taken for a duplicate of it.
+    for t in [now, now + 1] {
+        let r = post(&app, "resend", &resend_headers("", t, body), body).await;
+        assert_eq!(r.status(), 400);
+        let p: Value = r.json().await.unwrap();
+        assert_eq!(p["field"], "provider_event_id", "{p}");
+    }
     // Over the body limit (4096 here): 413.
     let big = vec![b'x'; 5000];
     assert_eq!(

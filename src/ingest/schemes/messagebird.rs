@@ -108,7 +108,10 @@ impl Source for MessageBird {
                 params.entry(k).or_insert(v);
             }
         }
-        let (Some(id), Some(status)) = (params.get("id"), params.get("status")) else {
+        let (Some(id), Some(status)) = (
+            crate::ingest::nonblank(params.get("id")),
+            params.get("status"),
+        ) else {
             return Err(VerifyError::Unparsable(
                 "not a status report (no id and status)".into(),
             ));

@@ -219,7 +219,10 @@ impl Source for Plivo {
             body_params
         };
         let params = first_values(&pairs);
-        let (Some(id), Some(status)) = (params.get("MessageUUID"), params.get("Status")) else {
+        let (Some(id), Some(status)) = (
+            crate::ingest::nonblank(params.get("MessageUUID")),
+            params.get("Status"),
+        ) else {
             return Err(VerifyError::Unparsable(
                 "not a message status callback (no MessageUUID and Status)".into(),
             ));

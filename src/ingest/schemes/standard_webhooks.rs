@@ -96,8 +96,13 @@ impl Source for StandardWebhooks {
         if !ok {
             return Err(VerifyError::Mismatch);
         }
-        let body: Value =
-            serde_json::from_slice(r.body).map_err(|e| VerifyError::Unparsable(e.to_string()))?;
+        // An event is an object (`type`, `timestamp`, `data`): a bare number, string, null or
+        // list is none, and would never match a message.
+        let body = match serde_json::from_slice(r.body) {
+            Ok(Value::Object(m)) => Value::Object(m),
+            Ok(_) => return Err(VerifyError::Unparsable("not a JSON object".into())),
+            Err(e) => return Err(VerifyError::Unparsable(e.to_string())),
+        };
         Ok(vec![normalize(id, body)])
     }
 }

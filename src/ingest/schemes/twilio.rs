@@ -170,7 +170,9 @@ impl Source for Twilio {
         } else {
             form_fields(params)
         };
-        let get = |k: &str| fields.get(k).and_then(|v| v.as_str()).map(str::to_owned);
+        let get = |k: &str| {
+            crate::ingest::nonblank(fields.get(k).and_then(|v| v.as_str())).map(str::to_owned)
+        };
         // SMS status callbacks carry MessageSid/MessageStatus; voice callbacks CallSid/CallStatus.
         let sid = get("MessageSid")
             .or_else(|| get("SmsSid"))
@@ -528,6 +530,24 @@ mod tests {
             )
             .unwrap();
         assert_eq!(e[0].provider_event_id, "SM2:sent");
+        // An empty MessageSid is none (`:sent` would be the key of every such callback).
+        let blank = br#"{"MessageSid":"","MessageStatus":"sent"}"#;
+        let sha = hex::encode(Sha256::digest(blank));
+        let url = format!("https://h.example/t?bodySHA256={sha}");
+        let hb = vec![("x-twilio-signature".to_owned(), sign("tok", &url))];
+        let qb = format!("bodySHA256={sha}");
+        assert!(matches!(
+            v.verify(
+                &RawRequest {
+                    headers: &hb,
+                    body: blank,
+                    query: Some(&qb),
+                    method: "POST",
+                },
+                Utc::now()
+            ),
+            Err(VerifyError::Unparsable(_))
+        ));
         let other = br#"{"MessageSid":"SM2","MessageStatus":"read"}"#;
         assert_eq!(
             v.verify(

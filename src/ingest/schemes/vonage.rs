@@ -131,7 +131,10 @@ impl Vonage {
         if !within(t, now, self.tolerance, true) {
             return Err(VerifyError::Stale(self.tolerance));
         }
-        let (Some(id), Some(status)) = (params.get("messageId"), params.get("status")) else {
+        let (Some(id), Some(status)) = (
+            crate::ingest::nonblank(params.get("messageId")),
+            params.get("status"),
+        ) else {
             return Err(VerifyError::Unparsable(
                 "not a delivery receipt (no messageId and status)".into(),
             ));
@@ -172,8 +175,10 @@ impl Vonage {
         }
         let body: Value =
             serde_json::from_slice(r.body).map_err(|e| VerifyError::Unparsable(e.to_string()))?;
-        let (Some(id), Some(status)) = (str_at(&body, "/message_uuid"), str_at(&body, "/status"))
-        else {
+        let (Some(id), Some(status)) = (
+            crate::ingest::nonblank(str_at(&body, "/message_uuid")),
+            str_at(&body, "/status"),
+        ) else {
             return Err(VerifyError::Unparsable(
                 "not a message status (no message_uuid and status)".into(),
             ));
