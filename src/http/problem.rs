@@ -226,7 +226,18 @@ impl From<CancelError> for Problem {
 impl From<VerifyError> for Problem {
     fn from(e: VerifyError) -> Self {
         match e.status() {
-            503 => Problem::unavailable(),
+            // Not storage: what the check needs (a signing certificate, a subscription's
+            // confirmation) cannot be had now; the provider retries.
+            503 => {
+                let mut p = Problem::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unverifiable",
+                    "The receipt cannot be verified now; nothing was stored",
+                )
+                .detail(e.to_string());
+                p.retry_after = Some(2);
+                p
+            }
             400 => {
                 let mut p = Problem::new(
                     StatusCode::BAD_REQUEST,
@@ -325,5 +336,25 @@ impl From<actix_web::error::BlockingError> for Problem {
         // client retry rather than lose what it sent.
         tracing::error!("a blocking task failed (panic or shutdown)");
         Problem::unavailable()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_receipt_that_cannot_be_verified_now_is_not_called_a_storage_outage() {
+        let p = Problem::from(VerifyError::Unavailable("SNS signing certificate"));
+        assert_eq!(
+            (p.status, p.kind.as_str(), p.retry_after),
+            (503, "https://herald.dev/problems/unverifiable", Some(2))
+        );
+        assert!(p.title.contains("cannot be verified now"), "{}", p.title);
+        assert_eq!(
+            p.detail.as_deref(),
+            Some("verification temporarily impossible: SNS signing certificate")
+        );
+        assert!(Problem::unavailable().title.contains("Storage"));
     }
 }

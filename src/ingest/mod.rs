@@ -109,6 +109,11 @@ pub enum VerifyError {
     /// 400: a verified event carries an id longer than [`ID_MAX_BYTES`] (the field named).
     #[error("{0} is longer than {ID_MAX_BYTES} bytes")]
     TooLong(&'static str),
+    /// 401: the envelope names something this source does not accept (an SNS topic not in
+    /// `topic_arns`, a certificate URL that is not SNS's for the topic's region), whatever its
+    /// signature.
+    #[error("{0}")]
+    NotAccepted(&'static str),
     /// 400: a verified event's own id is empty (the field named): duplicates are found by it, so
     /// every such receipt would be taken for the first one.
     #[error("{0} is empty: a receipt is deduplicated by its provider's id")]
@@ -324,7 +329,17 @@ fn options_config(
                 "is given by its own option (--scheme, --secret, --url)",
             ));
         }
-        let value = if let Ok(n) = v.parse::<i64>() {
+        // A list as TOML writes one: `topic_arns=["arn:…", "arn:…"]`.
+        let list = || {
+            v.trim_start()
+                .starts_with('[')
+                .then(|| format!("v = {v}").parse::<toml::Table>().ok())
+                .flatten()
+                .and_then(|mut t| t.remove("v"))
+        };
+        let value = if let Some(list) = list() {
+            list
+        } else if let Ok(n) = v.parse::<i64>() {
             toml::Value::Integer(n)
         } else if let Ok(b) = v.parse::<bool>() {
             toml::Value::Boolean(b)
@@ -410,7 +425,7 @@ pub fn verify_request_offline(
             store.0.insert(cert_url, pem.clone());
         }
         Ok(std::sync::Arc::new(schemes::ses::Ses::new(
-            Vec::new(),
+            c.topic_arns.clone(),
             std::sync::Arc::new(store),
             false,
             c.tolerance_seconds.unwrap_or(schemes::DEFAULT_TOLERANCE),

@@ -540,6 +540,41 @@ fn a_signed_envelope_without_a_message_id_is_unparsable() {
     assert_eq!(v.error.as_deref(), Some("unparsable body: no MessageId"));
 }
 
+/// `herald verify-receipt --scheme ses --param 'topic_arns=[…]'` judges the topic as the server
+/// does, and says it is the topic (it was "signature does not match", or valid offline).
+#[test]
+fn an_envelope_of_another_topic_is_refused_for_its_topic_offline_too() {
+    let (body, cert) = signed_ses("{}".into(), "m-1".into());
+    let judge = |topics: &str| {
+        let params = [("topic_arns".to_owned(), topics.to_owned())];
+        let headers = [h("x-amz-sns-message-type", "Notification")];
+        herald::ingest::verify_request_offline(
+            &herald::ingest::OfflineRequest {
+                scheme: "ses",
+                headers: &headers,
+                params: &params,
+                ..Default::default()
+            },
+            &body,
+            Some(cert.clone()),
+            at(),
+        )
+        .unwrap()
+    };
+    let ours = judge(&format!("[\"{}\"]", crate::sns::TOPIC));
+    assert!(ours.valid, "{ours:?}");
+    let other = judge(r#"["arn:aws:sns:us-east-1:999999999999:other"]"#);
+    assert_eq!(
+        (other.valid, other.status, other.error.as_deref()),
+        (
+            false,
+            401,
+            Some("TopicArn is not one of the source's topic_arns")
+        ),
+        "{other:?}"
+    );
+}
+
 // --- Header parsers -----------------------------------------------------------------------------
 
 proptest! {

@@ -156,14 +156,24 @@ async fn ses_events_through_sns(backend: Backend) {
     // host, a tampered message, an unknown signature version.
     let mut other = notification("sns-3", &bounce);
     other["TopicArn"] = json!("arn:aws:sns:us-east-1:999999999999:not-ours");
-    assert_eq!(post(&app, sign(d, other, "2")).await.0, 401);
+    let (status, p) = post(&app, sign(d, other, "2")).await;
+    assert_eq!(status, 401);
+    assert_eq!(
+        p["detail"],
+        "TopicArn is not one of the source's topic_arns"
+    );
     for url in [
         "https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-0123abcd.pem",
         "https://sns.s3.amazonaws.com/SimpleNotificationService-0123abcd.pem",
     ] {
         let mut env = notification("sns-4", &bounce);
         env["SigningCertURL"] = json!(url);
-        assert_eq!(post(&app, sign(d, env, "2")).await.0, 401, "{url}");
+        let (status, p) = post(&app, sign(d, env, "2")).await;
+        assert_eq!(status, 401, "{url}");
+        assert_eq!(
+            p["detail"], "SigningCertURL is not an SNS certificate URL of the topic's region",
+            "{url}"
+        );
     }
     let signed = sign(d, notification("sns-5", &bounce), "2");
     let mut tampered: Value = serde_json::from_slice(&signed).unwrap();

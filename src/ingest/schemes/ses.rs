@@ -337,7 +337,9 @@ impl Ses {
         let cert_url =
             str_at(env, "/SigningCertURL").ok_or(VerifyError::Missing("SigningCertURL"))?;
         if !sns_url_allowed(&cert_url, true, region) {
-            return Err(VerifyError::Mismatch);
+            return Err(VerifyError::NotAccepted(
+                "SigningCertURL is not an SNS certificate URL of the topic's region",
+            ));
         }
         let sig = str_at(env, "/Signature").ok_or(VerifyError::Missing("Signature"))?;
         let sig = base64::engine::general_purpose::STANDARD
@@ -479,9 +481,13 @@ impl Source for Ses {
         // nothing is fetched or confirmed for a stranger's topic.
         let topic = str_at(&env, "/TopicArn").unwrap_or_default();
         if !self.topic_arns.is_empty() && !self.topic_arns.contains(&topic) {
-            return Err(VerifyError::Mismatch);
+            return Err(VerifyError::NotAccepted(
+                "TopicArn is not one of the source's topic_arns",
+            ));
         }
-        let region = topic_region(&topic).ok_or(VerifyError::Mismatch)?;
+        let region = topic_region(&topic).ok_or(VerifyError::NotAccepted(
+            "TopicArn is not an SNS topic ARN with a region",
+        ))?;
         // The window before the signature: a stale envelope never costs a certificate fetch.
         // `Timestamp` is one of the signed fields, so the signature check below covers it.
         let t = env
