@@ -245,6 +245,10 @@ enum DlqCommand {
         /// Clear expires_at of each.
         #[arg(long)]
         clear_expires_at: bool,
+        /// Only dead letters after this position: the `--after` a previous redrive printed
+        /// (past the ones it skipped).
+        #[arg(long)]
+        after: Option<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -627,6 +631,7 @@ fn support_command(command: Command, settings: &Settings) -> anyhow::Result<Exit
                     limit,
                     expires_at,
                     clear_expires_at,
+                    after,
                     json,
                 },
         } => (
@@ -637,6 +642,7 @@ fn support_command(command: Command, settings: &Settings) -> anyhow::Result<Exit
                     &reason,
                     limit,
                     expires(expires_at, clear_expires_at)?,
+                    after.as_deref(),
                 )?;
                 support::redrive(&db, now(), &request, &who)
             })()

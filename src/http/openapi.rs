@@ -449,6 +449,9 @@ pub struct RedriveRequestBody {
     since: Option<String>,
     #[schema(format = DateTime)]
     until: Option<String>,
+    /// The `next` of the redrive before: start past the dead letters it looked at (those it
+    /// skipped are still dead letters).
+    after: Option<String>,
 }
 
 #[cfg(test)]

@@ -708,6 +708,9 @@ pub struct RedriveRequest {
     pub limit: u32,
     /// As [`ReplayRequest::expires_at`], for every message redriven.
     pub expires_at: Option<Option<DateTime<Utc>>>,
+    /// Only dead letters after this position (the `next` of a redrive before): past the ones it
+    /// skipped, which are still dead letters.
+    pub after: Option<Cursor>,
 }
 
 /// `POST /v1/dead-letters/redrive` body: `{"reason", "limit"?, "expires_at"?}` and the filter
@@ -718,9 +721,15 @@ pub fn parse_redrive_body(body: &[u8]) -> Result<RedriveRequest, Vec<InvalidFiel
     let mut filter = DeadLetterFilter::default();
     let mut limit = REDRIVE_DEFAULT;
     let mut expires_at = None;
+    let mut after = None;
     for (k, v) in &obj {
         match k.as_str() {
             "reason" => {}
+            "after" => match v.as_str().map(Cursor::decode) {
+                Some(Ok(c)) => after = Some(c),
+                Some(Err(e)) => errors.push(e),
+                None => errors.push(InvalidField::new("after", "must be a string")),
+            },
             "limit" => match v.as_u64() {
                 Some(n) if (1..=u64::from(REDRIVE_MAX)).contains(&n) => limit = n as u32,
                 _ => errors.push(InvalidField::new(
@@ -753,6 +762,7 @@ pub fn parse_redrive_body(body: &[u8]) -> Result<RedriveRequest, Vec<InvalidFiel
             reason,
             limit,
             expires_at,
+            after,
         }),
         _ => Err(errors),
     }
@@ -781,8 +791,12 @@ pub struct RedriveReport {
     pub limit: u32,
     pub redriven: Vec<Redriven>,
     pub skipped: Vec<Skipped>,
-    /// More dead letters matched than the limit: run it again for the next ones.
+    /// More dead letters matched than the limit: run it again with `after` = `next`.
     pub more: bool,
+    /// With `more`: the position after the last dead letter this redrive looked at, redriven or
+    /// skipped. Passed back as `after`, the next run starts past the ones it skipped (without
+    /// it, each run would take up its limit with the same skipped ones again).
+    pub next: Option<String>,
 }
 
 /// Replays up to `req.limit` dead letters matching the filter, oldest first, each audited like a
@@ -813,14 +827,22 @@ pub fn redrive(
         force: false,
         expires_at: req.expires_at,
     };
-    let (results, more) = db.redrive(now, &req.filter.query(None, limit), &|row, at| {
+    let (results, more) = db.redrive(now, &req.filter.query(req.after, limit), &|row, at| {
         plan_replay(row, &one, who, at)
     })?;
+    let next = more.then(|| results.last()).flatten().map(|(row, _)| {
+        Cursor {
+            at: row.updated_at,
+            id: row.id,
+        }
+        .encode()
+    });
     let mut report = RedriveReport {
         limit,
         redriven: Vec::new(),
         skipped: Vec::new(),
         more,
+        next,
     };
     for (row, result) in results {
         match result {
@@ -943,8 +965,15 @@ pub fn redrive_request(
     reason: &str,
     limit: Option<u32>,
     expires_at: Option<Option<DateTime<Utc>>>,
+    after: Option<&str>,
 ) -> Result<RedriveRequest, SupportError> {
     let mut errors = Vec::new();
+    let after = after
+        .map(Cursor::decode)
+        .transpose()
+        .map_err(|e| errors.push(e))
+        .ok()
+        .flatten();
     let mut filter = DeadLetterFilter::default();
     for (k, v) in pairs {
         match filter.set(k, v) {
@@ -971,6 +1000,7 @@ pub fn redrive_request(
             reason,
             limit,
             expires_at,
+            after,
         }),
         _ => Err(SupportError::Invalid(errors)),
     }
@@ -1046,7 +1076,8 @@ mod tests {
         assert_eq!(cli_who(Some("ana".into())), "cli:ana");
         assert_eq!(cli_who(Some("a\nb c".into())), "cli:abc");
         assert_eq!(cli_who(None), "cli:unknown");
-        let e = redrive_request(&[("class".into(), "x".into())], "", Some(1001), None).unwrap_err();
+        let e = redrive_request(&[("class".into(), "x".into())], "", Some(1001), None, None)
+            .unwrap_err();
         assert_eq!(
             error_json(&e)["fields"],
             serde_json::json!(["class", "limit", "reason"])
@@ -1295,5 +1326,13 @@ mod tests {
             fields(r#"{"reason":"x","channel":"sms","after":"c"}"#),
             ["after", "channel"]
         );
+        let c = Cursor {
+            at: "2026-12-01T10:00:00Z".parse().unwrap(),
+            id: 7,
+        };
+        let r =
+            parse_redrive_body(format!(r#"{{"reason":"x","after":"{}"}}"#, c.encode()).as_bytes())
+                .unwrap();
+        assert_eq!(r.after, Some(c));
     }
 }

@@ -291,10 +291,12 @@ pub fn redrive(r: &RedriveReport) -> String {
         r.redriven.len(),
         r.skipped.len(),
         r.limit,
-        if r.more {
-            "; more dead letters match: run it again"
-        } else {
-            ""
+        match (&r.more, &r.next) {
+            (true, Some(next)) => {
+                format!("; more dead letters match: run it again with --after {next}")
+            }
+            (true, None) => "; more dead letters match: run it again".to_owned(),
+            (false, _) => String::new(),
         }
     );
     out

@@ -247,6 +247,14 @@ fn support_commands_on_the_database_the_server_uses() {
     let r = json(&o);
     assert_eq!(r["redriven"][0]["event_id"], "cli-mail");
     assert_eq!(r["more"], true);
+    assert!(r["next"].is_string(), "{r}");
+    assert_eq!(
+        code(&herald(
+            d,
+            &["dlq", "redrive", "--reason", "r", "--after", "zz"]
+        )),
+        2
+    );
     let o = herald(
         d,
         &["dlq", "redrive", "--reason", "bulk", "--class", "permanent"],

@@ -1023,6 +1023,70 @@ async fn dead_letters_list_by_keyset_and_redrive_within_bounds(backend: Backend)
     app.stop().await;
 }
 
+/// Dead letters a redrive skips (their expires_at has passed) stay dead letters: each run's
+/// `next`, passed back as `after`, starts past them. Without it a run of them at the oldest end
+/// took up every redrive's limit again, and the ones after them were never reached.
+async fn a_redrive_gets_past_the_dead_letters_it_skips(backend: Backend) {
+    let app = spawn_app_with(backend, "").await;
+    let rx = Receiver::start().await;
+    let soon = app.clock_now() + chrono::Duration::seconds(60);
+    for (id, expires) in [("rd-exp-1", true), ("rd-exp-2", true), ("rd-ok", false)] {
+        let path = format!("/{id}");
+        rx.script_path(&path, [Reply::Status(404), Reply::Status(200)]);
+        let mut m = private_message(id, &rx.url_for(&path));
+        if expires {
+            m["expires_at"] = json!(soon.to_rfc3339());
+        }
+        assert_eq!(app.post_message(m).await.status(), 201);
+        assert_eq!(app.run_until_idle().await, 1);
+        app.advance(Duration::from_millis(5));
+    }
+    app.advance(Duration::from_secs(120));
+    let redrive = |after: Option<Value>| {
+        let mut body = json!({"reason": "receiver fixed", "limit": 1});
+        if let Some(a) = after {
+            body["after"] = a;
+        }
+        let app = &app;
+        async move {
+            let r = post(app, "/v1/dead-letters/redrive", body).await;
+            assert_eq!(r.status(), 200);
+            r.json::<Value>().await.unwrap()
+        }
+    };
+    let first = redrive(None).await;
+    assert_eq!(
+        strings(&first["skipped"], "event_id"),
+        ["rd-exp-1"],
+        "{first}"
+    );
+    assert_eq!(first["more"], true);
+    // Run again as it was: the same skipped one again.
+    let again = redrive(None).await;
+    assert_eq!(strings(&again["skipped"], "event_id"), ["rd-exp-1"]);
+    // From its next: past it.
+    let second = redrive(Some(first["next"].clone())).await;
+    assert_eq!(
+        strings(&second["skipped"], "event_id"),
+        ["rd-exp-2"],
+        "{second}"
+    );
+    let third = redrive(Some(second["next"].clone())).await;
+    assert_eq!(
+        strings(&third["redriven"], "event_id"),
+        ["rd-ok"],
+        "{third}"
+    );
+    assert_eq!(
+        (&third["more"], &third["next"]),
+        (&json!(false), &Value::Null)
+    );
+    assert_eq!(app.run_until_idle().await, 1);
+    assert_eq!(app.row("rd-ok").state.as_str(), "delivered");
+    assert_eq!(ids_of(&app, "").await, ["rd-exp-1", "rd-exp-2"]);
+    app.stop().await;
+}
+
 /// An email dead letter is listed by its domain, with or without a display name around its
 /// address, and shown masked without the name; an internationalized domain by either of its
 /// forms, whichever the row was written with.
@@ -1055,6 +1119,7 @@ async fn dead_letters_by_an_email_domain_with_or_without_a_display_name(backend:
 }
 
 both_backends!(
+    a_redrive_gets_past_the_dead_letters_it_skips,
     dead_letters_by_an_email_domain_with_or_without_a_display_name,
     delivered_and_retried_then_delivered_read_correctly,
     dead_letters_explain_and_replay_with_their_event_id,
