@@ -143,14 +143,24 @@ pub struct StatusCallbacks {
     pub event_types: Vec<String>,
 }
 
-/// The event id of a status callback: `{message event id}:status:{status}`, or, when that would
-/// exceed 255 characters, the SHA-256 of the message's event id in its place.
-pub fn callback_event_id(event_id: &str, status: &str) -> String {
-    let id = format!("{event_id}:status:{status}");
+/// The event id of a status callback: `{message event id}:status:{status}`, after the message's
+/// n-th replay `{message event id}:status:{status}:replay-{n}` (the status starts over with a
+/// replay: a status the earlier send reached is a change again, and is called back); when that
+/// would exceed 255 characters, the SHA-256 of the message's event id in its place.
+pub fn callback_event_id(event_id: &str, status: &str, replays: i64) -> String {
+    let series = if replays > 0 {
+        format!(":replay-{replays}")
+    } else {
+        String::new()
+    };
+    let id = format!("{event_id}:status:{status}{series}");
     if id.len() <= crate::domain::EventId::MAX_LEN {
         id
     } else {
-        format!("{}:status:{status}", hex::encode(Sha256::digest(event_id)))
+        format!(
+            "{}:status:{status}{series}",
+            hex::encode(Sha256::digest(event_id))
+        )
     }
 }
 
@@ -212,7 +222,21 @@ impl Reconciler {
     fn decide(&self, r: &PendingReceipt, m: &MatchedMessage) -> ReceiptDecision {
         let event_time = ordering_time(r.event_time, r.received_at);
         let earlier = m.replayed_after(event_time, r.received_at);
+        let unsent = m.unsent();
         let verdict = match earlier {
+            // No request of this series was made: the receipt cannot be of it (a message
+            // canceled, expired or still scheduled; one replayed and not sent again yet).
+            None if unsent && precedence(&r.event_type).is_some() => Verdict::Superseded {
+                reason: format!(
+                    "of no send: {} (event time {}): kept in the history",
+                    if m.replays.unwrap_or(0) > 0 {
+                        "no attempt was made since its replay"
+                    } else {
+                        "no attempt of it was made"
+                    },
+                    show(event_time)
+                ),
+            },
             Some(at) if precedence(&r.event_type).is_some() => Verdict::Superseded {
                 reason: format!(
                     "of a send before the replay at {} (event time {}, arrived {}): kept in the history",
@@ -228,8 +252,10 @@ impl Reconciler {
                 event_time,
             ),
         };
-        let settle =
-            earlier.is_none() && proves_acceptance(&r.event_type) && m.awaits_proof(r.received_at);
+        let settle = earlier.is_none()
+            && !unsent
+            && proves_acceptance(&r.event_type)
+            && m.awaits_proof(r.received_at);
         let mut enqueue = Vec::new();
         let (outcome, reason, new_status) = match verdict {
             Verdict::Applied { previous } => {
@@ -296,7 +322,7 @@ impl Reconciler {
             "provider_event_id": crate::telemetry::mask_emails_in(&r.provider_event_id),
         });
         let message = NewMessage::webhook(
-            callback_event_id(&m.event_id, &r.event_type),
+            callback_event_id(&m.event_id, &r.event_type, m.replays.unwrap_or(0)),
             cb.destination.clone(),
             body,
         );
@@ -446,6 +472,9 @@ mod tests {
             state_reason: None,
             updated_at: t(0).unwrap(),
             replayed_at,
+            attempts: 1,
+            attempt_base: 0,
+            replays: None,
         };
         let at = |s| t(s).unwrap();
         // Never replayed: every receipt is of the current series.
@@ -636,11 +665,21 @@ mod tests {
     #[test]
     fn callback_event_ids_fit_the_contract() {
         assert_eq!(
-            callback_event_id("order-1", "bounced"),
+            callback_event_id("order-1", "bounced", 0),
             "order-1:status:bounced"
         );
+        // After a replay the status starts over: the same status is another callback.
+        assert_eq!(
+            callback_event_id("order-1", "bounced", 2),
+            "order-1:status:bounced:replay-2"
+        );
         let long = "x".repeat(250);
-        let id = callback_event_id(&long, "delivered");
+        let id = callback_event_id(&long, "delivered", 0);
         assert!(id.len() <= 255 && id.ends_with(":status:delivered"), "{id}");
+        let id = callback_event_id(&long, "delivered", 3);
+        assert!(
+            id.len() <= 255 && id.ends_with(":status:delivered:replay-3"),
+            "{id}"
+        );
     }
 }

@@ -403,9 +403,22 @@ pub struct MatchedMessage {
     /// When it was last replayed (`herald_replays`), if ever: its sends before that are an
     /// earlier series, whose receipts say nothing of the new one.
     pub replayed_at: Option<DateTime<Utc>>,
+    /// Every attempt ever claimed (a claim counts one, a put-back returns it).
+    pub attempts: i32,
+    /// `attempts` when the current series began (0 until a replay).
+    pub attempt_base: i32,
+    /// How many times it was replayed.
+    pub replays: Option<i64>,
 }
 
 impl MatchedMessage {
+    /// Whether no request of the current series has been made: nothing claimed since it was
+    /// enqueued or replayed (scheduled, held, canceled or expired first). A receipt can speak of
+    /// no send of it.
+    pub fn unsent(&self) -> bool {
+        self.state != State::Sending && self.attempts <= self.attempt_base
+    }
+
     /// The time of the message's last replay, where a receipt speaks of a send before it: the
     /// receipt arrived before the replay, or its event is older than the replay (an earlier
     /// send's, arriving late). Its status and its proof of acceptance are then that send's, and

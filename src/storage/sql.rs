@@ -1027,8 +1027,8 @@ pub fn sqlite_mark_reconciled(
     Ok(())
 }
 
-/// The messages of `ids`, in id order, with `$lock`, each with the time of its last replay
-/// (index `herald_replays_message`).
+/// The messages of `ids`, in id order, with `$lock`, each with the time of its last replay and
+/// the number of its replays (index `herald_replays_message`).
 macro_rules! lock_messages {
     ($conn:expr, $schema:ident, $ids:expr $(, $lock:ident)*) => {{
         use super::$schema::herald_outbox as o;
@@ -1038,6 +1038,10 @@ macro_rules! lock_messages {
             .filter(rp::message_id.eq(o::id))
             .order(rp::id.desc())
             .select(rp::replayed_at)
+            .single_value();
+        let replays = rp::table
+            .filter(rp::message_id.eq(o::id))
+            .count()
             .single_value();
         o::table
             .filter(o::id.eq_any($ids))
@@ -1050,6 +1054,9 @@ macro_rules! lock_messages {
                 o::state_reason,
                 o::updated_at,
                 last_replay,
+                o::attempts,
+                o::attempt_base,
+                replays,
             ))
             .order(o::id)
             $(.$lock())*

@@ -890,6 +890,78 @@ async fn each_status_change_is_called_back_once(backend: Backend) {
             "cb-2:status:sent"
         ]
     );
+    // Bounced, replayed, bounced again: the replayed send's bounce is a change of its own
+    // (the status started over) and is called back under its own event id.
+    post_receipt(&app, receipt("e6", "bounced", Some(5), "cb-2")).await;
+    reconcile(&app).await;
+    assert_eq!(app.run_until_idle().await, 1);
+    force_replay(&app, "cb-2").await;
+    assert_eq!(app.run_until_idle().await, 1);
+    let again = at_clock(&app, 5);
+    post_receipt(&app, receipt("e7", "bounced", Some(again), "cb-2")).await;
+    reconcile(&app).await;
+    assert_eq!(app.run_until_idle().await, 1);
+    let called: Vec<String> = app_rx
+        .requests()
+        .iter()
+        .skip(3)
+        .map(|r| r.header("webhook-id").unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        called,
+        ["cb-2:status:bounced", "cb-2:status:bounced:replay-1"]
+    );
+    app.stop().await;
+}
+
+/// A receipt for a message no request of which was made — still scheduled, or canceled — is
+/// kept in its history and changes nothing: no delivery status, no status callback.
+async fn a_receipt_for_a_message_never_sent_changes_nothing(backend: Backend) {
+    let rx = Receiver::start().await;
+    let app_rx = Receiver::start().await;
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "{SOURCE}[endpoints.app]\nurl = \"{}\"\n[status_callbacks]\ndestination = \"endpoint:app\"\n",
+            app_rx.url
+        ),
+    )
+    .await;
+    let mut m = webhook("later-1", &rx.url, json!({}));
+    m["scheduled_at"] = json!((app.clock_now() + chrono::Duration::hours(1)).to_rfc3339());
+    assert_eq!(app.post_message(m).await.status(), 201);
+    post_receipt(
+        &app,
+        receipt("n1", "bounced", Some(at_clock(&app, -1)), "later-1"),
+    )
+    .await;
+    reconcile(&app).await;
+    let view = app.message("later-1").await;
+    assert_eq!(view["delivery_status"], Value::Null, "{view}");
+    assert_eq!(history(&view), [("bounced".into(), "superseded".into())]);
+    let reason = view["receipts"][0]["outcome_reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("of no send: no attempt of it was made"),
+        "{reason}"
+    );
+    // Canceled: the same.
+    let r = app
+        .http
+        .post(format!("{}/v1/messages/later-1/cancel", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    post_receipt(
+        &app,
+        receipt("n2", "delivered", Some(at_clock(&app, 0)), "later-1"),
+    )
+    .await;
+    reconcile(&app).await;
+    let view = app.message("later-1").await;
+    assert_eq!(view["delivery_status"], Value::Null, "{view}");
+    assert_eq!(app.run_until_idle().await, 0, "no callback, no send");
+    assert!(app_rx.requests().is_empty() && rx.requests().is_empty());
     app.stop().await;
 }
 
@@ -954,6 +1026,7 @@ async fn two_reconcilers_apply_each_receipt_once_postgres() {
 }
 
 both_backends!(
+    a_receipt_for_a_message_never_sent_changes_nothing,
     a_late_arriving_older_receipt_never_overwrites_a_newer_one,
     every_arrival_order_ends_in_the_same_status,
     a_receipt_before_its_message_is_matched_once_it_appears,
