@@ -308,6 +308,8 @@ pub struct ReplayRequest {
     /// Required, trimmed, at most [`MAX_REASON`] characters.
     pub reason: String,
     pub force: bool,
+    /// As the support replay's: `None` keeps `expires_at`, `Some(None)` clears it.
+    pub expires_at: Option<Option<DateTime<Utc>>>,
     /// Who asked (the session's token name and scope).
     pub by: Principal,
     pub at: DateTime<Utc>,
@@ -347,7 +349,7 @@ impl ReplayHook for SupportReplay {
         let req = support::ReplayRequest {
             reason,
             force: request.force,
-            expires_at: None,
+            expires_at: request.expires_at,
         };
         let lookup = Lookup::event_id(&request.event_id);
         match support::replay(

@@ -437,7 +437,10 @@ async fn message_page(
         .await
     );
     match detail {
-        Some(d) => page(status, pages::message(viewer, &d, notice)),
+        Some(d) => page(
+            status,
+            pages::message(viewer, &d, notice, state.clock.now()),
+        ),
         None => page(
             StatusCode::NOT_FOUND,
             pages::error(Some(viewer), "Not found", "No message has that event id."),
@@ -491,10 +494,35 @@ async fn replay(
         )
         .await;
     }
+    // The message's expires_at: kept (absent), cleared, or set to a given time.
+    let expires_at = match (form.get("expires"), form.get("expires_at").map(str::trim)) {
+        (None | Some("keep"), _) => Ok(None),
+        (Some("clear"), _) => Ok(Some(None)),
+        (Some("set"), Some(t)) => chrono::DateTime::parse_from_rfc3339(t)
+            .map(|t| Some(Some(t.with_timezone(&chrono::Utc))))
+            .map_err(
+                |_| "The new expires_at must be an RFC 3339 time, such as 2026-12-31T09:00:00Z.",
+            ),
+        _ => Err("Choose to keep, clear or set its expires_at."),
+    };
+    let expires_at = match expires_at {
+        Ok(e) => e,
+        Err(why) => {
+            return message_page(
+                &state,
+                &viewer,
+                event_id,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Some(Notice::Error(why)),
+            )
+            .await;
+        }
+    };
     let request = ReplayRequest {
         event_id: event_id.clone(),
         reason,
         force: form.get("force") == Some("1"),
+        expires_at,
         by: s.principal.clone(),
         at: state.clock.now(),
     };

@@ -294,7 +294,12 @@ pub enum Notice<'a> {
 }
 
 /// A message's page: facts, the timeline, attempts and receipts in detail, the replay form.
-pub fn message(viewer: &Viewer, d: &MessageDetail, notice: Option<Notice>) -> Markup {
+pub fn message(
+    viewer: &Viewer,
+    d: &MessageDetail,
+    notice: Option<Notice>,
+    now: DateTime<Utc>,
+) -> Markup {
     let m = &d.message;
     let can = replayable(m.state);
     layout(
@@ -404,6 +409,19 @@ pub fn message(viewer: &Viewer, d: &MessageDetail, notice: Option<Notice>) -> Ma
                         @if can == Replayable::WithForce {
                             label.check { input #force type="checkbox" name="force" value="1";
                                 " It was delivered: send it again anyway" }
+                        }
+                        @if let Some(t) = m.expires_at {
+                            // A passed expires_at would expire the replay at once: it is
+                            // cleared unless a person keeps it or gives a later time.
+                            @let passed = t <= now;
+                            label for="expires" { "Its expires_at, " (ts(&t)) (if passed { " (passed)" } else { "" }) }
+                            select #expires name="expires" {
+                                option value="keep" selected[!passed] { "keep it" }
+                                option value="clear" selected[passed] { "clear it (no deadline)" }
+                                option value="set" { "set it to the time below" }
+                            }
+                            input #expires_at type="text" name="expires_at"
+                                placeholder="RFC 3339, e.g. 2026-12-31T09:00:00Z";
                         }
                         button #replay-button type="submit" { "Replay" }
                     }
@@ -592,7 +610,7 @@ mod tests {
             },
             csrf: "tok",
         };
-        let html = message(&viewer, &detail(), None).into_string();
+        let html = message(&viewer, &detail(), None, Utc::now()).into_string();
         assert!(!html.contains("order-1<script>"), "escaped");
         assert!(html.contains("order-1&lt;script&gt;"));
         assert!(html.contains("action=\"/admin/replay\""));
@@ -605,11 +623,11 @@ mod tests {
         assert!(!html.contains("style="));
         let mut delivered = detail();
         delivered.message.state = State::Delivered;
-        let html = message(&viewer, &delivered, None).into_string();
+        let html = message(&viewer, &delivered, None, Utc::now()).into_string();
         assert!(html.contains("name=\"force\""));
         let mut sending = detail();
         sending.message.state = State::Sending;
-        let html = message(&viewer, &sending, None).into_string();
+        let html = message(&viewer, &sending, None, Utc::now()).into_string();
         assert!(!html.contains("/admin/replay"));
     }
 

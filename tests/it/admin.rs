@@ -429,7 +429,74 @@ async fn search_by_a_fan_outs_event_id_lists_its_children(backend: Backend) {
     app.stop().await;
 }
 
+/// An expired message is replayed from its page: the form offers its expires_at, cleared by
+/// default once it has passed (it was kept, and every such replay was refused), or set to a
+/// time a person gives; a time that is not one is a 422 that changes nothing.
+async fn an_expired_message_is_replayed_from_its_page(backend: Backend) {
+    let app = spawn(backend).await;
+    let rx = crate::support::Receiver::start().await;
+    for id in ["gone-1", "gone-2"] {
+        let mut m = crate::support::app::webhook(id, &rx.url, serde_json::json!({}));
+        m["expires_at"] =
+            serde_json::json!((app.clock_now() + chrono::Duration::seconds(1)).to_rfc3339());
+        assert_eq!(app.post_message(m).await.status(), 201);
+    }
+    app.advance(Duration::from_secs(2));
+    assert_eq!(app.run_until_idle().await, 0);
+    assert_eq!(app.row("gone-1").state.as_str(), "expired");
+    let cookie = session(&app, DESK).await;
+    let page = get(&app, "/admin/message?event_id=gone-1", Some(&cookie))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("name=\"expires\""), "{page}");
+    assert!(page.contains("<option value=\"clear\" selected"), "{page}");
+    let csrf = csrf_of(&page);
+    let replay = |id: &'static str, expires: &'static str, at: &'static str| {
+        let (cookie, csrf, app) = (cookie.clone(), csrf.clone(), &app);
+        async move {
+            post(
+                app,
+                "/admin/replay",
+                Some(&cookie),
+                &[
+                    ("csrf", csrf.as_str()),
+                    ("event_id", id),
+                    ("reason", "customer asked again"),
+                    ("expires", expires),
+                    ("expires_at", at),
+                ],
+            )
+            .await
+        }
+    };
+    let r = replay("gone-1", "set", "tomorrow").await;
+    assert_eq!(r.status(), 422);
+    assert!(r.text().await.unwrap().contains("RFC 3339"));
+    assert_eq!(
+        app.row("gone-1").state.as_str(),
+        "expired",
+        "nothing changed"
+    );
+    // Kept, it would expire again at once: refused, as the API refuses it.
+    assert_eq!(replay("gone-1", "keep", "").await.status(), 409);
+    assert_eq!(replay("gone-1", "clear", "").await.status(), 303);
+    assert_eq!(app.row("gone-1").expires_at, None);
+    assert_eq!(app.row("gone-1").state.as_str(), "scheduled");
+    let later = "2099-01-01T00:00:00Z";
+    assert_eq!(replay("gone-2", "set", later).await.status(), 303);
+    assert_eq!(
+        app.row("gone-2").expires_at.map(|t| t.to_rfc3339()),
+        Some("2099-01-01T00:00:00+00:00".to_owned())
+    );
+    assert_eq!(app.run_until_idle().await, 2);
+    assert_eq!(rx.event_ids().len(), 2);
+    app.stop().await;
+}
+
 both_backends!(
+    an_expired_message_is_replayed_from_its_page,
     search_by_a_fan_outs_event_id_lists_its_children,
     sign_in_takes_support_or_admin_tokens_and_sets_a_strict_cookie,
     sessions_expire_and_every_process_on_the_database_accepts_them,
