@@ -306,6 +306,17 @@ fn held_back(e: &Explanation) -> bool {
             .is_none_or(|a| a.class != AttemptClass::RateLimited)
 }
 
+/// Whether a message was scheduled for later than it was created: by more than a second (on
+/// PostgreSQL the two defaults are read a fraction of a millisecond apart, which said "created
+/// at X for X+0.1 ms" of every message sent at once).
+fn scheduled_later(created_at: &str, scheduled_at: &str) -> bool {
+    let parse = |t: &str| chrono::DateTime::parse_from_rfc3339(t).ok();
+    match (parse(created_at), parse(scheduled_at)) {
+        (Some(c), Some(s)) => s - c > chrono::TimeDelta::seconds(1),
+        _ => created_at != scheduled_at,
+    }
+}
+
 /// The paragraph for `e`.
 pub fn narrate(e: &Explanation) -> String {
     let channel = match e.channel {
@@ -317,7 +328,7 @@ pub fn narrate(e: &Explanation) -> String {
         e.event_id,
         e.destination,
         e.created_at,
-        if e.scheduled_at != e.created_at {
+        if scheduled_later(&e.created_at, &e.scheduled_at) {
             format!(" for {}", e.scheduled_at)
         } else {
             String::new()
@@ -665,6 +676,9 @@ mod tests {
         );
         let mut e = base(State::Delivered);
         e.channel = Channel::Email;
+        // A fraction of a millisecond apart (PostgreSQL's two defaults): not scheduled later.
+        e.scheduled_at = "2026-12-01T10:00:00.000096Z".into();
+        assert!(narrate(&e).contains("was created at 2026-12-01T10:00:00.000000Z."));
         e.scheduled_at = "2026-12-01T11:00:00.000000Z".into();
         assert!(narrate(&e).starts_with("Email message order-1:shipped to https://hooks.example.com/… was created at 2026-12-01T10:00:00.000000Z for 2026-12-01T11:00:00.000000Z."));
     }
