@@ -434,6 +434,7 @@ pub fn replay(
     who: &str,
 ) -> Result<Replayed, SupportError> {
     let row = find(db, lookup)?;
+    refuse_a_passed_expiry(req.expires_at, now)?;
     let written = db.replay(now, row.id, &|row, at| plan_replay(row, req, who, at))?;
     match written {
         ReplayWrite::Done { row, replay } => {
@@ -808,19 +809,8 @@ pub fn redrive(
     who: &str,
 ) -> Result<RedriveReport, SupportError> {
     // A time already past would leave every message redriven to expire again at once: bad
-    // input, refused whole (as a single replay's is), not a skip per message.
-    if let Some(Some(t)) = req.expires_at
-        && t <= now.local
-    {
-        return Err(InvalidField::new(
-            "expires_at",
-            format!(
-                "{} is not in the future: every message redriven would expire again at once; give a later time, or clear it",
-                ts(&t)
-            ),
-        )
-        .into());
-    }
+    // input, refused whole, not a skip per message.
+    refuse_a_passed_expiry(req.expires_at, now)?;
     let limit = req.limit.clamp(1, REDRIVE_MAX);
     let one = ReplayRequest {
         reason: req.reason.clone(),
@@ -872,6 +862,26 @@ pub fn redrive(
         "dead letters redriven"
     );
     Ok(report)
+}
+
+/// An `expires_at` given for a replay or a redrive that has passed already: bad input (422
+/// naming it, exit 2), since what is replayed would expire again at once. (A kept one that has
+/// passed is the message's own state: a refusal, [`Refusal::WouldExpire`].)
+fn refuse_a_passed_expiry(
+    expires_at: Option<Option<DateTime<Utc>>>,
+    now: Now,
+) -> Result<(), SupportError> {
+    match expires_at {
+        Some(Some(t)) if t <= now.local => Err(InvalidField::new(
+            "expires_at",
+            format!(
+                "{} is not in the future: what is replayed would expire again at once; give a later time, or clear it",
+                ts(&t)
+            ),
+        )
+        .into()),
+        _ => Ok(()),
+    }
 }
 
 /// Exit status of a support command that succeeded.

@@ -314,6 +314,24 @@ fn replay_refusals_name_the_flag_that_answers_them() {
         "{}",
         stderr(&o)
     );
+    // A time given that has passed is bad input: exit 2, naming it.
+    let o = herald(
+        d,
+        &[
+            "replay",
+            "feedface",
+            "--reason",
+            "receiver fixed",
+            "--expires-at",
+            "2020-01-01T00:00:00Z",
+        ],
+    );
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("expires_at") && stderr(&o).contains("2020-01-01"),
+        "{}",
+        stderr(&o)
+    );
     let o = herald(
         d,
         &[
