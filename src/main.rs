@@ -670,7 +670,7 @@ fn support_command(command: Command, settings: &Settings) -> anyhow::Result<Exit
             if let Some(hint) = support::cli_hint(&e) {
                 eprintln!("  {hint}");
             }
-            if let support::SupportError::Ambiguous(candidates, _) = &e {
+            if let Some(candidates) = e.candidates() {
                 for c in candidates {
                     eprintln!(
                         "  {}  {}  {}",

@@ -754,6 +754,7 @@ async fn explain_send(
     responses(
         (status = 200, description = "The explanation", body = crate::support::view::Explanation),
         (status = 404, description = "No such message", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "`fan-out`: the event id is a fan-out's; `candidates` are its messages", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn explain_by_event_id(
@@ -836,7 +837,7 @@ async fn replay_send(
         (status = 200, description = "Replayed: due now", body = crate::support::Replayed),
         (status = 400, description = "The body is not JSON", body = ProblemBody, content_type = "application/problem+json"),
         (status = 404, description = "No such message", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 409, description = "`force-required`, `in-flight`, `not-replayable` or `changed`", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "`force-required`, `in-flight`, `not-replayable`, `changed`, or `fan-out` (by event id: a fan-out's, `candidates` its messages)", body = ProblemBody, content_type = "application/problem+json"),
         (status = 413, description = "The body is too large", body = ProblemBody, content_type = "application/problem+json"),
         (status = 422, description = "Invalid fields (`reason`, `expires_at`, …)", body = ProblemBody, content_type = "application/problem+json"),
     )

@@ -282,6 +282,17 @@ impl From<SupportError> for Problem {
                 p.candidates = serde_json::to_value(candidates).ok();
                 p
             }
+            SupportError::FanOut(ref children) => {
+                let mut p = Problem::new(
+                    StatusCode::CONFLICT,
+                    "fan-out",
+                    "The event id is a fan-out's: name one of its messages",
+                )
+                .detail(e.to_string());
+                p.field = Some("event_id".into());
+                p.candidates = serde_json::to_value(children).ok();
+                p
+            }
             SupportError::Refused(Refusal::WouldExpire(_)) => {
                 let mut p = Problem::invalid(vec![InvalidField::new("expires_at", e.to_string())]);
                 p.title = "The request is not valid".into();

@@ -78,6 +78,17 @@ pub struct Candidate {
     pub created_at: String,
 }
 
+impl Candidate {
+    fn of(r: &OutboxRow) -> Self {
+        Self {
+            fingerprint: r.request_fingerprint.clone(),
+            event_id: r.event_id.clone(),
+            state: r.state,
+            created_at: ts(&r.created_at),
+        }
+    }
+}
+
 /// Why a message cannot be replayed now.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
@@ -101,6 +112,10 @@ pub enum SupportError {
     NotFound,
     #[error("the prefix matches {} messages{}; give more digits", .0.len(), if *.1 { " or more" } else { "" })]
     Ambiguous(Vec<Candidate>, bool),
+    /// The event id is a fan-out's (`destination = "type:…"`): its messages are its children,
+    /// each with an event id of its own.
+    #[error("that event id is a fan-out's: each of its {} messages has an event id of its own (EVENT_ID:ENDPOINT); name one of them", .0.len())]
+    FanOut(Vec<Candidate>),
     #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
     Invalid(Vec<InvalidField>),
     #[error("cannot replay: {0}")]
@@ -111,6 +126,16 @@ pub enum SupportError {
     NotSkippable(String),
     #[error(transparent)]
     Storage(#[from] StorageError),
+}
+
+impl SupportError {
+    /// The messages to choose from: an ambiguous prefix's, or a fan-out's children.
+    pub fn candidates(&self) -> Option<&[Candidate]> {
+        match self {
+            SupportError::Ambiguous(c, _) | SupportError::FanOut(c) => Some(c),
+            _ => None,
+        }
+    }
 }
 
 impl From<InvalidField> for SupportError {
@@ -128,7 +153,23 @@ impl From<Vec<InvalidField>> for SupportError {
 /// The message `lookup` names: 404 when none, ambiguous when a prefix matches several.
 pub fn find(db: &Db, lookup: &Lookup) -> Result<OutboxRow, SupportError> {
     match lookup {
-        Lookup::EventId(id) => db.find_by_event_id(id)?.ok_or(SupportError::NotFound),
+        Lookup::EventId(id) => match db.find_by_event_id(id)? {
+            Some(row) => Ok(row),
+            None => {
+                // A fan-out's own event id names its children (those retention has not purged).
+                let children: Vec<Candidate> = db
+                    .fanout_of(id)?
+                    .iter()
+                    .filter_map(|(_, m)| m.as_ref())
+                    .map(Candidate::of)
+                    .collect();
+                Err(if children.is_empty() {
+                    SupportError::NotFound
+                } else {
+                    SupportError::FanOut(children)
+                })
+            }
+        },
         Lookup::Fingerprint(prefix) => {
             let mut rows = db.find_by_fingerprint_prefix(prefix, MAX_CANDIDATES as u32 + 1)?;
             match rows.len() {
@@ -138,14 +179,7 @@ pub fn find(db: &Db, lookup: &Lookup) -> Result<OutboxRow, SupportError> {
                     let more = n > MAX_CANDIDATES;
                     rows.truncate(MAX_CANDIDATES);
                     Err(SupportError::Ambiguous(
-                        rows.iter()
-                            .map(|r| Candidate {
-                                fingerprint: r.request_fingerprint.clone(),
-                                event_id: r.event_id.clone(),
-                                state: r.state,
-                                created_at: ts(&r.created_at),
-                            })
-                            .collect(),
+                        rows.iter().map(Candidate::of).collect(),
                         more,
                     ))
                 }
@@ -914,7 +948,7 @@ pub fn exit_code(e: &SupportError) -> u8 {
         | SupportError::NotSkippable(_)
         | SupportError::Storage(_) => EXIT_REFUSED,
         SupportError::Invalid(_) => EXIT_INVALID,
-        SupportError::Ambiguous(..) => EXIT_AMBIGUOUS,
+        SupportError::Ambiguous(..) | SupportError::FanOut(_) => EXIT_AMBIGUOUS,
     }
 }
 
@@ -924,6 +958,7 @@ pub fn error_json(e: &SupportError) -> Value {
     let kind = match e {
         SupportError::NotFound => "not_found",
         SupportError::Ambiguous(..) => "ambiguous",
+        SupportError::FanOut(_) => "fan_out",
         SupportError::Invalid(_) => "invalid",
         SupportError::Refused(_) => "refused",
         SupportError::Moved => "changed",
@@ -935,7 +970,7 @@ pub fn error_json(e: &SupportError) -> Value {
         other => other.to_string(),
     };
     let mut v = serde_json::json!({"error": kind, "detail": detail});
-    if let SupportError::Ambiguous(c, _) = e {
+    if let Some(c) = e.candidates() {
         v["candidates"] = serde_json::json!(c);
     }
     if let SupportError::Invalid(fields) = e {

@@ -117,6 +117,32 @@ async fn one_failing_endpoint_never_holds_back_the_others(backend: Backend) {
     assert_eq!(states, ["delivered", "delivered", "dead_letter"]);
     assert_eq!(v["event_type"], "order.placed");
 
+    // Support by the original event id: not "no such message", but the messages to name.
+    for (method, path) in [
+        ("GET", "/v1/messages/ord-1/explain"),
+        ("POST", "/v1/messages/ord-1/replay"),
+    ] {
+        let mut rq = app
+            .http
+            .request(method.parse().unwrap(), format!("{}{path}", app.base));
+        if method == "POST" {
+            rq = rq.json(&json!({"reason": "the receiver lost it"}));
+        }
+        let r = rq.send().await.unwrap();
+        assert_eq!(r.status(), 409, "{path}");
+        let p: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(p["type"], "https://herald.dev/problems/fan-out", "{p}");
+        assert_eq!(p["field"], "event_id");
+        let named: Vec<&str> = p["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["event_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(named, ["ord-1:a", "ord-1:b", "ord-1:c"], "{path}");
+    }
+    assert_eq!(app.row("ord-1:c").state, "dead_letter", "nothing replayed");
+
     // The same event id again: 200 with the existing children, nothing new, nothing resent.
     let again = app.post_message(fanout("ord-1", "order.placed")).await;
     assert_eq!(again.status(), 200);
