@@ -306,6 +306,19 @@ fn held_back(e: &Explanation) -> bool {
             .is_none_or(|a| a.class != AttemptClass::RateLimited)
 }
 
+/// How much later than the delay `before` set `a` was made, when that is more than a poll's
+/// slack (2 s, and a fifth of the delay): time it was held without a request, or waited for a
+/// busy sender, which no attempt row records.
+fn later_than_set(before: &AttemptEntry, a: &AttemptEntry) -> Option<i64> {
+    let delay = before
+        .delay_ms
+        .filter(|_| before.next_state == "retryable")?;
+    let parse = |t: &str| chrono::DateTime::parse_from_rfc3339(t).ok();
+    let set = parse(&before.finished_at)? + chrono::TimeDelta::milliseconds(delay);
+    let late = (parse(&a.started_at)? - set).num_milliseconds();
+    (late > 2_000.max(delay / 5)).then_some(late)
+}
+
 /// Whether a message was scheduled for later than it was created: by more than a second (on
 /// PostgreSQL the two defaults are read a fraction of a millisecond apart, which said "created
 /// at X for X+0.1 ms" of every message sent at once).
@@ -338,11 +351,22 @@ pub fn narrate(e: &Explanation) -> String {
         parts.push("No attempt has been made.".to_owned());
     }
     let mut replays = e.replays.iter().peekable();
+    let mut before: Option<&AttemptEntry> = None;
     for a in &e.attempt_timeline {
         while let Some(r) = replays.next_if(|r| r.series_start <= a.attempt) {
             parts.push(replay_sentence(r));
+            before = None;
+        }
+        if let Some(late) = before.and_then(|b| later_than_set(b, a)) {
+            parts.push(format!(
+                "Attempt {} went {} after the time set: meanwhile Herald held it without a \
+                 request (its destination paused or at a limit, its endpoint disabled) or was busy.",
+                a.attempt,
+                human_ms(late)
+            ));
         }
         parts.push(attempt_sentence(a));
+        before = Some(a);
     }
     for r in replays {
         parts.push(replay_sentence(r));
@@ -437,6 +461,27 @@ mod tests {
             provider_message_id: None,
             note: None,
         }
+    }
+
+    #[test]
+    fn an_attempt_made_well_after_its_time_says_so() {
+        let mut e = base(State::Delivered);
+        let mut a1 = attempt(1, Some(503), AttemptClass::Transient, "retryable");
+        a1.delay_ms = Some(1000);
+        let mut a2 = attempt(2, Some(200), AttemptClass::Accepted, "delivered");
+        // Set for 10:01:01.25; made 6 s later (a destination paused by another's 429).
+        a2.started_at = "2026-12-01T10:01:07.250000Z".into();
+        e.attempt_timeline = vec![a1.clone(), a2.clone()];
+        let text = narrate(&e);
+        assert!(
+            text.contains("Attempt 2 went 6 s after the time set: meanwhile Herald held it"),
+            "{text}"
+        );
+        assert!(text.find("went 6 s").unwrap() < text.find("Attempt 2 at").unwrap());
+        // Within a poll's slack: nothing to say.
+        a2.started_at = "2026-12-01T10:01:02.500000Z".into();
+        e.attempt_timeline = vec![a1, a2];
+        assert!(!narrate(&e).contains("after the time set"));
     }
 
     #[test]
