@@ -253,6 +253,7 @@ per_backend! {
         sql::keep_to_indexes(conn)?;
         let at = sql::now(conn, now)?;
         use self::schema::herald_replays as rp;
+        use self::schema::herald_attempts as a;
         // Only a receipt that arrived after the message's last replay, of an event no older
         // than it, speaks for the send that made it `unconfirmed`: one of an earlier series (a
         // force-replayed `delivered`, an earlier send's receipt arriving late) says nothing
@@ -272,7 +273,17 @@ per_backend! {
                         .filter(diesel::dsl::sql::<diesel::sql_types::Bool>(
                             sql::REPLAY_AFTER_EVENT,
                         )),
-                ))),
+                )))
+                // Stored once a request of this series had been made (while it was still being
+                // sent, say), not before any was: that one speaks of no send of it.
+                .filter(exists(
+                    a::table
+                        .filter(a::message_id.eq(o::id))
+                        .filter(a::attempt_number.gt(o::attempt_base))
+                        .filter(diesel::dsl::sql::<diesel::sql_types::Bool>(
+                            sql::ATTEMPT_BEFORE_RECEIPT,
+                        )),
+                )),
         );
         let settled: Vec<i64> = diesel::update(
             o::table

@@ -1103,6 +1103,15 @@ pub const PG_REPLAY_AFTER_EVENT: &str =
 pub const SQLITE_REPLAY_AFTER_EVENT: &str = "julianday(herald_replays.replayed_at) > \
      julianday(herald_receipts.event_time) + 5.0 / 86400.0";
 
+/// The settle pass's test that an attempt of the message's current series had started when the
+/// receipt arrived: a receipt stored before any request of it was made speaks of no send of it
+/// (`MatchedMessage::unsent`). Raw SQL over the tables' own names, as diesel writes them.
+pub const PG_ATTEMPT_BEFORE_RECEIPT: &str =
+    "herald_attempts.started_at <= herald_receipts.received_at";
+/// [`PG_ATTEMPT_BEFORE_RECEIPT`] on SQLite (`julianday` reads its UTC text times).
+pub const SQLITE_ATTEMPT_BEFORE_RECEIPT: &str =
+    "julianday(herald_attempts.started_at) <= julianday(herald_receipts.received_at)";
+
 /// Whether diesel's bookkeeping table is there, as one `present` boolean: asked rather than
 /// read from the error of a `SELECT` from it, whose words depend on the server's language (and a
 /// permission error names the table too).
@@ -1113,6 +1122,7 @@ pub const SQLITE_MIGRATIONS_TABLE_PRESENT: &str = "SELECT EXISTS (SELECT 1 FROM 
      WHERE type = 'table' AND name = '__diesel_schema_migrations') AS present";
 
 pub mod pg {
+    pub use super::PG_ATTEMPT_BEFORE_RECEIPT as ATTEMPT_BEFORE_RECEIPT;
     pub use super::PG_MIGRATIONS_TABLE_PRESENT as MIGRATIONS_TABLE_PRESENT;
     pub use super::PG_REPLAY_AFTER_EVENT as REPLAY_AFTER_EVENT;
     pub use super::pg_busy_keys as busy_keys;
@@ -1140,6 +1150,7 @@ pub mod sqlite {
     use chrono::{DateTime, Utc};
     use diesel::prelude::*;
 
+    pub use super::SQLITE_ATTEMPT_BEFORE_RECEIPT as ATTEMPT_BEFORE_RECEIPT;
     pub use super::SQLITE_MIGRATIONS_TABLE_PRESENT as MIGRATIONS_TABLE_PRESENT;
     pub use super::SQLITE_REPLAY_AFTER_EVENT as REPLAY_AFTER_EVENT;
 

@@ -225,6 +225,17 @@ fn permanent_why(e: &Explanation) -> String {
 
 fn state_sentence(e: &Explanation) -> String {
     match e.state {
+        // Left unconfirmed by its last attempt, delivered since: a receipt settled it (also
+        // one stored while the attempt was still in flight, settled by a later pass).
+        State::Delivered
+            if e.attempt_timeline
+                .last()
+                .is_some_and(|a| a.next_state == "unconfirmed") =>
+        {
+            "It is delivered: a receipt proved the provider had accepted it, which settled the \
+             unconfirmed attempt."
+                .to_owned()
+        }
         State::Delivered => "It is delivered.".to_owned(),
         State::DeadLetter => {
             let why = if e.state_reason.as_deref() == Some("unconfirmed") {
@@ -461,6 +472,17 @@ mod tests {
             provider_message_id: None,
             note: None,
         }
+    }
+
+    #[test]
+    fn a_receipt_that_settled_an_unconfirmed_attempt_is_named() {
+        let mut e = base(State::Delivered);
+        e.attempt_timeline = vec![attempt(1, Some(409), AttemptClass::Conflict, "unconfirmed")];
+        assert!(narrate(&e).ends_with(
+            "It is delivered: a receipt proved the provider had accepted it, which settled the unconfirmed attempt."
+        ));
+        e.attempt_timeline = vec![attempt(1, Some(200), AttemptClass::Accepted, "delivered")];
+        assert!(narrate(&e).ends_with("It is delivered."));
     }
 
     #[test]

@@ -543,7 +543,9 @@ async fn a_late_receipt_of_an_earlier_send_says_nothing_of_the_replayed_one(back
         app.post_message(webhook(id, &rx.url, json!({}))).await;
         app.run_until_idle().await;
         assert_eq!(app.message(id).await["state"], "unconfirmed");
-        rx.script([Reply::Status(409)]);
+        // The new send is held at the receiver while the receipt comes, then answered 409.
+        let release = std::sync::Arc::new(tokio::sync::Notify::new());
+        rx.script([Reply::Held(release.clone(), 409)]);
         force_replay(&app, id).await;
         let first = receipt(
             &format!("{id}-first"),
@@ -551,11 +553,17 @@ async fn a_late_receipt_of_an_earlier_send_says_nothing_of_the_replayed_one(back
             Some(at_clock(&app, dated)),
             id,
         );
-        if while_sending {
-            post_receipt(&app, first.clone()).await;
-            reconcile(&app).await;
-        }
-        assert_eq!(app.run_until_idle().await, 1);
+        let before = rx.requests().len();
+        let (sent, ()) = tokio::join!(app.run_until_idle(), async {
+            rx.wait_for(before + 1, 10).await;
+            if while_sending {
+                assert_eq!(app.message(id).await["state"], "sending", "{id}");
+                post_receipt(&app, first.clone()).await;
+                reconcile(&app).await;
+            }
+            release.notify_one();
+        });
+        assert_eq!(sent, 1);
         if !while_sending {
             post_receipt(&app, first).await;
         }
@@ -687,22 +695,58 @@ async fn unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline(ba
         (Some("delivered".into()), Some("delivered".into()))
     );
     // A receipt that came while the message was still being sent proves it too, once the
-    // message turns unconfirmed.
+    // message turns unconfirmed. One stored before any request of it was made proves nothing
+    // (it is of no send), also once a request of it has been made.
     let r = app
         .post_message(webhook("maybe-3", &rx.url, json!({})))
         .await;
     assert_eq!(r.status(), 201);
     assert_eq!(
-        post_receipt(&app, receipt("ok-3", "sent", Some(1), "maybe-3")).await,
+        post_receipt(&app, receipt("early-3", "sent", Some(1), "maybe-3")).await,
         200
     );
     assert_eq!(reconcile(&app).await, 1);
     assert_eq!(app.message("maybe-3").await["state"], "scheduled");
-    rx.script([Reply::Status(409)]);
-    app.run_until_idle().await;
+    let release = std::sync::Arc::new(tokio::sync::Notify::new());
+    rx.script([Reply::Held(release.clone(), 409)]);
+    let before = rx.requests().len();
+    let ((), ()) = tokio::join!(
+        async {
+            app.run_until_idle().await;
+        },
+        async {
+            rx.wait_for(before + 1, 10).await;
+            assert_eq!(app.message("maybe-3").await["state"], "sending");
+            reconcile(&app).await;
+            assert_eq!(
+                app.message("maybe-3").await["state"],
+                "sending",
+                "the early one settles nothing"
+            );
+            assert_eq!(
+                post_receipt(&app, receipt("ok-3", "sent", Some(2), "maybe-3")).await,
+                200
+            );
+            assert_eq!(reconcile(&app).await, 1);
+            release.notify_one();
+        }
+    );
     assert_eq!(app.message("maybe-3").await["state"], "unconfirmed");
     reconcile(&app).await;
     assert_eq!(app.message("maybe-3").await["state"], "delivered");
+    let words = app.explain("maybe-3").await["explanation"].to_string();
+    assert!(
+        words.contains("which settled the unconfirmed attempt"),
+        "{words}"
+    );
+    let view = app.message("maybe-3").await;
+    assert_eq!(
+        history(&view),
+        [
+            ("sent".into(), "superseded".into()),
+            ("sent".into(), "applied".into())
+        ]
+    );
     // No proof for the second within the deadline: a person decides.
     app.advance(Duration::from_secs(61));
     reconcile(&app).await;
@@ -747,6 +791,15 @@ async fn unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline(ba
         on_page,
         (vec!["maybe-2".to_owned()], vec!["refused-1".to_owned()])
     );
+    // Only a receipt from before any request of it: unconfirmed it stays.
+    app.post_message(webhook("maybe-4", &rx.url, json!({})))
+        .await;
+    post_receipt(&app, receipt("early-4", "sent", Some(1), "maybe-4")).await;
+    reconcile(&app).await;
+    rx.script([Reply::Status(409)]);
+    assert_eq!(app.run_until_idle().await, 1);
+    reconcile(&app).await;
+    assert_eq!(app.message("maybe-4").await["state"], "unconfirmed");
     app.stop().await;
 }
 
