@@ -690,7 +690,7 @@ async fn enable_endpoint(
     let who = authorize(&req, &state, Access::Admin)?;
     let name = path.into_inner();
     if !state.endpoints.contains_key(&name) {
-        return Err(Problem::not_found("endpoint"));
+        return Err(Problem::not_found_by("endpoint", "name"));
     }
     let db = state.db.clone();
     let now = state.clock.now();

@@ -116,8 +116,13 @@ impl Problem {
     }
 
     pub fn not_found(what: &str) -> Self {
+        Self::not_found_by(what, "id")
+    }
+
+    /// 404 naming what was looked for and by what (`no endpoint with that name`).
+    pub fn not_found_by(what: &str, by: &str) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not-found", "Not found")
-            .detail(format!("no {what} with that id"))
+            .detail(format!("no {what} with that {by}"))
     }
 
     pub fn unauthorized() -> Self {
@@ -153,7 +158,7 @@ impl Problem {
         let mut p = Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",
-            "Storage is unavailable; nothing was stored",
+            "Storage is unavailable; nothing was done: try again",
         );
         p.retry_after = Some(2);
         p
@@ -265,7 +270,7 @@ impl From<VerifyError> for Problem {
 impl From<SupportError> for Problem {
     fn from(e: SupportError) -> Self {
         match e {
-            SupportError::NotFound => Problem::not_found("message"),
+            SupportError::NotFound => Problem::not_found_by("message", "fingerprint or event id"),
             SupportError::Invalid(errors) => {
                 let mut p = Problem::invalid(errors);
                 p.title = "The request is not valid".into();
