@@ -162,6 +162,8 @@ pub struct MessageDetail {
     pub receipts: Vec<ReceiptFacts>,
     /// The plain-language paragraph of the support module's explain, once it is wired in.
     pub explanation: Option<String>,
+    /// Its replays, in order: who, when, why (as the explanation's audit gives them).
+    pub replays: Vec<crate::support::view::ReplayEntry>,
 }
 
 /// A message's page by event id. Today from the rows; the wiring step builds it from the
@@ -176,17 +178,18 @@ pub fn message_detail(
     };
     let attempts = db.attempts_of(row.id)?;
     let receipts = db.receipts_of_message(row.id)?;
+    let explained =
+        crate::support::explain(db, &crate::support::Lookup::event_id(event_id), policies).ok();
+    let (explanation, replays) = match explained {
+        Some(e) => (Some(e.explanation), e.replays),
+        None => (None, Vec::new()),
+    };
     Ok(Some(MessageDetail {
         message: MessageFacts::new(&row),
         attempts: attempts.iter().map(AttemptFacts::new).collect(),
         receipts: receipts.iter().map(ReceiptFacts::new).collect(),
-        explanation: crate::support::explain(
-            db,
-            &crate::support::Lookup::event_id(event_id),
-            policies,
-        )
-        .ok()
-        .map(|e| e.explanation),
+        explanation,
+        replays,
     }))
 }
 

@@ -236,6 +236,26 @@ fn receipt_entry(r: &ReceiptFacts) -> Entry {
     }
 }
 
+/// A replay: who, why, from which state, and where its series began.
+fn replay_entry(r: &crate::support::view::ReplayEntry) -> Option<Entry> {
+    let at = DateTime::parse_from_rfc3339(&r.replayed_at)
+        .ok()?
+        .with_timezone(&Utc);
+    Some(Entry {
+        at,
+        kind: "replay",
+        title: format!("Replayed by {}", r.who),
+        detail: format!(
+            "from {}{}: \u{201c}{}\u{201d}; a new series began at attempt {}",
+            r.from_state,
+            if r.forced { " (forced)" } else { "" },
+            r.reason,
+            r.series_start
+        ),
+        class: None,
+    })
+}
+
 /// The message's story in time order: enqueued, each attempt, each receipt (at its event time,
 /// else its arrival), and where it stands now.
 pub fn timeline(d: &MessageDetail) -> Vec<Entry> {
@@ -259,6 +279,7 @@ pub fn timeline(d: &MessageDetail) -> Vec<Entry> {
     }];
     entries.extend(d.attempts.iter().map(attempt_entry));
     entries.extend(d.receipts.iter().map(receipt_entry));
+    entries.extend(d.replays.iter().filter_map(replay_entry));
     // Stable: equal times keep enqueued, attempts, receipts in that order.
     entries.sort_by_key(|e| e.at);
     let mut now = format!("state {}", m.state);
@@ -569,6 +590,16 @@ mod tests {
                 outcome_reason: None,
             }],
             explanation: None,
+            replays: vec![crate::support::view::ReplayEntry {
+                replayed_at: "2026-12-01T10:00:40.000000Z".into(),
+                who: "desk".into(),
+                reason: "receiver fixed".into(),
+                from_state: State::DeadLetter,
+                forced: false,
+                series_start: 3,
+                expires_at_before: None,
+                expires_at_after: None,
+            }],
         }
     }
 
@@ -583,8 +614,13 @@ mod tests {
                 ("attempt", "Attempt 1"),
                 ("receipt", "Receipt bounced from resend"),
                 ("attempt", "Attempt 2"),
+                ("replay", "Replayed by desk"),
                 ("now", "Now"),
             ]
+        );
+        assert_eq!(
+            t[4].detail,
+            "from dead_letter: \u{201c}receiver fixed\u{201d}; a new series began at attempt 3"
         );
         assert_eq!(
             t[1].detail,
@@ -598,7 +634,7 @@ mod tests {
             t[2].detail
                 .contains("event time 2026-12-01 10:00:02.000 UTC")
         );
-        assert_eq!(t[4].detail, "state dead_letter; last class permanent");
+        assert_eq!(t[5].detail, "state dead_letter; last class permanent");
     }
 
     #[test]

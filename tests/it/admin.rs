@@ -484,6 +484,17 @@ async fn an_expired_message_is_replayed_from_its_page(backend: Backend) {
     assert_eq!(replay("gone-1", "clear", "").await.status(), 303);
     assert_eq!(app.row("gone-1").expires_at, None);
     assert_eq!(app.row("gone-1").state.as_str(), "scheduled");
+    // The timeline has the replay: who, why, from what.
+    let page = get(&app, "/admin/message?event_id=gone-1", Some(&cookie))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("Replayed by")
+            && page.contains("from expired: \u{201c}customer asked again\u{201d}"),
+        "{page}"
+    );
     let later = "2099-01-01T00:00:00Z";
     assert_eq!(replay("gone-2", "set", later).await.status(), 303);
     assert_eq!(
