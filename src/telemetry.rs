@@ -105,7 +105,14 @@ pub fn mask_emails_in(text: &str) -> String {
 /// A URL reduced to scheme and host: path, query and credentials can carry secrets.
 pub fn mask_url(url: &str) -> String {
     match url::Url::parse(url) {
-        Ok(u) => format!("{}://{}/…", u.scheme(), u.host_str().unwrap_or("?")),
+        // The port stays (one that is not the scheme's own): it tells two receivers on one
+        // host apart, and is no secret.
+        Ok(u) => format!(
+            "{}://{}{}/…",
+            u.scheme(),
+            u.host_str().unwrap_or("?"),
+            u.port().map(|p| format!(":{p}")).unwrap_or_default()
+        ),
         Err(_) => mask_opaque(url),
     }
 }
@@ -152,5 +159,11 @@ mod tests {
             mask_url("https://u:p@hooks.example.com/secret/path?token=x"),
             "https://hooks.example.com/…"
         );
+        // A port of its own stays, the scheme's default is not written.
+        assert_eq!(
+            mask_url("http://10.0.0.7:8080/h?k=v"),
+            "http://10.0.0.7:8080/…"
+        );
+        assert_eq!(mask_url("https://a.example:443/h"), "https://a.example/…");
     }
 }

@@ -474,7 +474,7 @@ mod tests {
                 Channel::Webhook,
                 "https://user:pw@hooks.example.com:8443/t/SECRET?token=x"
             ),
-            "https://hooks.example.com/…"
+            "https://hooks.example.com:8443/…"
         );
         assert_eq!(
             mask_destination(Channel::Webhook, "endpoint:billing"),

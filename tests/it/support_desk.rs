@@ -138,7 +138,7 @@ async fn delivered_and_retried_then_delivered_read_correctly(backend: Backend) {
     assert_eq!(e["event_id"], "sd-once");
     assert_eq!(e["fingerprint"], fp);
     assert_eq!(e["channel"], "webhook");
-    assert_eq!(e["destination"], "http://127.0.0.1/…");
+    assert_eq!(e["destination"], rx.masked().as_str());
     assert_eq!(e["state"], "delivered");
     assert_eq!(e["enqueued_by"], "default");
     assert_eq!(e["attempt_timeline"].as_array().unwrap().len(), 1);
@@ -857,7 +857,7 @@ async fn dead_letters_list_by_keyset_and_redrive_within_bounds(backend: Backend)
     let (all, pages) = walk(&app, "", 1000).await;
     assert_eq!(all, dead, "oldest first");
     let first = &pages[0]["dead_letters"][0];
-    assert_eq!(first["destination"], "http://127.0.0.1/…");
+    assert_eq!(first["destination"], rx.masked().as_str());
     assert_eq!(first["class"], "permanent");
     assert_eq!(first["attempts"], 1);
     assert_eq!(

@@ -63,6 +63,17 @@ pub struct Receiver {
 }
 
 impl Receiver {
+    /// Its URL as Herald shows it masked: scheme, host and port (`http://127.0.0.1:PORT/…`).
+    pub fn masked(&self) -> String {
+        let u = url::Url::parse(&self.url).unwrap();
+        format!(
+            "{}://{}:{}/…",
+            u.scheme(),
+            u.host_str().unwrap(),
+            u.port().unwrap()
+        )
+    }
+
     pub async fn start() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
