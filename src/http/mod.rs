@@ -614,6 +614,18 @@ async fn unmatched_receipts(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, Problem> {
     authorize(&req, &state, Access::Support)?;
+    // It takes no parameter: one given (a `limit`, a filter) would otherwise be ignored unseen.
+    let given: Vec<InvalidField> = url::form_urlencoded::parse(req.query_string().as_bytes())
+        .map(|(k, _)| {
+            InvalidField::new(
+                k.into_owned(),
+                "is not a known parameter: this listing takes none (the oldest 100)",
+            )
+        })
+        .collect();
+    if !given.is_empty() {
+        return Err(Problem::invalid(given));
+    }
     let db = state.db.clone();
     let (count, rows) = web::block(move || db.unmatched_receipts(100)).await??;
     let listed: Vec<_> = rows

@@ -203,6 +203,15 @@ async fn a_receipt_before_its_message_is_matched_once_it_appears(backend: Backen
     let listed = unmatched(&app).await;
     assert_eq!(listed["count"], 1);
     assert_eq!(listed["receipts"][0]["herald_event_id"], "late-order");
+    // It takes no parameter: one given is named, not ignored.
+    let r = app
+        .http
+        .get(format!("{}/v1/receipts/unmatched?limit=abc", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422);
+    assert_eq!(r.json::<Value>().await.unwrap()["field"], "limit");
     // Tried again after a backoff (2 s after the first try), not at every pass.
     let wait = stored.next_match_at.unwrap() - stored.received_at;
     assert!((1..=30).contains(&wait.num_seconds()), "next try in {wait}");
