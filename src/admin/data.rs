@@ -242,9 +242,8 @@ pub fn search(db: &Db, query: &Query) -> Result<Found, StorageError> {
     }
     // A fan-out's own event id names no row: its children are the messages (`order-42:billing`).
     let children: Vec<MessageSummary> = db
-        .fanout_of(event_id)?
+        .fanout_messages(event_id)?
         .iter()
-        .filter_map(|(_, m)| m.as_ref())
         .map(MessageSummary::of)
         .collect();
     if !children.is_empty() {

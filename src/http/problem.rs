@@ -276,26 +276,23 @@ impl From<SupportError> for Problem {
                 p.title = "The request is not valid".into();
                 p
             }
-            SupportError::Ambiguous(ref candidates, _) => {
-                let mut p = Problem::new(
-                    StatusCode::CONFLICT,
-                    "ambiguous-fingerprint",
-                    "The fingerprint prefix matches several messages",
-                )
-                .detail(e.to_string());
-                p.field = Some("fingerprint".into());
-                p.candidates = serde_json::to_value(candidates).ok();
-                p
-            }
-            SupportError::FanOut(ref children) => {
-                let mut p = Problem::new(
-                    StatusCode::CONFLICT,
-                    "fan-out",
-                    "The event id is a fan-out's: name one of its messages",
-                )
-                .detail(e.to_string());
-                p.field = Some("event_id".into());
-                p.candidates = serde_json::to_value(children).ok();
+            // Several messages fit: the candidates to choose from.
+            SupportError::Ambiguous(..) | SupportError::FanOut(_) => {
+                let (kind, title, field) = match e {
+                    SupportError::FanOut(_) => (
+                        "fan-out",
+                        "The event id is a fan-out's: name one of its messages",
+                        "event_id",
+                    ),
+                    _ => (
+                        "ambiguous-fingerprint",
+                        "The fingerprint prefix matches several messages",
+                        "fingerprint",
+                    ),
+                };
+                let mut p = Problem::new(StatusCode::CONFLICT, kind, title).detail(e.to_string());
+                p.field = Some(field.into());
+                p.candidates = serde_json::to_value(e.candidates()).ok();
                 p
             }
             SupportError::Refused(Refusal::WouldExpire(_)) => {

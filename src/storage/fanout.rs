@@ -199,4 +199,14 @@ impl Db {
         }
         crate::storage::db_run! { self, read |c, q| Ok(q::fanout_of(c, event_id)?) }
     }
+
+    /// The messages of the fan-out `event_id` that retention has not purged, by endpoint;
+    /// empty when it is not a fan-out.
+    pub fn fanout_messages(&self, event_id: &str) -> Result<Vec<OutboxRow>, StorageError> {
+        Ok(self
+            .fanout_of(event_id)?
+            .into_iter()
+            .filter_map(|(_, m)| m)
+            .collect())
+    }
 }

@@ -157,12 +157,8 @@ pub fn find(db: &Db, lookup: &Lookup) -> Result<OutboxRow, SupportError> {
             Some(row) => Ok(row),
             None => {
                 // A fan-out's own event id names its children (those retention has not purged).
-                let children: Vec<Candidate> = db
-                    .fanout_of(id)?
-                    .iter()
-                    .filter_map(|(_, m)| m.as_ref())
-                    .map(Candidate::of)
-                    .collect();
+                let children: Vec<Candidate> =
+                    db.fanout_messages(id)?.iter().map(Candidate::of).collect();
                 Err(if children.is_empty() {
                     SupportError::NotFound
                 } else {

@@ -907,9 +907,9 @@ async fn status_changes_are_called_back_through_the_outbox(backend: Backend) {
     app.stop().await;
 }
 
-/// Every change is called back once: a later event of the same status, a superseded or a
-/// repeated receipt is not a change.
-async fn each_status_change_is_called_back_once(backend: Backend) {
+/// A Herald calling every status change back to `endpoint:app`: (Herald, the messages'
+/// receiver, the application's receiver).
+async fn with_callbacks(backend: Backend) -> (TestApp, Receiver, Receiver) {
     let rx = Receiver::start().await;
     let app_rx = Receiver::start().await;
     let app = spawn_app_with(
@@ -920,6 +920,13 @@ async fn each_status_change_is_called_back_once(backend: Backend) {
         ),
     )
     .await;
+    (app, rx, app_rx)
+}
+
+/// Every change is called back once: a later event of the same status, a superseded or a
+/// repeated receipt is not a change.
+async fn each_status_change_is_called_back_once(backend: Backend) {
+    let (app, rx, app_rx) = with_callbacks(backend).await;
     delivered_message(&app, &rx, "cb-2").await;
     for (id, kind, at) in [
         ("e1", "deferred", 1),
@@ -979,16 +986,7 @@ async fn each_status_change_is_called_back_once(backend: Backend) {
 /// A receipt for a message no request of which was made — still scheduled, or canceled — is
 /// kept in its history and changes nothing: no delivery status, no status callback.
 async fn a_receipt_for_a_message_never_sent_changes_nothing(backend: Backend) {
-    let rx = Receiver::start().await;
-    let app_rx = Receiver::start().await;
-    let app = spawn_app_with(
-        backend,
-        &format!(
-            "{SOURCE}[endpoints.app]\nurl = \"{}\"\n[status_callbacks]\ndestination = \"endpoint:app\"\n",
-            app_rx.url
-        ),
-    )
-    .await;
+    let (app, rx, app_rx) = with_callbacks(backend).await;
     let mut m = webhook("later-1", &rx.url, json!({}));
     m["scheduled_at"] = json!((app.clock_now() + chrono::Duration::hours(1)).to_rfc3339());
     assert_eq!(app.post_message(m).await.status(), 201);
