@@ -27,6 +27,10 @@ pub struct MessageView {
     pub retry_policy: String,
     /// The policy version it was enqueued under (set at the first claim for a plain SQL insert).
     pub retry_policy_version: Option<String>,
+    /// The version of its destination's policy as configured now, which the sender retries it
+    /// by (a replay runs under it) and whose budget `max_attempts` shows when the message sets
+    /// none of its own.
+    pub retry_policy_version_now: String,
     pub fingerprint: Option<String>,
     #[schema(format = DateTime)]
     pub scheduled_at: String,
@@ -113,6 +117,7 @@ impl MessageView {
             semantics: row.semantics,
             retry_policy: row.retry_policy.clone(),
             retry_policy_version: row.retry_policy_version.clone(),
+            retry_policy_version_now: policies.of(&row.destination).version.clone(),
             fingerprint: row.request_fingerprint.clone(),
             scheduled_at: ts(&row.scheduled_at),
             next_attempt_at: row.next_attempt_at.as_ref().map(ts),

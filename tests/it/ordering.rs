@@ -882,6 +882,26 @@ async fn an_endpoint_retry_policy_decides_its_attempts(backend: Backend) {
         ),
         ("endpoint-strict", Some(version.as_str()))
     );
+    // Its policy changed since (a Herald started with a larger budget on the same database):
+    // the view keeps the version it was enqueued under and names the one that decides now,
+    // whose budget it shows.
+    let changed = crate::support::app::spawn_on(
+        crate::support::TestDb::attach(&app.test_db.url, backend),
+        &format!(
+            "[endpoints.strict]\nurl = \"{strict}\"\nevent_types = [\"strict.*\"]\n\
+             [endpoints.strict.retry]\nmax_attempts = 5\nbase_seconds = 0.5\n"
+        ),
+    )
+    .await;
+    let view = changed.message("to-strict").await;
+    assert_eq!(view["retry_policy_version"], version.as_str(), "{view}");
+    let now = view["retry_policy_version_now"].as_str().unwrap();
+    assert!(
+        now.starts_with("endpoint-strict@") && now != version,
+        "{view}"
+    );
+    assert_eq!(view["max_attempts"], 5);
+    changed.stop().await;
     app.stop().await;
 }
 
