@@ -411,6 +411,10 @@ async fn search(
     };
     let q = query(&req).get("q").unwrap_or("").to_owned();
     let parsed = data::parse_query(&q);
+    if parsed == data::Query::Empty {
+        // Nothing asked: back to the search box, not "no message has that event id".
+        return see_other("/admin");
+    }
     let db = state.db.clone();
     let found = tri!(blocking(Some(&viewer), move || data::search(&db, &parsed)).await);
     match found {

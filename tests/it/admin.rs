@@ -419,6 +419,9 @@ async fn search_by_a_fan_outs_event_id_lists_its_children(backend: Backend) {
         .await;
     assert_eq!(r.status(), 201);
     let cookie = session(&app, DESK).await;
+    // An empty search goes back to the search box.
+    let r = get(&app, "/admin/search?q=+", Some(&cookie)).await;
+    assert_eq!((r.status().as_u16(), location(&r)), (303, "/admin"));
     let r = get(&app, "/admin/search?q=fan-9", Some(&cookie)).await;
     assert_eq!(r.status(), 200);
     let html = r.text().await.unwrap();
