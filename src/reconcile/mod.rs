@@ -222,19 +222,20 @@ impl Reconciler {
     fn decide(&self, r: &PendingReceipt, m: &MatchedMessage) -> ReceiptDecision {
         let event_time = ordering_time(r.event_time, r.received_at);
         let earlier = m.replayed_after(event_time, r.received_at);
-        let unsent = m.unsent();
+        let unsent = m.of_no_send(r.received_at);
         let verdict = match earlier {
             // No request of this series was made: the receipt cannot be of it (a message
             // canceled, expired or still scheduled; one replayed and not sent again yet).
             None if unsent && precedence(&r.event_type).is_some() => Verdict::Superseded {
                 reason: format!(
-                    "of no send: {} (event time {}): kept in the history",
+                    "of no send: {} (event time {}, arrived {}): kept in the history",
                     if m.replays.unwrap_or(0) > 0 {
-                        "no attempt was made since its replay"
+                        "no request of it had begun since its replay when it arrived"
                     } else {
-                        "no attempt of it was made"
+                        "no request of it had begun when it arrived"
                     },
-                    show(event_time)
+                    show(event_time),
+                    show(Some(r.received_at))
                 ),
             },
             Some(at) if precedence(&r.event_type).is_some() => Verdict::Superseded {
@@ -472,9 +473,9 @@ mod tests {
             state_reason: None,
             updated_at: t(0).unwrap(),
             replayed_at,
-            attempts: 1,
-            attempt_base: 0,
             replays: None,
+            created_at: t(-100).unwrap(),
+            first_request_at: t(-100),
         };
         let at = |s| t(s).unwrap();
         // Never replayed: every receipt is of the current series.

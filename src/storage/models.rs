@@ -403,20 +403,26 @@ pub struct MatchedMessage {
     /// When it was last replayed (`herald_replays`), if ever: its sends before that are an
     /// earlier series, whose receipts say nothing of the new one.
     pub replayed_at: Option<DateTime<Utc>>,
-    /// Every attempt ever claimed (a claim counts one, a put-back returns it).
-    pub attempts: i32,
-    /// `attempts` when the current series began (0 until a replay).
-    pub attempt_base: i32,
     /// How many times it was replayed.
     pub replays: Option<i64>,
+    pub created_at: DateTime<Utc>,
+    /// When the first request of the current series that may have left began: its earliest
+    /// attempt not classified `not_sent` (a refused connection, a failed DNS lookup never
+    /// reached anyone). `None` while there is none.
+    pub first_request_at: Option<DateTime<Utc>>,
 }
 
 impl MatchedMessage {
-    /// Whether no request of the current series has been made: nothing claimed since it was
-    /// enqueued or replayed (scheduled, held, canceled or expired first). A receipt can speak of
-    /// no send of it.
-    pub fn unsent(&self) -> bool {
-        self.state != State::Sending && self.attempts <= self.attempt_base
+    /// Whether a receipt that arrived at `received_at` can speak of no request of the current
+    /// series: none had begun by then (a receipt kept unmatched since before the message
+    /// existed, one for a message scheduled, held, canceled, expired or replayed and not sent
+    /// again, or one whose only attempts never left). A request in flight now, with none before
+    /// it, counts for a receipt that arrived after the message was created.
+    pub fn of_no_send(&self, received_at: DateTime<Utc>) -> bool {
+        match self.first_request_at {
+            Some(first) => received_at < first,
+            None => self.state != State::Sending || received_at < self.created_at,
+        }
     }
 
     /// The time of the message's last replay, where a receipt speaks of a send before it: the

@@ -274,12 +274,13 @@ per_backend! {
                             sql::REPLAY_AFTER_EVENT,
                         )),
                 )))
-                // Stored once a request of this series had been made (while it was still being
-                // sent, say), not before any was: that one speaks of no send of it.
+                // Stored once a request of this series that may have left had begun (while it
+                // was still being sent, say), not before: that one speaks of no send of it.
                 .filter(exists(
                     a::table
                         .filter(a::message_id.eq(o::id))
                         .filter(a::attempt_number.gt(o::attempt_base))
+                        .filter(a::class.ne(AttemptClass::NotSent))
                         .filter(diesel::dsl::sql::<diesel::sql_types::Bool>(
                             sql::ATTEMPT_BEFORE_RECEIPT,
                         )),

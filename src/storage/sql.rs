@@ -1033,6 +1033,7 @@ macro_rules! lock_messages {
     ($conn:expr, $schema:ident, $ids:expr $(, $lock:ident)*) => {{
         use super::$schema::herald_outbox as o;
         use super::$schema::herald_replays as rp;
+        use super::$schema::herald_attempts as a;
         use diesel::prelude::*;
         let last_replay = rp::table
             .filter(rp::message_id.eq(o::id))
@@ -1042,6 +1043,14 @@ macro_rules! lock_messages {
         let replays = rp::table
             .filter(rp::message_id.eq(o::id))
             .count()
+            .single_value();
+        let first_request = a::table
+            .filter(a::message_id.eq(o::id))
+            .filter(a::attempt_number.gt(o::attempt_base))
+            .filter(a::class.ne(crate::domain::AttemptClass::NotSent))
+            // Attempts are numbered in the order they began.
+            .order(a::attempt_number)
+            .select(a::started_at)
             .single_value();
         o::table
             .filter(o::id.eq_any($ids))
@@ -1054,9 +1063,9 @@ macro_rules! lock_messages {
                 o::state_reason,
                 o::updated_at,
                 last_replay,
-                o::attempts,
-                o::attempt_base,
                 replays,
+                o::created_at,
+                first_request,
             ))
             .order(o::id)
             $(.$lock())*
@@ -1105,7 +1114,7 @@ pub const SQLITE_REPLAY_AFTER_EVENT: &str = "julianday(herald_replays.replayed_a
 
 /// The settle pass's test that an attempt of the message's current series had started when the
 /// receipt arrived: a receipt stored before any request of it was made speaks of no send of it
-/// (`MatchedMessage::unsent`). Raw SQL over the tables' own names, as diesel writes them.
+/// (`MatchedMessage::of_no_send`). Raw SQL over the tables' own names, as diesel writes them.
 pub const PG_ATTEMPT_BEFORE_RECEIPT: &str =
     "herald_attempts.started_at <= herald_receipts.received_at";
 /// [`PG_ATTEMPT_BEFORE_RECEIPT`] on SQLite (`julianday` reads its UTC text times).

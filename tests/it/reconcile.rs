@@ -184,7 +184,7 @@ async fn every_arrival_order_ends_in_the_same_status(backend: Backend) {
 async fn a_receipt_before_its_message_is_matched_once_it_appears(backend: Backend) {
     let app = spawn_app_with(backend, SOURCE).await;
     let rx = Receiver::start().await;
-    // The provider was faster than the application's commit.
+    // A receipt naming a message that does not exist yet.
     assert_eq!(
         post_receipt(&app, receipt("early-1", "delivered", Some(3), "late-order")).await,
         200
@@ -215,14 +215,31 @@ async fn a_receipt_before_its_message_is_matched_once_it_appears(backend: Backen
     // Tried again after a backoff (2 s after the first try), not at every pass.
     let wait = stored.next_match_at.unwrap() - stored.received_at;
     assert!((1..=30).contains(&wait.num_seconds()), "next try in {wait}");
-    delivered_message(&app, &rx, "late-order").await;
+    // The message appears and its send is left unconfirmed (409): the receipt, stored before
+    // the message existed, is matched but speaks of no send of it — it neither sets its status
+    // nor settles it. (A receipt stored while its send was in flight does both.)
+    rx.script([Reply::Status(409)]);
+    let r = app
+        .post_message(webhook("late-order", &rx.url, json!({})))
+        .await;
+    assert_eq!(r.status(), 201);
+    assert_eq!(app.run_until_idle().await, 1);
     app.advance(Duration::from_secs(3));
     assert_eq!(reconcile(&app).await, 1);
     let view = app.message("late-order").await;
-    assert_eq!(view["delivery_status"], "delivered");
+    assert_eq!(
+        (&view["state"], &view["delivery_status"]),
+        (&json!("unconfirmed"), &Value::Null),
+        "{view}"
+    );
     let listed = unmatched(&app).await;
     assert_eq!(listed["count"], 0);
-    assert_eq!(history(&view), [("delivered".into(), "applied".into())]);
+    assert_eq!(history(&view), [("delivered".into(), "superseded".into())]);
+    let reason = view["receipts"][0]["outcome_reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("of no send: no request of it had begun"),
+        "{reason}"
+    );
     app.stop().await;
 }
 
@@ -726,12 +743,6 @@ async fn unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline(ba
         async {
             rx.wait_for(before + 1, 10).await;
             assert_eq!(app.message("maybe-3").await["state"], "sending");
-            reconcile(&app).await;
-            assert_eq!(
-                app.message("maybe-3").await["state"],
-                "sending",
-                "the early one settles nothing"
-            );
             assert_eq!(
                 post_receipt(&app, receipt("ok-3", "sent", Some(2), "maybe-3")).await,
                 200
@@ -1001,7 +1012,7 @@ async fn a_receipt_for_a_message_never_sent_changes_nothing(backend: Backend) {
     assert_eq!(history(&view), [("bounced".into(), "superseded".into())]);
     let reason = view["receipts"][0]["outcome_reason"].as_str().unwrap();
     assert!(
-        reason.starts_with("of no send: no attempt of it was made"),
+        reason.starts_with("of no send: no request of it had begun when it arrived"),
         "{reason}"
     );
     // Canceled: the same.
@@ -1022,6 +1033,48 @@ async fn a_receipt_for_a_message_never_sent_changes_nothing(backend: Backend) {
     assert_eq!(view["delivery_status"], Value::Null, "{view}");
     assert_eq!(app.run_until_idle().await, 0, "no callback, no send");
     assert!(app_rx.requests().is_empty() && rx.requests().is_empty());
+
+    // Stored before its send and reconciled only after it (a backlog): judged by when it
+    // arrived, not by what the message is by then.
+    let mut m = webhook("later-2", &rx.url, json!({}));
+    m["scheduled_at"] = json!((app.clock_now() + chrono::Duration::seconds(1)).to_rfc3339());
+    assert_eq!(app.post_message(m).await.status(), 201);
+    post_receipt(
+        &app,
+        receipt("n3", "bounced", Some(at_clock(&app, 0)), "later-2"),
+    )
+    .await;
+    app.advance(Duration::from_secs(2));
+    assert_eq!(app.run_until_idle().await, 1);
+    assert_eq!(app.message("later-2").await["state"], "delivered");
+    reconcile(&app).await;
+    let view = app.message("later-2").await;
+    assert_eq!(view["delivery_status"], Value::Null, "{view}");
+    assert_eq!(history(&view), [("bounced".into(), "superseded".into())]);
+
+    // Its only attempt never left (the connection was refused): no request reached anyone.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nowhere = format!("http://{}/h", closed.local_addr().unwrap());
+    drop(closed);
+    assert_eq!(
+        app.post_message(webhook("never-left", &nowhere, json!({})))
+            .await
+            .status(),
+        201
+    );
+    assert_eq!(app.run_until_idle().await, 1);
+    assert_eq!(app.attempts("never-left")[0].class.as_str(), "not_sent");
+    post_receipt(
+        &app,
+        receipt("n4", "delivered", Some(at_clock(&app, 0)), "never-left"),
+    )
+    .await;
+    reconcile(&app).await;
+    let view = app.message("never-left").await;
+    assert_eq!(view["delivery_status"], Value::Null, "{view}");
+    assert_eq!(history(&view), [("delivered".into(), "superseded".into())]);
+    assert_eq!(app.run_until_idle().await, 0, "no callback");
+    assert!(app_rx.requests().is_empty());
     app.stop().await;
 }
 
