@@ -563,9 +563,9 @@ pub enum ReplayWrite<E> {
 /// transaction's "now", to the write (or the caller's refusal).
 pub type ReplayDecision<'a, E> = dyn Fn(&OutboxRow, DateTime<Utc>) -> Result<NewReplay, E> + 'a;
 
-/// A bulk redrive: each message judged (as it was before) with what became of it, and whether
-/// more matched than the limit.
-pub type RedriveResult<E> = (Vec<(OutboxRow, ReplayWrite<E>)>, bool);
+/// A bulk redrive: each message judged (as it was before) with what became of it, whether
+/// more matched than the limit, and the transaction's time (the replays').
+pub type RedriveResult<E> = (Vec<(OutboxRow, ReplayWrite<E>)>, bool, DateTime<Utc>);
 
 /// Which destinations a dead-letter listing keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]

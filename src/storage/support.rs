@@ -233,7 +233,7 @@ per_backend! {
             };
             out.push((row, result));
         }
-        Ok((out, more))
+        Ok((out, more, at))
     }
 }
 

@@ -520,6 +520,57 @@ impl Cursor {
     }
 }
 
+/// Where a bulk redrive goes on from (its `next`): past the last dead letter it looked at,
+/// among those dead-lettered before the first run of the sweep began — one it redrove that
+/// failed again is dead-lettered after that and is not met again (each run would redrive it
+/// anew) — and only with the filters it was given (a digest of them: `after` with other
+/// filters, or none, would redrive what the first run never selected).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedriveCursor {
+    pub at: DateTime<Utc>,
+    pub id: i64,
+    /// When the sweep's first run began: only dead letters from before it.
+    pub until: DateTime<Utc>,
+    /// The first 16 hex digits of SHA-256 over the filters.
+    pub filters: String,
+}
+
+impl RedriveCursor {
+    pub fn encode(&self) -> String {
+        URL_SAFE_NO_PAD.encode(format!(
+            "r1:{}:{}:{}:{}",
+            self.at.timestamp_micros(),
+            self.id,
+            self.until.timestamp_micros(),
+            self.filters
+        ))
+    }
+
+    pub fn decode(raw: &str) -> Result<Self, InvalidField> {
+        let bad = || InvalidField::new("after", "is not the next of a redrive");
+        let bytes = URL_SAFE_NO_PAD.decode(raw.trim()).map_err(|_| bad())?;
+        let text = String::from_utf8(bytes).map_err(|_| bad())?;
+        let mut parts = text.split(':');
+        let (Some("r1"), Some(at), Some(id), Some(until), Some(filters), None) = (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) else {
+            return Err(bad());
+        };
+        let time = |t: &str| t.parse().ok().and_then(cursor_time).ok_or_else(bad);
+        Ok(Self {
+            at: time(at)?,
+            id: id.parse().map_err(|_| bad())?,
+            until: time(until)?,
+            filters: filters.to_owned(),
+        })
+    }
+}
+
 /// A page cursor's time (µs since the epoch), if a listing can have given it: one far outside
 /// years 1–9999 (chrono takes ±262,000 years) would reach the database, which refuses a time
 /// before 4713 BC (and answered 500, or the admin page 503).
@@ -579,6 +630,12 @@ impl DeadLetterFilter {
             _ => return Ok(false),
         }
         Ok(true)
+    }
+
+    /// A digest of the filters, for a redrive's cursor (16 hex digits of SHA-256).
+    fn digest(&self) -> String {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(format!("{self:?}").as_bytes()))[..16].to_owned()
     }
 
     fn query(&self, after: Option<Cursor>, limit: u32) -> DeadLetterQuery {
@@ -741,7 +798,7 @@ pub struct RedriveRequest {
     pub expires_at: Option<Option<DateTime<Utc>>>,
     /// Only dead letters after this position (the `next` of a redrive before): past the ones it
     /// skipped, which are still dead letters.
-    pub after: Option<Cursor>,
+    pub after: Option<RedriveCursor>,
 }
 
 /// `POST /v1/dead-letters/redrive` body: `{"reason", "limit"?, "expires_at"?}` and the filter
@@ -756,10 +813,13 @@ pub fn parse_redrive_body(body: &[u8]) -> Result<RedriveRequest, Vec<InvalidFiel
     for (k, v) in &obj {
         match k.as_str() {
             "reason" => {}
-            "after" => match v.as_str().map(Cursor::decode) {
-                Some(Ok(c)) => after = Some(c),
-                Some(Err(e)) => errors.push(e),
-                None => errors.push(InvalidField::new("after", "must be a string")),
+            "after" => match v {
+                Value::String(c) => match RedriveCursor::decode(c) {
+                    Ok(c) => after = Some(c),
+                    Err(e) => errors.push(e),
+                },
+                Value::Null => {}
+                _ => errors.push(InvalidField::new("after", "must be a string")),
             },
             "limit" => match v.as_u64() {
                 Some(n) if (1..=u64::from(REDRIVE_MAX)).contains(&n) => limit = n as u32,
@@ -847,13 +907,32 @@ pub fn redrive(
         force: false,
         expires_at: req.expires_at,
     };
-    let (results, more) = db.redrive(now, &req.filter.query(req.after, limit), &|row, at| {
-        plan_replay(row, &one, who, at)
-    })?;
+    let filters = req.filter.digest();
+    let mut query = req.filter.query(
+        req.after.as_ref().map(|c| Cursor { at: c.at, id: c.id }),
+        limit,
+    );
+    if let Some(c) = &req.after {
+        if c.filters != filters {
+            return Err(InvalidField::new(
+                "after",
+                "is the next of a redrive with other filters: give it with the same filters",
+            )
+            .into());
+        }
+        query.until = Some(query.until.map_or(c.until, |u| u.min(c.until)));
+    }
+    // The first run's own time (the database's, as the dead letters' times are) bounds the
+    // sweep: what it redrives and fails again is dead-lettered after it.
+    let (results, more, at) =
+        db.redrive(now, &query, &|row, at| plan_replay(row, &one, who, at))?;
+    let sweep_began = req.after.as_ref().map_or(at, |c| c.until);
     let next = more.then(|| results.last()).flatten().map(|(row, _)| {
-        Cursor {
+        RedriveCursor {
             at: row.updated_at,
             id: row.id,
+            until: sweep_began,
+            filters: filters.clone(),
         }
         .encode()
     });
@@ -1010,7 +1089,7 @@ pub fn redrive_request(
 ) -> Result<RedriveRequest, SupportError> {
     let mut errors = Vec::new();
     let after = after
-        .map(Cursor::decode)
+        .map(RedriveCursor::decode)
         .transpose()
         .map_err(|e| errors.push(e))
         .ok()
@@ -1367,13 +1446,33 @@ mod tests {
             fields(r#"{"reason":"x","channel":"sms","after":"c"}"#),
             ["after", "channel"]
         );
-        let c = Cursor {
+        let c = RedriveCursor {
             at: "2026-12-01T10:00:00Z".parse().unwrap(),
             id: 7,
+            until: "2026-12-01T11:00:00Z".parse().unwrap(),
+            filters: "0123456789abcdef".into(),
         };
         let r =
             parse_redrive_body(format!(r#"{{"reason":"x","after":"{}"}}"#, c.encode()).as_bytes())
                 .unwrap();
         assert_eq!(r.after, Some(c));
+        assert_eq!(
+            parse_redrive_body(br#"{"reason":"x","after":null}"#)
+                .unwrap()
+                .after,
+            None
+        );
+        // A listing's cursor is no redrive's.
+        let listed = Cursor {
+            at: "2026-12-01T10:00:00Z".parse().unwrap(),
+            id: 7,
+        };
+        assert_eq!(
+            fields(&format!(
+                r#"{{"reason":"x","after":"{}"}}"#,
+                listed.encode()
+            )),
+            ["after"]
+        );
     }
 }

@@ -1025,14 +1025,21 @@ async fn dead_letters_list_by_keyset_and_redrive_within_bounds(backend: Backend)
 
 /// Dead letters a redrive skips (their expires_at has passed) stay dead letters: each run's
 /// `next`, passed back as `after`, starts past them. Without it a run of them at the oldest end
-/// took up every redrive's limit again, and the ones after them were never reached.
+/// took up every redrive's limit again, and the ones after them were never reached. One the
+/// sweep redrove that fails again is not met again by it (it would be redriven at every run),
+/// and `after` goes only with the filters it came from.
 async fn a_redrive_gets_past_the_dead_letters_it_skips(backend: Backend) {
     let app = spawn_app_with(backend, "").await;
     let rx = Receiver::start().await;
     let soon = app.clock_now() + chrono::Duration::seconds(60);
-    for (id, expires) in [("rd-exp-1", true), ("rd-exp-2", true), ("rd-ok", false)] {
+    for (id, expires, then) in [
+        ("rd-exp-1", true, 200),
+        ("rd-exp-2", true, 200),
+        ("rd-fails", false, 404),
+        ("rd-ok", false, 200),
+    ] {
         let path = format!("/{id}");
-        rx.script_path(&path, [Reply::Status(404), Reply::Status(200)]);
+        rx.script_path(&path, [Reply::Status(404), Reply::Status(then)]);
         let mut m = private_message(id, &rx.url_for(&path));
         if expires {
             m["expires_at"] = json!(soon.to_rfc3339());
@@ -1042,19 +1049,23 @@ async fn a_redrive_gets_past_the_dead_letters_it_skips(backend: Backend) {
         app.advance(Duration::from_millis(5));
     }
     app.advance(Duration::from_secs(120));
-    let redrive = |after: Option<Value>| {
+    let redrive = |after: Option<Value>, channel: Option<&'static str>| {
         let mut body = json!({"reason": "receiver fixed", "limit": 1});
         if let Some(a) = after {
             body["after"] = a;
         }
-        let app = &app;
-        async move {
-            let r = post(app, "/v1/dead-letters/redrive", body).await;
-            assert_eq!(r.status(), 200);
-            r.json::<Value>().await.unwrap()
+        if let Some(c) = channel {
+            body["channel"] = json!(c);
         }
+        let app = &app;
+        async move { post(app, "/v1/dead-letters/redrive", body).await }
     };
-    let first = redrive(None).await;
+    let run = |after: Option<Value>| async {
+        let r = redrive(after, None).await;
+        assert_eq!(r.status(), 200);
+        r.json::<Value>().await.unwrap()
+    };
+    let first = run(None).await;
     assert_eq!(
         strings(&first["skipped"], "event_id"),
         ["rd-exp-1"],
@@ -1062,28 +1073,44 @@ async fn a_redrive_gets_past_the_dead_letters_it_skips(backend: Backend) {
     );
     assert_eq!(first["more"], true);
     // Run again as it was: the same skipped one again.
-    let again = redrive(None).await;
+    let again = run(None).await;
     assert_eq!(strings(&again["skipped"], "event_id"), ["rd-exp-1"]);
+    // Its next with other filters (or none of those it came with): refused, naming it.
+    let r = redrive(Some(first["next"].clone()), Some("webhook")).await;
+    assert_eq!(r.status(), 422);
+    assert_eq!(r.json::<Value>().await.unwrap()["field"], "after");
     // From its next: past it.
-    let second = redrive(Some(first["next"].clone())).await;
+    let second = run(Some(first["next"].clone())).await;
     assert_eq!(
         strings(&second["skipped"], "event_id"),
         ["rd-exp-2"],
         "{second}"
     );
-    let third = redrive(Some(second["next"].clone())).await;
+    let third = run(Some(second["next"].clone())).await;
     assert_eq!(
         strings(&third["redriven"], "event_id"),
-        ["rd-ok"],
+        ["rd-fails"],
         "{third}"
     );
+    assert_eq!(third["more"], true);
+    // It fails again: dead-lettered anew, after the sweep began.
+    assert_eq!(app.run_until_idle().await, 1);
+    assert_eq!(app.row("rd-fails").state.as_str(), "dead_letter");
+    let fourth = run(Some(third["next"].clone())).await;
     assert_eq!(
-        (&third["more"], &third["next"]),
-        (&json!(false), &Value::Null)
+        strings(&fourth["redriven"], "event_id"),
+        ["rd-ok"],
+        "{fourth}"
+    );
+    assert_eq!(
+        (&fourth["more"], &fourth["next"]),
+        (&json!(false), &Value::Null),
+        "the sweep is over; rd-fails is not met again"
     );
     assert_eq!(app.run_until_idle().await, 1);
     assert_eq!(app.row("rd-ok").state.as_str(), "delivered");
-    assert_eq!(ids_of(&app, "").await, ["rd-exp-1", "rd-exp-2"]);
+    assert_eq!(ids_of(&app, "").await, ["rd-exp-1", "rd-exp-2", "rd-fails"]);
+    assert_eq!(rx.requests_to("/rd-fails").len(), 2);
     app.stop().await;
 }
 
