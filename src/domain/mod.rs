@@ -64,23 +64,38 @@ impl InvalidField {
     }
 }
 
-/// The path of the value at `line`:`column` (1-based, in bytes, as serde_json counts) of the
-/// JSON text `body`: object keys joined by `.`, array places as `[i]`. None at the top level.
-fn json_path_at(body: &[u8], line: usize, column: usize) -> Option<String> {
-    enum Frame {
-        Object { key: Option<String>, at_key: bool },
-        Array(usize),
+/// Where a scan of a JSON text stands: the containers it is in, outermost first.
+enum Frame {
+    Object { key: Option<String>, at_key: bool },
+    Array(usize),
+}
+
+/// The path of the value the scan stands in: object keys joined by `.`, array places as `[i]`.
+/// None at the top level, or at an object's key.
+fn path_of(stack: &[Frame]) -> Option<String> {
+    let mut path = String::new();
+    for frame in stack {
+        match frame {
+            Frame::Object {
+                key: Some(k),
+                at_key: false,
+            } => {
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(k);
+            }
+            Frame::Array(n) => path.push_str(&format!("[{n}]")),
+            Frame::Object { .. } => return None,
+        }
     }
-    let line_start = if line <= 1 {
-        0
-    } else {
-        body.iter()
-            .enumerate()
-            .filter(|(_, b)| **b == b'\n')
-            .nth(line - 2)
-            .map(|(i, _)| i + 1)?
-    };
-    let end = (line_start + column).min(body.len());
+    (!path.is_empty()).then_some(path)
+}
+
+/// Scans the JSON text `body` up to byte `end`, calling `on_number` with each number's text
+/// and where it stands; returns where the scan stands at `end`. (It trusts the text to be JSON:
+/// the parser has said so, or is about to.)
+fn scan_json(body: &[u8], end: usize, mut on_number: impl FnMut(&[u8], &[Frame])) -> Vec<Frame> {
     let mut stack: Vec<Frame> = Vec::new();
     let mut i = 0;
     while i < end {
@@ -110,30 +125,57 @@ fn json_path_at(body: &[u8], line: usize, column: usize) -> Option<String> {
                     i += if body[i] == b'\\' { 2 } else { 1 };
                 }
                 if let Some(Frame::Object { key, at_key: true }) = stack.last_mut() {
-                    *key = serde_json::from_slice::<String>(body.get(start..=i)?).ok();
+                    *key = body
+                        .get(start..=i)
+                        .and_then(|k| serde_json::from_slice::<String>(k).ok());
                 }
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i + 1 < body.len()
+                    && matches!(body[i + 1], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+                {
+                    i += 1;
+                }
+                on_number(&body[start..=i], &stack);
             }
             _ => {}
         }
         i += 1;
     }
-    let mut path = String::new();
-    for frame in &stack {
-        match frame {
-            Frame::Object {
-                key: Some(k),
-                at_key: false,
-            } => {
-                if !path.is_empty() {
-                    path.push('.');
-                }
-                path.push_str(k);
-            }
-            Frame::Array(n) => path.push_str(&format!("[{n}]")),
-            Frame::Object { .. } => return None,
+    stack
+}
+
+/// The path of the value at `line`:`column` (1-based, in bytes, as serde_json counts) of the
+/// JSON text `body`. None at the top level.
+fn json_path_at(body: &[u8], line: usize, column: usize) -> Option<String> {
+    let line_start = if line <= 1 {
+        0
+    } else {
+        body.iter()
+            .enumerate()
+            .filter(|(_, b)| **b == b'\n')
+            .nth(line - 2)
+            .map(|(i, _)| i + 1)?
+    };
+    let end = (line_start + column).min(body.len());
+    path_of(&scan_json(body, end, |_, _| {}))
+}
+
+/// The integers of the JSON text `body` that no 64-bit integer holds
+/// (`18446744073709551617`), as the places they stand in (`body` for the top level). The
+/// parser keeps such a number only as the nearest double, so it would be stored and sent as
+/// another number (`1.8446744073709552e19`): refused, with where it is.
+pub fn integers_beyond_64_bits(body: &[u8]) -> Vec<String> {
+    let mut found = Vec::new();
+    scan_json(body, body.len(), |number, stack| {
+        let integer = !number.iter().any(|b| matches!(b, b'.' | b'e' | b'E'));
+        let text = std::str::from_utf8(number).unwrap_or("");
+        if integer && text.parse::<i64>().is_err() && text.parse::<u64>().is_err() {
+            found.push(path_of(stack).unwrap_or_else(|| "body".to_owned()));
         }
-    }
-    (!path.is_empty()).then_some(path)
+    });
+    found
 }
 
 /// The stable operation key of a message: unique in the outbox, sent with every request.
@@ -382,6 +424,15 @@ mod tests {
             "payload.list[1].n"
         );
         assert_eq!(field("[0, 1e400]"), "[1]");
+        // Integers no 64 bits hold, where they stand; those that fit, and doubles, are fine.
+        assert_eq!(
+            integers_beyond_64_bits(
+                br#"{"a": 18446744073709551615, "b": -9223372036854775808, "c": [1, 18446744073709551616],
+                    "d": {"e": -9223372036854775809, "s": "99999999999999999999"}, "f": 1.5e300}"#
+            ),
+            ["c[1]", "d.e"]
+        );
+        assert_eq!(integers_beyond_64_bits(b"123456789012345678901"), ["body"]);
         // Not JSON at all: the body.
         assert_eq!(field(r#"{"max_attempts": 1e400"#), "body");
         assert_eq!(field(r#"{"a": tru}"#), "body");

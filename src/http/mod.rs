@@ -1195,7 +1195,16 @@ fn parse_message_or_unnamed(
             None,
         ));
     };
-    let mut errors = Vec::new();
+    // An integer no 64 bits hold would be stored and sent as the nearest double instead.
+    let mut errors: Vec<InvalidField> = crate::domain::integers_beyond_64_bits(body)
+        .into_iter()
+        .map(|field| {
+            InvalidField::new(
+                field,
+                "is an integer beyond 64 bits, which JSON parsers keep only approximately: send it as a string",
+            )
+        })
+        .collect();
     for k in obj.keys().filter(|k| !MESSAGE_FIELDS.contains(&k.as_str())) {
         errors.push(InvalidField::new(k.clone(), "is not a known field"));
     }

@@ -33,6 +33,15 @@ async fn bad_input_is_refused_with_the_field_and_nothing_is_stored(backend: Back
     )
     .await;
     assert_eq!(p["field"], "max_attempts", "{p}");
+    // An integer no 64 bits hold would reach the receiver as another number: refused, named.
+    let p = problem(
+        post_raw(r#"{"event_id": "b18", "channel": "webhook", "destination": "https://x.example/h", "payload": {"body": {"id": 18446744073709551617}}}"#)
+            .await
+            .unwrap(),
+        422,
+    )
+    .await;
+    assert_eq!(p["field"], "payload.body.id", "{p}");
     let cases = [
         (
             json!({"event_id": "b1", "channel": "sms", "destination": "x", "payload": {}}),
@@ -123,7 +132,7 @@ async fn bad_input_is_refused_with_the_field_and_nothing_is_stored(backend: Back
     assert_eq!(p["status"], 413);
     for id in [
         "b1", "b2", "b3", "b4", "b5", "b6", "b7", "b9", "b10", "b11", "b12", "b14", "b15", "b16",
-        "b17",
+        "b17", "b18",
     ] {
         assert!(
             app.db.find_by_event_id(id).unwrap().is_none(),
