@@ -327,6 +327,9 @@ pub enum ReplayRefused {
     /// The support module's own refusal (state not replayable, force needed, …).
     #[error("{0}")]
     Refused(String),
+    /// Bad input (a given or kept `expires_at` that has passed), as the API's 422.
+    #[error("{0}")]
+    Invalid(String),
     #[error("The database is not available; try again.")]
     Storage(#[from] StorageError),
 }
@@ -364,6 +367,10 @@ impl ReplayHook for SupportReplay {
             Ok(_) => Ok(()),
             Err(SupportError::NotFound) => Err(ReplayRefused::NotFound),
             Err(SupportError::Storage(e)) => Err(ReplayRefused::Storage(e)),
+            Err(
+                e @ (SupportError::Invalid(_)
+                | SupportError::Refused(support::Refusal::WouldExpire(_))),
+            ) => Err(ReplayRefused::Invalid(e.to_string())),
             Err(e) => Err(ReplayRefused::Refused(e.to_string())),
         }
     }

@@ -500,6 +500,10 @@ async fn replay(
     }
     // The message's expires_at: kept (absent), cleared, or set to a given time.
     let expires_at = match (form.get("expires"), form.get("expires_at").map(str::trim)) {
+        // A time typed while keeping or clearing it was meant for "set": said, not dropped.
+        (Some("keep" | "clear"), Some(t)) if !t.is_empty() => {
+            Err("A time was given: choose \"set it\" to use it, or leave the time empty.")
+        }
         (None | Some("keep"), _) => Ok(None),
         (Some("clear"), _) => Ok(Some(None)),
         (Some("set"), Some(t)) => chrono::DateTime::parse_from_rfc3339(t)
@@ -554,6 +558,7 @@ async fn replay(
             let status = match &e {
                 ReplayRefused::NotFound => StatusCode::NOT_FOUND,
                 ReplayRefused::Refused(_) => StatusCode::CONFLICT,
+                ReplayRefused::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
                 ReplayRefused::Storage(_) => StatusCode::SERVICE_UNAVAILABLE,
             };
             let why = e.to_string();

@@ -157,8 +157,13 @@ pub fn find(db: &Db, lookup: &Lookup) -> Result<OutboxRow, SupportError> {
             Some(row) => Ok(row),
             None => {
                 // A fan-out's own event id names its children (those retention has not purged).
-                let children: Vec<Candidate> =
-                    db.fanout_messages(id)?.iter().map(Candidate::of).collect();
+                // At most as many as an ambiguous prefix names.
+                let children: Vec<Candidate> = db
+                    .fanout_messages(id)?
+                    .iter()
+                    .take(MAX_CANDIDATES)
+                    .map(Candidate::of)
+                    .collect();
                 Err(if children.is_empty() {
                     SupportError::NotFound
                 } else {

@@ -310,10 +310,13 @@ fn state_sentence(e: &Explanation) -> String {
 /// one was of another class. (Behind a 429 the two cannot be told apart, and the 429's own
 /// sentence says why it waits.)
 fn held_back(e: &Explanation) -> bool {
+    // Attempts of the current series only: a 429 before the last replay says nothing of now.
+    let series = e.replays.len() + 1;
     e.state == State::Retryable
         && e.last_error_class == Some(AttemptClass::RateLimited)
         && e.attempt_timeline
             .last()
+            .filter(|a| a.series == series)
             .is_none_or(|a| a.class != AttemptClass::RateLimited)
 }
 

@@ -482,8 +482,20 @@ async fn an_expired_message_is_replayed_from_its_page(backend: Backend) {
         "expired",
         "nothing changed"
     );
-    // Kept, it would expire again at once: refused, as the API refuses it.
-    assert_eq!(replay("gone-1", "keep", "").await.status(), 409);
+    // Kept, it would expire again at once: refused, as the API refuses it (422).
+    assert_eq!(replay("gone-1", "keep", "").await.status(), 422);
+    // A time typed while clearing is not dropped unseen.
+    assert_eq!(
+        replay("gone-1", "clear", "2099-01-01T00:00:00Z")
+            .await
+            .status(),
+        422
+    );
+    assert_eq!(
+        app.row("gone-1").state.as_str(),
+        "expired",
+        "nothing changed"
+    );
     assert_eq!(replay("gone-1", "clear", "").await.status(), 303);
     assert_eq!(app.row("gone-1").expires_at, None);
     assert_eq!(app.row("gone-1").state.as_str(), "scheduled");
