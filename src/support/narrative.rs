@@ -327,9 +327,14 @@ fn later_than_set(before: &AttemptEntry, a: &AttemptEntry) -> Option<i64> {
     let delay = before
         .delay_ms
         .filter(|_| before.next_state == "retryable")?;
+    later_than_due(&before.finished_at, delay, a)
+}
+
+/// How much later than `from` + `delay` ms `a` began, when that is more than a poll's slack.
+fn later_than_due(from: &str, delay: i64, a: &AttemptEntry) -> Option<i64> {
     let parse = |t: &str| chrono::DateTime::parse_from_rfc3339(t).ok();
-    let set = parse(&before.finished_at)? + chrono::TimeDelta::milliseconds(delay);
-    let late = (parse(&a.started_at)? - set).num_milliseconds();
+    let due = parse(from)? + chrono::TimeDelta::milliseconds(delay);
+    let late = (parse(&a.started_at)? - due).num_milliseconds();
     (late > 2_000.max(delay / 5)).then_some(late)
 }
 
@@ -371,10 +376,22 @@ pub fn narrate(e: &Explanation) -> String {
             parts.push(replay_sentence(r));
             before = None;
         }
-        if let Some(late) = before.and_then(|b| later_than_set(b, a)) {
+        // The first attempt of a series is due when the message was scheduled or replayed.
+        let late = match before {
+            Some(b) => later_than_set(b, a).map(|l| (l, "the time set")),
+            None => {
+                let due = e
+                    .replays
+                    .iter()
+                    .rfind(|r| r.series_start <= a.attempt)
+                    .map_or(e.scheduled_at.as_str(), |r| r.replayed_at.as_str());
+                later_than_due(due, 0, a).map(|l| (l, "it was due"))
+            }
+        };
+        if let Some((late, since)) = late {
             parts.push(format!(
-                "Attempt {} went {} after the time set: meanwhile Herald held it without a \
-                 request (its destination paused or at a limit, its endpoint disabled) or was busy.",
+                "Attempt {} went {} after {since}: meanwhile Herald held it without a request \
+                 (its destination paused or at a limit, its endpoint disabled) or was busy.",
                 a.attempt,
                 human_ms(late)
             ));
@@ -507,6 +524,14 @@ mod tests {
         a2.started_at = "2026-12-01T10:01:02.500000Z".into();
         e.attempt_timeline = vec![a1, a2];
         assert!(!narrate(&e).contains("after the time set"));
+        // The first attempt, against when it was due (scheduled, here at creation).
+        assert!(
+            narrate(&e).contains("Attempt 1 went 1 min after it was due: meanwhile Herald held it"),
+            "{}",
+            narrate(&e)
+        );
+        e.scheduled_at = "2026-12-01T10:00:59.000000Z".into();
+        assert!(!narrate(&e).contains("after it was due"));
     }
 
     #[test]
@@ -527,12 +552,14 @@ mod tests {
         e.attempts = 1;
         e.attempt_timeline = vec![attempt(1, Some(200), AttemptClass::Accepted, "delivered")];
         e.attempt_timeline[0].delay_reason = Some("accepted by the receiver".into());
+        e.attempt_timeline[0].started_at = "2026-12-01T10:00:00.005000Z".into();
+        e.attempt_timeline[0].finished_at = "2026-12-01T10:00:00.255000Z".into();
         assert_eq!(
             narrate(&e),
             "Webhook message order-1:shipped to https://hooks.example.com/… was created at \
-             2026-12-01T10:00:00.000000Z. Attempt 1 at 2026-12-01T10:01:00.000000Z got 200 after \
+             2026-12-01T10:00:00.000000Z. Attempt 1 at 2026-12-01T10:00:00.005000Z got 200 after \
              250 ms, classified accepted; the receiver accepted it: delivered at \
-             2026-12-01T10:01:00.250000Z. It is delivered."
+             2026-12-01T10:00:00.255000Z. It is delivered."
         );
     }
 
