@@ -168,9 +168,28 @@ per_backend! {
                                 .or(dest().like(format!("%@{h}>")).escape('\\')),
                         )),
                     );
-                    for scheme in ["http", "https"] {
+                    // A scheme's own port given (`host:80`, `host:443`) also finds the URLs of
+                    // that scheme written without it, which are the same destination.
+                    let (bare, default_of) = match host.rsplit_once(':') {
+                        Some((b, "80")) if !b.ends_with(':') => (b, Some("http")),
+                        Some((b, "443")) if !b.ends_with(':') => (b, Some("https")),
+                        _ => (host.as_str(), None),
+                    };
+                    // (scheme, host as written, whether any port may follow it)
+                    let mut urls: Vec<(&str, String, bool)> = ["http", "https"]
+                        .into_iter()
+                        .map(|sc| (sc, host.clone(), host.ends_with(']') || !host.contains(':')))
+                        .collect();
+                    urls.extend(default_of.map(|sc| (sc, bare.to_owned(), false)));
+                    for (scheme, host, any_port) in urls {
+                        let h = crate::storage::support::escape_like(&host);
                         any = Box::new(any.or(dest().eq(format!("{scheme}://{host}"))));
-                        for sep in ['/', ':', '?', '#'] {
+                        let seps: &[char] = if any_port {
+                            &['/', ':', '?', '#']
+                        } else {
+                            &['/', '?', '#']
+                        };
+                        for sep in seps {
                             let p = format!("{scheme}://{h}{sep}%");
                             any = Box::new(any.or(o::channel.eq(Channel::Webhook).and(dest().like(p).escape('\\'))));
                         }

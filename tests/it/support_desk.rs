@@ -1142,6 +1142,23 @@ async fn dead_letters_by_an_email_domain_with_or_without_a_display_name(backend:
         let (ids, _) = walk(&app, &format!("&destination={domain}"), 1000).await;
         assert_eq!(ids, ["mail-unicode", "mail-ascii"], "{domain}");
     }
+    // Webhook dead letters by host and port: a scheme's own port finds the URLs written
+    // without it too, which are the same destination.
+    app.raw_sql(
+        "INSERT INTO herald_outbox (event_id, channel, destination, payload, state, last_error_class) \
+         VALUES ('web-80', 'webhook', 'http://svc.example/h', '{\"body\": 1}', 'dead_letter', 'permanent'), \
+                ('web-8080', 'webhook', 'http://svc.example:8080/h', '{\"body\": 1}', 'dead_letter', 'permanent'), \
+                ('web-443', 'webhook', 'https://svc.example?x=1', '{\"body\": 1}', 'dead_letter', 'permanent')",
+    );
+    for (filter, expected) in [
+        ("svc.example:80", &["web-80"][..]),
+        ("svc.example:443", &["web-443"][..]),
+        ("svc.example:8080", &["web-8080"][..]),
+        ("svc.example", &["web-80", "web-8080", "web-443"][..]),
+    ] {
+        let (ids, _) = walk(&app, &format!("&destination={filter}"), 1000).await;
+        assert_eq!(ids, expected, "{filter}");
+    }
     app.stop().await;
 }
 
