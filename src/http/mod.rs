@@ -607,7 +607,10 @@ async fn show_message(
     get,
     path = "/v1/receipts/unmatched",
     security(("bearer" = ["support"]), ("bearer" = ["admin"])),
-    responses((status = 200, description = "Receipts no message has claimed yet: counted, the oldest 100 listed", body = view::UnmatchedReceipts))
+    responses(
+        (status = 200, description = "Receipts no message has claimed yet: counted, the oldest 100 listed", body = view::UnmatchedReceipts),
+        (status = 422, description = "A query parameter was given: it takes none", body = ProblemBody, content_type = "application/problem+json"),
+    )
 )]
 async fn unmatched_receipts(
     req: HttpRequest,
@@ -624,7 +627,9 @@ async fn unmatched_receipts(
         })
         .collect();
     if !given.is_empty() {
-        return Err(Problem::invalid(given));
+        let mut p = Problem::invalid(given);
+        p.title = "The request is not valid".into();
+        return Err(p);
     }
     let db = state.db.clone();
     let (count, rows) = web::block(move || db.unmatched_receipts(100)).await??;

@@ -108,8 +108,9 @@ impl Source for GenericHmac {
         }
         let body: Value =
             serde_json::from_slice(r.body).map_err(|e| VerifyError::Unparsable(e.to_string()))?;
-        let id =
-            str_at(&body, &self.id_pointer).unwrap_or_else(|| hex::encode(Sha256::digest(r.body)));
+        // No id, or a blank one: the body's digest (a blank id would be every receipt's key).
+        let id = crate::ingest::nonblank(str_at(&body, &self.id_pointer))
+            .unwrap_or_else(|| hex::encode(Sha256::digest(r.body)));
         let event_time = self
             .time_pointer
             .as_deref()
@@ -167,6 +168,26 @@ mod tests {
             ("e1", "delivered")
         );
         assert_eq!(e[0].event_time.unwrap().timestamp(), 1700000000);
+        // A blank id, as a missing one: the body's digest.
+        for blank in [
+            &br#"{"id":"","type":"delivered"}"#[..],
+            br#"{"id":" ","type":"delivered"}"#,
+        ] {
+            let sig = format!("sha256={}", hex::encode(hmac_sha256(b"k", &[blank])));
+            let h = vec![("x-sig".to_owned(), sig)];
+            let e = v
+                .verify(
+                    &RawRequest {
+                        headers: &h,
+                        body: blank,
+                        query: None,
+                        method: "POST",
+                    },
+                    Utc::now(),
+                )
+                .unwrap();
+            assert_eq!(e[0].provider_event_id, hex::encode(Sha256::digest(blank)));
+        }
 
         let c = SourceConfig {
             encoding: Some("base64".into()),
