@@ -569,10 +569,11 @@ fn an_envelope_of_another_topic_is_refused_for_its_topic_offline_too() {
         (
             false,
             401,
-            Some("TopicArn is not one of the source's topic_arns")
+            Some("TopicArn is not one of the source's topic_arns (the signature itself matches)")
         ),
         "{other:?}"
     );
+    assert!(other.signature_valid, "{other:?}");
 }
 
 // --- Header parsers -----------------------------------------------------------------------------
