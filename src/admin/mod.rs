@@ -434,6 +434,7 @@ async fn message_page(
 ) -> HttpResponse {
     let db = state.db.clone();
     let policies = state.policies.clone();
+    let event_id_of_missing = event_id.clone();
     let detail = tri!(
         blocking(Some(viewer), move || data::message_detail(
             &db, &event_id, &policies
@@ -445,10 +446,12 @@ async fn message_page(
             status,
             pages::message(viewer, &d, notice, state.clock.now()),
         ),
-        None => page(
-            StatusCode::NOT_FOUND,
-            pages::error(Some(viewer), "Not found", "No message has that event id."),
-        ),
+        // A fan-out's own event id: its messages, as the search lists them.
+        None => see_other(&format!(
+            "/admin/search?q={}",
+            url::form_urlencoded::byte_serialize(event_id_of_missing.as_bytes())
+                .collect::<String>()
+        )),
     }
 }
 

@@ -422,6 +422,18 @@ async fn search_by_a_fan_outs_event_id_lists_its_children(backend: Backend) {
     // An empty search goes back to the search box.
     let r = get(&app, "/admin/search?q=+", Some(&cookie)).await;
     assert_eq!((r.status().as_u16(), location(&r)), (303, "/admin"));
+    // Its own event id on the message page: the messages it fanned out to.
+    let r = get(&app, "/admin/message?event_id=fan-9", Some(&cookie)).await;
+    assert_eq!(
+        (r.status().as_u16(), location(&r)),
+        (303, "/admin/search?q=fan-9")
+    );
+    let r = get(&app, "/admin/message?event_id=nope", Some(&cookie)).await;
+    assert_eq!(
+        get(&app, location(&r), Some(&cookie)).await.status(),
+        404,
+        "an unknown one is not found there"
+    );
     let r = get(&app, "/admin/search?q=fan-9", Some(&cookie)).await;
     assert_eq!(r.status(), 200);
     let html = r.text().await.unwrap();
