@@ -476,6 +476,9 @@ mod tests {
             replays: None,
             created_at: t(-100).unwrap(),
             first_request_at: t(-100),
+            attempts: 1,
+            attempt_base: 0,
+            series_attempt_rows: Some(1),
         };
         let at = |s| t(s).unwrap();
         // Never replayed: every receipt is of the current series.
@@ -493,6 +496,36 @@ mod tests {
         assert_eq!(replayed.replayed_after(t(0), at(5)), None);
         assert_eq!(replayed.replayed_after(t(3), at(5)), None);
         assert_eq!(replayed.replayed_after(None, at(0)), None);
+
+        // Of no send: by when the receipt arrived against the series' first request.
+        // (Clocks apart: a request that began up to a second after the arrival counts.)
+        let sent = m(None);
+        assert!(sent.of_no_send(at(-102)), "before the message existed");
+        assert!(sent.of_no_send(at(-101) - chrono::TimeDelta::microseconds(1)));
+        assert!(
+            !sent.of_no_send(at(-101)),
+            "once its first request began, a second's slack"
+        );
+        let mut in_flight = m(None);
+        (in_flight.state, in_flight.first_request_at) = (State::Sending, None);
+        (in_flight.series_attempt_rows, in_flight.attempts) = (Some(0), 1);
+        in_flight.updated_at = at(-50);
+        assert!(
+            !in_flight.of_no_send(at(-50)),
+            "a request in flight, claimed then"
+        );
+        assert!(in_flight.of_no_send(at(-52)), "before the claim");
+        let mut never_left = in_flight.clone();
+        (never_left.state, never_left.series_attempt_rows) = (State::Retryable, Some(1));
+        assert!(never_left.of_no_send(at(-50)), "only not_sent attempts");
+        let mut by_sql = never_left.clone();
+        by_sql.series_attempt_rows = Some(0);
+        assert!(
+            !by_sql.of_no_send(at(-50)),
+            "claimed, no attempt row to say when"
+        );
+        by_sql.attempts = 0;
+        assert!(by_sql.of_no_send(at(-50)), "never claimed");
     }
 
     #[test]

@@ -410,6 +410,12 @@ pub struct MatchedMessage {
     /// attempt not classified `not_sent` (a refused connection, a failed DNS lookup never
     /// reached anyone). `None` while there is none.
     pub first_request_at: Option<DateTime<Utc>>,
+    /// Every attempt ever claimed (a claim counts one, a put-back returns it).
+    pub attempts: i32,
+    /// `attempts` when the current series began (0 until a replay).
+    pub attempt_base: i32,
+    /// The attempt rows of the current series.
+    pub series_attempt_rows: Option<i64>,
 }
 
 impl MatchedMessage {
@@ -419,9 +425,22 @@ impl MatchedMessage {
     /// again, or one whose only attempts never left). A request in flight now, with none before
     /// it, counts for a receipt that arrived after the message was created.
     pub fn of_no_send(&self, received_at: DateTime<Utc>) -> bool {
+        // The times come from several clocks (the ingest's, the sender's, the database's):
+        // a request that began up to a second after the receipt's arrival counts.
+        let before = |t: DateTime<Utc>| received_at + RECEIPT_CLOCK_SLACK < t;
+        if before(self.created_at) {
+            return true;
+        }
         match self.first_request_at {
-            Some(first) => received_at < first,
-            None => self.state != State::Sending || received_at < self.created_at,
+            Some(first) => before(first),
+            // A request in flight, with none of the series before it: claimed (the claim set
+            // `updated_at`, which nothing else writes while a message is `sending`).
+            None if self.state == State::Sending => before(self.updated_at),
+            // Attempts whose requests never left (all `not_sent`).
+            None if self.series_attempt_rows.unwrap_or(0) > 0 => true,
+            // Claimed with no attempt row to say when (a row written by SQL with its history):
+            // a request may have been made; counted. Never claimed: none was.
+            None => self.attempts <= self.attempt_base,
         }
     }
 
@@ -452,6 +471,12 @@ impl MatchedMessage {
         }
     }
 }
+
+/// How much later than a receipt's arrival a request may have begun and still count for it
+/// ([`MatchedMessage::of_no_send`]): the arrival and the request's start are read on different
+/// clocks when several Herald processes share a database. (The settle pass's SQL says one
+/// second too: `sql::ATTEMPT_BEFORE_RECEIPT`.)
+pub const RECEIPT_CLOCK_SLACK: chrono::Duration = chrono::Duration::seconds(1);
 
 /// How much older than a replay a receipt's event may be and still be the new send's: providers
 /// that give whole seconds (SendGrid, Stripe) date an event in the replay's own second before

@@ -1052,6 +1052,11 @@ macro_rules! lock_messages {
             .order(a::attempt_number)
             .select(a::started_at)
             .single_value();
+        let series_attempt_rows = a::table
+            .filter(a::message_id.eq(o::id))
+            .filter(a::attempt_number.gt(o::attempt_base))
+            .count()
+            .single_value();
         o::table
             .filter(o::id.eq_any($ids))
             .select((
@@ -1066,6 +1071,9 @@ macro_rules! lock_messages {
                 replays,
                 o::created_at,
                 first_request,
+                o::attempts,
+                o::attempt_base,
+                series_attempt_rows,
             ))
             .order(o::id)
             $(.$lock())*
@@ -1074,12 +1082,25 @@ macro_rules! lock_messages {
 }
 
 /// The messages, locked for this transaction, in id order; those another transaction holds are
-/// left out (`FOR NO KEY UPDATE SKIP LOCKED`).
+/// left out (`FOR NO KEY UPDATE SKIP LOCKED`). Locked first, then read by a statement of its
+/// own: a row an outcome committed after the locking statement began is locked at its newest
+/// version, but that statement's subqueries (the attempts, the replays) would still read its
+/// older snapshot — a state of `unconfirmed` beside no attempt row. The read's snapshot is
+/// taken after the lock, and sees the whole commit.
 pub fn pg_lock_messages(
     conn: &mut diesel::pg::PgConnection,
     ids: &[i64],
 ) -> diesel::QueryResult<Vec<MatchedMessage>> {
-    lock_messages!(conn, schema_pg, ids, for_no_key_update, skip_locked)
+    use super::schema_pg::herald_outbox as o;
+    use diesel::prelude::*;
+    let locked: Vec<i64> = o::table
+        .filter(o::id.eq_any(ids))
+        .select(o::id)
+        .order(o::id)
+        .for_no_key_update()
+        .skip_locked()
+        .load(conn)?;
+    lock_messages!(conn, schema_pg, &locked)
 }
 
 /// SQLite: behind the writer lock, exclusive already.
@@ -1115,11 +1136,12 @@ pub const SQLITE_REPLAY_AFTER_EVENT: &str = "julianday(herald_replays.replayed_a
 /// The settle pass's test that an attempt of the message's current series had started when the
 /// receipt arrived: a receipt stored before any request of it was made speaks of no send of it
 /// (`MatchedMessage::of_no_send`). Raw SQL over the tables' own names, as diesel writes them.
+/// With [`crate::storage::models::RECEIPT_CLOCK_SLACK`] (one second) for clocks apart.
 pub const PG_ATTEMPT_BEFORE_RECEIPT: &str =
-    "herald_attempts.started_at <= herald_receipts.received_at";
+    "herald_attempts.started_at <= herald_receipts.received_at + interval '1 second'";
 /// [`PG_ATTEMPT_BEFORE_RECEIPT`] on SQLite (`julianday` reads its UTC text times).
-pub const SQLITE_ATTEMPT_BEFORE_RECEIPT: &str =
-    "julianday(herald_attempts.started_at) <= julianday(herald_receipts.received_at)";
+pub const SQLITE_ATTEMPT_BEFORE_RECEIPT: &str = "julianday(herald_attempts.started_at) <= \
+     julianday(herald_receipts.received_at) + 1.0 / 86400.0";
 
 /// Whether diesel's bookkeeping table is there, as one `present` boolean: asked rather than
 /// read from the error of a `SELECT` from it, whose words depend on the server's language (and a
@@ -1643,6 +1665,16 @@ mod tests {
         assert!(
             SQLITE_REPLAY_AFTER_EVENT.ends_with(&format!("+ {secs}.0 / 86400.0")),
             "{SQLITE_REPLAY_AFTER_EVENT}"
+        );
+        // And the same slack for clocks apart between a receipt and a request.
+        let secs = crate::storage::models::RECEIPT_CLOCK_SLACK.num_seconds();
+        assert!(
+            PG_ATTEMPT_BEFORE_RECEIPT.ends_with(&format!("interval '{secs} second'")),
+            "{PG_ATTEMPT_BEFORE_RECEIPT}"
+        );
+        assert!(
+            SQLITE_ATTEMPT_BEFORE_RECEIPT.ends_with(&format!("+ {secs}.0 / 86400.0")),
+            "{SQLITE_ATTEMPT_BEFORE_RECEIPT}"
         );
     }
 

@@ -219,6 +219,8 @@ async fn a_receipt_before_its_message_is_matched_once_it_appears(backend: Backen
     // the message existed, is matched but speaks of no send of it — it neither sets its status
     // nor settles it. (A receipt stored while its send was in flight does both.)
     rx.script([Reply::Status(409)]);
+    // (More than the second's slack the comparison gives clocks apart.)
+    app.advance(Duration::from_secs(2));
     let r = app
         .post_message(webhook("late-order", &rx.url, json!({})))
         .await;
@@ -816,6 +818,7 @@ async fn unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline(ba
         .await;
     post_receipt(&app, receipt("early-4", "sent", Some(1), "maybe-4")).await;
     reconcile(&app).await;
+    app.advance(Duration::from_secs(2));
     rx.script([Reply::Status(409)]);
     assert_eq!(app.run_until_idle().await, 1);
     reconcile(&app).await;
