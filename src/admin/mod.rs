@@ -446,12 +446,17 @@ async fn message_page(
             status,
             pages::message(viewer, &d, notice, state.clock.now()),
         ),
-        // A fan-out's own event id: its messages, as the search lists them.
-        None => see_other(&format!(
+        // Looked at (no refusal to show): a fan-out's own event id lists its messages in the
+        // search, as does any id the search knows.
+        None if notice.is_none() => see_other(&format!(
             "/admin/search?q={}",
             url::form_urlencoded::byte_serialize(event_id_of_missing.as_bytes())
                 .collect::<String>()
         )),
+        None => page(
+            StatusCode::NOT_FOUND,
+            pages::error(Some(viewer), "Not found", "No message has that event id."),
+        ),
     }
 }
 

@@ -171,7 +171,14 @@ pub fn integers_beyond_64_bits(body: &[u8]) -> Vec<String> {
     scan_json(body, body.len(), |number, stack| {
         let integer = !number.iter().any(|b| matches!(b, b'.' | b'e' | b'E'));
         let text = std::str::from_utf8(number).unwrap_or("");
-        if integer && text.parse::<i64>().is_err() && text.parse::<u64>().is_err() {
+        // A double written out in full (JavaScript's and Go's 2^64, `18446744073709552000`)
+        // is kept exactly: the parser's double prints as the same text.
+        let exact_double = || text.parse::<f64>().is_ok_and(|f| format!("{f}") == text);
+        if integer
+            && text.parse::<i64>().is_err()
+            && text.parse::<u64>().is_err()
+            && !exact_double()
+        {
             found.push(path_of(stack).unwrap_or_else(|| "body".to_owned()));
         }
     });
@@ -433,6 +440,10 @@ mod tests {
             ["c[1]", "d.e"]
         );
         assert_eq!(integers_beyond_64_bits(b"123456789012345678901"), ["body"]);
+        // Doubles written out in full are kept exactly: 2^64 and 1e20 as JavaScript writes them.
+        assert!(
+            integers_beyond_64_bits(b"[18446744073709552000, -100000000000000000000]").is_empty()
+        );
         // Not JSON at all: the body.
         assert_eq!(field(r#"{"max_attempts": 1e400"#), "body");
         assert_eq!(field(r#"{"a": tru}"#), "body");

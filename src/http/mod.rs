@@ -910,7 +910,7 @@ async fn list_dead_letters(
     Ok(HttpResponse::Ok().json(page))
 }
 
-/// `POST /v1/dead-letters/redrive` `{"reason", "limit"?, "expires_at"?, filters…}`.
+/// `POST /v1/dead-letters/redrive` `{"reason", "limit"?, "expires_at"?, "after"?, filters…}`.
 #[utoipa::path(
     post,
     path = "/v1/dead-letters/redrive",
@@ -1203,6 +1203,7 @@ fn parse_message_or_unnamed(
     // An integer no 64 bits hold would be stored and sent as the nearest double instead.
     let mut errors: Vec<InvalidField> = crate::domain::integers_beyond_64_bits(body)
         .into_iter()
+        .take(10)
         .map(|field| {
             InvalidField::new(
                 field,

@@ -449,8 +449,9 @@ pub struct RedriveRequestBody {
     since: Option<String>,
     #[schema(format = DateTime)]
     until: Option<String>,
-    /// The `next` of the redrive before: start past the dead letters it looked at (those it
-    /// skipped are still dead letters).
+    /// The `next` of the redrive before, with the same filters (others: 422): start past the
+    /// dead letters it looked at (those it skipped are still dead letters), among those
+    /// dead-lettered before the sweep's first run.
     after: Option<String>,
 }
 

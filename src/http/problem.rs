@@ -277,9 +277,9 @@ impl From<SupportError> for Problem {
                 p
             }
             // Several messages fit: the candidates to choose from.
-            SupportError::Ambiguous(..) | SupportError::FanOut(_) => {
+            SupportError::Ambiguous(..) | SupportError::FanOut(..) => {
                 let (kind, title, field) = match e {
-                    SupportError::FanOut(_) => (
+                    SupportError::FanOut(..) => (
                         "fan-out",
                         "The event id is a fan-out's: name one of its messages",
                         "event_id",

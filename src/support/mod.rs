@@ -114,8 +114,8 @@ pub enum SupportError {
     Ambiguous(Vec<Candidate>, bool),
     /// The event id is a fan-out's (`destination = "type:…"`): its messages are its children,
     /// each with an event id of its own.
-    #[error("that event id is a fan-out's: each of its {} messages has an event id of its own (EVENT_ID:ENDPOINT); name one of them", .0.len())]
-    FanOut(Vec<Candidate>),
+    #[error("that event id is a fan-out's: each of its {} messages has an event id of its own (EVENT_ID:ENDPOINT){}; name one of them", .1, if .1 > &.0.len() { format!(", {} listed", .0.len()) } else { String::new() })]
+    FanOut(Vec<Candidate>, usize),
     #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
     Invalid(Vec<InvalidField>),
     #[error("cannot replay: {0}")]
@@ -132,7 +132,7 @@ impl SupportError {
     /// The messages to choose from: an ambiguous prefix's, or a fan-out's children.
     pub fn candidates(&self) -> Option<&[Candidate]> {
         match self {
-            SupportError::Ambiguous(c, _) | SupportError::FanOut(c) => Some(c),
+            SupportError::Ambiguous(c, _) | SupportError::FanOut(c, _) => Some(c),
             _ => None,
         }
     }
@@ -157,17 +157,17 @@ pub fn find(db: &Db, lookup: &Lookup) -> Result<OutboxRow, SupportError> {
             Some(row) => Ok(row),
             None => {
                 // A fan-out's own event id names its children (those retention has not purged).
-                // At most as many as an ambiguous prefix names.
-                let children: Vec<Candidate> = db
-                    .fanout_messages(id)?
+                // At most as many as an ambiguous prefix names, with how many there are.
+                let children = db.fanout_messages(id)?;
+                let listed: Vec<Candidate> = children
                     .iter()
                     .take(MAX_CANDIDATES)
                     .map(Candidate::of)
                     .collect();
-                Err(if children.is_empty() {
+                Err(if listed.is_empty() {
                     SupportError::NotFound
                 } else {
-                    SupportError::FanOut(children)
+                    SupportError::FanOut(listed, children.len())
                 })
             }
         },
@@ -637,10 +637,27 @@ impl DeadLetterFilter {
         Ok(true)
     }
 
-    /// A digest of the filters, for a redrive's cursor (16 hex digits of SHA-256).
+    /// A digest of the filters, for a redrive's cursor (16 hex digits of SHA-256 over their
+    /// canonical text: each as parsed, so equal spellings agree, and never a derive's format,
+    /// which a change of version could alter mid-sweep).
     fn digest(&self) -> String {
         use sha2::Digest;
-        hex::encode(sha2::Sha256::digest(format!("{self:?}").as_bytes()))[..16].to_owned()
+        let micros = |t: Option<DateTime<Utc>>| t.map(|t| t.timestamp_micros().to_string());
+        let destination = self.destination.as_ref().map(|d| match d {
+            DestinationMatch::Endpoint(name) => format!("endpoint:{name}"),
+            DestinationMatch::Host(forms) => forms.join(","),
+        });
+        let text = [
+            self.class.map(|c| c.as_str().to_owned()),
+            self.state_reason.clone(),
+            destination,
+            self.channel.map(|c| c.as_str().to_owned()),
+            micros(self.since),
+            micros(self.until),
+        ]
+        .map(Option::unwrap_or_default)
+        .join("|");
+        hex::encode(sha2::Sha256::digest(text.as_bytes()))[..16].to_owned()
     }
 
     fn query(&self, after: Option<Cursor>, limit: u32) -> DeadLetterQuery {
@@ -1028,7 +1045,7 @@ pub fn exit_code(e: &SupportError) -> u8 {
         | SupportError::NotSkippable(_)
         | SupportError::Storage(_) => EXIT_REFUSED,
         SupportError::Invalid(_) => EXIT_INVALID,
-        SupportError::Ambiguous(..) | SupportError::FanOut(_) => EXIT_AMBIGUOUS,
+        SupportError::Ambiguous(..) | SupportError::FanOut(..) => EXIT_AMBIGUOUS,
     }
 }
 
@@ -1038,7 +1055,7 @@ pub fn error_json(e: &SupportError) -> Value {
     let kind = match e {
         SupportError::NotFound => "not_found",
         SupportError::Ambiguous(..) => "ambiguous",
-        SupportError::FanOut(_) => "fan_out",
+        SupportError::FanOut(..) => "fan_out",
         SupportError::Invalid(_) => "invalid",
         SupportError::Refused(_) => "refused",
         SupportError::Moved => "changed",

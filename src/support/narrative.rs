@@ -379,12 +379,19 @@ pub fn narrate(e: &Explanation) -> String {
         // The first attempt of a series is due when the message was scheduled or replayed.
         let late = match before {
             Some(b) => later_than_set(b, a).map(|l| (l, "the time set")),
+            // A keyed message waits its turn behind its key's head, which this sentence would
+            // not name: said by the ordering facts instead.
+            None if e.ordering.is_some() => None,
             None => {
+                // Due when scheduled (a past scheduled_at: when created), or replayed.
                 let due = e
                     .replays
                     .iter()
                     .rfind(|r| r.series_start <= a.attempt)
-                    .map_or(e.scheduled_at.as_str(), |r| r.replayed_at.as_str());
+                    .map_or_else(
+                        || e.scheduled_at.as_str().max(e.created_at.as_str()),
+                        |r| r.replayed_at.as_str(),
+                    );
                 later_than_due(due, 0, a).map(|l| (l, "it was due"))
             }
         };
@@ -532,6 +539,9 @@ mod tests {
         );
         e.scheduled_at = "2026-12-01T10:00:59.000000Z".into();
         assert!(!narrate(&e).contains("after it was due"));
+        // Scheduled in the past: due when it was created.
+        e.scheduled_at = "2026-12-01T07:00:00.000000Z".into();
+        assert!(narrate(&e).contains("Attempt 1 went 1 min after it was due"));
     }
 
     #[test]
