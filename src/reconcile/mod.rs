@@ -228,7 +228,8 @@ impl Reconciler {
             // canceled, expired or still scheduled; one replayed and not sent again yet).
             None if unsent && precedence(&r.event_type).is_some() => Verdict::Superseded {
                 reason: format!(
-                    "of no send: {} (event time {}, arrived {}): kept in the history",
+                    "{}{} (event time {}, arrived {}): kept in the history",
+                    crate::storage::receipts::OF_NO_SEND,
                     if m.replays.unwrap_or(0) > 0 {
                         "no request of it had begun since its replay when it arrived"
                     } else {

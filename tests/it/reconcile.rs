@@ -1078,6 +1078,29 @@ async fn a_receipt_for_a_message_never_sent_changes_nothing(backend: Backend) {
     assert_eq!(history(&view), [("delivered".into(), "superseded".into())]);
     assert_eq!(app.run_until_idle().await, 0, "no callback");
     assert!(app_rx.requests().is_empty());
+
+    // Judged of no send before any request, it stays so when the request comes within the
+    // second's slack for clocks apart and is left unconfirmed: it does not settle it.
+    let mut m = webhook("later-3", &rx.url_for("/later-3"), json!({}));
+    m["scheduled_at"] = json!((app.clock_now() + chrono::Duration::milliseconds(500)).to_rfc3339());
+    assert_eq!(app.post_message(m).await.status(), 201);
+    post_receipt(
+        &app,
+        receipt("n5", "delivered", Some(at_clock(&app, 0)), "later-3"),
+    )
+    .await;
+    reconcile(&app).await;
+    app.advance(Duration::from_millis(600));
+    rx.script_path("/later-3", [Reply::Status(409)]);
+    assert_eq!(app.run_until_idle().await, 1);
+    assert_eq!(app.message("later-3").await["state"], "unconfirmed");
+    reconcile(&app).await;
+    let view = app.message("later-3").await;
+    assert_eq!(
+        (&view["state"], &view["delivery_status"]),
+        (&json!("unconfirmed"), &Value::Null),
+        "{view}"
+    );
     app.stop().await;
 }
 
