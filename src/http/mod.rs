@@ -987,7 +987,7 @@ async fn skip_message(
     responses(
         (status = 200, description = "Now (or already) canceled", body = MessageView),
         (status = 404, description = "No such message", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 409, description = "Already sending or finished (`not-cancelable`)", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "Already sending or finished (`not-cancelable`), or a fan-out's own event id (`fan-out`, `candidates` its messages)", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn cancel_message(
@@ -1001,8 +1001,9 @@ async fn cancel_message(
     let now = state.clock.now();
     let (changed, row) = web::block(move || -> Result<_, Problem> {
         // The owner never changes, so checking it before the cancel's own transaction is safe.
-        let row = db.find_by_event_id(&event_id)?;
-        let row = row.ok_or_else(|| Problem::not_found("message"))?;
+        let Some(row) = db.find_by_event_id(&event_id)? else {
+            return Err(fan_out_or_not_found(&db, &who, &event_id)?);
+        };
         permit(&who, Access::OwnMessage, row.enqueued_by.as_deref())?;
         Ok(crate::outbox::cancel(&db, &event_id, now)?)
     })
@@ -1011,6 +1012,24 @@ async fn cancel_message(
         tracing::info!(event_id = %row.event_id, "message canceled");
     }
     Ok(HttpResponse::Ok().json(MessageView::new(&row, &state.policies)))
+}
+
+/// The answer for an event id no message has: a fan-out's own (409 `fan-out` naming its
+/// messages, each to be canceled by its own event id) when every one of them is the caller's to
+/// see, else 404.
+fn fan_out_or_not_found(db: &Db, who: &Principal, event_id: &str) -> Result<Problem, Problem> {
+    let children = db.fanout_messages(event_id)?;
+    let theirs = !children.is_empty()
+        && children.iter().all(|m| {
+            matches!(
+                who.may(Access::OwnMessage, m.enqueued_by.as_deref()),
+                Verdict::Allowed
+            )
+        });
+    if !theirs {
+        return Ok(Problem::not_found("message"));
+    }
+    Ok(support::SupportError::fan_out(&children).into())
 }
 
 /// `POST` (or `GET`) `/v1/ingest/{source}`: verify over the raw bytes, store every event of the request in one

@@ -129,6 +129,19 @@ pub enum SupportError {
 }
 
 impl SupportError {
+    /// A fan-out's own event id: its messages, at most as many as an ambiguous prefix names,
+    /// with how many there are.
+    pub fn fan_out(children: &[OutboxRow]) -> Self {
+        SupportError::FanOut(
+            children
+                .iter()
+                .take(MAX_CANDIDATES)
+                .map(Candidate::of)
+                .collect(),
+            children.len(),
+        )
+    }
+
     /// The messages to choose from: an ambiguous prefix's, or a fan-out's children.
     pub fn candidates(&self) -> Option<&[Candidate]> {
         match self {
@@ -157,17 +170,11 @@ pub fn find(db: &Db, lookup: &Lookup) -> Result<OutboxRow, SupportError> {
             Some(row) => Ok(row),
             None => {
                 // A fan-out's own event id names its children (those retention has not purged).
-                // At most as many as an ambiguous prefix names, with how many there are.
                 let children = db.fanout_messages(id)?;
-                let listed: Vec<Candidate> = children
-                    .iter()
-                    .take(MAX_CANDIDATES)
-                    .map(Candidate::of)
-                    .collect();
-                Err(if listed.is_empty() {
+                Err(if children.is_empty() {
                     SupportError::NotFound
                 } else {
-                    SupportError::FanOut(listed, children.len())
+                    SupportError::fan_out(&children)
                 })
             }
         },

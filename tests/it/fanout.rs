@@ -121,6 +121,7 @@ async fn one_failing_endpoint_never_holds_back_the_others(backend: Backend) {
     for (method, path) in [
         ("GET", "/v1/messages/ord-1/explain"),
         ("POST", "/v1/messages/ord-1/replay"),
+        ("POST", "/v1/messages/ord-1/cancel"),
     ] {
         let mut rq = app
             .http
