@@ -230,38 +230,33 @@ impl From<CancelError> for Problem {
 /// give up and lose the receipt.
 impl From<VerifyError> for Problem {
     fn from(e: VerifyError) -> Self {
-        match e.status() {
+        let (status, kind, title) = match e.status() {
             // Not storage: what the check needs (a signing certificate, a subscription's
             // confirmation) cannot be had now; the provider retries.
-            503 => {
-                let mut p = Problem::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "unverifiable",
-                    "The receipt cannot be verified now; nothing was stored",
-                )
-                .detail(e.to_string());
-                p.retry_after = Some(2);
-                p
-            }
-            400 => {
-                let mut p = Problem::new(
-                    StatusCode::BAD_REQUEST,
-                    "unparsable",
-                    "The receipt was refused; nothing was stored",
-                )
-                .detail(e.to_string());
-                if let VerifyError::TooLong(field) | VerifyError::Blank(field) = e {
-                    p.field = Some(field.into());
-                }
-                p
-            }
-            _ => Problem::new(
+            503 => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unverifiable",
+                "The receipt cannot be verified now; nothing was stored",
+            ),
+            400 => (
+                StatusCode::BAD_REQUEST,
+                "unparsable",
+                "The receipt was refused; nothing was stored",
+            ),
+            _ => (
                 StatusCode::UNAUTHORIZED,
                 "unauthenticated",
                 "The receipt was refused; nothing was stored",
-            )
-            .detail(e.to_string()),
+            ),
+        };
+        let mut p = Problem::new(status, kind, title).detail(e.to_string());
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            p.retry_after = Some(2);
         }
+        if let VerifyError::TooLong(field) | VerifyError::Blank(field) = e {
+            p.field = Some(field.into());
+        }
+        p
     }
 }
 

@@ -512,24 +512,40 @@ pub struct Cursor {
 
 impl Cursor {
     pub fn encode(&self) -> String {
-        URL_SAFE_NO_PAD.encode(format!("v1:{}:{}", self.at.timestamp_micros(), self.id))
+        token("v1", &[&self.at.timestamp_micros(), &self.id])
     }
 
     pub fn decode(raw: &str) -> Result<Self, InvalidField> {
         let bad = || InvalidField::new("after", "is not a cursor this listing gave");
-        let bytes = URL_SAFE_NO_PAD.decode(raw.trim()).map_err(|_| bad())?;
-        let text = String::from_utf8(bytes).map_err(|_| bad())?;
-        let mut parts = text.split(':');
-        let (Some("v1"), Some(micros), Some(id), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            return Err(bad());
-        };
-        let micros: i64 = micros.parse().map_err(|_| bad())?;
-        let id: i64 = id.parse().map_err(|_| bad())?;
-        let at = cursor_time(micros).ok_or_else(bad)?;
-        Ok(Self { at, id })
+        let [at, id] = token_fields(raw, "v1").ok_or_else(bad)?;
+        Ok(Self {
+            at: token_time(&at).ok_or_else(bad)?,
+            id: id.parse().map_err(|_| bad())?,
+        })
     }
+}
+
+/// An opaque position: `TAG:field:…`, base64url without padding.
+fn token(tag: &str, fields: &[&dyn std::fmt::Display]) -> String {
+    let mut text = tag.to_owned();
+    for f in fields {
+        text.push_str(&format!(":{f}"));
+    }
+    URL_SAFE_NO_PAD.encode(text)
+}
+
+/// The `N` fields of a [`token`] of `tag`, if `raw` is one.
+fn token_fields<const N: usize>(raw: &str, tag: &str) -> Option<[String; N]> {
+    let text = String::from_utf8(URL_SAFE_NO_PAD.decode(raw.trim()).ok()?).ok()?;
+    let mut parts = text.split(':');
+    (parts.next()? == tag).then_some(())?;
+    let fields: Vec<String> = parts.map(str::to_owned).collect();
+    fields.try_into().ok()
+}
+
+/// A token's time field (µs since the epoch), if a listing can have given it ([`cursor_time`]).
+fn token_time(field: &str) -> Option<DateTime<Utc>> {
+    field.parse().ok().and_then(cursor_time)
 }
 
 /// Where a bulk redrive goes on from (its `next`): past the last dead letter it looked at,
@@ -549,36 +565,25 @@ pub struct RedriveCursor {
 
 impl RedriveCursor {
     pub fn encode(&self) -> String {
-        URL_SAFE_NO_PAD.encode(format!(
-            "r1:{}:{}:{}:{}",
-            self.at.timestamp_micros(),
-            self.id,
-            self.until.timestamp_micros(),
-            self.filters
-        ))
+        token(
+            "r1",
+            &[
+                &self.at.timestamp_micros(),
+                &self.id,
+                &self.until.timestamp_micros(),
+                &self.filters,
+            ],
+        )
     }
 
     pub fn decode(raw: &str) -> Result<Self, InvalidField> {
         let bad = || InvalidField::new("after", "is not the next of a redrive");
-        let bytes = URL_SAFE_NO_PAD.decode(raw.trim()).map_err(|_| bad())?;
-        let text = String::from_utf8(bytes).map_err(|_| bad())?;
-        let mut parts = text.split(':');
-        let (Some("r1"), Some(at), Some(id), Some(until), Some(filters), None) = (
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-        ) else {
-            return Err(bad());
-        };
-        let time = |t: &str| t.parse().ok().and_then(cursor_time).ok_or_else(bad);
+        let [at, id, until, filters] = token_fields(raw, "r1").ok_or_else(bad)?;
         Ok(Self {
-            at: time(at)?,
+            at: token_time(&at).ok_or_else(bad)?,
             id: id.parse().map_err(|_| bad())?,
-            until: time(until)?,
-            filters: filters.to_owned(),
+            until: token_time(&until).ok_or_else(bad)?,
+            filters,
         })
     }
 }

@@ -332,20 +332,23 @@ fn later_than_set(before: &AttemptEntry, a: &AttemptEntry) -> Option<i64> {
 
 /// How much later than `from` + `delay` ms `a` began, when that is more than a poll's slack.
 fn later_than_due(from: &str, delay: i64, a: &AttemptEntry) -> Option<i64> {
-    let parse = |t: &str| chrono::DateTime::parse_from_rfc3339(t).ok();
-    let due = parse(from)? + chrono::TimeDelta::milliseconds(delay);
-    let late = (parse(&a.started_at)? - due).num_milliseconds();
+    let late = ms_between(from, &a.started_at)? - delay;
     (late > 2_000.max(delay / 5)).then_some(late)
+}
+
+/// Milliseconds from one of the explanation's times (RFC 3339) to another.
+fn ms_between(from: &str, to: &str) -> Option<i64> {
+    let parse = |t: &str| chrono::DateTime::parse_from_rfc3339(t).ok();
+    Some((parse(to)? - parse(from)?).num_milliseconds())
 }
 
 /// Whether a message was scheduled for later than it was created: by more than a second (on
 /// PostgreSQL the two defaults are read a fraction of a millisecond apart, which said "created
 /// at X for X+0.1 ms" of every message sent at once).
 fn scheduled_later(created_at: &str, scheduled_at: &str) -> bool {
-    let parse = |t: &str| chrono::DateTime::parse_from_rfc3339(t).ok();
-    match (parse(created_at), parse(scheduled_at)) {
-        (Some(c), Some(s)) => s - c > chrono::TimeDelta::seconds(1),
-        _ => created_at != scheduled_at,
+    match ms_between(created_at, scheduled_at) {
+        Some(ms) => ms > 1_000,
+        None => created_at != scheduled_at,
     }
 }
 
