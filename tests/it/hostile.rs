@@ -6,8 +6,8 @@
 //! `src/ingest/schemes/mod.rs` (`hostile_input`).
 //!
 //! Bounded: a fixed number of cases per property (`HERALD_PROPTEST_CASES` scales them: the
-//! number given replaces the default 256; the costly signatures run an eighth of it), no
-//! regression files written.
+//! number given replaces the default 256; the costly signatures run an eighth and a sixteenth of
+//! it), no regression files written. Each property prints how many cases passed.
 
 use std::time::Duration;
 
@@ -30,6 +30,33 @@ fn config(divisor: u32) -> ProptestConfig {
         failure_persistence: None,
         ..ProptestConfig::default()
     }
+}
+
+/// Runs one property for its configured cases, and prints how many passed (`--nocapture` shows
+/// the lines, `proptest <name>: <n> cases passed`): the note reports the count. A run
+/// that passed fewer cases than configured fails.
+fn check<S: Strategy>(
+    name: &str,
+    config: ProptestConfig,
+    strategy: S,
+    test: impl Fn(S::Value) -> Result<(), TestCaseError>,
+) {
+    let wanted = config.cases;
+    let passed = std::cell::Cell::new(0u32);
+    let result = proptest::test_runner::TestRunner::new(config).run(&strategy, |value| {
+        test(value)?;
+        passed.set(passed.get() + 1);
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("proptest {name}: {e}");
+    }
+    assert!(
+        passed.get() >= wanted,
+        "proptest {name}: {} of {wanted} cases passed",
+        passed.get()
+    );
+    eprintln!("proptest {name}: {} cases passed", passed.get());
 }
 
 /// Keys the normalizers look for, so that hostile bodies reach their branches.
@@ -428,96 +455,165 @@ fn header_junk() -> impl Strategy<Value = String> {
     ]
 }
 
-proptest! {
-    #![proptest_config(config(1))]
-
-    /// Junk headers and bodies: refused (401, or 503 where a certificate cannot be had), never
-    /// accepted, never a panic — whatever the scheme.
-    #[test]
-    fn junk_requests_are_refused_by_every_scheme(
-        values in prop::collection::vec(prop::option::of(header_junk()), HEADERS.len()),
-        body in body(),
-        url in prop::option::of("https://hooks\\.example/[ -~]{0,12}"),
-    ) {
-        let headers: Vec<(String, String)> = HEADERS
-            .iter()
-            .zip(values)
-            .filter_map(|(n, v)| Some((n.to_string(), v?)))
-            .collect();
-        for (scheme, secret) in schemes() {
-            let secrets = if secret.is_empty() { vec![] } else { vec![secret] };
-            let url = url.clone().or_else(|| (scheme == "twilio").then(|| "https://hooks.example/t".into()));
-            let v = verify_offline(scheme, &secrets, &headers, &body, url.as_deref(), None, at())
+/// Junk headers and bodies: refused (401, or 503 where a certificate cannot be had), never
+/// accepted, never a panic — whatever the scheme.
+#[test]
+fn junk_requests_are_refused_by_every_scheme() {
+    let strategy = (
+        prop::collection::vec(prop::option::of(header_junk()), HEADERS.len()),
+        body(),
+        prop::option::of("https://hooks\\.example/[ -~]{0,12}"),
+    );
+    check(
+        "junk_requests_are_refused_by_every_scheme",
+        config(1),
+        strategy,
+        |(values, body, url)| {
+            let headers: Vec<(String, String)> = HEADERS
+                .iter()
+                .zip(values)
+                .filter_map(|(n, v)| Some((n.to_string(), v?)))
+                .collect();
+            for (scheme, secret) in schemes() {
+                let secrets = if secret.is_empty() {
+                    vec![]
+                } else {
+                    vec![secret]
+                };
+                let url = url
+                    .clone()
+                    .or_else(|| (scheme == "twilio").then(|| "https://hooks.example/t".into()));
+                let v = verify_offline(
+                    scheme,
+                    &secrets,
+                    &headers,
+                    &body,
+                    url.as_deref(),
+                    None,
+                    at(),
+                )
                 .unwrap_or_else(|e| panic!("{scheme}: {e:?}"));
-            prop_assert!(!v.valid && !v.signature_valid, "{} accepted junk: {:?}", scheme, v);
-            prop_assert!([401, 503].contains(&v.status), "{}: {}", scheme, v.status);
-            prop_assert!(v.error.is_some());
-        }
-    }
-
-    /// Hostile bodies behind a valid signature reach the normalizers: 200 with sane events, or
-    /// 400 (verified but unparsable) — never a panic, never a 5xx.
-    #[test]
-    fn signed_hostile_bodies_are_normalized_or_refused(body in body()) {
-        assert_sane("hmac", &verify("hmac", signed_hmac(body.clone())));
-        assert_sane("stripe", &verify("stripe", signed_stripe(body.clone())));
-        assert_sane(
-            "standard-webhooks",
-            &verify("standard-webhooks", signed_standard_webhooks(body.clone())),
-        );
-        assert_sane("postmark", &verify("postmark", signed_postmark(body)));
-    }
-
-    #[test]
-    fn signed_hostile_mailgun_event_data(data in json_value(), extra in json_value()) {
-        assert_sane("mailgun", &verify("mailgun", signed_mailgun(data, extra)));
-    }
-
-    #[test]
-    fn signed_hostile_twilio_forms(
-        params in prop::collection::vec((prop_oneof![
-            prop::sample::select(&["MessageSid", "MessageStatus", "SmsStatus", "ErrorCode",
-                                    "SmsSid", "To", "From", "AccountSid", "RawDlrDoneDate"][..])
-                .prop_map(str::to_owned),
-            "[ -~]{0,6}",
-            any::<String>(),
-        ], text()), 0..8),
-    ) {
-        assert_sane("twilio", &verify("twilio", signed_twilio(params)));
-    }
+                prop_assert!(
+                    !v.valid && !v.signature_valid,
+                    "{} accepted junk: {:?}",
+                    scheme,
+                    v
+                );
+                prop_assert!([401, 503].contains(&v.status), "{}: {}", scheme, v.status);
+                prop_assert!(v.error.is_some());
+            }
+            Ok(())
+        },
+    );
 }
 
-proptest! {
-    // ECDSA signing in a debug build is slow: an eighth of the cases.
-    #![proptest_config(config(8))]
+/// Hostile bodies behind a valid signature reach the normalizers: 200 with sane events, or
+/// 400 (verified but unparsable) — never a panic, never a 5xx.
+#[test]
+fn signed_hostile_bodies_are_normalized_or_refused() {
+    check(
+        "signed_hostile_bodies_are_normalized_or_refused",
+        config(1),
+        body(),
+        |body| {
+            assert_sane("hmac", &verify("hmac", signed_hmac(body.clone())));
+            assert_sane("stripe", &verify("stripe", signed_stripe(body.clone())));
+            assert_sane(
+                "standard-webhooks",
+                &verify("standard-webhooks", signed_standard_webhooks(body.clone())),
+            );
+            assert_sane("postmark", &verify("postmark", signed_postmark(body)));
+            Ok(())
+        },
+    );
+}
 
-    #[test]
-    fn signed_hostile_sendgrid_batches(events in prop_oneof![
+#[test]
+fn signed_hostile_mailgun_event_data() {
+    check(
+        "signed_hostile_mailgun_event_data",
+        config(1),
+        (json_value(), json_value()),
+        |(data, extra)| {
+            assert_sane("mailgun", &verify("mailgun", signed_mailgun(data, extra)));
+            Ok(())
+        },
+    );
+}
+
+#[test]
+fn signed_hostile_twilio_forms() {
+    let name = prop_oneof![
+        prop::sample::select(
+            &[
+                "MessageSid",
+                "MessageStatus",
+                "SmsStatus",
+                "ErrorCode",
+                "SmsSid",
+                "To",
+                "From",
+                "AccountSid",
+                "RawDlrDoneDate"
+            ][..]
+        )
+        .prop_map(str::to_owned),
+        "[ -~]{0,6}",
+        any::<String>(),
+    ];
+    let params = prop::collection::vec((name, text()), 0..8);
+    check("signed_hostile_twilio_forms", config(1), params, |params| {
+        assert_sane("twilio", &verify("twilio", signed_twilio(params)));
+        Ok(())
+    });
+}
+
+// ECDSA signing in a debug build is slow: an eighth of the cases.
+#[test]
+fn signed_hostile_sendgrid_batches() {
+    let events = prop_oneof![
         prop::collection::vec(json_value(), 0..4).prop_map(Value::Array),
         json_value(),
-    ]) {
-        let body = serde_json::to_vec(&events).unwrap();
-        assert_sane("sendgrid", &verify("sendgrid", signed_sendgrid(body)));
-    }
+    ];
+    check(
+        "signed_hostile_sendgrid_batches",
+        config(8),
+        events,
+        |events| {
+            let body = serde_json::to_vec(&events).unwrap();
+            assert_sane("sendgrid", &verify("sendgrid", signed_sendgrid(body)));
+            Ok(())
+        },
+    );
 }
 
-proptest! {
-    // RSA-2048 signing in a debug build is slower still.
-    #![proptest_config(config(16))]
-
-    #[test]
-    fn signed_hostile_ses_messages(
-        message in prop_oneof![
-            3 => json_value().prop_map(|v| v.to_string()),
-            1 => any::<String>(),
-        ],
-        message_id in text(),
-    ) {
-        let (body, cert) = signed_ses(message, message_id);
-        let v = verify_offline("ses", &[], &[h("x-amz-sns-message-type", "Notification")], &body, None, Some(cert), at())
+// RSA-2048 signing in a debug build is slower still: a sixteenth.
+#[test]
+fn signed_hostile_ses_messages() {
+    let message = prop_oneof![
+        3 => json_value().prop_map(|v| v.to_string()),
+        1 => any::<String>(),
+    ];
+    check(
+        "signed_hostile_ses_messages",
+        config(16),
+        (message, text()),
+        |(message, message_id)| {
+            let (body, cert) = signed_ses(message, message_id);
+            let v = verify_offline(
+                "ses",
+                &[],
+                &[h("x-amz-sns-message-type", "Notification")],
+                &body,
+                None,
+                Some(cert),
+                at(),
+            )
             .unwrap();
-        assert_sane("ses", &v);
-    }
+            assert_sane("ses", &v);
+            Ok(())
+        },
+    );
 }
 
 /// Found by `signed_hostile_ses_messages`: a correctly signed envelope with an empty `MessageId`
@@ -578,18 +674,17 @@ fn an_envelope_of_another_topic_is_refused_for_its_topic_offline_too() {
 
 // --- Header parsers -----------------------------------------------------------------------------
 
-proptest! {
-    #![proptest_config(config(1))]
-
-    /// Retry-After: any text is a delay or nothing, never a panic; delta-seconds are exact (capped
-    /// at u32::MAX seconds); an HTTP-date is its distance from now (a past one: none).
-    #[test]
-    fn retry_after_parses_any_text(s in prop_oneof![
+/// Retry-After: any text is a delay or nothing, never a panic; delta-seconds are exact (capped
+/// at u32::MAX seconds); an HTTP-date is its distance from now (a past one: none).
+#[test]
+fn retry_after_parses_any_text() {
+    use herald::domain::classify::parse_retry_after;
+    let text = prop_oneof![
         any::<String>(),
         "[0-9 ]{0,25}",
         "[A-Za-z]{3}, [0-9]{2} [A-Za-z]{3} [0-9]{4} [0-9:]{8} GMT",
-    ]) {
-        use herald::domain::classify::parse_retry_after;
+    ];
+    check("retry_after_parses_any_text", config(1), text, |s| {
         let now = at();
         if let Some(d) = parse_retry_after(&s, now) {
             let t = s.trim();
@@ -600,51 +695,80 @@ proptest! {
                 prop_assert!(httpdate::parse_http_date(t).is_ok(), "{:?} gave {:?}", s, d);
             }
         }
-    }
+        Ok(())
+    });
+}
 
-    #[test]
-    fn retry_after_round_trips(n in any::<u64>(), ahead in -100_000i64..10_000_000) {
-        use herald::domain::classify::parse_retry_after;
-        let now = at();
-        prop_assert_eq!(
-            parse_retry_after(&n.to_string(), now),
-            Some(Duration::from_secs(n.min(u32::MAX as u64)))
-        );
-        let then = std::time::SystemTime::from(now + chrono::TimeDelta::seconds(ahead));
-        prop_assert_eq!(
-            parse_retry_after(&httpdate::fmt_http_date(then), now),
-            Some(Duration::from_secs(ahead.max(0) as u64))
-        );
-    }
+#[test]
+fn retry_after_round_trips() {
+    use herald::domain::classify::parse_retry_after;
+    let strategy = (any::<u64>(), -100_000i64..10_000_000);
+    check(
+        "retry_after_round_trips",
+        config(1),
+        strategy,
+        |(n, ahead)| {
+            let now = at();
+            prop_assert_eq!(
+                parse_retry_after(&n.to_string(), now),
+                Some(Duration::from_secs(n.min(u32::MAX as u64)))
+            );
+            let then = std::time::SystemTime::from(now + chrono::TimeDelta::seconds(ahead));
+            prop_assert_eq!(
+                parse_retry_after(&httpdate::fmt_http_date(then), now),
+                Some(Duration::from_secs(ahead.max(0) as u64))
+            );
+            Ok(())
+        },
+    );
+}
 
-    /// `Authorization: Bearer`: any header value is a token or nothing; a token is never empty,
-    /// never padded, and always part of the header; the scheme's case does not matter.
-    #[test]
-    fn bearer_parses_any_header(
-        header in any::<String>(),
-        scheme in "[bB][eE][aA][rR][eE][rR]",
-        token in "[!-~]{1,40}",
-    ) {
-        use herald::auth::Tokens;
-        if let Some(t) = Tokens::bearer(&header) {
-            prop_assert!(!t.is_empty() && t == t.trim() && header.contains(t));
-        }
-        let header = format!("{scheme} {token}");
-        prop_assert_eq!(Tokens::bearer(&header), Some(token.as_str()));
-        let padded = format!("{scheme}   {token}  ");
-        prop_assert_eq!(Tokens::bearer(&padded), Some(token.as_str()));
-    }
+/// `Authorization: Bearer`: any header value is a token or nothing; a token is never empty,
+/// never padded, and always part of the header; the scheme's case does not matter.
+#[test]
+fn bearer_parses_any_header() {
+    use herald::auth::Tokens;
+    let strategy = (any::<String>(), "[bB][eE][aA][rR][eE][rR]", "[!-~]{1,40}");
+    check(
+        "bearer_parses_any_header",
+        config(1),
+        strategy,
+        |(header, scheme, token)| {
+            if let Some(t) = Tokens::bearer(&header) {
+                prop_assert!(!t.is_empty() && t == t.trim() && header.contains(t));
+            }
+            let header = format!("{scheme} {token}");
+            prop_assert_eq!(Tokens::bearer(&header), Some(token.as_str()));
+            let padded = format!("{scheme}   {token}  ");
+            prop_assert_eq!(Tokens::bearer(&padded), Some(token.as_str()));
+            Ok(())
+        },
+    );
+}
 
-    /// A presented token authenticates only when it is exactly a configured one.
-    #[test]
-    fn only_the_exact_token_authenticates(presented in any::<String>()) {
-        let mut tokens = herald::auth::Tokens::default();
-        tokens.add_plain("default", "root-token-0123456789", herald::auth::Scope::Admin).unwrap();
-        prop_assert_eq!(
-            tokens.authenticate(&presented).is_some(),
-            presented == "root-token-0123456789"
-        );
-    }
+/// A presented token authenticates only when it is exactly a configured one.
+#[test]
+fn only_the_exact_token_authenticates() {
+    let mut tokens = herald::auth::Tokens::default();
+    tokens
+        .add_plain(
+            "default",
+            "root-token-0123456789",
+            herald::auth::Scope::Admin,
+        )
+        .unwrap();
+    check(
+        "only_the_exact_token_authenticates",
+        config(1),
+        any::<String>(),
+        |presented| {
+            prop_assert_eq!(
+                tokens.authenticate(&presented).is_some(),
+                presented == "root-token-0123456789"
+            );
+            Ok(())
+        },
+    );
 }
 
 // --- The message API ----------------------------------------------------------------------------
@@ -741,36 +865,50 @@ fn assert_named(errors: &[herald::domain::InvalidField], sent: &serde_json::Map<
     }
 }
 
-proptest! {
-    #![proptest_config(config(1))]
+/// Any bytes: a message, or refusals that name the body or a field.
+#[test]
+fn any_bytes_are_a_message_or_named_refusals() {
+    let strategy = (
+        prop::collection::vec(any::<u8>(), 0..80),
+        prop::option::of(any::<String>()),
+    );
+    check(
+        "any_bytes_are_a_message_or_named_refusals",
+        config(1),
+        strategy,
+        |(bytes, key)| {
+            if let Err(errors) = herald::http::parse_new_message(&bytes, key.as_deref()) {
+                assert_named(&errors, &serde_json::Map::new());
+            }
+            Ok(())
+        },
+    );
+}
 
-    /// Any bytes: a message, or refusals that name the body or a field.
-    #[test]
-    fn any_bytes_are_a_message_or_named_refusals(
-        bytes in prop::collection::vec(any::<u8>(), 0..80),
-        key in prop::option::of(any::<String>()),
-    ) {
-        if let Err(errors) = herald::http::parse_new_message(&bytes, key.as_deref()) {
-            assert_named(&errors, &serde_json::Map::new());
-        }
-    }
-
-    /// Message-shaped objects with hostile values: parsing and planning never panic, and every
-    /// refusal names its field.
-    #[test]
-    fn hostile_messages_are_planned_or_refused_by_field(
-        obj in message_object(),
-        key in prop::option::of(prop_oneof!["[ -~]{0,12}", any::<String>()]),
-    ) {
-        let body = serde_json::to_vec(&Value::Object(obj.clone())).unwrap();
-        match herald::http::parse_new_message(&body, key.as_deref()) {
-            Err(errors) => assert_named(&errors, &obj),
-            Ok(m) => {
-                let limits = herald::outbox::Limits::default();
-                if let Err(errors) = m.plan(&limits, at()) {
-                    assert_named(&errors, &obj);
+/// Message-shaped objects with hostile values: parsing and planning never panic, and every
+/// refusal names its field.
+#[test]
+fn hostile_messages_are_planned_or_refused_by_field() {
+    let strategy = (
+        message_object(),
+        prop::option::of(prop_oneof!["[ -~]{0,12}", any::<String>()]),
+    );
+    check(
+        "hostile_messages_are_planned_or_refused_by_field",
+        config(1),
+        strategy,
+        |(obj, key)| {
+            let body = serde_json::to_vec(&Value::Object(obj.clone())).unwrap();
+            match herald::http::parse_new_message(&body, key.as_deref()) {
+                Err(errors) => assert_named(&errors, &obj),
+                Ok(m) => {
+                    let limits = herald::outbox::Limits::default();
+                    if let Err(errors) = m.plan(&limits, at()) {
+                        assert_named(&errors, &obj);
+                    }
                 }
             }
-        }
-    }
+            Ok(())
+        },
+    );
 }
