@@ -127,7 +127,7 @@ enum Command {
     /// Release an ordering key held by its dead_letter or unconfirmed head (block policy): the
     /// head stays as it is (it can still be replayed) and the key's next message becomes due.
     /// Logged with who (cli:$USER) and why. Exit status: 0 skipped, 1 not found or holding no
-    /// key, 2 bad input or configuration.
+    /// key, 2 bad input or configuration, 3 a fan-out's own event id (its messages are named).
     Skip {
         /// The head's event id.
         event_id: String,

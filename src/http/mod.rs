@@ -955,7 +955,7 @@ async fn redrive_dead_letters(
         (status = 200, description = "Skipped: the key's next message is due", body = MessageView),
         (status = 400, description = "The body is not JSON", body = ProblemBody, content_type = "application/problem+json"),
         (status = 404, description = "No such message", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 409, description = "It holds no key (not a blocked head, or skipped already)", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "It holds no key (not a blocked head, or skipped already), or a fan-out's own event id (`fan-out`, `candidates` its messages)", body = ProblemBody, content_type = "application/problem+json"),
         (status = 413, description = "The body is too large", body = ProblemBody, content_type = "application/problem+json"),
         (status = 422, description = "Invalid fields (`reason`)", body = ProblemBody, content_type = "application/problem+json"),
     )

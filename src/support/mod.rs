@@ -168,15 +168,7 @@ pub fn find(db: &Db, lookup: &Lookup) -> Result<OutboxRow, SupportError> {
     match lookup {
         Lookup::EventId(id) => match db.find_by_event_id(id)? {
             Some(row) => Ok(row),
-            None => {
-                // A fan-out's own event id names its children (those retention has not purged).
-                let children = db.fanout_messages(id)?;
-                Err(if children.is_empty() {
-                    SupportError::NotFound
-                } else {
-                    SupportError::fan_out(&children)
-                })
-            }
+            None => Err(no_message(db, id)?),
         },
         Lookup::Fingerprint(prefix) => {
             let mut rows = db.find_by_fingerprint_prefix(prefix, MAX_CANDIDATES as u32 + 1)?;
@@ -194,6 +186,17 @@ pub fn find(db: &Db, lookup: &Lookup) -> Result<OutboxRow, SupportError> {
             }
         }
     }
+}
+
+/// Why no message has event id `id`: none has (404), or it is a fan-out's own, which names its
+/// messages (those retention has not purged; 409 `fan-out`).
+fn no_message(db: &Db, id: &str) -> Result<SupportError, StorageError> {
+    let children = db.fanout_messages(id)?;
+    Ok(if children.is_empty() {
+        SupportError::NotFound
+    } else {
+        SupportError::fan_out(&children)
+    })
 }
 
 /// Everything that happened to a message, with its paragraph. `default_max_attempts`: the
@@ -413,7 +416,7 @@ pub fn skip(
                 row.state
             ),
         })),
-        SkipWrite::NotFound => Err(SupportError::NotFound),
+        SkipWrite::NotFound => Err(no_message(db, event_id)?),
     }
 }
 

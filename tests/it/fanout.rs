@@ -122,6 +122,7 @@ async fn one_failing_endpoint_never_holds_back_the_others(backend: Backend) {
         ("GET", "/v1/messages/ord-1/explain"),
         ("POST", "/v1/messages/ord-1/replay"),
         ("POST", "/v1/messages/ord-1/cancel"),
+        ("POST", "/v1/messages/ord-1/skip"),
     ] {
         let mut rq = app
             .http
