@@ -535,7 +535,7 @@ fn support_command(command: Command, settings: &Settings) -> anyhow::Result<Exit
     let expires = |set: Option<String>, clear: bool| -> Result<_, support::SupportError> {
         Ok(match (set, clear) {
             (_, true) => Some(None),
-            (Some(t), false) => Some(Some(support::parse_time_text("expires_at", &t)?)),
+            (Some(t), false) => Some(Some(herald::domain::parse_time("expires_at", &t)?)),
             (None, false) => None,
         })
     };

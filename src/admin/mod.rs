@@ -514,11 +514,11 @@ async fn replay(
         }
         (None | Some("keep"), _) => Ok(None),
         (Some("clear"), _) => Ok(Some(None)),
-        (Some("set"), Some(t)) => chrono::DateTime::parse_from_rfc3339(t)
-            .map(|t| Some(Some(t.with_timezone(&chrono::Utc))))
-            .map_err(
-                |_| "The new expires_at must be an RFC 3339 time, such as 2026-12-31T09:00:00Z.",
-            ),
+        (Some("set"), Some(t)) => crate::domain::parse_time("expires_at", t)
+            .map(|t| Some(Some(t)))
+            .map_err(|_| {
+                "The new expires_at must be an RFC 3339 time within the years 1 to 9999, such as 2026-12-31T09:00:00Z."
+            }),
         _ => Err("Choose to keep, clear or set its expires_at."),
     };
     let expires_at = match expires_at {

@@ -107,12 +107,13 @@ impl Limit {
         max_in_flight: Option<u32>,
     ) -> Result<Self, crate::domain::InvalidField> {
         use crate::domain::InvalidField;
+        // At least one a day: a slower rate's slots would lie centuries ahead.
         if let Some(r) = per_second
-            && !(r.is_finite() && r > 0.0 && r <= 1_000_000.0)
+            && !(r.is_finite() && (1.0 / 86_400.0..=1_000_000.0).contains(&r))
         {
             return Err(InvalidField::new(
                 format!("{key}.rate_limit_per_second"),
-                "must be a number of sends a second above 0 and at most 1000000",
+                "must be a number of sends a second from 0.0000116 (one a day) to 1000000",
             ));
         }
         if burst.is_some_and(|b| !(1..=100_000).contains(&b)) {

@@ -10,6 +10,7 @@ pub mod ses_tag;
 
 pub use fingerprint::{Fingerprint, FingerprintInput};
 
+use chrono::{DateTime, Utc};
 use std::fmt;
 
 /// The key of Herald's deterministic email `Message-ID` (`<KEY@message_id_domain>`): the first
@@ -61,6 +62,34 @@ impl InvalidField {
             Some(field) => Self::new(field, format!("cannot be read: {e}")),
             None => Self::new("body", format!("is not valid JSON: {e}")),
         }
+    }
+}
+
+/// An RFC 3339 time a user gave (`2026-11-30T12:00:00Z`, any offset), in UTC; refused naming
+/// `field` when it is not one, or when in UTC it falls outside the years 1–9999 (which both
+/// backends store: SQLite's times are four-digit-year text, `9999-12-31T23:59:59-01:00` is year
+/// 10000 in UTC).
+pub fn parse_time(field: &str, text: &str) -> Result<DateTime<Utc>, InvalidField> {
+    let t = DateTime::parse_from_rfc3339(text)
+        .map_err(|_| {
+            InvalidField::new(
+                field,
+                "must be an RFC 3339 time such as 2026-11-30T12:00:00Z",
+            )
+        })?
+        .with_timezone(&Utc);
+    storable_time(field, t)
+}
+
+/// `t` if both backends can store it (years 1–9999 in UTC), else refused naming `field`.
+pub fn storable_time(field: &str, t: DateTime<Utc>) -> Result<DateTime<Utc>, InvalidField> {
+    if (1..=9999).contains(&chrono::Datelike::year(&t)) {
+        Ok(t)
+    } else {
+        Err(InvalidField::new(
+            field,
+            "must fall within the years 1 to 9999 in UTC",
+        ))
     }
 }
 
@@ -472,6 +501,25 @@ mod tests {
         );
     }
     use super::*;
+
+    #[test]
+    fn times_are_read_in_utc_within_the_years_both_backends_store() {
+        let t = parse_time("f", "2026-11-30T12:00:00+01:00").unwrap();
+        assert_eq!(t.to_rfc3339(), "2026-11-30T11:00:00+00:00");
+        for (text, why) in [
+            ("9999-12-31T23:59:59-01:00", "years 1 to 9999"),
+            ("0001-01-01T00:30:00+01:00", "years 1 to 9999"),
+            ("0000-06-01T00:00:00Z", "years 1 to 9999"),
+            ("tomorrow", "RFC 3339"),
+            ("2026-02-30T00:00:00Z", "RFC 3339"),
+        ] {
+            let e = parse_time("scheduled_at", text).unwrap_err();
+            assert_eq!(e.field, "scheduled_at");
+            assert!(e.message.contains(why), "{text}: {e}");
+        }
+        assert!(parse_time("f", "9999-12-31T23:59:59.999Z").is_ok());
+        assert!(parse_time("f", "0001-01-01T00:00:00Z").is_ok());
+    }
 
     #[test]
     fn event_id_accepts_operation_keys_and_refuses_the_rest() {

@@ -1287,15 +1287,8 @@ fn parse_message_or_unnamed(
     };
     let channel = channel.and_then(|c| Channel::parse(&c).map_err(|e| errors.push(e)).ok());
     let mut time = |key: &'static str, v: Option<String>| -> Option<DateTime<Utc>> {
-        let v = v?;
-        DateTime::parse_from_rfc3339(&v)
-            .map(|t| t.with_timezone(&Utc))
-            .map_err(|_| {
-                errors.push(InvalidField::new(
-                    key,
-                    "must be an RFC 3339 time such as 2026-11-30T12:00:00Z",
-                ))
-            })
+        crate::domain::parse_time(key, &v?)
+            .map_err(|e| errors.push(e))
             .ok()
     };
     let scheduled_at = time("scheduled_at", scheduled_at);

@@ -25,6 +25,9 @@ use crate::storage::fanout::{Expand, FanoutChild, FanoutRow, StoredFanout};
 use crate::storage::models::{NewOutboxRow, OutboxRow};
 use crate::storage::{Db, StorageError, queries};
 
+/// The longest `destination` taken, in bytes: a URL or a mailbox with its display name.
+pub const MAX_DESTINATION_BYTES: usize = 2048;
+
 /// A notification intent, as an application states it.
 #[derive(Debug, Clone)]
 pub struct NewMessage {
@@ -141,6 +144,13 @@ impl NewMessage {
             .ok();
         // Parsed once here, and used again for the request fingerprint below.
         let mut webhook_payload = None;
+        // Its ordering indexes hold it whole, and a PostgreSQL index entry holds ~2.7 KB.
+        if self.destination.len() > MAX_DESTINATION_BYTES {
+            errors.push(InvalidField::new(
+                "destination",
+                format!("is longer than {MAX_DESTINATION_BYTES} bytes"),
+            ));
+        }
         match self.channel {
             Channel::Webhook => {
                 match webhook::WebhookTarget::parse(&self.destination) {
@@ -233,6 +243,14 @@ impl NewMessage {
                 "ordering_policy",
                 "applies only to a message with an ordering_key",
             ));
+        }
+        for (field, t) in [
+            ("scheduled_at", self.scheduled_at),
+            ("expires_at", self.expires_at),
+        ] {
+            if let Some(Err(e)) = t.map(|t| crate::domain::storable_time(field, t)) {
+                errors.push(e);
+            }
         }
         let scheduled_at = self.scheduled_at.unwrap_or(now);
         if let Some(expires) = self.expires_at
@@ -813,6 +831,32 @@ mod tests {
         let mut m = NewMessage::webhook("e", "https://x.example/h", json!({}));
         m.expires_at = Some(now());
         assert_eq!(fields(m.prepare(&Limits::default(), now())), ["expires_at"]);
+    }
+
+    /// Times both backends store (years 1–9999 in UTC), and a destination an index entry holds.
+    #[test]
+    fn times_and_destinations_beyond_what_storage_holds_are_refused() {
+        let at = |s: &str| chrono::DateTime::parse_from_rfc3339(s).unwrap().to_utc();
+        let mut m = NewMessage::webhook("e", "https://x.example/h", json!({}));
+        m.scheduled_at = Some(at("9999-12-31T23:59:59-01:00"));
+        assert_eq!(
+            fields(m.prepare(&Limits::default(), now())),
+            ["scheduled_at"]
+        );
+        m.scheduled_at = Some(at("9999-12-31T23:59:59Z"));
+        m.expires_at = Some(at("9999-12-31T23:59:59Z") + chrono::TimeDelta::days(1));
+        assert_eq!(fields(m.prepare(&Limits::default(), now())), ["expires_at"]);
+        m.expires_at = None;
+        assert!(m.prepare(&Limits::default(), now()).is_ok());
+        let url = |n: usize| format!("https://x.example/{}", "a".repeat(n - 18));
+        assert_eq!(url(MAX_DESTINATION_BYTES).len(), MAX_DESTINATION_BYTES);
+        let m = NewMessage::webhook("e", url(MAX_DESTINATION_BYTES), json!({}));
+        assert!(m.prepare(&Limits::default(), now()).is_ok());
+        let m = NewMessage::webhook("e", url(MAX_DESTINATION_BYTES + 1), json!({}));
+        assert_eq!(
+            fields(m.prepare(&Limits::default(), now())),
+            ["destination"]
+        );
     }
 
     #[test]

@@ -52,6 +52,16 @@ impl HeldBy {
 }
 
 /// GCRA state of one key.
+/// `t + by`, held at the ends of time rather than overflowing.
+fn later(t: DateTime<Utc>, by: chrono::TimeDelta) -> DateTime<Utc> {
+    t.checked_add_signed(by)
+        .unwrap_or(if by < chrono::TimeDelta::zero() {
+            DateTime::<Utc>::MIN_UTC
+        } else {
+            DateTime::<Utc>::MAX_UTC
+        })
+}
+
 #[derive(Debug)]
 struct Rate {
     /// Time between sends.
@@ -80,7 +90,7 @@ impl Rate {
             return if *slot <= now { Ok(()) } else { Err(*slot) };
         }
         let tat = self.tat.unwrap_or(now).max(now);
-        let allowed_at = tat - self.tolerance;
+        let allowed_at = later(tat, -self.tolerance);
         if allowed_at <= now {
             Ok(())
         } else {
@@ -93,7 +103,7 @@ impl Rate {
             return;
         }
         let tat = self.tat.unwrap_or(now).max(now);
-        self.tat = Some(tat + self.interval);
+        self.tat = Some(later(tat, self.interval));
     }
 
     /// Reserves the next free slot for `message`; returns it.
@@ -104,8 +114,8 @@ impl Rate {
         self.reserved
             .retain(|_, slot| now - *slot < RESERVATION_TTL);
         let tat = self.tat.unwrap_or(now).max(now);
-        let slot = (tat - self.tolerance).max(now);
-        self.tat = Some(tat + self.interval);
+        let slot = later(tat, -self.tolerance).max(now);
+        self.tat = Some(later(tat, self.interval));
         self.reserved.insert(message, slot);
         slot
     }
@@ -303,6 +313,32 @@ mod tests {
         assert_eq!(
             l.admit(8, &bound, t0() + ms(200)).unwrap_err().until,
             t0() + ms(500)
+        );
+    }
+
+    /// The slowest rate configuration takes (one a day) with the largest burst, and slots
+    /// near the end of time: no overflow, no panic.
+    #[test]
+    fn the_slowest_rate_and_the_end_of_time_do_not_overflow() {
+        assert!(Limit::parse("x", Some(1.0 / 86_400.0), Some(100_000), None).is_ok());
+        for refused in [1e-13, 1e-6, 0.0, -1.0, f64::NAN, 1e7] {
+            let e = Limit::parse("x", Some(refused), None, None).unwrap_err();
+            assert_eq!(e.field, "x.rate_limit_per_second", "{refused}");
+        }
+        let l = Arc::new(Limits::default());
+        let bound = [("h", rate(1.0 / 86_400.0, 100_000))];
+        for now in [t0(), DateTime::<Utc>::MAX_UTC - chrono::TimeDelta::days(1)] {
+            for id in 1..=3 {
+                drop(l.admit(id, &bound, now));
+            }
+        }
+        assert_eq!(
+            later(t0(), chrono::TimeDelta::MAX),
+            DateTime::<Utc>::MAX_UTC
+        );
+        assert_eq!(
+            later(t0(), chrono::TimeDelta::MIN),
+            DateTime::<Utc>::MIN_UTC
         );
     }
 

@@ -296,14 +296,7 @@ pub struct ReplayRequest {
 fn parse_time(field: &str, v: &Value) -> Result<Option<DateTime<Utc>>, InvalidField> {
     match v {
         Value::Null => Ok(None),
-        Value::String(s) => DateTime::parse_from_rfc3339(s)
-            .map(|t| Some(t.with_timezone(&Utc)))
-            .map_err(|_| {
-                InvalidField::new(
-                    field,
-                    "must be an RFC 3339 time such as 2026-11-30T12:00:00Z",
-                )
-            }),
+        Value::String(s) => crate::domain::parse_time(field, s).map(Some),
         _ => Err(InvalidField::new(field, "must be an RFC 3339 time or null")),
     }
 }
@@ -619,13 +612,7 @@ impl DeadLetterFilter {
 
     /// Sets one filter from its text; `Ok(false)` when `key` is not a filter key.
     pub fn set(&mut self, key: &str, value: &str) -> Result<bool, InvalidField> {
-        let time = |v: &str| {
-            DateTime::parse_from_rfc3339(v.trim())
-                .map(|t| t.with_timezone(&Utc))
-                .map_err(|_| {
-                    InvalidField::new(key, "must be an RFC 3339 time such as 2026-11-30T12:00:00Z")
-                })
-        };
+        let time = |v: &str| crate::domain::parse_time(key, v.trim());
         match key {
             "class" if value == "unconfirmed" => self.state_reason = Some("unconfirmed".into()),
             "class" => {
@@ -1108,12 +1095,6 @@ pub fn cli_who(user: Option<String>) -> String {
     } else {
         format!("cli:{name}")
     }
-}
-
-/// An RFC 3339 time given as text (a CLI flag), the error naming `field`.
-pub fn parse_time_text(field: &str, raw: &str) -> Result<DateTime<Utc>, InvalidField> {
-    parse_time(field, &Value::String(raw.to_owned()))?
-        .ok_or_else(|| InvalidField::new(field, "must be an RFC 3339 time"))
 }
 
 /// A bulk redrive from the CLI's flags: the filter pairs, the reason, the bound.

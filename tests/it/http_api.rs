@@ -13,6 +13,20 @@ async fn problem(r: reqwest::Response, status: u16) -> Value {
     r.json().await.unwrap()
 }
 
+/// `n` letters and digits no compressor shrinks much (xorshift), as a random token is.
+fn incompressible(n: usize) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(ALPHABET[(x % ALPHABET.len() as u64) as usize])
+        })
+        .collect()
+}
+
 async fn bad_input_is_refused_with_the_field_and_nothing_is_stored(backend: Backend) {
     let app = spawn_app_with(backend, "max_payload_bytes = 2048\n").await;
     let post_raw = |body: &'static str| {
@@ -91,6 +105,17 @@ async fn bad_input_is_refused_with_the_field_and_nothing_is_stored(backend: Back
                    "payload": {"body": 1, "headers": {"X-Tenant": "a", "x-tenant": "b"}}}),
             "payload.headers",
         ),
+        // Year 10000 in UTC, which neither backend stores (SQLite's check refused it: a 500).
+        (
+            json!({"event_id": "b19", "channel": "webhook", "destination": "https://x.example/h", "payload": {"body": 1}, "scheduled_at": "9999-12-31T23:59:59-01:00"}),
+            "scheduled_at",
+        ),
+        // Longer than a PostgreSQL index entry holds with its ordering key (it was a 500 there).
+        (
+            json!({"event_id": "b20", "channel": "webhook", "ordering_key": "k", "payload": {"body": 1},
+                   "destination": format!("https://x.example/h?q={}", incompressible(8000))}),
+            "destination",
+        ),
     ];
     for (body, field) in cases {
         let p = problem(app.post_message(body.clone()).await, 422).await;
@@ -129,7 +154,7 @@ async fn bad_input_is_refused_with_the_field_and_nothing_is_stored(backend: Back
     assert_eq!(p["status"], 413);
     for id in [
         "b1", "b2", "b3", "b4", "b5", "b6", "b7", "b9", "b10", "b11", "b12", "b14", "b15", "b16",
-        "b17", "b18",
+        "b17", "b18", "b19", "b20",
     ] {
         assert!(
             app.db.find_by_event_id(id).unwrap().is_none(),
