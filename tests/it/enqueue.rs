@@ -133,6 +133,85 @@ async fn plain_sql_insert_with_only_the_essentials(backend: Backend) {
     app.stop().await;
 }
 
+/// A time Herald could not read back, written by plain SQL, is refused at the INSERT: before,
+/// the row was stored and every claim it came first in failed reading it (`'-infinity'` comes
+/// first in every one), so nothing was sent any more. Good times in every spelling the table
+/// takes still go in, and are sent.
+async fn a_time_herald_cannot_read_back_is_refused_at_the_insert(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let rx = Receiver::start().await;
+    let insert = |id: &str, column: &str, time: &str| {
+        format!(
+            "INSERT INTO herald_outbox (event_id, channel, destination, payload, {column}) \
+             VALUES ('{id}', 'webhook', '{}', '{{\"body\": 1}}', '{time}')",
+            rx.url
+        )
+    };
+    let (bad, good): (&[(&str, &str)], &[(&str, &str)]) = match backend {
+        Backend::Postgres => (
+            &[
+                ("scheduled_at", "-infinity"),
+                ("scheduled_at", "270000-01-01 00:00:00+00"),
+                ("expires_at", "infinity"),
+                ("created_at", "-infinity"),
+                ("ordering_released_at", "0001-01-01 00:00:00+00 BC"),
+            ],
+            &[
+                ("scheduled_at", "2026-01-01 10:00:00.123456+00"),
+                ("expires_at", "9999-12-31 23:59:59+00"),
+            ],
+        ),
+        Backend::Sqlite => (
+            &[
+                ("scheduled_at", "2026-02-30 00:00:00+00:00"),
+                ("scheduled_at", "2026-01-01 10:00:00abc+00:00"),
+                ("scheduled_at", "0000-06-01 00:00:00+00:00"),
+                ("expires_at", "2026-01-01 24:00:00+00:00"),
+                ("created_at", "yesterday"),
+                ("updated_at", "2026-01-01 10:00:00.1234567890+00:00"),
+            ],
+            &[
+                ("scheduled_at", "2026-01-01 10:00:59.999900+00:00"),
+                ("scheduled_at", "2024-02-29 10:00:00.5+00:00"),
+                ("expires_at", "9999-12-31 23:59:59.999999999+00:00"),
+            ],
+        ),
+    };
+    for (i, (column, time)) in bad.iter().enumerate() {
+        let sql = insert(&format!("bad-{i}"), column, time);
+        let e = with_app_conn(
+            &app,
+            |c| c.batch_execute(&sql).unwrap_err(),
+            |c| c.batch_execute(&sql).unwrap_err(),
+        )
+        .to_string();
+        assert!(
+            // PostgreSQL names the first constraint failed (`scheduled_at` is copied into
+            // `next_attempt_at` first); SQLite's trigger says what is wanted.
+            (e.contains("violates check constraint \"herald_outbox_") && e.contains("_range"))
+                || e.contains("not a real UTC time"),
+            "{column} = {time}: {e}"
+        );
+        assert!(
+            app.db
+                .find_by_event_id(&format!("bad-{i}"))
+                .unwrap()
+                .is_none()
+        );
+    }
+    for (i, (column, time)) in good.iter().enumerate() {
+        let sql = insert(&format!("good-{i}"), column, time);
+        with_app_conn(
+            &app,
+            |c| c.batch_execute(&sql).unwrap(),
+            |c| c.batch_execute(&sql).unwrap(),
+        );
+    }
+    assert_eq!(app.run_until_idle().await, good.len());
+    assert_eq!(rx.requests().len(), good.len());
+    app.stop().await;
+}
+
 async fn every_way_in_gives_the_same_row(backend: Backend) {
     let app = spawn_app(backend).await;
     let url = "https://receiver.example/hook";
@@ -338,6 +417,7 @@ async fn herald_enqueue_needs_select_on_id_and_event_id_besides_insert() {
 both_backends!(
     rolled_back_rows_are_never_sent,
     plain_sql_insert_with_only_the_essentials,
+    a_time_herald_cannot_read_back_is_refused_at_the_insert,
     every_way_in_gives_the_same_row,
     duplicate_event_id_sends_once,
 );

@@ -1,0 +1,9 @@
+ALTER TABLE herald_outbox
+    DROP CONSTRAINT herald_outbox_scheduled_at_range,
+    DROP CONSTRAINT herald_outbox_next_attempt_at_range,
+    DROP CONSTRAINT herald_outbox_expires_at_range,
+    DROP CONSTRAINT herald_outbox_lease_until_range,
+    DROP CONSTRAINT herald_outbox_delivery_status_at_range,
+    DROP CONSTRAINT herald_outbox_created_at_range,
+    DROP CONSTRAINT herald_outbox_updated_at_range,
+    DROP CONSTRAINT herald_outbox_ordering_released_at_range;
