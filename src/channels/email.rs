@@ -24,8 +24,10 @@
 //!
 //! After any failure the connection is closed, never parked for reuse: a 421 (the server
 //! closing the channel) anywhere included. The whole attempt is bounded by the SMTP timeout,
-//! connecting and waiting for one of the pool's `smtp_pool_size` connections included: running
-//! out while waiting is `not_sent` (`pool_timeout`), nothing having been sent.
+//! connecting and waiting for one of the pool's `smtp_pool_size` connections included. Waiting
+//! may take half of it at most: a message that got no connection by then is `not_sent`
+//! (`pool_timeout`), nothing having been sent, and put back without spending an attempt; so no
+//! dialogue begins with less than half the timeout left.
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -1363,9 +1365,14 @@ impl SmtpPool {
         content: &[u8],
         semantics: Semantics,
     ) -> Result<Accepted, SmtpFailure> {
-        let deadline = tokio::time::Instant::now() + self.timeout;
+        let started = tokio::time::Instant::now();
+        let deadline = started + self.timeout;
+        // A dialogue never begins with less than half the timeout left: waiting for a
+        // connection longer is `pool_timeout`, put back unsent. (Begun with milliseconds left,
+        // its content went out and the timeout made it ambiguous: sent again, a duplicate.)
+        let wait_until = started + self.timeout / 2;
         loop {
-            let (mut pooled, reuse) = self.checkout(deadline).await?;
+            let (mut pooled, reuse) = self.checkout(wait_until, deadline).await?;
             let uses = Uses {
                 chunking: pooled.uses.chunking
                     && semantics == Semantics::AtLeastOnce
@@ -1409,11 +1416,12 @@ impl SmtpPool {
         }
     }
 
-    /// A parked connection, else a new one in a free slot, else — waiting until the deadline —
-    /// whichever of the two comes first. A parked connection comes with how [`transmit`] is to
-    /// check it; a new one needs no check.
+    /// A parked connection, else a new one in a free slot, else — waiting until `wait_until` —
+    /// whichever of the two comes first (a new one connects by the `deadline`). A parked
+    /// connection comes with how [`transmit`] is to check it; a new one needs no check.
     async fn checkout(
         &self,
+        wait_until: tokio::time::Instant,
         deadline: tokio::time::Instant,
     ) -> Result<(Pooled, Option<Reuse>), SmtpFailure> {
         loop {
@@ -1437,7 +1445,7 @@ impl SmtpPool {
                 biased;
                 () = &mut parked => continue,
                 slot = self.slots.clone().acquire_owned() => slot,
-                () = tokio::time::sleep_until(deadline) => return Err(SmtpFailure::PoolTimeout),
+                () = tokio::time::sleep_until(wait_until) => return Err(SmtpFailure::PoolTimeout),
             };
             // The semaphore is never closed.
             let Ok(slot) = slot else {
@@ -2995,7 +3003,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn waiting_for_a_pool_slot_counts_against_the_deadline_and_is_not_sent() {
+    async fn waiting_for_a_pool_slot_ends_at_half_the_timeout_and_is_not_sent() {
         super::super::install_crypto_provider();
         // Nothing listens there: a connection attempt would be refused.
         let closed = std::net::TcpListener::bind("127.0.0.1:0")
@@ -3003,7 +3011,7 @@ mod tests {
             .local_addr()
             .unwrap();
         let relay = SmtpRelay::parse(&format!("smtp://{closed}"), None).unwrap();
-        let timeout = Duration::from_millis(200);
+        let timeout = Duration::from_millis(2000);
         let pool = SmtpPool::new(relay, &SmtpLimits::new(timeout, 1));
         let to: lettre::Address = "a@b.example".parse().unwrap();
         let envelope = Envelope::new(Some(to.clone()), vec![to]).unwrap();
@@ -3014,7 +3022,9 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(failure, SmtpFailure::PoolTimeout), "{failure:?}");
-        assert!(started.elapsed() >= timeout);
+        // Half the timeout at most: the dialogue keeps the other half.
+        assert!(started.elapsed() >= timeout / 2);
+        assert!(started.elapsed() < timeout, "{:?}", started.elapsed());
         // With the slot free the same pool goes on to connect (and is refused).
         drop(taken);
         let failure = pool
