@@ -6,7 +6,8 @@
 //!
 //! The pause is the destination's own, not any one message's backoff: the `Retry-After` it asked
 //! for (as the retry policy clamps it), else the policy's base delay doubled for every pause in a
-//! row, at most [`MAX_PAUSE`]; an accepted answer ends the row.
+//! row, at most [`MAX_PAUSE`]; an accepted answer ends the row. Answers that come during a pause
+//! (of sends already out when it began) do not add to the row.
 //!
 //! A destination is a webhook URL's scheme, host and port, or the SMTP relay. Pauses are kept per
 //! Herald process: each process learns one from the first such answer it sees.
@@ -196,8 +197,19 @@ impl Throttle {
             entry.transient.push(now);
             return None;
         }
-        let pause = pause_length(answer.asked, self.base, entry.streak);
-        entry.streak = entry.streak.saturating_add(1);
+        // During a pause no send begins (but the probe after one): an answer then is of a send
+        // already out when it began, one relay hiccup seen by every open session. It arms the
+        // same pause again from now, not the next in the row: eight 421s at once doubled it
+        // seven times, freezing the relay's mail for five minutes.
+        let in_pause = entry.paused_until.is_some_and(|u| u > now);
+        let pause = pause_length(
+            answer.asked,
+            self.base,
+            entry.streak.saturating_sub(u32::from(in_pause)),
+        );
+        if !in_pause {
+            entry.streak = entry.streak.saturating_add(1);
+        }
         entry.transient.clear();
         let until = now + chrono::Duration::from_std(pause).unwrap_or_default();
         // A pause only ever grows: a shorter one learnt later does not end a longer one.
@@ -237,6 +249,31 @@ mod tests {
             error_kind: Some(kind),
             message: 0,
         }
+    }
+
+    /// One hiccup answered to every open session at once is one pause, not one per answer; the
+    /// next pause in the row, after this one ended, is twice as long.
+    #[test]
+    fn answers_during_a_pause_do_not_lengthen_the_row() {
+        let t = Throttle::new(Duration::from_secs(5), Duration::from_secs(30));
+        let closing = smtp_kind(AttemptClass::Transient, Some(421), "smtp_reply");
+        let first = t.observe("smtp", &closing, now()).unwrap();
+        assert_eq!(first, now() + chrono::Duration::seconds(5));
+        for ms in 1..=7 {
+            let at = now() + chrono::Duration::milliseconds(ms);
+            assert_eq!(
+                t.observe("smtp", &closing, at),
+                Some(at + chrono::Duration::seconds(5)),
+                "answer {ms} in the same pause"
+            );
+        }
+        let after = first + chrono::Duration::seconds(1);
+        assert_eq!(t.paused_until("smtp", 1, after), None);
+        assert_eq!(
+            t.observe("smtp", &closing, after),
+            Some(after + chrono::Duration::seconds(10)),
+            "the second pause in the row"
+        );
     }
 
     #[test]
