@@ -590,7 +590,7 @@ fn support_command(command: Command, settings: &Settings) -> anyhow::Result<Exit
             .map(|row| {
                 (
                     format!(
-                        "skipped: {} no longer holds ordering key {}; the key's next message is due",
+                        "skipped: {} no longer holds ordering key {}; the key's next message is due\n",
                         row.event_id,
                         row.ordering_key.as_deref().unwrap_or("")
                     ),

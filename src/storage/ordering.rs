@@ -200,10 +200,16 @@ impl Db {
 }
 
 /// Who decides a message is blocked: the head of its key, when that is a dead or unconfirmed
-/// message that still holds the key and is not the message itself.
+/// message that still holds the key and is not the message itself, and the message still waits
+/// to be sent (a canceled or expired one is blocked by nothing).
 pub fn blocked_by<'a>(row: &OutboxRow, head: Option<&'a OutboxRow>) -> Option<&'a OutboxRow> {
+    let waits = matches!(
+        row.state,
+        crate::domain::State::Scheduled | crate::domain::State::Retryable
+    );
     head.filter(|h| {
-        h.id != row.id
+        waits
+            && h.id != row.id
             && matches!(
                 h.state,
                 crate::domain::State::DeadLetter | crate::domain::State::Unconfirmed

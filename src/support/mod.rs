@@ -402,7 +402,8 @@ pub fn skip(
         SkipWrite::NotBlocking(row) => Err(SupportError::NotSkippable(match &row.ordering_key {
             None => "it has no ordering key".to_owned(),
             Some(_) if row.ordering_released_at.is_some() => {
-                "it no longer holds its ordering key (already skipped)".to_owned()
+                "it no longer holds its ordering key (released already: skipped, or under the skip policy)"
+                    .to_owned()
             }
             Some(_) => format!(
                 "it is {}; only a dead_letter or unconfirmed head holds its key",

@@ -330,7 +330,7 @@ async fn an_explicit_skip_or_a_cancel_releases_a_blocked_key(backend: Backend) {
     let rx = Receiver::start().await;
     let x = rx.url_for("/x");
     rx.script_path("/x", [Reply::Status(400), Reply::Status(400)]);
-    for n in 1..=3 {
+    for n in 1..=4 {
         post(&app, keyed(&format!("x.{n}"), &x, "x", json!({}))).await;
     }
     post(
@@ -367,6 +367,17 @@ async fn an_explicit_skip_or_a_cancel_releases_a_blocked_key(backend: Backend) {
     // x.2 was the next head and died too; canceling it releases x.3.
     assert_eq!(app.row("x.2").state.as_str(), "dead_letter");
     assert_eq!(app.message("x.3").await["blocked_by"], "x.2");
+    // A canceled message waits for nothing: no longer blocked by anyone.
+    let r = app
+        .http
+        .post(format!("{}/v1/messages/x.4/cancel", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v = app.message("x.4").await;
+    assert_eq!(v["state"], "canceled");
+    assert!(v["blocked_by"].is_null(), "{v}");
     let r = app
         .http
         .post(format!("{}/v1/messages/x.2/cancel", app.base))
@@ -1573,12 +1584,14 @@ async fn two_processes_keep_each_keys_order_when_one_is_killed() {
 async fn the_cli_skips_a_dead_head() {
     let app = crate::support::spawn_app(Backend::Sqlite).await;
     let rx = Receiver::start().await;
-    rx.script([Reply::Status(400)]);
+    rx.script([Reply::Status(400), Reply::Status(400)]);
     for n in 1..=2 {
         post(&app, keyed(&format!("c.{n}"), &rx.url, "cli", json!({}))).await;
+        post(&app, keyed(&format!("d.{n}"), &rx.url, "cli-2", json!({}))).await;
     }
     app.run_until_idle().await;
     assert_eq!(app.message("c.2").await["blocked_by"], "c.1");
+    assert_eq!(app.message("d.2").await["blocked_by"], "d.1");
     let url = app.test_db.url.clone();
     let skip = move |args: &[&str]| {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_herald"));
@@ -1602,6 +1615,16 @@ async fn the_cli_skips_a_dead_head() {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["state"], "dead_letter", "{v}");
     assert!(v["ordering_released_at"].is_string(), "{v}");
+    // Without --json: one line, ended (a shell's `read` loses a line without its newline).
+    let s = skip.clone();
+    let out = tokio::task::spawn_blocking(move || s(&["d.1", "--reason", "superseded"]))
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        "skipped: d.1 no longer holds ordering key cli-2; the key's next message is due\n"
+    );
     for args in [
         &["c.1", "--reason", "again"][..],
         &["nope", "--reason", "x"][..],
@@ -1617,6 +1640,7 @@ async fn the_cli_skips_a_dead_head() {
     }
     app.run_until_idle().await;
     assert_eq!(app.row("c.2").state.as_str(), "delivered");
+    assert_eq!(app.row("d.2").state.as_str(), "delivered");
     app.stop().await;
 }
 
