@@ -147,7 +147,9 @@ async fn a_time_herald_cannot_read_back_is_refused_at_the_insert(backend: Backen
             rx.url
         )
     };
-    let (bad, good): (&[(&str, &str)], &[(&str, &str)]) = match backend {
+    // (column, time) pairs refused, then taken.
+    type Times<'a> = &'a [(&'a str, &'a str)];
+    let (bad, good): (Times, Times) = match backend {
         Backend::Postgres => (
             &[
                 ("scheduled_at", "-infinity"),
