@@ -253,13 +253,17 @@ impl NewMessage {
             }
         }
         let scheduled_at = self.scheduled_at.unwrap_or(now);
-        if let Some(expires) = self.expires_at
-            && expires <= scheduled_at
-        {
-            errors.push(InvalidField::new(
+        match self.expires_at {
+            // Taken, it would only ever be `expired`, never sent.
+            Some(expires) if expires <= now => errors.push(InvalidField::new(
+                "expires_at",
+                "has passed already: it must be later than now",
+            )),
+            Some(expires) if expires <= scheduled_at => errors.push(InvalidField::new(
                 "expires_at",
                 "must be later than scheduled_at",
-            ));
+            )),
+            _ => {}
         }
         let Some(event_id) = event_id.filter(|_| errors.is_empty()) else {
             return Err(errors);
@@ -831,6 +835,20 @@ mod tests {
         let mut m = NewMessage::webhook("e", "https://x.example/h", json!({}));
         m.expires_at = Some(now());
         assert_eq!(fields(m.prepare(&Limits::default(), now())), ["expires_at"]);
+        // Passed already, though later than a past scheduled_at: it could only expire.
+        let hour = chrono::TimeDelta::hours(1);
+        m.scheduled_at = Some(now() - hour * 2);
+        m.expires_at = Some(now() - hour);
+        let e = m.prepare(&Limits::default(), now()).unwrap_err();
+        assert_eq!(e[0].field, "expires_at");
+        assert!(e[0].message.contains("passed"), "{e:?}");
+        // Later than now but not than scheduled_at.
+        m.scheduled_at = Some(now() + hour * 2);
+        m.expires_at = Some(now() + hour);
+        let e = m.prepare(&Limits::default(), now()).unwrap_err();
+        assert!(e[0].message.contains("later than scheduled_at"), "{e:?}");
+        m.expires_at = Some(now() + hour * 3);
+        assert!(m.prepare(&Limits::default(), now()).is_ok());
     }
 
     /// Times both backends store (years 1–9999 in UTC), and a destination an index entry holds.
