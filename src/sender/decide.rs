@@ -116,9 +116,57 @@ pub fn decide(
     }
 }
 
+/// A retry set after the message's `expires_at` could never be made: the message ends `expired`
+/// now (no more requests), with the class that decided it. Before, it read `retryable` for up
+/// to the whole backoff after it could no longer be sent. (Due at its expiry instead, it could be
+/// claimed a moment before it on PostgreSQL, whose clock the due time is moved to, and sent
+/// sooner than the receiver's `Retry-After` asked.)
+pub fn within_expiry(mut decision: Decision, expires_at: Option<DateTime<Utc>>) -> Decision {
+    if let (State::Retryable, Some(next), Some(expiry)) =
+        (decision.state, decision.next_attempt_at, expires_at)
+        && next > expiry
+    {
+        let at = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        decision.reason = format!(
+            "{}; the next attempt ({}) would come after its expires_at ({}): expired",
+            decision.reason,
+            at(next),
+            at(expiry)
+        );
+        decision.state = State::Expired;
+        decision.next_attempt_at = None;
+        decision.delay = None;
+    }
+    decision
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_retry_after_the_expiry_ends_the_message_expired() {
+        let mut f = facts(AttemptClass::RateLimited);
+        f.retry_after = Some(Duration::from_secs(100));
+        let d = decide(f, &policy(), now(), 0.5);
+        assert_eq!(d.state, State::Retryable);
+        let expiry = now() + chrono::Duration::seconds(30);
+        let ended = within_expiry(d.clone(), Some(expiry));
+        assert_eq!(ended.state, State::Expired);
+        assert_eq!(ended.error_class, Some(AttemptClass::RateLimited));
+        assert_eq!((ended.next_attempt_at, ended.delay), (None, None));
+        assert!(
+            ended.reason.contains("would come after its expires_at"),
+            "{}",
+            ended.reason
+        );
+        // An expiry after the retry, none, or a final state: unchanged.
+        let later = now() + chrono::Duration::seconds(300);
+        assert_eq!(within_expiry(d.clone(), Some(later)), d);
+        assert_eq!(within_expiry(d.clone(), None), d);
+        let delivered = decide(facts(AttemptClass::Accepted), &policy(), now(), 0.5);
+        assert_eq!(within_expiry(delivered.clone(), Some(now())), delivered);
+    }
 
     fn policy() -> RetryPolicy {
         RetryPolicy::new("default".into(), 1.0, 60.0, 5, 120.0, 0.2).unwrap()

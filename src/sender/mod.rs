@@ -33,7 +33,7 @@ use crate::storage::models::{
 };
 use crate::storage::{Db, StorageError};
 
-use self::decide::{AttemptFacts, decide, series_attempt};
+use self::decide::{AttemptFacts, decide, series_attempt, within_expiry};
 use self::disable::Streaks;
 use self::limits::{Limit, Limits};
 use self::throttle::{Answer, Throttle};
@@ -907,7 +907,10 @@ impl Sender {
             semantics,
         };
         let unit: f64 = rand::rng().random();
-        let decision = decide(facts, policy, report.finished_at.max(now), unit);
+        let decision = within_expiry(
+            decide(facts, policy, report.finished_at.max(now), unit),
+            row.expires_at,
+        );
         if let Some(e) = endpoint {
             self.count_toward_disable(e, report.class, report.finished_at)
                 .await;

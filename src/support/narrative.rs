@@ -274,7 +274,15 @@ fn state_sentence(e: &Explanation) -> String {
             } else {
                 "sent again"
             };
+            // Its last attempt's outcome ended it: the retry would have come after the expiry.
+            let at_the_answer = e
+                .attempt_timeline
+                .last()
+                .is_some_and(|a| a.next_state == "expired");
             match &e.expires_at {
+                Some(t) if at_the_answer => format!(
+                    "It expired at that answer: the next attempt would have come after its expires_at ({t}), so no further request was made."
+                ),
                 Some(t) => format!(
                     "It expired: its expires_at ({t}) passed before it could be {sent}, so no further request was made."
                 ),
@@ -723,6 +731,16 @@ mod tests {
         e.attempt_timeline = vec![attempt(1, Some(503), AttemptClass::Transient, "retryable")];
         assert!(
             narrate(&e).contains("passed before it could be sent again"),
+            "{}",
+            narrate(&e)
+        );
+        // Ended by its attempt's answer: the retry would have come after the expiry.
+        e.attempt_timeline = vec![attempt(1, Some(429), AttemptClass::RateLimited, "expired")];
+        assert!(
+            narrate(&e).contains(
+                "It expired at that answer: the next attempt would have come after its \
+                 expires_at (2026-12-01T10:01:00.000000Z)"
+            ),
             "{}",
             narrate(&e)
         );

@@ -321,6 +321,47 @@ async fn expired_messages_are_never_sent(backend: Backend) {
     assert!(app.row("expiring").lease_owner.is_none());
     assert_eq!(rx.requests().len(), 1, "no request after expiry");
     assert_eq!(app.attempts("expiring").len(), 1);
+
+    // A retry the receiver asks for after the expiry could never be made: the message ends
+    // expired at that answer, not `retryable` until the retry's time.
+    rx.script([Reply::Full(
+        429,
+        vec![("retry-after".into(), "600".into())],
+        String::new(),
+    )]);
+    let expires = app.clock_now() + chrono::Duration::seconds(30);
+    let mut body = webhook("expiring-2", &rx.url, json!({}));
+    body["expires_at"] = json!(expires.to_rfc3339());
+    assert_eq!(app.post_message(body).await.status(), 201);
+    assert_eq!(app.run_until_idle().await, 1);
+    let view = app.message("expiring-2").await;
+    assert_eq!(view["state"], "expired", "{view}");
+    assert_eq!(view["last_error_class"], "rate_limited");
+    assert!(view["next_attempt_at"].is_null(), "{view}");
+    let reason = app.attempts("expiring-2")[0].delay_reason.clone();
+    assert!(
+        reason
+            .as_deref()
+            .is_some_and(|r| r.contains("would come after its expires_at")),
+        "{reason:?}"
+    );
+    let explained: serde_json::Value = app
+        .http
+        .get(format!("{}/v1/messages/expiring-2/explain", app.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let paragraph = explained["explanation"].as_str().unwrap();
+    assert!(
+        paragraph.contains("It expired at that answer: the next attempt would have come after"),
+        "{paragraph}"
+    );
+    app.advance(Duration::from_secs(31));
+    assert_eq!(app.run_until_idle().await, 0);
+    assert_eq!(rx.requests().len(), 2, "no request after expiry");
     app.stop().await;
 }
 
