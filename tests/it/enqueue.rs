@@ -211,6 +211,21 @@ async fn a_time_herald_cannot_read_back_is_refused_at_the_insert(backend: Backen
             |c| c.batch_execute(&sql).unwrap(),
         );
     }
+    // An application's UPDATE of a time it could insert is checked the same way.
+    let update = match backend {
+        Backend::Postgres => {
+            "UPDATE herald_outbox SET scheduled_at = '-infinity' WHERE event_id = 'good-0'"
+        }
+        Backend::Sqlite => {
+            "UPDATE herald_outbox SET scheduled_at = '2026-02-30 10:00:00+00:00' \
+                            WHERE event_id = 'good-0'"
+        }
+    };
+    assert!(with_app_conn(
+        &app,
+        |c| c.batch_execute(update).is_err(),
+        |c| c.batch_execute(update).is_err(),
+    ));
     assert_eq!(app.run_until_idle().await, good.len());
     assert_eq!(rx.requests().len(), good.len());
     app.stop().await;

@@ -1,1 +1,2 @@
+DROP TRIGGER herald_outbox_readable_times_updated;
 DROP TRIGGER herald_outbox_readable_times;

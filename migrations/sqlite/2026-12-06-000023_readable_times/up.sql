@@ -47,3 +47,28 @@ CREATE TRIGGER herald_outbox_readable_times BEFORE INSERT ON herald_outbox
 BEGIN
     SELECT RAISE(ABORT, 'herald_outbox: a time is not a real time Herald can read (scheduled_at, next_attempt_at, expires_at: YYYY-MM-DD HH:MM:SS[.fraction]+00:00) within the years 0001-9999');
 END;
+
+-- The same for an UPDATE of the times Herald itself writes only at the insert (and a replay's
+-- expires_at): no cost on the claim's and the outcomes' updates. The others (next_attempt_at,
+-- lease_until, updated_at, …), which those updates write, are checked at the insert only: the
+-- table contract is INSERT; PostgreSQL's constraints check every update too.
+CREATE TRIGGER herald_outbox_readable_times_updated BEFORE UPDATE OF scheduled_at, expires_at, created_at
+    ON herald_outbox
+    FOR EACH ROW WHEN NOT (
+    (NEW.scheduled_at IS NULL OR (NEW.scheduled_at GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9]*+00:00'
+        AND substr(NEW.scheduled_at, 1, 4) <> '0000'
+        AND datetime(substr(NEW.scheduled_at, 1, 19), '+0 seconds') IS substr(NEW.scheduled_at, 1, 19)
+        AND (length(NEW.scheduled_at) = 25 OR (substr(NEW.scheduled_at, 20, 1) = '.' AND length(NEW.scheduled_at) BETWEEN 27 AND 35
+            AND substr(NEW.scheduled_at, 21, length(NEW.scheduled_at) - 26) NOT GLOB '*[^0-9]*'))))
+    AND (NEW.expires_at IS NULL OR (NEW.expires_at GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9]*+00:00'
+        AND substr(NEW.expires_at, 1, 4) <> '0000'
+        AND datetime(substr(NEW.expires_at, 1, 19), '+0 seconds') IS substr(NEW.expires_at, 1, 19)
+        AND (length(NEW.expires_at) = 25 OR (substr(NEW.expires_at, 20, 1) = '.' AND length(NEW.expires_at) BETWEEN 27 AND 35
+            AND substr(NEW.expires_at, 21, length(NEW.expires_at) - 26) NOT GLOB '*[^0-9]*'))))
+    AND (NEW.created_at IS NULL OR (NEW.created_at GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9][ T][0-9][0-9]:[0-9][0-9]*'
+        AND substr(NEW.created_at, 1, 4) <> '0000' AND datetime(NEW.created_at) IS NOT NULL
+        AND datetime(substr(NEW.created_at, 1, 10) || ' ' || substr(NEW.created_at, 12, 5), '+0 seconds') IS substr(NEW.created_at, 1, 10) || ' ' || substr(NEW.created_at, 12, 5) || ':00'))
+)
+BEGIN
+    SELECT RAISE(ABORT, 'herald_outbox: a time is not a real time Herald can read (scheduled_at, next_attempt_at, expires_at: YYYY-MM-DD HH:MM:SS[.fraction]+00:00) within the years 0001-9999');
+END;
