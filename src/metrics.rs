@@ -313,7 +313,7 @@ impl Metrics {
         };
         let oldest_due = gauge(
             "herald_oldest_due_message_age_seconds",
-            "How long the oldest due message (scheduled or retryable, next attempt reached) has been waiting; 0 when none.",
+            "How long the oldest due message (scheduled or retryable, next attempt reached, not held behind an open earlier place of its ordering key) has been waiting; 0 when none.",
         )?;
         let reconciler_lag = gauge(
             "herald_reconciler_lag_seconds",

@@ -48,16 +48,33 @@ macro_rules! pg_now {
 /// stops at the first entry that counts: for a head, itself (after any released dead heads). A
 /// `NOT EXISTS` form lets PostgreSQL pick a sequential scan for a hot key (it expects to find an
 /// earlier place at once, and there is none). Fails closed: no row found is no claim.
+/// `key_head!()` tests the outbox row named `c`; `key_head!("t")` the one named `t`.
 macro_rules! key_head {
     () => {
-        "(c.ordering_key IS NULL OR c.ordering_seq <= (
+        key_head!("c")
+    };
+    ($c:literal) => {
+        concat!(
+            "(",
+            $c,
+            ".ordering_key IS NULL OR ",
+            $c,
+            ".ordering_seq <= (
         SELECT h.ordering_seq FROM herald_outbox AS h
-        WHERE h.ordering_key = c.ordering_key AND h.destination = c.destination
+        WHERE h.ordering_key = ",
+            $c,
+            ".ordering_key AND h.destination = ",
+            $c,
+            ".destination
           AND h.state IN ('scheduled', 'retryable', 'sending', 'dead_letter', 'unconfirmed')
           AND (h.state IN ('scheduled', 'retryable', 'sending') OR h.ordering_released_at IS NULL)
         ORDER BY h.ordering_seq LIMIT 1))"
+        )
     };
 }
+
+/// The claim's gate for a row of `herald_outbox` read without an alias ([`key_head!`]).
+pub const KEY_HEAD_OF_OUTBOX: &str = key_head!("herald_outbox");
 
 /// The PostgreSQL claim: lock due rows with SKIP LOCKED in a CTE (never `id IN (subquery)`,
 /// which can lock more rows than its LIMIT), lease them, count the attempt, return their ids.

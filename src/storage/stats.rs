@@ -33,10 +33,14 @@ per_backend! {
             .group_by(o::state)
             .select((o::state, count_star()))
             .load(conn)?;
-        // The claim's own predicate, as literal SQL so the planner matches the partial index.
+        // The claim's own predicate, as literal SQL so the planner matches the partial index,
+        // and its key gate: a keyed message due but behind an open earlier place of its key (a
+        // replayed head, say) is not the sender falling behind; `herald_ordering_blocked_keys`
+        // counts those keys.
         let oldest_due: Option<Option<chrono::DateTime<chrono::Utc>>> = o::table
             .filter(sql::<Bool>("state IN ('scheduled', 'retryable')"))
             .filter(o::next_attempt_at.le(at))
+            .filter(sql::<Bool>(crate::storage::sql::KEY_HEAD_OF_OUTBOX))
             .order((o::next_attempt_at, o::id))
             .select(o::next_attempt_at)
             .first(conn)

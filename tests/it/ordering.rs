@@ -255,7 +255,57 @@ async fn a_dead_head_blocks_only_its_key_until_replayed(backend: Backend) {
     app.stop().await;
 }
 
+/// A delivered head replayed while the next message of its key waits for a retry, and dead
+/// this time: the next one is due (its retry time passed) but held behind it. The sender is
+/// not behind: `herald_oldest_due_message_age_seconds` counts only what the claim could take
+/// (it climbed for as long as the key stayed blocked; the blocked key is counted apart).
+async fn a_due_message_held_by_its_key_is_not_the_senders_backlog(backend: Backend) {
+    let app = crate::support::spawn_app(backend).await;
+    let rx = Receiver::start().await;
+    let u = rx.url_for("/u");
+    rx.script_path(
+        "/u",
+        [Reply::Status(200), Reply::Status(503), Reply::Status(400)],
+    );
+    post(&app, keyed("u.1", &u, "k", json!({}))).await;
+    post(&app, keyed("u.2", &u, "k", json!({"max_attempts": 30}))).await;
+    app.run_until_idle().await;
+    assert_eq!(app.row("u.1").state.as_str(), "delivered");
+    assert_eq!(app.row("u.2").state.as_str(), "retryable");
+    let r = app
+        .http
+        .post(format!("{}/v1/messages/u.1/replay", app.base))
+        .json(&json!({"reason": "resend", "force": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    assert_eq!(
+        app.run_until_idle().await,
+        1,
+        "the replayed head, in its place"
+    );
+    assert_eq!(app.row("u.1").state.as_str(), "dead_letter");
+    app.advance(Duration::from_secs(3600));
+    assert_eq!(
+        app.run_until_idle().await,
+        0,
+        "u.2 waits behind its dead head"
+    );
+    assert_eq!(app.message("u.2").await["blocked_by"], "u.1");
+    assert_eq!(blocked_keys_gauge(&app).await, 1.0);
+    assert_eq!(
+        gauge(&app, "herald_oldest_due_message_age_seconds").await,
+        0.0
+    );
+    app.stop().await;
+}
+
 async fn blocked_keys_gauge(app: &TestApp) -> f64 {
+    gauge(app, "herald_ordering_blocked_keys").await
+}
+
+async fn gauge(app: &TestApp, name: &str) -> f64 {
     let text = app
         .http
         .get(format!("{}/metrics", app.base))
@@ -266,7 +316,7 @@ async fn blocked_keys_gauge(app: &TestApp) -> f64 {
         .await
         .unwrap();
     let samples = crate::support::prom::parse(&text);
-    crate::support::prom::value(&samples, "herald_ordering_blocked_keys", &[])
+    crate::support::prom::value(&samples, name, &[])
 }
 
 async fn skip_lets_the_rest_of_the_key_through(backend: Backend) {
@@ -1382,6 +1432,7 @@ async fn a_send_token_is_not_shown_another_clients_blocking_head(backend: Backen
 }
 
 both_backends!(
+    a_due_message_held_by_its_key_is_not_the_senders_backlog,
     a_replayed_head_goes_before_a_later_message_waiting_for_its_retry,
     a_replayed_head_waits_for_a_later_message_in_flight,
     a_send_token_is_not_shown_another_clients_blocking_head,
