@@ -201,6 +201,13 @@ impl EmailPayload {
             if subject.contains(['\r', '\n']) {
                 return Err(InvalidField::new("payload.subject", "must be one line"));
             }
+            // As a custom header's value: it went out raw (`Subject: a^[b`).
+            if subject.chars().any(|c| c.is_control() && c != '\t') {
+                return Err(InvalidField::new(
+                    "payload.subject",
+                    "must not hold a control character (but tab)",
+                ));
+            }
             if !folds(&subject) {
                 return Err(InvalidField::new(
                     "payload.subject",
@@ -2464,6 +2471,14 @@ mod tests {
             field(json!({"subject": "a\nb", "text": "t"})),
             "payload.subject"
         );
+        for control in ["a\u{1b}b", "a\u{7f}b", "a\u{0}b", "a\u{85}b"] {
+            assert_eq!(
+                field(json!({"subject": control, "text": "t"})),
+                "payload.subject",
+                "{control:?}"
+            );
+        }
+        assert!(EmailPayload::parse(&json!({"subject": "a\tb", "text": "t"})).is_ok());
         assert!(
             EmailPayload::parse(
                 &json!({"subject": "s", "html": "<p>h</p>", "cc": ["a@b.example"]})
