@@ -520,6 +520,39 @@ pub fn cancel(
     decide_cancel(changed, row)
 }
 
+/// Cancels a message on the application's own connection, inside its transaction (DESIGN:
+/// "application cancels in its own transaction"): nothing is sent for it once the transaction
+/// commits, and a rollback undoes the cancel. The same rule as `POST
+/// /v1/messages/{event_id}/cancel`: a `scheduled` or `retryable` message, or a keyed
+/// `dead_letter`/`unconfirmed` head that holds its key (the key's next message becomes due);
+/// `canceled` already is the same answer; in flight or finished is [`CancelError::NotCancelable`].
+/// A fan-out's own event id names no message: cancel its messages by their own ids.
+///
+/// ```no_run
+/// # use diesel::Connection;
+/// # fn run(conn: &mut diesel::pg::PgConnection) -> Result<(), Box<dyn std::error::Error>> {
+/// conn.transaction(|conn| {
+///     // … the business change (the reservation canceled) …
+///     herald::outbox::cancel_in(conn, "reservation-7:reminder")
+///         .map_err(|e| diesel::result::Error::QueryBuilderError(e.into()))
+/// })?;
+/// # Ok(()) }
+/// ```
+pub fn cancel_in<C: OutboxConnection>(
+    conn: &mut C,
+    event_id: &str,
+) -> Result<(bool, OutboxRow), CancelError> {
+    if event_id.contains('\0') {
+        return Err(CancelError::NotFound);
+    }
+    let now = crate::clock::Clock::now(&crate::clock::SystemClock);
+    let changed = conn
+        .cancel_outbox_row(event_id, now)
+        .map_err(StorageError::from)?;
+    let row = conn.find_outbox_row(event_id).map_err(StorageError::from)?;
+    decide_cancel(changed, row)
+}
+
 /// The cancel decision over what storage reports: changed now, already canceled, or refused.
 fn decide_cancel(changed: bool, row: Option<OutboxRow>) -> Result<(bool, OutboxRow), CancelError> {
     let row = row.ok_or(CancelError::NotFound)?;
@@ -603,6 +636,13 @@ pub trait OutboxConnection {
     fn find_outbox_row(&mut self, event_id: &str) -> diesel::QueryResult<Option<OutboxRow>>;
     /// Whether `event_id` names a fan-out (its children are in `herald_fanouts`).
     fn is_fanout(&mut self, event_id: &str) -> diesel::QueryResult<bool>;
+    /// `scheduled|retryable → canceled` (and a keyed head that holds its key), the key's next
+    /// message made due; whether the row changed. See [`cancel_in`].
+    fn cancel_outbox_row(
+        &mut self,
+        event_id: &str,
+        now: DateTime<Utc>,
+    ) -> diesel::QueryResult<bool>;
     /// Writes a fan-out atomically (a savepoint inside the caller's transaction, a transaction of
     /// its own otherwise); see [`crate::storage::queries::pg::enqueue_fanout`].
     fn enqueue_fanout_rows(
@@ -622,6 +662,13 @@ impl OutboxConnection for diesel::pg::PgConnection {
     fn is_fanout(&mut self, event_id: &str) -> diesel::QueryResult<bool> {
         Ok(!queries::pg::fanout_of(self, event_id)?.is_empty())
     }
+    fn cancel_outbox_row(
+        &mut self,
+        event_id: &str,
+        now: DateTime<Utc>,
+    ) -> diesel::QueryResult<bool> {
+        queries::pg::cancel(self, event_id, now)
+    }
     fn enqueue_fanout_rows(
         &mut self,
         event_id: &str,
@@ -640,6 +687,13 @@ impl OutboxConnection for diesel::sqlite::SqliteConnection {
     }
     fn is_fanout(&mut self, event_id: &str) -> diesel::QueryResult<bool> {
         Ok(!queries::sqlite::fanout_of(self, event_id)?.is_empty())
+    }
+    fn cancel_outbox_row(
+        &mut self,
+        event_id: &str,
+        now: DateTime<Utc>,
+    ) -> diesel::QueryResult<bool> {
+        queries::sqlite::cancel(self, event_id, now)
     }
     fn enqueue_fanout_rows(
         &mut self,

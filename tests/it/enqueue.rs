@@ -231,6 +231,164 @@ async fn a_time_herald_cannot_read_back_is_refused_at_the_insert(backend: Backen
     app.stop().await;
 }
 
+/// The application cancels in its own transaction (`herald::outbox::cancel_in` on its own
+/// connection): a rolled-back cancel cancels nothing, a committed one sends nothing; in flight
+/// or finished, and no such message, are refused as over HTTP.
+async fn the_application_cancels_in_its_own_transaction(backend: Backend) {
+    use herald::outbox::{CancelError, cancel_in};
+    let app = spawn_app(backend).await;
+    let rx = Receiver::start().await;
+    for id in ["keep", "drop", "sent", "plain"] {
+        let r = app.post_message(webhook(id, &rx.url, json!({}))).await;
+        assert_eq!(r.status(), 201);
+    }
+    // In plain SQL, as the README gives it: herald_cancel on PostgreSQL, the UPDATE on SQLite.
+    with_app_conn(
+        &app,
+        |c| {
+            c.batch_execute("BEGIN; SELECT herald_cancel('plain'); COMMIT")
+                .unwrap()
+        },
+        |c| {
+            c.batch_execute(
+                "BEGIN IMMEDIATE; UPDATE herald_outbox SET state = 'canceled', \
+                 next_attempt_at = NULL, updated_at = strftime('%Y-%m-%d %H:%M:%f+00:00', 'now') \
+                 WHERE event_id = 'plain' AND state IN ('scheduled', 'retryable'); COMMIT",
+            )
+            .unwrap()
+        },
+    );
+    assert_eq!(app.row("plain").state.as_str(), "canceled");
+    fn cancel_then<C: Connection + OutboxConnection>(c: &mut C, id: &str, commit: bool) {
+        let r: Result<(), diesel::result::Error> = c.transaction(|c| {
+            // The business change would go here, in the same transaction.
+            let (changed, row) = cancel_in(c, id).unwrap();
+            assert!(changed && row.state.as_str() == "canceled", "{row:?}");
+            if commit {
+                Ok(())
+            } else {
+                Err(diesel::result::Error::RollbackTransaction)
+            }
+        });
+        assert_eq!(r.is_ok(), commit);
+    }
+    with_app_conn(
+        &app,
+        |c| {
+            cancel_then(c, "keep", false);
+            cancel_then(c, "drop", true);
+        },
+        |c| {
+            cancel_then(c, "keep", false);
+            cancel_then(c, "drop", true);
+        },
+    );
+    assert_eq!(app.row("keep").state.as_str(), "scheduled");
+    assert_eq!(app.row("drop").state.as_str(), "canceled");
+    assert_eq!(app.run_until_idle().await, 2);
+    let mut sent = rx.event_ids();
+    sent.sort();
+    assert_eq!(sent, ["keep", "sent"], "the canceled one is never sent");
+    // Canceled already: the same answer, unchanged; delivered: refused; none: not found.
+    let answers = with_app_conn(
+        &app,
+        |c| {
+            ["drop", "sent", "nobody"]
+                .map(|id| cancel_in(c, id).map(|(changed, r)| (changed, r.state)))
+        },
+        |c| {
+            ["drop", "sent", "nobody"]
+                .map(|id| cancel_in(c, id).map(|(changed, r)| (changed, r.state)))
+        },
+    );
+    assert!(
+        matches!(&answers[0], Ok((false, s)) if s.as_str() == "canceled"),
+        "{:?}",
+        answers[0]
+    );
+    assert!(
+        matches!(&answers[1], Err(CancelError::NotCancelable(s)) if s.as_str() == "delivered"),
+        "{:?}",
+        answers[1]
+    );
+    assert!(
+        matches!(&answers[2], Err(CancelError::NotFound)),
+        "{:?}",
+        answers[2]
+    );
+    app.stop().await;
+}
+
+/// PostgreSQL: `herald_cancel(event_id)` in the application's transaction, for a role granted
+/// only EXECUTE on it (and INSERT to enqueue): refused before the grant; then it answers the
+/// state after (`canceled`, or the state that kept it), NULL for no message; a rollback undoes
+/// it; a keyed message canceled behind its key's head is never sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn herald_cancel_needs_only_execute_and_cancels_in_the_callers_transaction() {
+    let app = spawn_app(Backend::Postgres).await;
+    let rx = Receiver::start().await;
+    for (id, key) in [
+        ("c-keep", None),
+        ("c-drop", None),
+        ("k-1", Some("k")),
+        ("k-2", Some("k")),
+    ] {
+        let mut m = webhook(id, &rx.url, json!({}));
+        if let Some(k) = key {
+            m["ordering_key"] = json!(k);
+        }
+        assert_eq!(app.post_message(m).await.status(), 201);
+    }
+    let role = format!("cancel_{}", app.test_db.url.rsplit('/').next().unwrap());
+    app.raw_sql(&format!("DROP ROLE IF EXISTS {role}; CREATE ROLE {role}"));
+    #[derive(diesel::QueryableByName)]
+    struct State {
+        #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+        state: Option<String>,
+    }
+    let call = |c: &mut PgConnection, id: &str| {
+        diesel::sql_query(format!("SELECT herald_cancel('{id}') AS state")).get_result::<State>(c)
+    };
+    let mut c = PgConnection::establish(&app.test_db.url).unwrap();
+    c.batch_execute(&format!("SET ROLE {role}")).unwrap();
+    let refused = format!("{:?}", call(&mut c, "c-drop").err());
+    assert!(refused.contains("permission denied"), "{refused}");
+    c.batch_execute("RESET ROLE").unwrap();
+    app.raw_sql(&format!(
+        "GRANT EXECUTE ON FUNCTION herald_cancel(TEXT) TO {role}"
+    ));
+    c.batch_execute(&format!("SET ROLE {role}")).unwrap();
+    c.batch_execute("BEGIN").unwrap();
+    assert_eq!(
+        call(&mut c, "c-keep").unwrap().state.as_deref(),
+        Some("canceled")
+    );
+    c.batch_execute("ROLLBACK").unwrap();
+    c.batch_execute("BEGIN").unwrap();
+    assert_eq!(
+        call(&mut c, "c-drop").unwrap().state.as_deref(),
+        Some("canceled")
+    );
+    assert_eq!(call(&mut c, "nobody").unwrap().state, None);
+    c.batch_execute("COMMIT").unwrap();
+    assert_eq!(app.row("c-keep").state.as_str(), "scheduled", "rolled back");
+    assert_eq!(app.row("c-drop").state.as_str(), "canceled");
+    // k-2 waits behind k-1: canceled, it is never sent; k-1, delivered, is not cancelable.
+    assert_eq!(
+        call(&mut c, "k-2").unwrap().state.as_deref(),
+        Some("canceled")
+    );
+    assert_eq!(app.run_until_idle().await, 2, "c-keep and k-1");
+    assert_eq!(
+        call(&mut c, "k-1").unwrap().state.as_deref(),
+        Some("delivered")
+    );
+    let mut sent = rx.event_ids();
+    sent.sort();
+    assert_eq!(sent, ["c-keep", "k-1"]);
+    app.stop().await;
+}
+
 async fn every_way_in_gives_the_same_row(backend: Backend) {
     let app = spawn_app(backend).await;
     let url = "https://receiver.example/hook";
@@ -437,6 +595,7 @@ both_backends!(
     rolled_back_rows_are_never_sent,
     plain_sql_insert_with_only_the_essentials,
     a_time_herald_cannot_read_back_is_refused_at_the_insert,
+    the_application_cancels_in_its_own_transaction,
     every_way_in_gives_the_same_row,
     duplicate_event_id_sends_once,
 );

@@ -1,0 +1,1 @@
+DROP FUNCTION herald_cancel(TEXT);
