@@ -1117,6 +1117,13 @@ pub fn queue_id(reply: &str) -> Option<String> {
     plausible.then(|| token.to_owned())
 }
 
+/// Whether the relay sent a line that is no SMTP reply (lettre's response error), rather than
+/// ending the connection before a whole reply came (also a response error in lettre, whose
+/// words for it are fixed: "incomplete response").
+fn is_garbled(e: &lettre::transport::smtp::Error) -> bool {
+    e.is_response() && !e.to_string().contains("incomplete response")
+}
+
 impl SmtpFailure {
     /// The class, error kind and reply code: before the envelope the stage decides (`not_sent`,
     /// whatever the reply); from MAIL FROM on a reply code decides, else the stage.
@@ -1171,10 +1178,20 @@ impl SmtpFailure {
             SmtpFailure::Timeout(Stage::Envelope) => {
                 (AttemptClass::NotSent, "timeout_before_data", None)
             }
+            // A line that is no SMTP reply (a code out of range, a multi-line reply whose code
+            // changes, plain text): the relay is broken, not the network.
+            SmtpFailure::Smtp(Stage::Envelope, e) if e.is_response() => (
+                AttemptClass::NotSent,
+                kind::UNPARSABLE_REPLY_BEFORE_DATA,
+                None,
+            ),
             SmtpFailure::Smtp(Stage::Envelope, _) => {
                 (AttemptClass::NotSent, "connection_lost_before_data", None)
             }
             SmtpFailure::Timeout(Stage::Content) => (AttemptClass::Ambiguous, "timeout", None),
+            SmtpFailure::Smtp(Stage::Content, e) if is_garbled(e) => {
+                (AttemptClass::Ambiguous, kind::UNPARSABLE_REPLY, None)
+            }
             SmtpFailure::Smtp(Stage::Content, _) => {
                 (AttemptClass::Ambiguous, "connection_lost", None)
             }
@@ -2098,6 +2115,10 @@ pub mod kind {
     pub const TLS: &str = "tls";
     /// No connection slot free within the SMTP timeout (the sender holds the relay's messages).
     pub const POOL_TIMEOUT: &str = "pool_timeout";
+    /// The relay answered with a line that is no SMTP reply: after the content (`ambiguous`),
+    /// or before it (`not_sent`).
+    pub const UNPARSABLE_REPLY: &str = "unparsable_reply";
+    pub const UNPARSABLE_REPLY_BEFORE_DATA: &str = "unparsable_reply_before_data";
     /// Every kind that says the relay refused the session itself.
     pub const SESSION_REFUSED: &[&str] = &[
         GREETING_REFUSED,

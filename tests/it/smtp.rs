@@ -195,8 +195,18 @@ async fn smtp_stall_or_drop_after_data_is_ambiguous(backend: Backend) {
         "at_least_once",
     )
     .await;
-    assert_eq!(app.herald.sender.run_once().await.unwrap(), 4);
+    // A relay answering the content with no SMTP reply: as ambiguous, but said so.
+    post_mail(
+        &app,
+        "garbled-alo",
+        "garbled@example.com",
+        None,
+        "at_least_once",
+    )
+    .await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 5);
     let expect = [
+        ("garbled-alo", "retryable", "unparsable_reply"),
         ("drop-amo", "unconfirmed", "connection_lost"),
         ("drop-alo", "retryable", "connection_lost"),
         ("stall-amo", "unconfirmed", "timeout"),

@@ -11,7 +11,7 @@
 //! after RSET or DATA) gets 503, as a real server answers.
 //!
 //! By the first accepted recipient, after the content: `stall@…` no answer, `drop@…` a closed
-//! connection, `dataNNN@…` NNN (`t451@…` and `t550@…` are 451 and 550; `once451@…` 451 the
+//! connection, `garbled@…` a line that is no SMTP reply (`hello there`, the session left open), `dataNNN@…` NNN (`t451@…` and `t550@…` are 451 and 550; `once451@…` 451 the
 //! first time in a sink's life, then 250), `bye@…` 250 and then a
 //! closed connection (a server ending an idle session), `slow@…` 250 after [`SLOW_REPLY`] (a busy
 //! server), `mute@…` 250 and then silence: the session stays open but never answers again (not
@@ -853,6 +853,11 @@ async fn after_content(
         None
     } else if first.contains("drop@") {
         // The content arrived; hang up before the final reply.
+        None
+    } else if first.contains("garbled@") {
+        // A broken relay: no SMTP reply at all, the session left open.
+        tell(conn, held, false, "hello there").await;
+        ignore_the_rest(conn).await;
         None
     } else if let Some(code) = at_data.filter(|c| *c >= 300) {
         Some(scripted_reply(code))
