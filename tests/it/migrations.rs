@@ -237,6 +237,84 @@ async fn the_replay_keys_upgrade_keeps_the_keys_receipts_held(backend: Backend) 
 
 both_backends!(the_replay_keys_upgrade_keeps_the_keys_receipts_held);
 
+/// PostgreSQL: rows an earlier Herald or an application stored with times out of range (an
+/// `expires_at` of year 10000 in UTC, which the API took; `'-infinity'`) are brought within it
+/// by the migration that adds the range constraints — every later update of such a row is
+/// checked, so left as they were, the claim of the first of them would fail every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readable_times_upgrade_brings_old_rows_within_range() {
+    use diesel::connection::SimpleConnection;
+    use diesel::{QueryableByName, RunQueryDsl};
+    use diesel_migrations::MigrationHarness;
+
+    #[derive(QueryableByName, Debug, PartialEq)]
+    struct Times {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        event_id: String,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        scheduled_at: String,
+        #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+        expires_at: Option<String>,
+    }
+    on_a_fresh_database(
+        Backend::Postgres,
+        |c| {
+            use herald::storage::PG_MIGRATIONS as M;
+            c.run_pending_migrations(M).unwrap();
+            while c.revert_last_migration(M).unwrap().to_string() != "20261206000023" {}
+            c.batch_execute(
+                "SET TIME ZONE 'UTC'; \
+                 INSERT INTO herald_outbox (event_id, channel, destination, payload, scheduled_at, \
+                 expires_at) VALUES \
+                 ('far', 'webhook', 'https://a.example/h', '{\"body\": {}}', now(), \
+                  '9999-12-31 23:59:59-01'), \
+                 ('minus', 'webhook', 'https://a.example/h', '{\"body\": {}}', '-infinity', NULL), \
+                 ('plain', 'webhook', 'https://a.example/h', '{\"body\": {}}', \
+                  '2026-12-01 10:00:00+00', '2026-12-02 10:00:00+00')",
+            )
+            .unwrap();
+            c.run_pending_migrations(M).unwrap();
+            let rows: Vec<Times> = diesel::sql_query(
+                "SELECT event_id, to_char(scheduled_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') \
+                 AS scheduled_at, to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') \
+                 AS expires_at FROM herald_outbox WHERE event_id <> 'far' ORDER BY event_id",
+            )
+            .load(c)
+            .unwrap();
+            assert_eq!(
+                rows,
+                [
+                    Times {
+                        event_id: "minus".into(),
+                        scheduled_at: "0001-01-01 00:00:00".into(),
+                        expires_at: None,
+                    },
+                    Times {
+                        event_id: "plain".into(),
+                        scheduled_at: "2026-12-01 10:00:00".into(),
+                        expires_at: Some("2026-12-02 10:00:00".into()),
+                    },
+                ]
+            );
+            let far: Vec<Times> = diesel::sql_query(
+                "SELECT event_id, '' AS scheduled_at, expires_at::text AS expires_at \
+                 FROM herald_outbox WHERE event_id = 'far'",
+            )
+            .load(c)
+            .unwrap();
+            assert_eq!(far[0].expires_at, None, "year 10000 in UTC: never");
+            // Each row can be updated as a claim updates it.
+            c.batch_execute(
+                "UPDATE herald_outbox SET state = 'sending', lease_until = now() + interval '1 minute', \
+                 updated_at = now()",
+            )
+            .unwrap();
+        },
+        |_| {},
+    )
+    .await;
+}
+
 /// A stored receipt writes an entry only into the indexes some statement of Herald's reads:
 /// the key (source, provider event id) that deduplicates it, the replay keys, the message it
 /// was matched to, and the age of unmatched ones for retention. Not the receipt's own Herald

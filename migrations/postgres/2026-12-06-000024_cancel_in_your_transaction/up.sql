@@ -11,7 +11,7 @@
 -- SECURITY DEFINER, and executable by no one until granted: an application role needs only
 -- GRANT EXECUTE ON FUNCTION herald_cancel(TEXT) TO app — no UPDATE on the outbox.
 CREATE FUNCTION herald_cancel(p_event_id TEXT) RETURNS TEXT
-LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     v_state TEXT;
 BEGIN
@@ -26,3 +26,15 @@ BEGIN
 END
 $$;
 REVOKE EXECUTE ON FUNCTION herald_cancel(TEXT) FROM PUBLIC;
+
+-- A SECURITY DEFINER function runs with its owner's rights: it looks up names in Herald's schema
+-- and then pg_temp, never in a schema (or a temporary table) of its caller's that comes first.
+-- The fan-out trigger's function, which runs so too, gets the same.
+DO $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION herald_cancel(TEXT) SET search_path = %I, pg_temp',
+                   current_schema());
+    EXECUTE format('ALTER FUNCTION herald_outbox_fanout() SET search_path = %I, pg_temp',
+                   current_schema());
+END
+$$;
