@@ -193,7 +193,7 @@ pub fn check_storable(events: &[ReceiptEvent]) -> Result<(), VerifyError> {
 /// An event time worth keeping: years 1 to 9999. A provider's value outside them (a signed
 /// year, a date of some other calendar's making) is no event time at all — PostgreSQL would
 /// refuse one before 4713 BC, and with it the whole group commit the receipt was in.
-fn plausible(t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+pub(crate) fn plausible(t: DateTime<Utc>) -> Option<DateTime<Utc>> {
     (1..=9999)
         .contains(&chrono::Datelike::year(&t))
         .then_some(t)

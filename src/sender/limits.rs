@@ -51,7 +51,6 @@ impl HeldBy {
     }
 }
 
-/// GCRA state of one key.
 /// `t + by`, held at the ends of time rather than overflowing.
 fn later(t: DateTime<Utc>, by: chrono::TimeDelta) -> DateTime<Utc> {
     t.checked_add_signed(by)
@@ -62,6 +61,7 @@ fn later(t: DateTime<Utc>, by: chrono::TimeDelta) -> DateTime<Utc> {
         })
 }
 
+/// GCRA state of one key.
 #[derive(Debug)]
 struct Rate {
     /// Time between sends.

@@ -171,6 +171,8 @@ async fn a_time_herald_cannot_read_back_is_refused_at_the_insert(backend: Backen
                 ("expires_at", "2026-01-01 24:00:00+00:00"),
                 ("created_at", "yesterday"),
                 ("updated_at", "2026-02-29 10:00:00Z"),
+                ("created_at", "2026-03-04 05:06:07 "),
+                ("lease_until", "2026-03-04 05:06:07 Z"),
                 ("expires_at", "2099-01-01 10:00:00.1234567890+00:00"),
             ],
             &[

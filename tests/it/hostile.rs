@@ -33,15 +33,14 @@ fn config(divisor: u32) -> ProptestConfig {
 }
 
 /// Runs one property for its configured cases, and prints how many passed (`--nocapture` shows
-/// the lines, `proptest <name>: <n> cases passed`): the note reports the count. A run
-/// that passed fewer cases than configured fails.
+/// the lines, `proptest <name>: <n> cases passed`): the note reports the count. (The
+/// runner answers `Ok` only once that many cases passed; the count is of the cases run.)
 fn check<S: Strategy>(
     name: &str,
     config: ProptestConfig,
     strategy: S,
     test: impl Fn(S::Value) -> Result<(), TestCaseError>,
 ) {
-    let wanted = config.cases;
     let passed = std::cell::Cell::new(0u32);
     let result = proptest::test_runner::TestRunner::new(config).run(&strategy, |value| {
         test(value)?;
@@ -51,11 +50,6 @@ fn check<S: Strategy>(
     if let Err(e) = result {
         panic!("proptest {name}: {e}");
     }
-    assert!(
-        passed.get() >= wanted,
-        "proptest {name}: {} of {wanted} cases passed",
-        passed.get()
-    );
     eprintln!("proptest {name}: {} cases passed", passed.get());
 }
 

@@ -171,12 +171,28 @@ async fn smtp_drop_before_the_envelope_is_not_sent(backend: Backend) {
         "at_most_once",
     )
     .await;
-    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
-    let (state, last, class, _) = outcome(&app, "mailfrom-drop").await;
-    assert_eq!(
-        (state.as_str(), last.as_str(), class.as_str()),
-        ("retryable", "not_sent", "not_sent")
-    );
+    // A line that is no SMTP reply to MAIL FROM: as not sent, but said so.
+    post_mail(
+        &app,
+        "mailfrom-garbled",
+        "ada@example.com",
+        Some("garbled-at-mail@example.com"),
+        "at_most_once",
+    )
+    .await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 2);
+    for (id, want_kind) in [
+        ("mailfrom-drop", "connection_lost_before_data"),
+        ("mailfrom-garbled", "unparsable_reply_before_data"),
+    ] {
+        let (state, last, class, kind) = outcome(&app, id).await;
+        assert_eq!(
+            (state.as_str(), last.as_str(), class.as_str()),
+            ("retryable", "not_sent", "not_sent"),
+            "{id}"
+        );
+        assert_eq!(kind.as_deref(), Some(want_kind), "{id}");
+    }
     assert!(sink.accepted().is_empty());
     app.stop().await;
 }

@@ -29,6 +29,12 @@ WHERE NOT (scheduled_at BETWEEN '0001-01-01 00:00:00+00' AND '9999-12-31 23:59:5
    OR NOT (updated_at BETWEEN '0001-01-01 00:00:00+00' AND '9999-12-31 23:59:59.999999+00')
    OR NOT (ordering_released_at BETWEEN '0001-01-01 00:00:00+00' AND '9999-12-31 23:59:59.999999+00');
 
+-- A receipt's event time becomes a message's delivery_status_at: one stored out of range (a
+-- Plivo time of year 10000 was taken) would fail the reconciler's batch at every pass. It is no
+-- event time: the receipt is ordered by its arrival, as one without any.
+UPDATE herald_receipts SET event_time = NULL
+WHERE NOT (event_time BETWEEN '0001-01-01 00:00:00+00' AND '9999-12-31 23:59:59.999999+00');
+
 ALTER TABLE herald_outbox
     ADD CONSTRAINT herald_outbox_scheduled_at_range CHECK (scheduled_at BETWEEN '0001-01-01 00:00:00+00' AND '9999-12-31 23:59:59.999999+00'),
     ADD CONSTRAINT herald_outbox_next_attempt_at_range CHECK (next_attempt_at BETWEEN '0001-01-01 00:00:00+00' AND '9999-12-31 23:59:59.999999+00'),

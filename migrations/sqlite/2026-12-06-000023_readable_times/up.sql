@@ -9,7 +9,8 @@
 -- datetime() would round to the millisecond). The other times, which Herald only reads: a real
 -- date, then a time from HH:MM on that SQLite reads (ISO 8601 with 'T' or ' ', 'Z', an offset or
 -- none, as `concurrency::sqlite_claim_reads_timestamps_in_any_format_an_application_writes`
--- writes them). SQLite cannot add a CHECK to a table: a trigger refuses the INSERT, and with it
+-- writes them), and no other character after the date (SQLite's parser skips the spaces around
+-- a zone that diesel's refuses). SQLite cannot add a CHECK to a table: a trigger refuses the INSERT, and with it
 -- the application's statement.
 CREATE TRIGGER herald_outbox_readable_times BEFORE INSERT ON herald_outbox
     FOR EACH ROW WHEN NOT (
@@ -30,18 +31,23 @@ CREATE TRIGGER herald_outbox_readable_times BEFORE INSERT ON herald_outbox
             AND substr(NEW.expires_at, 21, length(NEW.expires_at) - 26) NOT GLOB '*[^0-9]*'))))
     AND (NEW.lease_until IS NULL OR (NEW.lease_until GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9][ T][0-9][0-9]:[0-9][0-9]*'
         AND substr(NEW.lease_until, 1, 4) <> '0000' AND datetime(NEW.lease_until) IS NOT NULL
+        AND substr(NEW.lease_until, 12) NOT GLOB '*[^0-9:.Z+-]*'
         AND datetime(substr(NEW.lease_until, 1, 10) || ' ' || substr(NEW.lease_until, 12, 5), '+0 seconds') IS substr(NEW.lease_until, 1, 10) || ' ' || substr(NEW.lease_until, 12, 5) || ':00'))
     AND (NEW.delivery_status_at IS NULL OR (NEW.delivery_status_at GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9][ T][0-9][0-9]:[0-9][0-9]*'
         AND substr(NEW.delivery_status_at, 1, 4) <> '0000' AND datetime(NEW.delivery_status_at) IS NOT NULL
+        AND substr(NEW.delivery_status_at, 12) NOT GLOB '*[^0-9:.Z+-]*'
         AND datetime(substr(NEW.delivery_status_at, 1, 10) || ' ' || substr(NEW.delivery_status_at, 12, 5), '+0 seconds') IS substr(NEW.delivery_status_at, 1, 10) || ' ' || substr(NEW.delivery_status_at, 12, 5) || ':00'))
     AND (NEW.created_at IS NULL OR (NEW.created_at GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9][ T][0-9][0-9]:[0-9][0-9]*'
         AND substr(NEW.created_at, 1, 4) <> '0000' AND datetime(NEW.created_at) IS NOT NULL
+        AND substr(NEW.created_at, 12) NOT GLOB '*[^0-9:.Z+-]*'
         AND datetime(substr(NEW.created_at, 1, 10) || ' ' || substr(NEW.created_at, 12, 5), '+0 seconds') IS substr(NEW.created_at, 1, 10) || ' ' || substr(NEW.created_at, 12, 5) || ':00'))
     AND (NEW.updated_at IS NULL OR (NEW.updated_at GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9][ T][0-9][0-9]:[0-9][0-9]*'
         AND substr(NEW.updated_at, 1, 4) <> '0000' AND datetime(NEW.updated_at) IS NOT NULL
+        AND substr(NEW.updated_at, 12) NOT GLOB '*[^0-9:.Z+-]*'
         AND datetime(substr(NEW.updated_at, 1, 10) || ' ' || substr(NEW.updated_at, 12, 5), '+0 seconds') IS substr(NEW.updated_at, 1, 10) || ' ' || substr(NEW.updated_at, 12, 5) || ':00'))
     AND (NEW.ordering_released_at IS NULL OR (NEW.ordering_released_at GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9][ T][0-9][0-9]:[0-9][0-9]*'
         AND substr(NEW.ordering_released_at, 1, 4) <> '0000' AND datetime(NEW.ordering_released_at) IS NOT NULL
+        AND substr(NEW.ordering_released_at, 12) NOT GLOB '*[^0-9:.Z+-]*'
         AND datetime(substr(NEW.ordering_released_at, 1, 10) || ' ' || substr(NEW.ordering_released_at, 12, 5), '+0 seconds') IS substr(NEW.ordering_released_at, 1, 10) || ' ' || substr(NEW.ordering_released_at, 12, 5) || ':00'))
 )
 BEGIN
@@ -67,8 +73,9 @@ CREATE TRIGGER herald_outbox_readable_times_updated BEFORE UPDATE OF scheduled_a
             AND substr(NEW.expires_at, 21, length(NEW.expires_at) - 26) NOT GLOB '*[^0-9]*'))))
     AND (NEW.created_at IS NULL OR (NEW.created_at GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9][ T][0-9][0-9]:[0-9][0-9]*'
         AND substr(NEW.created_at, 1, 4) <> '0000' AND datetime(NEW.created_at) IS NOT NULL
+        AND substr(NEW.created_at, 12) NOT GLOB '*[^0-9:.Z+-]*'
         AND datetime(substr(NEW.created_at, 1, 10) || ' ' || substr(NEW.created_at, 12, 5), '+0 seconds') IS substr(NEW.created_at, 1, 10) || ' ' || substr(NEW.created_at, 12, 5) || ':00'))
 )
 BEGIN
-    SELECT RAISE(ABORT, 'herald_outbox: a time is not a real time Herald can read (scheduled_at, next_attempt_at, expires_at: YYYY-MM-DD HH:MM:SS[.fraction]+00:00) within the years 0001-9999');
+    SELECT RAISE(ABORT, 'herald_outbox: a time is not a real time Herald can read (scheduled_at, expires_at: YYYY-MM-DD HH:MM:SS[.fraction]+00:00) within the years 0001-9999');
 END;

@@ -138,6 +138,9 @@ fn plivo_time(s: &str) -> Option<DateTime<Utc>> {
     NaiveDateTime::parse_from_str(s.trim(), "%Y-%m-%d %H:%M:%S%.f")
         .ok()
         .map(|t| Utc.from_utc_datetime(&t))
+        // A year past 9999 (`%Y` takes more digits) is no event time: a delivery status dated
+        // so could not be stored on the message, and failed the reconciler's whole batch.
+        .and_then(crate::ingest::plausible)
 }
 
 fn vocabulary(status: &str) -> &'static str {
@@ -243,6 +246,14 @@ impl Source for Plivo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_time_past_year_9999_is_no_event_time() {
+        assert!(plivo_time("2026-12-06 10:00:00").is_some());
+        assert!(plivo_time("9999-12-31 23:59:59.999").is_some());
+        assert_eq!(plivo_time("10000-01-01 00:00:00"), None);
+        assert_eq!(plivo_time("123456-01-01 00:00:00"), None);
+    }
 
     /// plivo-go `utils_test.go` `TestValidateSignatureV3Pass1..4`: auth token, nonce and params.
     const TOKEN: &str = "Y2Q2ZDgxZmY5YWRiOTI5YmQ1Njg0MTAxZWIyOTc4";

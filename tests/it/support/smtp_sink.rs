@@ -1,6 +1,7 @@
 //! A small SMTP server on 127.0.0.1:0 whose answers the addresses script.
 //!
 //! By the `MAIL FROM` address: `drop-at-mail@…` closes the connection before the envelope;
+//! `garbled-at-mail@…` answers MAIL FROM with a line that is no SMTP reply and stays open;
 //! `mailNNN@…` is answered NNN (a 421 then closes the connection, as a real server does).
 //!
 //! By each `RCPT TO` address: `rcptNNN@…` (also `rcptNNN-anything@…`) is answered NNN, the
@@ -667,6 +668,11 @@ async fn session(
             }
             let from = path_of(&line);
             if from.contains("drop-at-mail@") {
+                return;
+            }
+            if from.contains("garbled-at-mail@") {
+                tell(&mut conn, &mut held, false, "hello there").await;
+                ignore_the_rest(&mut conn).await;
                 return;
             }
             rcpt.clear();
