@@ -889,7 +889,11 @@ impl Sender {
             // must not dead-letter mail that never left).
             info!("no SMTP connection free in time: put back without an attempt");
             self.inner.metrics.held("smtp_pool");
-            let until = now + chrono::TimeDelta::from_std(policy.base).unwrap_or_default();
+            // The base delay from the end of the wait, not from before it: counted from `now`,
+            // after half the SMTP timeout spent waiting it had mostly passed, and the message
+            // was claimed again at once (on SQLite, whose clock this is).
+            let until = report.finished_at.max(now)
+                + chrono::TimeDelta::from_std(policy.base).unwrap_or_default();
             let attempts = row.attempts;
             return put_back(cleared.base, attempts, now, until, AttemptClass::NotSent);
         }
