@@ -345,15 +345,7 @@ async fn expired_messages_are_never_sent(backend: Backend) {
             .is_some_and(|r| r.contains("would come after its expires_at")),
         "{reason:?}"
     );
-    let explained: serde_json::Value = app
-        .http
-        .get(format!("{}/v1/messages/expiring-2/explain", app.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let explained = app.explain("expiring-2").await;
     let paragraph = explained["explanation"].as_str().unwrap();
     assert!(
         paragraph.contains("It expired at that answer: the next attempt would have come after"),

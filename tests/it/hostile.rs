@@ -386,6 +386,20 @@ fn signed_ses(message: String, message_id: String) -> (Vec<u8>, Vec<u8>) {
     (serde_json::to_vec(&env).unwrap(), cert.clone())
 }
 
+/// An SNS notification envelope checked against `cert`, as the `ses` scheme checks it.
+fn verify_ses(body: &[u8], cert: Vec<u8>) -> Verdict {
+    verify_offline(
+        "ses",
+        &[],
+        &[h("x-amz-sns-message-type", "Notification")],
+        body,
+        None,
+        Some(cert),
+        at(),
+    )
+    .unwrap()
+}
+
 fn verify(scheme: &str, s: Signed) -> Verdict {
     let (secrets, headers, body, url) = s;
     verify_offline(
@@ -594,17 +608,7 @@ fn signed_hostile_ses_messages() {
         (message, text()),
         |(message, message_id)| {
             let (body, cert) = signed_ses(message, message_id);
-            let v = verify_offline(
-                "ses",
-                &[],
-                &[h("x-amz-sns-message-type", "Notification")],
-                &body,
-                None,
-                Some(cert),
-                at(),
-            )
-            .unwrap();
-            assert_sane("ses", &v);
+            assert_sane("ses", &verify_ses(&body, cert));
             Ok(())
         },
     );
@@ -615,16 +619,7 @@ fn signed_hostile_ses_messages() {
 #[test]
 fn a_signed_envelope_without_a_message_id_is_unparsable() {
     let (body, cert) = signed_ses("{}".into(), String::new());
-    let v = verify_offline(
-        "ses",
-        &[],
-        &[h("x-amz-sns-message-type", "Notification")],
-        &body,
-        None,
-        Some(cert),
-        at(),
-    )
-    .unwrap();
+    let v = verify_ses(&body, cert);
     assert!(v.signature_valid, "{v:?}");
     assert_eq!(v.status, 400, "{v:?}");
     assert_eq!(v.error.as_deref(), Some("unparsable body: no MessageId"));
