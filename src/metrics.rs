@@ -142,7 +142,12 @@ impl DeadLetterReason {
 }
 
 /// The next states of an expired lease (`herald_lease_expiries_total{next_state}`).
-pub const LEASE_NEXT_STATES: &[State] = &[State::Retryable, State::Unconfirmed, State::DeadLetter];
+pub const LEASE_NEXT_STATES: &[State] = &[
+    State::Retryable,
+    State::Unconfirmed,
+    State::DeadLetter,
+    State::Expired,
+];
 
 /// The classes after which a message is retried (pre-created series of the retry delay).
 const RETRY_CLASSES: &[AttemptClass] = &[

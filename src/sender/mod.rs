@@ -1214,6 +1214,7 @@ impl Sender {
         m.lease_expiries(State::Retryable, sweep.to_retryable as u64);
         m.lease_expiries(State::Unconfirmed, sweep.to_unconfirmed as u64);
         m.lease_expiries(State::DeadLetter, sweep.to_dead_letter as u64);
+        m.lease_expiries(State::Expired, sweep.to_expired as u64);
         m.dead_letters(
             DeadLetterReason::Class(AttemptClass::Exhausted),
             sweep.to_dead_letter as u64,
@@ -1776,7 +1777,10 @@ pub fn lease_expired_decision(
             .unwrap_or(policy.max_attempts),
         semantics: row.semantics,
     };
-    let d = decide(facts, policy, at, rand::rng().random());
+    let d = within_expiry(
+        decide(facts, policy, at, rand::rng().random()),
+        row.expires_at,
+    );
     LeaseDecision {
         state: d.state,
         error_class: d.error_class,

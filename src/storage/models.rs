@@ -73,6 +73,8 @@ pub struct ExpiredLease {
     pub destination: String,
     pub ordering_key: Option<String>,
     pub ordering_policy: Option<OrderingPolicy>,
+    /// A retry after it could never be made: the message ends `expired` instead.
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 /// One `herald_attempts` row.
@@ -232,11 +234,13 @@ pub struct LeaseSweep {
     pub to_retryable: usize,
     pub to_unconfirmed: usize,
     pub to_dead_letter: usize,
+    /// Its retry would have come after its `expires_at`.
+    pub to_expired: usize,
 }
 
 impl LeaseSweep {
     pub fn total(&self) -> usize {
-        self.to_retryable + self.to_unconfirmed + self.to_dead_letter
+        self.to_retryable + self.to_unconfirmed + self.to_dead_letter + self.to_expired
     }
 
     /// Counts one row moved to `state`.
@@ -244,6 +248,7 @@ impl LeaseSweep {
         match state {
             State::Unconfirmed => self.to_unconfirmed += 1,
             State::DeadLetter => self.to_dead_letter += 1,
+            State::Expired => self.to_expired += 1,
             _ => self.to_retryable += 1,
         }
     }

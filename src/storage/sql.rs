@@ -354,6 +354,7 @@ macro_rules! expired_lease_columns {
             $o::destination,
             $o::ordering_key,
             $o::ordering_policy,
+            $o::expires_at,
         )
     };
 }

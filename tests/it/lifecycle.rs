@@ -228,10 +228,13 @@ async fn expired_leases_return_and_the_fence_holds(backend: Backend) {
     use herald::storage::models::Applied;
     let app = spawn_app(backend).await;
     let rx = Receiver::start().await;
+    // Its lease runs out 31 s on, its retry would come a second or so after: past its expiry.
+    let expires = (app.clock_now() + chrono::Duration::milliseconds(31_500)).to_rfc3339();
     for (id, extra) in [
         ("lease-alo", json!({})),
         ("lease-amo", json!({"semantics": "at_most_once"})),
         ("lease-last", json!({"max_attempts": 1})),
+        ("lease-expiring", json!({"expires_at": expires})),
     ] {
         let mut m = webhook(id, &rx.url, json!({}));
         m.as_object_mut()
@@ -241,7 +244,7 @@ async fn expired_leases_return_and_the_fence_holds(backend: Backend) {
     }
     // A sender claims and then "crashes": nothing is sent, nothing is written back.
     let claimed = app.herald.sender.claim(10).await.unwrap();
-    assert_eq!(claimed.len(), 3);
+    assert_eq!(claimed.len(), 4);
     assert!(
         claimed
             .iter()
@@ -255,10 +258,12 @@ async fn expired_leases_return_and_the_fence_holds(backend: Backend) {
         (
             sweep.to_retryable,
             sweep.to_unconfirmed,
-            sweep.to_dead_letter
+            sweep.to_dead_letter,
+            sweep.to_expired
         ),
-        (1, 1, 1)
+        (1, 1, 1, 1)
     );
+    assert_eq!(app.message("lease-expiring").await["state"], "expired");
     let alo = app.message("lease-alo").await;
     assert_eq!(
         (alo["state"].as_str(), alo["last_error_class"].as_str()),
