@@ -124,6 +124,9 @@ async fn healthz() -> HttpResponse {
     HttpResponse::Ok().content_type("text/plain").body("ok\n")
 }
 
+/// How long `/readyz` and `/metrics` wait for the database: past it, it did not answer.
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// `GET /readyz`: 200 when ready; else 503 problem+json whose `reasons` say why (the database
 /// does not answer, embedded migrations are not applied, the sender loop has stalled).
 #[utoipa::path(
@@ -137,15 +140,19 @@ async fn healthz() -> HttpResponse {
 )]
 async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
     let db = state.db.clone();
-    let (database, pending_migrations) = web::block(move || match db.ping() {
+    let probe = web::block(move || match db.ping() {
         Err(_) => (false, None),
         // A failed read of the bookkeeping table is a database that does not answer properly.
         Ok(()) => match db.pending_migrations() {
             Ok(p) => (true, Some(p)),
             Err(_) => (false, None),
         },
-    })
-    .await?;
+    });
+    // A database that does not answer in time is one that does not answer.
+    let (database, pending_migrations) = match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
+        Ok(answer) => answer?,
+        Err(_) => (false, None),
+    };
     let findings = Findings {
         database,
         pending_migrations,
@@ -186,11 +193,19 @@ async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
 async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
     let db = state.db.clone();
     let now = state.clock.storage_now();
-    let stats = web::block(move || db.db_stats(now)).await?;
-    let stats = match stats {
-        Ok(s) => Some(s),
-        Err(e) => {
-            tracing::warn!(error = %e.log_safe(), "metrics: database gauges not read");
+    let read = web::block(move || db.db_stats(now));
+    let stats = match tokio::time::timeout(PROBE_TIMEOUT, read).await {
+        Ok(read) => match read? {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e.log_safe(), "metrics: database gauges not read");
+                None
+            }
+        },
+        // A hung database, or an outbox locked by someone's long transaction: the scrape
+        // answers without the database gauges rather than hang with it.
+        Err(_) => {
+            tracing::warn!("metrics: database gauges not read in time");
             None
         }
     };

@@ -568,3 +568,37 @@ async fn with_the_database_down_readyz_names_it_and_metrics_still_answer() {
     );
     app.stop().await;
 }
+
+/// PostgreSQL: an outbox locked by someone's long transaction (or a database that hangs):
+/// `/metrics` answers within its bound, without the database gauges (`herald_database_up` 0),
+/// rather than hang with the database; the gauges come back with the lock's end. It hung for
+/// as long as the lock was held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_outbox_does_not_hang_the_scrape() {
+    use diesel::Connection;
+    use diesel::connection::SimpleConnection;
+    let app = spawn_app_with(Backend::Postgres, "").await;
+    let mut locker = diesel::pg::PgConnection::establish(&app.test_db.url).unwrap();
+    locker
+        .batch_execute("BEGIN; LOCK TABLE herald_outbox IN ACCESS EXCLUSIVE MODE")
+        .unwrap();
+    let scrape_once = || async {
+        let r = app
+            .http
+            .get(format!("{}/metrics", app.base))
+            // Well past the bound: a scrape that waited for the lock fails here.
+            .timeout(Duration::from_secs(15))
+            .send()
+            .await
+            .expect("the scrape answers while the outbox is locked");
+        assert_eq!(r.status(), 200);
+        crate::support::prom::parse(&r.text().await.unwrap())
+    };
+    let s = scrape_once().await;
+    assert_eq!(value(&s, "herald_database_up", &[]), 0.0);
+    assert!(s.iter().all(|x| x.name != "herald_messages"));
+    locker.batch_execute("COMMIT").unwrap();
+    let s = scrape_once().await;
+    assert_eq!(value(&s, "herald_database_up", &[]), 1.0);
+    app.stop().await;
+}
