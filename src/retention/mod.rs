@@ -62,10 +62,14 @@ pub struct Cutoffs {
 
 /// The cutoffs at `now` (pure).
 pub fn cutoffs(config: &RetentionConfig, now: DateTime<Utc>) -> Cutoffs {
+    // An age reaching before year 1 keeps everything: nothing stored is older (every time is
+    // within the years 1-9999), and PostgreSQL refuses a cutoff before 4713 BC — which failed
+    // the whole pass, every kind's purge with it (9999999 days).
     let before = |days: u32| {
         (days > 0)
             .then(|| now.checked_sub_signed(chrono::Duration::days(i64::from(days))))
             .flatten()
+            .filter(|t| chrono::Datelike::year(t) >= 1)
     };
     Cutoffs {
         done: before(config.delivered_days),
@@ -309,6 +313,22 @@ mod tests {
             ..RetentionConfig::default()
         };
         assert_eq!(cutoffs(&huge, now).done, None);
+        // Reaching before year 1 but within chrono's range (PostgreSQL refused it): the same.
+        for days in [740_500, 3_000_000, 9_999_999] {
+            let far = RetentionConfig {
+                delivered_days: days,
+                dead_letter_days: 1,
+                ..RetentionConfig::default()
+            };
+            let c = cutoffs(&far, now);
+            assert_eq!(c.done, None, "{days}");
+            assert_eq!(c.dead_letter, Some(at("2026-11-30T12:00:00Z")));
+        }
+        let within = RetentionConfig {
+            delivered_days: 700_000,
+            ..RetentionConfig::default()
+        };
+        assert!(cutoffs(&within, now).done.is_some());
     }
 
     #[test]

@@ -208,6 +208,20 @@ async fn zero_keeps_forever(backend: Backend) {
         .unwrap();
     assert_eq!(r.transactions(), 0);
     assert_eq!(app.row("kept").state, "delivered");
+    // An age reaching before year 1 keeps forever too, and the other kinds' ages still purge:
+    // PostgreSQL refused such a cutoff, which failed the whole pass (9999999 days).
+    let config = herald::retention::RetentionConfig {
+        delivered_days: 9_999_999,
+        dead_letter_days: 1,
+        ..config
+    };
+    let db = app.db.clone();
+    let r = tokio::task::spawn_blocking(move || run_once(&db, &config, now))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.transactions(), 0, "{r:?}");
+    assert_eq!(app.row("kept").state, "delivered");
     app.stop().await;
 }
 
