@@ -698,7 +698,7 @@ impl Sender {
             let until = now + chrono::TimeDelta::from_std(DISABLED_WAIT).unwrap_or_default();
             return Err(Box::new(put_back(
                 base,
-                row.attempts,
+                &row,
                 now,
                 until,
                 AttemptClass::NotSent,
@@ -707,7 +707,7 @@ impl Sender {
         if let Some(until) = self.paused(destination.as_deref(), row.id, now) {
             return Err(Box::new(put_back(
                 base,
-                row.attempts,
+                &row,
                 now,
                 until,
                 AttemptClass::RateLimited,
@@ -739,7 +739,7 @@ impl Sender {
                 self.inner.metrics.held(held.why.as_str());
                 return Err(Box::new(put_back(
                     base,
-                    row.attempts,
+                    &row,
                     now,
                     held.until,
                     AttemptClass::RateLimited,
@@ -811,10 +811,9 @@ impl Sender {
                         let now = self.inner.clock.now();
                         self.inner.metrics.held(held.why.as_str());
                         debug!(held_by = held.why.as_str(), until = %held.until, "destination limit: put back without a request");
-                        let attempts = cleared.row.attempts;
                         return put_back(
                             cleared.base,
-                            attempts,
+                            &cleared.row,
                             now,
                             held.until,
                             AttemptClass::RateLimited,
@@ -850,14 +849,7 @@ impl Sender {
         // attempt not spent. (Cleared while that 429 was still on its way, it went 6 ms after
         // it: `binary::a_429_holds_the_destinations_other_messages_for_its_retry_after`.)
         if let Some(until) = self.paused(cleared.destination.as_deref(), row.id, now) {
-            let attempts = row.attempts;
-            return put_back(
-                cleared.base,
-                attempts,
-                now,
-                until,
-                AttemptClass::RateLimited,
-            );
+            return put_back(cleared.base, row, now, until, AttemptClass::RateLimited);
         }
         if let Some(hook) = self.inner.before_send.get() {
             hook(&row.event_id);
@@ -894,8 +886,7 @@ impl Sender {
             // was claimed again at once (on SQLite, whose clock this is).
             let until = report.finished_at.max(now)
                 + chrono::TimeDelta::from_std(policy.base).unwrap_or_default();
-            let attempts = row.attempts;
-            return put_back(cleared.base, attempts, now, until, AttemptClass::NotSent);
+            return put_back(cleared.base, row, now, until, AttemptClass::NotSent);
         }
         self.inner.metrics.attempt(row.channel, report.class, took);
         let semantics = row.semantics;
@@ -1375,13 +1366,7 @@ impl Sender {
         let now = self.inner.clock.now();
         debug!(event_id = %row.event_id, why, "claimed and not sent: put back");
         self.inner.metrics.held(why);
-        let back = put_back(
-            outcome_of(row),
-            row.attempts,
-            now,
-            now,
-            AttemptClass::NotSent,
-        );
+        let back = put_back(outcome_of(row), row, now, now, AttemptClass::NotSent);
         let _ = tx.send(back).await;
     }
 
@@ -1808,11 +1793,25 @@ pub fn ordering_policy(
 /// not spent, no attempt row.
 fn put_back(
     base: OutcomeRecord,
-    claimed_attempts: i32,
+    row: &OutboxRow,
     now: chrono::DateTime<chrono::Utc>,
     until: chrono::DateTime<chrono::Utc>,
     class: AttemptClass,
 ) -> OutcomeRecord {
+    let claimed_attempts = row.attempts;
+    // Held until after its expires_at, it could never be sent: it ends `expired` now, as after
+    // an answer whose retry would come too late (its attempt not spent, the class it had kept).
+    // It read `retryable` until the hold's end.
+    if row.expires_at.is_some_and(|expiry| until > expiry) {
+        return OutcomeRecord {
+            state: State::Expired,
+            attempts_after: claimed_attempts - 1,
+            next_attempt_at: None,
+            retry_delay_ms: None,
+            error_class: row.last_error_class,
+            ..base
+        };
+    }
     // No spread: the held messages come back at the instant they are held until (the pause's
     // end, their reserved slot) and are claimed in their order; the destination's limits shape
     // what follows. SQLite stores the instant itself; PostgreSQL adds the wait, rounded up to

@@ -279,7 +279,16 @@ fn state_sentence(e: &Explanation) -> String {
                 .attempt_timeline
                 .last()
                 .is_some_and(|a| a.next_state == "expired");
+            // Ended before its expiry came: held back (a pause, a limit) until after it.
+            let held_past = e.attempt_timeline.is_empty()
+                && e.expires_at
+                    .as_deref()
+                    .is_some_and(|t| t > e.updated_at.as_str());
             match &e.expires_at {
+                Some(t) if held_past => format!(
+                    "It expired at {}: Herald held it back (its destination paused or limited) until after its expires_at ({t}), so no request was made.",
+                    e.updated_at
+                ),
                 Some(t) if at_the_answer => format!(
                     "It expired at that answer: the next attempt would have come after its expires_at ({t}), so no further request was made."
                 ),
@@ -733,6 +742,18 @@ mod tests {
             narrate(&e).contains("passed before it could be sent again"),
             "{}",
             narrate(&e)
+        );
+        // Held back past its expiry before any attempt: ended then.
+        let mut held = base(State::Expired);
+        held.expires_at = Some("2026-12-01T10:01:00.000000Z".into());
+        held.updated_at = "2026-12-01T10:00:05.000000Z".into();
+        assert!(
+            narrate(&held).contains(
+                "It expired at 2026-12-01T10:00:05.000000Z: Herald held it back (its destination \
+                 paused or limited) until after its expires_at (2026-12-01T10:01:00.000000Z)"
+            ),
+            "{}",
+            narrate(&held)
         );
         // Ended by its attempt's answer: the retry would have come after the expiry.
         e.attempt_timeline = vec![attempt(1, Some(429), AttemptClass::RateLimited, "expired")];

@@ -1,7 +1,7 @@
 //! Per-destination slow-down on both backends: a 429 (or an SMTP 421) slows every message bound
 //! to that destination, not only the one that got it; other destinations go on.
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::both_backends;
 use crate::support::app::{spawn_app_with, webhook};
@@ -29,8 +29,25 @@ async fn a_429_slows_every_message_to_that_destination(backend: Backend) {
             201
         );
     }
+    // One that expires before the pause ends could never be sent: expired when held.
+    let mut brief = webhook("s-brief", &slow.url, json!({}));
+    brief["expires_at"] = json!((app.clock_now() + chrono::Duration::seconds(8)).to_rfc3339());
+    assert_eq!(app.post_message(brief).await.status(), 201);
     let before = app.clock_now();
-    assert_eq!(app.run_until_idle().await, 3);
+    assert_eq!(app.run_until_idle().await, 4);
+    let brief = app.message("s-brief").await;
+    assert_eq!(
+        (
+            &brief["state"],
+            &brief["attempts"],
+            &brief["last_error_class"]
+        ),
+        (&json!("expired"), &json!(0), &Value::Null),
+        "{brief}"
+    );
+    let explained = app.explain("s-brief").await;
+    let paragraph = explained["explanation"].as_str().unwrap();
+    assert!(paragraph.contains("Herald held it back"), "{paragraph}");
     // The first got the 429; the second was never sent: put back for the same pause, its
     // attempt not spent.
     assert_eq!(slow.requests().len(), 1);
