@@ -290,7 +290,13 @@ fn state_sentence(e: &Explanation) -> String {
                     e.updated_at
                 ),
                 Some(t) if at_the_answer => format!(
-                    "It expired at that answer: the next attempt would have come after its expires_at ({t}), so no further request was made."
+                    "It expired {}: the next attempt would have come after its expires_at ({t}), so no further request was made.",
+                    match e.attempt_timeline.last() {
+                        Some(a) if a.error_kind.as_deref() == Some("lease_expired") => {
+                            "when that attempt's lease ran out"
+                        }
+                        _ => "at that answer",
+                    }
                 ),
                 Some(t) => format!(
                     "It expired: its expires_at ({t}) passed before it could be {sent}, so no further request was made."
@@ -754,6 +760,15 @@ mod tests {
             ),
             "{}",
             narrate(&held)
+        );
+        // Ended by the watchdog when its lease ran out: no answer came.
+        let mut lost = attempt(1, None, AttemptClass::Ambiguous, "expired");
+        lost.error_kind = Some("lease_expired".into());
+        e.attempt_timeline = vec![lost];
+        assert!(
+            narrate(&e).contains("It expired when that attempt's lease ran out: the next attempt"),
+            "{}",
+            narrate(&e)
         );
         // Ended by its attempt's answer: the retry would have come after the expiry.
         e.attempt_timeline = vec![attempt(1, Some(429), AttemptClass::RateLimited, "expired")];
