@@ -834,14 +834,7 @@ impl Sender {
             .is_some_and(|at| at <= now + cleared.db_offset)
         {
             info!("expired while waiting to be sent; no request made");
-            let attempts = row.attempts;
-            let error_class = row.last_error_class;
-            return OutcomeRecord {
-                state: State::Expired,
-                attempts_after: attempts - 1,
-                error_class,
-                ..cleared.base
-            };
+            return expired_unsent(cleared.base, row);
         }
         // A pause that began while it waited for its slot or its place — the 429 of the message
         // before it to the same destination, answered meanwhile — holds it as one that began
@@ -1791,6 +1784,19 @@ pub fn ordering_policy(
 
 /// A claimed message put back without a request: `retryable` after `wait_ms`, the claim's attempt
 /// not spent, no attempt row.
+/// A claimed message that ends `expired` without a request: its claim's attempt not spent, no
+/// attempt row, the class it had kept.
+fn expired_unsent(base: OutcomeRecord, row: &OutboxRow) -> OutcomeRecord {
+    OutcomeRecord {
+        state: State::Expired,
+        attempts_after: row.attempts - 1,
+        next_attempt_at: None,
+        retry_delay_ms: None,
+        error_class: row.last_error_class,
+        ..base
+    }
+}
+
 fn put_back(
     base: OutcomeRecord,
     row: &OutboxRow,
@@ -1803,14 +1809,7 @@ fn put_back(
     // an answer whose retry would come too late (its attempt not spent, the class it had kept).
     // It read `retryable` until the hold's end.
     if row.expires_at.is_some_and(|expiry| until > expiry) {
-        return OutcomeRecord {
-            state: State::Expired,
-            attempts_after: claimed_attempts - 1,
-            next_attempt_at: None,
-            retry_delay_ms: None,
-            error_class: row.last_error_class,
-            ..base
-        };
+        return expired_unsent(base, row);
     }
     // No spread: the held messages come back at the instant they are held until (the pause's
     // end, their reserved slot) and are claimed in their order; the destination's limits shape

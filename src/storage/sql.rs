@@ -1675,25 +1675,26 @@ mod tests {
     /// The settle pass's SQL and the reconciler's Rust say the same replay slack.
     #[test]
     fn the_replay_slack_is_one_in_rust_and_sql() {
-        let secs = crate::storage::models::REPLAY_SLACK.num_seconds();
-        assert!(
-            PG_REPLAY_AFTER_EVENT.ends_with(&format!("interval '{secs} seconds'")),
-            "{PG_REPLAY_AFTER_EVENT}"
-        );
-        assert!(
-            SQLITE_REPLAY_AFTER_EVENT.ends_with(&format!("+ {secs}.0 / 86400.0")),
-            "{SQLITE_REPLAY_AFTER_EVENT}"
-        );
         // And the same slack for clocks apart between a receipt and a request.
-        let secs = crate::storage::models::RECEIPT_CLOCK_SLACK.num_seconds();
-        assert!(
-            PG_ATTEMPT_BEFORE_RECEIPT.ends_with(&format!("interval '{secs} second'")),
-            "{PG_ATTEMPT_BEFORE_RECEIPT}"
-        );
-        assert!(
-            SQLITE_ATTEMPT_BEFORE_RECEIPT.ends_with(&format!("+ {secs}.0 / 86400.0")),
-            "{SQLITE_ATTEMPT_BEFORE_RECEIPT}"
-        );
+        let replay = crate::storage::models::REPLAY_SLACK.num_seconds();
+        let clocks = crate::storage::models::RECEIPT_CLOCK_SLACK.num_seconds();
+        for (sql, ending) in [
+            (
+                PG_REPLAY_AFTER_EVENT,
+                format!("interval '{replay} seconds'"),
+            ),
+            (SQLITE_REPLAY_AFTER_EVENT, format!("+ {replay}.0 / 86400.0")),
+            (
+                PG_ATTEMPT_BEFORE_RECEIPT,
+                format!("interval '{clocks} second'"),
+            ),
+            (
+                SQLITE_ATTEMPT_BEFORE_RECEIPT,
+                format!("+ {clocks}.0 / 86400.0"),
+            ),
+        ] {
+            assert!(sql.ends_with(&ending), "{sql}");
+        }
     }
 
     /// The SQLite claim's limit is not a bare parameter (SQLite would compile the statement again
