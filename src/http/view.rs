@@ -79,7 +79,7 @@ pub struct ReceiptView {
     pub received_at: String,
     #[schema(format = DateTime)]
     pub reconciled_at: Option<String>,
-    /// `applied`, `superseded`, `unchanged` or `history`.
+    /// `applied`, `superseded`, `no_send`, `unchanged` or `history`.
     pub outcome: Option<String>,
     pub outcome_reason: Option<String>,
 }

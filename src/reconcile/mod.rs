@@ -59,6 +59,9 @@ pub enum Verdict {
     Applied { previous: Option<String> },
     /// Older than the current status (or equally old and of lower precedence): history only.
     Superseded { reason: String },
+    /// Of no send of the message: no request of it (of its series, after a replay) had begun
+    /// when the receipt arrived. History only, and it settles nothing later either.
+    OfNoSend { reason: String },
     /// The same status at the same event time: a repeat.
     Unchanged,
     /// Not a delivery status (engagement, or outside the vocabulary): history only.
@@ -226,10 +229,9 @@ impl Reconciler {
         let verdict = match earlier {
             // No request of this series was made: the receipt cannot be of it (a message
             // canceled, expired or still scheduled; one replayed and not sent again yet).
-            None if unsent && precedence(&r.event_type).is_some() => Verdict::Superseded {
+            None if unsent && precedence(&r.event_type).is_some() => Verdict::OfNoSend {
                 reason: format!(
-                    "{}{} (event time {}, arrived {}): kept in the history",
-                    crate::storage::receipts::OF_NO_SEND,
+                    "{} (event time {}, arrived {}): kept in the history",
                     if m.replays.unwrap_or(0) > 0 {
                         "no request of it had begun since its replay when it arrived"
                     } else {
@@ -278,6 +280,7 @@ impl Reconciler {
                 )
             }
             Verdict::Superseded { reason } => ("superseded", reason, None),
+            Verdict::OfNoSend { reason } => (crate::storage::receipts::NO_SEND, reason, None),
             Verdict::Unchanged => (
                 "unchanged",
                 "the same status at the same event time is already applied".into(),

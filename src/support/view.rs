@@ -234,7 +234,7 @@ pub struct ReceiptEntry {
     pub received_at: String,
     #[schema(format = DateTime)]
     pub reconciled_at: Option<String>,
-    /// `applied`, `superseded`, `unchanged` or `history`.
+    /// `applied`, `superseded`, `no_send`, `unchanged` or `history`.
     pub outcome: Option<String>,
     pub outcome_reason: Option<String>,
 }

@@ -237,6 +237,84 @@ async fn the_replay_keys_upgrade_keeps_the_keys_receipts_held(backend: Backend) 
 
 both_backends!(the_replay_keys_upgrade_keeps_the_keys_receipts_held);
 
+/// Upgrading gives a receipt an earlier Herald judged of no send (`superseded`, its reason
+/// beginning "of no send: ") the outcome `no_send`, the rest of its reason kept; other
+/// `superseded` receipts stay as they were. Reverting writes them back as they were.
+async fn the_no_send_upgrade_gives_such_receipts_their_own_outcome(backend: Backend) {
+    use diesel::connection::SimpleConnection;
+    use diesel::{QueryableByName, RunQueryDsl};
+    use diesel_migrations::MigrationHarness;
+
+    #[derive(QueryableByName, Debug, PartialEq)]
+    struct Row {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        provider_event_id: String,
+        #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+        outcome: Option<String>,
+        #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+        outcome_reason: Option<String>,
+    }
+    const INSERT: &str = "INSERT INTO herald_receipts (source, provider_event_id, event_type, \
+        provider_type, raw, received_at, outcome, outcome_reason, match_attempts) VALUES \
+        ('esp', 'a-no-send', 'delivered', 'd', '{}', '2026-12-01 10:00:00+00', 'superseded', \
+            'of no send: no request of it had begun when it arrived (event time -, arrived -): \
+kept in the history', 0), \
+        ('esp', 'b-older', 'sent', 'd', '{}', '2026-12-01 10:00:00+00', 'superseded', \
+            'older than the current status delivered', 0), \
+        ('esp', 'c-applied', 'delivered', 'd', '{}', '2026-12-01 10:00:00+00', 'applied', \
+            'delivery status none → delivered', 0)";
+    const READ: &str = "SELECT provider_event_id, outcome, outcome_reason FROM herald_receipts \
+        ORDER BY provider_event_id";
+    fn row(id: &str, outcome: &str, reason: &str) -> Row {
+        Row {
+            provider_event_id: id.into(),
+            outcome: Some(outcome.into()),
+            outcome_reason: Some(reason.into()),
+        }
+    }
+    fn expected(upgraded: bool) -> [Row; 3] {
+        let no_send = "no request of it had begun when it arrived (event time -, arrived -): \
+kept in the history";
+        [
+            if upgraded {
+                row("a-no-send", "no_send", no_send)
+            } else {
+                row("a-no-send", "superseded", &format!("of no send: {no_send}"))
+            },
+            row(
+                "b-older",
+                "superseded",
+                "older than the current status delivered",
+            ),
+            row("c-applied", "applied", "delivery status none → delivered"),
+        ]
+    }
+    macro_rules! run_upgrade {
+        ($c:expr, $migrations:expr) => {{
+            let c = $c;
+            c.run_pending_migrations($migrations).unwrap();
+            while c.revert_last_migration($migrations).unwrap().to_string() != "20261206000025" {}
+            c.batch_execute(INSERT).unwrap();
+            let rows: Vec<Row> = diesel::sql_query(READ).load(c).unwrap();
+            assert_eq!(rows, expected(false));
+            c.run_pending_migrations($migrations).unwrap();
+            let rows: Vec<Row> = diesel::sql_query(READ).load(c).unwrap();
+            assert_eq!(rows, expected(true));
+            while c.revert_last_migration($migrations).unwrap().to_string() != "20261206000025" {}
+            let rows: Vec<Row> = diesel::sql_query(READ).load(c).unwrap();
+            assert_eq!(rows, expected(false), "reverted as they were");
+        }};
+    }
+    on_a_fresh_database(
+        backend,
+        |c| run_upgrade!(c, herald::storage::PG_MIGRATIONS),
+        |c| run_upgrade!(c, herald::storage::SQLITE_MIGRATIONS),
+    )
+    .await;
+}
+
+both_backends!(the_no_send_upgrade_gives_such_receipts_their_own_outcome);
+
 /// PostgreSQL: rows an earlier Herald or an application stored with times out of range (an
 /// `expires_at` of year 10000 in UTC, which the API took; `'-infinity'`) are brought within it
 /// by the migration that adds the range constraints — every later update of such a row is
