@@ -220,6 +220,12 @@ impl From<CancelError> for Problem {
                 "The message can no longer be canceled",
             )
             .detail(e.to_string()),
+            // The API answers a fan-out's id with its messages before it cancels
+            // (`fan_out_or_not_found`); this is the library's answer.
+            CancelError::FanOut => {
+                Problem::new(StatusCode::CONFLICT, "fan-out", "A fan-out's own event id")
+                    .detail(e.to_string())
+            }
             CancelError::Storage(s) => s.into(),
         }
     }

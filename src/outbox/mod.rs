@@ -505,6 +505,10 @@ pub enum CancelError {
     /// Already sending or finished: only `scheduled` and `retryable` messages can be canceled.
     #[error("it is {0}; only scheduled or retryable messages can be canceled")]
     NotCancelable(State),
+    /// The event id is a fan-out's own: it names no message. Cancel each of its messages by its
+    /// own event id (listed in the [`FanOut`] its enqueue returned).
+    #[error("it is a fan-out's own event id; cancel each of its messages by its own event id")]
+    FanOut,
     #[error(transparent)]
     Storage(#[from] StorageError),
 }
@@ -526,7 +530,8 @@ pub fn cancel(
 /// /v1/messages/{event_id}/cancel`: a `scheduled` or `retryable` message, or a keyed
 /// `dead_letter`/`unconfirmed` head that holds its key (the key's next message becomes due);
 /// `canceled` already is the same answer; in flight or finished is [`CancelError::NotCancelable`].
-/// A fan-out's own event id names no message: cancel its messages by their own ids.
+/// A fan-out's own event id names no message: [`CancelError::FanOut`]; cancel its messages by
+/// their own ids.
 ///
 /// ```no_run
 /// # use diesel::Connection;
@@ -550,6 +555,9 @@ pub fn cancel_in<C: OutboxConnection>(
         .cancel_outbox_row(event_id, now)
         .map_err(StorageError::from)?;
     let row = conn.find_outbox_row(event_id).map_err(StorageError::from)?;
+    if row.is_none() && conn.is_fanout(event_id).map_err(StorageError::from)? {
+        return Err(CancelError::FanOut);
+    }
     decide_cancel(changed, row)
 }
 

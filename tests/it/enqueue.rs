@@ -235,15 +235,24 @@ async fn a_time_herald_cannot_read_back_is_refused_at_the_insert(backend: Backen
 
 /// The application cancels in its own transaction (`herald::outbox::cancel_in` on its own
 /// connection): a rolled-back cancel cancels nothing, a committed one sends nothing; in flight
-/// or finished, and no such message, are refused as over HTTP.
+/// or finished, no such message, and a fan-out's own event id, are refused as over HTTP.
 async fn the_application_cancels_in_its_own_transaction(backend: Backend) {
     use herald::outbox::{CancelError, cancel_in};
-    let app = spawn_app(backend).await;
     let rx = Receiver::start().await;
+    let app = crate::support::app::spawn_app_with(
+        backend,
+        &format!(
+            "[endpoints.orders]\nurl = \"{}\"\nevent_types = [\"order.*\"]\n",
+            rx.url_for("/orders")
+        ),
+    )
+    .await;
     for id in ["keep", "drop", "sent", "plain"] {
         let r = app.post_message(webhook(id, &rx.url, json!({}))).await;
         assert_eq!(r.status(), 201);
     }
+    let fan = webhook("order-9", "type:order.placed", json!({}));
+    assert_eq!(app.post_message(fan).await.status(), 201);
     // In plain SQL, as the README gives it: herald_cancel on PostgreSQL, the UPDATE on SQLite.
     with_app_conn(
         &app,
@@ -287,19 +296,23 @@ async fn the_application_cancels_in_its_own_transaction(backend: Backend) {
     );
     assert_eq!(app.row("keep").state.as_str(), "scheduled");
     assert_eq!(app.row("drop").state.as_str(), "canceled");
-    assert_eq!(app.run_until_idle().await, 2);
+    assert_eq!(app.run_until_idle().await, 3);
     let mut sent = rx.event_ids();
     sent.sort();
-    assert_eq!(sent, ["keep", "sent"], "the canceled one is never sent");
+    assert_eq!(
+        sent,
+        ["keep", "order-9:orders", "sent"],
+        "the canceled one is never sent"
+    );
     // Canceled already: the same answer, unchanged; delivered: refused; none: not found.
     let answers = with_app_conn(
         &app,
         |c| {
-            ["drop", "sent", "nobody"]
+            ["drop", "sent", "nobody", "order-9"]
                 .map(|id| cancel_in(c, id).map(|(changed, r)| (changed, r.state)))
         },
         |c| {
-            ["drop", "sent", "nobody"]
+            ["drop", "sent", "nobody", "order-9"]
                 .map(|id| cancel_in(c, id).map(|(changed, r)| (changed, r.state)))
         },
     );
@@ -317,6 +330,11 @@ async fn the_application_cancels_in_its_own_transaction(backend: Backend) {
         matches!(&answers[2], Err(CancelError::NotFound)),
         "{:?}",
         answers[2]
+    );
+    assert!(
+        matches!(&answers[3], Err(CancelError::FanOut)),
+        "{:?}",
+        answers[3]
     );
     app.stop().await;
 }
