@@ -116,6 +116,13 @@ pub fn decide(
     }
 }
 
+/// Whether a send at `next` would come after the message's `expires_at`: it could never be
+/// made. The one rule for a retry after an answer ([`within_expiry`]) and a claimed message held
+/// back without a request (the sender's `put_back`).
+pub fn too_late(next: DateTime<Utc>, expires_at: Option<DateTime<Utc>>) -> bool {
+    expires_at.is_some_and(|expiry| next > expiry)
+}
+
 /// A retry set after the message's `expires_at` could never be made: the message ends `expired`
 /// now (no more requests), with the class that decided it. Before, it read `retryable` for up
 /// to the whole backoff after it could no longer be sent. (Due at its expiry instead, it could be
@@ -124,7 +131,7 @@ pub fn decide(
 pub fn within_expiry(mut decision: Decision, expires_at: Option<DateTime<Utc>>) -> Decision {
     if let (State::Retryable, Some(next), Some(expiry)) =
         (decision.state, decision.next_attempt_at, expires_at)
-        && next > expiry
+        && too_late(next, Some(expiry))
     {
         let at = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
         decision.reason = format!(
@@ -143,6 +150,19 @@ pub fn within_expiry(mut decision: Decision, expires_at: Option<DateTime<Utc>>) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_send_is_too_late_only_after_the_expiry() {
+        let expiry = now();
+        let ms = chrono::Duration::milliseconds(1);
+        assert!(!too_late(expiry - ms, Some(expiry)));
+        assert!(
+            !too_late(expiry, Some(expiry)),
+            "at the expiry it may still go"
+        );
+        assert!(too_late(expiry + ms, Some(expiry)));
+        assert!(!too_late(expiry + chrono::Duration::days(9999), None));
+    }
 
     #[test]
     fn a_retry_after_the_expiry_ends_the_message_expired() {

@@ -33,7 +33,7 @@ use crate::storage::models::{
 };
 use crate::storage::{Db, StorageError};
 
-use self::decide::{AttemptFacts, decide, series_attempt, within_expiry};
+use self::decide::{AttemptFacts, decide, series_attempt, too_late, within_expiry};
 use self::disable::Streaks;
 use self::limits::{Limit, Limits};
 use self::throttle::{Answer, Throttle};
@@ -1782,8 +1782,6 @@ pub fn ordering_policy(
     })
 }
 
-/// A claimed message put back without a request: `retryable` after `wait_ms`, the claim's attempt
-/// not spent, no attempt row.
 /// A claimed message that ends `expired` without a request: its claim's attempt not spent, no
 /// attempt row, the class it had kept.
 fn expired_unsent(base: OutcomeRecord, row: &OutboxRow) -> OutcomeRecord {
@@ -1797,6 +1795,8 @@ fn expired_unsent(base: OutcomeRecord, row: &OutboxRow) -> OutcomeRecord {
     }
 }
 
+/// A claimed message put back without a request: `retryable` until `until`, the claim's attempt
+/// not spent, no attempt row; `expired` when `until` is after its `expires_at`.
 fn put_back(
     base: OutcomeRecord,
     row: &OutboxRow,
@@ -1808,7 +1808,7 @@ fn put_back(
     // Held until after its expires_at, it could never be sent: it ends `expired` now, as after
     // an answer whose retry would come too late (its attempt not spent, the class it had kept).
     // It read `retryable` until the hold's end.
-    if row.expires_at.is_some_and(|expiry| until > expiry) {
+    if too_late(until, row.expires_at) {
         return expired_unsent(base, row);
     }
     // No spread: the held messages come back at the instant they are held until (the pause's
