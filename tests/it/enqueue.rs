@@ -233,6 +233,53 @@ async fn a_time_herald_cannot_read_back_is_refused_at_the_insert(backend: Backen
     app.stop().await;
 }
 
+/// An error class Herald does not know, written by an application's SQL, is refused at the
+/// insert on both backends: Herald reads `last_error_class` back as one of its classes, and the
+/// claim reads whole rows, so one such row would fail every claim. Every class Herald knows is
+/// taken (a class added without its migration fails here), and such rows are sent.
+async fn an_error_class_herald_does_not_know_is_refused_at_the_insert(backend: Backend) {
+    use herald::domain::AttemptClass;
+    let app = spawn_app(backend).await;
+    let rx = Receiver::start().await;
+    let insert = |id: &str, class: &str| {
+        format!(
+            "INSERT INTO herald_outbox (event_id, channel, destination, payload, last_error_class) \
+             VALUES ('{id}', 'webhook', '{}', '{{\"body\": 1}}', '{class}')",
+            rx.url
+        )
+    };
+    for (i, bad) in ["bogus", "", "Transient", "transient "].iter().enumerate() {
+        let sql = insert(&format!("bad-{i}"), bad);
+        let e = with_app_conn(
+            &app,
+            |c| c.batch_execute(&sql).unwrap_err(),
+            |c| c.batch_execute(&sql).unwrap_err(),
+        )
+        .to_string();
+        assert!(
+            e.contains("herald_outbox_last_error_class_check"),
+            "{bad:?}: {e}"
+        );
+        assert!(
+            app.db
+                .find_by_event_id(&format!("bad-{i}"))
+                .unwrap()
+                .is_none()
+        );
+    }
+    for class in AttemptClass::ALL {
+        let sql = insert(&format!("good-{}", class.as_str()), class.as_str());
+        with_app_conn(
+            &app,
+            |c| c.batch_execute(&sql).unwrap(),
+            |c| c.batch_execute(&sql).unwrap(),
+        );
+    }
+    assert_eq!(app.run_until_idle().await, AttemptClass::ALL.len());
+    assert_eq!(rx.requests().len(), AttemptClass::ALL.len());
+    app.stop().await;
+}
+
 /// The application cancels in its own transaction (`herald::outbox::cancel_in` on its own
 /// connection): a rolled-back cancel cancels nothing, a committed one sends nothing; in flight
 /// or finished, no such message, and a fan-out's own event id, are refused as over HTTP.
@@ -615,6 +662,7 @@ both_backends!(
     rolled_back_rows_are_never_sent,
     plain_sql_insert_with_only_the_essentials,
     a_time_herald_cannot_read_back_is_refused_at_the_insert,
+    an_error_class_herald_does_not_know_is_refused_at_the_insert,
     the_application_cancels_in_its_own_transaction,
     every_way_in_gives_the_same_row,
     duplicate_event_id_sends_once,

@@ -315,6 +315,54 @@ kept in the history";
 
 both_backends!(the_no_send_upgrade_gives_such_receipts_their_own_outcome);
 
+/// Upgrading clears an error class Herald does not know, which an application's insert could
+/// store before (and which failed every claim), and keeps the ones it knows.
+async fn the_known_error_classes_upgrade_clears_unknown_ones(backend: Backend) {
+    use diesel::connection::SimpleConnection;
+    use diesel::{QueryableByName, RunQueryDsl};
+    use diesel_migrations::MigrationHarness;
+
+    #[derive(QueryableByName, Debug, PartialEq)]
+    struct Row {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        event_id: String,
+        #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+        last_error_class: Option<String>,
+    }
+    const INSERT: &str = "INSERT INTO herald_outbox (event_id, channel, destination, payload, \
+        last_error_class) VALUES \
+        ('a', 'webhook', 'https://a.example/h', '{\"body\": {}}', 'bogus'), \
+        ('b', 'webhook', 'https://a.example/h', '{\"body\": {}}', 'transient'), \
+        ('c', 'webhook', 'https://a.example/h', '{\"body\": {}}', NULL)";
+    const READ: &str = "SELECT event_id, last_error_class FROM herald_outbox ORDER BY event_id";
+    macro_rules! run_upgrade {
+        ($c:expr, $migrations:expr) => {{
+            let c = $c;
+            c.run_pending_migrations($migrations).unwrap();
+            while c.revert_last_migration($migrations).unwrap().to_string() != "20261206000026" {}
+            c.batch_execute(INSERT).unwrap();
+            c.run_pending_migrations($migrations).unwrap();
+            let rows: Vec<Row> = diesel::sql_query(READ).load(c).unwrap();
+            let row = |id: &str, class: Option<&str>| Row {
+                event_id: id.into(),
+                last_error_class: class.map(Into::into),
+            };
+            assert_eq!(
+                rows,
+                [row("a", None), row("b", Some("transient")), row("c", None)]
+            );
+        }};
+    }
+    on_a_fresh_database(
+        backend,
+        |c| run_upgrade!(c, herald::storage::PG_MIGRATIONS),
+        |c| run_upgrade!(c, herald::storage::SQLITE_MIGRATIONS),
+    )
+    .await;
+}
+
+both_backends!(the_known_error_classes_upgrade_clears_unknown_ones);
+
 /// PostgreSQL: rows an earlier Herald or an application stored with times out of range (an
 /// `expires_at` of year 10000 in UTC, which the API took; `'-infinity'`) are brought within it
 /// by the migration that adds the range constraints — every later update of such a row is

@@ -1,0 +1,1 @@
+ALTER TABLE herald_outbox DROP CONSTRAINT herald_outbox_last_error_class_check;
