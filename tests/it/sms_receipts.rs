@@ -269,6 +269,24 @@ async fn telnyx_events_reconcile_by_occurred_at(backend: Backend) {
         "data.id deduplicates"
     );
     assert_eq!(delivery(&app, "tx-1").await, ("failed".into(), Some(t - 2)));
+    // An incoming message at the profile's URL, signed: no receipt, a 400 naming it, nothing
+    // stored (it holds the sender's number and text).
+    let (h3, b3) = telnyx_request("message.received", "webhook_delivered", t - 1, t);
+    let (status, problem) = ingest(&app, false, "", &h3, b3).await;
+    assert_eq!(status, 400, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("message.received")),
+        "{problem}"
+    );
+    assert_eq!(
+        app.message("tx-1").await["receipts"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
     app.stop().await;
 }
 

@@ -75,6 +75,14 @@ fn normalize(body: Value) -> Result<Vec<ReceiptEvent>, VerifyError> {
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
+    // An incoming message, or an event that is not about a message (a call's, a number's), at
+    // this URL is no receipt: refused, not stored (an incoming one holds the sender's number
+    // and the text). A message event of another type is kept, as `other`.
+    if event_type == "message.received" || !event_type.starts_with("message.") {
+        return Err(VerifyError::Unparsable(format!(
+            "a {event_type} event, not a receipt of a message sent"
+        )));
+    }
     let is_status = matches!(event_type.as_str(), "message.sent" | "message.finalized");
     if !is_status || recipients.is_empty() {
         return Ok(vec![ReceiptEvent {
@@ -262,8 +270,8 @@ mod tests {
                 "other"
             ]
         );
-        // Events that are not message statuses keep their type under `other`.
-        let e = normalize(serde_json::json!({"data": {"id": "e", "event_type": "message.received",
+        // Message events that are not statuses keep their type under `other`.
+        let e = normalize(serde_json::json!({"data": {"id": "e", "event_type": "message.updated",
             "payload": {"id": "m", "to": [{"phone_number": "+1", "status": "webhook_delivered"}]}}}))
         .unwrap();
         assert_eq!(
@@ -272,8 +280,21 @@ mod tests {
                 e[0].event_type.as_str(),
                 e[0].provider_type.as_str()
             ),
-            (1, "other", "message.received")
+            (1, "other", "message.updated")
         );
+        // An incoming message, a call's event, or none: no receipt.
+        for event_type in ["message.received", "call.hangup", "unknown"] {
+            let body = if event_type == "unknown" {
+                serde_json::json!({"data": {"id": "e", "payload": {"id": "m"}}})
+            } else {
+                serde_json::json!({"data": {"id": "e", "event_type": event_type,
+                    "payload": {"id": "m", "text": "hi", "from": {"phone_number": "+1"}}}})
+            };
+            assert!(
+                matches!(normalize(body), Err(VerifyError::Unparsable(e)) if e.contains(event_type)),
+                "{event_type}"
+            );
+        }
         assert!(matches!(
             normalize(serde_json::json!({"data": {}})),
             Err(VerifyError::Unparsable(_))

@@ -174,6 +174,21 @@ impl Source for Twilio {
             crate::ingest::nonblank(fields.get(k).and_then(|v| v.as_str())).map(str::to_owned)
         };
         // SMS status callbacks carry MessageSid/MessageStatus; voice callbacks CallSid/CallStatus.
+        // Twilio's request for an incoming message (SmsStatus `received`, no MessageStatus) or
+        // an incoming call (Direction `inbound`) at this URL is no receipt: refused, not stored
+        // (it holds the sender's number and the text).
+        if get("MessageStatus").is_none()
+            && get("SmsStatus").is_some_and(|s| s == "received" || s == "receiving")
+        {
+            return Err(VerifyError::Unparsable(
+                "an incoming message (SmsStatus received), not a status callback".into(),
+            ));
+        }
+        if get("MessageSid").is_none() && get("Direction").is_some_and(|d| d == "inbound") {
+            return Err(VerifyError::Unparsable(
+                "an incoming call (Direction inbound), not a status callback".into(),
+            ));
+        }
         let sid = get("MessageSid")
             .or_else(|| get("SmsSid"))
             .or_else(|| get("CallSid"))
@@ -255,6 +270,63 @@ mod tests {
             ),
             Err(VerifyError::Mismatch)
         );
+    }
+
+    /// Twilio's requests for an incoming message or call, signed with the source's token, are
+    /// refused as no receipt (400, nothing stored); a call's status callback is a receipt.
+    #[test]
+    fn incoming_messages_and_calls_are_not_receipts() {
+        let token = "12345";
+        let url = "https://h.example/v1/ingest/twilio";
+        let v = Twilio::new(vec![token.into()], url).unwrap();
+        let verdict = |body: &str| {
+            let params: Vec<(String, String)> = url::form_urlencoded::parse(body.as_bytes())
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect();
+            let h = vec![(
+                "x-twilio-signature".to_owned(),
+                sign(token, &format!("{url}{}", signed_params(&params))),
+            )];
+            v.verify(
+                &RawRequest {
+                    headers: &h,
+                    body: body.as_bytes(),
+                    query: None,
+                    method: "POST",
+                },
+                Utc::now(),
+            )
+        };
+        for (body, why) in [
+            (
+                "MessageSid=SM9&SmsSid=SM9&SmsStatus=received&Body=Hi&From=%2B1555&To=%2B1666",
+                "an incoming message",
+            ),
+            (
+                "CallSid=CA9&CallStatus=ringing&Direction=inbound&From=%2B1555&To=%2B1666",
+                "an incoming call",
+            ),
+        ] {
+            match verdict(body) {
+                Err(VerifyError::Unparsable(e)) => assert!(e.starts_with(why), "{e}"),
+                other => panic!("{body}: {other:?}"),
+            }
+        }
+        // A status callback carries both MessageStatus and SmsStatus; a call's carries its
+        // CallStatus and an outbound Direction.
+        for (body, key) in [
+            (
+                "MessageSid=SM9&SmsSid=SM9&SmsStatus=delivered&MessageStatus=delivered",
+                "SM9:delivered",
+            ),
+            (
+                "CallSid=CA9&CallStatus=completed&Direction=outbound-api",
+                "CA9:completed",
+            ),
+        ] {
+            let e = verdict(body).unwrap();
+            assert_eq!(e[0].provider_event_id, key);
+        }
     }
 
     /// The validators' published test vectors: auth token `12345`, and (URL as configured, query
