@@ -90,8 +90,9 @@ pub use crate::storage::models::NewReceipt as ReceiptEvent;
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum VerifyError {
-    /// 401: no signature (or credentials) where one is required.
-    #[error("missing signature: {0}")]
+    /// 401: no signature (or credentials, or a signed element such as its timestamp) where one
+    /// is required; the element named.
+    #[error("missing {0}")]
     Missing(&'static str),
     /// 401: no candidate signature matched any secret.
     #[error("signature does not match")]

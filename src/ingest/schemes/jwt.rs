@@ -63,7 +63,7 @@ pub fn within_validity(
 ) -> Result<(), VerifyError> {
     let now = now.timestamp();
     let nbf = claim_secs(claims, "nbf").unwrap_or(0);
-    let exp = claim_secs(claims, "exp").ok_or(VerifyError::Mismatch)?;
+    let exp = claim_secs(claims, "exp").ok_or(VerifyError::Missing("the token's exp"))?;
     if now < nbf.saturating_sub(leeway) || now > exp.saturating_add(leeway) {
         return Err(VerifyError::Stale(leeway.unsigned_abs()));
     }

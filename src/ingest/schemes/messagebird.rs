@@ -74,11 +74,13 @@ impl Source for MessageBird {
             &[Algorithm::HS256, Algorithm::HS384, Algorithm::HS512],
         )?;
         if jwt::claim_str(&claims, "iss") != Some("MessageBird") {
-            return Err(VerifyError::Mismatch);
+            return Err(VerifyError::NotAccepted(
+                "the token's iss is not MessageBird",
+            ));
         }
         jwt::within_validity(&claims, now, self.leeway)?;
         if jwt::claim_str(&claims, "jti").is_none_or(str::is_empty) {
-            return Err(VerifyError::Mismatch);
+            return Err(VerifyError::Missing("the token's jti"));
         }
         let url = received_url(&self.public_url, r.query);
         let url_ok = jwt::claim_str(&claims, "url_hash")

@@ -141,7 +141,9 @@ impl Source for Telnyx {
             .header("telnyx-timestamp")
             .ok_or(VerifyError::Missing("telnyx-timestamp"))?
             .trim();
-        let t: i64 = ts.parse().map_err(|_| VerifyError::Mismatch)?;
+        let t: i64 = ts
+            .parse()
+            .map_err(|_| VerifyError::NotAccepted("telnyx-timestamp is not whole seconds"))?;
         if !within(t, now, self.tolerance, true) {
             return Err(VerifyError::Stale(self.tolerance));
         }

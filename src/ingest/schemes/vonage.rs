@@ -112,7 +112,9 @@ impl Vonage {
         let params = first_values(&pairs);
         let given = params.get("sig").ok_or(VerifyError::Missing("sig"))?;
         // Without a configured method there is nothing to check against: refused, not guessed.
-        let method = self.method.ok_or(VerifyError::Mismatch)?;
+        let method = self.method.ok_or(VerifyError::NotAccepted(
+            "an SMS API signature, and this source has no signature_method configured",
+        ))?;
         let signed = sms_signed_string(&params);
         let given = given.trim().to_ascii_lowercase();
         let ok = self
@@ -127,7 +129,7 @@ impl Vonage {
             .ok_or(VerifyError::Missing("timestamp"))?
             .trim()
             .parse()
-            .map_err(|_| VerifyError::Mismatch)?;
+            .map_err(|_| VerifyError::NotAccepted("the signed timestamp is not whole seconds"))?;
         if !within(t, now, self.tolerance, true) {
             return Err(VerifyError::Stale(self.tolerance));
         }
@@ -162,7 +164,7 @@ impl Vonage {
     ) -> Result<Vec<ReceiptEvent>, VerifyError> {
         let claims = jwt::verify_hmac(token, &self.secrets, &[jsonwebtoken::Algorithm::HS256])?;
         if jwt::claim_str(&claims, "iss") != Some("Vonage") {
-            return Err(VerifyError::Mismatch);
+            return Err(VerifyError::NotAccepted("the token's iss is not Vonage"));
         }
         let iat = jwt::claim_secs(&claims, "iat").ok_or(VerifyError::Missing("iat"))?;
         if !within(iat, now, self.tolerance, true) {
@@ -338,7 +340,10 @@ mod tests {
             verdict(Some(SignatureMethod::Md5)),
             Err(VerifyError::Mismatch)
         );
-        assert_eq!(verdict(None), Err(VerifyError::Mismatch));
+        assert!(matches!(
+            verdict(None),
+            Err(VerifyError::NotAccepted(e)) if e.contains("no signature_method")
+        ));
         let late = now + chrono::Duration::seconds(301);
         assert_eq!(
             Vonage::new(vec![SECRET.into()], Some(SignatureMethod::Md5Hash), 300).verify(&r, late),
