@@ -90,13 +90,23 @@ fn now(app: &TestApp) -> i64 {
 // ---- Vonage ----
 
 fn vonage_sms_query(pid: &str, status: &str, scts: DateTime<Utc>, t: i64) -> String {
+    vonage_sms_query_ref(pid, status, scts, t, "a&b=c")
+}
+
+fn vonage_sms_query_ref(
+    pid: &str,
+    status: &str,
+    scts: DateTime<Utc>,
+    t: i64,
+    client_ref: &str,
+) -> String {
     let mut p = vec![
         ("messageId", pid.to_owned()),
         ("msisdn", "447700900000".to_owned()),
         ("status", status.to_owned()),
         ("scts", scts.format("%y%m%d%H%M").to_string()),
         ("timestamp", t.to_string()),
-        ("client-ref", "a&b=c".to_owned()),
+        ("client-ref", client_ref.to_owned()),
     ];
     let mut sorted = p.clone();
     sorted.sort();
@@ -151,6 +161,45 @@ async fn vonage_sms_receipts_reconcile_by_scts(backend: Backend) {
         stored.iter().all(|r| r.raw.get("sig").is_none()),
         "the signature is not kept"
     );
+    app.stop().await;
+}
+
+/// A send that left no provider id (the provider answered 409: `unconfirmed`) is settled by a
+/// receipt that echoes Herald's event id in the send's `client-ref`, which the application put
+/// in the body; a `client-ref` naming no message leaves the provider id to match by.
+async fn an_unconfirmed_sms_is_settled_by_its_client_ref(backend: Backend) {
+    let rx = Receiver::start().await;
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "[sources.sms]\nscheme = \"vonage\"\nsecrets = [\"vonage-sig-secret\"]\n\
+             signature_method = \"sha512\"\n[endpoints.sms]\nurl = \"{}\"\n\
+             provider_message_id_pointer = \"/id\"\n",
+            rx.url
+        ),
+    )
+    .await;
+    rx.script([Reply::Status(409)]);
+    let r = app
+        .post_message(webhook(
+            "otp-7",
+            "endpoint:sms",
+            json!({"to": "+15550001", "client-ref": "otp-7"}),
+        ))
+        .await;
+    assert_eq!(r.status(), 201);
+    assert_eq!(app.run_until_idle().await, 1);
+    assert_eq!(app.row("otp-7").state.as_str(), "unconfirmed");
+    assert_eq!(app.row("otp-7").provider_message_id, None);
+    let t = now(&app);
+    let minute = Utc.timestamp_opt(t / 60 * 60, 0).unwrap();
+    let q = vonage_sms_query_ref("0A000000F7", "delivered", minute, t, "otp-7");
+    assert_eq!(ingest(&app, true, &q, &[], vec![]).await.0, 200);
+    assert_eq!(
+        delivery(&app, "otp-7").await,
+        ("delivered".into(), Some(minute.timestamp()))
+    );
+    assert_eq!(app.row("otp-7").state.as_str(), "delivered", "settled");
     app.stop().await;
 }
 
@@ -449,6 +498,7 @@ both_backends!(
     vonage_sms_receipts_reconcile_by_scts,
     vonage_messages_statuses_reconcile_by_timestamp,
     telnyx_events_reconcile_by_occurred_at,
+    an_unconfirmed_sms_is_settled_by_its_client_ref,
     plivo_callbacks_reconcile_and_a_reused_nonce_is_a_replay,
     messagebird_status_reports_arrive_as_get_and_reconcile
 );

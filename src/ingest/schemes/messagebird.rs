@@ -125,7 +125,8 @@ impl Source for MessageBird {
             event_type: vocabulary(status).into(),
             provider_type: status.clone(),
             event_time: iso_time(&serde_json::Value::String(at)),
-            herald_event_id: None,
+            // The send's `reference`, echoed: Herald's event id when the application put it there.
+            herald_event_id: crate::ingest::nonblank(params.get("reference")).cloned(),
             provider_message_id: Some(id.clone()),
             raw: as_object(&params),
             replay_key: None,

@@ -149,7 +149,9 @@ impl Vonage {
             event_type: sms_vocabulary(status).into(),
             provider_type: status.clone(),
             event_time: params.get("scts").and_then(|s| scts_time(s)),
-            herald_event_id: None,
+            // The send's `client-ref`, echoed: Herald's event id when the application put it
+            // there, which matches a message whose send left no provider id (a timeout, a 409).
+            herald_event_id: crate::ingest::nonblank(params.get("client-ref")).cloned(),
             provider_message_id: Some(id.clone()),
             raw: as_object(&stored),
             replay_key: None,
@@ -190,7 +192,7 @@ impl Vonage {
             event_type: messages_vocabulary(&status).into(),
             event_time: body.get("timestamp").and_then(iso_time),
             provider_type: status,
-            herald_event_id: None,
+            herald_event_id: crate::ingest::nonblank(str_at(&body, "/client_ref")),
             provider_message_id: Some(id),
             raw: body,
             replay_key: None,
