@@ -1210,12 +1210,14 @@ impl Timings {
         } else {
             ("webhook_timeout_ms", total_ms)
         };
-        let needed_s = (longest_ms + LEASE_MARGIN_MS).div_ceil(1000);
+        // Saturating: a timeout near u64::MAX wrapped to a few seconds and let any lease pass.
+        let needed_ms = longest_ms.saturating_add(LEASE_MARGIN_MS);
+        let needed_s = needed_ms.div_ceil(1000);
         let lease_s = match lease_seconds {
             None => DEFAULT_LEASE_SECONDS.max(needed_s),
             Some(s) => {
                 let s = positive("lease_seconds", s)?;
-                if s.saturating_mul(1000) < longest_ms + LEASE_MARGIN_MS {
+                if s.saturating_mul(1000) < needed_ms {
                     return Err(invalid(
                         "lease_seconds",
                         format!(
@@ -1666,6 +1668,30 @@ mod tests {
         }
         let s = Settings::build(none(), &env(&[("HERALD_LEASE_SECONDS", "86400")])).unwrap();
         assert_eq!(s.lease, Duration::from_secs(86_400));
+        // A send timeout near u64::MAX needs a lease past any: refused, with the lease set or
+        // not (its margin wrapped to 4,999 ms and let every lease pass; a walk-through found it).
+        let huge = "18446744073709551615";
+        for vars in [
+            vec![("HERALD_WEBHOOK_TIMEOUT_MS", huge)],
+            vec![
+                ("HERALD_WEBHOOK_TIMEOUT_MS", huge),
+                ("HERALD_LEASE_SECONDS", "10"),
+            ],
+            vec![
+                ("HERALD_SMTP_URL", "smtp://127.0.0.1:2525"),
+                ("HERALD_SMTP_TIMEOUT_MS", huge),
+            ],
+        ] {
+            let err = Settings::build(none(), &env(&vars))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                ["webhook_timeout_ms:", "smtp_timeout_ms:", "lease_seconds:"]
+                    .iter()
+                    .any(|k| err.starts_with(k)),
+                "{vars:?}: {err}"
+            );
+        }
         let err = Settings::from_toml("leese_seconds = 1").unwrap_err();
         assert!(matches!(err, ConfigError::Parse { line: 1, .. }), "{err}");
         // A value of the wrong kind names its key (under its table), never the value, in words.

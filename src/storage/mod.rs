@@ -376,41 +376,69 @@ impl r2d2::ManageConnection for PgManager {
     }
 }
 
-/// What of a database URL must never be shown: its password as written, and each piece of it
-/// between URL delimiters in double quotes, as libpq quotes a value it could not use (a password
-/// with an unencoded `@` or `/` is split there, and a piece of it read as a host name). Longest
-/// first.
+/// What of a database URL must never be shown: each password it holds — after the user in its
+/// userinfo, or a `password=` parameter (libpq takes one in a URI's query, and a string with
+/// no `@` may be keyword/value text) — as written, and each piece of it between URL
+/// delimiters, since libpq splits a password with an unencoded `@` or `/` there and quotes a
+/// piece (`"CRET@127.0.0.1"`) as a host name. Longest first.
 fn url_secrets(url: &str) -> Vec<String> {
-    let Some((_, rest)) = url.split_once("://") else {
-        return Vec::new();
-    };
-    let Some((userinfo, _)) = rest.rsplit_once('@') else {
-        return Vec::new();
-    };
-    let Some((_, password)) = userinfo.split_once(':') else {
-        return Vec::new();
-    };
-    let mut secrets: Vec<String> = password
-        .split(['@', '/', ':', '?', '#'])
-        .filter(|p| !p.is_empty())
-        .map(|p| format!("\"{p}\""))
-        .collect();
-    secrets.push(password.to_owned());
+    let mut passwords: Vec<&str> = Vec::new();
+    if let Some((_, rest)) = url.split_once("://")
+        && let Some((userinfo, _)) = rest.rsplit_once('@')
+        && let Some((_, password)) = userinfo.split_once(':')
+    {
+        passwords.push(password);
+    }
+    let lower = url.to_ascii_lowercase();
+    for (at, key) in lower.match_indices("password=") {
+        let value = &url[at + key.len()..];
+        // A keyword/value string may single-quote a value with spaces.
+        let value = match value.strip_prefix('\'') {
+            Some(quoted) => &quoted[..quoted.find('\'').unwrap_or(quoted.len())],
+            None => {
+                &value[..value
+                    .find(|c: char| c == '&' || c.is_whitespace())
+                    .unwrap_or(value.len())]
+            }
+        };
+        passwords.push(value);
+    }
+    let mut secrets: Vec<String> = Vec::new();
+    for password in passwords {
+        secrets.push(password.to_owned());
+        secrets.extend(password.split(['@', '/', ':', '?', '#']).map(str::to_owned));
+    }
     secrets.retain(|s| !s.is_empty());
     secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
     secrets.dedup();
     secrets
 }
 
-/// `text` with every one of `secrets` replaced by `…`.
+/// `text` without any of `secrets`: every double-quoted value that holds one is replaced whole
+/// by `"…"` (libpq quotes the value it could not use, a piece of the password with what follows
+/// it), and then each secret of three characters or more by `…` wherever it still stands.
 fn redact(text: &str, secrets: &[String]) -> String {
-    secrets.iter().fold(text.to_owned(), |t, s| {
-        if s.starts_with('"') {
-            t.replace(s.as_str(), "\"…\"")
+    if secrets.is_empty() {
+        return text.to_owned();
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut parts = text.split('"');
+    out.push_str(parts.next().unwrap_or_default());
+    let rest: Vec<&str> = parts.collect();
+    for (i, part) in rest.iter().enumerate() {
+        out.push('"');
+        // Odd parts are inside quotes, when a closing quote follows.
+        let quoted = i % 2 == 0 && i + 1 < rest.len();
+        if quoted && secrets.iter().any(|s| part.contains(s.as_str())) {
+            out.push('…');
         } else {
-            t.replace(s.as_str(), "…")
+            out.push_str(part);
         }
-    })
+    }
+    secrets
+        .iter()
+        .filter(|s| s.chars().count() >= 3)
+        .fold(out, |t, s| t.replace(s.as_str(), "…"))
 }
 
 /// What an unsupported database URL is shown as: its scheme only (`mysql://…`), never the rest,
@@ -1097,6 +1125,47 @@ mod tests {
         );
         assert!(url_secrets("postgres://db/herald").is_empty());
         assert!(url_secrets("postgres://herald@db/herald").is_empty());
+        // libpq quotes a piece with what follows it as the host (found by a walk-through).
+        for url in [
+            "postgres://herald:PGSE@CRET@127.0.0.1:18798/herald",
+            "postgres://herald:PG@SE@CRET@127.0.0.1:18798/herald",
+        ] {
+            let shown = redact(
+                &format!(
+                    "could not translate host name \"CRET@127.0.0.1\" to address: Name or \
+                     service not known; {url}"
+                ),
+                &url_secrets(url),
+            );
+            assert!(!shown.contains("CRET") && !shown.contains("SE@"), "{shown}");
+            assert!(shown.starts_with("could not translate host name \"…\" to address"));
+        }
+        // A password as a parameter: in a URI's query, or keyword/value text after `://`.
+        for (url, secret) in [
+            (
+                "postgres://db/herald?password=PGSECRET&sslmode=disable",
+                "PGSECRET",
+            ),
+            ("postgres://host=127.0.0.1 password=PGSECRET", "PGSECRET"),
+            ("postgres://host=127.0.0.1 PASSWORD='p w'", "p w"),
+        ] {
+            let shown = redact(
+                &format!(
+                    "could not translate host name \"{}\" to address; {url}",
+                    &url[11..]
+                ),
+                &url_secrets(url),
+            );
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        // Nothing else is touched.
+        assert_eq!(
+            redact(
+                "connection refused \"db\" (5432)",
+                &url_secrets("postgres://u:pw@db/x")
+            ),
+            "connection refused \"db\" (5432)"
+        );
     }
 
     use super::*;
