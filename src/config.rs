@@ -394,7 +394,10 @@ impl Settings {
         let default_path = Path::new("herald.toml");
         let path = match path {
             Some(p) => Some(p),
-            None if default_path.exists() => Some(default_path),
+            // Any entry by that name, a dangling symbolic link too (`exists` says false for
+            // one): reading it then fails, naming it, rather than Herald running on defaults (a
+            // generated token, the default destination rules) under a broken deployment.
+            None if default_path.symlink_metadata().is_ok() => Some(default_path),
             None => None,
         };
         let file = match path {

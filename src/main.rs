@@ -275,6 +275,15 @@ const DB_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// How long `herald healthcheck` waits for the answer, connecting included.
 const HEALTHCHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// `println!` that does not panic when standard output is closed (`herald token … | head -1`,
+/// a reader gone): what could not be written is dropped, as `head` wanted.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 fn main() -> ExitCode {
     // SAFETY: one thread so far, and every connection Herald opens is used by one thread at a
     // time. Refused (false) only if SQLite was already initialized: it then stays serialized.
@@ -416,7 +425,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let db = open_db(&settings, true)?;
             sync_subscriptions(&db, &settings)?;
             herald::app::record_policies(&db, &settings)?;
-            println!("migrations applied");
+            out!("migrations applied");
             Ok(ExitCode::SUCCESS)
         }
         Command::Explain { .. }
@@ -434,13 +443,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     let disabled = db.disabled_endpoints()?;
                     for name in settings.endpoints.keys() {
                         match disabled.iter().find(|d| &d.name == name) {
-                            Some(d) => println!(
+                            Some(d) => out!(
                                 "{name}\tdisabled since {}\t{}",
                                 d.disabled_at
                                     .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
                                 d.reason.as_deref().unwrap_or("")
                             ),
-                            None => println!("{name}\tenabled"),
+                            None => out!("{name}\tenabled"),
                         }
                     }
                     Ok(ExitCode::SUCCESS)
@@ -451,7 +460,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         return Ok(ExitCode::FAILURE);
                     }
                     let changed = db.enable_endpoint(&name, chrono::Utc::now())?;
-                    println!(
+                    out!(
                         "{name}: {}",
                         if changed {
                             "enabled"
@@ -466,7 +475,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::ApiToken => {
             match api_token(&open_db(&settings, true)?, &settings)? {
                 Some(t) => {
-                    println!("{t}");
+                    out!("{t}");
                     Ok(ExitCode::SUCCESS)
                 }
                 // Nothing on standard output: `TOKEN=$(herald api-token)` must not take this for
@@ -505,12 +514,19 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::WebhookSecret => {
             match webhook_secret(&open_db(&settings, true)?, &settings)? {
-                Some(s) => println!("{s}"),
-                None => println!(
-                    "HERALD_WEBHOOK_SECRET (or webhook_secret in the config file) is set; that value is used"
-                ),
+                Some(s) => {
+                    out!("{s}");
+                    Ok(ExitCode::SUCCESS)
+                }
+                // Nothing on standard output, as `api-token`: `SECRET=$(herald webhook-secret)`
+                // must not take this sentence for the secret.
+                None => {
+                    eprintln!(
+                        "herald: HERALD_WEBHOOK_SECRET (or webhook_secret in the config file) is set; that value is used, and not shown here"
+                    );
+                    Ok(ExitCode::FAILURE)
+                }
             }
-            Ok(ExitCode::SUCCESS)
         }
     }
 }
@@ -706,14 +722,17 @@ fn new_token(name: &str, scope: &str) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(EXIT_CONFIG));
     }
     let token = herald::auth::generate();
-    println!("token: {token}");
-    println!();
-    println!(
-        "# herald.toml (the token itself is not stored; keep it where the client can read it)"
-    );
-    println!("[tokens.{name}]");
-    println!("sha256 = \"{}\"", herald::auth::digest_hex(&token));
-    println!("scope = \"{scope}\"");
+    out!("token: {token}");
+    out!();
+    out!("# herald.toml (the token itself is not stored; keep it where the client can read it)");
+    // A name with a `.` is quoted: `[tokens.a.b]` would be a table `b` inside `a`.
+    if name.contains('.') {
+        out!("[tokens.\"{name}\"]");
+    } else {
+        out!("[tokens.{name}]");
+    }
+    out!("sha256 = \"{}\"", herald::auth::digest_hex(&token));
+    out!("scope = \"{scope}\"");
     Ok(ExitCode::SUCCESS)
 }
 

@@ -487,6 +487,80 @@ fn herald_output(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     cmd.args(args).envs(env.iter().copied()).output().unwrap()
 }
 
+/// The CLI's own output, as a script takes it (found by a walk-through): `herald token` prints
+/// lines a config file takes, a name with a `.` too; a closed standard output ends a verb
+/// quietly, not with a panic; `webhook-secret` prints nothing on standard output when the secret
+/// is configured (a script's `$(…)` would take the sentence for it); a `herald.toml` that is a
+/// dangling link is an error naming it, not a start on defaults.
+#[test]
+fn the_cli_prints_what_scripts_take() {
+    let out = run_herald(&["token", "shop.eu", "--scope", "send"], &[]);
+    let toml: String = out
+        .lines()
+        .skip_while(|l| !l.starts_with('['))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(toml.starts_with("[tokens.\"shop.eu\"]"), "{out}");
+    let settings = herald::config::Settings::from_toml(&toml).unwrap();
+    assert!(
+        settings.tokens.names().any(|(n, _)| n == "shop.eu"),
+        "{toml}"
+    );
+    let token = out.lines().next().unwrap().trim_start_matches("token: ");
+    assert!(settings.tokens.authenticate(token).is_some(), "{out}");
+    // Standard output closed before anything is written.
+    for args in [
+        &["token", "shop", "--scope", "send"][..],
+        &["webhook-secret"][..],
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let db = format!("sqlite://{}", dir.path().join("h.db").display());
+        let out = Command::new(env!("CARGO_BIN_EXE_herald"))
+            .args(args)
+            .env("HERALD_DATABASE_URL", &db)
+            .env_remove("HERALD_WEBHOOK_SECRET")
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {:?} {stderr}", out.status);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("h.db").display());
+    let out = herald_output(
+        &["webhook-secret"],
+        &[
+            ("HERALD_DATABASE_URL", db.as_str()),
+            (
+                "HERALD_WEBHOOK_SECRET",
+                "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            ),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        out.stdout.is_empty(),
+        "{:?}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("HERALD_WEBHOOK_SECRET"));
+    // A dangling ./herald.toml.
+    std::os::unix::fs::symlink("/nonexistent/herald.toml", dir.path().join("herald.toml")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_herald"))
+        .arg("migrate")
+        .current_dir(dir.path())
+        .env("HERALD_DATABASE_URL", &db)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("herald.toml"), "{stderr}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_smtp_url_or_mail_from_is_refused_in_one_line_before_the_database() {
     for (var, value, secret) in [
@@ -553,6 +627,20 @@ async fn a_postgres_url_libpq_cannot_read_is_refused_without_its_password() {
         (
             "postgres://herald:p@ss/w0rd@127.0.0.1:1/herald",
             &["\"ss\"", "w0rd"][..],
+        ),
+        // libpq quotes the piece with the host after it ("CRET@127.0.0.1"); a password given
+        // as a parameter (found by a walk-through).
+        (
+            "postgres://herald:PGSE@CRET@127.0.0.1:1/herald",
+            &["CRET", "PGSE"][..],
+        ),
+        (
+            "postgres://host=127.0.0.1 password=PGSECRET",
+            &["PGSECRET"][..],
+        ),
+        (
+            "postgres://127.0.0.1:1/herald?password=PGSECRET",
+            &["PGSECRET"][..],
         ),
     ] {
         let mut h = Herald::spawn(&["migrate"], &[("HERALD_DATABASE_URL", url)]);
