@@ -98,7 +98,7 @@ pub fn open_db(settings: &Settings, migrate: bool) -> anyhow::Result<Db> {
 /// Creates `dir` when missing and proves it writable with a file made and removed at once (a
 /// name of its own: containers sharing a volume are all process 1).
 fn check_mail_dir(dir: &std::path::Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
+    crate::channels::email::create_mail_dir(dir)?;
     let probe = dir.join(format!(".herald-check-{:016x}", rand::random::<u64>()));
     std::fs::OpenOptions::new()
         .write(true)

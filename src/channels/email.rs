@@ -2136,6 +2136,16 @@ pub mod kind {
     ];
 }
 
+/// Creates the mail directory (and its parents) when missing, each for its owner only (0700):
+/// its files hold messages. A directory that exists keeps its mode.
+pub(crate) fn create_mail_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
 async fn write_eml(
     dir: &std::path::Path,
     event_id: &str,
@@ -2153,8 +2163,17 @@ async fn write_eml(
     let path = dir.join(format!("{stem}.eml"));
     let tmp = dir.join(format!(".{stem}.eml.tmp"));
     let result = async {
-        tokio::fs::create_dir_all(dir).await?;
-        tokio::fs::write(&tmp, bytes).await?;
+        create_mail_dir(dir)?;
+        // The owner's only (0600): the file holds the message, addresses and body.
+        let mut file = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .await?;
+        tokio::io::AsyncWriteExt::write_all(&mut file, bytes).await?;
+        drop(file);
         tokio::fs::rename(&tmp, &path).await
     }
     .await;

@@ -755,6 +755,40 @@ impl Default for PoolOptions {
     }
 }
 
+/// Creates the SQLite file, when there is none yet, readable and writable by its owner only
+/// (0600): it holds the generated admin token, the webhook signing secret and the admin
+/// session key (`herald_settings`), and the messages. SQLite gives its WAL and shared-memory
+/// files the database file's permissions. A file that exists keeps its mode (a warning says
+/// when others may read it); any other failure is left to SQLite's own open to report.
+fn create_private(path: &str) {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    if path.starts_with("file:") {
+        return;
+    }
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            if let Ok(m) = std::fs::metadata(path)
+                && m.is_file()
+                && m.permissions().mode() & 0o077 != 0
+            {
+                tracing::warn!(
+                    mode = format!("{:04o}", m.permissions().mode() & 0o7777),
+                    "the SQLite database file may be read by other users, and it holds the \
+                     generated tokens and secrets and the messages: chmod 600 it (and its -wal \
+                     and -shm files)"
+                );
+            }
+        }
+        Err(_) => {}
+    }
+}
+
 /// `sqlite://PATH` → PATH (`sqlite:///abs` → `/abs`); `None` for other schemes.
 pub fn sqlite_path(url: &str) -> Option<&str> {
     url.strip_prefix("sqlite://")
@@ -782,6 +816,7 @@ impl Db {
                     "sqlite needs a file path (an in-memory database is per connection)".into(),
                 ));
             }
+            create_private(path);
             let pool = Pool::builder()
                 .max_size(options.max_size.min(8))
                 .connection_timeout(options.connection_timeout)

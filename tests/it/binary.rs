@@ -679,6 +679,43 @@ async fn wait_for_view(
     }
 }
 
+/// What Herald creates holds secrets and messages, so only its owner may read it (found by a
+/// walk-through: herald.db, which holds the generated admin token and the webhook secret, and
+/// each `.eml` were 0644 under the usual umask): the SQLite file and its WAL 0600, the mail
+/// directory 0700, each `.eml` 0600.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_serve_creates_is_readable_by_its_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let listen = free_addr();
+    let base = format!("http://{listen}");
+    let mut herald = Herald::spawn(&["serve"], &[("HERALD_LISTEN", listen.as_str())]);
+    herald.wait_healthy(&base).await;
+    let r = client()
+        .post(format!("{base}/v1/messages"))
+        .json(
+            &json!({"event_id": "mode-1", "channel": "email", "destination": "ada@example.com",
+            "payload": {"subject": "Hi", "text": "Hello"}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    wait_for_view(&base, "mode-1", |v| v["state"] == "delivered").await;
+    let dir = herald.dir.path().to_owned();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&dir.join("herald.db")), 0o600);
+    assert_eq!(mode(&dir.join("herald.db-wal")), 0o600);
+    assert_eq!(mode(&dir.join("mail")), 0o700);
+    let eml: Vec<_> = std::fs::read_dir(dir.join("mail"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "eml"))
+        .collect();
+    assert_eq!(eml.len(), 1);
+    assert_eq!(mode(&eml[0]), 0o600);
+    herald.stop_cleanly().await;
+}
+
 /// `herald serve` on SQLite closes the database before it exits on SIGTERM: the WAL is copied
 /// into the database file and removed with `-shm`, so the file alone (an operator's copy of it)
 /// holds everything, delivered states included. Threads holding the database (the HTTP workers'
