@@ -321,6 +321,12 @@ impl Herald {
                 callbacks: settings.status_callbacks.clone(),
                 policies: Arc::new(settings.policies()),
                 message_id_domain: settings.message_id_domain.clone(),
+                matches: settings
+                    .sources
+                    .iter()
+                    .filter(|(_, s)| !s.matches.is_empty())
+                    .map(|(n, s)| (n.clone(), s.matches.clone()))
+                    .collect(),
             },
             Arc::new(Notify::new()),
             metrics.clone(),

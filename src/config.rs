@@ -358,6 +358,8 @@ pub struct Settings {
 pub struct ConfiguredSource {
     pub name: String,
     pub source: std::sync::Arc<dyn Source>,
+    /// `matches`: the messages its receipts may speak for (empty: every one).
+    pub matches: Vec<String>,
 }
 
 impl std::fmt::Debug for ConfiguredSource {
@@ -705,7 +707,30 @@ impl Settings {
                     ),
                 ));
             }
-            sources.insert(name.clone(), ConfiguredSource { name, source });
+            for m in &c.matches {
+                let known = m == "email"
+                    || m.strip_prefix("endpoint:")
+                        .is_some_and(|e| endpoints.contains_key(e));
+                if !known {
+                    return Err(invalid(
+                        format!("sources.{name}.matches"),
+                        format!(
+                            "{m:?} is neither \"email\" nor \"endpoint:NAME\" of a configured \
+                             endpoint ({})",
+                            endpoints.keys().cloned().collect::<Vec<_>>().join(", ")
+                        ),
+                    ));
+                }
+            }
+            let matches = c.matches.clone();
+            sources.insert(
+                name.clone(),
+                ConfiguredSource {
+                    name,
+                    source,
+                    matches,
+                },
+            );
         }
 
         let smtp_pool_size = match f.smtp_pool_size {
@@ -1649,6 +1674,22 @@ mod tests {
         assert!(Settings::from_toml(&toml(43_199, 1)).is_ok());
         // Kept forever (0): any tolerance.
         assert!(Settings::from_toml(&toml(10_000_000, 0)).is_ok());
+    }
+
+    #[test]
+    fn a_sources_matches_name_configured_endpoints_or_email() {
+        let toml = |matches: &str| {
+            format!(
+                "[endpoints.sms]\nurl = \"https://sms.example/send\"\n\
+                 [sources.s]\nscheme = \"stripe\"\nsecret = \"whsec_x\"\nmatches = {matches}\n"
+            )
+        };
+        let s = Settings::from_toml(&toml(r#"["endpoint:sms", "email"]"#)).unwrap();
+        assert_eq!(s.sources["s"].matches, ["endpoint:sms", "email"]);
+        for bad in [r#"["endpoint:nope"]"#, r#"["sms"]"#, r#"["webhook"]"#] {
+            let err = Settings::from_toml(&toml(bad)).unwrap_err().to_string();
+            assert!(err.starts_with("sources.s.matches:"), "{bad}: {err}");
+        }
     }
 
     #[test]

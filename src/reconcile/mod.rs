@@ -18,7 +18,7 @@ use tokio::sync::{Notify, watch};
 use tracing::{info, warn};
 
 use crate::clock::Clock;
-use crate::domain::State;
+use crate::domain::{Channel, State};
 use crate::metrics::{DeadLetterReason, Metrics};
 use crate::outbox::{Limits, NewMessage};
 use crate::storage::models::{MatchedMessage, PendingReceipt, ReceiptDecision, ReconcilePass};
@@ -179,6 +179,19 @@ pub struct ReconcilerConfig {
     pub policies: Arc<crate::domain::policies::Policies>,
     /// The domain of Herald's deterministic email `Message-ID`s (receipts quoting one match).
     pub message_id_domain: String,
+    /// Each source's `matches` that has any: its receipts speak only for those messages.
+    pub matches: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+/// Whether a receipt of a source with these `matches` may speak for a message of `channel`
+/// sent to `destination`: every message when `matches` is empty; else one sent to an
+/// `endpoint:NAME` listed, or any email when `email` is.
+pub fn may_match(matches: &[String], channel: Channel, destination: &str) -> bool {
+    matches.is_empty()
+        || matches.iter().any(|m| match m.as_str() {
+            "email" => channel == Channel::Email,
+            endpoint => channel == Channel::Webhook && endpoint == destination,
+        })
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -362,6 +375,12 @@ impl Reconciler {
                     now,
                     this.config.batch_size,
                     &this.config.message_id_domain,
+                    &|source, channel, destination| {
+                        this.config
+                            .matches
+                            .get(source)
+                            .is_none_or(|m| may_match(m, channel, destination))
+                    },
                     &|r, m| this.decide(r, m),
                 )?;
                 let accepting: Vec<&str> = PRECEDENCE.iter().chain(ENGAGEMENT).copied().collect();
@@ -464,6 +483,21 @@ mod tests {
 
     fn t(s: i64) -> Option<DateTime<Utc>> {
         DateTime::from_timestamp(1_700_000_000 + s, 0)
+    }
+
+    #[test]
+    fn a_source_with_matches_speaks_only_for_those_messages() {
+        use crate::domain::Channel::{Email, Webhook};
+        assert!(may_match(&[], Webhook, "https://x.example/h"));
+        assert!(may_match(&[], Email, "ada@example.com"));
+        let sms = ["endpoint:sms".to_owned()];
+        assert!(may_match(&sms, Webhook, "endpoint:sms"));
+        assert!(!may_match(&sms, Webhook, "endpoint:sms2"));
+        assert!(!may_match(&sms, Webhook, "https://x.example/h"));
+        assert!(!may_match(&sms, Email, "endpoint:sms"));
+        let email = ["email".to_owned()];
+        assert!(may_match(&email, Email, "ada@example.com"));
+        assert!(!may_match(&email, Webhook, "email"));
     }
 
     #[test]

@@ -635,3 +635,7 @@ pub struct LastAttempt {
     pub error_kind: Option<String>,
     pub class: AttemptClass,
 }
+
+/// Whether a receipt of a source (its name) may speak for a message of a channel and
+/// destination: the source's `matches` (every message when it has none).
+pub type MayMatch<'a> = dyn Fn(&str, crate::domain::Channel, &str) -> bool + 'a;

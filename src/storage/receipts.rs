@@ -76,76 +76,92 @@ per_backend! {
         now: &Now,
         limit: i64,
         message_id_domain: &str,
+        may_match: &crate::storage::models::MayMatch<'_>,
         decide: &dyn Fn(&PendingReceipt, &MatchedMessage) -> ReceiptDecision,
     ) -> QueryResult<ReconcilePass> {
         use std::collections::HashMap;
 
-        use crate::domain::{AttemptClass, State};
+        use crate::domain::{AttemptClass, Channel, State};
         use self::schema::herald_outbox as o;
         sql::keep_to_indexes(conn)?;
         let at = sql::now(conn, now)?;
         let mut batch = sql::pending_receipts(conn, at, limit)?;
         batch.sort_by_key(|a| (crate::reconcile::ordering_time(a.event_time, a.received_at), a.id));
         // Correlation for the whole batch at once: by Herald's event id, else by Herald's own
-        // email Message-ID, else by the provider's message id (the oldest message carrying it).
+        // email Message-ID, else by the provider's message id (the newest message carrying it),
+        // each only among the messages the receipt's source may speak for (`may_match`: a
+        // source's `matches`).
+        type Found = (i64, Channel, String);
+        let allowed = |r: &PendingReceipt, f: &Found| may_match(&r.source, f.1, &f.2);
         let event_ids: Vec<&str> = batch.iter().filter_map(|r| r.herald_event_id.as_deref()).collect();
-        let by_event: HashMap<String, i64> = o::table
+        let by_event: HashMap<String, Found> = o::table
             .filter(o::event_id.eq_any(&event_ids))
-            .select((o::event_id, o::id))
-            .load(conn)?
+            .select((o::event_id, o::id, o::channel, o::destination))
+            .load::<(String, i64, Channel, String)>(conn)?
             .into_iter()
+            .map(|(e, id, ch, d)| (e, (id, ch, d)))
             .collect();
-        let unresolved = |r: &&PendingReceipt| {
+        let of_event = |r: &PendingReceipt| {
             r.herald_event_id
                 .as_ref()
-                .is_none_or(|e| !by_event.contains_key(e))
+                .and_then(|e| by_event.get(e))
+                .filter(|f| allowed(r, f))
         };
+        let unresolved = |r: &&PendingReceipt| of_event(r).is_none();
         let key_of = |r: &PendingReceipt| {
             r.provider_message_id
                 .as_deref()
                 .and_then(|p| crate::domain::parse_email_message_key(p, message_id_domain))
         };
         let keys: Vec<String> = batch.iter().filter(unresolved).filter_map(key_of).collect();
-        let mut by_key: HashMap<String, i64> = HashMap::new();
+        let mut by_key: HashMap<String, Found> = HashMap::new();
         if !keys.is_empty() {
-            let found: Vec<(Option<String>, i64)> = o::table
+            let found: Vec<(Option<String>, i64, Channel, String)> = o::table
                 .filter(o::message_key.eq_any(&keys))
-                .select((o::message_key, o::id))
+                .select((o::message_key, o::id, o::channel, o::destination))
                 .load(conn)?;
-            by_key.extend(found.into_iter().filter_map(|(k, id)| k.map(|k| (k, id))));
+            by_key.extend(found.into_iter().filter_map(|(k, id, ch, d)| k.map(|k| (k, (id, ch, d)))));
         }
+        let of_key = |r: &PendingReceipt| {
+            key_of(r)
+                .and_then(|k| by_key.get(&k))
+                .filter(|f| allowed(r, f))
+        };
         // With and without angle brackets: a Message-ID is quoted either way (Mailgun's API
         // answers `<id@domain>`, its receipts carry `id@domain`).
         let bare = |p: &str| p.trim().trim_start_matches('<').trim_end_matches('>').to_owned();
         let provider_ids: Vec<String> = batch
             .iter()
             .filter(unresolved)
-            .filter(|r| key_of(r).is_none_or(|k| !by_key.contains_key(&k)))
+            .filter(|r| of_key(r).is_none())
             .filter_map(|r| r.provider_message_id.as_deref())
             .flat_map(|p| [bare(p), format!("<{}>", bare(p))])
             .collect();
-        let mut by_provider: HashMap<String, i64> = HashMap::new();
+        let mut by_provider: HashMap<String, Vec<Found>> = HashMap::new();
         if !provider_ids.is_empty() {
             // In id order: the newest message carrying an id wins (short provider ids, such as
             // an SMTP queue id, can come round again).
-            let found: Vec<(Option<String>, i64)> = o::table
+            let found: Vec<(Option<String>, i64, Channel, String)> = o::table
                 .filter(o::provider_message_id.eq_any(&provider_ids))
-                .select((o::provider_message_id, o::id))
+                .select((o::provider_message_id, o::id, o::channel, o::destination))
                 .order(o::id.asc())
                 .load(conn)?;
-            by_provider.extend(found.into_iter().filter_map(|(p, id)| p.map(|p| (bare(&p), id))));
+            for (p, id, ch, d) in found {
+                if let Some(p) = p {
+                    by_provider.entry(bare(&p)).or_default().push((id, ch, d));
+                }
+            }
         }
         let target = |r: &PendingReceipt| {
-            r.herald_event_id
-                .as_ref()
-                .and_then(|e| by_event.get(e))
-                .or_else(|| key_of(r).and_then(|k| by_key.get(&k)))
+            of_event(r)
+                .or_else(|| of_key(r))
                 .or_else(|| {
                     r.provider_message_id
                         .as_ref()
                         .and_then(|p| by_provider.get(&bare(p)))
+                        .and_then(|found| found.iter().rev().find(|f| allowed(r, f)))
                 })
-                .copied()
+                .map(|f| f.0)
         };
         let ids: Vec<i64> = batch.iter().filter_map(target).collect();
         // Held by another reconciler right now: not in the map, its receipts wait for the
@@ -572,10 +588,11 @@ impl Db {
         now: Now,
         limit: u32,
         message_id_domain: &str,
+        may_match: &super::models::MayMatch<'_>,
         decide: &dyn Fn(&PendingReceipt, &MatchedMessage) -> ReceiptDecision,
     ) -> Result<ReconcilePass, StorageError> {
         let limit = i64::from(limit);
-        crate::storage::db_run! { self, write |c, q| Ok(q::reconcile(c, &now, limit, message_id_domain, decide)?) }
+        crate::storage::db_run! { self, write |c, q| Ok(q::reconcile(c, &now, limit, message_id_domain, may_match, decide)?) }
     }
 
     pub fn settle_or_expire_unconfirmed(

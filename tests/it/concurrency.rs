@@ -175,8 +175,10 @@ fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
              '{}' FROM herald_receipts",
         )
         .unwrap();
-        c.transaction(|c| receipts::pg::reconcile(c, &now(), 100, "example.com", &no_match))
-            .unwrap();
+        c.transaction(|c| {
+            receipts::pg::reconcile(c, &now(), 100, "example.com", &|_, _, _| true, &no_match)
+        })
+        .unwrap();
         c.transaction(|c| outbox::pg::sweep_expired_leases(c, &now(), &no_lease_expires))
             .unwrap();
         c.transaction(herald::storage::ordering::pg::release_waiting)
@@ -235,7 +237,8 @@ fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
     })
     .unwrap();
     c.transaction(|c| {
-        let pass = receipts::pg::reconcile(c, &now(), 100, "example.com", &no_match)?;
+        let pass =
+            receipts::pg::reconcile(c, &now(), 100, "example.com", &|_, _, _| true, &no_match)?;
         assert_eq!(pass.unmatched, 100);
         // The reconciler's queue, oldest due first, each receipt by its primary key.
         let p = plan(
@@ -558,7 +561,9 @@ fn sqlite_hot_statements_are_compiled_once_per_connection() {
             enqueue: Vec::new(),
         };
         let pass = c
-            .transaction(|c| receipts::sqlite::reconcile(c, &now(), 100, "example.com", &status))
+            .transaction(|c| {
+                receipts::sqlite::reconcile(c, &now(), 100, "example.com", &|_, _, _| true, &status)
+            })
             .unwrap();
         // This round's two receipts; the earlier rounds' unmatched one is not due again yet.
         assert_eq!(

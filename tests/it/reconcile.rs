@@ -465,6 +465,67 @@ async fn receipts_match_by_the_captured_provider_message_id(backend: Backend) {
     app.stop().await;
 }
 
+/// A source with `matches` speaks only for the messages listed (found by a walk-through: any
+/// source's receipt could set the status of a message another provider sent): by provider id,
+/// the newest message it may speak for, though a newer one of another endpoint has the same
+/// id; by Herald's event id, not a message outside its list. The others stay unmatched.
+async fn a_source_speaks_only_for_the_messages_it_matches(backend: Backend) {
+    let rx = Receiver::start().await;
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "{SOURCE}matches = [\"endpoint:sms-a\"]\n\
+             [endpoints.sms-a]\nurl = \"{}\"\nprovider_message_id_pointer = \"/id\"\n\
+             [endpoints.sms-b]\nurl = \"{}\"\nprovider_message_id_pointer = \"/id\"\n",
+            rx.url_for("/a"),
+            rx.url_for("/b")
+        ),
+    )
+    .await;
+    for (id, to, pid) in [
+        ("a-1", "endpoint:sms-a", "P-A"),
+        ("b-1", "endpoint:sms-b", "P-B"),
+        ("a-2", "endpoint:sms-a", "P-S"),
+        ("b-2", "endpoint:sms-b", "P-S"),
+    ] {
+        rx.script([Reply::Full(
+            202,
+            vec![("content-type".into(), "application/json".into())],
+            format!(r#"{{"id": "{pid}"}}"#),
+        )]);
+        assert_eq!(
+            app.post_message(webhook(id, to, json!({}))).await.status(),
+            201
+        );
+        assert_eq!(app.run_until_idle().await, 1);
+        assert_eq!(app.row(id).provider_message_id.as_deref(), Some(pid));
+    }
+    assert_eq!(
+        app.post_message(webhook("raw-1", &rx.url, json!({})))
+            .await
+            .status(),
+        201
+    );
+    assert_eq!(app.run_until_idle().await, 1);
+    for event in [
+        json!({"id": "r1", "type": "delivered", "at": T0, "message_id": "P-A"}),
+        json!({"id": "r2", "type": "bounced", "at": T0, "message_id": "P-B"}),
+        json!({"id": "r3", "type": "bounced", "at": T0, "herald_event_id": "raw-1"}),
+        json!({"id": "r4", "type": "failed", "at": T0, "message_id": "P-S"}),
+    ] {
+        assert_eq!(post_receipt(&app, event).await, 200);
+    }
+    reconcile(&app).await;
+    let status = async |id: &str| app.message(id).await["delivery_status"].clone();
+    assert_eq!(status("a-1").await, "delivered");
+    assert_eq!(status("a-2").await, "failed", "the newest it may speak for");
+    for id in ["b-1", "b-2", "raw-1"] {
+        assert_eq!(status(id).await, Value::Null, "{id}");
+    }
+    assert_eq!(unmatched(&app).await["count"], 2);
+    app.stop().await;
+}
+
 /// A receipt that quotes only Herald's deterministic `Message-ID` (a relay keeping our header)
 /// finds the email — for one enqueued through the API and for one inserted by plain SQL alike.
 async fn receipts_match_by_the_deterministic_message_id(backend: Backend) {
@@ -1172,6 +1233,7 @@ both_backends!(
     an_unmatched_receipt_waits_longer_after_each_try,
     a_receipt_faster_than_the_senders_commit_is_matched_later,
     receipts_match_by_the_captured_provider_message_id,
+    a_source_speaks_only_for_the_messages_it_matches,
     receipts_match_by_the_deterministic_message_id,
     unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline,
     a_proof_stored_before_the_deadline_settles_even_after_it,

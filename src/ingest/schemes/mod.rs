@@ -81,6 +81,11 @@ pub const DEFAULT_TOLERANCE: u64 = 300;
 #[serde(deny_unknown_fields)]
 pub struct SourceConfig {
     pub scheme: String,
+    /// The messages this source's receipts may speak for, on every scheme: `"endpoint:NAME"`
+    /// (messages sent to that endpoint) or `"email"` (every email message). Empty: every
+    /// message. Checked against the endpoints when the configuration is built.
+    #[serde(default)]
+    pub matches: Vec<String>,
     /// Several at once, for rotation; each is tried.
     #[serde(default)]
     pub secrets: Vec<Secret>,
