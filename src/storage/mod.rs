@@ -150,7 +150,10 @@ impl PgManager {
     fn new(url: &str) -> Self {
         let url = pg_url_with_keepalive(url);
         Self {
-            server_side: ServerKeepalive::of_url(&url),
+            server_side: ServerKeepalive::of_url(&url).with(
+                "idle_in_transaction_session_timeout",
+                IDLE_IN_TRANSACTION_MS,
+            ),
             inner: ConnectionManager::new(url.clone()),
             secrets: url_secrets(&url),
         }
@@ -208,6 +211,12 @@ impl ServerKeepalive {
         ServerKeepalive(settings)
     }
 
+    /// These settings and `name` = `value`.
+    pub fn with(mut self, name: &'static str, value: u32) -> Self {
+        self.0.push((name, value));
+        self
+    }
+
     /// The settings, as (the server's name, its value).
     pub fn settings(&self) -> &[(&'static str, u32)] {
         &self.0
@@ -248,6 +257,17 @@ impl ServerKeepalive {
         }
     }
 }
+
+/// How long the server lets one of Herald's sessions sit idle inside a transaction before it
+/// ends it (`idle_in_transaction_session_timeout`, set like the keepalives, where the server,
+/// database or role leaves it at its default): a Herald transaction never waits on anything but
+/// its own statements (no network call inside one), so a session idle in one for this long is
+/// a process that stopped (`SIGSTOP`, `docker pause`, a VM stall, a debugger) holding what its
+/// claim locked — a key's due head, which every other claim then skips, and the key's row, on
+/// which the application's inserts into that key wait. Without it, they wait as long as the
+/// process stays stopped; the lease does not help, since nothing was committed. Its connection
+/// fails its next statement and the pool replaces it (a walk-through found the stop).
+pub const IDLE_IN_TRANSACTION_MS: u32 = 10_000;
 
 /// libpq's TCP settings Herald adds to a `postgres://` URL that does not set them itself: a
 /// connection whose peer vanished without a word (a failover, a network partition, a NAT that

@@ -975,6 +975,56 @@ fn the_servers_end_takes_the_urls_tcp_settings_unless_the_database_sets_them_pos
     );
 }
 
+/// A Herald session that stops inside a transaction (a process stopped by `SIGSTOP` or `docker
+/// pause` mid-claim, holding a key's head; found by a walk-through) is ended by the server after
+/// `IDLE_IN_TRANSACTION_MS`: the application's transaction that needs the same row (here its
+/// `herald_cancel`, which locks the message) goes on then, instead of waiting as long as the
+/// process stays stopped; the stopped session's next statement fails, and the pool drops it.
+#[test]
+fn a_herald_session_stopped_inside_a_transaction_is_ended_by_the_server_postgres() {
+    use diesel::{Connection, QueryableByName, RunQueryDsl};
+    #[derive(QueryableByName)]
+    struct Setting {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        v: String,
+    }
+    let t = crate::support::TestDb::new(Backend::Postgres);
+    let db =
+        herald::storage::Db::connect(&t.url, &herald::storage::PoolOptions::default()).unwrap();
+    let herald::storage::Db::Pg(pool) = &db else {
+        unreachable!()
+    };
+    let mut app = PgConnection::establish(&t.url).unwrap();
+    app.batch_execute(
+        "INSERT INTO herald_outbox (event_id, channel, destination, payload, ordering_key) \
+         VALUES ('frozen-1', 'webhook', 'https://x.example/h', '{\"body\": {}}', 'k')",
+    )
+    .unwrap();
+    let mut stopped = pool.get().unwrap();
+    let shown: Setting =
+        diesel::sql_query("SELECT current_setting('idle_in_transaction_session_timeout') AS v")
+            .get_result(&mut *stopped)
+            .unwrap();
+    assert_eq!(shown.v, "10s");
+    // The stopped process: a transaction that locked the row, and then nothing.
+    stopped
+        .batch_execute("BEGIN; SELECT id FROM herald_outbox WHERE event_id = 'frozen-1' FOR UPDATE")
+        .unwrap();
+    // Waits for the lock, past the 10 s; without the server's timeout the lock stays held (a
+    // stopped Herald holds it for good) and this fails at its own lock_timeout.
+    let state: Setting = app
+        .transaction(|c| {
+            c.batch_execute("SET LOCAL lock_timeout = '40s'")?;
+            diesel::sql_query("SELECT herald_cancel('frozen-1') AS v").get_result(c)
+        })
+        .unwrap();
+    assert_eq!(state.v, "canceled");
+    assert!(
+        stopped.batch_execute("SELECT 1").is_err(),
+        "its session was ended"
+    );
+}
+
 /// On SQLite, Herald's checkpointer copies what the WAL holds into the database file while
 /// Herald runs, so that no commit of Herald's has to (SQLite's default has the commit that
 /// brings the WAL to 1,000 pages copy them, holding the writer lock). Here one small write,
