@@ -75,6 +75,26 @@ pub struct ExpiredLease {
     pub ordering_policy: Option<OrderingPolicy>,
     /// A retry after it could never be made: the message ends `expired` instead.
     pub expires_at: Option<DateTime<Utc>>,
+    /// With the payload: the request fingerprint of a message written by SQL, which has none
+    /// until an outcome records it — here the watchdog's.
+    pub channel: crate::domain::Channel,
+    pub payload: serde_json::Value,
+}
+
+impl ExpiredLease {
+    /// Its stored request fingerprint, else the one its payload defines (`None` when that does
+    /// not parse).
+    pub fn fingerprint(&self) -> Option<String> {
+        self.request_fingerprint.clone().or_else(|| {
+            crate::outbox::fingerprint_of(
+                self.channel,
+                &self.destination,
+                &self.event_id,
+                &self.payload,
+            )
+            .map(|f| f.as_str().to_owned())
+        })
+    }
 }
 
 /// One `herald_attempts` row.

@@ -246,10 +246,13 @@ per_backend! {
         let at = sql::now(conn, now)?;
         let mut sweep = LeaseSweep::default();
         let mut outcomes = Vec::new();
-        for row in sql::expired_leases(conn, at)? {
+        for mut row in sql::expired_leases(conn, at)? {
             let Some(d) = decide(&row, at) else {
                 continue;
             };
+            // A message written by SQL gets its fingerprint here when its sender's outcome
+            // never came: support finds a send by it (a walk-through found one without).
+            row.request_fingerprint = row.fingerprint();
             let next = d.delay_ms.map(|ms| at + chrono::Duration::milliseconds(ms));
             let n = diesel::update(
                 o::table
@@ -265,6 +268,7 @@ per_backend! {
                 o::lease_owner.eq(None::<String>),
                 o::lease_until.eq(None::<DateTime<Utc>>),
                 o::updated_at.eq(at),
+                o::request_fingerprint.eq(&row.request_fingerprint),
             ))
             .execute(conn)?;
             if n == 1 {

@@ -355,6 +355,8 @@ macro_rules! expired_lease_columns {
             $o::ordering_key,
             $o::ordering_policy,
             $o::expires_at,
+            $o::channel,
+            $o::payload,
         )
     };
 }

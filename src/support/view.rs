@@ -314,8 +314,8 @@ impl ReplayEntry {
 }
 
 /// The fingerprint a support lookup finds the message by: the stored one. A message inserted by
-/// plain SQL has none until its first attempt records it (one that expired before any attempt
-/// never gets one); it is found by its event id.
+/// plain SQL has none until its first attempt records it (its sender's outcome, or the lease
+/// watchdog's; one that expired before any attempt never gets one); it is found by its event id.
 pub fn fingerprint_of_row(row: &OutboxRow) -> Option<String> {
     row.request_fingerprint.clone()
 }

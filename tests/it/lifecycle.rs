@@ -242,9 +242,16 @@ async fn expired_leases_return_and_the_fence_holds(backend: Backend) {
             .extend(extra.as_object().unwrap().clone());
         assert_eq!(app.post_message(m).await.status(), 201);
     }
+    // One written by SQL, which has no fingerprint until an outcome records it.
+    app.raw_sql(&format!(
+        "INSERT INTO herald_outbox (event_id, channel, destination, payload, semantics) VALUES \
+         ('lease-sql', 'webhook', '{}', '{{\"body\": {{\"n\": 1}}}}', 'at_most_once')",
+        rx.url
+    ));
+    assert_eq!(app.row("lease-sql").request_fingerprint, None);
     // A sender claims and then "crashes": nothing is sent, nothing is written back.
     let claimed = app.herald.sender.claim(10).await.unwrap();
-    assert_eq!(claimed.len(), 4);
+    assert_eq!(claimed.len(), 5);
     assert!(
         claimed
             .iter()
@@ -261,8 +268,20 @@ async fn expired_leases_return_and_the_fence_holds(backend: Backend) {
             sweep.to_dead_letter,
             sweep.to_expired
         ),
-        (1, 1, 1, 1)
+        (1, 2, 1, 1)
     );
+    // The watchdog records the SQL one's fingerprint, as its sender's outcome would have: the
+    // one its payload defines (a walk-through found such a message without one).
+    let expected = herald::outbox::fingerprint_of(
+        herald::domain::Channel::Webhook,
+        &rx.url,
+        "lease-sql",
+        &json!({"body": {"n": 1}}),
+    )
+    .map(|f| f.as_str().to_owned());
+    assert!(expected.is_some());
+    assert_eq!(app.row("lease-sql").request_fingerprint, expected);
+    assert_eq!(app.attempts("lease-sql")[0].request_fingerprint, expected);
     assert_eq!(app.message("lease-expiring").await["state"], "expired");
     let alo = app.message("lease-alo").await;
     assert_eq!(
