@@ -121,8 +121,41 @@ pub fn record_policies(db: &Db, settings: &Settings) -> anyhow::Result<()> {
 /// `herald_subscriptions`, replacing what was there, so the SQL ways in fan out as Herald does.
 /// Every Herald process sharing a database should run with the same endpoints.
 pub fn sync_subscriptions(db: &Db, settings: &Settings) -> anyhow::Result<()> {
-    db.sync_subscriptions(&settings.subscriptions())
-        .context("cannot store the endpoint subscriptions (herald_subscriptions)")
+    let new = settings.subscriptions();
+    let old = db
+        .subscriptions()
+        .context("cannot read the endpoint subscriptions (herald_subscriptions)")?;
+    db.sync_subscriptions(&new)
+        .context("cannot store the endpoint subscriptions (herald_subscriptions)")?;
+    // Replacing them is silent otherwise: a process started with another `[endpoints]` than the
+    // others sharing the database (a rolling change, an old configuration's `herald migrate`)
+    // changes what every fan-out expands to.
+    let endpoints = |subs: &[(String, String)], of: &[(String, String)]| -> Vec<String> {
+        let mut names: Vec<String> = subs
+            .iter()
+            .filter(|s| !of.contains(s))
+            .map(|(endpoint, _)| endpoint.clone())
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    };
+    let (added, removed) = (endpoints(&new, &old), endpoints(&old, &new));
+    if !removed.is_empty() {
+        tracing::warn!(
+            endpoints = removed.join(","),
+            "fan-out subscriptions of these endpoints were removed from herald_subscriptions by \
+             this configuration: every Herald process sharing the database should have the same \
+             [endpoints]"
+        );
+    }
+    if !added.is_empty() && !old.is_empty() {
+        tracing::info!(
+            endpoints = added.join(","),
+            "fan-out subscriptions of these endpoints were added to herald_subscriptions"
+        );
+    }
+    Ok(())
 }
 
 /// The signing secret for raw-URL webhooks: configured, or generated once and stored in the

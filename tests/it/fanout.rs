@@ -61,6 +61,46 @@ fn fanout(event_id: &str, event_type: &str) -> serde_json::Value {
     })
 }
 
+/// A change of `[endpoints]` rolling through processes that share a database (found by a
+/// walk-through): the new process subscribes endpoint `new`; an old process, which has no such
+/// endpoint, claims a fan-out child for it. Nothing left, so it is `not_sent` and retried (it
+/// was dead-lettered at once), and the new process sends it on its retry.
+async fn a_process_without_the_endpoint_leaves_its_message_to_one_with_it(backend: Backend) {
+    let (a, fresh) = (Receiver::start().await, Receiver::start().await);
+    let old_toml = format!(
+        "[endpoints.a]\nurl = \"{}\"\nevent_types = [\"order.*\"]\n",
+        a.url
+    );
+    let old = spawn_app_with(backend, &old_toml).await;
+    let new = crate::support::app::spawn_on(
+        crate::support::TestDb::attach(&old.test_db.url, backend),
+        &format!(
+            "{old_toml}[endpoints.new]\nurl = \"{}\"\nevent_types = [\"order.*\"]\n",
+            fresh.url
+        ),
+    )
+    .await;
+    let r = new.post_message(fanout("roll-1", "order.placed")).await;
+    assert_eq!(r.status(), 201);
+    assert_eq!(old.run_until_idle().await, 2);
+    assert_eq!(a.event_ids(), ["roll-1:a"]);
+    let row = old.row("roll-1:new");
+    assert_eq!(
+        (row.state.as_str(), row.last_error_class.map(|c| c.as_str())),
+        ("retryable", Some("not_sent"))
+    );
+    assert_eq!(
+        old.attempts("roll-1:new")[0].error_kind.as_deref(),
+        Some("unknown_endpoint")
+    );
+    new.advance(Duration::from_secs(120));
+    assert_eq!(new.run_until_idle().await, 1);
+    assert_eq!(fresh.event_ids(), ["roll-1:new"]);
+    assert_eq!(new.row("roll-1:new").state.as_str(), "delivered");
+    new.stop().await;
+    old.stop().await;
+}
+
 async fn one_failing_endpoint_never_holds_back_the_others(backend: Backend) {
     let (app, rx) = three_endpoints(backend).await;
     rx.c.script(std::iter::repeat_n(Reply::Status(500), 50));
@@ -553,6 +593,7 @@ async fn plain_sql_keeps_message_and_fan_out_event_ids_apart(backend: Backend) {
 }
 
 both_backends!(
+    a_process_without_the_endpoint_leaves_its_message_to_one_with_it,
     plain_sql_keeps_message_and_fan_out_event_ids_apart,
     a_fan_out_never_takes_over_another_messages_event_id,
     one_failing_endpoint_never_holds_back_the_others,

@@ -423,12 +423,20 @@ impl WebhookChannel {
                     (e.url.clone(), self.default_keys.as_slice(), Some(e))
                 }
                 Some(e) => (e.url.clone(), e.keys.as_slice(), Some(e)),
+                // Nothing left: retried like a refused connection, since a process sharing the
+                // database may have it (a change of [endpoints] rolling through a fleet: the
+                // new processes subscribe it, the old ones claim its fan-out children), and
+                // dead-lettered once the retry budget is spent (a walk-through saw 27 of 40
+                // dead-lettered at once by the old processes).
                 None => {
                     return SendReport::refused(
-                        AttemptClass::Permanent,
+                        AttemptClass::NotSent,
                         "unknown_endpoint",
                         now,
-                        format!("no endpoint named {name} is configured"),
+                        format!(
+                            "no endpoint named {name} is configured in this Herald process; \
+                             retried, for one that has it"
+                        ),
                     );
                 }
             },
