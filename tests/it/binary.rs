@@ -561,6 +561,40 @@ fn the_cli_prints_what_scripts_take() {
     assert!(stderr.contains("herald.toml"), "{stderr}");
 }
 
+/// `herald migrate` with a configuration that drops endpoints other processes subscribed says
+/// so at WARN, naming them: it replaces `herald_subscriptions` for every process.
+#[test]
+fn a_migrate_that_removes_subscriptions_warns_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("h.db").display());
+    let config = |endpoints: &[&str]| {
+        let path = dir.path().join(format!("{}.toml", endpoints.join("-")));
+        let toml: String = endpoints
+            .iter()
+            .map(|e| {
+                format!(
+                    "[endpoints.{e}]\nurl = \"https://{e}.example/h\"\nevent_types = [\"order.*\"]\n"
+                )
+            })
+            .collect();
+        std::fs::write(&path, toml).unwrap();
+        path.display().to_string()
+    };
+    let (both, one) = (config(&["keep", "gone"]), config(&["keep"]));
+    let env = [("HERALD_DATABASE_URL", db.as_str())];
+    let first = herald_output(&["--config", &both, "migrate"], &env);
+    assert!(first.status.success());
+    assert!(!String::from_utf8_lossy(&first.stderr).contains("WARN"));
+    let second = herald_output(&["--config", &one, "migrate"], &env);
+    assert!(second.status.success());
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("subscriptions"))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert!(line.contains("gone") && !line.contains("keep"), "{line}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_smtp_url_or_mail_from_is_refused_in_one_line_before_the_database() {
     for (var, value, secret) in [
