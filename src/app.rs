@@ -92,6 +92,16 @@ pub fn open_db(settings: &Settings, migrate: bool) -> anyhow::Result<Db> {
             "the database has no Herald tables (no migration applied): run `herald migrate` first"
         );
     }
+    // Said, not refused: a rolling upgrade runs old processes beside new ones for a while.
+    match db.unknown_migrations() {
+        Ok(unknown) if !unknown.is_empty() => warn!(
+            migrations = unknown.join(","),
+            "the database has migrations this Herald does not know: a newer Herald migrated it; \
+             run that version (this one may misread what they changed)"
+        ),
+        Ok(_) => {}
+        Err(e) => warn!(error = %e.log_safe(), "cannot read the database's migrations"),
+    }
     Ok(db)
 }
 
@@ -434,6 +444,7 @@ impl Herald {
     pub async fn serve(self) -> anyhow::Result<()> {
         let listener = TcpListener::bind(&self.settings.listen)
             .with_context(|| format!("cannot listen on {}", self.settings.listen))?;
+        let server_addr = listener.local_addr().ok();
         let workers = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(2);
@@ -468,7 +479,8 @@ impl Herald {
             }
         }
         info!(
-            listen = %self.settings.listen,
+            // The address bound (a port 0 in the setting is the one the system chose).
+            listen = %server_addr.map_or_else(|| self.settings.listen.clone(), |a| a.to_string()),
             backend = ?self.db.backend(),
             sqlite_threading,
             "herald serving"

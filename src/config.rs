@@ -166,6 +166,12 @@ fn field_names<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
     fields
 }
 
+/// `HERALD_…`, in any case.
+fn is_herald_variable(name: &str) -> bool {
+    name.get(..7)
+        .is_some_and(|p| p.eq_ignore_ascii_case("HERALD_"))
+}
+
 fn invalid(name: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         name: name.into(),
@@ -349,6 +355,9 @@ pub struct Settings {
     pub allow_networks: AllowList,
     /// `log_format`: `text` (default) or `json`.
     pub log_format: LogFormat,
+    /// `HERALD_*` variables set in the environment that no setting reads (a typo:
+    /// `HERALD_LEASE_SECOND`): warned about at start, by name only.
+    pub unread_env: Vec<String>,
     /// `retention_*`: how long finished messages and unmatched receipts are kept.
     pub retention: crate::retention::RetentionConfig,
 }
@@ -382,8 +391,9 @@ impl Settings {
 
     /// Defaults, then `path` (or `herald.toml` when it exists), then the environment.
     pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        // In any case, so that a `herald_lease_seconds` is named as a variable nothing reads.
         let env: BTreeMap<String, String> = std::env::vars()
-            .filter(|(k, _)| k.starts_with("HERALD_"))
+            .filter(|(k, _)| is_herald_variable(k))
             .collect();
         Self::load_from(path, &env)
     }
@@ -427,7 +437,12 @@ impl Settings {
     }
 
     fn build(mut f: FileConfig, env: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
-        let get = |name: &str| env.get(name).filter(|v| !v.is_empty()).cloned();
+        // The variables read, to name those set but never read (a typo) once logging is up.
+        let read = std::cell::RefCell::new(std::collections::BTreeSet::<String>::new());
+        let get = |name: &str| {
+            read.borrow_mut().insert(name.to_owned());
+            env.get(name).filter(|v| !v.is_empty()).cloned()
+        };
         fn num<T: std::str::FromStr>(name: &str, v: String) -> Result<T, ConfigError> {
             v.trim().parse().map_err(|_| {
                 // A number all the same (`-1`, `0.5`): the settings read here that do not take
@@ -909,12 +924,50 @@ impl Settings {
         )?);
         let sender_batch_size = f.sender_batch_size.unwrap_or(100).clamp(1, 1000);
         let sender_concurrency = f.sender_concurrency.unwrap_or(64).clamp(1, 1024);
+        let unread_env: Vec<String> = env
+            .keys()
+            .filter(|k| is_herald_variable(k) && !read.borrow().contains(*k))
+            // Read by the test harness, the benchmark and the scripts, not by Herald.
+            .filter(|k| {
+                ![
+                    "HERALD_TEST_",
+                    "HERALD_BENCH_",
+                    "HERALD_FUZZ_",
+                    "HERALD_TOOLS",
+                ]
+                .iter()
+                .any(|p| k.starts_with(p))
+            })
+            .cloned()
+            .collect();
+        // Checked with the rest of the configuration (it was found only at bind time, after the
+        // database was opened and migrated, and named no setting).
+        let listen = f
+            .listen
+            .map(|l| l.trim().to_owned())
+            .unwrap_or_else(|| "127.0.0.1:8080".into());
+        {
+            use std::net::ToSocketAddrs;
+            if !listen
+                .to_socket_addrs()
+                .is_ok_and(|mut addrs| addrs.next().is_some())
+            {
+                return Err(invalid(
+                    "listen",
+                    format!(
+                        "{listen:?} is not an address to listen on: HOST:PORT, as 127.0.0.1:8080, \
+                         0.0.0.0:8080 or [::1]:8080"
+                    ),
+                ));
+            }
+        }
         Ok(Settings {
+            unread_env,
             database_url: f
                 .database_url
                 .unwrap_or_else(|| Secret::new("sqlite://herald.db")),
             database_pool_size: f.database_pool_size.unwrap_or(10).max(2),
-            listen: f.listen.unwrap_or_else(|| "127.0.0.1:8080".into()),
+            listen,
             webhook_secret,
             tokens,
             poll_interval,
@@ -1674,6 +1727,56 @@ mod tests {
         assert!(Settings::from_toml(&toml(43_199, 1)).is_ok());
         // Kept forever (0): any tolerance.
         assert!(Settings::from_toml(&toml(10_000_000, 0)).is_ok());
+    }
+
+    #[test]
+    fn a_listen_address_is_checked_with_the_configuration() {
+        for bad in [
+            "127.0.0.1",
+            ":18752",
+            "http://127.0.0.1:8080",
+            "127.0.0.1:99999",
+            "",
+        ] {
+            let err = Settings::build(FileConfig::default(), &env(&[("HERALD_LISTEN", bad)]));
+            // An empty variable is unset: the default.
+            if bad.is_empty() {
+                assert_eq!(err.unwrap().listen, "127.0.0.1:8080");
+                continue;
+            }
+            let err = err.unwrap_err().to_string();
+            assert!(err.starts_with("listen:"), "{bad}: {err}");
+        }
+        for good in [
+            " 127.0.0.1:0",
+            "[::1]:8080",
+            "0.0.0.0:8080",
+            "localhost:8080",
+        ] {
+            let s =
+                Settings::build(FileConfig::default(), &env(&[("HERALD_LISTEN", good)])).unwrap();
+            assert_eq!(s.listen, good.trim());
+        }
+    }
+
+    #[test]
+    fn variables_no_setting_reads_are_named() {
+        let s = Settings::build(
+            FileConfig::default(),
+            &env(&[
+                ("HERALD_LEASE_SECOND", "30"),
+                ("HERALD_LEASE_SECONDS", "30"),
+                ("HERALD_ALLOW_NETWORKS", "10.0.0.0/8"),
+                ("HERALD_TEST_DATABASE_URL", "postgres://x@y/z"),
+                ("HERALD_BENCH_HERALD", "/bin/x"),
+                ("herald_lease_seconds", "30"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            s.unread_env,
+            ["HERALD_LEASE_SECOND", "herald_lease_seconds"]
+        );
     }
 
     #[test]

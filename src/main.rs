@@ -384,6 +384,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     let settings = Settings::load(cli.config.as_deref()).context("invalid configuration")?;
     herald::telemetry::init(settings.log_format);
+    if !settings.unread_env.is_empty() {
+        // Names only: a value may be a secret.
+        tracing::warn!(
+            variables = settings.unread_env.join(","),
+            "HERALD_ variables no setting reads (a typo?); ignored"
+        );
+    }
     match cli.command {
         Command::Serve { no_migrate } => {
             // A multi-threaded runtime: the sender's sends use every core (the HTTP workers have
@@ -437,9 +444,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Healthcheck => unreachable!("handled before logging is set up"),
         Command::Endpoint { action } => {
-            let db = open_db(&settings, true)?;
+            // Not migrated here (a mistyped database URL would be created and migrated, and
+            // answer nothing): `herald migrate` or `herald serve` does that.
+            let db = open_db(&settings, false)?;
             match action {
                 EndpointAction::List => {
+                    if settings.endpoints.is_empty() {
+                        eprintln!("herald: no endpoints are configured ([endpoints.NAME])");
+                    }
                     let disabled = db.disabled_endpoints()?;
                     for name in settings.endpoints.keys() {
                         match disabled.iter().find(|d| &d.name == name) {

@@ -105,13 +105,55 @@ pub fn routes(r: &mut impl Routes) {
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     routes(cfg);
-    cfg.default_service(web::to(|| async {
-        Err::<HttpResponse, _>(Problem::new(
-            StatusCode::NOT_FOUND,
-            "not-found",
-            "No such route",
-        ))
+    cfg.default_service(web::to(|req: HttpRequest| async move {
+        // A path Herald serves with another method: 405 naming the ones it takes (a provider
+        // or a script sending PUT to an ingest URL learns what is wrong), else 404.
+        let allowed = allowed_methods(req.path());
+        if allowed.is_empty() {
+            return Err::<HttpResponse, _>(Problem::new(
+                StatusCode::NOT_FOUND,
+                "not-found",
+                "No such route",
+            ));
+        }
+        let r = Problem::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method-not-allowed",
+            "This route does not take that method",
+        )
+        .detail(format!("it takes {}", allowed.join(", ")));
+        let mut r = actix_web::ResponseError::error_response(&r);
+        if let Ok(v) = actix_web::http::header::HeaderValue::from_str(&allowed.join(", ")) {
+            r.headers_mut().insert(actix_web::http::header::ALLOW, v);
+        }
+        Ok(r)
     }));
+}
+
+/// The methods [`routes`] serves `path` with (a `{name}` segment of a route matches any one
+/// segment), in their order; empty when no route has that path.
+fn allowed_methods(path: &str) -> Vec<String> {
+    static ROUTES: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
+    let routes = ROUTES.get_or_init(|| {
+        openapi::listing()
+            .0
+            .into_iter()
+            .map(|l| (l.method, l.path))
+            .collect()
+    });
+    let segments: Vec<&str> = path.split('/').collect();
+    let mut methods: Vec<String> = Vec::new();
+    for (method, template) in routes {
+        let t: Vec<&str> = template.split('/').collect();
+        let matches = t.len() == segments.len()
+            && t.iter()
+                .zip(&segments)
+                .all(|(t, s)| (t.starts_with('{') && t.ends_with('}') && !s.is_empty()) || t == s);
+        if matches && !methods.contains(method) {
+            methods.push(method.clone());
+        }
+    }
+    methods
 }
 
 #[utoipa::path(

@@ -104,6 +104,12 @@ pub fn judge(
                     show(event_time),
                     show(at)
                 )
+            } else if event_time.is_none() {
+                // A provider without event times (Twilio): only the status order decides.
+                format!(
+                    "without event times the status order decides: the current status {current} \
+                     ranks above {event_type}"
+                )
             } else {
                 format!("same event time as the current status {current}, which takes precedence")
             };
@@ -483,6 +489,15 @@ mod tests {
 
     fn t(s: i64) -> Option<DateTime<Utc>> {
         DateTime::from_timestamp(1_700_000_000 + s, 0)
+    }
+
+    #[test]
+    fn without_event_times_the_reason_names_the_status_order() {
+        let Verdict::Superseded { reason } = judge(Some("delivered"), None, "sent", None) else {
+            panic!("superseded")
+        };
+        assert!(reason.contains("status order decides"), "{reason}");
+        assert!(reason.contains("delivered ranks above sent"), "{reason}");
     }
 
     #[test]

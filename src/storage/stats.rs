@@ -103,7 +103,30 @@ impl Db {
     /// The versions of the embedded migrations this database has not applied (read only: never
     /// creates diesel's bookkeeping table, unlike the migration harness).
     pub fn pending_migrations(&self) -> Result<Vec<String>, StorageError> {
-        let embedded: Vec<String> = match self {
+        let embedded = self.embedded_versions()?;
+        let applied = self.applied_versions()?;
+        Ok(embedded
+            .into_iter()
+            .filter(|v| !applied.contains(v))
+            .collect())
+    }
+
+    /// The versions this database records as applied that this build does not have: a newer
+    /// Herald migrated it (a downgrade, or an old process left running beside new ones), and
+    /// this one may misread what those migrations changed (read only).
+    pub fn unknown_migrations(&self) -> Result<Vec<String>, StorageError> {
+        let embedded = self.embedded_versions()?;
+        let mut unknown: Vec<String> = self
+            .applied_versions()?
+            .into_iter()
+            .filter(|v| !embedded.contains(v))
+            .collect();
+        unknown.sort();
+        Ok(unknown)
+    }
+
+    fn embedded_versions(&self) -> Result<Vec<String>, StorageError> {
+        Ok(match self {
             Db::Pg(_) => MigrationSource::<diesel::pg::Pg>::migrations(&PG_MIGRATIONS)
                 .map_err(|e| StorageError::Migration(e.to_string()))?
                 .iter()
@@ -116,11 +139,6 @@ impl Db {
                     .map(|m| m.name().version().to_string())
                     .collect()
             }
-        };
-        let applied = self.applied_versions()?;
-        Ok(embedded
-            .into_iter()
-            .filter(|v| !applied.contains(v))
-            .collect())
+        })
     }
 }

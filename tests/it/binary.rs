@@ -561,6 +561,51 @@ fn the_cli_prints_what_scripts_take() {
     assert!(stderr.contains("herald.toml"), "{stderr}");
 }
 
+/// At start, Herald names what it will not use: a `HERALD_*` variable no setting reads (a
+/// typo; by name, never its value), and migrations a newer Herald applied to the database (a
+/// downgrade). Both found by a walk-through to pass silently.
+#[test]
+fn start_up_names_unread_variables_and_newer_migrations() {
+    use diesel::Connection;
+    use diesel::connection::SimpleConnection;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("h.db");
+    let db = format!("sqlite://{}", path.display());
+    let out = herald_output(
+        &["migrate"],
+        &[
+            ("HERALD_DATABASE_URL", db.as_str()),
+            ("HERALD_LEASE_SECOND", "s3cret-value"),
+        ],
+    );
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains("WARN") && l.contains("HERALD_LEASE_SECOND")),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("s3cret-value"), "{stderr}");
+    assert!(
+        !stderr.contains("migrations this Herald does not know"),
+        "{stderr}"
+    );
+    diesel::sqlite::SqliteConnection::establish(path.to_str().unwrap())
+        .unwrap()
+        .batch_execute("INSERT INTO __diesel_schema_migrations (version) VALUES ('29991231000001')")
+        .unwrap();
+    let out = herald_output(&["migrate"], &[("HERALD_DATABASE_URL", db.as_str())]);
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.lines().any(|l| l.contains("WARN")
+            && l.contains("migrations this Herald does not know")
+            && l.contains("29991231000001")),
+        "{stderr}"
+    );
+}
+
 /// `herald migrate` with a configuration that drops endpoints other processes subscribed says
 /// so at WARN, naming them: it replaces `herald_subscriptions` for every process.
 #[test]

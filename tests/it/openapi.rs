@@ -17,9 +17,11 @@ async fn document(t: &crate::support::TestApp) -> Value {
     r.json().await.unwrap()
 }
 
-/// The answer of a route nobody registered.
+/// The answer of a route nobody registered: the default 404, or its 405 for a path served with
+/// other methods.
 fn is_default_404(status: u16, body: &Value) -> bool {
-    status == 404 && body["title"] == "No such route"
+    (status == 404 && body["title"] == "No such route")
+        || (status == 405 && body["title"] == "This route does not take that method")
 }
 
 async fn every_documented_operation_is_served(backend: Backend) {
@@ -43,6 +45,32 @@ async fn every_documented_operation_is_served(backend: Backend) {
         );
         probed += 1;
     }
+    // A path served with another method: 405, naming the methods it takes (in the problem and
+    // in `Allow`); a path not served at all: 404.
+    for (method, path, allow) in [
+        ("PUT", "/v1/ingest/esp", "POST, GET"),
+        ("DELETE", "/v1/messages/some-id", "GET"),
+        ("GET", "/v1/messages", "POST"),
+    ] {
+        let r = t
+            .http
+            .request(method.parse().unwrap(), format!("{}{path}", t.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 405, "{method} {path}");
+        assert_eq!(r.headers()["allow"], allow, "{method} {path}");
+        assert_eq!(r.headers()["content-type"], "application/problem+json");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["detail"], format!("it takes {allow}"));
+    }
+    let r = t
+        .http
+        .put(format!("{}/v1/ingest", t.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
     // Every route `configure` registers was probed.
     assert_eq!(probed, herald::http::openapi::listing().0.len());
     assert!(probed >= 18, "{probed} operations");

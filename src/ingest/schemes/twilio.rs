@@ -167,6 +167,14 @@ impl Source for Twilio {
                 Ok(Value::Object(m)) => m,
                 _ => return Err(VerifyError::Unparsable("JSON body is not an object".into())),
             }
+        } else if r.method.eq_ignore_ascii_case("GET") {
+            // A callback configured as GET (a call's StatusCallbackMethod) carries its
+            // parameters in the query, which the signed URL covers; it has no body.
+            form_fields(
+                url::form_urlencoded::parse(r.query.unwrap_or("").as_bytes())
+                    .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                    .collect(),
+            )
         } else {
             form_fields(params)
         };
@@ -327,6 +335,31 @@ mod tests {
             let e = verdict(body).unwrap();
             assert_eq!(e[0].provider_event_id, key);
         }
+    }
+
+    /// A status callback configured as GET: its parameters are in the signed URL's query.
+    #[test]
+    fn a_get_callback_reads_its_parameters_from_the_query() {
+        let token = "12345";
+        let url = "https://h.example/v1/ingest/twilio";
+        let v = Twilio::new(vec![token.into()], url).unwrap();
+        let query = "CallSid=CA7&CallStatus=completed&Direction=outbound-api";
+        let h = vec![(
+            "x-twilio-signature".to_owned(),
+            sign(token, &format!("{url}?{query}")),
+        )];
+        let e = v
+            .verify(
+                &RawRequest {
+                    headers: &h,
+                    body: b"",
+                    query: Some(query),
+                    method: "GET",
+                },
+                Utc::now(),
+            )
+            .unwrap();
+        assert_eq!(e[0].provider_event_id, "CA7:completed");
     }
 
     /// The validators' published test vectors: auth token `12345`, and (URL as configured, query

@@ -246,9 +246,8 @@ impl Source for Vonage {
     ) -> Result<Vec<ReceiptEvent>, VerifyError> {
         match r.header("authorization") {
             Some(auth) => {
-                let token = auth
-                    .strip_prefix("Bearer ")
-                    .or_else(|| auth.strip_prefix("bearer "))
+                // The scheme's case is ignored (RFC 9110 §11.1).
+                let token = crate::auth::Tokens::bearer(auth)
                     .ok_or(VerifyError::Missing("Authorization: Bearer"))?;
                 self.verify_messages(token, r, now)
             }
@@ -402,6 +401,13 @@ mod tests {
             method: "POST",
         };
         let at = Utc.timestamp_opt(1587494962, 0).unwrap();
+        assert_eq!(v.verify(&r, at), Err(VerifyError::Mismatch));
+        // The scheme in any case is the bearer scheme: its token is checked the same way.
+        let upper = vec![("authorization".to_owned(), format!("BEARER {TOKEN}"))];
+        let r = RawRequest {
+            headers: &upper,
+            ..r
+        };
         assert_eq!(v.verify(&r, at), Err(VerifyError::Mismatch));
     }
 
