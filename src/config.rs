@@ -793,7 +793,11 @@ impl Settings {
         };
         let smtp_credentials = match (f.smtp_username, f.smtp_password) {
             (None, None) => None,
-            (Some(u), Some(p)) if !u.expose().is_empty() && !p.expose().is_empty() => Some((u, p)),
+            (Some(u), Some(p))
+                if !u.expose().trim().is_empty() && !p.expose().trim().is_empty() =>
+            {
+                Some((u, p))
+            }
             _ => {
                 return Err(invalid(
                     "smtp_username",
@@ -859,6 +863,14 @@ impl Settings {
         }
         let smtp_provider = match &f.smtp_provider {
             None => None,
+            // It names the relay smtp_url points at: without one it would be ignored silently.
+            Some(_) if f.smtp_url.is_none() => {
+                return Err(invalid(
+                    "smtp_provider",
+                    "names the relay smtp_url points at, and no smtp_url is set; set \
+                     HERALD_SMTP_URL (or smtp_url in the file), or unset HERALD_SMTP_PROVIDER",
+                ));
+            }
             Some(p) => Some(p.parse::<RelayProvider>().map_err(|e| {
                 invalid(
                     "smtp_provider",
@@ -2209,7 +2221,11 @@ mod tests {
 
     #[test]
     fn smtp_provider_is_one_of_the_known_relays() {
-        let build = |pairs: &[(&str, &str)]| Settings::build(FileConfig::default(), &env(pairs));
+        let build = |pairs: &[(&str, &str)]| {
+            let mut pairs = pairs.to_vec();
+            pairs.push(("HERALD_SMTP_URL", "smtp://127.0.0.1:2525"));
+            Settings::build(FileConfig::default(), &env(&pairs))
+        };
         assert_eq!(build(&[]).unwrap().smtp_provider, None);
         assert_eq!(
             build(&[("HERALD_SMTP_PROVIDER", "ses")])
@@ -2218,10 +2234,20 @@ mod tests {
             Some(RelayProvider::Ses)
         );
         assert_eq!(
-            Settings::from_toml("smtp_provider = \"sendgrid\"\n")
-                .unwrap()
-                .smtp_provider,
+            Settings::from_toml(
+                "smtp_url = \"smtp://127.0.0.1:2525\"\nsmtp_provider = \"sendgrid\"\n"
+            )
+            .unwrap()
+            .smtp_provider,
             Some(RelayProvider::SendGrid)
+        );
+        // Without a relay it would be ignored: refused, naming what is missing.
+        let m = Settings::from_toml("smtp_provider = \"sendgrid\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            m.starts_with("smtp_provider: ") && m.contains("HERALD_SMTP_URL"),
+            "{m}"
         );
         let m = build(&[("HERALD_SMTP_PROVIDER", "sparkpost")])
             .unwrap_err()
