@@ -29,6 +29,16 @@ fn with_app_conn<T>(
     }
 }
 
+/// The error of `sql`, which the database refuses, run on the application's own connection.
+fn refused(app: &TestApp, sql: &str) -> String {
+    with_app_conn(
+        app,
+        |c| c.batch_execute(sql).unwrap_err(),
+        |c| c.batch_execute(sql).unwrap_err(),
+    )
+    .to_string()
+}
+
 fn enqueue_in_tx<C: Connection + OutboxConnection>(
     conn: &mut C,
     message: NewMessage,
@@ -185,12 +195,7 @@ async fn a_time_herald_cannot_read_back_is_refused_at_the_insert(backend: Backen
     };
     for (i, (column, time)) in bad.iter().enumerate() {
         let sql = insert(&format!("bad-{i}"), column, time);
-        let e = with_app_conn(
-            &app,
-            |c| c.batch_execute(&sql).unwrap_err(),
-            |c| c.batch_execute(&sql).unwrap_err(),
-        )
-        .to_string();
+        let e = refused(&app, &sql);
         assert!(
             // PostgreSQL names the first constraint failed (`scheduled_at` is copied into
             // `next_attempt_at` first); SQLite's trigger says what is wanted.
@@ -250,12 +255,7 @@ async fn an_error_class_herald_does_not_know_is_refused_at_the_insert(backend: B
     };
     for (i, bad) in ["bogus", "", "Transient", "transient "].iter().enumerate() {
         let sql = insert(&format!("bad-{i}"), bad);
-        let e = with_app_conn(
-            &app,
-            |c| c.batch_execute(&sql).unwrap_err(),
-            |c| c.batch_execute(&sql).unwrap_err(),
-        )
-        .to_string();
+        let e = refused(&app, &sql);
         assert!(
             e.contains("herald_outbox_last_error_class_check"),
             "{bad:?}: {e}"
