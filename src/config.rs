@@ -958,12 +958,16 @@ impl Settings {
             .listen
             .map(|l| l.trim().to_owned())
             .unwrap_or_else(|| "127.0.0.1:8080".into());
+        // Its shape only (a host and a port): resolving a name here would make every command
+        // depend on the resolver, `explain` and `healthcheck` included, which bind nothing.
         {
-            use std::net::ToSocketAddrs;
-            if !listen
-                .to_socket_addrs()
-                .is_ok_and(|mut addrs| addrs.next().is_some())
-            {
+            let shaped = listen.parse::<std::net::SocketAddr>().is_ok()
+                || listen.rsplit_once(':').is_some_and(|(host, port)| {
+                    !host.is_empty()
+                        && !host.contains(['/', ':', '[', ']', ' '])
+                        && port.parse::<u16>().is_ok()
+                });
+            if !shaped {
                 return Err(invalid(
                     "listen",
                     format!(

@@ -355,7 +355,22 @@ async fn the_known_error_classes_upgrade_clears_unknown_ones(backend: Backend) {
     }
     on_a_fresh_database(
         backend,
-        |c| run_upgrade!(c, herald::storage::PG_MIGRATIONS),
+        |c| {
+            run_upgrade!(&mut *c, herald::storage::PG_MIGRATIONS);
+            // Added NOT VALID (no scan under the insert-blocking lock), validated by the next.
+            #[derive(QueryableByName)]
+            struct Validated {
+                #[diesel(sql_type = diesel::sql_types::Bool)]
+                convalidated: bool,
+            }
+            let v: Validated = diesel::sql_query(
+                "SELECT convalidated FROM pg_constraint \
+                 WHERE conname = 'herald_outbox_last_error_class_check'",
+            )
+            .get_result(c)
+            .unwrap();
+            assert!(v.convalidated);
+        },
         |c| run_upgrade!(c, herald::storage::SQLITE_MIGRATIONS),
     )
     .await;
