@@ -73,6 +73,21 @@ async fn classification_table(backend: Backend) {
             "retryable",
             "rate_limited",
         ),
+        // A receiver's text where the seconds should be, with an address in it: backoff, and
+        // the text itself is not kept (a walk-through saw 3,000 characters stored and shown).
+        case(
+            "limited-429-text",
+            Reply::Full(
+                429,
+                vec![(
+                    "Retry-After".into(),
+                    format!("{} contact ada@example.com", "A".repeat(3000)),
+                )],
+                String::new(),
+            ),
+            "retryable",
+            "rate_limited",
+        ),
         case(
             "unavailable-503",
             Reply::Full(
@@ -195,7 +210,21 @@ async fn classification_table(backend: Backend) {
     );
     let d = delay("unavailable-503");
     assert!((11.0..=13.2 + SLACK).contains(&d), "503 Retry-After: {d}");
-    for id in ["limited-429-bare", "error-500", "refused"] {
+    assert_eq!(
+        app.attempts("limited-429-text")[0].retry_after.as_deref(),
+        Some("not seconds or an HTTP-date (3024 bytes)")
+    );
+    let words = app.explain("limited-429-text").await.to_string();
+    assert!(
+        !words.contains("ada@") && !words.contains("AAAA"),
+        "{words}"
+    );
+    for id in [
+        "limited-429-bare",
+        "limited-429-text",
+        "error-500",
+        "refused",
+    ] {
         let d = delay(id);
         assert!((0.8..=1.2 + SLACK).contains(&d), "{id} backoff: {d}");
         assert!(

@@ -509,15 +509,15 @@ impl WebhookChannel {
     ) -> SendReport {
         let status = resp.status().as_u16();
         let class = classify_http_status(status);
-        let retry_after_raw = resp
+        let header = resp
             .headers()
             .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        let retry_after = retry_after_raw
+            .map(|v| v.to_str().unwrap_or("\u{fffd}").to_owned());
+        let retry_after = header
             .as_deref()
             .filter(|_| honours_retry_after(status))
             .and_then(|v| parse_retry_after(v, self.clock.now()));
+        let retry_after_raw = header.map(|v| shown_retry_after(&v, self.clock.now()));
         let mut body = Vec::new();
         while body.len() < MAX_RESPONSE_BYTES {
             match resp.chunk().await {
@@ -543,6 +543,20 @@ impl WebhookChannel {
             provider_message_id,
             excerpt,
         }
+    }
+}
+
+/// What of a `Retry-After` header is kept and shown (the attempt's `retry_after`): the value as
+/// sent when it is one (seconds, or an HTTP-date), else only that it was not — the receiver's
+/// own text (3,000 characters, an address in it; a walk-through sent both) is no attempt's to
+/// keep, and support never shows a receiver's words.
+fn shown_retry_after(value: &str, now: chrono::DateTime<chrono::Utc>) -> String {
+    const LONGEST: usize = 64;
+    let value = value.trim();
+    if value.len() <= LONGEST && parse_retry_after(value, now).is_some() {
+        value.to_owned()
+    } else {
+        format!("not seconds or an HTTP-date ({} bytes)", value.len())
     }
 }
 
