@@ -12,17 +12,13 @@ use crate::domain::{AttemptClass, Channel, Semantics, State};
 use crate::storage::admin::{DeadLetterFilter, HourCount, MessageSummary};
 use crate::storage::models::{AttemptRow, OutboxRow, ReceiptRow};
 use crate::storage::{Db, StorageError};
-use crate::telemetry::{mask_email, mask_emails_in, mask_url};
+use crate::telemetry::mask_emails_in;
 
-/// A destination as the admin page shows it: a URL reduced to scheme and host, an address to
-/// `u***@e***.com`, a configured endpoint's name as it is.
-pub fn mask_destination(channel: Channel, destination: &str) -> String {
-    match channel {
-        Channel::Email => mask_email(destination),
-        Channel::Webhook if destination.contains("://") => mask_url(destination),
-        Channel::Webhook => destination.to_owned(),
-    }
-}
+/// A destination as the admin page shows it: as support shows it everywhere
+/// ([`crate::support::view::mask_destination`]) — a URL reduced to scheme and host, also one not
+/// spelled with `://` (`http:/host/path`, which the URL parser takes; the page showed such a
+/// one whole), an address to `u***@e***.com`, a configured endpoint's name as it is.
+pub use crate::support::view::mask_destination;
 
 /// One message, without its payload.
 #[derive(Debug, Clone, PartialEq)]
@@ -222,8 +218,9 @@ pub fn parse_query(q: &str) -> Query {
 pub enum Found {
     /// Exactly one message: its event id.
     One(String),
-    /// Several messages share the fingerprint prefix (newest first, at most [`SEARCH_LIMIT`]).
-    Many(Vec<MessageSummary>),
+    /// Several messages: a fan-out's, or those sharing the fingerprint prefix (newest first, at
+    /// most [`SEARCH_LIMIT`]; `true` when more match).
+    Many(Vec<MessageSummary>, bool),
     Nothing,
 }
 
@@ -247,16 +244,18 @@ pub fn search(db: &Db, query: &Query) -> Result<Found, StorageError> {
         .map(MessageSummary::of)
         .collect();
     if !children.is_empty() {
-        return Ok(Found::Many(children));
+        return Ok(Found::Many(children, false));
     }
     let Some(prefix) = prefix else {
         return Ok(Found::Nothing);
     };
-    let mut rows = db.find_by_fingerprint_prefix(prefix, SEARCH_LIMIT)?;
+    let mut rows = db.find_by_fingerprint_prefix(prefix, SEARCH_LIMIT + 1)?;
+    let more = rows.len() > SEARCH_LIMIT as usize;
+    rows.truncate(SEARCH_LIMIT as usize);
     Ok(match rows.len() {
         0 => Found::Nothing,
         1 => Found::One(rows.remove(0).event_id),
-        _ => Found::Many(rows.iter().map(MessageSummary::of).collect()),
+        _ => Found::Many(rows.iter().map(MessageSummary::of).collect(), more),
     })
 }
 

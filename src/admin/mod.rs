@@ -419,8 +419,11 @@ async fn search(
     let found = tri!(blocking(Some(&viewer), move || data::search(&db, &parsed)).await);
     match found {
         Found::One(event_id) => see_other(&pages::message_href(&event_id)),
-        Found::Many(rows) => page(StatusCode::OK, pages::results(&viewer, &q, &rows)),
-        Found::Nothing => page(StatusCode::NOT_FOUND, pages::results(&viewer, &q, &[])),
+        Found::Many(rows, more) => page(StatusCode::OK, pages::results(&viewer, &q, &rows, more)),
+        Found::Nothing => page(
+            StatusCode::NOT_FOUND,
+            pages::results(&viewer, &q, &[], false),
+        ),
     }
 }
 

@@ -125,7 +125,7 @@ pub fn home(viewer: &Viewer, chart: Markup) -> Markup {
 }
 
 /// Search results: nothing, or several messages sharing a fingerprint prefix.
-pub fn results(viewer: &Viewer, q: &str, rows: &[MessageSummary]) -> Markup {
+pub fn results(viewer: &Viewer, q: &str, rows: &[MessageSummary], more: bool) -> Markup {
     layout(
         "Search",
         Some(viewer),
@@ -136,7 +136,11 @@ pub fn results(viewer: &Viewer, q: &str, rows: &[MessageSummary]) -> Markup {
                 @if rows.is_empty() {
                     p #nothing-found { "No message has that event id or a fingerprint starting with it." }
                 } @else {
-                    p { (rows.len()) " messages match; the newest first." }
+                    @if more {
+                        p { "More than " (rows.len()) " messages match; the newest " (rows.len()) ", newest first." }
+                    } @else {
+                        p { (rows.len()) " messages match; the newest first." }
+                    }
                     (summary_table(rows))
                 }
             }

@@ -33,7 +33,9 @@ per_backend! {
             .filter(o::request_fingerprint.ge(prefix))
             .filter(o::request_fingerprint.lt(format!("{prefix}g")))
             .filter(o::request_fingerprint.like(format!("{prefix}%")))
-            .order(o::request_fingerprint)
+            // The newest first: several are listed, and a search that matches more shows the
+            // newest (it was fingerprint order, which left the newest out).
+            .order(o::id.desc())
             .limit(limit)
             .load(conn)
     }

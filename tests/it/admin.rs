@@ -361,6 +361,51 @@ async fn pages_show_what_happened_and_nothing_secret(backend: Backend) {
         assert!(html.contains(class), "{class} in the legend");
     }
     assert_eq!(html.matches("<rect").count(), 3, "{html}");
+
+    // A URL not spelled with `://` (the URL parser takes `http:/host/path`, and it is sent
+    // there) is masked as any other (the page once showed it whole; a walk-through found it).
+    let port = url::Url::parse(&rx.url).unwrap().port().unwrap();
+    let odd = format!("http:/127.0.0.1:{port}/bad/ODDSECRET?token=ODDQ");
+    let r = app
+        .post_message(
+            serde_json::json!({"event_id": "odd-url", "channel": "webhook", "destination": odd,
+            "payload": {"body": {}}}),
+        )
+        .await;
+    assert_eq!(r.status(), 201);
+    let html = get(&app, "/admin/message?event_id=odd-url", c)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !html.contains("ODDSECRET") && !html.contains("ODDQ"),
+        "{html}"
+    );
+    assert!(html.contains(&rx.masked()), "{html}");
+
+    // A prefix more than 20 messages share: the newest 20, and that there are more.
+    let rows: Vec<String> = (0..22)
+        .map(|i| {
+            format!(
+                "('same-prefix-{i:02}', 'webhook', 'https://x.example/h', '{{\"body\": {{}}}}', \
+                 'deadbeef{i:056x}')"
+            )
+        })
+        .collect();
+    app.raw_sql(&format!(
+        "INSERT INTO herald_outbox (event_id, channel, destination, payload, \
+         request_fingerprint) VALUES {}",
+        rows.join(", ")
+    ));
+    let html = get(&app, "/admin/search?q=DEADBEEF", c)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(html.contains("More than 20 messages match"), "{html}");
+    assert!(html.contains("same-prefix-21") && html.contains("same-prefix-02"));
+    assert!(!html.contains("same-prefix-01") && !html.contains("same-prefix-00"));
     app.stop().await;
 }
 

@@ -692,7 +692,8 @@ async fn forced_replays_and_refusals(backend: Backend) {
     }
     let p = problem(get(&app, "/v1/sends/DEADBEEF").await, 409).await;
     assert_eq!(p["field"], "fingerprint");
-    assert_eq!(strings(&p["candidates"], "event_id"), ["amb-1", "amb-2"]);
+    // The newest first.
+    assert_eq!(strings(&p["candidates"], "event_id"), ["amb-2", "amb-1"]);
     let p = problem(replay(&app, "deadbeef", json!({"reason": "x"})).await, 409).await;
     assert_eq!(p["candidates"].as_array().unwrap().len(), 2);
     assert_eq!(explain(&app, "deadbeef1").await["event_id"], "amb-2");
