@@ -685,7 +685,8 @@ fn support_command(command: Command, settings: &Settings) -> anyhow::Result<Exit
             let _ = if json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&value)?)
             } else {
-                write!(out, "{text}")
+                // Stored text (an event id, a reason) shown, never obeyed by the terminal.
+                write!(out, "{}", herald::telemetry::printable(&text))
             };
             Ok(ExitCode::SUCCESS)
         }
@@ -704,7 +705,7 @@ fn support_command(command: Command, settings: &Settings) -> anyhow::Result<Exit
                         "  {}  {}  {}",
                         c.fingerprint.as_deref().unwrap_or("-"),
                         c.state,
-                        c.event_id
+                        herald::telemetry::printable(&c.event_id)
                     );
                 }
             }

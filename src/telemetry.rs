@@ -117,6 +117,35 @@ pub fn mask_url(url: &str) -> String {
     }
 }
 
+/// Whether `c` is a character text shown to a person must not carry raw: a control character
+/// (C0 but for line feed, carriage return and tab; DEL; C1) or a bidirectional-formatting one
+/// (the marks, embeddings, overrides and isolates, and the line and paragraph separators),
+/// which would drive a terminal or turn the words around it backwards.
+pub fn unprintable(c: char) -> bool {
+    matches!(c,
+        '\u{0}'..='\u{8}' | '\u{b}' | '\u{c}' | '\u{e}'..='\u{1f}' | '\u{7f}'..='\u{9f}'
+        | '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{2028}' | '\u{2029}'
+        | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// `text` with each [`unprintable`] character written out as `\u{…}`, for a page or a terminal:
+/// stored text an application or a provider wrote (an event id inserted by SQL before such ids
+/// were refused, a receipt's type, a replay reason) is shown, never obeyed.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(unprintable) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if unprintable(c) {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 fn mask_opaque(value: &str) -> String {
     format!("[{} chars]", value.chars().count())
 }
@@ -124,6 +153,16 @@ fn mask_opaque(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unprintable_characters_are_written_out() {
+        assert_eq!(printable("plain café\nline\ttab"), "plain café\nline\ttab");
+        assert_eq!(
+            printable("evil\u{1b}[31m rtl-\u{202e}gnp \u{85}\u{2066}"),
+            "evil\\u{1b}[31m rtl-\\u{202e}gnp \\u{85}\\u{2066}"
+        );
+        assert!(matches!(printable("ok"), std::borrow::Cow::Borrowed(_)));
+    }
 
     #[test]
     fn log_formats_and_colour() {

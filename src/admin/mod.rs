@@ -109,9 +109,12 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 type Halt = Box<HttpResponse>;
 
 fn page(status: StatusCode, markup: Markup) -> HttpResponse {
+    // Every page's stored text shown, never obeyed: a right-to-left override in a receipt's
+    // type turned the timeline's own words backwards (a walk-through found it). Herald's own
+    // markup holds none of these characters, so the whole page can be written out.
     HttpResponse::build(status)
         .content_type("text/html; charset=utf-8")
-        .body(markup.into_string())
+        .body(crate::telemetry::printable(&markup.into_string()).into_owned())
 }
 
 fn see_other(location: &str) -> HttpResponse {

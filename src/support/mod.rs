@@ -269,10 +269,15 @@ impl Reason {
                 format!("must be at most {MAX_REASON} characters"),
             ));
         }
-        if r.chars().any(char::is_control) {
+        // Nor bidirectional formatting (a right-to-left override, the line separator): it is
+        // logged and shown beside Herald's own words, which it would turn around.
+        if r.chars()
+            .any(|c| c.is_control() || crate::telemetry::unprintable(c))
+        {
             return Err(InvalidField::new(
                 "reason",
-                "must not contain control characters (line breaks, tabs …)",
+                "must not contain control or bidirectional-formatting characters (line breaks, \
+                 tabs, U+202E …)",
             ));
         }
         Ok(Self(r.to_owned()))

@@ -406,6 +406,30 @@ async fn pages_show_what_happened_and_nothing_secret(backend: Backend) {
     assert!(html.contains("More than 20 messages match"), "{html}");
     assert!(html.contains("same-prefix-21") && html.contains("same-prefix-02"));
     assert!(!html.contains("same-prefix-01") && !html.contains("same-prefix-00"));
+
+    // Stored text is shown, never obeyed: a right-to-left override in a state reason an
+    // application wrote is written out, and Herald's words around it keep their direction.
+    app.raw_sql(
+        "INSERT INTO herald_outbox (event_id, channel, destination, payload, state, state_reason) \
+         VALUES ('rtl-1', 'webhook', 'https://x.example/h', '{\"body\": {}}', 'dead_letter', \
+         'fixed \u{202e}gnp.exe')",
+    );
+    // A replay's reason may not carry one at all.
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/messages/rtl-1/replay", app.base))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&serde_json::json!({"reason": "fixed \u{202e}gnp.exe"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422);
+    let html = get(&app, "/admin/message?event_id=rtl-1", c)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(!html.contains('\u{202e}'), "{html}");
+    assert!(html.contains("fixed \\u{202e}gnp.exe"), "{html}");
     app.stop().await;
 }
 

@@ -280,6 +280,44 @@ async fn an_error_class_herald_does_not_know_is_refused_at_the_insert(backend: B
     app.stop().await;
 }
 
+/// An application's INSERT may not put control or bidirectional-formatting characters in an
+/// event id or a destination (found by a walk-through: an event id with ESC and a newline forged
+/// a log line and drove the terminal of whoever listed the dead letters; a right-to-left
+/// override turned the admin page's words backwards). Other Unicode is taken, as before.
+async fn control_characters_in_an_event_id_or_destination_are_refused(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let rx = Receiver::start().await;
+    let insert = |id: &str, destination: &str| {
+        format!(
+            "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+             VALUES ('{id}', 'webhook', '{destination}', '{{\"body\": 1}}')"
+        )
+    };
+    for (id, destination) in [
+        ("evil\u{1b}[31mRED", rx.url.clone()),
+        ("two\nlines", rx.url.clone()),
+        ("rtl-\u{202e}gnp.exe", rx.url.clone()),
+        ("c1-\u{85}", rx.url.clone()),
+        ("fine-id", "endpoint:x\u{1b}]0;TITLE\u{7}".to_owned()),
+        ("fine-id-2", format!("{}\u{2066}", rx.url)),
+    ] {
+        let e = refused(&app, &insert(id, &destination));
+        assert!(
+            e.contains("herald_outbox_printable"),
+            "{id:?} {destination:?}: {e}"
+        );
+    }
+    for id in ["café-1", "注文-2", "with space"] {
+        with_app_conn(
+            &app,
+            |c| c.batch_execute(&insert(id, &rx.url)).unwrap(),
+            |c| c.batch_execute(&insert(id, &rx.url)).unwrap(),
+        );
+    }
+    assert_eq!(app.run_until_idle().await, 3);
+    app.stop().await;
+}
+
 /// The application cancels in its own transaction (`herald::outbox::cancel_in` on its own
 /// connection): a rolled-back cancel cancels nothing, a committed one sends nothing; in flight
 /// or finished, no such message, and a fan-out's own event id, are refused as over HTTP.
@@ -663,6 +701,7 @@ both_backends!(
     plain_sql_insert_with_only_the_essentials,
     a_time_herald_cannot_read_back_is_refused_at_the_insert,
     an_error_class_herald_does_not_know_is_refused_at_the_insert,
+    control_characters_in_an_event_id_or_destination_are_refused,
     the_application_cancels_in_its_own_transaction,
     every_way_in_gives_the_same_row,
     duplicate_event_id_sends_once,

@@ -1,0 +1,1 @@
+DROP TRIGGER herald_outbox_printable;
