@@ -370,6 +370,12 @@ impl Herald {
                     .filter(|(_, s)| !s.matches.is_empty())
                     .map(|(n, s)| (n.clone(), s.matches.clone()))
                     .collect(),
+                provider_id_first: settings
+                    .sources
+                    .iter()
+                    .filter(|(_, s)| crate::ingest::schemes::echoes_reference(s.source.scheme()))
+                    .map(|(n, _)| n.clone())
+                    .collect(),
             },
             Arc::new(Notify::new()),
             metrics.clone(),

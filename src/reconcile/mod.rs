@@ -187,6 +187,9 @@ pub struct ReconcilerConfig {
     pub message_id_domain: String,
     /// Each source's `matches` that has any: its receipts speak only for those messages.
     pub matches: std::collections::BTreeMap<String, Vec<String>>,
+    /// The sources whose Herald event id is an echoed application reference
+    /// ([`crate::storage::models::MatchRules::provider_id_first`]).
+    pub provider_id_first: std::collections::BTreeSet<String>,
 }
 
 /// Whether a receipt of a source with these `matches` may speak for a message of `channel`
@@ -381,11 +384,14 @@ impl Reconciler {
                     now,
                     this.config.batch_size,
                     &this.config.message_id_domain,
-                    &|source, channel, destination| {
-                        this.config
-                            .matches
-                            .get(source)
-                            .is_none_or(|m| may_match(m, channel, destination))
+                    crate::storage::models::MatchRules {
+                        may_match: &|source, channel, destination| {
+                            this.config
+                                .matches
+                                .get(source)
+                                .is_none_or(|m| may_match(m, channel, destination))
+                        },
+                        provider_id_first: &|source| this.config.provider_id_first.contains(source),
                     },
                     &|r, m| this.decide(r, m),
                 )?;

@@ -656,6 +656,23 @@ pub struct LastAttempt {
     pub class: AttemptClass,
 }
 
-/// Whether a receipt of a source (its name) may speak for a message of a channel and
-/// destination: the source's `matches` (every message when it has none).
-pub type MayMatch<'a> = dyn Fn(&str, crate::domain::Channel, &str) -> bool + 'a;
+/// How the reconciler may match a receipt of a source (by its name) to a message.
+#[derive(Clone, Copy)]
+pub struct MatchRules<'a> {
+    /// Whether a receipt of the source may speak for a message of this channel and destination:
+    /// the source's `matches` (every message when it has none).
+    pub may_match: &'a dyn Fn(&str, crate::domain::Channel, &str) -> bool,
+    /// Whether the source's Herald event id is only a reference the application put in the send
+    /// and the provider echoed (Vonage `client-ref`, MessageBird `reference`): the provider's
+    /// message id is tried first, the reference only when that finds nothing — an application
+    /// reference equal to another message's event id must not take the receipt there.
+    pub provider_id_first: &'a dyn Fn(&str) -> bool,
+}
+
+impl MatchRules<'_> {
+    /// Every source speaks for every message, Herald's event id first.
+    pub const OPEN: MatchRules<'static> = MatchRules {
+        may_match: &|_, _, _| true,
+        provider_id_first: &|_| false,
+    };
+}

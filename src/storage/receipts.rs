@@ -76,7 +76,7 @@ per_backend! {
         now: &Now,
         limit: i64,
         message_id_domain: &str,
-        may_match: &crate::storage::models::MayMatch<'_>,
+        rules: crate::storage::models::MatchRules<'_>,
         decide: &dyn Fn(&PendingReceipt, &MatchedMessage) -> ReceiptDecision,
     ) -> QueryResult<ReconcilePass> {
         use std::collections::HashMap;
@@ -92,7 +92,8 @@ per_backend! {
         // each only among the messages the receipt's source may speak for (`may_match`: a
         // source's `matches`).
         type Found = (i64, Channel, String);
-        let allowed = |r: &PendingReceipt, f: &Found| may_match(&r.source, f.1, &f.2);
+        let allowed = |r: &PendingReceipt, f: &Found| (rules.may_match)(&r.source, f.1, &f.2);
+        let provider_first = |r: &PendingReceipt| (rules.provider_id_first)(&r.source);
         let event_ids: Vec<&str> = batch.iter().filter_map(|r| r.herald_event_id.as_deref()).collect();
         let by_event: HashMap<String, Found> = o::table
             .filter(o::event_id.eq_any(&event_ids))
@@ -132,8 +133,7 @@ per_backend! {
         let bare = |p: &str| p.trim().trim_start_matches('<').trim_end_matches('>').to_owned();
         let provider_ids: Vec<String> = batch
             .iter()
-            .filter(unresolved)
-            .filter(|r| of_key(r).is_none())
+            .filter(|r| provider_first(r) || (unresolved(r) && of_key(r).is_none()))
             .filter_map(|r| r.provider_message_id.as_deref())
             .flat_map(|p| [bare(p), format!("<{}>", bare(p))])
             .collect();
@@ -152,16 +152,19 @@ per_backend! {
                 }
             }
         }
+        let of_provider = |r: &PendingReceipt| {
+            r.provider_message_id
+                .as_ref()
+                .and_then(|p| by_provider.get(&bare(p)))
+                .and_then(|found| found.iter().rev().find(|f| allowed(r, f)))
+        };
         let target = |r: &PendingReceipt| {
-            of_event(r)
-                .or_else(|| of_key(r))
-                .or_else(|| {
-                    r.provider_message_id
-                        .as_ref()
-                        .and_then(|p| by_provider.get(&bare(p)))
-                        .and_then(|found| found.iter().rev().find(|f| allowed(r, f)))
-                })
-                .map(|f| f.0)
+            if provider_first(r) {
+                of_provider(r).or_else(|| of_event(r)).or_else(|| of_key(r))
+            } else {
+                of_event(r).or_else(|| of_key(r)).or_else(|| of_provider(r))
+            }
+            .map(|f| f.0)
         };
         let ids: Vec<i64> = batch.iter().filter_map(target).collect();
         // Held by another reconciler right now: not in the map, its receipts wait for the
@@ -588,11 +591,11 @@ impl Db {
         now: Now,
         limit: u32,
         message_id_domain: &str,
-        may_match: &super::models::MayMatch<'_>,
+        rules: super::models::MatchRules<'_>,
         decide: &dyn Fn(&PendingReceipt, &MatchedMessage) -> ReceiptDecision,
     ) -> Result<ReconcilePass, StorageError> {
         let limit = i64::from(limit);
-        crate::storage::db_run! { self, write |c, q| Ok(q::reconcile(c, &now, limit, message_id_domain, may_match, decide)?) }
+        crate::storage::db_run! { self, write |c, q| Ok(q::reconcile(c, &now, limit, message_id_domain, rules, decide)?) }
     }
 
     pub fn settle_or_expire_unconfirmed(

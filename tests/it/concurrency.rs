@@ -176,7 +176,14 @@ fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
         )
         .unwrap();
         c.transaction(|c| {
-            receipts::pg::reconcile(c, &now(), 100, "example.com", &|_, _, _| true, &no_match)
+            receipts::pg::reconcile(
+                c,
+                &now(),
+                100,
+                "example.com",
+                herald::storage::models::MatchRules::OPEN,
+                &no_match,
+            )
         })
         .unwrap();
         c.transaction(|c| outbox::pg::sweep_expired_leases(c, &now(), &no_lease_expires))
@@ -237,8 +244,14 @@ fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
     })
     .unwrap();
     c.transaction(|c| {
-        let pass =
-            receipts::pg::reconcile(c, &now(), 100, "example.com", &|_, _, _| true, &no_match)?;
+        let pass = receipts::pg::reconcile(
+            c,
+            &now(),
+            100,
+            "example.com",
+            herald::storage::models::MatchRules::OPEN,
+            &no_match,
+        )?;
         assert_eq!(pass.unmatched, 100);
         // The reconciler's queue, oldest due first, each receipt by its primary key.
         let p = plan(
@@ -562,7 +575,14 @@ fn sqlite_hot_statements_are_compiled_once_per_connection() {
         };
         let pass = c
             .transaction(|c| {
-                receipts::sqlite::reconcile(c, &now(), 100, "example.com", &|_, _, _| true, &status)
+                receipts::sqlite::reconcile(
+                    c,
+                    &now(),
+                    100,
+                    "example.com",
+                    herald::storage::models::MatchRules::OPEN,
+                    &status,
+                )
             })
             .unwrap();
         // This round's two receipts; the earlier rounds' unmatched one is not due again yet.

@@ -200,6 +200,45 @@ async fn an_unconfirmed_sms_is_settled_by_its_client_ref(backend: Backend) {
         ("delivered".into(), Some(minute.timestamp()))
     );
     assert_eq!(app.row("otp-7").state.as_str(), "delivered", "settled");
+    // An application reference that is another message's event id does not take the receipt
+    // there: the provider's id, when it names a message, comes first (found by a review).
+    assert_eq!(
+        app.post_message(webhook("order-42", &rx.url, json!({})))
+            .await
+            .status(),
+        201
+    );
+    rx.script([
+        Reply::Status(200),
+        Reply::Full(
+            202,
+            vec![("content-type".into(), "application/json".into())],
+            r#"{"id": "0A000000F8"}"#.into(),
+        ),
+    ]);
+    assert_eq!(app.run_until_idle().await, 1);
+    assert_eq!(
+        app.post_message(webhook(
+            "sms-2",
+            "endpoint:sms",
+            json!({"to": "+15550002", "client-ref": "order-42"}),
+        ))
+        .await
+        .status(),
+        201
+    );
+    assert_eq!(app.run_until_idle().await, 1);
+    assert_eq!(
+        app.row("sms-2").provider_message_id.as_deref(),
+        Some("0A000000F8")
+    );
+    let q = vonage_sms_query_ref("0A000000F8", "delivered", minute, t, "order-42");
+    assert_eq!(ingest(&app, true, &q, &[], vec![]).await.0, 200);
+    assert_eq!(delivery(&app, "sms-2").await.0, "delivered");
+    assert_eq!(
+        app.message("order-42").await["delivery_status"],
+        Value::Null
+    );
     app.stop().await;
 }
 

@@ -158,6 +158,13 @@ impl SourceConfig {
     }
 }
 
+/// Whether a scheme's Herald event id is only a reference the application put in the send and
+/// the provider echoes (Vonage `client-ref`/`client_ref`, MessageBird `reference`), not an id
+/// Herald wrote: its receipts are matched by the provider's message id first.
+pub fn echoes_reference(scheme: &str) -> bool {
+    matches!(scheme, "vonage" | "messagebird")
+}
+
 /// The keys of `[sources.NAME]` a scheme reads, beside `scheme`; `None` for an unknown scheme.
 pub fn keys_of(scheme: &str) -> Option<&'static [&'static str]> {
     Some(match scheme {
