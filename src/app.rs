@@ -74,6 +74,7 @@ pub fn open_db(settings: &Settings, migrate: bool) -> anyhow::Result<Db> {
         settings.database_url.expose(),
         &PoolOptions {
             max_size: settings.database_pool_size,
+            idle_in_transaction: settings.database_idle_in_transaction,
             ..PoolOptions::default()
         },
     )

@@ -185,6 +185,7 @@ fn invalid(name: impl Into<String>, message: impl Into<String>) -> ConfigError {
 struct FileConfig {
     database_url: Option<Secret>,
     database_pool_size: Option<u32>,
+    database_idle_in_transaction_ms: Option<u64>,
     listen: Option<String>,
     webhook_secret: Option<Secret>,
     api_token: Option<Secret>,
@@ -287,6 +288,9 @@ struct StatusCallbacksConfig {
 pub struct Settings {
     pub database_url: Secret,
     pub database_pool_size: u32,
+    /// PostgreSQL: how long the server lets a Herald session sit idle inside a transaction
+    /// before ending it (zero: the server's setting).
+    pub database_idle_in_transaction: Duration,
     pub listen: String,
     /// `None`: generated on first start and stored in the database.
     pub webhook_secret: Option<Vec<SigningKey>>,
@@ -486,6 +490,11 @@ impl Settings {
         }
         over!(database_url, "HERALD_DATABASE_URL", secret);
         over!(database_pool_size, "HERALD_DATABASE_POOL_SIZE", num);
+        over!(
+            database_idle_in_transaction_ms,
+            "HERALD_DATABASE_IDLE_IN_TRANSACTION_MS",
+            num
+        );
         over!(listen, "HERALD_LISTEN", string);
         over!(webhook_secret, "HERALD_WEBHOOK_SECRET", secret);
         over!(api_token, "HERALD_API_TOKEN", secret);
@@ -952,6 +961,14 @@ impl Settings {
             })
             .cloned()
             .collect();
+        let database_idle_in_transaction = match f.database_idle_in_transaction_ms {
+            None => crate::storage::IDLE_IN_TRANSACTION,
+            Some(ms) => Duration::from_millis(at_most(
+                "database_idle_in_transaction_ms",
+                ms,
+                i32::MAX as u64,
+            )?),
+        };
         // Checked with the rest of the configuration (it was found only at bind time, after the
         // database was opened and migrated, and named no setting).
         let listen = f
@@ -983,6 +1000,7 @@ impl Settings {
                 .database_url
                 .unwrap_or_else(|| Secret::new("sqlite://herald.db")),
             database_pool_size: f.database_pool_size.unwrap_or(10).max(2),
+            database_idle_in_transaction,
             listen,
             webhook_secret,
             tokens,

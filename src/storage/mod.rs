@@ -147,13 +147,17 @@ pub struct PgManager {
 }
 
 impl PgManager {
-    fn new(url: &str) -> Self {
+    fn new(url: &str, idle_in_transaction: Duration) -> Self {
         let url = pg_url_with_keepalive(url);
+        let mut server_side = ServerKeepalive::of_url(&url);
+        // 0: left as the server has it (behind a pooler in transaction mode, whose server
+        // connections other clients share).
+        let ms = u32::try_from(idle_in_transaction.as_millis()).unwrap_or(i32::MAX as u32);
+        if ms > 0 {
+            server_side = server_side.with("idle_in_transaction_session_timeout", ms);
+        }
         Self {
-            server_side: ServerKeepalive::of_url(&url).with(
-                "idle_in_transaction_session_timeout",
-                IDLE_IN_TRANSACTION_MS,
-            ),
+            server_side,
             inner: ConnectionManager::new(url.clone()),
             secrets: url_secrets(&url),
         }
@@ -267,7 +271,7 @@ impl ServerKeepalive {
 /// which the application's inserts into that key wait. Without it, they wait as long as the
 /// process stays stopped; the lease does not help, since nothing was committed. Its connection
 /// fails its next statement and the pool replaces it (a walk-through found the stop).
-pub const IDLE_IN_TRANSACTION_MS: u32 = 10_000;
+pub const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(10);
 
 /// libpq's TCP settings Herald adds to a `postgres://` URL that does not set them itself: a
 /// connection whose peer vanished without a word (a failover, a network partition, a NAT that
@@ -764,6 +768,9 @@ pub struct PoolOptions {
     pub max_size: u32,
     /// How long a caller waits for a pooled connection before `Unavailable`.
     pub connection_timeout: Duration,
+    /// PostgreSQL: the sessions' `idle_in_transaction_session_timeout` ([`IDLE_IN_TRANSACTION`]);
+    /// zero leaves the server's.
+    pub idle_in_transaction: Duration,
 }
 
 impl Default for PoolOptions {
@@ -771,6 +778,7 @@ impl Default for PoolOptions {
         Self {
             max_size: 10,
             connection_timeout: Duration::from_secs(5),
+            idle_in_transaction: IDLE_IN_TRANSACTION,
         }
     }
 }
@@ -828,7 +836,7 @@ impl Db {
                 // (503 / retry) and is dropped by the pool as broken.
                 .test_on_check_out(false)
                 // A database that is down now is an error at the first use, not at start-up.
-                .build_unchecked(PgManager::new(url));
+                .build_unchecked(PgManager::new(url, options.idle_in_transaction));
             Ok(Db::Pg(pool))
         } else if let Some(path) = sqlite_path(url) {
             if path.is_empty() || path.contains(":memory:") {

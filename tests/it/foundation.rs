@@ -977,7 +977,7 @@ fn the_servers_end_takes_the_urls_tcp_settings_unless_the_database_sets_them_pos
 
 /// A Herald session that stops inside a transaction (a process stopped by `SIGSTOP` or `docker
 /// pause` mid-claim, holding a key's head; found by a walk-through) is ended by the server after
-/// `IDLE_IN_TRANSACTION_MS`: the application's transaction that needs the same row (here its
+/// `IDLE_IN_TRANSACTION`: the application's transaction that needs the same row (here its
 /// `herald_cancel`, which locks the message) goes on then, instead of waiting as long as the
 /// process stays stopped; the stopped session's next statement fails, and the pool drops it.
 #[test]
@@ -1006,6 +1006,23 @@ fn a_herald_session_stopped_inside_a_transaction_is_ended_by_the_server_postgres
             .get_result(&mut *stopped)
             .unwrap();
     assert_eq!(shown.v, "10s");
+    // 0 (behind a pooler in transaction mode) leaves the server's setting.
+    let off = herald::storage::Db::connect(
+        &t.url,
+        &herald::storage::PoolOptions {
+            idle_in_transaction: std::time::Duration::ZERO,
+            ..herald::storage::PoolOptions::default()
+        },
+    )
+    .unwrap();
+    let herald::storage::Db::Pg(off_pool) = &off else {
+        unreachable!()
+    };
+    let shown_off: Setting =
+        diesel::sql_query("SELECT current_setting('idle_in_transaction_session_timeout') AS v")
+            .get_result(&mut *off_pool.get().unwrap())
+            .unwrap();
+    assert_eq!(shown_off.v, "0");
     // The stopped process: a transaction that locked the row, and then nothing.
     stopped
         .batch_execute("BEGIN; SELECT id FROM herald_outbox WHERE event_id = 'frozen-1' FOR UPDATE")

@@ -193,6 +193,7 @@ pub async fn call_with_storage_down(
         &herald::storage::PoolOptions {
             max_size: 2,
             connection_timeout: Duration::from_millis(300),
+            ..herald::storage::PoolOptions::default()
         },
     )
     .unwrap();
