@@ -142,7 +142,7 @@ fn is_sqlite_busy(message: &str) -> bool {
 /// that text into the error `herald serve` and `herald migrate` print when they stop.
 pub struct PgManager {
     inner: ConnectionManager<PgConnection>,
-    secrets: Vec<String>,
+    secrets: UrlSecrets,
     server_side: ServerKeepalive,
 }
 
@@ -405,7 +405,7 @@ impl r2d2::ManageConnection for PgManager {
 /// no `@` may be keyword/value text) — as written, and each piece of it between URL
 /// delimiters, since libpq splits a password with an unencoded `@` or `/` there and quotes a
 /// piece (`"CRET@127.0.0.1"`) as a host name. Longest first.
-fn url_secrets(url: &str) -> Vec<String> {
+fn url_secrets(url: &str) -> UrlSecrets {
     let mut passwords: Vec<&str> = Vec::new();
     if let Some((_, rest)) = url.split_once("://")
         && let Some((userinfo, _)) = rest.rsplit_once('@')
@@ -427,22 +427,53 @@ fn url_secrets(url: &str) -> Vec<String> {
         };
         passwords.push(value);
     }
-    let mut secrets: Vec<String> = Vec::new();
-    for password in passwords {
-        secrets.push(password.to_owned());
-        secrets.extend(password.split(['@', '/', ':', '?', '#']).map(str::to_owned));
+    let mut secrets = UrlSecrets::default();
+    for password in passwords.into_iter().filter(|p| !p.is_empty()) {
+        secrets.passwords.push(password.to_owned());
+        secrets.pieces.extend(
+            password
+                .split(['@', '/', ':', '?', '#'])
+                .filter(|p| !p.is_empty())
+                .map(str::to_owned),
+        );
     }
-    secrets.retain(|s| !s.is_empty());
-    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-    secrets.dedup();
+    for list in [&mut secrets.passwords, &mut secrets.pieces] {
+        list.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        list.dedup();
+    }
     secrets
 }
 
-/// `text` without any of `secrets`: every double-quoted value that holds one is replaced whole
-/// by `"…"` (libpq quotes the value it could not use, a piece of the password with what follows
-/// it), and then each secret of three characters or more by `…` wherever it still stands.
-fn redact(text: &str, secrets: &[String]) -> String {
-    if secrets.is_empty() {
+/// The passwords a database URL holds, and their pieces between URL delimiters.
+#[derive(Debug, Default)]
+struct UrlSecrets {
+    passwords: Vec<String>,
+    pieces: Vec<String>,
+}
+
+impl UrlSecrets {
+    /// Whether a value libpq quoted is (or starts with) a password or a piece of one: the piece
+    /// itself, a piece with what followed it in the URL (`"CRET@127.0.0.1"`), or anything
+    /// holding a password or a piece of three characters or more. A short piece (`p` of
+    /// `p@ssw0rd`) inside another word is not: `role "postgres"` stays readable.
+    fn in_quoted(&self, value: &str) -> bool {
+        self.passwords.iter().any(|p| value.contains(p.as_str()))
+            || self.pieces.iter().any(|p| {
+                value == p
+                    || value
+                        .strip_prefix(p.as_str())
+                        .is_some_and(|rest| rest.starts_with(['@', '/', ':', '?', '#']))
+                    || (p.chars().count() >= 3 && value.contains(p.as_str()))
+            })
+    }
+}
+
+/// `text` without the URL's secrets: every double-quoted value that holds one
+/// ([`UrlSecrets::in_quoted`]) is replaced whole by `"…"` (libpq quotes the value it could not
+/// use, a piece of the password with what follows it), then each password, whatever its
+/// length, and each piece of three characters or more by `…` wherever it still stands.
+fn redact(text: &str, secrets: &UrlSecrets) -> String {
+    if secrets.passwords.is_empty() {
         return text.to_owned();
     }
     let mut out = String::with_capacity(text.len());
@@ -453,13 +484,18 @@ fn redact(text: &str, secrets: &[String]) -> String {
         out.push('"');
         // Odd parts are inside quotes, when a closing quote follows.
         let quoted = i % 2 == 0 && i + 1 < rest.len();
-        if quoted && secrets.iter().any(|s| part.contains(s.as_str())) {
+        if quoted && secrets.in_quoted(part) {
             out.push('…');
         } else {
             out.push_str(part);
         }
     }
+    let out = secrets
+        .passwords
+        .iter()
+        .fold(out, |t, s| t.replace(s.as_str(), "…"));
     secrets
+        .pieces
         .iter()
         .filter(|s| s.chars().count() >= 3)
         .fold(out, |t, s| t.replace(s.as_str(), "…"))
@@ -1186,8 +1222,25 @@ mod tests {
             redact("invalid percent-encoded token: \"ab%zz9\"", &secrets),
             "invalid percent-encoded token: \"…\""
         );
-        assert!(url_secrets("postgres://db/herald").is_empty());
-        assert!(url_secrets("postgres://herald@db/herald").is_empty());
+        assert!(url_secrets("postgres://db/herald").passwords.is_empty());
+        assert!(
+            url_secrets("postgres://herald@db/herald")
+                .passwords
+                .is_empty()
+        );
+        // A short piece of a password inside another quoted word is not hidden (it made every
+        // error read `role "…"`), and the whole password is, whatever its length.
+        let s = url_secrets("postgres://herald:p@ssw0rd@db/shop");
+        assert_eq!(
+            redact("role \"postgres\" does not exist; database \"shop\"", &s),
+            "role \"postgres\" does not exist; database \"shop\""
+        );
+        assert_eq!(
+            redact("could not translate host name \"ssw0rd@db\"; p@ssw0rd", &s),
+            "could not translate host name \"…\"; …"
+        );
+        let s = url_secrets("postgres://herald:ab@db/x");
+        assert_eq!(redact("password ab given", &s), "password … given");
         // libpq quotes a piece with what follows it as the host (found by a walk-through).
         for url in [
             "postgres://herald:PGSE@CRET@127.0.0.1:18798/herald",
