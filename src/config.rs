@@ -955,6 +955,9 @@ impl Settings {
                     "HERALD_BENCH_",
                     "HERALD_FUZZ_",
                     "HERALD_TOOLS",
+                    "HERALD_DRILL_",
+                    "HERALD_PROPTEST_",
+                    "HERALD_UPDATE_SCREENSHOTS",
                 ]
                 .iter()
                 .any(|p| k.starts_with(p))

@@ -280,7 +280,13 @@ const HEALTHCHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 macro_rules! out {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stdout(), $($arg)*);
+        if let Err(e) = writeln!(std::io::stdout(), $($arg)*)
+            && e.kind() != std::io::ErrorKind::BrokenPipe
+        {
+            // Any other failure (a full disk under `> file`) is not a success.
+            eprintln!("herald: cannot write to standard output: {e}");
+            std::process::exit(1);
+        }
     }};
 }
 

@@ -2172,6 +2172,9 @@ async fn write_eml(
             .mode(0o600)
             .open(&tmp)
             .await?;
+        // A leftover of an earlier try keeps its old mode through `open`: set it.
+        file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .await?;
         tokio::io::AsyncWriteExt::write_all(&mut file, bytes).await?;
         drop(file);
         tokio::fs::rename(&tmp, &path).await

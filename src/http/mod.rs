@@ -88,7 +88,8 @@ pub fn routes(r: &mut impl Routes) {
     r.add::<__path_show_message, _, _>(show_message);
     r.add::<__path_cancel_message, _, _>(cancel_message);
     r.add::<__path_ingest_receipts, _, _>(ingest_receipts);
-    // GET-signed receipts (MessageBird status reports, Vonage SMS GET receipts): the same
+    // GET-signed receipts (MessageBird status reports, Vonage SMS GET receipts, a Twilio
+    // callback configured as GET): the same
     // handler, the same persist-before-acknowledge rule.
     r.add::<__path_ingest_receipts_get, _, _>(ingest_receipts_get);
     r.add::<__path_unmatched_receipts, _, _>(unmatched_receipts);

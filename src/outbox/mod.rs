@@ -479,7 +479,8 @@ pub struct Limits<'a> {
     /// records then.
     pub policies: Option<&'a crate::domain::policies::Policies>,
     /// Configured endpoints; `None` (the library) skips the name check: an unknown endpoint is
-    /// then dead-lettered at send time.
+    /// then `not_sent` at send time, retried (another process may have it) until the retry
+    /// budget is spent, and warned about once per process.
     pub endpoints: Option<&'a BTreeMap<String, Endpoint>>,
     /// The SSRF guard's allow-list: a URL with a refused IP literal is invalid. `None` (the
     /// library) skips the check: the sender refuses such a message (`permanent`, no request).

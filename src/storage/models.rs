@@ -391,7 +391,7 @@ pub struct ReceiptRow {
     pub replay_key: Option<String>,
     /// The message it was matched to.
     pub message_id: Option<i64>,
-    /// `applied`, `superseded`, `unchanged`, `history` or `unmatched`.
+    /// `applied`, `superseded`, `no_send`, `unchanged`, `history` or `unmatched`.
     pub outcome: Option<String>,
     pub outcome_reason: Option<String>,
     pub match_attempts: i32,
@@ -515,7 +515,7 @@ pub const UNCONFIRMED_DEADLINE_REASON: &str = "unconfirmed";
 /// What the reconciler decided for one matched receipt.
 #[derive(Debug, Clone)]
 pub struct ReceiptDecision {
-    /// `applied`, `superseded`, `unchanged` or `history`.
+    /// `applied`, `superseded`, `no_send`, `unchanged` or `history`.
     pub outcome: &'static str,
     pub reason: String,
     /// The message's new delivery status and the event time that set it.
@@ -549,7 +549,7 @@ pub struct Unmatched {
 /// Counts from one reconciler pass.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ReconcilePass {
-    /// Receipts matched to their message and decided (applied, superseded, unchanged, history).
+    /// Receipts matched to their message and decided (applied, superseded, no_send, unchanged, history).
     pub matched: usize,
     /// Receipts still without a message (tried again later).
     pub unmatched: usize,

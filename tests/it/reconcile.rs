@@ -522,7 +522,18 @@ async fn a_source_speaks_only_for_the_messages_it_matches(backend: Backend) {
     for id in ["b-1", "b-2", "raw-1"] {
         assert_eq!(status(id).await, Value::Null, "{id}");
     }
-    assert_eq!(unmatched(&app).await["count"], 2);
+    let listed = unmatched(&app).await;
+    assert_eq!(listed["count"], 2);
+    assert!(
+        listed["receipts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["receipt"]["outcome_reason"]
+                .as_str()
+                .is_some_and(|w| w.contains("not one its source may speak for"))),
+        "{listed}"
+    );
     app.stop().await;
 }
 

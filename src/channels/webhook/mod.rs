@@ -238,6 +238,9 @@ pub struct WebhookChannel {
     resolved: Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<Resolved>>>>,
     default_keys: Arc<Vec<SigningKey>>,
     clock: Arc<dyn Clock>,
+    /// The `endpoint:NAME`s this process was asked to send to without having them, each warned
+    /// about once.
+    unknown_warned: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
 }
 
 /// Where a webhook message goes, for the per-destination pauses and limits.
@@ -373,6 +376,7 @@ impl WebhookChannel {
             allow,
             endpoints: Arc::new(endpoints),
             resolved: Arc::default(),
+            unknown_warned: Arc::default(),
             default_keys: Arc::new(default_keys),
             clock,
         })
@@ -429,6 +433,21 @@ impl WebhookChannel {
                 // dead-lettered once the retry budget is spent (a walk-through saw 27 of 40
                 // dead-lettered at once by the old processes).
                 None => {
+                    // Once per endpoint and process, at WARN: a typo in an application's SQL
+                    // now spends the retry budget before anyone else would hear of it.
+                    let first = self
+                        .unknown_warned
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(name.clone());
+                    if first {
+                        tracing::warn!(
+                            endpoint = %name,
+                            "a message names an endpoint this process has not configured: retried \
+                             for a process that has it, dead-lettered when its retry budget is \
+                             spent; check [endpoints] and the message's destination"
+                        );
+                    }
                     return SendReport::refused(
                         AttemptClass::NotSent,
                         "unknown_endpoint",

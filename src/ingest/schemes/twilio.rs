@@ -185,8 +185,11 @@ impl Source for Twilio {
         // Twilio's request for an incoming message (SmsStatus `received`, no MessageStatus) or
         // an incoming call (Direction `inbound`) at this URL is no receipt: refused, not stored
         // (it holds the sender's number and the text).
-        if get("MessageStatus").is_none()
-            && get("SmsStatus").is_some_and(|s| s == "received" || s == "receiving")
+        // (A status of a message sent is never `received` or `receiving`, in either field.)
+        if [get("MessageStatus"), get("SmsStatus")]
+            .iter()
+            .flatten()
+            .any(|s| s == "received" || s == "receiving")
         {
             return Err(VerifyError::Unparsable(
                 "an incoming message (SmsStatus received), not a status callback".into(),
