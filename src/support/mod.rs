@@ -96,6 +96,13 @@ pub enum Refusal {
     InFlight,
     #[error("it is {0}: it will be sent anyway; there is nothing to replay")]
     Pending(State),
+    /// Waiting, but behind its ordering key's dead or unconfirmed head: it will not be sent
+    /// until that one is dealt with (it said "it will be sent anyway"; a walk-through found it).
+    #[error(
+        "it is {0} and waits behind {1}, the head of its ordering key, which is dead or \
+         unconfirmed: replay, cancel or skip {1} to let it go"
+    )]
+    Blocked(State, String),
     #[error("it was canceled; a canceled message cannot be replayed")]
     Canceled,
     /// Each way in names its own means: the API's `force` field, `herald replay --force`, the
@@ -497,6 +504,16 @@ pub fn replay(
                 next_attempt_at: row.next_attempt_at.as_ref().map(ts),
                 replay: ReplayEntry::new(&replay),
             })
+        }
+        ReplayWrite::Refused(Refusal::Pending(s)) => {
+            // Waiting, yes; but behind what?
+            let head = db.key_head(&row)?;
+            Err(SupportError::Refused(
+                match crate::storage::ordering::blocked_by(&row, head.as_ref()) {
+                    Some(h) => Refusal::Blocked(s, h.event_id.clone()),
+                    None => Refusal::Pending(s),
+                },
+            ))
         }
         ReplayWrite::Refused(r) => Err(SupportError::Refused(r)),
         ReplayWrite::Moved => Err(SupportError::Moved),

@@ -222,6 +222,21 @@ async fn a_dead_head_blocks_only_its_key_until_replayed(backend: Backend) {
     assert_eq!(e["ordering"]["blocked_by"], "a.1", "{e}");
     let text = e["explanation"].as_str().unwrap();
     assert!(text.contains("blocked by a.1"), "{text}");
+    // A replay of the blocked one is refused naming its head (not "it will be sent anyway").
+    let r = app
+        .http
+        .post(format!("{}/v1/messages/a.3/replay", app.base))
+        .json(&json!({"reason": "retry"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409);
+    let p: Value = r.json().await.unwrap();
+    let detail = p["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("waits behind a.1") && detail.contains("skip a.1"),
+        "{p}"
+    );
     let head: Value = app
         .http
         .get(format!("{}/v1/messages/a.1/explain", app.base))
