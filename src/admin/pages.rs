@@ -262,7 +262,7 @@ fn replay_entry(r: &crate::support::view::ReplayEntry) -> Option<Entry> {
 
 /// The message's story in time order: enqueued, each attempt, each receipt (at its event time,
 /// else its arrival), and where it stands now.
-pub fn timeline(d: &MessageDetail) -> Vec<Entry> {
+pub fn timeline(d: &MessageDetail, at_now: DateTime<Utc>) -> Vec<Entry> {
     let m = &d.message;
     let mut entries = vec![Entry {
         at: m.created_at,
@@ -302,8 +302,10 @@ pub fn timeline(d: &MessageDetail) -> Vec<Entry> {
     if let Some(t) = &m.next_attempt_at {
         now.push_str(&format!("; next attempt due {}", ts(t)));
     }
+    // At this moment, last whatever the times before it say (a receipt's event time far ahead
+    // made "Now" read 9999-12-31; a walk-through found it).
     entries.push(Entry {
-        at: entries.last().map(|e| e.at).unwrap_or(m.created_at),
+        at: at_now,
         kind: "now",
         title: "Now".into(),
         detail: now,
@@ -362,7 +364,7 @@ pub fn message(
             section.card {
                 h2 { "Timeline" }
                 ol.timeline #timeline {
-                    @for e in timeline(d) {
+                    @for e in timeline(d, now) {
                         li class=(format!("t-{}{}", e.kind, e.class.map(|c| format!(" k-{c}")).unwrap_or_default())) {
                             time { (ts(&e.at)) }
                             strong { (e.title) }
@@ -445,6 +447,7 @@ pub fn message(
                                 option value="clear" selected[passed] { "clear it (no deadline)" }
                                 option value="set" { "set it to the time below" }
                             }
+                            label for="expires_at" { "The time to set" }
                             input #expires_at type="text" name="expires_at"
                                 placeholder="RFC 3339, e.g. 2026-12-31T09:00:00Z";
                         }
@@ -609,7 +612,7 @@ mod tests {
 
     #[test]
     fn the_timeline_follows_time_not_kind() {
-        let t = timeline(&detail());
+        let t = timeline(&detail(), Utc::now());
         let kinds: Vec<_> = t.iter().map(|e| (e.kind, e.title.as_str())).collect();
         assert_eq!(
             kinds,
