@@ -558,9 +558,11 @@ fn support_command(command: Command, settings: &Settings) -> anyhow::Result<Exit
     let policies = settings.policies();
     let now = || herald::clock::Clock::storage_now(&SystemClock);
     let who = support::cli_who(
-        std::env::var("USER")
-            .or_else(|_| std::env::var("LOGNAME"))
-            .ok(),
+        // An empty or blank USER falls back to LOGNAME, as the README says.
+        ["USER", "LOGNAME"]
+            .iter()
+            .filter_map(|v| std::env::var(v).ok())
+            .find(|u| !u.trim().is_empty()),
     );
     let lookup = |fp: Option<String>, event_id: Option<String>| match event_id {
         Some(id) => Ok(Lookup::event_id(&id)),

@@ -154,7 +154,7 @@ impl RetryPolicy {
         let factor = 1.0 + self.jitter * (2.0 * unit.clamp(0.0, 1.0) - 1.0);
         let jittered = (nominal * factor).min(self.cap.as_secs_f64());
         Delay {
-            delay: Duration::from_secs_f64(jittered.max(0.0)),
+            delay: whole_ms(jittered),
             reason: format!(
                 "backoff after attempt {attempt}: min(cap {}s, base {}s × 2^{exp}) = {nominal:.3}s, jitter {:+.1}% → {jittered:.3}s",
                 self.cap.as_secs_f64(),
@@ -180,12 +180,28 @@ impl RetryPolicy {
             String::new()
         };
         Delay {
-            delay: Duration::from_secs_f64(total),
+            delay: whole_ms(total),
             reason: format!(
-                "Retry-After {}s{clamp_note}, jitter +{extra:.3}s → {total:.3}s",
-                asked.as_secs_f64()
+                "Retry-After {}{clamp_note}, jitter +{extra:.3}s → {total:.3}s",
+                seconds(asked)
             ),
         }
+    }
+}
+
+/// `secs` rounded to the millisecond, as the reason writes it (`→ 0.836s`) and the attempt's
+/// `delay_ms` records it: both said the same delay (it was 835 ms beside `0.836s`).
+fn whole_ms(secs: f64) -> Duration {
+    Duration::from_millis((secs.max(0.0) * 1000.0).round() as u64)
+}
+
+/// A duration as the reason writes it: whole seconds as `7s`, else to the millisecond (an
+/// HTTP-date's `6.311s`, not `6.310898s`).
+fn seconds(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{:.3}s", d.as_secs_f64())
     }
 }
 
@@ -195,6 +211,26 @@ mod tests {
 
     fn policy() -> RetryPolicy {
         RetryPolicy::new("default".into(), 5.0, 3600.0, 10, 600.0, 0.2).unwrap()
+    }
+
+    #[test]
+    fn the_delay_is_the_one_the_reason_writes() {
+        let p = policy();
+        for unit in [0.0, 0.123_456, 0.5, 0.999_9] {
+            for d in [
+                p.backoff(3, unit),
+                p.after_retry_after(Duration::from_millis(6_310_898), unit),
+            ] {
+                let written = d.reason.rsplit("→ ").next().unwrap().trim_end_matches('s');
+                let written_ms = (written.parse::<f64>().unwrap() * 1000.0).round() as u128;
+                assert_eq!(d.delay.as_millis(), written_ms, "{}", d.reason);
+                assert_eq!(d.delay.subsec_nanos() % 1_000_000, 0, "whole milliseconds");
+            }
+        }
+        let d = p.after_retry_after(Duration::from_micros(6_310_898), 0.0);
+        assert!(d.reason.starts_with("Retry-After 6.311s"), "{}", d.reason);
+        let d = p.after_retry_after(Duration::from_secs(7), 0.0);
+        assert!(d.reason.starts_with("Retry-After 7s,"), "{}", d.reason);
     }
 
     #[test]

@@ -27,9 +27,10 @@ pub fn human_ms(ms: i64) -> String {
     }
 }
 
-/// A Retry-After as sent: seconds as `120 s`, a date as it is.
+/// A Retry-After as sent: seconds as `120 s` (`0 s`, not `0 ms`), a date as it is.
 fn human_retry_after(raw: &str) -> String {
     match raw.trim().parse::<u64>() {
+        Ok(0) => "0 s".to_owned(),
         Ok(s) => human_ms((s as i64).saturating_mul(1000)),
         Err(_) => raw.trim().to_owned(),
     }
@@ -525,6 +526,12 @@ mod tests {
             provider_message_id: None,
             note: None,
         }
+    }
+
+    #[test]
+    fn a_retry_after_of_zero_reads_in_seconds() {
+        assert_eq!(super::human_retry_after("0"), "0 s");
+        assert_eq!(super::human_retry_after("120"), "2 min");
     }
 
     #[test]
