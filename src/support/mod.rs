@@ -1092,6 +1092,17 @@ pub fn error_json(e: &SupportError) -> Value {
         other => other.to_string(),
     };
     let mut v = serde_json::json!({"error": kind, "detail": detail});
+    // Which refusal, for scripts (the HTTP API's problem types say it too).
+    if let SupportError::Refused(r) = e {
+        v["refusal"] = Value::from(match r {
+            Refusal::InFlight => "in_flight",
+            Refusal::Pending(_) => "pending",
+            Refusal::Blocked(..) => "blocked",
+            Refusal::Canceled => "canceled",
+            Refusal::NeedsForce => "force_required",
+            Refusal::WouldExpire(_) => "would_expire",
+        });
+    }
     if let Some(c) = e.candidates() {
         v["candidates"] = serde_json::json!(c);
     }
@@ -1243,6 +1254,15 @@ mod tests {
             error_json(&e)["fields"],
             serde_json::json!(["class", "limit", "reason"])
         );
+        let e = SupportError::Refused(Refusal::NeedsForce);
+        assert_eq!(
+            (
+                error_json(&e)["error"].as_str(),
+                error_json(&e)["refusal"].as_str()
+            ),
+            (Some("refused"), Some("force_required"))
+        );
+        assert!(error_json(&SupportError::NotFound).get("refusal").is_none());
     }
 
     #[test]
