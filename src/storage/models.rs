@@ -578,6 +578,18 @@ pub struct ReplayRow {
     pub replayed_at: DateTime<Utc>,
 }
 
+/// One `herald_skips` row: an explicit skip of a key's dead or unconfirmed head, audited.
+#[derive(Debug, Clone, PartialEq, Queryable)]
+pub struct SkipRow {
+    pub id: i64,
+    pub message_id: i64,
+    /// The API token's name, or `cli:USER`.
+    pub who: String,
+    pub reason: String,
+    pub from_state: State,
+    pub skipped_at: DateTime<Utc>,
+}
+
 /// A replay to write: the fence (the state and attempt count it was decided on) and the audit.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewReplay {

@@ -155,7 +155,14 @@ per_backend! {
 
     /// An explicit skip: a dead or unconfirmed head stops holding its key, and the next place
     /// becomes due. The message itself stays as it is (it can still be replayed).
-    pub fn skip(conn: &mut Conn, now: &Now, event_id: &str) -> QueryResult<SkipWrite> {
+    pub fn skip(
+        conn: &mut Conn,
+        now: &Now,
+        event_id: &str,
+        who: &str,
+        reason: &str,
+    ) -> QueryResult<SkipWrite> {
+        use self::schema::herald_skips as sk;
         let at = sql::now(conn, now)?;
         let Some(row) = o::table.filter(o::event_id.eq(event_id)).first::<OutboxRow>(conn).optional()? else {
             return Ok(SkipWrite::NotFound);
@@ -163,9 +170,27 @@ per_backend! {
         if mark_released(conn, at, &[row.id])? == 0 {
             return Ok(SkipWrite::NotBlocking(Box::new(row)));
         }
+        // Audited in the same transaction, as a replay is.
+        diesel::insert_into(sk::table)
+            .values((
+                sk::message_id.eq(row.id),
+                sk::who.eq(who),
+                sk::reason.eq(reason),
+                sk::from_state.eq(row.state),
+                sk::skipped_at.eq(at),
+            ))
+            .execute(conn)?;
         let due = release_heads(conn, &[row.id])?;
         let row = o::table.filter(o::id.eq(row.id)).first::<OutboxRow>(conn)?;
         Ok(SkipWrite::Done { row: Box::new(row), due })
+    }
+
+    pub fn skips_of(conn: &mut Conn, message_id: i64) -> QueryResult<Vec<SkipRow>> {
+        use self::schema::herald_skips as sk;
+        sk::table
+            .filter(sk::message_id.eq(message_id))
+            .order(sk::id)
+            .load(conn)
     }
 }
 
@@ -190,12 +215,24 @@ impl Db {
         crate::storage::db_run! { self, read |c, q| Ok(q::blocked_keys(c)?) }
     }
 
-    /// Releases a blocked key by skipping its dead or unconfirmed head (`event_id`).
-    pub fn skip_head(&self, event_id: &str, now: Now) -> Result<SkipWrite, StorageError> {
+    /// Releases a blocked key by skipping its dead or unconfirmed head (`event_id`), audited
+    /// with `who` and `reason` (`herald_skips`).
+    pub fn skip_head(
+        &self,
+        event_id: &str,
+        now: Now,
+        who: &str,
+        reason: &str,
+    ) -> Result<SkipWrite, StorageError> {
         if event_id.contains('\0') {
             return Ok(SkipWrite::NotFound);
         }
-        crate::storage::db_run! { self, write |c, q| Ok(q::skip(c, &now, event_id)?) }
+        crate::storage::db_run! { self, write |c, q| Ok(q::skip(c, &now, event_id, who, reason)?) }
+    }
+
+    /// The explicit skips of message `message_id`, oldest first.
+    pub fn skips_of(&self, message_id: i64) -> Result<Vec<super::models::SkipRow>, StorageError> {
+        crate::storage::db_run! { self, read |c, q| Ok(q::skips_of(c, message_id)?) }
     }
 }
 

@@ -167,6 +167,17 @@ diesel::table! {
 }
 
 diesel::table! {
+    herald_skips (id) {
+        id -> Int8,
+        message_id -> Int8,
+        who -> Text,
+        reason -> Text,
+        from_state -> Text,
+        skipped_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
     herald_subscriptions (endpoint, pattern) {
         endpoint -> Text,
         pattern -> Text,
@@ -174,6 +185,7 @@ diesel::table! {
 }
 
 diesel::joinable!(herald_replays -> herald_outbox (message_id));
+diesel::joinable!(herald_skips -> herald_outbox (message_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
     herald_attempts,
@@ -188,5 +200,6 @@ diesel::allow_tables_to_appear_in_same_query!(
     herald_replays,
     herald_retry_policies,
     herald_settings,
+    herald_skips,
     herald_subscriptions,
 );

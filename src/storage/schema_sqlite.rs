@@ -152,6 +152,17 @@ diesel::table! {
 }
 
 diesel::table! {
+    herald_skips (id) {
+        id -> BigInt,
+        message_id -> BigInt,
+        who -> Text,
+        reason -> Text,
+        from_state -> Text,
+        skipped_at -> TimestamptzSqlite,
+    }
+}
+
+diesel::table! {
     herald_subscriptions (endpoint, pattern) {
         endpoint -> Text,
         pattern -> Text,
@@ -159,6 +170,7 @@ diesel::table! {
 }
 
 diesel::joinable!(herald_replays -> herald_outbox (message_id));
+diesel::joinable!(herald_skips -> herald_outbox (message_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
     herald_attempts,
@@ -171,5 +183,6 @@ diesel::allow_tables_to_appear_in_same_query!(
     herald_replays,
     herald_retry_policies,
     herald_settings,
+    herald_skips,
     herald_subscriptions,
 );

@@ -242,6 +242,13 @@ pub fn explain(
     let budget = recorded.unwrap_or(policies.of(&row.destination).max_attempts);
     let mut e = Explanation::facts(&row, &attempts, &receipts, &replays, budget);
     e.ordering = view::OrderingFacts::new(&row, head.as_ref());
+    if let Some(o) = e.ordering.as_mut()
+        && o.released_at.is_some()
+        && let Some(skip) = db.skips_of(row.id)?.pop()
+    {
+        o.skipped_by = Some(skip.who);
+        o.skip_reason = Some(view::mask_free_text(&skip.reason));
+    }
     if let Some(name) = row.destination.strip_prefix("endpoint:")
         && matches!(row.state, State::Scheduled | State::Retryable)
     {
@@ -400,7 +407,8 @@ pub fn skip(
     who: &str,
 ) -> Result<OutboxRow, SupportError> {
     use crate::storage::ordering::SkipWrite;
-    match db.skip_head(event_id, now)? {
+    let reason = view::mask_free_text(req.reason.as_str());
+    match db.skip_head(event_id, now, who, &reason)? {
         SkipWrite::Done { row, due } => {
             tracing::info!(
                 event_id = %row.event_id,

@@ -171,8 +171,13 @@ fn ordering_sentence(e: &Explanation, o: &OrderingFacts) -> String {
         );
     }
     if let Some(at) = &o.released_at {
+        let by = match (&o.skipped_by, &o.skip_reason) {
+            (Some(who), Some(why)) => format!("skipped by {who}: \u{201c}{why}\u{201d}"),
+            (Some(who), None) => format!("skipped by {who}"),
+            _ => "skip".to_owned(),
+        };
         return format!(
-            "It no longer holds ordering key {}{place}: it was released at {at} (skip), so the \
+            "It no longer holds ordering key {}{place}: it was released at {at} ({by}), so the \
              key's later messages went on.",
             o.key
         );
@@ -872,6 +877,8 @@ mod tests {
             head_state: Some(head_state),
             blocked_by: blocked.then(|| head.to_owned()),
             released_at: None,
+            skipped_by: None,
+            skip_reason: None,
         });
     }
 
@@ -901,6 +908,15 @@ mod tests {
             o.released_at = Some("2026-12-01T10:06:00.000000Z".into());
         }
         assert!(narrate(&e).contains("released at 2026-12-01T10:06:00.000000Z (skip)"));
+        if let Some(o) = e.ordering.as_mut() {
+            o.skipped_by = Some("desk".into());
+            o.skip_reason = Some("order voided".into());
+        }
+        assert!(
+            narrate(&e).contains(
+                "released at 2026-12-01T10:06:00.000000Z (skipped by desk: \u{201c}order voided\u{201d})"
+            )
+        );
         let mut e = base(State::Delivered);
         keyed(&mut e, "x", State::Sending, false);
         assert!(narrate(&e).ends_with("It is in ordering key order-1 (place 2)."));

@@ -119,6 +119,10 @@ pub struct OrderingFacts {
     /// When this dead or unconfirmed message stopped holding its key (skip).
     #[schema(format = DateTime)]
     pub released_at: Option<String>,
+    /// Who skipped it explicitly (`herald skip`, `POST …/skip`), and why; `None` when its key
+    /// was released by the `skip` head-of-line policy.
+    pub skipped_by: Option<String>,
+    pub skip_reason: Option<String>,
 }
 
 impl OrderingFacts {
@@ -133,6 +137,8 @@ impl OrderingFacts {
             head_state: head.map(|h| h.state),
             blocked_by: crate::storage::ordering::blocked_by(row, head).map(|h| h.event_id.clone()),
             released_at: row.ordering_released_at.as_ref().map(ts),
+            skipped_by: None,
+            skip_reason: None,
         })
     }
 }

@@ -417,6 +417,15 @@ async fn an_explicit_skip_or_a_cancel_releases_a_blocked_key(backend: Backend) {
     };
     let r = skip("x.1").await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    // Audited as a replay is: who and why, in the explanation (it was only logged).
+    let e = app.explain("x.1").await;
+    assert_eq!(e["ordering"]["skipped_by"], "default", "{e}");
+    assert_eq!(e["ordering"]["skip_reason"], "order superseded", "{e}");
+    let words = e["explanation"].as_str().unwrap();
+    assert!(
+        words.contains("(skipped by default: \u{201c}order superseded\u{201d})"),
+        "{words}"
+    );
     // Nothing to skip any more, and an unkeyed message never holds a key: 409.
     assert_eq!(skip("x.1").await.status(), 409);
     assert_eq!(skip("plain").await.status(), 409);
