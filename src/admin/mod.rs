@@ -142,7 +142,7 @@ fn current(req: &HttpRequest, state: &AppState, admin: &AdminState) -> Option<Se
     req.headers()
         .get_all(header::COOKIE)
         .filter_map(|v| v.to_str().ok())
-        .filter_map(session::from_cookie_header)
+        .flat_map(session::from_cookie_header)
         .find_map(|v| session::verify(&admin.key, &state.tokens, v, now).ok())
 }
 

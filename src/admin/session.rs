@@ -258,11 +258,13 @@ pub fn clear_cookie(secure: bool) -> String {
 }
 
 /// The session cookie's value in a `Cookie` header, if any.
-pub fn from_cookie_header(header: &str) -> Option<&str> {
+pub fn from_cookie_header(header: &str) -> impl Iterator<Item = &str> {
+    // Every one of that name, in order: a junk cookie a sibling domain planted before the real
+    // one must not sign the operator out (only the first was tried).
     header
         .split(';')
         .filter_map(|c| c.trim().split_once('='))
-        .find(|(n, _)| *n == COOKIE)
+        .filter(|(n, _)| *n == COOKIE)
         .map(|(_, v)| v.trim())
         .filter(|v| !v.is_empty())
 }
@@ -411,10 +413,14 @@ mod tests {
         assert!(set_cookie("v", true).ends_with("; Secure"));
         assert!(clear_cookie(false).contains("Max-Age=0"));
         assert_eq!(
-            from_cookie_header("a=b; herald_admin=xyz.t; c=d"),
+            from_cookie_header("a=b; herald_admin=xyz.t; c=d").next(),
             Some("xyz.t")
         );
-        assert_eq!(from_cookie_header("herald_admin="), None);
-        assert_eq!(from_cookie_header("other=1"), None);
+        assert_eq!(from_cookie_header("herald_admin=").next(), None);
+        assert_eq!(from_cookie_header("other=1").next(), None);
+        assert_eq!(
+            from_cookie_header("herald_admin=bogus.x; herald_admin=real.y").collect::<Vec<_>>(),
+            ["bogus.x", "real.y"]
+        );
     }
 }
