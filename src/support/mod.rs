@@ -663,8 +663,28 @@ impl DeadLetterFilter {
             }
             "destination" => self.destination = Some(parse_destination(value)?),
             "channel" => self.channel = Some(Channel::parse(value)?),
-            "since" => self.since = Some(time(value)?),
-            "until" => self.until = Some(time(value)?),
+            // `since` is inclusive and `until` exclusive: a range with nothing in it is a
+            // mistake (the two swapped), said as one, not an empty list.
+            "since" => {
+                let t = time(value)?;
+                if let Some(u) = self.until.filter(|u| t >= *u) {
+                    return Err(InvalidField::new(
+                        "since",
+                        format!("must be before until ({})", ts(&u)),
+                    ));
+                }
+                self.since = Some(t);
+            }
+            "until" => {
+                let t = time(value)?;
+                if let Some(s) = self.since.filter(|s| *s >= t) {
+                    return Err(InvalidField::new(
+                        "until",
+                        format!("must be after since ({})", ts(&s)),
+                    ));
+                }
+                self.until = Some(t);
+            }
             _ => return Ok(false),
         }
         Ok(true)
@@ -1238,6 +1258,21 @@ mod tests {
 
     fn at() -> DateTime<Utc> {
         "2026-12-01T11:00:00Z".parse().unwrap()
+    }
+
+    #[test]
+    fn an_empty_time_range_is_refused_naming_the_second_bound() {
+        let mut f = DeadLetterFilter::default();
+        assert!(f.set("until", "2026-12-01T10:00:00Z").unwrap());
+        let e = f.set("since", "2026-12-02T10:00:00Z").unwrap_err();
+        assert_eq!(e.field, "since");
+        let mut f = DeadLetterFilter::default();
+        assert!(f.set("since", "2026-12-01T10:00:00Z").unwrap());
+        assert_eq!(
+            f.set("until", "2026-12-01T10:00:00Z").unwrap_err().field,
+            "until"
+        );
+        assert!(f.set("until", "2026-12-01T10:00:01Z").unwrap());
     }
 
     #[test]
