@@ -151,6 +151,18 @@ impl NewMessage {
                 format!("is longer than {MAX_DESTINATION_BYTES} bytes"),
             ));
         }
+        // As the table refuses them (`herald_outbox_printable`): a URL parser drops a tab or a
+        // line feed, the stored text keeps it, and it reaches logs and terminals raw.
+        if self
+            .destination
+            .chars()
+            .any(|c| c.is_control() || crate::telemetry::unprintable(c))
+        {
+            errors.push(InvalidField::new(
+                "destination",
+                "must not contain control or bidirectional-formatting characters",
+            ));
+        }
         match self.channel {
             Channel::Webhook => {
                 match webhook::WebhookTarget::parse(&self.destination) {
@@ -938,6 +950,17 @@ mod tests {
             fields(m.prepare(&Limits::default(), now())),
             ["destination"]
         );
+        for bad in [
+            "https://x.example/a\nb",
+            "https://x.example/\u{202e}",
+            "endpoint:a\tb",
+        ] {
+            let m = NewMessage::webhook("e", bad.to_owned(), json!({}));
+            assert!(
+                fields(m.prepare(&Limits::default(), now())).contains(&"destination".to_owned()),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]
