@@ -966,6 +966,17 @@ impl Settings {
             .collect();
         let database_idle_in_transaction = match f.database_idle_in_transaction_ms {
             None => crate::storage::IDLE_IN_TRANSACTION,
+            // Below a second it would end Herald's own transactions between two statements.
+            Some(ms @ 1..=999) => {
+                return Err(invalid(
+                    "database_idle_in_transaction_ms",
+                    format!(
+                        "{ms} ms would end Herald's own transactions; set \
+                         HERALD_DATABASE_IDLE_IN_TRANSACTION_MS to 0 (the server's setting) or \
+                         1000 or more"
+                    ),
+                ));
+            }
             Some(ms) => Duration::from_millis(at_most(
                 "database_idle_in_transaction_ms",
                 ms,

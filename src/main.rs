@@ -465,7 +465,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                                 "{name}\tdisabled since {}\t{}",
                                 d.disabled_at
                                     .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                                d.reason.as_deref().unwrap_or("")
+                                herald::telemetry::printable(d.reason.as_deref().unwrap_or(""))
                             ),
                             None => out!("{name}\tenabled"),
                         }
@@ -702,7 +702,8 @@ fn support_command(command: Command, settings: &Settings) -> anyhow::Result<Exit
             if let support::SupportError::Storage(s) = &e {
                 eprintln!("herald: {}", s.log_safe());
             } else {
-                eprintln!("herald: {e}");
+                // It may quote stored text (a blocking head's event id).
+                eprintln!("herald: {}", herald::telemetry::printable(&e.to_string()));
             }
             if let Some(hint) = support::cli_hint(&e) {
                 eprintln!("  {hint}");

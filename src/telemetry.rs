@@ -119,13 +119,14 @@ pub fn mask_url(url: &str) -> String {
 
 /// Whether `c` is a character text shown to a person must not carry raw: a control character
 /// (C0 but for line feed, carriage return and tab; DEL; C1) or a bidirectional-formatting one
-/// (the marks, embeddings, overrides and isolates, and the line and paragraph separators),
-/// which would drive a terminal or turn the words around it backwards.
+/// that reorders what follows it (the embeddings, overrides and isolates) or breaks a line (the
+/// line and paragraph separators), which would drive a terminal or turn the words around it
+/// backwards. The marks (U+200E, U+200F, U+061C), which names in Hebrew or Arabic carry, are
+/// taken.
 pub fn unprintable(c: char) -> bool {
     matches!(c,
         '\u{0}'..='\u{8}' | '\u{b}' | '\u{c}' | '\u{e}'..='\u{1f}' | '\u{7f}'..='\u{9f}'
-        | '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{2028}' | '\u{2029}'
-        | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+        | '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 /// `text` with each [`unprintable`] character written out as `\u{…}`, for a page or a terminal:
@@ -162,6 +163,11 @@ mod tests {
             "evil\\u{1b}[31m rtl-\\u{202e}gnp \\u{85}\\u{2066}"
         );
         assert!(matches!(printable("ok"), std::borrow::Cow::Borrowed(_)));
+        // A right-to-left mark in a Hebrew or Arabic name is no threat: taken as it is.
+        assert_eq!(
+            printable("\u{5d3}\u{5e0}\u{200f} <d@example.com>"),
+            "\u{5d3}\u{5e0}\u{200f} <d@example.com>"
+        );
     }
 
     #[test]

@@ -496,7 +496,13 @@ async fn replay(
         who: &s.principal,
         csrf: &csrf,
     };
-    let event_id = form.get("event_id").unwrap_or("").to_owned();
+    // The hex copy first: the plain one is written out on the page where it holds a control
+    // character, and would name another message (or none) if posted back as shown.
+    let event_id = form
+        .get("event_id_hex")
+        .and_then(|h| hex::decode(h).ok())
+        .and_then(|b| String::from_utf8(b).ok())
+        .unwrap_or_else(|| form.get("event_id").unwrap_or("").to_owned());
     let reason = form.get("reason").unwrap_or("").trim().to_owned();
     if reason.is_empty() || reason.chars().count() > data::MAX_REASON {
         let why = format!(

@@ -429,7 +429,10 @@ pub fn message(
                         "The reason is recorded with your token's name." }
                     form method="post" action="/admin/replay" {
                         input type="hidden" name="csrf" value=(viewer.csrf);
+                        // In hex as well: every page's text is written out where it holds a
+                        // control character (`page`), and this value must come back as it is.
                         input type="hidden" name="event_id" value=(m.event_id);
+                        input type="hidden" name="event_id_hex" value=(hex::encode(m.event_id.as_bytes()));
                         label for="reason" { "Reason" }
                         input #reason type="text" name="reason" required maxlength=(MAX_REASON)
                             placeholder="e.g. receiver fixed their schema (ticket 123)";

@@ -153,8 +153,10 @@ impl RetryPolicy {
         let nominal = raw.min(self.cap.as_secs_f64());
         let factor = 1.0 + self.jitter * (2.0 * unit.clamp(0.0, 1.0) - 1.0);
         let jittered = (nominal * factor).min(self.cap.as_secs_f64());
+        let delay = whole_ms(jittered, f64::round);
+        let jittered = delay.as_secs_f64();
         Delay {
-            delay: whole_ms(jittered),
+            delay,
             reason: format!(
                 "backoff after attempt {attempt}: min(cap {}s, base {}s × 2^{exp}) = {nominal:.3}s, jitter {:+.1}% → {jittered:.3}s",
                 self.cap.as_secs_f64(),
@@ -171,7 +173,9 @@ impl RetryPolicy {
         let floor = self.base.min(self.retry_after_max);
         let clamped = asked.clamp(floor, self.retry_after_max);
         let extra = clamped.as_secs_f64() * self.jitter * unit.clamp(0.0, 1.0);
-        let total = clamped.as_secs_f64() + extra;
+        // Up to the millisecond: never earlier than asked.
+        let delay = whole_ms(clamped.as_secs_f64() + extra, f64::ceil);
+        let total = delay.as_secs_f64();
         let clamp_note = if asked > self.retry_after_max {
             format!(" clamped to {}s", self.retry_after_max.as_secs_f64())
         } else if asked < floor {
@@ -180,7 +184,7 @@ impl RetryPolicy {
             String::new()
         };
         Delay {
-            delay: whole_ms(total),
+            delay,
             reason: format!(
                 "Retry-After {}{clamp_note}, jitter +{extra:.3}s → {total:.3}s",
                 seconds(asked)
@@ -189,10 +193,11 @@ impl RetryPolicy {
     }
 }
 
-/// `secs` rounded to the millisecond, as the reason writes it (`→ 0.836s`) and the attempt's
-/// `delay_ms` records it: both said the same delay (it was 835 ms beside `0.836s`).
-fn whole_ms(secs: f64) -> Duration {
-    Duration::from_millis((secs.max(0.0) * 1000.0).round() as u64)
+/// `secs` in whole milliseconds (`round` picks how), the delay the reason then writes
+/// (`→ 0.836s`) and the attempt's `delay_ms` records: both say the same (it was 835 ms beside
+/// `0.836s`).
+fn whole_ms(secs: f64, round: fn(f64) -> f64) -> Duration {
+    Duration::from_millis(round(secs.max(0.0) * 1000.0) as u64)
 }
 
 /// A duration as the reason writes it: whole seconds as `7s`, else to the millisecond (an

@@ -166,14 +166,17 @@ per_backend! {
             }
             .map(|f| f.0)
         };
-        // A message its ids name, but not one its source may speak for (`matches`).
-        let named_elsewhere = |r: &PendingReceipt| {
-            r.herald_event_id.as_ref().is_some_and(|e| by_event.contains_key(e))
+        // A message its ids name, but not one its source may speak for (`matches`): for good
+        // when an id Herald wrote names it (its event id, unless that is only an echoed
+        // reference; its email Message-ID); by a provider id or a reference, the message it
+        // speaks of may still be written (a report faster than the send's outcome), so it is
+        // tried again as any unmatched one.
+        let named_for_good = |r: &PendingReceipt| {
+            (!provider_first(r)
+                && r.herald_event_id.as_ref().is_some_and(|e| by_event.contains_key(e)))
                 || key_of(r).is_some_and(|k| by_key.contains_key(&k))
-                || r.provider_message_id
-                    .as_ref()
-                    .is_some_and(|p| by_provider.contains_key(&bare(p)))
         };
+
         let ids: Vec<i64> = batch.iter().filter_map(target).collect();
         // Held by another reconciler right now: not in the map, its receipts wait for the
         // next pass (never waited for, so two reconcilers cannot deadlock).
@@ -195,7 +198,7 @@ per_backend! {
                 let tries = receipt.match_attempts.saturating_add(1);
                 let (next, reason) = if !crate::storage::receipts::names_a_message(receipt) {
                     (None, crate::storage::receipts::NAMES_NO_MESSAGE)
-                } else if named_elsewhere(receipt) {
+                } else if named_for_good(receipt) {
                     (None, crate::storage::receipts::NOT_ITS_MESSAGE)
                 } else {
                     match crate::storage::receipts::next_unmatched_try(receipt.received_at, at, tries) {
@@ -428,13 +431,13 @@ pub(crate) const STILL_UNMATCHED: &str = "no message with its event id or provid
 /// arrived. The settle pass does not count it as proof for a request that began later.
 pub const NO_SEND: &str = "no_send";
 
+/// Why a receipt whose Herald-written id (its event id, its email Message-ID) names a message its
+/// source may not speak for (`matches`) is not tried again: no try would change whose it is.
+pub(crate) const NOT_ITS_MESSAGE: &str = "the message it names is not one its source may speak for (the source's matches): not tried again";
+
 /// Why a receipt that carries neither Herald's event id nor a provider message id is not tried
 /// again: nothing in it can ever match a message (a provider's event about something Herald did
 /// not send, or a source whose events carry no id where Herald looks for one).
-/// Why a receipt that names a message its source may not speak for (`matches`) is not tried
-/// again: the message is there, and no try would change whose it is.
-pub(crate) const NOT_ITS_MESSAGE: &str = "the message it names is not one its source may speak for (the source's matches): not tried again";
-
 pub(crate) const NAMES_NO_MESSAGE: &str =
     "it carries no event id and no provider message id to match a message by: not tried again";
 

@@ -514,8 +514,9 @@ pub fn replay(
             })
         }
         ReplayWrite::Refused(Refusal::Pending(s)) => {
-            // Waiting, yes; but behind what?
-            let head = db.key_head(&row)?;
+            // Waiting, yes; but behind what? (The refusal stands when that cannot be read.)
+            let row = OutboxRow { state: s, ..row };
+            let head = db.key_head(&row).ok().flatten();
             Err(SupportError::Refused(
                 match crate::storage::ordering::blocked_by(&row, head.as_ref()) {
                     Some(h) => Refusal::Blocked(s, h.event_id.clone()),
@@ -1120,7 +1121,10 @@ pub fn error_json(e: &SupportError) -> Value {
         other => other.to_string(),
     };
     let mut v = serde_json::json!({"error": kind, "detail": detail});
-    // Which refusal, for scripts (the HTTP API's problem types say it too).
+    // Which refusal, for scripts.
+    if let SupportError::NotSkippable(_) = e {
+        v["refusal"] = Value::from("not_skippable");
+    }
     if let SupportError::Refused(r) = e {
         v["refusal"] = Value::from(match r {
             Refusal::InFlight => "in_flight",

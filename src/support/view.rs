@@ -122,6 +122,7 @@ pub struct OrderingFacts {
     /// Who skipped it explicitly (`herald skip`, `POST …/skip`), and why; `None` when its key
     /// was released by the `skip` head-of-line policy.
     pub skipped_by: Option<String>,
+    /// Why it was skipped, as the person wrote it (an address in it masked).
     pub skip_reason: Option<String>,
 }
 

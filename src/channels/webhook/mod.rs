@@ -435,11 +435,14 @@ impl WebhookChannel {
                 None => {
                     // Once per endpoint and process, at WARN: a typo in an application's SQL
                     // now spends the retry budget before anyone else would hear of it.
-                    let first = self
-                        .unknown_warned
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(name.clone());
+                    let first = {
+                        let mut warned = self
+                            .unknown_warned
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner());
+                        // Bounded: names come from rows anyone with INSERT may write.
+                        warned.len() < 1024 && warned.insert(name.clone())
+                    };
                     if first {
                         tracing::warn!(
                             endpoint = %name,

@@ -192,7 +192,7 @@ impl Source for Twilio {
             .any(|s| s == "received" || s == "receiving")
         {
             return Err(VerifyError::Unparsable(
-                "an incoming message (SmsStatus received), not a status callback".into(),
+                "an incoming message (status received), not a status callback".into(),
             ));
         }
         if get("MessageSid").is_none() && get("Direction").is_some_and(|d| d == "inbound") {
