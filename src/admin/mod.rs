@@ -431,6 +431,9 @@ async fn search(
 }
 
 /// Renders a message's page (also after a refused replay, with the refusal).
+const REPLAY_RECORDED: &str =
+    "Replay recorded: the message is due again; its next attempt appears below once made.";
+
 async fn message_page(
     state: &AppState,
     viewer: &Viewer<'_>,
@@ -448,10 +451,28 @@ async fn message_page(
         .await
     );
     match detail {
-        Some(d) => page(
-            status,
-            pages::message(viewer, &d, notice, state.clock.now()),
-        ),
+        Some(d) => {
+            // The "replay recorded" banner only when this viewer did replay it a moment ago: a
+            // crafted link with `replayed=1` showed it without any replay.
+            let notice = match notice {
+                Some(Notice::Info(t)) if t == REPLAY_RECORDED => {
+                    let now = state.clock.now();
+                    d.replays
+                        .last()
+                        .filter(|r| r.who == viewer.who.name)
+                        .and_then(|r| chrono::DateTime::parse_from_rfc3339(&r.replayed_at).ok())
+                        .filter(|at| {
+                            now - at.with_timezone(&chrono::Utc) < chrono::Duration::minutes(10)
+                        })
+                        .map(|_| Notice::Info(REPLAY_RECORDED))
+                }
+                other => other,
+            };
+            page(
+                status,
+                pages::message(viewer, &d, notice, state.clock.now()),
+            )
+        }
         // Looked at (no refusal to show): a fan-out's own event id lists its messages in the
         // search, as does any id the search knows.
         None if notice.is_none() => see_other(&format!(
@@ -478,9 +499,7 @@ async fn message(
     };
     let q = query(&req);
     let event_id = q.get("event_id").unwrap_or("").to_owned();
-    let notice = (q.get("replayed") == Some("1")).then_some(Notice::Info(
-        "Replay recorded: the message is due again; its next attempt appears below once made.",
-    ));
+    let notice = (q.get("replayed") == Some("1")).then_some(Notice::Info(REPLAY_RECORDED));
     message_page(&state, &viewer, event_id, StatusCode::OK, notice).await
 }
 

@@ -198,6 +198,21 @@ async fn actions_need_this_site_a_session_and_its_csrf_token(backend: Backend) {
             .contains("replayed=1")
     );
     assert_eq!(app.row(&story.dead).state.as_str(), "scheduled");
+    // The banner follows the replay this viewer made; the same link for a message nobody
+    // replayed shows none (a crafted `replayed=1` showed it).
+    let to = location(&r).to_owned();
+    let html = get(&app, &to, Some(&cookie)).await.text().await.unwrap();
+    assert!(html.contains("Replay recorded"), "{html}");
+    let html = get(
+        &app,
+        &format!("/admin/message?event_id={}&replayed=1", story.retried),
+        Some(&cookie),
+    )
+    .await
+    .text()
+    .await
+    .unwrap();
+    assert!(!html.contains("Replay recorded"), "{html}");
     // A reason is required.
     let r = post(
         &app,
