@@ -94,6 +94,10 @@ pub fn mask_emails_in(text: &str) -> String {
         .map(|part| {
             if part.contains('@') {
                 mask_email(part)
+            } else if let Some(at) = part.to_ascii_lowercase().find("%40") {
+                // Percent-encoded (`ada%40example.com`, as a URL carries it): masked as the
+                // address it is.
+                mask_email(&format!("{}@{}", &part[..at], &part[at + 3..]))
             } else {
                 part.to_owned()
             }
@@ -154,6 +158,16 @@ fn mask_opaque(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_percent_encoded_address_is_masked_too() {
+        assert_eq!(
+            mask_emails_in("Delivery:9:ada%40example.com:T1"),
+            mask_emails_in("Delivery:9:ada@example.com:T1")
+        );
+        assert!(!mask_emails_in("x:ADA%40EXAMPLE.COM").contains("ADA%40"));
+        assert_eq!(mask_emails_in("100%25:plain"), "100%25:plain");
+    }
 
     #[test]
     fn unprintable_characters_are_written_out() {
