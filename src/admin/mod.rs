@@ -312,6 +312,7 @@ async fn not_found(
     let viewer = Viewer {
         who: &s.principal,
         csrf: &csrf,
+        typed_reason: None,
     };
     page(
         StatusCode::NOT_FOUND,
@@ -388,6 +389,7 @@ async fn home(
     let viewer = Viewer {
         who: &s.principal,
         csrf: &csrf,
+        typed_reason: None,
     };
     let now = state.clock.now();
     let db = state.db.clone();
@@ -411,6 +413,7 @@ async fn search(
     let viewer = Viewer {
         who: &s.principal,
         csrf: &csrf,
+        typed_reason: None,
     };
     let q = query(&req).get("q").unwrap_or("").to_owned();
     let parsed = data::parse_query(&q);
@@ -496,6 +499,7 @@ async fn message(
     let viewer = Viewer {
         who: &s.principal,
         csrf: &csrf,
+        typed_reason: None,
     };
     let q = query(&req);
     let event_id = q.get("event_id").unwrap_or("").to_owned();
@@ -514,6 +518,7 @@ async fn replay(
     let viewer = Viewer {
         who: &s.principal,
         csrf: &csrf,
+        typed_reason: None,
     };
     // The hex copy first: the plain one is written out on the page where it holds a control
     // character, and would name another message (or none) if posted back as shown.
@@ -523,6 +528,12 @@ async fn replay(
         .and_then(|b| String::from_utf8(b).ok())
         .unwrap_or_else(|| form.get("event_id").unwrap_or("").to_owned());
     let reason = form.get("reason").unwrap_or("").trim().to_owned();
+    // A refused replay's form comes back with what was typed in it.
+    let typed = reason.clone();
+    let viewer = Viewer {
+        typed_reason: Some(&typed),
+        ..viewer
+    };
     if reason.is_empty() || reason.chars().count() > data::MAX_REASON {
         let why = format!(
             "A replay needs a reason (1–{} characters).",
@@ -660,6 +671,7 @@ async fn dead_letters(
     let viewer = Viewer {
         who: &s.principal,
         csrf: &csrf,
+        typed_reason: None,
     };
     let filter = match parse_filter(&query(&req)) {
         Ok(f) => f,

@@ -15,6 +15,8 @@ use crate::support::view::Answer;
 pub struct Viewer<'a> {
     pub who: &'a Principal,
     pub csrf: &'a str,
+    /// The reason a refused replay form was sent with: the form comes back with it.
+    pub typed_reason: Option<&'a str>,
 }
 
 fn ts(t: &DateTime<Utc>) -> String {
@@ -435,6 +437,7 @@ pub fn message(
                         input type="hidden" name="event_id_hex" value=(hex::encode(m.event_id.as_bytes()));
                         label for="reason" { "Reason" }
                         input #reason type="text" name="reason" required maxlength=(MAX_REASON)
+                            value=[viewer.typed_reason]
                             placeholder="e.g. receiver fixed their schema (ticket 123)";
                         @if can == Replayable::WithForce {
                             label.check { input #force type="checkbox" name="force" value="1";
@@ -655,6 +658,7 @@ mod tests {
                 scope: crate::auth::Scope::Support,
             },
             csrf: "tok",
+            typed_reason: None,
         };
         let html = message(&viewer, &detail(), None, Utc::now()).into_string();
         assert!(!html.contains("order-1<script>"), "escaped");

@@ -188,6 +188,27 @@ async fn actions_need_this_site_a_session_and_its_csrf_token(backend: Backend) {
     assert_eq!(r.status(), 403);
     assert!(r.headers().get("set-cookie").is_none());
 
+    // A refused replay's form comes back with the reason typed in it.
+    let r = post(
+        &app,
+        "/admin/replay",
+        Some(&cookie),
+        &[
+            ("csrf", csrf),
+            ("event_id", &story.dead),
+            ("reason", "receiver fixed (ticket 77)"),
+            ("expires", "set"),
+            ("expires_at", "not a time"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status(), 422);
+    let html = r.text().await.unwrap();
+    assert!(
+        html.contains("value=\"receiver fixed (ticket 77)\""),
+        "{html}"
+    );
+    assert_eq!(app.row(&story.dead).state.as_str(), "dead_letter");
     // The right token from this site: replayed, and sent back to the message's page.
     let r = send(None, Some("same-origin")).await.unwrap();
     assert_eq!(r.status(), 303);
