@@ -767,7 +767,13 @@ async fn what_serve_creates_is_readable_by_its_owner_only() {
     use std::os::unix::fs::PermissionsExt;
     let listen = free_addr();
     let base = format!("http://{listen}");
+    // The usual umask, which lets others read what is created, so that the modes below are
+    // Herald's doing (under 077 this test could not fail); the child inherits it at spawn.
+    // SAFETY: umask only sets this process's file-creation mask.
+    let before = unsafe { libc::umask(0o022) };
     let mut herald = Herald::spawn(&["serve"], &[("HERALD_LISTEN", listen.as_str())]);
+    // SAFETY: as above, the mask as it was.
+    unsafe { libc::umask(before) };
     herald.wait_healthy(&base).await;
     let r = client()
         .post(format!("{base}/v1/messages"))
