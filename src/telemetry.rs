@@ -133,6 +133,13 @@ pub fn unprintable(c: char) -> bool {
         | '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
+/// Whether `text` holds what a stored identifier or reason may not: any control character (line
+/// breaks and tabs too) or an [`unprintable`] one. The one rule of the API's destination check,
+/// the reasons' check and the table's `herald_outbox_printable` trigger.
+pub fn holds_unprintable(text: &str) -> bool {
+    text.chars().any(|c| c.is_control() || unprintable(c))
+}
+
 /// `text` with each [`unprintable`] character written out as `\u{…}`, for a page or a terminal:
 /// stored text an application or a provider wrote (an event id inserted by SQL before such ids
 /// were refused, a receipt's type, a replay reason) is shown, never obeyed.

@@ -153,11 +153,7 @@ impl NewMessage {
         }
         // As the table refuses them (`herald_outbox_printable`): a URL parser drops a tab or a
         // line feed, the stored text keeps it, and it reaches logs and terminals raw.
-        if self
-            .destination
-            .chars()
-            .any(|c| c.is_control() || crate::telemetry::unprintable(c))
-        {
+        if crate::telemetry::holds_unprintable(&self.destination) {
             errors.push(InvalidField::new(
                 "destination",
                 "must not contain control or bidirectional-formatting characters",

@@ -285,9 +285,7 @@ impl Reason {
         }
         // Nor bidirectional formatting (a right-to-left override, the line separator): it is
         // logged and shown beside Herald's own words, which it would turn around.
-        if r.chars()
-            .any(|c| c.is_control() || crate::telemetry::unprintable(c))
-        {
+        if crate::telemetry::holds_unprintable(r) {
             return Err(InvalidField::new(
                 "reason",
                 "must not contain control or bidirectional-formatting characters (line breaks, \
