@@ -519,7 +519,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let _ = writeln!(
                 std::io::stdout(),
                 "{}",
-                serde_json::to_string_pretty(&report)?
+                herald::telemetry::json_printable(&report, true)?
             );
             match failed {
                 None => Ok(ExitCode::SUCCESS),
@@ -691,7 +691,7 @@ fn support_command(command: Command, settings: &Settings) -> anyhow::Result<Exit
         Ok((text, value)) => {
             // A closed pipe (`| head`) is not an error worth a panic.
             let _ = if json {
-                writeln!(out, "{}", serde_json::to_string_pretty(&value)?)
+                writeln!(out, "{}", herald::telemetry::json_printable(&value, true)?)
             } else {
                 // Stored text (an event id, a reason) shown, never obeyed by the terminal.
                 write!(out, "{}", herald::telemetry::printable(&text))
@@ -722,7 +722,7 @@ fn support_command(command: Command, settings: &Settings) -> anyhow::Result<Exit
                 let _ = writeln!(
                     out,
                     "{}",
-                    serde_json::to_string_pretty(&support::error_json(&e))?
+                    herald::telemetry::json_printable(&support::error_json(&e), true)?
                 );
             }
             Ok(ExitCode::from(support::exit_code(&e)))
@@ -791,7 +791,7 @@ fn verify_receipt(
     let _ = writeln!(
         std::io::stdout(),
         "{}",
-        serde_json::to_string_pretty(&verdict)?
+        herald::telemetry::json_printable(&verdict, true)?
     );
     Ok(verdict.valid)
 }

@@ -158,6 +158,34 @@ pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// `value` as JSON with each [`unprintable`] character escaped as `\uXXXX`: the same value to
+/// any JSON reader, but nothing a terminal obeys or that turns the words around it backwards when
+/// the document is printed (`herald explain --json`, `curl` on the API). serde_json escapes C0
+/// already, not DEL, C1 or the bidirectional controls; outside strings JSON is ASCII, so every
+/// such character found is inside a string, and each is in the Basic Multilingual Plane.
+pub fn json_printable<T: serde::Serialize + ?Sized>(
+    value: &T,
+    pretty: bool,
+) -> serde_json::Result<String> {
+    let json = if pretty {
+        serde_json::to_string_pretty(value)?
+    } else {
+        serde_json::to_string(value)?
+    };
+    if !json.chars().any(unprintable) {
+        return Ok(json);
+    }
+    let mut out = String::with_capacity(json.len() + 16);
+    for c in json.chars() {
+        if unprintable(c) {
+            out.push_str(&format!("\\u{:04x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    Ok(out)
+}
+
 fn mask_opaque(value: &str) -> String {
     format!("[{} chars]", value.chars().count())
 }
@@ -189,6 +217,32 @@ mod tests {
             printable("\u{5d3}\u{5e0}\u{200f} <d@example.com>"),
             "\u{5d3}\u{5e0}\u{200f} <d@example.com>"
         );
+    }
+
+    #[test]
+    fn json_is_escaped_where_a_terminal_would_obey_it_and_reads_back_the_same() {
+        let value = serde_json::json!({
+            "event_id": "evil\u{1b}[31m rtl-\u{202e}gnp \u{7f}\u{85}\u{2066}",
+            "name": "\u{5d3}\u{200f} café",
+            "nested": ["\u{2028}", 1, null],
+        });
+        for pretty in [false, true] {
+            let json = json_printable(&value, pretty).unwrap();
+            assert!(!json.chars().any(unprintable), "{json}");
+            assert!(
+                json.contains("\\u202e") && json.contains("\\u007f"),
+                "{json}"
+            );
+            assert!(
+                json.contains("\u{200f} café"),
+                "marks and letters stay: {json}"
+            );
+            assert_eq!(
+                serde_json::from_str::<serde_json::Value>(&json).unwrap(),
+                value
+            );
+        }
+        assert_eq!(json_printable(&"ok", false).unwrap(), "\"ok\"");
     }
 
     #[test]

@@ -131,6 +131,35 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     }));
 }
 
+/// JSON bodies with [`crate::telemetry::json_printable`]: a stored event id, reason or payload
+/// holding a control or bidirectional-formatting character reads the same to a client, and is
+/// written `\uXXXX` where `curl` on a terminal would otherwise obey it.
+pub(crate) trait PrintableJson {
+    /// `value` as the body, typed `application/json`.
+    fn printable_json(&mut self, value: &impl serde::Serialize) -> HttpResponse {
+        self.printable_json_as("application/json", value)
+    }
+
+    fn printable_json_as(
+        &mut self,
+        content_type: &'static str,
+        value: &impl serde::Serialize,
+    ) -> HttpResponse;
+}
+
+impl PrintableJson for actix_web::HttpResponseBuilder {
+    fn printable_json_as(
+        &mut self,
+        content_type: &'static str,
+        value: &impl serde::Serialize,
+    ) -> HttpResponse {
+        match crate::telemetry::json_printable(value, false) {
+            Ok(body) => self.content_type(content_type).body(body),
+            Err(e) => HttpResponse::from_error(actix_web::error::JsonPayloadError::Serialize(e)),
+        }
+    }
+}
+
 /// The methods [`routes`] serves `path` with (a `{name}` segment of a route matches any one
 /// segment), in their order; empty when no route has that path.
 fn allowed_methods(path: &str) -> Vec<String> {
@@ -205,7 +234,7 @@ async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
     };
     let reasons = readiness(&findings);
     if reasons.is_empty() {
-        return Ok(HttpResponse::Ok().json(view::Ready { status: "ready" }));
+        return Ok(HttpResponse::Ok().printable_json(&view::Ready { status: "ready" }));
     }
     let detail = reasons
         .iter()
@@ -213,15 +242,16 @@ async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
         .collect::<Vec<_>>()
         .join("; ");
     tracing::warn!(reasons = %reasons.iter().map(|r| r.reason).collect::<Vec<_>>().join(","), "not ready");
-    Ok(HttpResponse::ServiceUnavailable()
-        .content_type("application/problem+json")
-        .json(view::NotReadyProblem {
+    Ok(HttpResponse::ServiceUnavailable().printable_json_as(
+        "application/problem+json",
+        &view::NotReadyProblem {
             kind: "https://herald.dev/problems/not-ready",
             title: "Not ready",
             status: 503,
             detail,
             reasons,
-        }))
+        },
+    ))
 }
 
 /// `GET /metrics`: the Prometheus text format. Unauthenticated (scrape it on an internal
@@ -562,9 +592,9 @@ async fn create_message(
         if due_now {
             state.wake.notify_one();
         }
-        Ok(HttpResponse::Created().json(view))
+        Ok(HttpResponse::Created().printable_json(&view))
     } else {
-        Ok(HttpResponse::Ok().json(view))
+        Ok(HttpResponse::Ok().printable_json(&view))
     }
 }
 
@@ -642,7 +672,9 @@ async fn show_message(
             for m in owners {
                 permit(&who, Access::OwnMessage, m.enqueued_by.as_deref())?;
             }
-            return Ok(HttpResponse::Ok().json(FanOutView::new(&fanout, &state.policies)));
+            return Ok(
+                HttpResponse::Ok().printable_json(&FanOutView::new(&fanout, &state.policies))
+            );
         }
     };
     permit(&who, Access::OwnMessage, row.enqueued_by.as_deref())?;
@@ -656,7 +688,7 @@ async fn show_message(
         Verdict::Allowed => h.event_id.clone(),
         _ => ANOTHER_CLIENTS_MESSAGE.to_owned(),
     });
-    Ok(HttpResponse::Ok().json(view))
+    Ok(HttpResponse::Ok().printable_json(&view))
 }
 
 /// `GET /v1/receipts/unmatched`: receipts no message has claimed yet (they are tried again with
@@ -700,7 +732,7 @@ async fn unmatched_receipts(
             match_attempts: r.match_attempts,
         })
         .collect();
-    Ok(HttpResponse::Ok().json(view::UnmatchedReceipts {
+    Ok(HttpResponse::Ok().printable_json(&view::UnmatchedReceipts {
         count,
         receipts: listed,
     }))
@@ -741,7 +773,7 @@ async fn list_endpoints(
             }
         })
         .collect();
-    Ok(HttpResponse::Ok().json(view::EndpointList { endpoints: listed }))
+    Ok(HttpResponse::Ok().printable_json(&view::EndpointList { endpoints: listed }))
 }
 
 /// `POST /v1/endpoints/{name}/enable`: ends an automatic disabling (admin scope). Its held
@@ -774,7 +806,7 @@ async fn enable_endpoint(
     if changed {
         tracing::warn!(endpoint = %name, token = %who.name, "endpoint enabled again");
     }
-    Ok(HttpResponse::Ok().json(view::EndpointEnabled {
+    Ok(HttpResponse::Ok().printable_json(&view::EndpointEnabled {
         name,
         enabled: true,
         changed,
@@ -792,7 +824,7 @@ async fn explain(
     let db = state.db.clone();
     let policies = state.policies.clone();
     let e = web::block(move || support::explain(&db, &lookup, &policies)).await??;
-    Ok(HttpResponse::Ok().json(e))
+    Ok(HttpResponse::Ok().printable_json(&e))
 }
 
 /// `GET /v1/sends/{fingerprint}`: everything that happened to a send (a unique prefix of at least
@@ -870,7 +902,7 @@ async fn replay(
         web::block(move || support::replay(&db, now, &lookup, &request, &who.name)).await??;
     // Committed: the new series is due now.
     state.wake.notify_one();
-    Ok(HttpResponse::Ok().json(done))
+    Ok(HttpResponse::Ok().printable_json(&done))
 }
 
 /// `POST /v1/sends/{fingerprint}/replay` `{"reason", "force"?, "expires_at"?}`.
@@ -965,7 +997,7 @@ async fn list_dead_letters(
     let request = support::parse_list_query(&pairs).map_err(SupportError::from)?;
     let db = state.db.clone();
     let page = web::block(move || support::dead_letters(&db, &request)).await??;
-    Ok(HttpResponse::Ok().json(page))
+    Ok(HttpResponse::Ok().printable_json(&page))
 }
 
 /// `POST /v1/dead-letters/redrive` `{"reason", "limit"?, "expires_at"?, "after"?, filters…}`.
@@ -997,7 +1029,7 @@ async fn redrive_dead_letters(
     if !report.redriven.is_empty() {
         state.wake.notify_one();
     }
-    Ok(HttpResponse::Ok().json(report))
+    Ok(HttpResponse::Ok().printable_json(&report))
 }
 
 /// `POST /v1/messages/{event_id}/skip` `{"reason"}`: a dead or unconfirmed head of an ordering
@@ -1033,7 +1065,7 @@ async fn skip_message(
     let now = state.clock.storage_now();
     let row = web::block(move || support::skip(&db, now, &event_id, &request, &who.name)).await??;
     state.wake.notify_one();
-    Ok(HttpResponse::Ok().json(MessageView::new(&row, &state.policies)))
+    Ok(HttpResponse::Ok().printable_json(&MessageView::new(&row, &state.policies)))
 }
 
 #[utoipa::path(
@@ -1069,7 +1101,7 @@ async fn cancel_message(
     if changed {
         tracing::info!(event_id = %row.event_id, "message canceled");
     }
-    Ok(HttpResponse::Ok().json(MessageView::new(&row, &state.policies)))
+    Ok(HttpResponse::Ok().printable_json(&MessageView::new(&row, &state.policies)))
 }
 
 /// The answer for an event id no message has: a fan-out's own (409 `fan-out` naming its
@@ -1237,7 +1269,7 @@ async fn ingest_into(
     m.receipts(&name, ReceiptVerdict::Stored, stored as u64);
     m.receipts(&name, ReceiptVerdict::Duplicate, duplicates as u64);
     tracing::info!(source = %name, scheme = source.source.scheme(), stored, duplicates, "receipts stored");
-    Ok(HttpResponse::Ok().json(view::IngestAck { stored, duplicates }))
+    Ok(HttpResponse::Ok().printable_json(&view::IngestAck { stored, duplicates }))
 }
 
 /// The fields of a `POST /v1/messages` body; any other is refused by name.

@@ -6,6 +6,7 @@ use actix_web::http::header::{self, HeaderValue};
 use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
 
+use super::PrintableJson;
 use crate::domain::InvalidField;
 use crate::ingest::VerifyError;
 use crate::outbox::CancelError;
@@ -186,10 +187,6 @@ impl ResponseError for Problem {
 
     fn error_response(&self) -> HttpResponse {
         let mut r = HttpResponse::build(self.status_code());
-        r.insert_header((
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        ));
         if let Some(s) = self.retry_after {
             r.insert_header((header::RETRY_AFTER, s.to_string()));
         }
@@ -200,7 +197,7 @@ impl ResponseError for Problem {
         if self.status == 401 && self.kind.ends_with("/unauthorized") {
             r.insert_header((header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
         }
-        r.json(&*self.0)
+        r.printable_json_as("application/problem+json", &*self.0)
     }
 }
 

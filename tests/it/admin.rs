@@ -466,6 +466,21 @@ async fn pages_show_what_happened_and_nothing_secret(backend: Backend) {
         .unwrap();
     assert!(!html.contains('\u{202e}'), "{html}");
     assert!(html.contains("fixed \\u{202e}gnp.exe"), "{html}");
+    // The API's JSON says the same text, escaped where `curl` on a terminal would obey it.
+    let r = reqwest::Client::new()
+        .get(format!("{}/v1/messages/rtl-1", app.base))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let raw = r.text().await.unwrap();
+    assert!(
+        !raw.contains('\u{202e}') && raw.contains("fixed \\u202egnp.exe"),
+        "{raw}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&raw).unwrap();
+    assert_eq!(v["state_reason"], "fixed \u{202e}gnp.exe");
     app.stop().await;
 }
 

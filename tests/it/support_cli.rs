@@ -91,7 +91,10 @@ fn support_commands_on_the_database_the_server_uses() {
          (3, 'cli-amb-1', 'webhook', 'https://x.example/h', '{{\"body\":{{}}}}', 'dead_letter', 0, \
              'abcdabcd0{z}', 'permanent', '2026-12-01 10:00:02+00:00'), \
          (4, 'cli-amb-2', 'webhook', 'https://x.example/h', '{{\"body\":{{}}}}', 'dead_letter', 0, \
-             'abcdabcd1{z}', 'permanent', '2026-12-01 10:00:03+00:00'); \
+             'abcdabcd1{z}', 'permanent', '2026-12-01 10:00:03+00:00'), \
+         (5, 'cli-rtl', 'webhook', 'https://x.example/h', '{{\"body\":{{}}}}', 'canceled', 0, \
+             NULL, NULL, '2026-12-01 10:00:04+00:00'); \
+         UPDATE herald_outbox SET state_reason = 'fixed \u{202e}gnp.exe\u{7f}' WHERE id = 5; \
          INSERT INTO herald_attempts (message_id, event_id, attempt_number, started_at, finished_at, \
              duration_ms, response_status, class, delay_reason, policy_version, response_excerpt, \
              next_state) VALUES (1, 'cli-perm', 1, '2026-12-01 09:59:59.500000+00:00', \
@@ -130,6 +133,16 @@ fn support_commands_on_the_database_the_server_uses() {
         Value::Null,
         "none before a first attempt: found by event id"
     );
+
+    // Stored text a terminal would obey is escaped in --json too, and reads back the same.
+    let o = herald(d, &["explain", "--event-id", "cli-rtl", "--json"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let raw = stdout(&o);
+    assert!(
+        !raw.contains(['\u{202e}', '\u{7f}']) && raw.contains("fixed \\u202egnp.exe\\u007f"),
+        "{raw}"
+    );
+    assert_eq!(json(&o)["state_reason"], "fixed \u{202e}gnp.exe\u{7f}");
 
     // Exit statuses: not found 1, bad input 2, ambiguous 3 (candidates on stderr).
     assert_eq!(code(&herald(d, &["explain", "99999999"])), 1);
