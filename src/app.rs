@@ -433,6 +433,10 @@ impl Herald {
         let admin = web::Data::new(self.admin.clone());
         Ok(HttpServer::new(move || {
             App::new()
+                .wrap_fn(|req, srv| {
+                    use actix_web::dev::Service;
+                    srv.call(http::head_as_get(req))
+                })
                 .app_data(state.clone())
                 .app_data(admin.clone())
                 .configure(crate::admin::configure)

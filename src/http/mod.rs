@@ -104,12 +104,26 @@ pub fn routes(r: &mut impl Routes) {
     r.add::<__path_redrive_dead_letters, _, _>(redrive_dead_letters);
 }
 
+/// A HEAD request is routed as the GET it asks about (RFC 9110: every general-purpose server
+/// takes HEAD wherever it takes GET; an uptime monitor or a load balancer probing `/healthz`
+/// with HEAD got 405, the admin page 404). The connection writes the GET's status and headers
+/// and no body: actix-http leaves the body out of an answer to a request read as HEAD.
+pub fn head_as_get(mut req: actix_web::dev::ServiceRequest) -> actix_web::dev::ServiceRequest {
+    if req.method() == actix_web::http::Method::HEAD {
+        req.head_mut().method = actix_web::http::Method::GET;
+    }
+    req
+}
+
 pub fn configure(cfg: &mut web::ServiceConfig) {
     routes(cfg);
     cfg.default_service(web::to(|req: HttpRequest| async move {
         // A path Herald serves with another method: 405 naming the ones it takes (a provider
         // or a script sending PUT to an ingest URL learns what is wrong), else 404.
-        let allowed = allowed_methods(req.path());
+        let mut allowed = allowed_methods(req.path());
+        if let Some(get) = allowed.iter().position(|m| m == "GET") {
+            allowed.insert(get + 1, "HEAD".to_owned());
+        }
         if allowed.is_empty() {
             return Err::<HttpResponse, _>(Problem::new(
                 StatusCode::NOT_FOUND,

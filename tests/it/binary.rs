@@ -1175,6 +1175,57 @@ async fn healthcheck_exits_0_while_serving_and_1_after() {
     );
 }
 
+/// HEAD is taken wherever GET is (an uptime monitor probing `/healthz` with HEAD got 405, the
+/// admin page 404): the GET's status and headers, no body; a method a path does not take names
+/// HEAD beside GET in `Allow`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_is_answered_wherever_get_is_without_a_body() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listen = free_addr();
+    let mut herald = Herald::spawn(&["serve"], &[("HERALD_LISTEN", listen.as_str())]);
+    herald.wait_healthy(&format!("http://{listen}")).await;
+    let raw = |request: String| {
+        let listen = listen.clone();
+        async move {
+            let mut s = tokio::net::TcpStream::connect(&listen).await.unwrap();
+            s.write_all(request.as_bytes()).await.unwrap();
+            let mut out = Vec::new();
+            s.read_to_end(&mut out).await.unwrap();
+            String::from_utf8(out).unwrap()
+        }
+    };
+    for (path, status, length) in [
+        ("/healthz", "200", Some("3")),
+        ("/admin/static/admin.css", "200", None),
+        ("/admin/sign-in", "200", None),
+        ("/openapi.json", "200", None),
+        ("/v1/messages/x", "401", None),
+        ("/no-such-path", "404", None),
+    ] {
+        let answer = raw(format!(
+            "HEAD {path} HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
+        ))
+        .await;
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{path}: {answer}"
+        );
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        assert_eq!(body, "", "{path}: a body after HEAD");
+        if let Some(n) = length {
+            assert!(head.contains(&format!("content-length: {n}\r\n")), "{head}");
+        }
+    }
+    let r = client()
+        .put(format!("http://{listen}/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    assert_eq!(r.headers()["allow"], "GET, HEAD");
+    herald.stop_cleanly().await;
+}
+
 /// A 429 with `Retry-After: 2` pauses the whole destination in the real binary: its other
 /// messages reach the receiver no sooner than 2 s after the 429, each on its first attempt, in
 /// their order; another destination is not held.
