@@ -1097,20 +1097,23 @@ impl Accepted {
 }
 
 /// The queue id in a server's reply to the content, when it names one: Postfix (and the relays
-/// that answer like it) `2.0.0 Ok: queued as ABC123`, Exim `OK id=1abcde-000123-XY`. A reply
-/// without one (`250 OK`), or with something that does not look like an id (letters, digits,
-/// `.`, `-`, `_`; at most 128 characters), gives none.
+/// that answer like it) `2.0.0 Ok: queued as ABC123`, Exim `OK id=1abcde-000123-XY`, Amazon
+/// SES `Ok 0100018c…-000000` (the `mail.messageId` of its receipts). A reply without one
+/// (`250 OK`), or with something that does not look like an id (letters, digits, `.`, `-`,
+/// `_`; at most 128 characters), gives none.
 pub fn queue_id(reply: &str) -> Option<String> {
     // ASCII lower-casing keeps byte offsets.
     let lower = reply.to_ascii_lowercase();
     let after = if let Some(i) = lower.find("queued as ") {
         i + "queued as ".len()
-    } else {
-        let i = lower
-            .match_indices("id=")
-            .map(|(i, _)| i)
-            .find(|&i| i == 0 || lower.as_bytes()[i - 1].is_ascii_whitespace())?;
+    } else if let Some(i) = lower
+        .match_indices("id=")
+        .map(|(i, _)| i)
+        .find(|&i| i == 0 || lower.as_bytes()[i - 1].is_ascii_whitespace())
+    {
         i + "id=".len()
+    } else {
+        return ses_message_id(reply);
     };
     let token = reply[after..].split_whitespace().next()?;
     let token = token.trim_matches(|c| matches!(c, '<' | '>' | '(' | ')' | '[' | ']' | ',' | ';'));
@@ -1121,6 +1124,25 @@ pub fn queue_id(reply: &str) -> Option<String> {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'));
     plausible.then(|| token.to_owned())
+}
+
+/// SES's answer to the content: `Ok`, then its message id, groups of hex digits joined by `-`
+/// (`0100018c9f0e5a3b-6c1d…-000000`). Only that shape: Gmail's `OK  1733490000 d1-…gsmtp`
+/// names a time and a trace, no id a receipt will quote.
+fn ses_message_id(reply: &str) -> Option<String> {
+    let mut words = reply.split_whitespace();
+    let ok = words
+        .by_ref()
+        .find(|w| !w.starts_with(|c: char| c.is_ascii_digit()))?;
+    let id = words.next()?;
+    let shaped = ok.eq_ignore_ascii_case("ok")
+        && words.next().is_none()
+        && (32..=128).contains(&id.len())
+        && id.contains('-')
+        && id
+            .split('-')
+            .all(|g| !g.is_empty() && g.bytes().all(|b| b.is_ascii_hexdigit()));
+    shaped.then(|| id.to_owned())
 }
 
 /// Whether the relay sent a line that is no SMTP reply (lettre's response error), rather than
@@ -2918,6 +2940,34 @@ mod tests {
             (
                 "OK id=1tGZ2f-00000000abc-0Xyz",
                 Some("1tGZ2f-00000000abc-0Xyz"),
+            ),
+            // Amazon SES (its reply's words after the code).
+            (
+                "Ok 0100018c9f0e5a3b-6c1d2e3f-4a5b-6c7d-8e9f-0a1b2c3d4e5f-000000",
+                Some("0100018c9f0e5a3b-6c1d2e3f-4a5b-6c7d-8e9f-0a1b2c3d4e5f-000000"),
+            ),
+            (
+                "2.0.0 Ok 010001870dbae81e-35118332-f389-474c-8b37-69ce1e1934ae-000000",
+                Some("010001870dbae81e-35118332-f389-474c-8b37-69ce1e1934ae-000000"),
+            ),
+            // Not SES's shape: Gmail's time and trace, a short or non-hex word, more words.
+            (
+                "2.0.0 OK  1733490000 d1-20020a05600c4f4100b0042fgsmtp",
+                None,
+            ),
+            ("OK 1733490000", None),
+            ("Ok 0100018c-000000", None),
+            (
+                "Ok 0100018c9f0e5a3b-6c1d2e3f-4a5b-6c7d-8e9f-0a1b2c3d4e5g-000000",
+                None,
+            ),
+            (
+                "Ok 0100018c9f0e5a3b-6c1d2e3f-4a5b-6c7d-8e9f-0a1b2c3d4e5f-000000 extra",
+                None,
+            ),
+            (
+                "Accepted 0100018c9f0e5a3b-6c1d2e3f-4a5b-6c7d-8e9f-0a1b2c3d4e5f-000000",
+                None,
             ),
             // No id given.
             ("OK", None),

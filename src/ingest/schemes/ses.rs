@@ -383,13 +383,23 @@ impl Ses {
     }
 }
 
-fn vocabulary(event: &str, bounce_type: Option<&str>) -> &'static str {
+/// SES's event in Herald's vocabulary. SES retries a soft bounce itself (its `DeliveryDelay`
+/// events say so) and publishes a `Bounce` only once it stopped trying: every bounce is
+/// `bounced`, whatever its type, but for a `Transient` bounce of subtype `General`, which is
+/// what an out-of-office or other automatic reply to a delivered message is filed as: that one
+/// says nothing certain about delivery and is kept in the history (`other`). (`Transient` and
+/// `Undetermined` bounces were `deferred`, which nothing after them ever settled.)
+fn vocabulary(
+    event: &str,
+    bounce_type: Option<&str>,
+    bounce_sub_type: Option<&str>,
+) -> &'static str {
     match (event, bounce_type) {
         ("Send", _) => "sent",
         ("Delivery", _) => "delivered",
         ("DeliveryDelay", _) => "deferred",
-        ("Bounce", Some("Permanent")) => "bounced",
-        ("Bounce", _) => "deferred",
+        ("Bounce", Some("Transient")) if bounce_sub_type.is_none_or(|s| s == "General") => "other",
+        ("Bounce", _) => "bounced",
         ("Reject", _) => "dropped",
         ("Rendering Failure", _) => "failed",
         ("Open", _) => "opened",
@@ -423,13 +433,17 @@ fn normalize(message_id: String, ses: Value) -> ReceiptEvent {
         .and_then(|d| d.get("timestamp"))
         .and_then(iso_time)
         .or_else(|| {
-            if event == "Send" {
+            // Events of the send itself carry no time of their own (`reject` holds only a
+            // reason): they happened when SES took the message. Without it a `Reject` sorted
+            // before the `Send` of the same message and never became its status.
+            if matches!(event.as_str(), "Send" | "Reject" | "Rendering Failure") {
                 ses.pointer("/mail/timestamp").and_then(iso_time)
             } else {
                 None
             }
         });
     let bounce_type = str_at(&ses, "/bounce/bounceType");
+    let bounce_sub_type = str_at(&ses, "/bounce/bounceSubType");
     // SES tag values allow few characters: Herald writes its event id encoded
     // (`domain::ses_tag`), and a value in that encoding is decoded back here.
     let tags = ses
@@ -454,7 +468,7 @@ fn normalize(message_id: String, ses: Value) -> ReceiptEvent {
         });
     ReceiptEvent {
         provider_event_id: message_id,
-        event_type: vocabulary(&event, bounce_type.as_deref()).into(),
+        event_type: vocabulary(&event, bounce_type.as_deref(), bounce_sub_type.as_deref()).into(),
         provider_type: event,
         event_time,
         herald_event_id: tags.or(header),
@@ -830,5 +844,66 @@ mod tests {
             "not Herald's encoding"
         );
         assert_eq!(detail_key("Rendering Failure"), "failure");
+    }
+
+    #[test]
+    fn a_reject_outranks_the_send_it_stopped_and_every_final_bounce_is_bounced() {
+        let at = |e: &ReceiptEvent| e.event_time.map(|t| t.timestamp());
+        let mail = json!({"timestamp": "2017-08-05T00:40:01.123Z", "messageId": "0100015dad"});
+        let send = normalize(
+            "s".into(),
+            json!({"eventType": "Send", "send": {}, "mail": mail}),
+        );
+        for (event, key, body, status) in [
+            (
+                "Reject",
+                "reject",
+                json!({"reason": "Bad content"}),
+                "dropped",
+            ),
+            (
+                "Rendering Failure",
+                "failure",
+                json!({"errorMessage": "x", "templateName": "t"}),
+                "failed",
+            ),
+        ] {
+            let e = normalize(
+                "r".into(),
+                json!({"eventType": event, key: body, "mail": mail}),
+            );
+            assert_eq!(e.event_type, status);
+            assert_eq!(at(&e), at(&send), "{event}: the send's time, not none");
+            assert!(at(&e).is_some());
+            // At the same time the status order decides: it outranks `sent`.
+            assert!(matches!(
+                crate::reconcile::judge(Some("sent"), send.event_time, &e.event_type, e.event_time),
+                crate::reconcile::Verdict::Applied { .. }
+            ));
+        }
+        let bounce = |kind: &str, sub: Option<&str>| {
+            let mut b = json!({"bounceType": kind, "timestamp": "2017-08-05T00:41:02.669Z"});
+            if let Some(sub) = sub {
+                b["bounceSubType"] = json!(sub);
+            }
+            normalize(
+                "b".into(),
+                json!({"eventType": "Bounce", "bounce": b, "mail": mail}),
+            )
+            .event_type
+        };
+        assert_eq!(bounce("Permanent", Some("General")), "bounced");
+        assert_eq!(bounce("Transient", Some("MailboxFull")), "bounced");
+        assert_eq!(bounce("Transient", Some("MessageTooLarge")), "bounced");
+        assert_eq!(bounce("Undetermined", Some("Undetermined")), "bounced");
+        assert_eq!(
+            bounce("Transient", Some("General")),
+            "other",
+            "an automatic reply"
+        );
+        assert_eq!(bounce("Transient", None), "other");
+        // SES still retrying is its DeliveryDelay.
+        let delay = json!({"eventType": "DeliveryDelay", "deliveryDelay": {"timestamp": "2017-08-05T00:41:02.669Z"}, "mail": mail});
+        assert_eq!(normalize("d".into(), delay).event_type, "deferred");
     }
 }
