@@ -867,6 +867,11 @@ async fn smtp_the_queue_id_of_a_250_is_the_provider_message_id(backend: Backend)
     let table = [
         ("queue-postfix", "postfix@example.com", Some("ABC123")),
         ("queue-exim", "exim@example.com", Some("1abcde-000123-XY")),
+        (
+            "queue-ses",
+            "ses@example.com",
+            Some("0100018c9f0e5a3b-6c1d2e3f-4a5b-6c7d-8e9f-0a1b2c3d4e5f-000000"),
+        ),
         ("queue-plain", "plain@example.com", None),
         ("queue-sink", "ada@example.com", Some("SINK-1")),
     ];

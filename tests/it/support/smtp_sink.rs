@@ -16,8 +16,8 @@
 //! first time in a sink's life, then 250), `bye@…` 250 and then a
 //! closed connection (a server ending an idle session), `slow@…` 250 after [`SLOW_REPLY`] (a busy
 //! server), `mute@…` 250 and then silence: the session stays open but never answers again (not
-//! even NOOP); `postfix@…`, `exim@…` and `plain@…` get those servers' 250 lines
-//! ([`POSTFIX_QUEUED`], [`EXIM_QUEUED`], [`PLAIN_OK`]); everyone else gets 250 with a queue id of
+//! even NOOP); `postfix@…`, `exim@…`, `ses@…` and `plain@…` get those servers' 250 lines
+//! ([`POSTFIX_QUEUED`], [`EXIM_QUEUED`], [`SES_QUEUED`], [`PLAIN_OK`]); everyone else gets 250 with a queue id of
 //! its own (`queued as SINK-n`). Accepted messages are kept, and [`SmtpSink::wait_for_mail`]
 //! waits for them.
 //!
@@ -65,6 +65,8 @@ pub const SLOW_RCPT: Duration = Duration::from_millis(800);
 pub const POSTFIX_QUEUED: &str = "250 2.0.0 Ok: queued as ABC123";
 /// The answer to an `exim@…` message.
 pub const EXIM_QUEUED: &str = "250 OK id=1abcde-000123-XY";
+/// The answer to an `ses@…` message: Amazon SES's, its message id after `Ok`.
+pub const SES_QUEUED: &str = "250 Ok 0100018c9f0e5a3b-6c1d2e3f-4a5b-6c7d-8e9f-0a1b2c3d4e5f-000000";
 /// The answer to a `plain@…` message: no queue id.
 pub const PLAIN_OK: &str = "250 OK";
 
@@ -877,6 +879,8 @@ async fn after_content(
             POSTFIX_QUEUED.to_owned()
         } else if first.contains("exim@") {
             EXIM_QUEUED.to_owned()
+        } else if first.contains("ses@") {
+            SES_QUEUED.to_owned()
         } else if first.contains("plain@") {
             PLAIN_OK.to_owned()
         } else {
