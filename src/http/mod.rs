@@ -460,11 +460,12 @@ async fn create_message(
     let now = state.clock.now();
     let message = match parse_message_or_unnamed(&body, idempotency_key.as_deref()) {
         Ok(m) => m,
-        // No event id, but the rest parsed: its own checks run too, so that one answer names
-        // every field to change, not the event id first and the rest on the next try.
-        Err((mut errors, Some(unnamed))) => {
-            if let Err(more) = unnamed.plan(&state.limits(), now) {
-                errors.extend(more.into_iter().filter(|e| e.field != "event_id"));
+        // Refused fields, but the rest parsed: its own checks run too, so that one answer
+        // names every field to change, not the first ones and the rest on the next try.
+        Err((mut errors, Some(standing_in))) => {
+            if let Err(more) = standing_in.plan(&state.limits(), now) {
+                let named: Vec<String> = errors.iter().map(|e| e.field.clone()).collect();
+                errors.extend(more.into_iter().filter(|e| !named.contains(&e.field)));
             }
             return Err(errors.into());
         }
@@ -1308,9 +1309,10 @@ pub fn parse_new_message(
     parse_message_or_unnamed(body, idempotency_key).map_err(|(errors, _)| errors)
 }
 
-/// [`parse_new_message`], and when the event id is all that kept the body from being a message
-/// (missing, or not the Idempotency-Key header's), that message under a stand-in event id, for
-/// its own checks (`NewMessage::plan`) to name their fields in the same answer.
+/// [`parse_new_message`], and when the body is a message but for fields already refused (the
+/// event id missing or not the Idempotency-Key header's, a semantics, a time, a budget or an
+/// ordering field no message takes), that message with stand-ins for them, for its own checks
+/// (`NewMessage::plan`) to name the other fields in the same answer.
 fn parse_message_or_unnamed(
     body: &[u8],
     idempotency_key: Option<&str>,
@@ -1425,12 +1427,11 @@ fn parse_message_or_unnamed(
             None
         }
     };
-    let (Some(channel), Some(destination), Some(payload), Some(semantics)) =
-        (channel, destination, payload, semantics)
-    else {
+    let (Some(channel), Some(destination), Some(payload)) = (channel, destination, payload) else {
         return Err((errors, None));
     };
-    let named = event_id.is_some();
+    // A field already refused above stands in as unset (or the default) for the message's own
+    // checks, which then name the other fields in the same answer.
     let message = NewMessage {
         event_id: event_id.unwrap_or_else(|| "unnamed".to_owned()),
         channel,
@@ -1438,17 +1439,15 @@ fn parse_message_or_unnamed(
         payload,
         scheduled_at,
         expires_at,
-        semantics,
+        semantics: semantics.unwrap_or(Semantics::AtLeastOnce),
         max_attempts,
         ordering_key,
         ordering_policy,
     };
-    if named && errors.is_empty() {
+    if errors.is_empty() {
         Ok(message)
-    } else if !named && errors.iter().all(|e| e.field == "event_id") {
-        Err((errors, Some(Box::new(message))))
     } else {
-        Err((errors, None))
+        Err((errors, Some(Box::new(message))))
     }
 }
 

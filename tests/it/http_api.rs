@@ -202,6 +202,42 @@ async fn a_message_without_an_event_id_is_told_of_every_bad_field_at_once(backen
         app.db.find_by_event_id("unnamed").unwrap().is_none(),
         "nothing stored under the stand-in id"
     );
+    // A field of the wrong value or type does not hide the others (found by a walk-through: a
+    // bad semantics was the only error named), and nothing is stored.
+    let fields_of = |p: &serde_json::Value| -> Vec<String> {
+        p["errors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["field"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    for (bad, field) in [
+        (json!({"semantics": "x"}), "semantics"),
+        (json!({"max_attempts": "3"}), "max_attempts"),
+        (json!({"scheduled_at": "tomorrow"}), "scheduled_at"),
+        (json!({"ordering_policy": "sometimes"}), "ordering_policy"),
+    ] {
+        let mut body = json!({"event_id": "z1", "channel": "webhook", "destination": "",
+            "payload": {}, "max_attempts": 0});
+        for (k, v) in bad.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let p = problem(app.post_message(body).await, 422).await;
+        let fields = fields_of(&p);
+        for want in [field, "destination", "payload.body"] {
+            assert!(fields.iter().any(|f| f == want), "{want} in {p}");
+        }
+        assert_eq!(
+            fields.iter().filter(|f| *f == field).count(),
+            1,
+            "named once: {p}"
+        );
+        if field != "max_attempts" {
+            assert!(fields.iter().any(|f| f == "max_attempts"), "{p}");
+        }
+    }
+    assert!(app.db.find_by_event_id("z1").unwrap().is_none());
     app.stop().await;
 }
 
