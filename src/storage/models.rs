@@ -576,6 +576,9 @@ pub struct ReplayRow {
     pub expires_at_before: Option<DateTime<Utc>>,
     pub expires_at_after: Option<DateTime<Utc>>,
     pub replayed_at: DateTime<Utc>,
+    /// The provider message id of the send before it: a late receipt naming it still finds
+    /// the message.
+    pub provider_message_id_before: Option<String>,
 }
 
 /// One `herald_skips` row: an explicit skip of a key's dead or unconfirmed head, audited.
@@ -604,6 +607,8 @@ pub struct NewReplay {
     /// `None`: keep `expires_at`; `Some(x)`: set it to `x` (`Some(None)` clears it).
     pub expires_at: Option<Option<DateTime<Utc>>>,
     pub expires_at_before: Option<DateTime<Utc>>,
+    /// The message's provider message id as read (its last send's).
+    pub provider_message_id_before: Option<String>,
 }
 
 /// What a replay came to in storage.

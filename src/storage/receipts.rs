@@ -152,6 +152,26 @@ per_backend! {
                 }
             }
         }
+        // An id no message carries now may be the id of a send before a replay, which the new
+        // send wrote over (a late bounce of the first send): the replay kept it.
+        let lost: Vec<&String> = provider_ids
+            .iter()
+            .filter(|p| !by_provider.contains_key(&bare(p)))
+            .collect();
+        if !lost.is_empty() {
+            use self::schema::herald_replays as rp;
+            let replayed: Vec<(Option<String>, i64, Channel, String)> = rp::table
+                .inner_join(o::table.on(o::id.eq(rp::message_id)))
+                .filter(rp::provider_message_id_before.eq_any(&lost))
+                .select((rp::provider_message_id_before, o::id, o::channel, o::destination))
+                .order(rp::id.asc())
+                .load(conn)?;
+            for (p, id, ch, d) in replayed {
+                if let Some(p) = p {
+                    by_provider.entry(bare(&p)).or_default().push((id, ch, d));
+                }
+            }
+        }
         let of_provider = |r: &PendingReceipt| {
             r.provider_message_id
                 .as_ref()

@@ -146,6 +146,7 @@ diesel::table! {
         expires_at_before -> Nullable<Timestamptz>,
         expires_at_after -> Nullable<Timestamptz>,
         replayed_at -> Timestamptz,
+        provider_message_id_before -> Nullable<Text>,
     }
 }
 

@@ -131,6 +131,7 @@ diesel::table! {
         expires_at_before -> Nullable<TimestamptzSqlite>,
         expires_at_after -> Nullable<TimestamptzSqlite>,
         replayed_at -> TimestamptzSqlite,
+        provider_message_id_before -> Nullable<Text>,
     }
 }
 

@@ -98,6 +98,7 @@ per_backend! {
                 rp::expires_at_before.eq(r.expires_at_before),
                 rp::expires_at_after.eq(after),
                 rp::replayed_at.eq(at),
+                rp::provider_message_id_before.eq(&r.provider_message_id_before),
             ))
             .returning(rp::all_columns)
             .get_result(conn)

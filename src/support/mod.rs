@@ -467,6 +467,7 @@ pub fn plan_replay(
         forced,
         expires_at: req.expires_at,
         expires_at_before: row.expires_at,
+        provider_message_id_before: row.provider_message_id.clone(),
     })
 }
 

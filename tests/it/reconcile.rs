@@ -465,6 +465,58 @@ async fn receipts_match_by_the_captured_provider_message_id(backend: Backend) {
     app.stop().await;
 }
 
+/// After a replay the new send writes its own provider id over the first send's; a late
+/// receipt naming only the first send's id still finds the message (the replay kept that id),
+/// and is history of the earlier send, not unmatched (found by a walk-through: it was listed
+/// unmatched and tried again for a day). The new send's id gives the status.
+async fn a_late_receipt_by_the_provider_id_of_a_send_before_a_replay_finds_its_message(
+    backend: Backend,
+) {
+    let (app, rx) = app_with_provider_id(backend, "re-pm", "pm-first").await;
+    app.run_until_idle().await;
+    assert_eq!(
+        app.row("re-pm").provider_message_id.as_deref(),
+        Some("pm-first")
+    );
+    let before_replay = at_clock(&app, -60);
+    rx.script([Reply::Full(
+        202,
+        vec![("content-type".into(), "application/json".into())],
+        r#"{"id": "pm-second"}"#.to_owned(),
+    )]);
+    force_replay(&app, "re-pm").await;
+    assert_eq!(app.run_until_idle().await, 1);
+    assert_eq!(
+        app.row("re-pm").provider_message_id.as_deref(),
+        Some("pm-second")
+    );
+    let late = json!({"id": "x-late", "type": "bounced", "at": T0 + before_replay,
+                      "message_id": "pm-first"});
+    assert_eq!(post_receipt(&app, late).await, 200);
+    let new = json!({"id": "x-new", "type": "delivered", "at": T0 + at_clock(&app, 5),
+                     "message_id": "pm-second"});
+    assert_eq!(post_receipt(&app, new).await, 200);
+    assert_eq!(reconcile(&app).await, 2);
+    let view = app.message("re-pm").await;
+    assert_eq!(view["delivery_status"], "delivered", "{view}");
+    let late = view["receipts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["provider_event_id"] == "x-late")
+        .unwrap_or_else(|| panic!("the late receipt is the message's: {view}"));
+    assert_eq!(late["outcome"], "superseded", "{late}");
+    assert!(
+        late["outcome_reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("of a send before the replay"),
+        "{late}"
+    );
+    assert_eq!(unmatched(&app).await["count"], 0);
+    app.stop().await;
+}
+
 /// A source with `matches` speaks only for the messages listed (found by a walk-through: any
 /// source's receipt could set the status of a message another provider sent): by provider id,
 /// the newest message it may speak for, though a newer one of another endpoint has the same
@@ -1248,6 +1300,7 @@ both_backends!(
     an_unmatched_receipt_waits_longer_after_each_try,
     a_receipt_faster_than_the_senders_commit_is_matched_later,
     receipts_match_by_the_captured_provider_message_id,
+    a_late_receipt_by_the_provider_id_of_a_send_before_a_replay_finds_its_message,
     a_source_speaks_only_for_the_messages_it_matches,
     receipts_match_by_the_deterministic_message_id,
     unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline,

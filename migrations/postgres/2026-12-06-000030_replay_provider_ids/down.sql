@@ -1,0 +1,2 @@
+DROP INDEX herald_replays_provider_message_id;
+ALTER TABLE herald_replays DROP COLUMN provider_message_id_before;
