@@ -59,7 +59,9 @@ impl Source for Mailgun {
             |k: &str| str_at(sig, &format!("/{k}")).ok_or(VerifyError::Missing("signature"));
         let (timestamp, token, signature) =
             (field("timestamp")?, field("token")?, field("signature")?);
-        let t: i64 = timestamp.parse().map_err(|_| VerifyError::Mismatch)?;
+        let t: i64 = timestamp
+            .parse()
+            .map_err(|_| VerifyError::NotAccepted("the signed timestamp is not whole seconds"))?;
         if !within(t, now, self.tolerance, true) {
             return Err(VerifyError::Stale(self.tolerance));
         }
@@ -78,8 +80,8 @@ impl Source for Mailgun {
             .get("event-data")
             .cloned()
             .ok_or_else(|| VerifyError::Unparsable("no event-data".into()))?;
-        let id = str_at(&data, "/id")
-            .ok_or_else(|| VerifyError::Unparsable("no event-data.id".into()))?;
+        let id = crate::ingest::nonblank(str_at(&data, "/id"))
+            .ok_or(VerifyError::Blank("event-data.id"))?;
         let event = str_at(&data, "/event").unwrap_or_else(|| "unknown".into());
         let severity = str_at(&data, "/severity");
         Ok(vec![ReceiptEvent {
@@ -145,6 +147,35 @@ mod tests {
         assert_eq!(
             other.verify(&r, Utc.timestamp_opt(1521243400, 0).unwrap()),
             Err(VerifyError::Mismatch)
+        );
+        // Refusals that say what is wrong: an empty or missing id (the field named), a signed
+        // timestamp that is no number.
+        let at = Utc.timestamp_opt(1521243400, 0).unwrap();
+        for data in [
+            json!({"id": "", "event": "delivered"}),
+            json!({"event": "delivered"}),
+        ] {
+            let body = signed("key-1", "1521243339", "tok2", data);
+            let r = RawRequest {
+                headers: &[],
+                body: &body,
+                query: None,
+                method: "POST",
+            };
+            assert_eq!(v.verify(&r, at), Err(VerifyError::Blank("event-data.id")));
+        }
+        let body = signed("key-1", "soon", "tok3", json!({"id": "ev-2"}));
+        let r = RawRequest {
+            headers: &[],
+            body: &body,
+            query: None,
+            method: "POST",
+        };
+        assert_eq!(
+            v.verify(&r, at),
+            Err(VerifyError::NotAccepted(
+                "the signed timestamp is not whole seconds"
+            ))
         );
         let r = RawRequest {
             headers: &[],

@@ -44,6 +44,11 @@ impl Postmark {
     }
 }
 
+/// Postmark signs nothing: its receipts carry the Basic credentials of the webhook URL, and a
+/// refusal says those are wrong, not a signature.
+const WRONG_CREDENTIALS: VerifyError =
+    VerifyError::NotAccepted("the Basic credentials do not match a configured pair");
+
 fn vocabulary(record: &str, bounce_type: Option<&str>, suppress: Option<bool>) -> &'static str {
     match (record, bounce_type) {
         ("Delivery", _) => "delivered",
@@ -84,14 +89,14 @@ impl Source for Postmark {
             .ok_or(VerifyError::Missing("Authorization: Basic"))?;
         let given = base64::engine::general_purpose::STANDARD
             .decode(encoded.trim())
-            .map_err(|_| VerifyError::Mismatch)?;
+            .map_err(|_| WRONG_CREDENTIALS)?;
         // Every pair is compared (no early exit), each in constant time.
         let ok = self
             .expected
             .iter()
             .fold(false, |ok, e| ok | constant_time_eq(&given, e));
         if !ok {
-            return Err(VerifyError::Mismatch);
+            return Err(WRONG_CREDENTIALS);
         }
         let body: Value =
             serde_json::from_slice(r.body).map_err(|e| VerifyError::Unparsable(e.to_string()))?;
@@ -209,12 +214,12 @@ mod tests {
                 assert_eq!(answer(&**v, &basic(g)), Ok(()), "{g}");
             }
             for b in bad {
-                assert_eq!(answer(&**v, &basic(b)), Err(VerifyError::Mismatch), "{b}");
+                assert_eq!(answer(&**v, &basic(b)), Err(WRONG_CREDENTIALS), "{b}");
             }
         }
         let multi = Postmark::with_credentials(&[("a", "1"), ("b", "2")]);
         assert_eq!(answer(&multi, &basic("b:2")), Ok(()));
-        assert_eq!(answer(&multi, &basic("a:2")), Err(VerifyError::Mismatch));
+        assert_eq!(answer(&multi, &basic("a:2")), Err(WRONG_CREDENTIALS));
     }
 
     #[test]
@@ -298,7 +303,7 @@ mod tests {
                 },
                 Utc::now()
             ),
-            Err(VerifyError::Mismatch)
+            Err(WRONG_CREDENTIALS)
         );
         assert!(matches!(
             v.verify(

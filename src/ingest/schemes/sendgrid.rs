@@ -73,7 +73,10 @@ impl Source for SendGrid {
                 "X-Twilio-Email-Event-Webhook-Timestamp",
             ))?;
         // The window first: cheaper than the ECDSA check it spares a stale request.
-        let t: i64 = ts.trim().parse().map_err(|_| VerifyError::Mismatch)?;
+        let t: i64 = ts
+            .trim()
+            .parse()
+            .map_err(|_| VerifyError::NotAccepted("the signed timestamp is not whole seconds"))?;
         if !within(t, now, self.tolerance, true) {
             return Err(VerifyError::Stale(self.tolerance));
         }
@@ -104,8 +107,9 @@ impl Source for SendGrid {
                     return Err(VerifyError::Unparsable("an event is not an object".into()));
                 }
                 let event = str_at(&e, "/event").unwrap_or_else(|| "unknown".into());
-                // Without sg_event_id (very old accounts), the event's own bytes are its identity.
-                let id = str_at(&e, "/sg_event_id")
+                // Without sg_event_id (very old accounts), or with a blank one, the event's own
+                // bytes are its identity (as the `hmac` scheme's without an id).
+                let id = crate::ingest::nonblank(str_at(&e, "/sg_event_id"))
                     .unwrap_or_else(|| hex::encode(Sha256::digest(e.to_string().as_bytes())));
                 Ok(ReceiptEvent {
                     provider_event_id: id,
@@ -183,5 +187,85 @@ mod tests {
         let wide = source(Some(3600));
         assert!(verify_at(&*wide, TS + 3600).is_ok());
         assert_eq!(verify_at(&*wide, TS + 3601), Err(VerifyError::Stale(3600)));
+    }
+
+    /// A key of the test's own: the source holding its public half, and the two signed
+    /// headers for `body` at `t`.
+    fn own_key_source(t: &str, body: &[u8]) -> (std::sync::Arc<dyn Source>, Vec<(String, String)>) {
+        use base64::Engine;
+        use p256::ecdsa::signature::Signer;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let key = p256::ecdsa::SigningKey::from_slice(&[7u8; 32]).unwrap();
+        // SubjectPublicKeyInfo of a P-256 key: the fixed DER header, then the point.
+        let mut public =
+            hex::decode("3059301306072a8648ce3d020106082a8648ce3d030107034200").unwrap();
+        public.extend_from_slice(key.verifying_key().to_encoded_point(false).as_bytes());
+        let sig: Signature = key.sign(&[t.as_bytes(), body].concat());
+        let source = build(
+            "sources.sg",
+            &SourceConfig {
+                scheme: "sendgrid".into(),
+                secrets: vec![Secret::new(&b64.encode(&public))],
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let headers = vec![
+            (
+                "x-twilio-email-event-webhook-signature".to_owned(),
+                b64.encode(sig.to_der().as_bytes()),
+            ),
+            (
+                "x-twilio-email-event-webhook-timestamp".to_owned(),
+                t.to_owned(),
+            ),
+        ];
+        (source, headers)
+    }
+
+    #[test]
+    fn a_blank_sg_event_id_is_no_id_and_a_timestamp_that_is_no_number_is_named() {
+        let body = br#"[{"sg_event_id": "", "event": "delivered", "timestamp": 1},
+                        {"sg_event_id": "   ", "event": "open", "timestamp": 1},
+                        {"event": "bounce", "timestamp": 1},
+                        {"sg_event_id": "sg-1", "event": "processed", "timestamp": 1}]"#;
+        let (source, headers) = own_key_source("1600112502", body);
+        let r = RawRequest {
+            headers: &headers,
+            body,
+            query: None,
+            method: "POST",
+        };
+        let events = source
+            .verify(&r, Utc.timestamp_opt(1600112502, 0).unwrap())
+            .unwrap();
+        let ids: Vec<&str> = events
+            .iter()
+            .map(|e| e.provider_event_id.as_str())
+            .collect();
+        // As an event without one: its own bytes are its identity (a 64-digit hash), each its
+        // own; the request is taken whole, not refused for a blank id.
+        for id in &ids[..3] {
+            assert!(
+                id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+                "{ids:?}"
+            );
+        }
+        assert!(ids[0] != ids[1] && ids[1] != ids[2], "{ids:?}");
+        assert_eq!(ids[3], "sg-1");
+        assert_eq!(crate::ingest::check_storable(&events), Ok(()));
+        let (source, headers) = own_key_source("soon", body);
+        let r = RawRequest {
+            headers: &headers,
+            body,
+            query: None,
+            method: "POST",
+        };
+        assert_eq!(
+            source.verify(&r, Utc::now()),
+            Err(VerifyError::NotAccepted(
+                "the signed timestamp is not whole seconds"
+            ))
+        );
     }
 }
