@@ -205,7 +205,7 @@ mod tests {
             "sources.sg",
             &SourceConfig {
                 scheme: "sendgrid".into(),
-                secrets: vec![Secret::new(&b64.encode(&public))],
+                secrets: vec![Secret::new(b64.encode(&public))],
                 ..Default::default()
             },
         )
