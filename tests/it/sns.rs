@@ -152,6 +152,23 @@ async fn ses_events_through_sns(backend: Backend) {
         (200, json!({"stored": 0, "duplicates": 0}))
     );
 
+    // SES's notices that a topic was set up (an event destination's plain text, an identity's
+    // notification type) are taken and store nothing; a message that is neither is a 400.
+    let mut validated = notification("sns-v", &json!(null));
+    validated["Message"] =
+        json!("Successfully validated SNS topic for Amazon SES event destination creation.");
+    let subscribed = json!({"notificationType": "AmazonSnsSubscriptionSucceeded",
+        "message": "You have successfully subscribed your Amazon SNS topic 'x' to receive 'Bounce' notifications"});
+    for env in [validated, notification("sns-s", &subscribed)] {
+        assert_eq!(
+            post(&app, sign(d, env, "2")).await,
+            (200, json!({"stored": 0, "duplicates": 0}))
+        );
+    }
+    let mut prose = notification("sns-p", &json!(null));
+    prose["Message"] = json!("hello");
+    assert_eq!(post(&app, sign(d, prose, "2")).await.0, 400);
+
     // Refused: another topic (even correctly signed), a certificate URL of another region or
     // host, a tampered message, an unknown signature version.
     let mut other = notification("sns-3", &bounce);

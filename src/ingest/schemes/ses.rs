@@ -540,10 +540,23 @@ impl Source for Ses {
                 let id = str_at(&env, "/MessageId")
                     .ok_or_else(|| VerifyError::Unparsable("no MessageId".into()))?;
                 let message = str_at(&env, "/Message").unwrap_or_default();
+                // SES's own word when a topic is set up — as an event destination (plain text)
+                // or for an identity's notifications (`AmazonSnsSubscriptionSucceeded`): no
+                // receipt, taken (a 400 had SNS retry it and logged a refusal).
+                if message.starts_with("Successfully validated SNS topic") {
+                    tracing::info!(topic = %topic, "SES validated the topic as an event destination");
+                    return Ok(Vec::new());
+                }
                 let ses: Value = serde_json::from_str(&message)
                     .ok()
                     .filter(Value::is_object)
                     .ok_or_else(|| VerifyError::Unparsable("Message is not an SES event".into()))?;
+                if str_at(&ses, "/notificationType").as_deref()
+                    == Some("AmazonSnsSubscriptionSucceeded")
+                {
+                    tracing::info!(topic = %topic, "SES subscribed the topic to an identity's notifications");
+                    return Ok(Vec::new());
+                }
                 Ok(vec![normalize(id, ses)])
             }
         }
