@@ -464,7 +464,11 @@ async fn create_message(
         // names every field to change, not the first ones and the rest on the next try.
         Err((mut errors, Some(standing_in))) => {
             if let Err(more) = standing_in.plan(&state.limits(), now) {
-                let named: Vec<String> = errors.iter().map(|e| e.field.clone()).collect();
+                let mut named: Vec<String> = errors.iter().map(|e| e.field.clone()).collect();
+                // A refused key stands in as none: the policy's "only with a key" is not news.
+                if named.iter().any(|f| f == "ordering_key") {
+                    named.push("ordering_policy".to_owned());
+                }
                 errors.extend(more.into_iter().filter(|e| !named.contains(&e.field)));
             }
             return Err(errors.into());
@@ -1408,10 +1412,13 @@ fn parse_message_or_unnamed(
         Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
             Some(n) => Some(n),
             None => {
-                errors.push(InvalidField::new(
-                    "max_attempts",
-                    "must be a positive integer",
-                ));
+                // Named once: an integer beyond 64 bits was named above.
+                if !errors.iter().any(|e| e.field == "max_attempts") {
+                    errors.push(InvalidField::new(
+                        "max_attempts",
+                        "must be a positive integer",
+                    ));
+                }
                 None
             }
         },

@@ -95,6 +95,17 @@ per_backend! {
             .optional()
     }
 
+    /// The place just before `seq` in a key: the message a keyed message waited behind.
+    pub fn key_predecessor(conn: &mut Conn, key: &str, destination: &str, seq: i64) -> QueryResult<Option<OutboxRow>> {
+        o::table
+            .filter(o::ordering_key.eq(key))
+            .filter(o::destination.eq(destination))
+            .filter(o::ordering_seq.lt(seq))
+            .order(o::ordering_seq.desc())
+            .first(conn)
+            .optional()
+    }
+
     /// Keys held by a dead or unconfirmed head that was not released.
     pub fn blocked_keys(conn: &mut Conn) -> QueryResult<i64> {
         let keys: Vec<(Option<String>, String)> = o::table
@@ -208,6 +219,15 @@ impl Db {
             return Ok(None);
         };
         crate::storage::db_run! { self, read |c, q| Ok(q::key_head(c, key, &row.destination)?) }
+    }
+
+    /// The message just before this one in its key (`None` for an unkeyed message, or the key's
+    /// first place).
+    pub fn key_predecessor(&self, row: &OutboxRow) -> Result<Option<OutboxRow>, StorageError> {
+        let (Some(key), Some(seq)) = (row.ordering_key.as_deref(), row.ordering_seq) else {
+            return Ok(None);
+        };
+        crate::storage::db_run! { self, read |c, q| Ok(q::key_predecessor(c, key, &row.destination, seq)?) }
     }
 
     /// How many keys a dead or unconfirmed head holds (the `herald_ordering_blocked_keys` gauge).

@@ -152,23 +152,23 @@ per_backend! {
                 }
             }
         }
-        // An id no message carries now may be the id of a send before a replay, which the new
-        // send wrote over (a late bounce of the first send): the replay kept it.
-        let lost: Vec<&String> = provider_ids
-            .iter()
-            .filter(|p| !by_provider.contains_key(&bare(p)))
-            .collect();
-        if !lost.is_empty() {
+        // An id may also be that of a send before a replay, which the new send wrote over (a
+        // late bounce of the first send): each replay kept the id it replaced. Tried after the
+        // messages that carry the id now (newest replay first), for every id, so that a current
+        // holder the source may not speak for does not hide it; such a receipt is history of
+        // the earlier send whatever its event time (below).
+        let mut replaced: HashMap<String, Vec<(Found, DateTime<Utc>)>> = HashMap::new();
+        if !provider_ids.is_empty() {
             use self::schema::herald_replays as rp;
-            let replayed: Vec<(Option<String>, i64, Channel, String)> = rp::table
+            let found: Vec<(Option<String>, DateTime<Utc>, i64, Channel, String)> = rp::table
                 .inner_join(o::table.on(o::id.eq(rp::message_id)))
-                .filter(rp::provider_message_id_before.eq_any(&lost))
-                .select((rp::provider_message_id_before, o::id, o::channel, o::destination))
+                .filter(rp::provider_message_id_before.eq_any(&provider_ids))
+                .select((rp::provider_message_id_before, rp::replayed_at, o::id, o::channel, o::destination))
                 .order(rp::id.asc())
                 .load(conn)?;
-            for (p, id, ch, d) in replayed {
+            for (p, at, id, ch, d) in found {
                 if let Some(p) = p {
-                    by_provider.entry(bare(&p)).or_default().push((id, ch, d));
+                    replaced.entry(bare(&p)).or_default().push(((id, ch, d), at));
                 }
             }
         }
@@ -178,13 +178,23 @@ per_backend! {
                 .and_then(|p| by_provider.get(&bare(p)))
                 .and_then(|found| found.iter().rev().find(|f| allowed(r, f)))
         };
-        let target = |r: &PendingReceipt| {
-            if provider_first(r) {
+        // The replay whose replaced id names the receipt's message, when nothing else does.
+        let of_replaced = |r: &PendingReceipt| {
+            r.provider_message_id
+                .as_ref()
+                .and_then(|p| replaced.get(&bare(p)))
+                .and_then(|found| found.iter().rev().find(|(f, _)| allowed(r, f)))
+        };
+        let target = |r: &PendingReceipt| -> Option<(i64, Option<DateTime<Utc>>)> {
+            let current = if provider_first(r) {
                 of_provider(r).or_else(|| of_event(r)).or_else(|| of_key(r))
             } else {
                 of_event(r).or_else(|| of_key(r)).or_else(|| of_provider(r))
+            };
+            match current {
+                Some(f) => Some((f.0, None)),
+                None => of_replaced(r).map(|(f, at)| (f.0, Some(*at))),
             }
-            .map(|f| f.0)
         };
         // A message its ids name, but not one its source may speak for (`matches`): for good
         // when an id Herald wrote names it (its event id, unless that is only an echoed
@@ -197,7 +207,7 @@ per_backend! {
                 || key_of(r).is_some_and(|k| by_key.contains_key(&k))
         };
 
-        let ids: Vec<i64> = batch.iter().filter_map(target).collect();
+        let ids: Vec<i64> = batch.iter().filter_map(|r| target(r).map(|t| t.0)).collect();
         // Held by another reconciler right now: not in the map, its receipts wait for the
         // next pass (never waited for, so two reconcilers cannot deadlock).
         let mut messages: HashMap<i64, MatchedMessage> = sql::lock_messages(conn, &ids)?
@@ -210,7 +220,7 @@ per_backend! {
         let mut unmatched: Vec<Unmatched> = Vec::new();
         let mut pass = ReconcilePass::default();
         for receipt in &batch {
-            let Some(id) = target(receipt) else {
+            let Some((id, replaced_at)) = target(receipt) else {
                 // Tried again with growing waits for a day after it arrived, the last try at
                 // its day's end ([`next_unmatched_try`]); then it stays listed (and counted)
                 // as unmatched, no longer tried. One that names no message at all can never
@@ -233,7 +243,20 @@ per_backend! {
             let Some(message) = messages.get_mut(&id) else {
                 continue;
             };
-            let d = decide(receipt, message);
+            // Named only by the id of a send before a replay: that send's, whatever its time.
+            let d = match replaced_at {
+                Some(at) => ReceiptDecision {
+                    outcome: "superseded",
+                    reason: format!(
+                        "of a send before the replay at {}, named by the provider message id that send had: kept in the history",
+                        at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+                    ),
+                    new_status: None,
+                    settle: false,
+                    enqueue: Vec::new(),
+                },
+                None => decide(receipt, message),
+            };
             if let Some((status, status_at)) = &d.new_status {
                 message.delivery_status = Some(status.clone());
                 message.delivery_status_at = *status_at;

@@ -249,6 +249,20 @@ pub fn explain(
         o.skipped_by = Some(skip.who);
         o.skip_reason = Some(view::mask_free_text(&skip.reason));
     }
+    if let Some(o) = e.ordering.as_mut()
+        && let Some(p) = db.key_predecessor(&row)?
+    {
+        let skipped_by = match p.ordering_released_at {
+            Some(_) => db.skips_of(p.id)?.pop().map(|s| s.who),
+            None => None,
+        };
+        o.before = Some(view::PlaceBefore {
+            event_id: p.event_id,
+            state: p.state,
+            released_at: p.ordering_released_at.as_ref().map(view::ts),
+            skipped_by,
+        });
+    }
     if let Some(name) = row.destination.strip_prefix("endpoint:")
         && matches!(row.state, State::Scheduled | State::Retryable)
     {

@@ -4,7 +4,9 @@
 
 use crate::domain::{AttemptClass, Channel, State};
 
-use super::view::{Answer, AttemptEntry, Explanation, OrderingFacts, ReceiptEntry, ReplayEntry};
+use super::view::{
+    Answer, AttemptEntry, Explanation, OrderingFacts, PlaceBefore, ReceiptEntry, ReplayEntry,
+};
 
 /// A duration in milliseconds as a person reads it: `850 ms`, `4.08 s`, `126 s`, `2 min 6 s`.
 pub fn human_ms(ms: i64) -> String {
@@ -207,6 +209,23 @@ fn ordering_sentence(e: &Explanation, o: &OrderingFacts) -> String {
     }
 }
 
+/// Why a keyed message's first attempt came `late` ms after it was due: the place before it in
+/// its key, as that place is now.
+fn waited_sentence(attempt: i32, late: i64, key: &str, p: &PlaceBefore) -> String {
+    let released = match (&p.released_at, &p.skipped_by) {
+        (Some(at), Some(who)) => format!("; released at {at}, skipped by {who}"),
+        (Some(at), None) => format!("; released at {at} by the skip policy"),
+        _ => String::new(),
+    };
+    format!(
+        "Attempt {attempt} went {} after it was due: it waited its turn in ordering key {key} \
+         behind {}, the place before it (now {}{released}).",
+        human_ms(late),
+        p.event_id,
+        p.state
+    )
+}
+
 /// Who refused a message dead-lettered as `permanent`: the receiver (or mail server), by its
 /// answer, or Herald itself before any request (no status; the attempt's `error_kind` says
 /// why) — support must not chase a receiver that never saw it.
@@ -407,6 +426,16 @@ pub fn narrate(e: &Explanation) -> String {
         while let Some(r) = replays.next_if(|r| r.series_start <= a.attempt) {
             parts.push(replay_sentence(r));
             before = None;
+        }
+        // A keyed message's first attempt that came late: it waited for the place before it.
+        if before.is_none()
+            && let Some(o) = &e.ordering
+            && let Some(p) = &o.before
+            && !e.replays.iter().any(|r| r.series_start <= a.attempt)
+            && let Some(late) =
+                later_than_due(e.scheduled_at.as_str().max(e.created_at.as_str()), 0, a)
+        {
+            parts.push(waited_sentence(a.attempt, late, &o.key, p));
         }
         // The first attempt of a series is due when the message was scheduled or replayed.
         let late = match before {
@@ -879,6 +908,7 @@ mod tests {
             released_at: None,
             skipped_by: None,
             skip_reason: None,
+            before: None,
         });
     }
 
@@ -921,5 +951,68 @@ mod tests {
         keyed(&mut e, "x", State::Sending, false);
         assert!(narrate(&e).ends_with("It is in ordering key order-1 (place 2)."));
         assert!(!narrate(&base(State::Delivered)).contains("ordering key"));
+    }
+
+    #[test]
+    fn a_keyed_message_sent_late_says_what_it_waited_behind() {
+        let mut e = base(State::Delivered);
+        keyed(&mut e, "x", State::Sending, false);
+        // Due at 10:00, first attempt at 10:03: it waited for the place before it.
+        e.attempt_timeline = vec![attempt(3, Some(200), AttemptClass::Accepted, "delivered")];
+        let before = |released: Option<&str>, who: Option<&str>| PlaceBefore {
+            event_id: "order-1:created".into(),
+            state: State::DeadLetter,
+            released_at: released.map(str::to_owned),
+            skipped_by: who.map(str::to_owned),
+        };
+        let said = |e: &Explanation| {
+            narrate(e)
+                .split(". ")
+                .find(|s| s.contains("waited its turn"))
+                .map(str::to_owned)
+        };
+        assert_eq!(said(&e), None, "nothing known of the place before it");
+        let at = "2026-12-01T10:02:59.000000Z";
+        for (released, who, tail) in [
+            (None, None, "(now dead_letter)".to_owned()),
+            (
+                Some(at),
+                Some("desk"),
+                format!("(now dead_letter; released at {at}, skipped by desk)"),
+            ),
+            (
+                Some(at),
+                None,
+                format!("(now dead_letter; released at {at} by the skip policy)"),
+            ),
+        ] {
+            e.ordering.as_mut().unwrap().before = Some(before(released, who));
+            let text = said(&e).unwrap_or_else(|| narrate(&e));
+            assert!(
+                text.starts_with("Attempt 3 went 3 min after it was due: it waited its turn in ordering key order-1 behind order-1:created, the place before it ")
+                    && text.contains(&tail),
+                "{text}"
+            );
+            assert!(
+                !narrate(&e).contains("meanwhile Herald held it"),
+                "one reason, not two"
+            );
+        }
+        // On time, or a replayed series (due at its replay): not said.
+        let mut on_time = e.clone();
+        on_time.attempt_timeline[0].started_at = "2026-12-01T10:00:01.000000Z".into();
+        assert_eq!(said(&on_time), None);
+        let mut replayed = e.clone();
+        replayed.replays = vec![ReplayEntry {
+            replayed_at: "2026-12-01T10:02:00.000000Z".into(),
+            who: "desk".into(),
+            reason: "again".into(),
+            from_state: State::DeadLetter,
+            forced: false,
+            series_start: 3,
+            expires_at_before: None,
+            expires_at_after: None,
+        }];
+        assert_eq!(said(&replayed), None);
     }
 }

@@ -124,6 +124,20 @@ pub struct OrderingFacts {
     pub skipped_by: Option<String>,
     /// Why it was skipped, as the person wrote it (an address in it masked).
     pub skip_reason: Option<String>,
+    /// The place just before it in its key, as it is now: what it waited behind.
+    pub before: Option<PlaceBefore>,
+}
+
+/// The message just before a keyed one in its key.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct PlaceBefore {
+    pub event_id: String,
+    pub state: State,
+    /// When it stopped holding the key while dead or unconfirmed (skip), if it did.
+    #[schema(format = DateTime)]
+    pub released_at: Option<String>,
+    /// Who skipped it (`None`: the `skip` policy, or not skipped).
+    pub skipped_by: Option<String>,
 }
 
 impl OrderingFacts {
@@ -140,6 +154,7 @@ impl OrderingFacts {
             released_at: row.ordering_released_at.as_ref().map(ts),
             skipped_by: None,
             skip_reason: None,
+            before: None,
         })
     }
 }

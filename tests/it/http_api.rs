@@ -237,6 +237,32 @@ async fn a_message_without_an_event_id_is_told_of_every_bad_field_at_once(backen
             assert!(fields.iter().any(|f| f == "max_attempts"), "{p}");
         }
     }
+    // A key of the wrong type is named, not the policy beside it; a budget beyond 64 bits
+    // is named once.
+    let p = problem(
+        app.post_message(json!({"event_id": "z1", "channel": "webhook",
+            "destination": "https://x.example/h", "payload": {"body": 1},
+            "ordering_key": 7, "ordering_policy": "skip"}))
+            .await,
+        422,
+    )
+    .await;
+    assert_eq!(fields_of(&p), ["ordering_key"], "{p}");
+    let p = problem(
+        app.http
+            .post(format!("{}/v1/messages", app.base))
+            .header("content-type", "application/json")
+            .body(
+                r#"{"event_id": "z1", "channel": "webhook", "destination": "https://x.example/h",
+                    "payload": {"body": 1}, "max_attempts": 18446744073709551617}"#,
+            )
+            .send()
+            .await
+            .unwrap(),
+        422,
+    )
+    .await;
+    assert_eq!(fields_of(&p), ["max_attempts"], "{p}");
     assert!(app.db.find_by_event_id("z1").unwrap().is_none());
     app.stop().await;
 }

@@ -496,23 +496,30 @@ async fn a_late_receipt_by_the_provider_id_of_a_send_before_a_replay_finds_its_m
     let new = json!({"id": "x-new", "type": "delivered", "at": T0 + at_clock(&app, 5),
                      "message_id": "pm-second"});
     assert_eq!(post_receipt(&app, new).await, 200);
-    assert_eq!(reconcile(&app).await, 2);
+    // Dated after the replay, and after the new send's receipt: still the first send's (its
+    // id says so), never the new send's status.
+    let later = json!({"id": "x-later", "type": "complained", "at": T0 + at_clock(&app, 10),
+                       "message_id": "pm-first"});
+    assert_eq!(post_receipt(&app, later).await, 200);
+    assert_eq!(reconcile(&app).await, 3);
     let view = app.message("re-pm").await;
     assert_eq!(view["delivery_status"], "delivered", "{view}");
-    let late = view["receipts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["provider_event_id"] == "x-late")
-        .unwrap_or_else(|| panic!("the late receipt is the message's: {view}"));
-    assert_eq!(late["outcome"], "superseded", "{late}");
-    assert!(
-        late["outcome_reason"]
-            .as_str()
+    for id in ["x-late", "x-later"] {
+        let late = view["receipts"]
+            .as_array()
             .unwrap()
-            .starts_with("of a send before the replay"),
-        "{late}"
-    );
+            .iter()
+            .find(|r| r["provider_event_id"] == id)
+            .unwrap_or_else(|| panic!("{id} is the message's: {view}"));
+        assert_eq!(late["outcome"], "superseded", "{late}");
+        assert!(
+            late["outcome_reason"]
+                .as_str()
+                .unwrap()
+                .starts_with("of a send before the replay at "),
+            "{late}"
+        );
+    }
     assert_eq!(unmatched(&app).await["count"], 0);
     app.stop().await;
 }
