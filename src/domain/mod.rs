@@ -194,7 +194,7 @@ fn json_path_at(body: &[u8], line: usize, column: usize) -> Option<String> {
 /// The integers of the JSON text `body` that no 64-bit integer holds
 /// (`18446744073709551617`), as the places they stand in (`body` for the top level). The
 /// parser keeps such a number only as the nearest double, so it would be stored and sent as
-/// another number (`1.8446744073709552e19`): refused, with where it is.
+/// another number (`1.8446744073709552e+19`): refused, with where it is.
 pub fn integers_beyond_64_bits(body: &[u8]) -> Vec<String> {
     let mut found = Vec::new();
     scan_json(body, body.len(), |number, stack| {

@@ -862,6 +862,16 @@ impl Sender {
         // Latency by the monotonic clock: the wall clock (and a test's) may jump.
         let sending = std::time::Instant::now();
         let report = match row.channel {
+            // Stored JSON serde_json cannot read (see `storage::payload`): no request can be
+            // made of it; dead-lettered on its own, naming why.
+            _ if let Some(why) = crate::storage::payload::unreadable(&row.payload) => {
+                crate::channels::SendReport::refused(
+                    AttemptClass::Permanent,
+                    "invalid_payload",
+                    now,
+                    format!("the stored payload cannot be read: {why}"),
+                )
+            }
             Channel::Webhook => self.inner.webhook.send(&outgoing).await,
             // Boxed: the SMTP dialogue's state (5,536 bytes) would make every send task, a
             // webhook's included, that much larger (see `send_cleared`).

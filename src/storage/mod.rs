@@ -15,6 +15,7 @@ pub mod group_commit;
 pub mod models;
 pub mod ordering;
 pub mod outbox;
+pub mod payload;
 pub(crate) mod prepared;
 pub mod queries;
 pub mod receipts;

@@ -14,6 +14,9 @@ pub struct OutboxRow {
     pub event_id: String,
     pub channel: Channel,
     pub destination: String,
+    /// As read ([`super::payload::ReadPayload`]): one that cannot be read stands in as
+    /// `{"herald_unreadable_payload": …}`, never failing the statement that read it.
+    #[diesel(deserialize_as = super::payload::ReadPayload)]
     pub payload: serde_json::Value,
     pub state: State,
     pub scheduled_at: DateTime<Utc>,
@@ -78,6 +81,7 @@ pub struct ExpiredLease {
     /// With the payload: the request fingerprint of a message written by SQL, which has none
     /// until an outcome records it — here the watchdog's.
     pub channel: crate::domain::Channel,
+    #[diesel(deserialize_as = super::payload::ReadPayload)]
     pub payload: serde_json::Value,
 }
 

@@ -318,6 +318,81 @@ async fn control_characters_in_an_event_id_or_destination_are_refused(backend: B
     app.stop().await;
 }
 
+/// A payload the database takes but serde_json cannot read (a number beyond a double, which
+/// `jsonb` keeps; a lone surrogate, which SQLite's `json_valid` takes; nesting deeper than 128)
+/// is dead-lettered on its own, naming why, and so is an integer beyond 64 bits, which would be
+/// sent as another number (the API refuses it); the other messages go on (found by a walk-through:
+/// one such row failed every claim, and nothing was sent until it was deleted). Support reads
+/// it too.
+async fn a_payload_serde_cannot_read_is_dead_lettered_and_blocks_nothing(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let rx = Receiver::start().await;
+    let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+    let bad = [
+        ("bad-number", r#"{"body": {"m": 1e400}}"#.to_owned()),
+        ("bad-surrogate", r#"{"body": {"s": "\ud800"}}"#.to_owned()),
+        ("bad-depth", format!(r#"{{"body": {deep}}}"#)),
+        (
+            "bad-integer",
+            r#"{"body": {"n": 123456789012345678901234567890}}"#.to_owned(),
+        ),
+    ];
+    let mut stored = Vec::new();
+    for (id, payload) in &bad {
+        let sql = format!(
+            "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+             VALUES ('{id}', 'webhook', '{}', '{payload}')",
+            rx.url
+        );
+        // Refused by the database (PostgreSQL's jsonb refuses a lone surrogate) or stored.
+        let taken = with_app_conn(
+            &app,
+            |c| c.batch_execute(&sql).is_ok(),
+            |c| c.batch_execute(&sql).is_ok(),
+        );
+        if taken {
+            stored.push(*id);
+        }
+    }
+    assert!(
+        stored.contains(&"bad-number") && stored.contains(&"bad-depth"),
+        "{stored:?}"
+    );
+    let r = app
+        .post_message(webhook(
+            "good",
+            &rx.url,
+            // Doubles beyond 64-bit integers are fine: PostgreSQL's jsonb writes them out in
+            // full (1e25 as 10000000000000000000000000), which reads back as the same double.
+            json!({"n": 1, "big": 1e25, "huge": 1.5e300, "max": 18446744073709552000.0}),
+        ))
+        .await;
+    assert_eq!(r.status(), 201);
+    app.run_until_idle().await;
+    assert_eq!(app.row("good").state.as_str(), "delivered");
+    assert_eq!(
+        rx.requests().len(),
+        1,
+        "no request of an unreadable payload"
+    );
+    let sent: serde_json::Value = serde_json::from_slice(&rx.requests()[0].body).unwrap();
+    assert_eq!(sent["big"].as_f64(), Some(1e25));
+    assert_eq!(sent["huge"].as_f64(), Some(1.5e300));
+    for id in &stored {
+        assert_eq!(app.row(id).state.as_str(), "dead_letter", "{id}");
+        let a = &app.attempts(id)[0];
+        assert_eq!(a.error_kind.as_deref(), Some("invalid_payload"), "{id}");
+        let why = a.response_excerpt.as_deref().unwrap_or_default();
+        assert!(
+            why.starts_with("the stored payload cannot be read: "),
+            "{id}: {why}"
+        );
+        let e = app.explain(id).await;
+        assert_eq!(e["state"], "dead_letter", "{e}");
+    }
+    app.stop().await;
+}
+
 /// The application cancels in its own transaction (`herald::outbox::cancel_in` on its own
 /// connection): a rolled-back cancel cancels nothing, a committed one sends nothing; in flight
 /// or finished, no such message, and a fan-out's own event id, are refused as over HTTP.
@@ -702,6 +777,7 @@ both_backends!(
     a_time_herald_cannot_read_back_is_refused_at_the_insert,
     an_error_class_herald_does_not_know_is_refused_at_the_insert,
     control_characters_in_an_event_id_or_destination_are_refused,
+    a_payload_serde_cannot_read_is_dead_lettered_and_blocks_nothing,
     the_application_cancels_in_its_own_transaction,
     every_way_in_gives_the_same_row,
     duplicate_event_id_sends_once,
