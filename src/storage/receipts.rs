@@ -160,7 +160,9 @@ per_backend! {
         let mut replaced: HashMap<String, Vec<(Found, DateTime<Utc>)>> = HashMap::new();
         if !provider_ids.is_empty() {
             use self::schema::herald_replays as rp;
-            let found: Vec<(Option<String>, DateTime<Utc>, i64, Channel, String)> = rp::table
+            // The replaced id, the replay's time, and the message as `Found` has it.
+            type ReplacedRow = (Option<String>, DateTime<Utc>, i64, Channel, String);
+            let found: Vec<ReplacedRow> = rp::table
                 .inner_join(o::table.on(o::id.eq(rp::message_id)))
                 .filter(rp::provider_message_id_before.eq_any(&provider_ids))
                 .select((rp::provider_message_id_before, rp::replayed_at, o::id, o::channel, o::destination))
