@@ -37,7 +37,7 @@ pub struct SendReport {
     pub finished_at: DateTime<Utc>,
     /// HTTP status or SMTP reply code, when an answer came.
     pub status: Option<u16>,
-    /// `connect`, `timeout`, `connection_lost`, `invalid_payload`, `unknown_endpoint`, `refused_destination` (SSRF guard) …
+    /// `connect`, `timeout`, `connection_lost`, `invalid_payload`, `invalid_event_id`, `unknown_endpoint`, `refused_destination` (SSRF guard) …
     pub error_kind: Option<String>,
     /// Raw Retry-After header value, as seen.
     pub retry_after_raw: Option<String>,

@@ -409,6 +409,18 @@ impl WebhookChannel {
     /// a [`SendReport`].
     pub async fn send(&self, row: &Outgoing<'_>) -> SendReport {
         let now = self.clock.now();
+        // An event id beyond ASCII (written by SQL; the API refuses one) cannot travel in
+        // `webhook-id` as itself: Python's and Node's HTTP stacks read header bytes as Latin-1,
+        // so the official Standard Webhooks and Svix verifiers refused every such request's
+        // signature; and any ASCII spelling of it could also be another event id.
+        if !row.event_id.is_ascii() {
+            return SendReport::refused(
+                AttemptClass::Permanent,
+                INVALID_EVENT_ID,
+                now,
+                "its event id is not ASCII, which a webhook-id header cannot carry".to_owned(),
+            );
+        }
         let payload = match WebhookPayload::parse(row.payload) {
             Ok(p) => p,
             Err(e) => {
@@ -664,6 +676,9 @@ fn refused_destination(
 
 /// `error_kind` of a destination the SSRF guard refused.
 pub const REFUSED_DESTINATION: &str = "refused_destination";
+
+/// `error_kind` of a webhook whose event id is not ASCII: no request is made.
+pub const INVALID_EVENT_ID: &str = "invalid_event_id";
 
 /// A request that got no HTTP answer: did it leave Herald?
 fn error_report(e: &reqwest::Error) -> SendReport {
