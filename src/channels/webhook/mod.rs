@@ -32,13 +32,20 @@ use crate::domain::event_type::EventType;
 use crate::domain::{AttemptClass, InvalidField};
 use crate::storage::models::text_without_nul;
 
-/// Headers Herald sets itself; a message or endpoint may not override them.
+/// Headers Herald sets itself, or that would change how its request is read; a message or
+/// endpoint may not set them. Svix's names too: its verifier prefers `svix-*` to `webhook-*`,
+/// so one set by a message made every delivery fail at a Svix-based receiver; and a
+/// `Content-Encoding` would claim a body Herald never encodes.
 const RESERVED_HEADERS: &[&str] = &[
     "webhook-id",
     "webhook-timestamp",
     "webhook-signature",
+    "svix-id",
+    "svix-timestamp",
+    "svix-signature",
     "idempotency-key",
     "content-type",
+    "content-encoding",
     "content-length",
     "host",
     "transfer-encoding",
@@ -815,10 +822,19 @@ mod tests {
         assert_eq!(field(json!([])), "payload");
         assert_eq!(field(json!({"body": 1, "extra": 2})), "payload");
         assert_eq!(field(json!({"headers": {}})), "payload.body");
-        assert_eq!(
-            field(json!({"body": 1, "headers": {"webhook-id": "x"}})),
-            "payload.headers"
-        );
+        for name in [
+            "webhook-id",
+            "Svix-Signature",
+            "svix-id",
+            "svix-timestamp",
+            "Content-Encoding",
+        ] {
+            assert_eq!(
+                field(json!({"body": 1, "headers": {name: "x"}})),
+                "payload.headers",
+                "{name}"
+            );
+        }
         assert_eq!(
             field(json!({"body": 1, "headers": {"X": "a\nb"}})),
             "payload.headers"
