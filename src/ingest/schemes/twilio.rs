@@ -101,11 +101,52 @@ fn form_fields(params: Vec<(String, String)>) -> Map<String, Value> {
     fields
 }
 
+/// How Twilio signed: with the account's Auth Token, HMAC-SHA1; with a SharedKey, the
+/// algorithm its `X-Twilio-Webhooks-Signature-Settings` header names
+/// (`key=webhooks_sharedkey_…,algorithm=HMAC_SHA256`), as twilio-python's `RequestValidator`
+/// reads it. The same string is signed either way.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Algorithm {
+    Sha1,
+    Sha256,
+}
+
+fn algorithm(settings: Option<&str>) -> Result<Algorithm, VerifyError> {
+    let named = settings.unwrap_or("").split(',').find_map(|part| {
+        let (name, value) = part.split_once('=')?;
+        (name.trim() == "algorithm" && !value.trim().is_empty()).then(|| value.trim())
+    });
+    match named {
+        None => Ok(Algorithm::Sha1),
+        Some(a) if a.eq_ignore_ascii_case("HMAC_SHA1") => Ok(Algorithm::Sha1),
+        Some(a) if a.eq_ignore_ascii_case("HMAC_SHA256") => Ok(Algorithm::Sha256),
+        Some(_) => Err(VerifyError::NotAccepted(
+            "X-Twilio-Webhooks-Signature-Settings names an algorithm other than HMAC_SHA1 or HMAC_SHA256",
+        )),
+    }
+}
+
+fn sign_with(algorithm: Algorithm, token: &str, data: &str) -> String {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    match algorithm {
+        Algorithm::Sha1 => {
+            let mut mac = <Hmac<sha1::Sha1> as Mac>::new_from_slice(token.as_bytes())
+                .unwrap_or_else(|_| unreachable!("HMAC accepts every key length"));
+            mac.update(data.as_bytes());
+            b64.encode(mac.finalize().into_bytes())
+        }
+        Algorithm::Sha256 => {
+            let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(token.as_bytes())
+                .unwrap_or_else(|_| unreachable!("HMAC accepts every key length"));
+            mac.update(data.as_bytes());
+            b64.encode(mac.finalize().into_bytes())
+        }
+    }
+}
+
+#[cfg(test)]
 fn sign(token: &str, data: &str) -> String {
-    let mut mac = <Hmac<sha1::Sha1> as Mac>::new_from_slice(token.as_bytes())
-        .unwrap_or_else(|_| unreachable!("HMAC accepts every key length"));
-    mac.update(data.as_bytes());
-    base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+    sign_with(Algorithm::Sha1, token, data)
 }
 
 fn vocabulary(status: &str) -> &'static str {
@@ -134,6 +175,7 @@ impl Source for Twilio {
         let given = r
             .header("x-twilio-signature")
             .ok_or(VerifyError::Missing("X-Twilio-Signature"))?;
+        let algorithm = algorithm(r.header("x-twilio-webhooks-signature-settings"))?;
         let url = self.called_url(r.query).ok_or(VerifyError::Mismatch)?;
         let body_sha = url
             .query_pairs()
@@ -149,9 +191,12 @@ impl Source for Twilio {
         let suffix = signed_params(&params);
         let ok = url_variants(&url).iter().any(|u| {
             let data = format!("{u}{suffix}");
-            self.tokens
-                .iter()
-                .any(|t| constant_time_eq(sign(t, &data).as_bytes(), given.trim().as_bytes()))
+            self.tokens.iter().any(|t| {
+                constant_time_eq(
+                    sign_with(algorithm, t, &data).as_bytes(),
+                    given.trim().as_bytes(),
+                )
+            })
         });
         if !ok {
             return Err(VerifyError::Mismatch);
@@ -241,6 +286,69 @@ mod tests {
             url_variants(&u),
             ["https://mycompany.com:8443/x", "https://mycompany.com/x"]
         );
+    }
+
+    #[test]
+    fn a_shared_key_signature_is_checked_with_the_algorithm_its_settings_name() {
+        let url = "https://mycompany.com/myapp.php";
+        let body = b"MessageSid=SM1&MessageStatus=delivered";
+        let data = format!("{url}MessageSidSM1MessageStatusdelivered");
+        let v = Twilio::new(vec!["auth-token".into(), "shared-secret".into()], url).unwrap();
+        let verify = |headers: Vec<(String, String)>| {
+            v.verify(
+                &RawRequest {
+                    headers: &headers,
+                    body,
+                    query: None,
+                    method: "POST",
+                },
+                Utc::now(),
+            )
+            .map(|e| e.len())
+        };
+        let sig = |alg, key| ("x-twilio-signature".to_owned(), sign_with(alg, key, &data));
+        let settings = |v: &str| {
+            (
+                "x-twilio-webhooks-signature-settings".to_owned(),
+                v.to_owned(),
+            )
+        };
+        let shared = "key=webhooks_sharedkey_abc, algorithm=HMAC_SHA256";
+        assert_eq!(
+            verify(vec![
+                sig(Algorithm::Sha256, "shared-secret"),
+                settings(shared)
+            ]),
+            Ok(1)
+        );
+        assert_eq!(verify(vec![sig(Algorithm::Sha1, "auth-token")]), Ok(1));
+        assert_eq!(
+            verify(vec![
+                sig(Algorithm::Sha1, "auth-token"),
+                settings("algorithm=hmac_sha1")
+            ]),
+            Ok(1)
+        );
+        // The algorithm the header names, not another: a SHA-1 signature under HMAC_SHA256
+        // settings, and a SHA-256 one without them, are refused.
+        assert_eq!(
+            verify(vec![
+                sig(Algorithm::Sha1, "shared-secret"),
+                settings(shared)
+            ]),
+            Err(VerifyError::Mismatch)
+        );
+        assert_eq!(
+            verify(vec![sig(Algorithm::Sha256, "shared-secret")]),
+            Err(VerifyError::Mismatch)
+        );
+        assert!(matches!(
+            verify(vec![
+                sig(Algorithm::Sha256, "shared-secret"),
+                settings("key=k,algorithm=HMAC_MD5")
+            ]),
+            Err(VerifyError::NotAccepted(_))
+        ));
     }
 
     #[test]
