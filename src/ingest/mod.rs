@@ -110,14 +110,15 @@ pub enum VerifyError {
     /// 400: a verified event carries an id longer than [`ID_MAX_BYTES`] (the field named).
     #[error("{0} is longer than {ID_MAX_BYTES} bytes")]
     TooLong(&'static str),
-    /// 401: the envelope names something this source does not accept (an SNS topic not in
-    /// `topic_arns`, a certificate URL that is not SNS's for the topic's region), whatever its
-    /// signature.
+    /// 401: the request names or carries something this source does not accept, whatever its
+    /// signature: an SNS topic not in `topic_arns`, a certificate URL that is not SNS's for the
+    /// topic's region, Basic credentials that match no configured pair (Postmark), a signed
+    /// timestamp that is not whole seconds, a signature algorithm Herald does not know.
     #[error("{0}")]
     NotAccepted(&'static str),
     /// 400: a verified event's own id is empty (the field named): duplicates are found by it, so
     /// every such receipt would be taken for the first one.
-    #[error("{0} is empty: a receipt is deduplicated by its provider's id")]
+    #[error("{0} is missing or empty: a receipt is deduplicated by its provider's id")]
     Blank(&'static str),
 }
 

@@ -378,6 +378,74 @@ async fn the_known_error_classes_upgrade_clears_unknown_ones(backend: Backend) {
 
 both_backends!(the_known_error_classes_upgrade_clears_unknown_ones);
 
+/// Upgrading gives each replay made before it the provider id the message had before it: that
+/// of the last attempt before its series that recorded one (none where no attempt did), so a
+/// late receipt naming an earlier send's id finds its message.
+async fn the_replay_provider_ids_upgrade_keeps_the_ids_replays_replaced(backend: Backend) {
+    use diesel::connection::SimpleConnection;
+    use diesel::{QueryableByName, RunQueryDsl};
+    use diesel_migrations::MigrationHarness;
+
+    #[derive(QueryableByName, Debug, PartialEq)]
+    struct Row {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        series_start: i32,
+        #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+        provider_message_id_before: Option<String>,
+    }
+    const T: &str = "'2026-12-01 10:00:00+00:00'";
+    let insert = format!(
+        "INSERT INTO herald_outbox (id, event_id, channel, destination, payload) VALUES \
+         (1, 'm', 'webhook', 'https://a.example/h', '{{\"body\": {{}}}}'), \
+         (2, 'n', 'webhook', 'https://a.example/h', '{{\"body\": {{}}}}'); \
+         INSERT INTO herald_attempts (message_id, event_id, attempt_number, started_at, \
+         finished_at, duration_ms, class, policy_version, provider_message_id, next_state) VALUES \
+         (1, 'm', 1, {T}, {T}, 1, 'accepted', 'default@0', 'pm-1', 'delivered'), \
+         (1, 'm', 2, {T}, {T}, 1, 'accepted', 'default@0', 'pm-2', 'delivered'), \
+         (1, 'm', 3, {T}, {T}, 1, 'transient', 'default@0', NULL, 'retryable'), \
+         (1, 'm', 4, {T}, {T}, 1, 'accepted', 'default@0', 'pm-4', 'delivered'), \
+         (2, 'n', 1, {T}, {T}, 1, 'permanent', 'default@0', NULL, 'dead_letter'); \
+         INSERT INTO herald_replays (message_id, event_id, who, reason, from_state, forced, \
+         series_start, replayed_at) VALUES \
+         (1, 'm', 'desk', 'r', 'delivered', true, 2, {T}), \
+         (1, 'm', 'desk', 'r', 'delivered', true, 4, {T}), \
+         (2, 'n', 'desk', 'r', 'dead_letter', false, 2, {T})"
+    );
+    const READ: &str = "SELECT series_start, provider_message_id_before FROM herald_replays \
+        ORDER BY message_id, series_start";
+    macro_rules! run_upgrade {
+        ($c:expr, $migrations:expr, $insert:expr) => {{
+            let c = $c;
+            c.run_pending_migrations($migrations).unwrap();
+            while c.revert_last_migration($migrations).unwrap().to_string() != "20261206000029" {}
+            c.batch_execute($insert).unwrap();
+            c.run_pending_migrations($migrations).unwrap();
+            let rows: Vec<Row> = diesel::sql_query(READ).load(c).unwrap();
+            let row = |series_start, before: Option<&str>| Row {
+                series_start,
+                provider_message_id_before: before.map(Into::into),
+            };
+            // Before series 2: attempt 1's; before series 4: attempt 2's (attempt 3 had none);
+            // a message whose attempts recorded none: none.
+            assert_eq!(
+                rows,
+                [row(2, Some("pm-1")), row(4, Some("pm-2")), row(2, None)]
+            );
+            while c.revert_last_migration($migrations).unwrap().to_string() != "20261206000029" {}
+            c.run_pending_migrations($migrations).unwrap();
+        }};
+    }
+    let pg_insert = insert.clone();
+    on_a_fresh_database(
+        backend,
+        move |c| run_upgrade!(c, herald::storage::PG_MIGRATIONS, &pg_insert),
+        move |c| run_upgrade!(c, herald::storage::SQLITE_MIGRATIONS, &insert),
+    )
+    .await;
+}
+
+both_backends!(the_replay_provider_ids_upgrade_keeps_the_ids_replays_replaced);
+
 /// PostgreSQL: rows an earlier Herald or an application stored with times out of range (an
 /// `expires_at` of year 10000 in UTC, which the API took; `'-infinity'`) are brought within it
 /// by the migration that adds the range constraints — every later update of such a row is

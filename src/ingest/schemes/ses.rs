@@ -383,22 +383,38 @@ impl Ses {
     }
 }
 
+/// What an SES `Bounce` says of its recipients, for a `Transient` one of subtype `General`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Recipients {
+    /// A recipient's DSN says delivery failed (`action` `failed`, or a 4.x.x / 5.x.x `status`).
+    Failed,
+    /// No recipient carries a failure: what an automatic reply is filed as.
+    NoFailure,
+}
+
 /// SES's event in Herald's vocabulary. SES retries a soft bounce itself (its `DeliveryDelay`
 /// events say so) and publishes a `Bounce` only once it stopped trying: every bounce is
-/// `bounced`, whatever its type, but for a `Transient` bounce of subtype `General`, which is
-/// what an out-of-office or other automatic reply to a delivered message is filed as: that one
-/// says nothing certain about delivery and is kept in the history (`other`). (`Transient` and
-/// `Undetermined` bounces were `deferred`, which nothing after them ever settled.)
+/// `bounced`, whatever its type, but for a `Transient` bounce of subtype `General` (SES's
+/// catch-all, and what an out-of-office or other automatic reply to a delivered message is
+/// filed as) whose recipients carry no failed DSN: that one says nothing certain about
+/// delivery and is kept in the history (`other`). (`Transient` and `Undetermined` bounces were
+/// `deferred`, which nothing after them ever settled.)
 fn vocabulary(
     event: &str,
     bounce_type: Option<&str>,
     bounce_sub_type: Option<&str>,
+    recipients: Recipients,
 ) -> &'static str {
     match (event, bounce_type) {
         ("Send", _) => "sent",
         ("Delivery", _) => "delivered",
         ("DeliveryDelay", _) => "deferred",
-        ("Bounce", Some("Transient")) if bounce_sub_type.is_none_or(|s| s == "General") => "other",
+        ("Bounce", Some("Transient"))
+            if bounce_sub_type.is_none_or(|s| s == "General")
+                && recipients == Recipients::NoFailure =>
+        {
+            "other"
+        }
         ("Bounce", _) => "bounced",
         ("Reject", _) => "dropped",
         ("Rendering Failure", _) => "failed",
@@ -444,6 +460,21 @@ fn normalize(message_id: String, ses: Value) -> ReceiptEvent {
         });
     let bounce_type = str_at(&ses, "/bounce/bounceType");
     let bounce_sub_type = str_at(&ses, "/bounce/bounceSubType");
+    let failed = ses
+        .pointer("/bounce/bouncedRecipients")
+        .and_then(Value::as_array)
+        .is_some_and(|all| {
+            all.iter().any(|r| {
+                str_at(r, "/action").is_some_and(|a| a.eq_ignore_ascii_case("failed"))
+                    || str_at(r, "/status")
+                        .is_some_and(|s| s.starts_with("4.") || s.starts_with("5."))
+            })
+        });
+    let recipients = if failed {
+        Recipients::Failed
+    } else {
+        Recipients::NoFailure
+    };
     // SES tag values allow few characters: Herald writes its event id encoded
     // (`domain::ses_tag`), and a value in that encoding is decoded back here.
     let tags = ses
@@ -468,7 +499,13 @@ fn normalize(message_id: String, ses: Value) -> ReceiptEvent {
         });
     ReceiptEvent {
         provider_event_id: message_id,
-        event_type: vocabulary(&event, bounce_type.as_deref(), bounce_sub_type.as_deref()).into(),
+        event_type: vocabulary(
+            &event,
+            bounce_type.as_deref(),
+            bounce_sub_type.as_deref(),
+            recipients,
+        )
+        .into(),
         provider_type: event,
         event_time,
         herald_event_id: tags.or(header),
@@ -895,7 +932,8 @@ mod tests {
             ));
         }
         let bounce = |kind: &str, sub: Option<&str>| {
-            let mut b = json!({"bounceType": kind, "timestamp": "2017-08-05T00:41:02.669Z"});
+            let mut b = json!({"bounceType": kind, "timestamp": "2017-08-05T00:41:02.669Z",
+                "bouncedRecipients": [{"emailAddress": "a@example.com"}]});
             if let Some(sub) = sub {
                 b["bounceSubType"] = json!(sub);
             }
@@ -915,6 +953,20 @@ mod tests {
             "an automatic reply"
         );
         assert_eq!(bounce("Transient", None), "other");
+        // A General soft bounce whose recipient's DSN failed is a bounce SES gave up on.
+        for recipient in [
+            json!({"emailAddress": "a@example.com", "action": "failed"}),
+            json!({"emailAddress": "a@example.com", "status": "4.4.7"}),
+            json!({"emailAddress": "a@example.com", "status": "5.0.0"}),
+        ] {
+            let b = json!({"bounceType": "Transient", "bounceSubType": "General",
+                "timestamp": "2017-08-05T00:41:02.669Z", "bouncedRecipients": [recipient]});
+            let e = normalize(
+                "g".into(),
+                json!({"eventType": "Bounce", "bounce": b, "mail": mail}),
+            );
+            assert_eq!(e.event_type, "bounced", "{recipient}");
+        }
         // SES still retrying is its DeliveryDelay.
         let delay = json!({"eventType": "DeliveryDelay", "deliveryDelay": {"timestamp": "2017-08-05T00:41:02.669Z"}, "mail": mail});
         assert_eq!(normalize("d".into(), delay).event_type, "deferred");
