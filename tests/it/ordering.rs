@@ -440,6 +440,16 @@ async fn an_explicit_skip_or_a_cancel_releases_a_blocked_key(backend: Backend) {
     app.run_until_idle().await;
     // x.2 was the next head and died too; canceling it releases x.3.
     assert_eq!(app.row("x.2").state.as_str(), "dead_letter");
+    // Its explanation names the place before it, what it waited behind, as it is now.
+    let e = app.explain("x.2").await;
+    let before = &e["ordering"]["before"];
+    assert_eq!(
+        (&before["event_id"], &before["state"], &before["skipped_by"]),
+        (&json!("x.1"), &json!("dead_letter"), &json!("default")),
+        "{e}"
+    );
+    assert!(before["released_at"].is_string(), "{e}");
+    assert_eq!(app.explain("x.1").await["ordering"]["before"], Value::Null);
     assert_eq!(app.message("x.3").await["blocked_by"], "x.2");
     // A canceled message waits for nothing: no longer blocked by anyone.
     let r = app
