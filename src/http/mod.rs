@@ -107,12 +107,20 @@ pub fn routes(r: &mut impl Routes) {
 /// A HEAD request is routed as the GET it asks about (RFC 9110: every general-purpose server
 /// takes HEAD wherever it takes GET; an uptime monitor or a load balancer probing `/healthz`
 /// with HEAD got 405, the admin page 404). The connection writes the GET's status and headers
-/// and no body: actix-http leaves the body out of an answer to a request read as HEAD.
+/// and no body: actix-http leaves the body out of an answer to a request read as HEAD. But for
+/// ingest, whose GET stores a receipt (a provider's status report in the URL): HEAD has no
+/// effects, so it stays a 405 there (a probe would otherwise be counted and logged as a refused
+/// receipt, and a signed URL sent with HEAD would be stored).
 pub fn head_as_get(mut req: actix_web::dev::ServiceRequest) -> actix_web::dev::ServiceRequest {
-    if req.method() == actix_web::http::Method::HEAD {
+    if req.method() == actix_web::http::Method::HEAD && takes_head(req.path()) {
         req.head_mut().method = actix_web::http::Method::GET;
     }
     req
+}
+
+/// Whether a path's GET is answered to HEAD too: all but ingest's.
+fn takes_head(path: &str) -> bool {
+    !path.starts_with("/v1/ingest/")
 }
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
@@ -121,7 +129,9 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         // A path Herald serves with another method: 405 naming the ones it takes (a provider
         // or a script sending PUT to an ingest URL learns what is wrong), else 404.
         let mut allowed = allowed_methods(req.path());
-        if let Some(get) = allowed.iter().position(|m| m == "GET") {
+        if let Some(get) = allowed.iter().position(|m| m == "GET")
+            && takes_head(req.path())
+        {
             allowed.insert(get + 1, "HEAD".to_owned());
         }
         if allowed.is_empty() {

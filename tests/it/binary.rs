@@ -1223,6 +1223,14 @@ async fn head_is_answered_wherever_get_is_without_a_body() {
         .unwrap();
     assert_eq!(r.status(), 405);
     assert_eq!(r.headers()["allow"], "GET, HEAD");
+    // But ingest, whose GET stores a receipt: HEAD has no effects, so it is a 405 there.
+    let r = client()
+        .head(format!("http://{listen}/v1/ingest/anything"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    assert_eq!(r.headers()["allow"], "POST, GET");
     herald.stop_cleanly().await;
 }
 
