@@ -144,13 +144,18 @@ pub fn holds_unprintable(text: &str) -> bool {
 /// stored text an application or a provider wrote (an event id inserted by SQL before such ids
 /// were refused, a receipt's type, a replay reason) is shown, never obeyed.
 pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    escape_unprintable(text, |c| format!("\\u{{{:x}}}", c as u32))
+}
+
+/// `text` with each [`unprintable`] character replaced by `escape(c)`; borrowed when none is.
+fn escape_unprintable(text: &str, escape: impl Fn(char) -> String) -> std::borrow::Cow<'_, str> {
     if !text.chars().any(unprintable) {
         return std::borrow::Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 16);
     for c in text.chars() {
         if unprintable(c) {
-            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+            out.push_str(&escape(c));
         } else {
             out.push(c);
         }
@@ -172,18 +177,12 @@ pub fn json_printable<T: serde::Serialize + ?Sized>(
     } else {
         serde_json::to_string(value)?
     };
-    if !json.chars().any(unprintable) {
-        return Ok(json);
-    }
-    let mut out = String::with_capacity(json.len() + 16);
-    for c in json.chars() {
-        if unprintable(c) {
-            out.push_str(&format!("\\u{:04x}", c as u32));
-        } else {
-            out.push(c);
-        }
-    }
-    Ok(out)
+    // Not copied when nothing needs escaping (every answer passes here).
+    let escaped = match escape_unprintable(&json, |c| format!("\\u{:04x}", c as u32)) {
+        std::borrow::Cow::Owned(escaped) => Some(escaped),
+        std::borrow::Cow::Borrowed(_) => None,
+    };
+    Ok(escaped.unwrap_or(json))
 }
 
 fn mask_opaque(value: &str) -> String {
