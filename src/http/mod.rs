@@ -1344,10 +1344,13 @@ fn parse_message_or_unnamed(
         .into_iter()
         .take(10)
         .map(|field| {
-            InvalidField::new(
-                field,
-                "is an integer beyond 64 bits, which JSON parsers keep only approximately: send it as a string",
-            )
+            // A budget cannot be a string: it is named as any out-of-range budget is.
+            let why = if field == "max_attempts" {
+                "must be a positive integer"
+            } else {
+                "is an integer beyond 64 bits, which JSON parsers keep only approximately: send it as a string"
+            };
+            InvalidField::new(field, why)
         })
         .collect();
     for k in obj.keys().filter(|k| !MESSAGE_FIELDS.contains(&k.as_str())) {

@@ -131,9 +131,10 @@ per_backend! {
         // With and without angle brackets: a Message-ID is quoted either way (Mailgun's API
         // answers `<id@domain>`, its receipts carry `id@domain`).
         let bare = |p: &str| p.trim().trim_start_matches('<').trim_end_matches('>').to_owned();
+        // Every receipt's, also one its event id names: whether the message carries that id
+        // now, or a replay replaced it (below), says which of its sends the receipt speaks of.
         let provider_ids: Vec<String> = batch
             .iter()
-            .filter(|r| provider_first(r) || (unresolved(r) && of_key(r).is_none()))
             .filter_map(|r| r.provider_message_id.as_deref())
             .flat_map(|p| [bare(p), format!("<{}>", bare(p))])
             .collect();
@@ -194,7 +195,20 @@ per_backend! {
                 of_event(r).or_else(|| of_key(r)).or_else(|| of_provider(r))
             };
             match current {
-                Some(f) => Some((f.0, None)),
+                // Named by its event id (or Message-ID), but with a provider id the message no
+                // longer carries and a replay replaced: a receipt of the send before that
+                // replay (SendGrid's, Mailgun's, Postmark's carry both ids).
+                Some(f) => {
+                    let earlier = r.provider_message_id.as_deref().and_then(|p| {
+                        let p = bare(p);
+                        let carried = by_provider.get(&p).is_some_and(|v| v.iter().any(|x| x.0 == f.0));
+                        if carried {
+                            return None;
+                        }
+                        replaced.get(&p)?.iter().rev().find(|(x, _)| x.0 == f.0).map(|(_, at)| *at)
+                    });
+                    Some((f.0, earlier))
+                }
                 None => of_replaced(r).map(|(f, at)| (f.0, Some(*at))),
             }
         };

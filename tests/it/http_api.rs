@@ -263,6 +263,10 @@ async fn a_message_without_an_event_id_is_told_of_every_bad_field_at_once(backen
     )
     .await;
     assert_eq!(fields_of(&p), ["max_attempts"], "{p}");
+    assert_eq!(
+        p["errors"][0]["message"], "must be a positive integer",
+        "not 'send it as a string', which a budget cannot be: {p}"
+    );
     assert!(app.db.find_by_event_id("z1").unwrap().is_none());
     app.stop().await;
 }

@@ -501,10 +501,15 @@ async fn a_late_receipt_by_the_provider_id_of_a_send_before_a_replay_finds_its_m
     let later = json!({"id": "x-later", "type": "complained", "at": T0 + at_clock(&app, 10),
                        "message_id": "pm-first"});
     assert_eq!(post_receipt(&app, later).await, 200);
-    assert_eq!(reconcile(&app).await, 3);
+    // Named by Herald's event id too (SendGrid's, Mailgun's, Postmark's carry both): its
+    // provider id still says it is the first send's.
+    let both = json!({"id": "x-both", "type": "failed", "at": T0 + at_clock(&app, 20),
+                      "herald_event_id": "re-pm", "message_id": "pm-first"});
+    assert_eq!(post_receipt(&app, both).await, 200);
+    assert_eq!(reconcile(&app).await, 4);
     let view = app.message("re-pm").await;
     assert_eq!(view["delivery_status"], "delivered", "{view}");
-    for id in ["x-late", "x-later"] {
+    for id in ["x-late", "x-later", "x-both"] {
         let late = view["receipts"]
             .as_array()
             .unwrap()
