@@ -49,8 +49,19 @@ pub struct Herald {
     pub message_writer: MessageWriter,
 }
 
-/// Opens the database (and migrates it unless told not to). Blocking.
+/// Opens the database for `herald serve` (and migrates it unless told not to). Blocking.
 pub fn open_db(settings: &Settings, migrate: bool) -> anyhow::Result<Db> {
+    open_db_keeping(settings, migrate, PoolOptions::default().min_idle)
+}
+
+/// [`open_db`] for a command that runs and exits (`migrate`, `explain`, `purge`, …): its pool
+/// opens no connection on its own threads, so none is being opened when the process exits
+/// (see `PoolOptions::min_idle`).
+pub fn open_db_for_a_command(settings: &Settings, migrate: bool) -> anyhow::Result<Db> {
+    open_db_keeping(settings, migrate, 0)
+}
+
+fn open_db_keeping(settings: &Settings, migrate: bool, min_idle: u32) -> anyhow::Result<Db> {
     if let Some(path) = crate::storage::sqlite_path(settings.database_url.expose()) {
         let file = std::path::Path::new(path);
         // Not migrating: a SQLite file that is not there is a wrong path or a database never
@@ -75,6 +86,7 @@ pub fn open_db(settings: &Settings, migrate: bool) -> anyhow::Result<Db> {
         &PoolOptions {
             max_size: settings.database_pool_size,
             idle_in_transaction: settings.database_idle_in_transaction,
+            min_idle,
             ..PoolOptions::default()
         },
     )

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use herald::app::{Herald, api_token, open_db, sync_subscriptions, webhook_secret};
+use herald::app::{Herald, api_token, open_db_for_a_command, sync_subscriptions, webhook_secret};
 use herald::clock::SystemClock;
 use herald::config::{ConfigError, Settings};
 
@@ -435,7 +435,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Migrate => {
-            let db = open_db(&settings, true)?;
+            let db = open_db_for_a_command(&settings, true)?;
             sync_subscriptions(&db, &settings)?;
             herald::app::record_policies(&db, &settings)?;
             out!("migrations applied");
@@ -452,7 +452,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Endpoint { action } => {
             // Not migrated here (a mistyped database URL would be created and migrated, and
             // answer nothing): `herald migrate` or `herald serve` does that.
-            let db = open_db(&settings, false)?;
+            let db = open_db_for_a_command(&settings, false)?;
             match action {
                 EndpointAction::List => {
                     if settings.endpoints.is_empty() {
@@ -491,7 +491,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::ApiToken => {
-            match api_token(&open_db(&settings, true)?, &settings)? {
+            match api_token(&open_db_for_a_command(&settings, true)?, &settings)? {
                 Some(t) => {
                     out!("{t}");
                     Ok(ExitCode::SUCCESS)
@@ -507,7 +507,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Purge => {
-            let db = open_db(&settings, false)?;
+            let db = open_db_for_a_command(&settings, false)?;
             let now = herald::clock::Clock::now(&SystemClock);
             // What a pass deleted is printed even when an error ended it: its earlier batches
             // were committed, and a script that retries must know they are gone.
@@ -531,7 +531,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::WebhookSecret => {
-            match webhook_secret(&open_db(&settings, true)?, &settings)? {
+            match webhook_secret(&open_db_for_a_command(&settings, true)?, &settings)? {
                 Some(s) => {
                     out!("{s}");
                     Ok(ExitCode::SUCCESS)
@@ -554,7 +554,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// or `--json`; the exit status follows [`herald::support::exit_code`].
 fn support_command(command: Command, settings: &Settings) -> anyhow::Result<ExitCode> {
     use herald::support::{self, Lookup, render};
-    let db = open_db(settings, false)?;
+    let db = open_db_for_a_command(settings, false)?;
     let policies = settings.policies();
     let now = || herald::clock::Clock::storage_now(&SystemClock);
     let who = support::cli_who(

@@ -808,6 +808,12 @@ pub struct PoolOptions {
     /// PostgreSQL: the sessions' `idle_in_transaction_session_timeout` ([`IDLE_IN_TRANSACTION`]);
     /// zero leaves the server's.
     pub idle_in_transaction: Duration,
+    /// PostgreSQL: connections the pool keeps open, opening them on its own threads (1 for a
+    /// server). A command that runs and exits takes 0: a connection still being opened by the
+    /// pool's thread when the process exits (libpq in its TLS and Kerberos set-up, while the
+    /// exit tears those libraries down) crashed `herald migrate` and the support commands after
+    /// their work, exit 139, about one run in five over TCP with a password.
+    pub min_idle: u32,
 }
 
 impl Default for PoolOptions {
@@ -816,6 +822,7 @@ impl Default for PoolOptions {
             max_size: 10,
             connection_timeout: Duration::from_secs(5),
             idle_in_transaction: IDLE_IN_TRANSACTION,
+            min_idle: 1,
         }
     }
 }
@@ -866,7 +873,7 @@ impl Db {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             let pool = Pool::builder()
                 .max_size(options.max_size)
-                .min_idle(Some(1))
+                .min_idle(Some(options.min_idle))
                 .connection_timeout(options.connection_timeout)
                 // No `SELECT 1` on every checkout (a round trip and a transaction each time): a
                 // connection that broke fails its first statement, is reported unavailable

@@ -511,6 +511,28 @@ impl Cluster {
             .unwrap_or(false)
     }
 
+    /// A role `name` with `password` that must log in with it over TCP (SCRAM), as a production
+    /// database asks: its line goes first in `pg_hba.conf`, then the server reloads. Returns
+    /// `postgres://name:password@127.0.0.1:PORT/db`.
+    pub fn require_password(&self, name: &str, password: &str, db: &str) -> String {
+        PgConnection::establish(&self.url_for("postgres"))
+            .expect("connect to the drill cluster")
+            .batch_execute(&format!(
+                "SET password_encryption = 'scram-sha-256'; \
+                 CREATE ROLE {name} LOGIN SUPERUSER PASSWORD '{password}'"
+            ))
+            .expect("create the role");
+        let hba = self.dir.join("data/pg_hba.conf");
+        let before = std::fs::read_to_string(&hba).expect("read pg_hba.conf");
+        std::fs::write(
+            &hba,
+            format!("host all {name} 127.0.0.1/32 scram-sha-256\n{before}"),
+        )
+        .expect("write pg_hba.conf");
+        assert!(self.pg_ctl("reload"), "pg_ctl reload failed");
+        format!("postgres://{name}:{password}@127.0.0.1:{}/{db}", self.port)
+    }
+
     /// `CREATE DATABASE name`.
     pub fn create_database(&self, name: &str) {
         PgConnection::establish(&self.url_for("postgres"))
