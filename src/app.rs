@@ -55,8 +55,8 @@ pub fn open_db(settings: &Settings, migrate: bool) -> anyhow::Result<Db> {
 }
 
 /// [`open_db`] for a command that runs and exits (`migrate`, `explain`, `purge`, …): its pool
-/// opens no connection on its own threads, so none is being opened when the process exits
-/// (see `PoolOptions::min_idle`).
+/// opens no connection ahead of need, so none is being opened when the process exits after its
+/// work (see `PoolOptions::min_idle`).
 pub fn open_db_for_a_command(settings: &Settings, migrate: bool) -> anyhow::Result<Db> {
     open_db_keeping(settings, migrate, 0)
 }

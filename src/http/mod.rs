@@ -112,7 +112,8 @@ pub fn routes(r: &mut impl Routes) {
 /// effects, so it stays a 405 there (a probe would otherwise be counted and logged as a refused
 /// receipt, and a signed URL sent with HEAD would be stored).
 pub fn head_as_get(mut req: actix_web::dev::ServiceRequest) -> actix_web::dev::ServiceRequest {
-    if req.method() == actix_web::http::Method::HEAD && takes_head(req.path()) {
+    // The path as routing reads it (`%69ngest` is `ingest` there), not as it was spelled.
+    if req.method() == actix_web::http::Method::HEAD && takes_head(req.match_info().as_str()) {
         req.head_mut().method = actix_web::http::Method::GET;
     }
     req
@@ -128,9 +129,11 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.default_service(web::to(|req: HttpRequest| async move {
         // A path Herald serves with another method: 405 naming the ones it takes (a provider
         // or a script sending PUT to an ingest URL learns what is wrong), else 404.
-        let mut allowed = allowed_methods(req.path());
+        // The path as routing read it (`%69ngest` is `ingest` there).
+        let path = req.match_info().as_str();
+        let mut allowed = allowed_methods(path);
         if let Some(get) = allowed.iter().position(|m| m == "GET")
-            && takes_head(req.path())
+            && takes_head(path)
         {
             allowed.insert(get + 1, "HEAD".to_owned());
         }

@@ -909,11 +909,19 @@ impl Sender {
             decide(facts, policy, report.finished_at.max(now), unit),
             row.expires_at,
         );
-        if let Some(e) = endpoint {
+        // Herald's own refusal of what was stored (a payload it cannot read or send, an event id
+        // no header can carry) says nothing of the receiver: it neither counts toward disabling
+        // the endpoint nor slows the destination down.
+        let about_the_receiver = !(report.status.is_none()
+            && matches!(
+                report.error_kind.as_deref(),
+                Some("invalid_payload" | crate::channels::webhook::INVALID_EVENT_ID)
+            ));
+        if let Some(e) = endpoint.filter(|_| about_the_receiver) {
             self.count_toward_disable(e, report.class, report.finished_at)
                 .await;
         }
-        if let Some(d) = &cleared.destination {
+        if let Some(d) = cleared.destination.as_ref().filter(|_| about_the_receiver) {
             let answer = Answer {
                 class: report.class,
                 status: report.status,

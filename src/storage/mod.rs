@@ -808,11 +808,13 @@ pub struct PoolOptions {
     /// PostgreSQL: the sessions' `idle_in_transaction_session_timeout` ([`IDLE_IN_TRANSACTION`]);
     /// zero leaves the server's.
     pub idle_in_transaction: Duration,
-    /// PostgreSQL: connections the pool keeps open, opening them on its own threads (1 for a
-    /// server). A command that runs and exits takes 0: a connection still being opened by the
-    /// pool's thread when the process exits (libpq in its TLS and Kerberos set-up, while the
-    /// exit tears those libraries down) crashed `herald migrate` and the support commands after
-    /// their work, exit 139, about one run in five over TCP with a password.
+    /// PostgreSQL: connections the pool keeps open, which its own threads open ahead of need
+    /// (1 for a server). A command that runs and exits takes 0, so the pool opens only the
+    /// connection a caller waits for: one still being opened ahead by the pool's thread when the
+    /// process exited (libpq in its TLS and Kerberos set-up while the exit tore those libraries
+    /// down) crashed `herald migrate` and the support commands after their work, exit 139, 30
+    /// of 100 runs over TCP with a password. (A caller that gives up waiting still leaves the
+    /// pool's thread trying.)
     pub min_idle: u32,
 }
 

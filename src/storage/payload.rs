@@ -5,7 +5,7 @@
 //! such row failed the whole statement that read it, and with it every claim: nothing was sent
 //! until the row was deleted (found by a walk-through). Read as [`ReadPayload`], such a payload
 //! becomes `{"herald_unreadable_payload": "<why>"}` ([`unreadable`]), which the sender
-//! dead-letters as `invalid_payload` on its own, and support and the admin page show. So does a
+//! dead-letters as `invalid_payload` on its own, the attempt saying why. So does a
 //! payload holding an integer beyond 64 bits, which would be read only as the nearest double and
 //! sent as another number (the API refuses it for that reason).
 

@@ -74,6 +74,10 @@ per_backend! {
             o::lease_until.eq(None::<DateTime<Utc>>),
             r.expires_at.map(|e| o::expires_at.eq(e)),
             o::ordering_released_at.eq(None::<DateTime<Utc>>),
+            // The earlier send's provider id is the replay's (`provider_message_id_before`):
+            // left on the row, a late receipt naming it counted as the new send's whenever the
+            // new send recorded no id of its own.
+            o::provider_message_id.eq(None::<String>),
             o::updated_at.eq(at),
         ))
         .execute(conn)?;

@@ -743,7 +743,6 @@ async fn commands_on_postgres_with_a_password_exit_cleanly() {
     cluster.create_database("cmds");
     let url = cluster.require_password("herald_pw", "pw-Sekr1t", "cmds");
     let env = [("HERALD_DATABASE_URL", url.as_str())];
-    let mut outcomes = std::collections::BTreeMap::new();
     for round in 0..12 {
         for args in [&["migrate"][..], &["dlq", "list"][..], &["purge"][..]] {
             let mut h = Herald::spawn(args, &env);
@@ -754,10 +753,8 @@ async fn commands_on_postgres_with_a_password_exit_cleanly() {
                 args.join(" "),
                 h.stderr()
             );
-            *outcomes.entry(args.join(" ")).or_insert(0) += 1;
         }
     }
-    assert_eq!(outcomes.values().sum::<i32>(), 36, "{outcomes:?}");
 }
 
 /// Polls `GET /v1/messages/{id}` until `done` holds for the view (bounded).
@@ -1250,14 +1247,16 @@ async fn head_is_answered_wherever_get_is_without_a_body() {
         .unwrap();
     assert_eq!(r.status(), 405);
     assert_eq!(r.headers()["allow"], "GET, HEAD");
-    // But ingest, whose GET stores a receipt: HEAD has no effects, so it is a 405 there.
-    let r = client()
-        .head(format!("http://{listen}/v1/ingest/anything"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 405);
-    assert_eq!(r.headers()["allow"], "POST, GET");
+    // But ingest, whose GET stores a receipt: HEAD has no effects, so it is a 405 there,
+    // however its path is spelled.
+    for path in ["/v1/ingest/anything", "/v1/%69ngest/anything"] {
+        let r = client()
+            .head(format!("http://{listen}{path}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 405, "{path}");
+    }
     herald.stop_cleanly().await;
 }
 

@@ -127,6 +127,43 @@ async fn a_hanging_host_gets_at_most_its_cap_of_send_slots(backend: Backend) {
     app.stop().await;
 }
 
+/// Herald's own refusals of what was stored — a payload it cannot read, inserted by SQL — make
+/// no request and say nothing of the receiver: they do not disable its endpoint (found by a
+/// review: three such rows disabled a healthy endpoint).
+async fn refusals_before_any_request_do_not_disable_an_endpoint(backend: Backend) {
+    let rx = Receiver::start().await;
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "sender_concurrency = 1\n[endpoints.healthy]\nurl = \"{}\"\ndisable_after_failures = 2\n",
+            rx.url
+        ),
+    )
+    .await;
+    for i in 1..=3 {
+        app.raw_sql(&format!(
+            "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+             VALUES ('bad-{i}', 'webhook', 'endpoint:healthy', '{{\"body\": {{\"m\": 1e400}}}}')"
+        ));
+    }
+    app.run_until_idle().await;
+    for i in 1..=3 {
+        assert_eq!(app.row(&format!("bad-{i}")).state, State::DeadLetter);
+    }
+    let r = app
+        .post_message(webhook("good", "endpoint:healthy", json!({})))
+        .await;
+    assert_eq!(r.status(), 201);
+    app.run_until_idle().await;
+    assert_eq!(
+        app.row("good").state,
+        State::Delivered,
+        "the endpoint was not disabled"
+    );
+    assert_eq!(rx.requests().len(), 1);
+    app.stop().await;
+}
+
 async fn an_endpoint_that_keeps_failing_is_disabled_until_enabled(backend: Backend) {
     let rx = Receiver::start().await;
     rx.script([Reply::Status(500), Reply::Status(500), Reply::Status(500)]);
@@ -291,4 +328,5 @@ both_backends!(
     an_endpoint_rate_holds_messages_for_their_slots_in_order,
     a_hanging_host_gets_at_most_its_cap_of_send_slots,
     an_endpoint_that_keeps_failing_is_disabled_until_enabled,
+    refusals_before_any_request_do_not_disable_an_endpoint,
 );

@@ -525,6 +525,25 @@ async fn a_late_receipt_by_the_provider_id_of_a_send_before_a_replay_finds_its_m
             "{late}"
         );
     }
+    // A replayed send that records no provider id of its own (an answer without one): the
+    // first send's id is not the message's any more, so its receipt is still the first send's.
+    rx.script([Reply::Status(202)]);
+    force_replay(&app, "re-pm").await;
+    assert_eq!(app.run_until_idle().await, 1);
+    assert_eq!(app.row("re-pm").provider_message_id, None);
+    let stale = json!({"id": "x-stale", "type": "bounced", "at": T0 + at_clock(&app, 30),
+                       "message_id": "pm-second"});
+    assert_eq!(post_receipt(&app, stale).await, 200);
+    assert_eq!(reconcile(&app).await, 1);
+    let view = app.message("re-pm").await;
+    assert_eq!(view["delivery_status"], Value::Null, "{view}");
+    let stale = view["receipts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["provider_event_id"] == "x-stale")
+        .unwrap_or_else(|| panic!("x-stale is the message's: {view}"));
+    assert_eq!(stale["outcome"], "superseded", "{stale}");
     assert_eq!(unmatched(&app).await["count"], 0);
     app.stop().await;
 }
