@@ -256,11 +256,17 @@ pub fn explain(
             Some(_) => db.skips_of(p.id)?.pop().map(|s| s.who),
             None => None,
         };
+        let ended = p.ordering_released_at.or(matches!(
+            p.state,
+            State::Delivered | State::Canceled | State::Expired
+        )
+        .then_some(p.updated_at));
         o.before = Some(view::PlaceBefore {
             event_id: p.event_id,
             state: p.state,
             released_at: p.ordering_released_at.as_ref().map(view::ts),
             skipped_by,
+            ended_at: ended.as_ref().map(view::ts),
         });
     }
     if let Some(name) = row.destination.strip_prefix("endpoint:")

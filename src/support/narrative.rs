@@ -428,21 +428,30 @@ pub fn narrate(e: &Explanation) -> String {
             before = None;
         }
         // A keyed message's first attempt that came late: it waited for the place before it.
-        if before.is_none()
-            && let Some(o) = &e.ordering
-            && let Some(p) = &o.before
-            && !e.replays.iter().any(|r| r.series_start <= a.attempt)
-            && let Some(late) =
-                later_than_due(e.scheduled_at.as_str().max(e.created_at.as_str()), 0, a)
-        {
+        // Only when that place ended after this message was due: one that ended before says
+        // nothing of its lateness, which the sentence below then gives.
+        let due = e.scheduled_at.as_str().max(e.created_at.as_str());
+        let waited = match (&e.ordering, before) {
+            (Some(o), None) if !e.replays.iter().any(|r| r.series_start <= a.attempt) => o
+                .before
+                .as_ref()
+                .filter(|p| {
+                    p.ended_at
+                        .as_deref()
+                        .and_then(|t| ms_between(due, t))
+                        .is_some_and(|ms| ms > 1_000)
+                })
+                .and_then(|p| later_than_due(due, 0, a).map(|late| (o, p, late))),
+            _ => None,
+        };
+        if let Some((o, p, late)) = waited {
             parts.push(waited_sentence(a.attempt, late, &o.key, p));
         }
         // The first attempt of a series is due when the message was scheduled or replayed.
         let late = match before {
             Some(b) => later_than_set(b, a).map(|l| (l, "the time set")),
-            // A keyed message waits its turn behind its key's head, which this sentence would
-            // not name: said by the ordering facts instead.
-            None if e.ordering.is_some() => None,
+            // Said by the sentence above: what it waited behind.
+            None if waited.is_some() => None,
             None => {
                 // Due when scheduled (a past scheduled_at: when created), or replayed.
                 let due = e
@@ -964,6 +973,8 @@ mod tests {
             state: State::DeadLetter,
             released_at: released.map(str::to_owned),
             skipped_by: who.map(str::to_owned),
+            // It stopped holding the key a second before this message's attempt.
+            ended_at: Some("2026-12-01T10:02:59.000000Z".into()),
         };
         let said = |e: &Explanation| {
             narrate(e)
@@ -994,6 +1005,26 @@ mod tests {
                 "{text}"
             );
         }
+        // A place that ended before this message was due, or one not known to have ended, says
+        // nothing of its lateness: the general sentence gives it.
+        for ended in [Some("2026-12-01T09:59:00.000000Z"), None] {
+            let mut early = e.clone();
+            if let Some(p) = early.ordering.as_mut().and_then(|o| o.before.as_mut()) {
+                p.ended_at = ended.map(str::to_owned);
+            }
+            assert_eq!(said(&early), None, "{ended:?}");
+            assert!(
+                narrate(&early)
+                    .contains("Attempt 3 went 3 min after it was due: meanwhile Herald held it"),
+                "{}",
+                narrate(&early)
+            );
+        }
+        assert!(
+            !narrate(&e).contains("meanwhile Herald held it"),
+            "one reason, not two: {}",
+            narrate(&e)
+        );
         // On time, or a replayed series (due at its replay): not said.
         let mut on_time = e.clone();
         on_time.attempt_timeline[0].started_at = "2026-12-01T10:00:01.000000Z".into();

@@ -138,6 +138,10 @@ pub struct PlaceBefore {
     pub released_at: Option<String>,
     /// Who skipped it (`None`: the `skip` policy, or not skipped).
     pub skipped_by: Option<String>,
+    /// When it stopped holding the key: its release, else when it reached a final state
+    /// (`delivered`, `canceled`, `expired`); `None` while it holds the key.
+    #[schema(format = DateTime)]
+    pub ended_at: Option<String>,
 }
 
 impl OrderingFacts {

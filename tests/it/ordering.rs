@@ -449,6 +449,7 @@ async fn an_explicit_skip_or_a_cancel_releases_a_blocked_key(backend: Backend) {
         "{e}"
     );
     assert!(before["released_at"].is_string(), "{e}");
+    assert_eq!(before["ended_at"], before["released_at"], "{e}");
     assert_eq!(app.explain("x.1").await["ordering"]["before"], Value::Null);
     assert_eq!(app.message("x.3").await["blocked_by"], "x.2");
     // A canceled message waits for nothing: no longer blocked by anyone.
