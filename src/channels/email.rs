@@ -744,6 +744,9 @@ impl EmailChannel {
 
     pub async fn send(&self, row: &Outgoing<'_>) -> SendReport {
         let now = self.clock.now();
+        // Timed from `now`, not from after the build (a DKIM signature takes a while): the
+        // answer's time, which a pause runs from, is then never earlier than the answer.
+        let started = std::time::Instant::now();
         let message = match build_message(row, &self.from, &self.domain, &self.options) {
             Ok(m) => m,
             Err(e) => {
@@ -755,7 +758,6 @@ impl EmailChannel {
                 );
             }
         };
-        let started = std::time::Instant::now();
         let mut report = match &self.transport {
             EmailTransport::Directory(dir) => {
                 write_eml(dir, row.event_id, &self.domain, &message.formatted(), now).await

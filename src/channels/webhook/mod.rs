@@ -416,6 +416,11 @@ impl WebhookChannel {
     /// a [`SendReport`].
     pub async fn send(&self, row: &Outgoing<'_>) -> SendReport {
         let now = self.clock.now();
+        // The answer's time is `now` plus the time since `now` was read, not since the request
+        // left: the work between (resolving, signing) and any wait for the CPU counted, a 429's
+        // pause ran from a finish up to several ms earlier than the answer, and the next
+        // message went that much before its Retry-After had passed (CI caught one 7 ms early).
+        let since_now = std::time::Instant::now();
         // An event id beyond ASCII (written by SQL; the API refuses one) cannot travel in
         // `webhook-id` as itself: Python's and Node's HTTP stacks read header bytes as Latin-1,
         // so the official Standard Webhooks and Svix verifiers refused every such request's
@@ -525,7 +530,6 @@ impl WebhookChannel {
                 );
             }
         };
-        let started = std::time::Instant::now();
         let result = self
             .client
             .post(url)
@@ -539,7 +543,7 @@ impl WebhookChannel {
         };
         report.started_at = now;
         report.finished_at =
-            now + chrono::Duration::from_std(started.elapsed()).unwrap_or_default();
+            now + chrono::Duration::from_std(since_now.elapsed()).unwrap_or_default();
         report
     }
 
