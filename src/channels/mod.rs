@@ -68,6 +68,17 @@ impl SendReport {
             excerpt: Some(redact_excerpt(&detail.into())),
         }
     }
+
+    /// Herald's own refusal of what was stored, before any request (a payload it cannot read or
+    /// send, an event id no header can carry): it says nothing of the receiver, so it neither
+    /// counts toward disabling an endpoint nor slows a destination down.
+    pub fn says_nothing_of_the_receiver(&self) -> bool {
+        self.status.is_none()
+            && matches!(
+                self.error_kind.as_deref(),
+                Some("invalid_payload" | webhook::INVALID_EVENT_ID)
+            )
+    }
 }
 
 pub use crate::crypto::install_crypto_provider;

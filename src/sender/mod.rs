@@ -909,14 +909,7 @@ impl Sender {
             decide(facts, policy, report.finished_at.max(now), unit),
             row.expires_at,
         );
-        // Herald's own refusal of what was stored (a payload it cannot read or send, an event id
-        // no header can carry) says nothing of the receiver: it neither counts toward disabling
-        // the endpoint nor slows the destination down.
-        let about_the_receiver = !(report.status.is_none()
-            && matches!(
-                report.error_kind.as_deref(),
-                Some("invalid_payload" | crate::channels::webhook::INVALID_EVENT_ID)
-            ));
+        let about_the_receiver = !report.says_nothing_of_the_receiver();
         if let Some(e) = endpoint.filter(|_| about_the_receiver) {
             self.count_toward_disable(e, report.class, report.finished_at)
                 .await;
