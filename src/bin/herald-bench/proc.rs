@@ -46,6 +46,8 @@ pub struct HeraldProc {
     pub base: String,
     child: Child,
     config: PathBuf,
+    /// `HERALD_MAIL_DIR`: created by Herald; removed with the config when dropped.
+    mail_dir: PathBuf,
 }
 
 /// Configuration shared by every benchmark Herald; `extra` (TOML) is appended.
@@ -83,6 +85,7 @@ impl HeraldProc {
             base: format!("http://{listen}"),
             child,
             config,
+            mail_dir,
         };
         let client = reqwest::Client::new();
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -133,7 +136,6 @@ impl HeraldProc {
             let _ = self.child.kill();
         }
         let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.config);
         Ok(())
     }
 }
@@ -159,5 +161,7 @@ impl Drop for HeraldProc {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+        let _ = std::fs::remove_file(&self.config);
+        let _ = std::fs::remove_dir_all(&self.mail_dir);
     }
 }
