@@ -767,7 +767,7 @@ impl EmailChannel {
                 if bare_line_end(&content).is_some() {
                     return SendReport::refused(
                         AttemptClass::Permanent,
-                        "bare_line_end",
+                        kind::BARE_LINE_END,
                         now,
                         "the built message has a CR or LF outside a CRLF; not sent",
                     );
@@ -2132,6 +2132,8 @@ pub const WRITTEN_TO_FILE_WORDS: &str = "written to the mail directory (no SMTP 
 
 /// The error kinds other parts decide by (the sender's throttle, the support note), named once.
 pub mod kind {
+    /// The built message has a CR or LF outside a CRLF; it is not sent.
+    pub const BARE_LINE_END: &str = "bare_line_end";
     /// Recipients refused at RCPT TO (some, the message went to the others; or all).
     pub const RECIPIENTS_REFUSED: &str = "recipients_refused";
     /// The relay refused Herald's session: its greeting, STARTTLS, TLS, the login, or a `530`

@@ -70,13 +70,19 @@ impl SendReport {
     }
 
     /// Herald's own refusal of what was stored, before any request (a payload it cannot read or
-    /// send, an event id no header can carry): it says nothing of the receiver, so it neither
-    /// counts toward disabling an endpoint nor slows a destination down.
+    /// send, an event id or header no request can carry, an email with a bare line end): it
+    /// says nothing of the receiver, so it neither counts toward disabling an endpoint nor slows
+    /// a destination down.
     pub fn says_nothing_of_the_receiver(&self) -> bool {
         self.status.is_none()
             && matches!(
                 self.error_kind.as_deref(),
-                Some("invalid_payload" | webhook::INVALID_EVENT_ID)
+                Some(
+                    "invalid_payload"
+                        | webhook::INVALID_EVENT_ID
+                        | webhook::INVALID_HEADER
+                        | email::kind::BARE_LINE_END
+                )
             )
     }
 }
@@ -189,5 +195,37 @@ mod tests {
         let e = redact_excerpt("rejected user@example.com card 4111111111111111\r\n ok");
         assert_eq!(e, "rejected [address] card [number] ok");
         assert_eq!(redact_excerpt(&"a".repeat(500)).len(), 200);
+    }
+
+    #[test]
+    fn only_heralds_own_refusals_of_what_is_stored_say_nothing_of_the_receiver() {
+        let at = Utc::now();
+        let own = [
+            "invalid_payload",
+            webhook::INVALID_EVENT_ID,
+            webhook::INVALID_HEADER,
+            email::kind::BARE_LINE_END,
+        ];
+        for kind in own {
+            let r = SendReport::refused(AttemptClass::Permanent, kind, at, "x");
+            assert!(r.says_nothing_of_the_receiver(), "{kind}");
+            let answered = SendReport {
+                status: Some(400),
+                ..r
+            };
+            assert!(
+                !answered.says_nothing_of_the_receiver(),
+                "{kind} with a status"
+            );
+        }
+        for kind in [
+            "connect",
+            "timeout",
+            "refused_destination",
+            "recipients_refused",
+        ] {
+            let r = SendReport::refused(AttemptClass::Transient, kind, at, "x");
+            assert!(!r.says_nothing_of_the_receiver(), "{kind}");
+        }
     }
 }

@@ -239,9 +239,11 @@ pub fn attempt_note(error_kind: Option<&str>, excerpt: Option<&str>) -> Option<S
                 before.is_empty() || before.ends_with("; ") || before.ends_with("every recipient ")
             })
             .map(|i| excerpt[i..].to_owned()),
-        "invalid_payload" | "invalid_event_id" | "bare_line_end" | "unsupported_by_server" => {
-            Some(excerpt.to_owned())
-        }
+        "invalid_payload"
+        | crate::channels::webhook::INVALID_EVENT_ID
+        | crate::channels::webhook::INVALID_HEADER
+        | crate::channels::email::kind::BARE_LINE_END
+        | "unsupported_by_server" => Some(excerpt.to_owned()),
         _ => None,
     }
 }

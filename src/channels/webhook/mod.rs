@@ -425,12 +425,14 @@ impl WebhookChannel {
         // `webhook-id` as itself: Python's and Node's HTTP stacks read header bytes as Latin-1,
         // so the official Standard Webhooks and Svix verifiers refused every such request's
         // signature; and any ASCII spelling of it could also be another event id.
-        if !row.event_id.is_ascii() {
+        // A control character (also written by SQL) cannot travel in a header at all.
+        if !row.event_id.is_ascii() || HeaderValue::from_str(row.event_id).is_err() {
             return SendReport::refused(
                 AttemptClass::Permanent,
                 INVALID_EVENT_ID,
                 now,
-                "its event id is not ASCII, which a webhook-id header cannot carry".to_owned(),
+                "its event id is not printable ASCII, which a webhook-id header cannot carry"
+                    .to_owned(),
             );
         }
         let payload = match WebhookPayload::parse(row.payload) {
@@ -524,7 +526,7 @@ impl WebhookChannel {
             Err(e) => {
                 return SendReport::refused(
                     AttemptClass::Permanent,
-                    "invalid_header",
+                    INVALID_HEADER,
                     now,
                     e.to_string(),
                 );
@@ -690,6 +692,8 @@ pub const REFUSED_DESTINATION: &str = "refused_destination";
 
 /// `error_kind` of a webhook whose event id is not ASCII: no request is made.
 pub const INVALID_EVENT_ID: &str = "invalid_event_id";
+/// A header Herald cannot build from what is stored or configured; no request is made.
+pub const INVALID_HEADER: &str = "invalid_header";
 
 /// A request that got no HTTP answer: did it leave Herald?
 fn error_report(e: &reqwest::Error) -> SendReport {
