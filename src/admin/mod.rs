@@ -136,23 +136,44 @@ fn over_tls(req: &HttpRequest) -> bool {
     )
 }
 
-/// The valid session of a request, if any.
-fn current(req: &HttpRequest, state: &AppState, admin: &AdminState) -> Option<Session> {
+/// The most sessions of one request looked at (each cookie's signature is checked).
+const SESSIONS_PER_REQUEST: usize = 8;
+
+/// The valid session of a request, if any: of its `herald_admin` cookies, the first whose
+/// signature, expiry and token binding hold and whose session was not signed out (asked of the
+/// database, so a sign-out in one process counts in every other).
+async fn current(
+    req: &HttpRequest,
+    state: &AppState,
+    admin: &AdminState,
+) -> Result<Option<Session>, Halt> {
     let now = state.clock.now();
-    req.headers()
+    let valid: Vec<Session> = req
+        .headers()
         .get_all(header::COOKIE)
         .filter_map(|v| v.to_str().ok())
         .flat_map(session::from_cookie_header)
-        .find_map(|v| session::verify(&admin.key, &state.tokens, v, now).ok())
+        .filter_map(|v| session::verify(&admin.key, &state.tokens, v, now).ok())
+        .take(SESSIONS_PER_REQUEST)
+        .collect();
+    if valid.is_empty() {
+        return Ok(None);
+    }
+    let ids: Vec<String> = valid.iter().map(|s| s.id.clone()).collect();
+    let db = state.db.clone();
+    let signed_out = blocking(None, move || db.signed_out(&ids)).await?;
+    Ok(valid.into_iter().find(|s| !signed_out.contains(&s.id)))
 }
 
 /// A `GET` page's session, or the redirect to sign in.
-fn for_page(
+async fn for_page(
     req: &HttpRequest,
     state: &AppState,
     admin: &AdminState,
 ) -> Result<(Session, String), Halt> {
-    let s = current(req, state, admin).ok_or_else(|| Box::new(see_other("/admin/sign-in")))?;
+    let s = current(req, state, admin)
+        .await?
+        .ok_or_else(|| Box::new(see_other("/admin/sign-in")))?;
     let csrf = session::csrf_token(&admin.key, &s);
     Ok((s, csrf))
 }
@@ -162,14 +183,14 @@ fn refuse(status: StatusCode, title: &str, detail: &str) -> Halt {
 }
 
 /// A `POST`'s checks, in order: from this site (403), a session (401), its CSRF token (403).
-fn for_action(
+async fn for_action(
     req: &HttpRequest,
     state: &AppState,
     admin: &AdminState,
     form: &Form,
 ) -> Result<(Session, String), Halt> {
     same_site(req)?;
-    let s = current(req, state, admin).ok_or_else(|| {
+    let s = current(req, state, admin).await?.ok_or_else(|| {
         refuse(
             StatusCode::UNAUTHORIZED,
             "Signed out",
@@ -308,7 +329,7 @@ async fn not_found(
     state: web::Data<AppState>,
     admin: web::Data<AdminState>,
 ) -> HttpResponse {
-    let (s, csrf) = tri!(for_page(&req, &state, &admin));
+    let (s, csrf) = tri!(for_page(&req, &state, &admin).await);
     let viewer = Viewer {
         who: &s.principal,
         csrf: &csrf,
@@ -371,7 +392,21 @@ async fn sign_out(
     payload: web::Payload,
 ) -> HttpResponse {
     let form = tri!(read_form(&state, payload).await);
-    let (s, _) = tri!(for_action(&req, &state, &admin, &form));
+    let (s, csrf) = tri!(for_action(&req, &state, &admin, &form).await);
+    // Stored before the cookie is cleared: a copy of the cookie taken before is refused by every
+    // process from now on. If the database does not answer, the session stays (and says so).
+    let viewer = Viewer {
+        who: &s.principal,
+        csrf: &csrf,
+        typed_reason: None,
+    };
+    let db = state.db.clone();
+    let (id, expires_at, now) = (s.id.clone(), s.expires_at, state.clock.now());
+    tri!(
+        blocking(Some(&viewer), move || db
+            .record_sign_out(&id, expires_at, now))
+        .await
+    );
     tracing::info!(token = %s.principal.name, "admin sign-out");
     let mut r = see_other("/admin/sign-in");
     if let Ok(v) = HeaderValue::from_str(&session::clear_cookie(over_tls(&req))) {
@@ -385,7 +420,7 @@ async fn home(
     state: web::Data<AppState>,
     admin: web::Data<AdminState>,
 ) -> HttpResponse {
-    let (s, csrf) = tri!(for_page(&req, &state, &admin));
+    let (s, csrf) = tri!(for_page(&req, &state, &admin).await);
     let viewer = Viewer {
         who: &s.principal,
         csrf: &csrf,
@@ -409,7 +444,7 @@ async fn search(
     state: web::Data<AppState>,
     admin: web::Data<AdminState>,
 ) -> HttpResponse {
-    let (s, csrf) = tri!(for_page(&req, &state, &admin));
+    let (s, csrf) = tri!(for_page(&req, &state, &admin).await);
     let viewer = Viewer {
         who: &s.principal,
         csrf: &csrf,
@@ -495,7 +530,7 @@ async fn message(
     state: web::Data<AppState>,
     admin: web::Data<AdminState>,
 ) -> HttpResponse {
-    let (s, csrf) = tri!(for_page(&req, &state, &admin));
+    let (s, csrf) = tri!(for_page(&req, &state, &admin).await);
     let viewer = Viewer {
         who: &s.principal,
         csrf: &csrf,
@@ -514,7 +549,7 @@ async fn replay(
     payload: web::Payload,
 ) -> HttpResponse {
     let form = tri!(read_form(&state, payload).await);
-    let (s, csrf) = tri!(for_action(&req, &state, &admin, &form));
+    let (s, csrf) = tri!(for_action(&req, &state, &admin, &form).await);
     let viewer = Viewer {
         who: &s.principal,
         csrf: &csrf,
@@ -667,7 +702,7 @@ async fn dead_letters(
     state: web::Data<AppState>,
     admin: web::Data<AdminState>,
 ) -> HttpResponse {
-    let (s, csrf) = tri!(for_page(&req, &state, &admin));
+    let (s, csrf) = tri!(for_page(&req, &state, &admin).await);
     let viewer = Viewer {
         who: &s.principal,
         csrf: &csrf,

@@ -6,7 +6,8 @@
 //! token. Every request re-checks the binding against the tokens configured *now*, so removing
 //! or replacing a token (or changing its scope) ends its sessions at once. The CSRF token of a
 //! session is an HMAC of its id under the same key: nothing to store, and no other session's
-//! token fits. All of it is pure: the caller passes the time.
+//! token fits. All of it is pure: the caller passes the time. A sign-out is the one thing
+//! stored (`herald_admin_signouts`, by session id): the caller asks it after [`verify`].
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;

@@ -118,6 +118,33 @@ per_backend! {
             .limit(limit)
             .load(conn)
     }
+
+    /// Stores a sign-out until the session would have expired, and removes the sign-outs of
+    /// sessions expired by `now` (they are refused by their expiry already).
+    pub fn record_sign_out(
+        conn: &mut Conn,
+        session_id: &str,
+        expires_at: chrono::DateTime<chrono::Utc>,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> QueryResult<()> {
+        use self::schema::herald_admin_signouts as so;
+        diesel::delete(so::table.filter(so::expires_at.lt(now))).execute(conn)?;
+        diesel::insert_into(so::table)
+            .values((so::session_id.eq(session_id), so::expires_at.eq(expires_at)))
+            .on_conflict(so::session_id)
+            .do_nothing()
+            .execute(conn)?;
+        Ok(())
+    }
+
+    /// Which of these session ids were signed out.
+    pub fn signed_out(conn: &mut Conn, session_ids: &[String]) -> QueryResult<Vec<String>> {
+        use self::schema::herald_admin_signouts as so;
+        so::table
+            .filter(so::session_id.eq_any(session_ids))
+            .select(so::session_id)
+            .load(conn)
+    }
 }
 
 /// PostgreSQL: attempts started since `since`, by hour and class.
@@ -158,6 +185,21 @@ impl Db {
         limit: i64,
     ) -> Result<Vec<MessageSummary>, StorageError> {
         crate::storage::db_run! { self, read |c, q| Ok(q::admin_dead_letters(c, filter, limit)?) }
+    }
+
+    /// Records an admin session's sign-out (see `herald_admin_signouts`).
+    pub fn record_sign_out(
+        &self,
+        session_id: &str,
+        expires_at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<(), StorageError> {
+        crate::storage::db_run! { self, write |c, q| Ok(q::record_sign_out(c, session_id, expires_at, now)?) }
+    }
+
+    /// Which of these admin session ids were signed out.
+    pub fn signed_out(&self, session_ids: &[String]) -> Result<Vec<String>, StorageError> {
+        crate::storage::db_run! { self, read |c, q| Ok(q::signed_out(c, session_ids)?) }
     }
 
     /// Attempts started since `since`, counted by hour and class.

@@ -1,6 +1,13 @@
 // @generated automatically by Diesel CLI.
 
 diesel::table! {
+    herald_admin_signouts (session_id) {
+        session_id -> Text,
+        expires_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
     herald_attempts (id) {
         id -> Int8,
         message_id -> Int8,
@@ -189,6 +196,7 @@ diesel::joinable!(herald_replays -> herald_outbox (message_id));
 diesel::joinable!(herald_skips -> herald_outbox (message_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
+    herald_admin_signouts,
     herald_attempts,
     herald_endpoints,
     herald_fanouts,

@@ -123,6 +123,92 @@ async fn sessions_expire_and_every_process_on_the_database_accepts_them(backend:
     app.stop().await;
 }
 
+/// The session id a cookie carries (the last field of its signed payload).
+fn session_id(cookie: &str) -> String {
+    use base64::Engine;
+    let value = cookie.split_once('=').unwrap().1;
+    let payload = value.split('.').next().unwrap();
+    let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload)
+        .unwrap();
+    let payload = String::from_utf8(payload).unwrap();
+    payload.rsplit('|').next().unwrap().to_owned()
+}
+
+/// Signs out the session of `cookie` from the page's own form.
+async fn sign_out(app: &crate::support::app::TestApp, cookie: &str) -> reqwest::Response {
+    let page = get(app, "/admin", Some(cookie)).await.text().await.unwrap();
+    post(
+        app,
+        "/admin/sign-out",
+        Some(cookie),
+        &[("csrf", &csrf_of(&page))],
+    )
+    .await
+}
+
+/// "Sign out" ends the session for good, in every process on the database: a copy of the cookie
+/// taken before is refused (it was valid for the rest of its 8 hours: the cookie is stateless),
+/// other sessions of the same token go on, and stored sign-outs go when their session would
+/// have expired. If the sign-out cannot be stored, the session stays and the page says so.
+async fn a_sign_out_ends_the_session_everywhere(backend: Backend) {
+    let app = spawn(backend).await;
+    let other = spawn_on(
+        TestDb::attach(&app.test_db.url, backend),
+        &crate::support::admin::tokens_toml(),
+    )
+    .await;
+    let (first, second) = (session(&app, DESK).await, session(&app, DESK).await);
+    assert_eq!(get(&other, "/admin", Some(&first)).await.status(), 200);
+    let r = sign_out(&app, &first).await;
+    assert_eq!(r.status(), 303);
+    assert!(session_cookie(&r).1.contains("Max-Age=0"));
+    for h in [&app, &other] {
+        let r = get(h, "/admin", Some(&first)).await;
+        assert_eq!(r.status(), 303, "a copy of the signed-out cookie");
+        assert_eq!(location(&r), "/admin/sign-in");
+        let r = post(h, "/admin/sign-out", Some(&first), &[("csrf", "x")]).await;
+        assert_eq!(r.status(), 401);
+        assert_eq!(get(h, "/admin", Some(&second)).await.status(), 200);
+        // Of two cookies, the signed-out one does not hide the other.
+        let both = format!("{first}; {second}");
+        assert_eq!(get(h, "/admin", Some(&both)).await.status(), 200);
+    }
+    // After its 8 hours, the first session's sign-out is removed by the next sign-out.
+    app.advance(Duration::from_secs(8 * 3600 + 60));
+    let third = session(&app, DESK).await;
+    assert_eq!(sign_out(&app, &third).await.status(), 303);
+    let ids = vec![session_id(&first), session_id(&second), session_id(&third)];
+    assert_eq!(app.db.signed_out(&ids).unwrap(), vec![ids[2].clone()]);
+    assert_eq!(get(&app, "/admin", Some(&third)).await.status(), 303);
+
+    // A sign-out the database cannot store: 503, the cookie is kept and still signs in.
+    let fourth = session(&app, DESK).await;
+    let page = get(&app, "/admin", Some(&fourth))
+        .await
+        .text()
+        .await
+        .unwrap();
+    app.raw_sql("ALTER TABLE herald_admin_signouts RENAME TO herald_admin_signouts_away");
+    let r = post(
+        &app,
+        "/admin/sign-out",
+        Some(&fourth),
+        &[("csrf", &csrf_of(&page))],
+    )
+    .await;
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().get("set-cookie").is_none());
+    assert!(
+        r.text().await.unwrap().contains("Database unavailable"),
+        "says why"
+    );
+    app.raw_sql("ALTER TABLE herald_admin_signouts_away RENAME TO herald_admin_signouts");
+    assert_eq!(get(&app, "/admin", Some(&fourth)).await.status(), 200);
+    other.stop().await;
+    app.stop().await;
+}
+
 async fn actions_need_this_site_a_session_and_its_csrf_token(backend: Backend) {
     let app = spawn(backend).await;
     let (story, _rx) = story(&app).await;
@@ -654,6 +740,7 @@ async fn an_expired_message_is_replayed_from_its_page(backend: Backend) {
 }
 
 both_backends!(
+    a_sign_out_ends_the_session_everywhere,
     an_expired_message_is_replayed_from_its_page,
     search_by_a_fan_outs_event_id_lists_its_children,
     sign_in_takes_support_or_admin_tokens_and_sets_a_strict_cookie,

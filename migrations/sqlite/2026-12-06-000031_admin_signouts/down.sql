@@ -1,0 +1,1 @@
+DROP TABLE herald_admin_signouts;
