@@ -1149,9 +1149,28 @@ fn ses_message_id(reply: &str) -> Option<String> {
 
 /// Whether the relay sent a line that is no SMTP reply (lettre's response error), rather than
 /// ending the connection before a whole reply came (also a response error in lettre, whose
-/// words for it are fixed: "incomplete response").
+/// words for it are fixed: "incomplete response"); or a whole line that is not UTF-8
+/// ([`is_undecodable`]).
 fn is_garbled(e: &lettre::transport::smtp::Error) -> bool {
-    e.is_response() && !e.to_string().contains("incomplete response")
+    (e.is_response() && !e.to_string().contains("incomplete response")) || is_undecodable(e)
+}
+
+/// A reply line that is not UTF-8 (`250 … f\xfcr …` from a relay writing Latin-1): lettre reads
+/// replies as text, and the `read_line` of futures-util it uses fails it as an I/O error
+/// (`InvalidData`, its fixed words "stream did not contain valid UTF-8") once the whole line is
+/// in, its bytes consumed. The reply, and its code, cannot be
+/// known: it is a reply that could not be read, not a lost connection; and no reply more is
+/// coming for it (a walk-through saw the pipelined path wait out the timeout for one).
+fn is_undecodable(e: &lettre::transport::smtp::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return io.kind() == std::io::ErrorKind::InvalidData
+                && io.to_string().contains("valid UTF-8");
+        }
+        source = s.source();
+    }
+    false
 }
 
 impl SmtpFailure {
@@ -2006,7 +2025,7 @@ async fn transmit_chunked(
     let lost = loop {
         match next {
             Err(e) if e.status().is_none() => {
-                if drained || e.is_response() {
+                if drained || e.is_response() || is_undecodable(&e) {
                     break Some(e);
                 }
                 drained = true;

@@ -240,6 +240,56 @@ async fn smtp_stall_or_drop_after_data_is_ambiguous(backend: Backend) {
     app.stop().await;
 }
 
+/// A reply that is not UTF-8 (a relay writing Latin-1) cannot be read (lettre reads replies as
+/// text): it is an unparsable reply, not a lost connection, and no other reply is waited for (a
+/// walk-through saw the pipelined path wait out the timeout for one, and retry a message the
+/// relay had taken: three copies). At RCPT TO it is not sent; after the content (or with the
+/// content pipelined behind it) ambiguous, as a garbled reply is.
+async fn smtp_a_reply_that_is_not_utf8_is_unparsable(backend: Backend) {
+    let sink = SmtpSink::start().await;
+    let app = smtp_app(backend, &sink, "smtp_timeout_ms = 800\n").await;
+    for (id, to, semantics) in [
+        ("latin1-amo", "latin1@example.com", "at_most_once"),
+        ("latin1-alo", "latin1@example.com", "at_least_once"),
+        ("rcptlatin1-amo", "rcptlatin1@example.com", "at_most_once"),
+        ("rcptlatin1-alo", "rcptlatin1@example.com", "at_least_once"),
+    ] {
+        post_mail(&app, id, to, None, semantics).await;
+    }
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 4);
+    let expect = [
+        // DATA, then the content: its reply unread.
+        ("latin1-amo", "unconfirmed", "ambiguous", "unparsable_reply"),
+        // BDAT: the envelope and the content in one write, every reply read in turn.
+        ("latin1-alo", "retryable", "ambiguous", "unparsable_reply"),
+        // DATA: the refusal of the only recipient unread, nothing sent.
+        (
+            "rcptlatin1-amo",
+            "retryable",
+            "not_sent",
+            "unparsable_reply_before_data",
+        ),
+        // BDAT: the content went behind the unread refusal.
+        (
+            "rcptlatin1-alo",
+            "retryable",
+            "ambiguous",
+            "unparsable_reply",
+        ),
+    ];
+    for (id, want_state, want_class, want_kind) in expect {
+        let (state, last, class, kind) = outcome(&app, id).await;
+        assert_eq!(
+            (state.as_str(), last.as_str(), class.as_str()),
+            (want_state, want_class, want_class),
+            "{id}"
+        );
+        assert_eq!(kind.as_deref(), Some(want_kind), "{id}");
+    }
+    assert_eq!(sink.accepted().len(), 2, "both latin1@ messages were taken");
+    app.stop().await;
+}
+
 /// Pipelined: a reused connection is checked by an RSET at the head of the envelope's write, no
 /// round trip of its own (RFC 2920 lets RSET stand anywhere in a group; NOOP only at its end:
 /// Postfix logs "improper command pipelining after NOOP" otherwise). Without pipelining, by a
@@ -1651,6 +1701,7 @@ both_backends!(
     smtp_server_that_never_greets_is_not_sent,
     smtp_drop_before_the_envelope_is_not_sent,
     smtp_stall_or_drop_after_data_is_ambiguous,
+    smtp_a_reply_that_is_not_utf8_is_unparsable,
     smtp_connections_are_reused_and_a_closed_one_is_replaced,
     smtp_a_421_that_closes_the_channel_is_transient_and_the_next_send_reconnects,
     smtp_a_421_to_mail_from_is_transient_and_the_next_send_reconnects,

@@ -7,12 +7,14 @@
 //! By each `RCPT TO` address: `rcptNNN@…` (also `rcptNNN-anything@…`) is answered NNN, the
 //! session going on with the next recipient (a 421 closes it); `t421@…` gets 421 while the
 //! session stays open (a server that should close the channel but does not); `slowrcpt@…` is
-//! answered after [`SLOW_RCPT`] (a relay running its RCPT TO checks). Refused recipients are not
+//! answered after [`SLOW_RCPT`] (a relay running its RCPT TO checks); `rcptlatin1@…` gets a 550
+//! in Latin-1 ([`LATIN1_REFUSED`]). Refused recipients are not
 //! part of the envelope the sink records. RCPT TO outside a transaction (before MAIL FROM, or
 //! after RSET or DATA) gets 503, as a real server answers.
 //!
 //! By the first accepted recipient, after the content: `stall@…` no answer, `drop@…` a closed
-//! connection, `garbled@…` a line that is no SMTP reply (`hello there`, the session left open), `dataNNN@…` NNN (`t451@…` and `t550@…` are 451 and 550; `once451@…` 451 the
+//! connection, `garbled@…` a line that is no SMTP reply (`hello there`, the session left open),
+//! `latin1@…` a 250 in Latin-1 ([`LATIN1_QUEUED`], the message kept, the session left open), `dataNNN@…` NNN (`t451@…` and `t550@…` are 451 and 550; `once451@…` 451 the
 //! first time in a sink's life, then 250), `bye@…` 250 and then a
 //! closed connection (a server ending an idle session), `slow@…` 250 after [`SLOW_REPLY`] (a busy
 //! server), `mute@…` 250 and then silence: the session stays open but never answers again (not
@@ -441,6 +443,21 @@ async fn tell(conn: &mut Conn, held: &mut String, hold: bool, line: &str) -> boo
     w.write_all(out.as_bytes()).await.is_ok() && w.flush().await.is_ok()
 }
 
+/// [`tell`] of a reply that is not UTF-8 (a relay writing Latin-1), with what was held before it.
+async fn tell_bytes(conn: &mut Conn, held: &mut String, line: &[u8]) -> bool {
+    let mut out = std::mem::take(held).into_bytes();
+    out.extend_from_slice(line);
+    out.extend_from_slice(b"\r\n");
+    let w = conn.get_mut();
+    w.write_all(&out).await.is_ok() && w.flush().await.is_ok()
+}
+
+/// The answer to a `latin1@…` message: a 250 in Latin-1 (`ü` as the one byte 0xFC).
+pub const LATIN1_QUEUED: &[u8] =
+    b"250 2.0.0 Nachricht angenommen f\xfcr Zustellung: queued as LAT1";
+/// The answer to RCPT TO of a `rcptlatin1@…` recipient: a 550 in Latin-1.
+pub const LATIN1_REFUSED: &[u8] = b"550 5.1.1 Empf\xe4nger unbekannt";
+
 /// The next line, or `None` once the client hung up.
 async fn read_line(conn: &mut Conn) -> Option<String> {
     let mut line = String::new();
@@ -720,6 +737,11 @@ async fn session(
                 "503 5.5.1 need MAIL before RCPT".into()
             } else if to.contains("t421@") {
                 "421 4.4.2 closing the channel".into()
+            } else if to.contains("rcptlatin1@") {
+                if !tell_bytes(&mut conn, &mut held, LATIN1_REFUSED).await {
+                    return;
+                }
+                continue;
             } else if let Some(code) = scripted_code(&to, "rcpt") {
                 if code == 421 {
                     tell(&mut conn, &mut held, false, &scripted_reply(code)).await;
@@ -861,6 +883,19 @@ async fn after_content(
         None
     } else if first.contains("drop@") {
         // The content arrived; hang up before the final reply.
+        None
+    } else if first.contains("latin1@") {
+        // Taken, and said so in Latin-1; the session left open.
+        accepted.lock().unwrap().push(Mail {
+            rcpt: first,
+            rcpts,
+            mail_from,
+            data,
+            tls,
+        });
+        count.send_modify(|c| *c += 1);
+        tell_bytes(conn, held, LATIN1_QUEUED).await;
+        ignore_the_rest(conn).await;
         None
     } else if first.contains("garbled@") {
         // A broken relay: no SMTP reply at all, the session left open.
