@@ -52,8 +52,14 @@ fn parse_error(path: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
         .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
         .unwrap_or(0);
     // serde's words for the numbers the file takes, in the README's; a string it quotes is the
-    // value written, which may be a secret: not shown.
+    // value written, which may be a secret: not shown. Nor is a number or a boolean it shows in
+    // backticks where the key may hold a secret (`smtp_password = 73310042` was shown), or where
+    // the line names no key of Herald's.
+    let key = key_on_line(text, line);
     let mut message = mask_quoted(e.message());
+    if key.as_deref().is_none_or(may_hold_a_secret) {
+        message = mask_backticked(&message);
+    }
     for (t, max) in [
         ("u8", u64::from(u8::MAX)),
         ("u16", u64::from(u16::MAX)),
@@ -70,9 +76,45 @@ fn parse_error(path: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
     ConfigError::Parse {
         path: path.to_owned(),
         line,
-        key: key_on_line(text, line),
+        key,
         message,
     }
+}
+
+/// Whether a file key (`table.key`) holds, or may hold, a secret: its value is never shown.
+fn may_hold_a_secret(key: &str) -> bool {
+    let last = key.rsplit('.').next().unwrap_or(key);
+    matches!(
+        last,
+        "database_url"
+            | "webhook_secret"
+            | "api_token"
+            | "smtp_url"
+            | "smtp_username"
+            | "smtp_password"
+            | "secret"
+            | "secrets"
+            | "password"
+            | "username"
+            | "bearer"
+            | "basic"
+            | "auth"
+            | "credentials"
+            | "sha256"
+    )
+}
+
+/// `text` with every part in backticks (serde's way of showing a number, a boolean or a
+/// character it did not expect) replaced by `` `…` ``.
+fn mask_backticked(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for (i, part) in text.split('`').enumerate() {
+        if i > 0 {
+            out.push('`');
+        }
+        out.push_str(if i % 2 == 1 { "…" } else { part });
+    }
+    out
 }
 
 /// The key written on line `line` (1-based) of a TOML text, under the table it is in
@@ -1909,6 +1951,29 @@ mod tests {
             err.contains("line 1 (retry_max_attempts): invalid type: string \"…\""),
             "{err}"
         );
+        // Nor a number or a boolean written as a secret (a PIN as a password was shown), in a
+        // table, an inline table or an array; a number elsewhere is shown, as above.
+        for (toml, secret) in [
+            ("smtp_password = 73310042\n", "73310042"),
+            ("api_token = 1234567890123456789.5\n", "123456789"),
+            ("webhook_secret = true\n", "true"),
+            (
+                "[sources.pm]\nscheme = \"postmark\"\nusername = \"u\"\npassword = 55501234\n",
+                "55501234",
+            ),
+            (
+                "[endpoints.e]\nurl = \"https://a.example/h\"\nauth = { bearer = 86753091 }\n",
+                "86753091",
+            ),
+            (
+                "[sources.x]\nscheme = \"hmac\"\nsecrets = [\n  24681357\n]\n",
+                "24681357",
+            ),
+        ] {
+            let err = Settings::from_toml(toml).unwrap_err().to_string();
+            assert!(!err.contains(secret), "{toml}: {err}");
+            assert!(err.contains("`…`"), "{toml}: {err}");
+        }
         let err = Settings::from_toml(
             "[sources.x]\nscheme = \"hmac\"\nsecrets = [\n  \"c2VjcmV0LWtleQ==\" \"next\"\n]\n",
         )
