@@ -242,29 +242,44 @@ pub fn explain(
     let budget = recorded.unwrap_or(policies.of(&row.destination).max_attempts);
     let mut e = Explanation::facts(&row, &attempts, &receipts, &replays, budget);
     e.ordering = view::OrderingFacts::new(&row, head.as_ref());
+    // Its last explicit skip, from the audit: a replay since has cleared the release (the
+    // message took its place again), and the skip is still what happened (a walk-through saw it
+    // vanish from the explanation once the skipped message was replayed).
     if let Some(o) = e.ordering.as_mut()
-        && o.released_at.is_some()
         && let Some(skip) = db.skips_of(row.id)?.pop()
     {
         o.skipped_by = Some(skip.who);
         o.skip_reason = Some(view::mask_free_text(&skip.reason));
+        o.skipped_at = Some(view::ts(&skip.skipped_at));
     }
     if let Some(o) = e.ordering.as_mut()
         && let Some(p) = db.key_predecessor(&row)?
     {
-        let skipped_by = match p.ordering_released_at {
-            Some(_) => db.skips_of(p.id)?.pop().map(|s| s.who),
-            None => None,
-        };
-        let ended = p.ordering_released_at.or(matches!(
-            p.state,
-            State::Delivered | State::Canceled | State::Expired
-        )
-        .then_some(p.updated_at));
+        // When it first stopped holding the key: its first explicit skip (a replay since clears
+        // the release it made), its release now, or the final state it reached.
+        let first_skip = db.skips_of(p.id)?.into_iter().next();
+        let released = [
+            first_skip.as_ref().map(|s| s.skipped_at),
+            p.ordering_released_at,
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let skipped_by = first_skip
+            .filter(|s| Some(s.skipped_at) == released)
+            .map(|s| s.who);
+        let ended = [
+            released,
+            matches!(p.state, State::Delivered | State::Canceled | State::Expired)
+                .then_some(p.updated_at),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         o.before = Some(view::PlaceBefore {
             event_id: p.event_id,
             state: p.state,
-            released_at: p.ordering_released_at.as_ref().map(view::ts),
+            released_at: released.as_ref().map(view::ts),
             skipped_by,
             ended_at: ended.as_ref().map(view::ts),
         });

@@ -172,11 +172,18 @@ fn ordering_sentence(e: &Explanation, o: &OrderingFacts) -> String {
             o.key
         );
     }
+    let skipped = |o: &OrderingFacts| match (&o.skipped_by, &o.skip_reason) {
+        (Some(who), Some(why)) => format!("skipped by {who}: \u{201c}{why}\u{201d}"),
+        (Some(who), None) => format!("skipped by {who}"),
+        _ => "skip".to_owned(),
+    };
     if let Some(at) = &o.released_at {
-        let by = match (&o.skipped_by, &o.skip_reason) {
-            (Some(who), Some(why)) => format!("skipped by {who}: \u{201c}{why}\u{201d}"),
-            (Some(who), None) => format!("skipped by {who}"),
-            _ => "skip".to_owned(),
+        // The skip that released it, or the `skip` policy (a skip of its own before a replay
+        // is another release).
+        let by = if o.skipped_at.as_ref() == Some(at) {
+            skipped(o)
+        } else {
+            "skip".to_owned()
         };
         return format!(
             "It no longer holds ordering key {}{place}: it was released at {at} ({by}), so the \
@@ -184,6 +191,21 @@ fn ordering_sentence(e: &Explanation, o: &OrderingFacts) -> String {
             o.key
         );
     }
+    // Skipped, then replayed: it took its place in the key again.
+    let before = match &o.skipped_at {
+        Some(at) => format!(
+            "It was released from ordering key {} at {at} ({}), so the key's later messages went \
+             on, and replayed since. ",
+            o.key,
+            skipped(o)
+        ),
+        None => String::new(),
+    };
+    before + &place_sentence(e, o, &place)
+}
+
+/// Where a keyed message that does not block its key, and was not released from it, stands.
+fn place_sentence(e: &Explanation, o: &OrderingFacts, place: &str) -> String {
     if o.head.as_deref() == Some(e.event_id.as_str()) {
         return if matches!(e.state, State::DeadLetter | State::Unconfirmed) {
             format!(
@@ -917,6 +939,7 @@ mod tests {
             released_at: None,
             skipped_by: None,
             skip_reason: None,
+            skipped_at: None,
             before: None,
         });
     }
@@ -947,14 +970,37 @@ mod tests {
             o.released_at = Some("2026-12-01T10:06:00.000000Z".into());
         }
         assert!(narrate(&e).contains("released at 2026-12-01T10:06:00.000000Z (skip)"));
+        // A skip before (then replayed) is not this release's.
         if let Some(o) = e.ordering.as_mut() {
             o.skipped_by = Some("desk".into());
             o.skip_reason = Some("order voided".into());
+            o.skipped_at = Some("2026-12-01T10:01:00.000000Z".into());
+        }
+        assert!(narrate(&e).contains("released at 2026-12-01T10:06:00.000000Z (skip)"));
+        if let Some(o) = e.ordering.as_mut() {
+            o.skipped_at = o.released_at.clone();
         }
         assert!(
             narrate(&e).contains(
                 "released at 2026-12-01T10:06:00.000000Z (skipped by desk: \u{201c}order voided\u{201d})"
             )
+        );
+        // Skipped, then replayed and delivered: the skip is still told.
+        let mut e = base(State::Delivered);
+        keyed(&mut e, "x", State::Sending, false);
+        if let Some(o) = e.ordering.as_mut() {
+            o.skipped_by = Some("desk".into());
+            o.skip_reason = Some("order voided".into());
+            o.skipped_at = Some("2026-12-01T10:01:00.000000Z".into());
+        }
+        assert!(
+            narrate(&e).ends_with(
+                "It was released from ordering key order-1 at 2026-12-01T10:01:00.000000Z \
+                 (skipped by desk: \u{201c}order voided\u{201d}), so the key's later messages \
+                 went on, and replayed since. It is in ordering key order-1 (place 2)."
+            ),
+            "{}",
+            narrate(&e)
         );
         let mut e = base(State::Delivered);
         keyed(&mut e, "x", State::Sending, false);

@@ -116,14 +116,18 @@ pub struct OrderingFacts {
     /// The dead or unconfirmed head that holds the key, when that is another message:
     /// "blocked by {event id}".
     pub blocked_by: Option<String>,
-    /// When this dead or unconfirmed message stopped holding its key (skip).
+    /// When this dead or unconfirmed message stopped holding its key (skip); `None` while it
+    /// holds it, also after a replay put it back in its place.
     #[schema(format = DateTime)]
     pub released_at: Option<String>,
-    /// Who skipped it explicitly (`herald skip`, `POST …/skip`), and why; `None` when its key
-    /// was released by the `skip` head-of-line policy.
+    /// Who last skipped it explicitly (`herald skip`, `POST …/skip`), and why and when — also
+    /// after a replay since; `None` when it never was (a release by the `skip` head-of-line
+    /// policy has no one: `released_at` without `skipped_at`, or a different one).
     pub skipped_by: Option<String>,
     /// Why it was skipped, as the person wrote it (an address in it masked).
     pub skip_reason: Option<String>,
+    #[schema(format = DateTime)]
+    pub skipped_at: Option<String>,
     /// The place just before it in its key, as it is now: what it waited behind.
     pub before: Option<PlaceBefore>,
 }
@@ -133,13 +137,15 @@ pub struct OrderingFacts {
 pub struct PlaceBefore {
     pub event_id: String,
     pub state: State,
-    /// When it stopped holding the key while dead or unconfirmed (skip), if it did.
+    /// When it first stopped holding the key while dead or unconfirmed (skip), if it did — also
+    /// when a replay has put it back in its place since.
     #[schema(format = DateTime)]
     pub released_at: Option<String>,
-    /// Who skipped it (`None`: the `skip` policy, or not skipped).
+    /// Who skipped it then (`None`: the `skip` policy, or not skipped).
     pub skipped_by: Option<String>,
-    /// When it stopped holding the key: its release, else when it reached a final state
-    /// (`delivered`, `canceled`, `expired`); `None` while it holds the key.
+    /// When it first stopped holding the key: its first release (an explicit skip is kept when a
+    /// replay has put it back since), else when it reached a final state (`delivered`,
+    /// `canceled`, `expired`); `None` while it holds the key and never stopped.
     #[schema(format = DateTime)]
     pub ended_at: Option<String>,
 }
@@ -158,6 +164,7 @@ impl OrderingFacts {
             released_at: row.ordering_released_at.as_ref().map(ts),
             skipped_by: None,
             skip_reason: None,
+            skipped_at: None,
             before: None,
         })
     }
