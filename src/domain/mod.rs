@@ -214,6 +214,119 @@ pub fn integers_beyond_64_bits(body: &[u8]) -> Vec<String> {
     found
 }
 
+/// The keys given more than once in one object of the JSON text `body`, as the places they
+/// stand in (`event_id`, `payload.body.a[0].b`), at most `limit`. A parser keeps the last of
+/// them and another may keep the first (a proxy reading `event_id`, say), and a body sent on
+/// would lose one without a word: refused, naming it. Empty for a text that is not JSON (the
+/// parser names that).
+pub fn duplicate_keys(body: &[u8], limit: usize) -> Vec<String> {
+    use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+
+    struct Walk<'a> {
+        path: &'a mut String,
+        found: &'a mut Vec<String>,
+        limit: usize,
+    }
+
+    impl Walk<'_> {
+        fn under(&mut self, segment: std::fmt::Arguments<'_>) -> (Walk<'_>, usize) {
+            let at = self.path.len();
+            use std::fmt::Write;
+            let _ = self.path.write_fmt(segment);
+            (
+                Walk {
+                    path: self.path,
+                    found: self.found,
+                    limit: self.limit,
+                },
+                at,
+            )
+        }
+    }
+
+    impl<'de> DeserializeSeed<'de> for Walk<'_> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Walk<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("JSON")
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_str<E>(self, _: &str) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
+            let mut n = 0usize;
+            loop {
+                let (walk, at) = self.under(format_args!("[{n}]"));
+                let more = seq.next_element_seed(walk)?.is_some();
+                self.path.truncate(at);
+                if !more {
+                    return Ok(());
+                }
+                n += 1;
+            }
+        }
+        fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<(), A::Error> {
+            let mut seen = std::collections::HashSet::new();
+            while let Some(key) = map.next_key::<String>()? {
+                let dot = if self.path.is_empty() { "" } else { "." };
+                let (walk, at) = self.under(format_args!("{dot}{key}"));
+                if !seen.insert(key)
+                    && walk.found.len() < walk.limit
+                    && !walk.found.contains(walk.path)
+                {
+                    walk.found.push(walk.path.clone());
+                }
+                map.next_value_seed(walk)?;
+                self.path.truncate(at);
+            }
+            Ok(())
+        }
+    }
+
+    let (mut path, mut found) = (String::new(), Vec::new());
+    let mut d = serde_json::Deserializer::from_slice(body);
+    let walk = Walk {
+        path: &mut path,
+        found: &mut found,
+        limit,
+    };
+    if walk.deserialize(&mut d).is_err() {
+        return Vec::new();
+    }
+    found
+}
+
+/// [`duplicate_keys`] (at most 10) as refusals naming each.
+pub fn keys_given_twice(body: &[u8]) -> Vec<InvalidField> {
+    duplicate_keys(body, 10)
+        .into_iter()
+        .map(|field| {
+            InvalidField::new(field, "is given more than once in its object; give it once")
+        })
+        .collect()
+}
+
 /// The stable operation key of a message: unique in the outbox, sent with every request.
 ///
 /// 1 to 255 visible ASCII characters, so it can travel in an HTTP header and an email header.
@@ -444,6 +557,26 @@ contract_enum!(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn keys_given_twice_are_named_where_they_stand() {
+        let dup = |body: &str| super::duplicate_keys(body.as_bytes(), 10);
+        assert_eq!(dup(r#"{"event_id":"a","event_id":"b"}"#), ["event_id"]);
+        assert_eq!(
+            dup(r#"{"payload":{"body":{"a":[{"b":1,"c":2,"b":3}]}},"x":{"y":1}}"#),
+            ["payload.body.a[0].b"]
+        );
+        // Thrice is named once; the same key in two objects is no repeat.
+        assert_eq!(dup(r#"{"a":1,"a":2,"a":3}"#), ["a"]);
+        assert!(dup(r#"[{"a":1},{"a":2}]"#).is_empty());
+        assert!(dup(r#"{"a":{"a":1}}"#).is_empty());
+        // Keys compare as decoded: an escape is the same key.
+        assert_eq!(dup(r#"{"ab":1,"a\u0062":2}"#), ["ab"]);
+        assert!(dup("not json").is_empty());
+        assert_eq!(
+            super::duplicate_keys(br#"{"a":1,"a":2,"b":1,"b":2}"#, 1),
+            ["a"]
+        );
+    }
 
     #[test]
     fn a_value_json_cannot_hold_is_named_by_its_field() {

@@ -908,13 +908,18 @@ async fn explain_by_event_id(
 /// A body that is not JSON at all: 400 `malformed` naming `body` (what is JSON but wrong is
 /// the parser's 422, naming the field).
 fn json_body(body: &[u8]) -> Result<(), Problem> {
-    serde_json::from_slice::<serde::de::IgnoredAny>(body)
-        .map(|_| ())
-        .map_err(|e| {
-            let mut p = Problem::malformed(format!("{e}"));
-            p.field = Some("body".into());
-            p
-        })
+    serde_json::from_slice::<serde::de::IgnoredAny>(body).map_err(|e| {
+        let mut p = Problem::malformed(format!("{e}"));
+        p.field = Some("body".into());
+        p
+    })?;
+    // A key given twice is refused, as in a message (which of the two counts is ambiguous).
+    let twice = crate::domain::keys_given_twice(body);
+    if twice.is_empty() {
+        Ok(())
+    } else {
+        Err(Problem::invalid(twice))
+    }
 }
 
 async fn replay(
@@ -1356,6 +1361,9 @@ fn parse_message_or_unnamed(
             InvalidField::new(field, why)
         })
         .collect();
+    // A key given twice: the parser kept the last, a proxy may have read the first, and a body
+    // sent on would lose one (found by an input audit: both were taken, the last silently).
+    errors.extend(crate::domain::keys_given_twice(body));
     for k in obj.keys().filter(|k| !MESSAGE_FIELDS.contains(&k.as_str())) {
         errors.push(InvalidField::new(k.clone(), "is not a known field"));
     }

@@ -148,13 +148,50 @@ async fn bad_input_is_refused_with_the_field_and_nothing_is_stored(backend: Back
         ],
         "{p}"
     );
+    // A key given twice (the parser kept the last without a word; a proxy may read the first):
+    // named, in a message and in a support body, and nothing is stored or replayed.
+    for (path, raw, field) in [
+        (
+            "/v1/messages",
+            r#"{"event_id":"b21","event_id":"b22","channel":"webhook","destination":"https://x.example/h","payload":{"body":1}}"#,
+            "event_id",
+        ),
+        (
+            "/v1/messages",
+            r#"{"event_id":"b23","channel":"webhook","destination":"https://x.example/h","payload":{"body":{"a":[{"b":1,"b":2}]}}}"#,
+            "payload.body.a[0].b",
+        ),
+        (
+            "/v1/messages/b1/replay",
+            r#"{"reason":"receiver fixed","reason":"x"}"#,
+            "reason",
+        ),
+    ] {
+        let r = app
+            .http
+            .post(format!("{}{path}", app.base))
+            .header("content-type", "application/json")
+            .body(raw)
+            .send()
+            .await
+            .unwrap();
+        let p = problem(r, 422).await;
+        assert_eq!(p["field"], field, "{raw}: {p}");
+        assert!(
+            p["errors"][0]["message"]
+                .as_str()
+                .unwrap()
+                .contains("more than once"),
+            "{p}"
+        );
+    }
     // An envelope far over the limit is refused before it is read whole.
     let huge = webhook("b14", "https://x.example/h", json!("y".repeat(64 * 1024)));
     let p = problem(app.post_message(huge).await, 413).await;
     assert_eq!(p["status"], 413);
     for id in [
         "b1", "b2", "b3", "b4", "b5", "b6", "b7", "b9", "b10", "b11", "b12", "b14", "b15", "b16",
-        "b17", "b18", "b19", "b20",
+        "b17", "b18", "b19", "b20", "b21", "b22", "b23",
     ] {
         assert!(
             app.db.find_by_event_id(id).unwrap().is_none(),
