@@ -241,9 +241,13 @@ impl Form {
     }
 }
 
-async fn read_form(state: &AppState, payload: web::Payload) -> Result<Form, Halt> {
+async fn read_form(
+    req: &HttpRequest,
+    state: &AppState,
+    payload: web::Payload,
+) -> Result<Form, Halt> {
     use crate::http::BodyError;
-    let body = crate::http::read_limited(payload, FORM_LIMIT, state.body_read_timeout)
+    let body = crate::http::read_limited(req, payload, FORM_LIMIT, state.body_read_timeout)
         .await
         .map_err(|e| match e {
             BodyError::TooLarge => refuse(
@@ -353,7 +357,7 @@ async fn sign_in(
 ) -> HttpResponse {
     // Login CSRF: another site must not sign a browser in with a token of its choosing.
     tri!(same_site(&req));
-    let form = tri!(read_form(&state, payload).await);
+    let form = tri!(read_form(&req, &state, payload).await);
     let refused = |status, why: &str| page(status, pages::sign_in(Some(why)));
     let who = match session::sign_in(&state.tokens, form.get("token").unwrap_or("")) {
         Ok(who) => who,
@@ -391,7 +395,7 @@ async fn sign_out(
     admin: web::Data<AdminState>,
     payload: web::Payload,
 ) -> HttpResponse {
-    let form = tri!(read_form(&state, payload).await);
+    let form = tri!(read_form(&req, &state, payload).await);
     let (s, csrf) = tri!(for_action(&req, &state, &admin, &form).await);
     // Stored before the cookie is cleared: a copy of the cookie taken before is refused by every
     // process from now on. If the database does not answer, the session stays (and says so).
@@ -548,7 +552,7 @@ async fn replay(
     admin: web::Data<AdminState>,
     payload: web::Payload,
 ) -> HttpResponse {
-    let form = tri!(read_form(&state, payload).await);
+    let form = tri!(read_form(&req, &state, payload).await);
     let (s, csrf) = tri!(for_action(&req, &state, &admin, &form).await);
     let viewer = Viewer {
         who: &s.principal,

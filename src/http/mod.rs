@@ -379,11 +379,22 @@ pub enum BodyError {
 /// every route that reads a body, the admin page's forms too. Without the deadline a client that
 /// stopped sending held its connection and buffer for good (on ingest and at the admin sign-in,
 /// without any credential).
+/// A `Content-Length` over the limit is refused at once, before any byte is waited for (a client
+/// declaring 1 GB and sending nothing waited out the deadline for a 408).
 pub async fn read_limited(
+    req: &HttpRequest,
     mut payload: web::Payload,
     limit: usize,
     timeout: std::time::Duration,
 ) -> Result<web::BytesMut, BodyError> {
+    let declared = req
+        .headers()
+        .get(actix_web::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(BodyError::TooLarge);
+    }
     let read = async {
         let mut body = web::BytesMut::new();
         while let Some(chunk) = payload.next().await {
@@ -403,11 +414,12 @@ pub async fn read_limited(
 /// [`read_limited`] within `state.body_read_timeout`, its refusals as problems: 413, 400, or
 /// 408 (whose answer closes the connection).
 async fn read_body(
+    req: &HttpRequest,
     state: &AppState,
     payload: web::Payload,
     limit: usize,
 ) -> Result<web::BytesMut, Problem> {
-    read_limited(payload, limit, state.body_read_timeout)
+    read_limited(req, payload, limit, state.body_read_timeout)
         .await
         .map_err(|e| match e {
             BodyError::TooLarge => Problem::new(
@@ -453,6 +465,7 @@ async fn create_message(
     let who = authorize(&req, &state, Access::Enqueue)?;
     // The payload limit applies to `payload`; the envelope gets some room on top.
     let body = read_body(
+        &req,
         &state,
         payload,
         state.max_payload_bytes.saturating_add(16 * 1024),
@@ -929,7 +942,7 @@ async fn replay(
     payload: web::Payload,
 ) -> Result<HttpResponse, Problem> {
     let who = authorize(&req, &state, Access::Support)?;
-    let body = read_body(&state, payload, SUPPORT_BODY_LIMIT).await?;
+    let body = read_body(&req, &state, payload, SUPPORT_BODY_LIMIT).await?;
     json_body(&body)?;
     let request = support::parse_replay_body(&body).map_err(SupportError::from)?;
     let lookup = lookup.map_err(SupportError::from)?;
@@ -1057,7 +1070,7 @@ async fn redrive_dead_letters(
     payload: web::Payload,
 ) -> Result<HttpResponse, Problem> {
     let who = authorize(&req, &state, Access::Support)?;
-    let body = read_body(&state, payload, SUPPORT_BODY_LIMIT).await?;
+    let body = read_body(&req, &state, payload, SUPPORT_BODY_LIMIT).await?;
     json_body(&body)?;
     let request = support::parse_redrive_body(&body).map_err(SupportError::from)?;
     let db = state.db.clone();
@@ -1094,7 +1107,7 @@ async fn skip_message(
     payload: web::Payload,
 ) -> Result<HttpResponse, Problem> {
     let who = authorize(&req, &state, Access::Support)?;
-    let body = read_body(&state, payload, SUPPORT_BODY_LIMIT).await?;
+    let body = read_body(&req, &state, payload, SUPPORT_BODY_LIMIT).await?;
     json_body(&body)?;
     let request = support::parse_skip_body(&body).map_err(SupportError::from)?;
     let event_id = path.into_inner();
@@ -1237,7 +1250,7 @@ async fn ingest_into(
             "No such receipt source",
         ))
     })?;
-    let body = read_body(state, payload, state.ingest_max_body_bytes)
+    let body = read_body(req, state, payload, state.ingest_max_body_bytes)
         .await
         .map_err(refused)?;
     let headers: Vec<(String, String)> = req
