@@ -841,11 +841,22 @@ pub struct ListRequest {
 }
 
 /// `GET /v1/dead-letters` query pairs: the filter keys, `after` and `limit`; anything else is
-/// named as not known.
+/// named as not known, and so is a key given twice (`limit=1&limit=3` took the last without a
+/// word, found by an input audit).
 pub fn parse_list_query(pairs: &[(String, String)]) -> Result<ListRequest, Vec<InvalidField>> {
     let mut req = ListRequest::default();
     let mut errors = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for (k, v) in pairs {
+        if !seen.insert(k.as_str()) {
+            if !errors.iter().any(|e: &InvalidField| e.field == *k) {
+                errors.push(InvalidField::new(
+                    k.clone(),
+                    "is given more than once; give it once",
+                ));
+            }
+            continue;
+        }
         let r = match k.as_str() {
             "after" => Cursor::decode(v).map(|c| req.after = Some(c)),
             "limit" => parse_limit(v, LIST_MAX).map(|n| req.limit = Some(n)),
@@ -1563,6 +1574,17 @@ mod tests {
             ["class", "limit", "destination", "until", "page", "after"]
         );
         assert_eq!(fields(&[("limit", "0")]), ["limit"]);
+        // Given twice (thrice), named once: which one counts would be a guess.
+        assert_eq!(
+            fields(&[
+                ("limit", "1"),
+                ("class", "permanent"),
+                ("limit", "3"),
+                ("class", "exhausted"),
+                ("limit", "2")
+            ]),
+            ["limit", "class"]
+        );
 
         let r =
             parse_redrive_body(br#"{"reason":"fixed","class":"exhausted","limit":1000}"#).unwrap();
