@@ -639,7 +639,7 @@ async fn replay(
     };
     match outcome {
         Ok(()) => {
-            tracing::info!(event_id = %event_id, token = %s.principal.name, "replay asked on the admin page");
+            tracing::info!(event_id = %crate::telemetry::LogEventId(&event_id), token = %s.principal.name, "replay asked on the admin page");
             state.wake.notify_one();
             see_other(&format!("{}&replayed=1", pages::message_href(&event_id)))
         }

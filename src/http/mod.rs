@@ -616,14 +616,14 @@ async fn create_message(
             let mut view = MessageView::new(&stored, &state.policies);
             view.receipts = Some(receipts.iter().map(ReceiptView::new).collect());
             if created {
-                tracing::info!(event_id = %stored.event_id, channel = %stored.channel, token = %who.name, "message enqueued");
+                tracing::info!(event_id = %crate::telemetry::LogEventId(&stored.event_id), channel = %stored.channel, token = %who.name, "message enqueued");
             }
             serde_json::to_value(view)
         }
         Written::FanOut(fanout) => {
             if fanout.created {
                 tracing::info!(
-                    event_id = %fanout.event_id,
+                    event_id = %crate::telemetry::LogEventId(&fanout.event_id),
                     children = fanout.children.len(),
                     token = %who.name,
                     "fan-out enqueued"
@@ -1149,7 +1149,7 @@ async fn cancel_message(
     })
     .await??;
     if changed {
-        tracing::info!(event_id = %row.event_id, "message canceled");
+        tracing::info!(event_id = %crate::telemetry::LogEventId(&row.event_id), "message canceled");
     }
     Ok(HttpResponse::Ok().printable_json(&MessageView::new(&row, &state.policies)))
 }

@@ -361,7 +361,7 @@ impl Reconciler {
             Ok(row) => Some(row),
             Err(errors) => {
                 // Configuration was validated at start; this is a bug, not input.
-                warn!(event_id = %m.event_id, errors = errors.len(), "status callback not enqueued: invalid");
+                warn!(event_id = %crate::telemetry::LogEventId(&m.event_id), errors = errors.len(), "status callback not enqueued: invalid");
                 None
             }
         }

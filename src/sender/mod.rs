@@ -648,7 +648,7 @@ impl Sender {
     /// [`Sender::clear`] for a row whose claim began at `claimed` by this process's clock.
     fn clear_claimed(&self, row: OutboxRow, claimed: chrono::DateTime<chrono::Utc>) -> Clearance {
         let host = self.host_of(&row);
-        let span = info_span!("send", event_id = %row.event_id, attempt = row.attempts, host = host.as_deref());
+        let span = info_span!("send", event_id = %crate::telemetry::LogEventId(&row.event_id), attempt = row.attempts, host = host.as_deref());
         match span.in_scope(|| self.clear_inner(row, host, claimed)) {
             Ok(c) => Clearance::Go(Box::new(c)),
             Err(held) => Clearance::Held(*held),
@@ -786,7 +786,7 @@ impl Sender {
     /// spawn allocates and copies a send task whole: at 10 KB, `memmove` alone was 11.5 % of
     /// Herald's CPU samples in `dispatch_pg` (5.8 % after).
     pub async fn send_cleared(&self, cleared: Box<Cleared>) -> OutcomeRecord {
-        let span = info_span!("send", event_id = %cleared.row.event_id, attempt = cleared.row.attempts, host = cleared.host.as_deref());
+        let span = info_span!("send", event_id = %crate::telemetry::LogEventId(&cleared.row.event_id), attempt = cleared.row.attempts, host = cleared.host.as_deref());
         self.send_inner(cleared).instrument(span).await
     }
 
@@ -1028,13 +1028,13 @@ impl Sender {
                 // A message put back without a request has no attempt to record (a walk-through
                 // counted 150 such lines against 51 lease_lost rows).
                 Applied::LeaseLost if o.attempt.is_some() => {
-                    warn!(event_id = %o.event_id, "lease lost before the outcome was written; attempt recorded as lease_lost")
+                    warn!(event_id = %crate::telemetry::LogEventId(&o.event_id), "lease lost before the outcome was written; attempt recorded as lease_lost")
                 }
                 Applied::LeaseLost => {
-                    info!(event_id = %o.event_id, "lease lost before a message put back without a request was written back; another claim has it")
+                    info!(event_id = %crate::telemetry::LogEventId(&o.event_id), "lease lost before a message put back without a request was written back; another claim has it")
                 }
                 Applied::Settled => {
-                    info!(event_id = %o.event_id, "a late 2xx settled a message the watchdog had left unconfirmed")
+                    info!(event_id = %crate::telemetry::LogEventId(&o.event_id), "a late 2xx settled a message the watchdog had left unconfirmed")
                 }
                 Applied::Yes => {}
             }
@@ -1373,7 +1373,7 @@ impl Sender {
         why: &'static str,
     ) {
         let now = self.inner.clock.now();
-        debug!(event_id = %row.event_id, why, "claimed and not sent: put back");
+        debug!(event_id = %crate::telemetry::LogEventId(&row.event_id), why, "claimed and not sent: put back");
         self.inner.metrics.held(why);
         let back = put_back(outcome_of(row), row, now, now, AttemptClass::NotSent);
         let _ = tx.send(back).await;
@@ -1647,7 +1647,7 @@ impl Sender {
             tokio::time::sleep(outcome_retry_pause(round)).await;
         }
         for o in refused {
-            warn!(event_id = %o.event_id, "giving up on writing this outcome; its lease will expire and its send count again");
+            warn!(event_id = %crate::telemetry::LogEventId(&o.event_id), "giving up on writing this outcome; its lease will expire and its send count again");
         }
     }
 

@@ -444,7 +444,7 @@ pub fn skip(
     match db.skip_head(event_id, now, who, &reason)? {
         SkipWrite::Done { row, due } => {
             tracing::info!(
-                event_id = %row.event_id,
+                event_id = %crate::telemetry::LogEventId(&row.event_id),
                 who,
                 reason = %view::mask_free_text(req.reason.as_str()),
                 due,
@@ -532,7 +532,7 @@ pub fn replay(
     match written {
         ReplayWrite::Done { row, replay } => {
             tracing::info!(
-                event_id = %row.event_id,
+                event_id = %crate::telemetry::LogEventId(&row.event_id),
                 from_state = %replay.from_state,
                 forced = replay.forced,
                 series_start = replay.series_start,

@@ -267,7 +267,7 @@ async fn serve_with_smtp_delivers_and_stops_on_sigterm() {
         app.batch_execute(
             "PRAGMA busy_timeout = 5000; BEGIN IMMEDIATE; \
              INSERT INTO herald_outbox (event_id, channel, destination, payload) \
-             VALUES ('bin-mail-sql', 'email', 'grace@example.com', \
+             VALUES ('signup:grace@example.com', 'email', 'grace@example.com', \
                      '{\"subject\": \"By SQL\", \"text\": \"Inserted by the application\"}'); \
              COMMIT;",
         )
@@ -275,7 +275,11 @@ async fn serve_with_smtp_delivers_and_stops_on_sigterm() {
     }
     let mails = sink.wait_for_mail(2, Duration::from_secs(10)).await;
     assert_eq!(mails[1].rcpt, "<grace@example.com>");
-    assert!(mails[1].data.contains("X-Herald-Event-Id: bin-mail-sql"));
+    assert!(
+        mails[1]
+            .data
+            .contains("X-Herald-Event-Id: signup:grace@example.com")
+    );
 
     let log = herald.stop_cleanly().await;
     assert!(!log.contains("panicked"), "{log}");
@@ -292,7 +296,9 @@ async fn serve_with_smtp_delivers_and_stops_on_sigterm() {
             "{log}"
         );
     }
-    // Logs carry identifiers, never the token or the recipients' addresses.
+    // Logs carry identifiers, never the token or the recipients' addresses — also where an
+    // application keyed a message by one (its event id is logged masked).
+    assert!(log.contains("signup:g***@e***.com"), "{log}");
     assert!(
         !log.contains(token)
             && !log.contains("ada@example.com")
