@@ -288,14 +288,21 @@ pub fn attempt_counts(db: &Db, since: DateTime<Utc>) -> Result<Vec<HourCount>, S
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Replayable {
     Yes,
-    /// Delivered: only with the explicit force box ticked.
+    /// Delivered (or its receipts say so): only with the explicit force box ticked.
     WithForce,
     /// Still on its way (or canceled): nothing to replay.
     No,
 }
 
-pub fn replayable(state: State) -> Replayable {
+/// `delivery_status`: what the receipts say (a dead letter they say arrived needs force, as the
+/// support replay asks).
+pub fn replayable(state: State, delivery_status: Option<&str>) -> Replayable {
     match state {
+        State::DeadLetter | State::Unconfirmed | State::Expired
+            if delivery_status == Some("delivered") =>
+        {
+            Replayable::WithForce
+        }
         State::DeadLetter | State::Unconfirmed | State::Expired => Replayable::Yes,
         State::Delivered => Replayable::WithForce,
         State::Scheduled | State::Sending | State::Retryable | State::Canceled => Replayable::No,
@@ -424,7 +431,13 @@ mod tests {
                 State::Delivered => Replayable::WithForce,
                 _ => Replayable::No,
             };
-            assert_eq!(replayable(*s), want, "{s}");
+            assert_eq!(replayable(*s, None), want, "{s}");
+            assert_eq!(replayable(*s, Some("bounced")), want, "{s}");
+            let by_receipts = match want {
+                Replayable::Yes => Replayable::WithForce,
+                other => other,
+            };
+            assert_eq!(replayable(*s, Some("delivered")), by_receipts, "{s}");
         }
     }
 }

@@ -330,7 +330,7 @@ pub fn message(
     now: DateTime<Utc>,
 ) -> Markup {
     let m = &d.message;
-    let can = replayable(m.state);
+    let can = replayable(m.state, m.delivery_status.as_deref());
     layout(
         &m.event_id,
         Some(viewer),
@@ -441,7 +441,11 @@ pub fn message(
                             placeholder="e.g. receiver fixed their schema (ticket 123)";
                         @if can == Replayable::WithForce {
                             label.check { input #force type="checkbox" name="force" value="1";
-                                " It was delivered: send it again anyway" }
+                                (if m.state == crate::domain::State::Delivered {
+                                    " It was delivered: send it again anyway"
+                                } else {
+                                    " Its receipts say it was delivered: send it again anyway"
+                                }) }
                         }
                         @if let Some(t) = m.expires_at {
                             // A passed expires_at would expire the replay at once: it is

@@ -300,7 +300,7 @@ impl From<SupportError> for Problem {
             }
             SupportError::Refused(ref r) => {
                 let (kind, title, field) = match r {
-                    Refusal::NeedsForce => (
+                    Refusal::NeedsForce(_) => (
                         "force-required",
                         "A delivered message is replayed only with force",
                         Some("force"),

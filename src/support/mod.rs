@@ -107,10 +107,21 @@ pub enum Refusal {
     Canceled,
     /// Each way in names its own means: the API's `force` field, `herald replay --force`, the
     /// admin page's box ([`cli_hint`] adds the flag on the command line).
-    #[error("it is delivered; a replay sends it again (with the same event id) and needs force")]
-    NeedsForce,
+    #[error("{0}; a replay sends it again (with the same event id) and needs force")]
+    NeedsForce(Delivered),
     #[error("its expires_at ({0}) is not in the future: give it a later time, or clear it")]
     WouldExpire(String),
+}
+
+/// Why a message counts as delivered for a replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Delivered {
+    #[error("it is delivered")]
+    State,
+    /// Dead or unconfirmed by its sends, but a provider's receipt says it arrived (a redrive
+    /// of every dead letter sent such messages again; found by a support walk-through).
+    #[error("its receipts say it was delivered (delivery_status delivered)")]
+    ByReceipts,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -476,9 +487,17 @@ pub fn plan_replay(
     at: DateTime<Utc>,
 ) -> Result<NewReplay, Refusal> {
     let forced = match row.state {
+        State::DeadLetter | State::Unconfirmed | State::Expired
+            if row.delivery_status.as_deref() == Some("delivered") =>
+        {
+            if !req.force {
+                return Err(Refusal::NeedsForce(Delivered::ByReceipts));
+            }
+            true
+        }
         State::DeadLetter | State::Unconfirmed | State::Expired => false,
         State::Delivered if req.force => true,
-        State::Delivered => return Err(Refusal::NeedsForce),
+        State::Delivered => return Err(Refusal::NeedsForce(Delivered::State)),
         State::Canceled => return Err(Refusal::Canceled),
         State::Sending => return Err(Refusal::InFlight),
         s @ (State::Scheduled | State::Retryable) => return Err(Refusal::Pending(s)),
@@ -1127,7 +1146,9 @@ pub const EXIT_AMBIGUOUS: u8 = 3;
 /// names the field instead).
 pub fn cli_hint(e: &SupportError) -> Option<&'static str> {
     match e {
-        SupportError::Refused(Refusal::NeedsForce) => Some("add --force to send it again anyway"),
+        SupportError::Refused(Refusal::NeedsForce(_)) => {
+            Some("add --force to send it again anyway")
+        }
         SupportError::Refused(Refusal::WouldExpire(_)) => {
             Some("add --expires-at TIME (RFC 3339, later than now) or --clear-expires-at")
         }
@@ -1176,7 +1197,7 @@ pub fn error_json(e: &SupportError) -> Value {
             Refusal::Pending(_) => "pending",
             Refusal::Blocked(..) => "blocked",
             Refusal::Canceled => "canceled",
-            Refusal::NeedsForce => "force_required",
+            Refusal::NeedsForce(_) => "force_required",
             Refusal::WouldExpire(_) => "would_expire",
         });
     }
@@ -1346,7 +1367,7 @@ mod tests {
             error_json(&e)["fields"],
             serde_json::json!(["class", "limit", "reason"])
         );
-        let e = SupportError::Refused(Refusal::NeedsForce);
+        let e = SupportError::Refused(Refusal::NeedsForce(Delivered::State));
         assert_eq!(
             (
                 error_json(&e)["error"].as_str(),
@@ -1358,6 +1379,33 @@ mod tests {
     }
 
     #[test]
+    fn a_dead_letter_its_receipts_say_was_delivered_replays_only_with_force() {
+        for state in [State::DeadLetter, State::Unconfirmed, State::Expired] {
+            let mut r = row(state);
+            r.delivery_status = Some("delivered".into());
+            assert_eq!(
+                plan_replay(&r, &req(false), "ana", at()).map(|p| p.forced),
+                Err(Refusal::NeedsForce(Delivered::ByReceipts)),
+                "{state}"
+            );
+            assert_eq!(
+                plan_replay(&r, &req(true), "ana", at()).map(|p| p.forced),
+                Ok(true),
+                "{state}"
+            );
+            // Another status (a bounce, a deferral) says it did not arrive: no force needed.
+            r.delivery_status = Some("bounced".into());
+            assert_eq!(
+                plan_replay(&r, &req(false), "ana", at()).map(|p| p.forced),
+                Ok(false),
+                "{state}"
+            );
+        }
+        let e = Refusal::NeedsForce(Delivered::ByReceipts).to_string();
+        assert!(e.starts_with("its receipts say it was delivered"), "{e}");
+    }
+
+    #[test]
     fn which_states_replay() {
         for state in State::ALL.iter().copied() {
             for force in [false, true] {
@@ -1365,7 +1413,7 @@ mod tests {
                 let want = match (state, force) {
                     (State::DeadLetter | State::Unconfirmed | State::Expired, _) => Ok(false),
                     (State::Delivered, true) => Ok(true),
-                    (State::Delivered, false) => Err(Refusal::NeedsForce),
+                    (State::Delivered, false) => Err(Refusal::NeedsForce(Delivered::State)),
                     (State::Canceled, _) => Err(Refusal::Canceled),
                     (State::Sending, _) => Err(Refusal::InFlight),
                     (s, _) => Err(Refusal::Pending(s)),

@@ -207,9 +207,15 @@ pub fn dead_letters(page: &DeadLetterPage) -> String {
                 d.event_id.clone(),
                 d.channel.to_string(),
                 d.destination.clone(),
-                match (&d.state_reason, &d.class) {
-                    (Some(r), _) => r.clone(),
-                    (None, c) => opt(c),
+                {
+                    let class = match (&d.state_reason, &d.class) {
+                        (Some(r), _) => r.clone(),
+                        (None, c) => opt(c),
+                    };
+                    match &d.delivery_status {
+                        Some(s) => format!("{class} (receipts: {s})"),
+                        None => class,
+                    }
                 },
                 d.attempts.to_string(),
                 d.last_attempt

@@ -418,6 +418,9 @@ pub struct DeadLetterEntry {
     pub class: Option<AttemptClass>,
     /// `unconfirmed`: dead-lettered at the unconfirmed deadline without a receipt.
     pub state_reason: Option<String>,
+    /// What the provider's receipts say of it since (`delivered`: a replay or a redrive needs
+    /// force, it would be sent again).
+    pub delivery_status: Option<String>,
     pub attempts: i32,
     pub series_attempts: i32,
     pub last_attempt: Option<LastAttemptEntry>,
@@ -446,6 +449,7 @@ impl DeadLetterEntry {
             destination: mask_destination(row.channel, &row.destination),
             class: row.last_error_class,
             state_reason: row.state_reason.clone(),
+            delivery_status: row.delivery_status.clone(),
             attempts: row.attempts,
             series_attempts: row.attempts - row.attempt_base,
             last_attempt: last.map(|l| LastAttemptEntry {

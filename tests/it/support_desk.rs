@@ -1169,7 +1169,78 @@ async fn dead_letters_by_an_email_domain_with_or_without_a_display_name(backend:
     app.stop().await;
 }
 
+/// A dead letter whose provider's receipt says it arrived is listed with that status, and is
+/// replayed or redriven only with force, as a delivered message is (a redrive of every dead
+/// letter sent it again; found by a support walk-through).
+async fn a_dead_letter_its_receipts_say_arrived_needs_force(backend: Backend) {
+    let app = spawn_app_with(backend, SOURCE).await;
+    let rx = Receiver::start().await;
+    rx.script_path("/arrived", [Reply::Status(404)]);
+    rx.script_path("/lost", [Reply::Status(404)]);
+    for id in ["arrived", "lost"] {
+        let m = private_message(id, &rx.url_for(&format!("/{id}")));
+        assert_eq!(app.post_message(m).await.status(), 201);
+    }
+    app.run_until_idle().await;
+    let at = app.clock_now().timestamp() + 1;
+    post_receipt(
+        &app,
+        json!({"id": "r-arrived", "type": "delivered", "at": at, "herald_event_id": "arrived"}),
+    )
+    .await;
+    app.herald.reconciler.run_until_idle().await.unwrap();
+    assert_eq!(app.row("arrived").state.as_str(), "dead_letter");
+    let page: Value = get(&app, "/v1/dead-letters").await.json().await.unwrap();
+    let statuses: Vec<_> = page["dead_letters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| (d["event_id"].clone(), d["delivery_status"].clone()))
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            (json!("arrived"), json!("delivered")),
+            (json!("lost"), Value::Null)
+        ],
+        "{page}"
+    );
+    let r = post(
+        &app,
+        "/v1/dead-letters/redrive",
+        json!({"reason": "receiver fixed"}),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let report: Value = r.json().await.unwrap();
+    assert_eq!(
+        strings(&report["redriven"], "event_id"),
+        ["lost"],
+        "{report}"
+    );
+    assert_eq!(strings(&report["skipped"], "event_id"), ["arrived"]);
+    let why = report["skipped"][0]["reason"].as_str().unwrap();
+    assert!(why.contains("receipts say it was delivered"), "{why}");
+    let fp = fingerprint(&app, "arrived").await;
+    let p = problem(replay(&app, &fp, json!({"reason": "resend"})).await, 409).await;
+    assert_eq!(
+        p["type"].as_str().unwrap().rsplit('/').next(),
+        Some("force-required"),
+        "{p}"
+    );
+    let r = replay(&app, &fp, json!({"reason": "resend", "force": true})).await;
+    assert_eq!(r.status(), 200);
+    app.run_until_idle().await;
+    assert_eq!(
+        rx.requests_to("/arrived").len(),
+        2,
+        "sent again, with force only"
+    );
+    app.stop().await;
+}
+
 both_backends!(
+    a_dead_letter_its_receipts_say_arrived_needs_force,
     a_redrive_gets_past_the_dead_letters_it_skips,
     dead_letters_by_an_email_domain_with_or_without_a_display_name,
     delivered_and_retried_then_delivered_read_correctly,
