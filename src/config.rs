@@ -57,7 +57,10 @@ fn parse_error(path: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
     // the line names no key of Herald's.
     let key = key_on_line(text, line);
     let mut message = mask_quoted(e.message());
-    if key.as_deref().is_none_or(may_hold_a_secret) {
+    // serde's `unknown field `leese_seconds`, expected one of `lease_seconds`, …` and `missing
+    // field `url`` name keys, never values: shown, they are the fix.
+    let names_keys = message.starts_with("unknown field") || message.starts_with("missing field");
+    if !names_keys && key.as_deref().is_none_or(may_hold_a_secret) {
         message = mask_backticked(&message);
     }
     for (t, max) in [
@@ -101,6 +104,8 @@ fn may_hold_a_secret(key: &str) -> bool {
             | "auth"
             | "credentials"
             | "sha256"
+            // An endpoint's or a destination's headers may carry an API key.
+            | "headers"
     )
 }
 
@@ -1931,6 +1936,17 @@ mod tests {
         }
         let err = Settings::from_toml("leese_seconds = 1").unwrap_err();
         assert!(matches!(err, ConfigError::Parse { line: 1, .. }), "{err}");
+        // A key misspelled is named, and the keys it could be: they are the fix.
+        let err = err.to_string();
+        assert!(
+            err.contains("unknown field `leese_seconds`, expected one of"),
+            "{err}"
+        );
+        assert!(err.contains("`lease_seconds`"), "{err}");
+        let err = Settings::from_toml("[endpoints.e]\nretry = {}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("missing field `url`"), "{err}");
         // A value of the wrong kind names its key (under its table), never the value, in words.
         let err = Settings::from_toml("listen = \"127.0.0.1:1\"\nretention_delivered_days = -1\n")
             .unwrap_err()
@@ -1968,6 +1984,10 @@ mod tests {
             (
                 "[sources.x]\nscheme = \"hmac\"\nsecrets = [\n  24681357\n]\n",
                 "24681357",
+            ),
+            (
+                "[endpoints.e]\nurl = \"https://a.example/h\"\nheaders = { X-Api-Key = 12345678 }\n",
+                "12345678",
             ),
         ] {
             let err = Settings::from_toml(toml).unwrap_err().to_string();
