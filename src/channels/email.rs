@@ -747,6 +747,17 @@ impl EmailChannel {
         // Timed from `now`, not from after the build (a DKIM signature takes a while): the
         // answer's time, which a pause runs from, is then never earlier than the answer.
         let started = std::time::Instant::now();
+        // A control character in the event id (an UPDATE can store one) would go into the
+        // X-Herald-Event-Id header as it is (lettre passes most of them). Other Unicode is
+        // encoded (RFC 2047), as ever.
+        if row.event_id.chars().any(char::is_control) {
+            return SendReport::refused(
+                AttemptClass::Permanent,
+                crate::channels::webhook::INVALID_EVENT_ID,
+                now,
+                "its event id holds a control character, which no email header may carry",
+            );
+        }
         let message = match build_message(row, &self.from, &self.domain, &self.options) {
             Ok(m) => m,
             Err(e) => {

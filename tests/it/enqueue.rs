@@ -316,18 +316,26 @@ async fn control_characters_in_an_event_id_or_destination_are_refused(backend: B
     }
     // The check is at the insert only (rows stored before it are left as they are): an
     // UPDATE can still put a control character in an event id, which no header can carry.
-    let control = "ctl-\u{1}";
+    // A tab, which a header could carry but a receiver trims (failing the signature); and in
+    // an email, where lettre would write it into X-Herald-Event-Id as it is.
+    let (control, control_mail) = ("ctl-\t", "ctl-mail-\u{1}");
     app.raw_sql(&insert("ctl", &rx.url));
-    app.raw_sql(&format!(
-        "UPDATE herald_outbox SET event_id = '{control}' WHERE event_id = 'ctl'"
-    ));
-    assert_eq!(app.run_until_idle().await, 4);
+    app.raw_sql(
+        "INSERT INTO herald_outbox (event_id, channel, destination, payload) VALUES \
+         ('ctl-mail', 'email', 'ada@example.com', '{\"subject\": \"s\", \"text\": \"t\"}')",
+    );
+    for (from, to) in [("ctl", control), ("ctl-mail", control_mail)] {
+        app.raw_sql(&format!(
+            "UPDATE herald_outbox SET event_id = '{to}' WHERE event_id = '{from}'"
+        ));
+    }
+    assert_eq!(app.run_until_idle().await, 5);
     // Taken, but a webhook's `webhook-id` can carry only ASCII (the official verifiers read
     // header bytes as Latin-1 and refused the signature): dead-lettered without a request,
     // saying why (found by an SDK interop walk-through).
     assert_eq!(app.row("with space").state.as_str(), "delivered");
     assert_eq!(rx.requests().len(), 1);
-    for id in ["café-1", "注文-2", control] {
+    for id in ["café-1", "注文-2", control, control_mail] {
         assert_eq!(app.row(id).state.as_str(), "dead_letter", "{id}");
         let a = &app.attempts(id)[0];
         assert_eq!(a.error_kind.as_deref(), Some("invalid_event_id"), "{id}");

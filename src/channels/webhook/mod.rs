@@ -425,8 +425,9 @@ impl WebhookChannel {
         // `webhook-id` as itself: Python's and Node's HTTP stacks read header bytes as Latin-1,
         // so the official Standard Webhooks and Svix verifiers refused every such request's
         // signature; and any ASCII spelling of it could also be another event id.
-        // A control character (also written by SQL) cannot travel in a header at all.
-        if !row.event_id.is_ascii() || HeaderValue::from_str(row.event_id).is_err() {
+        // Nor a control character (an UPDATE can store one): none can travel in a header, and
+        // a tab that can would be trimmed by the receiver, failing the signature.
+        if !row.event_id.bytes().all(|b| (0x20..0x7f).contains(&b)) {
             return SendReport::refused(
                 AttemptClass::Permanent,
                 INVALID_EVENT_ID,
