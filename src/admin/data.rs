@@ -299,7 +299,7 @@ pub enum Replayable {
 pub fn replayable(state: State, delivery_status: Option<&str>) -> Replayable {
     match state {
         State::DeadLetter | State::Unconfirmed | State::Expired
-            if delivery_status == Some("delivered") =>
+            if delivery_status.is_some_and(crate::reconcile::says_it_arrived) =>
         {
             Replayable::WithForce
         }
@@ -438,6 +438,7 @@ mod tests {
                 other => other,
             };
             assert_eq!(replayable(*s, Some("delivered")), by_receipts, "{s}");
+            assert_eq!(replayable(*s, Some("complained")), by_receipts, "{s}");
         }
     }
 }

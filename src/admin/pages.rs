@@ -444,7 +444,7 @@ pub fn message(
                                 (if m.state == crate::domain::State::Delivered {
                                     " It was delivered: send it again anyway"
                                 } else {
-                                    " Its receipts say it was delivered: send it again anyway"
+                                    " Its receipts say it arrived: send it again anyway"
                                 }) }
                         }
                         @if let Some(t) = m.expires_at {

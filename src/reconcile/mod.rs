@@ -46,6 +46,12 @@ pub const PRECEDENCE: &[&str] = &[
 /// the delivery status unchanged.
 pub const ENGAGEMENT: &[&str] = &["opened", "clicked", "unsubscribed", "read"];
 
+/// Whether a delivery status says the message reached its recipient: `delivered`, or a
+/// complaint (which outranks it, and comes only from a recipient who got it).
+pub fn says_it_arrived(status: &str) -> bool {
+    matches!(status, "delivered" | "complained")
+}
+
 /// Where a status is in [`PRECEDENCE`]; `None` for anything else.
 pub fn precedence(status: &str) -> Option<usize> {
     PRECEDENCE.iter().position(|s| *s == status)

@@ -120,7 +120,8 @@ per_backend! {
     }
 
     /// Stores a sign-out until the session would have expired, and removes the sign-outs of
-    /// sessions expired by `now` (they are refused by their expiry already).
+    /// sessions expired an hour before `now` (refused by their expiry already, also by a process
+    /// whose clock is behind this one's by less than that).
     pub fn record_sign_out(
         conn: &mut Conn,
         session_id: &str,
@@ -128,7 +129,8 @@ per_backend! {
         now: chrono::DateTime<chrono::Utc>,
     ) -> QueryResult<()> {
         use self::schema::herald_admin_signouts as so;
-        diesel::delete(so::table.filter(so::expires_at.lt(now))).execute(conn)?;
+        let past = now - chrono::Duration::hours(1);
+        diesel::delete(so::table.filter(so::expires_at.lt(past))).execute(conn)?;
         diesel::insert_into(so::table)
             .values((so::session_id.eq(session_id), so::expires_at.eq(expires_at)))
             .on_conflict(so::session_id)

@@ -120,7 +120,7 @@ pub enum Delivered {
     State,
     /// Dead or unconfirmed by its sends, but a provider's receipt says it arrived (a redrive
     /// of every dead letter sent such messages again; found by a support walk-through).
-    #[error("its receipts say it was delivered (delivery_status delivered)")]
+    #[error("its receipts say it arrived (delivery_status delivered or complained)")]
     ByReceipts,
 }
 
@@ -364,9 +364,14 @@ fn parse_time(field: &str, v: &Value) -> Result<Option<DateTime<Utc>>, InvalidFi
     }
 }
 
+/// The body as a JSON object; a key given twice is refused, as in a message (which of the two
+/// counts would be the parser's choice).
 fn as_object(body: &[u8]) -> Result<serde_json::Map<String, Value>, Vec<InvalidField>> {
     match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(o)) => Ok(o),
+        Ok(Value::Object(o)) => {
+            let twice = crate::domain::keys_given_twice(body);
+            if twice.is_empty() { Ok(o) } else { Err(twice) }
+        }
         Ok(_) => Err(vec![InvalidField::new("body", "must be a JSON object")]),
         Err(e) => Err(vec![InvalidField::of_json(body, &e)]),
     }
@@ -488,7 +493,10 @@ pub fn plan_replay(
 ) -> Result<NewReplay, Refusal> {
     let forced = match row.state {
         State::DeadLetter | State::Unconfirmed | State::Expired
-            if row.delivery_status.as_deref() == Some("delivered") =>
+            if row
+                .delivery_status
+                .as_deref()
+                .is_some_and(crate::reconcile::says_it_arrived) =>
         {
             if !req.force {
                 return Err(Refusal::NeedsForce(Delivered::ByReceipts));
@@ -1380,9 +1388,14 @@ mod tests {
 
     #[test]
     fn a_dead_letter_its_receipts_say_was_delivered_replays_only_with_force() {
-        for state in [State::DeadLetter, State::Unconfirmed, State::Expired] {
+        for (state, status) in [
+            (State::DeadLetter, "delivered"),
+            (State::Unconfirmed, "delivered"),
+            (State::Expired, "delivered"),
+            (State::DeadLetter, "complained"),
+        ] {
             let mut r = row(state);
-            r.delivery_status = Some("delivered".into());
+            r.delivery_status = Some(status.into());
             assert_eq!(
                 plan_replay(&r, &req(false), "ana", at()).map(|p| p.forced),
                 Err(Refusal::NeedsForce(Delivered::ByReceipts)),
@@ -1402,7 +1415,7 @@ mod tests {
             );
         }
         let e = Refusal::NeedsForce(Delivered::ByReceipts).to_string();
-        assert!(e.starts_with("its receipts say it was delivered"), "{e}");
+        assert!(e.starts_with("its receipts say it arrived"), "{e}");
     }
 
     #[test]

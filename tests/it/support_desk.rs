@@ -1220,7 +1220,7 @@ async fn a_dead_letter_its_receipts_say_arrived_needs_force(backend: Backend) {
     );
     assert_eq!(strings(&report["skipped"], "event_id"), ["arrived"]);
     let why = report["skipped"][0]["reason"].as_str().unwrap();
-    assert!(why.contains("receipts say it was delivered"), "{why}");
+    assert!(why.contains("receipts say it arrived"), "{why}");
     let fp = fingerprint(&app, "arrived").await;
     let p = problem(replay(&app, &fp, json!({"reason": "resend"})).await, 409).await;
     assert_eq!(
