@@ -185,13 +185,33 @@ async fn bad_input_is_refused_with_the_field_and_nothing_is_stored(backend: Back
             "{p}"
         );
     }
+    // Given with other bad fields: every one named in the same answer.
+    let r = app
+        .http
+        .post(format!("{}/v1/messages", app.base))
+        .header("content-type", "application/json")
+        .body(r#"{"event_id":"b24","channel":"webhook","destination":"https://x.example/h","destination":"https://x.example/h","payload":{"body":1},"max_attempts":0}"#)
+        .send()
+        .await
+        .unwrap();
+    let p = problem(r, 422).await;
+    let fields: Vec<_> = p["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["field"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert!(
+        fields.contains(&"destination".to_owned()) && fields.contains(&"max_attempts".to_owned()),
+        "{p}"
+    );
     // An envelope far over the limit is refused before it is read whole.
     let huge = webhook("b14", "https://x.example/h", json!("y".repeat(64 * 1024)));
     let p = problem(app.post_message(huge).await, 413).await;
     assert_eq!(p["status"], 413);
     for id in [
         "b1", "b2", "b3", "b4", "b5", "b6", "b7", "b9", "b10", "b11", "b12", "b14", "b15", "b16",
-        "b17", "b18", "b19", "b20", "b21", "b22", "b23",
+        "b17", "b18", "b19", "b20", "b21", "b22", "b23", "b24",
     ] {
         assert!(
             app.db.find_by_event_id(id).unwrap().is_none(),
