@@ -266,27 +266,34 @@ pub fn explain(
     if let Some(o) = e.ordering.as_mut()
         && let Some(p) = db.key_predecessor(&row)?
     {
-        // When it first stopped holding the key: its first explicit skip (a replay since clears
-        // the release it made), its release now, or the final state it reached.
-        let first_skip = db.skips_of(p.id)?.into_iter().next();
-        let released = [
-            first_skip.as_ref().map(|s| s.skipped_at),
-            p.ordering_released_at,
-        ]
-        .into_iter()
-        .flatten()
-        .min();
-        let skipped_by = first_skip
-            .filter(|s| Some(s.skipped_at) == released)
-            .map(|s| s.who);
-        let ended = [
-            released,
-            matches!(p.state, State::Delivered | State::Canceled | State::Expired)
-                .then_some(p.updated_at),
-        ]
-        .into_iter()
-        .flatten()
-        .min();
+        // When it stopped holding the key for this message: of its ends — each explicit skip
+        // (a replay since clears the release one made, and may make it hold the key again),
+        // its release now, the final state it is in — the first at or after this message was
+        // due; else, unless it holds the key now, the last before.
+        let final_state = matches!(p.state, State::Delivered | State::Canceled | State::Expired);
+        let mut ends: Vec<(DateTime<Utc>, Option<String>, bool)> = db
+            .skips_of(p.id)?
+            .into_iter()
+            .map(|s| (s.skipped_at, Some(s.who), true))
+            .collect();
+        if let Some(r) = p.ordering_released_at
+            && !ends.iter().any(|(t, _, _)| *t == r)
+        {
+            ends.push((r, None, true));
+        }
+        if final_state {
+            ends.push((p.updated_at, None, false));
+        }
+        ends.sort_by_key(|(t, _, _)| *t);
+        let due = row.scheduled_at.max(row.created_at);
+        let holds_now = p.ordering_released_at.is_none() && !final_state;
+        let end = ends
+            .iter()
+            .find(|(t, _, _)| *t >= due)
+            .or_else(|| ends.last().filter(|_| !holds_now));
+        let released = end.filter(|(_, _, release)| *release).map(|(t, _, _)| *t);
+        let skipped_by = end.and_then(|(_, who, _)| who.clone());
+        let ended = end.map(|(t, _, _)| *t);
         o.before = Some(view::PlaceBefore {
             event_id: p.event_id,
             state: p.state,

@@ -137,15 +137,17 @@ pub struct OrderingFacts {
 pub struct PlaceBefore {
     pub event_id: String,
     pub state: State,
-    /// When it first stopped holding the key while dead or unconfirmed (skip), if it did — also
-    /// when a replay has put it back in its place since.
+    /// When it stopped holding the key for this message ([`PlaceBefore::ended_at`]) by a
+    /// release while dead or unconfirmed (a skip, or the `skip` policy) — also when a replay
+    /// has put it back in its place since; `None` when it ended otherwise, or not.
     #[schema(format = DateTime)]
     pub released_at: Option<String>,
     /// Who skipped it then (`None`: the `skip` policy, or not skipped).
     pub skipped_by: Option<String>,
-    /// When it first stopped holding the key: its first release (an explicit skip is kept when a
-    /// replay has put it back since), else when it reached a final state (`delivered`,
-    /// `canceled`, `expired`); `None` while it holds the key and never stopped.
+    /// When it stopped holding the key for this message: of its ends — each explicit skip (kept
+    /// when a replay has put it back since), its release now, the final state (`delivered`,
+    /// `canceled`, `expired`) it is in — the first at or after this message was due; else the
+    /// last before, unless it holds the key now (`None`, as when it never stopped).
     #[schema(format = DateTime)]
     pub ended_at: Option<String>,
 }
