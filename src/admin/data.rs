@@ -160,6 +160,18 @@ pub struct MessageDetail {
     pub explanation: Option<String>,
     /// Its replays, in order: who, when, why (as the explanation's audit gives them).
     pub replays: Vec<crate::support::view::ReplayEntry>,
+    /// Its explicit skips, in order (`herald_skips`).
+    pub skips: Vec<SkipFacts>,
+}
+
+/// An explicit skip of a message that held its ordering key: who, when, why (an address in the
+/// reason masked, as the explanation shows it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SkipFacts {
+    pub who: String,
+    pub reason: String,
+    pub from_state: State,
+    pub skipped_at: DateTime<Utc>,
 }
 
 /// A message's page by event id. Today from the rows; the wiring step builds it from the
@@ -180,12 +192,23 @@ pub fn message_detail(
         Some(e) => (Some(e.explanation), e.replays),
         None => (None, Vec::new()),
     };
+    let skips = db
+        .skips_of(row.id)?
+        .into_iter()
+        .map(|s| SkipFacts {
+            reason: crate::support::view::mask_free_text(&s.reason),
+            who: s.who,
+            from_state: s.from_state,
+            skipped_at: s.skipped_at,
+        })
+        .collect();
     Ok(Some(MessageDetail {
         message: MessageFacts::new(&row),
         attempts: attempts.iter().map(AttemptFacts::new).collect(),
         receipts: receipts.iter().map(ReceiptFacts::new).collect(),
         explanation,
         replays,
+        skips,
     }))
 }
 

@@ -177,7 +177,7 @@ fn summary_table(rows: &[MessageSummary]) -> Markup {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
     pub at: DateTime<Utc>,
-    /// `enqueued`, `attempt`, `receipt` or `now`.
+    /// `enqueued`, `attempt`, `receipt`, `replay`, `skip` or `now`.
     pub kind: &'static str,
     pub title: String,
     pub detail: String,
@@ -262,8 +262,22 @@ fn replay_entry(r: &crate::support::view::ReplayEntry) -> Option<Entry> {
     })
 }
 
+/// An explicit skip: who, why, from which state; its key's later messages went on.
+fn skip_entry(s: &super::data::SkipFacts) -> Entry {
+    Entry {
+        at: s.skipped_at,
+        kind: "skip",
+        title: format!("Skipped by {}", s.who),
+        detail: format!(
+            "from {}: \u{201c}{}\u{201d}; it stopped holding its ordering key, whose later messages went on",
+            s.from_state, s.reason
+        ),
+        class: None,
+    }
+}
+
 /// The message's story in time order: enqueued, each attempt, each receipt (at its event time,
-/// else its arrival), and where it stands now.
+/// else its arrival), each replay and skip, and where it stands now.
 pub fn timeline(d: &MessageDetail, at_now: DateTime<Utc>) -> Vec<Entry> {
     let m = &d.message;
     let mut entries = vec![Entry {
@@ -286,6 +300,7 @@ pub fn timeline(d: &MessageDetail, at_now: DateTime<Utc>) -> Vec<Entry> {
     entries.extend(d.attempts.iter().map(attempt_entry));
     entries.extend(d.receipts.iter().map(receipt_entry));
     entries.extend(d.replays.iter().filter_map(replay_entry));
+    entries.extend(d.skips.iter().map(skip_entry));
     // Stable: equal times keep enqueued, attempts, receipts in that order.
     entries.sort_by_key(|e| e.at);
     let mut now = format!("state {}", m.state);
@@ -617,6 +632,12 @@ mod tests {
                 expires_at_before: None,
                 expires_at_after: None,
             }],
+            skips: vec![super::super::data::SkipFacts {
+                who: "desk".into(),
+                reason: "order voided".into(),
+                from_state: State::DeadLetter,
+                skipped_at: at("2026-12-01T10:00:35Z"),
+            }],
         }
     }
 
@@ -631,12 +652,17 @@ mod tests {
                 ("attempt", "Attempt 1"),
                 ("receipt", "Receipt bounced from resend"),
                 ("attempt", "Attempt 2"),
+                ("skip", "Skipped by desk"),
                 ("replay", "Replayed by desk"),
                 ("now", "Now"),
             ]
         );
         assert_eq!(
             t[4].detail,
+            "from dead_letter: \u{201c}order voided\u{201d}; it stopped holding its ordering key, whose later messages went on"
+        );
+        assert_eq!(
+            t[5].detail,
             "from dead_letter: \u{201c}receiver fixed\u{201d}; a new series began at attempt 3"
         );
         assert_eq!(
@@ -651,7 +677,7 @@ mod tests {
             t[2].detail
                 .contains("event time 2026-12-01 10:00:02.000 UTC")
         );
-        assert_eq!(t[5].detail, "state dead_letter; last class permanent");
+        assert_eq!(t[6].detail, "state dead_letter; last class permanent");
     }
 
     #[test]

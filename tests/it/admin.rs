@@ -758,7 +758,42 @@ async fn an_expired_message_is_replayed_from_its_page(backend: Backend) {
     app.stop().await;
 }
 
+/// A skip of a dead head is on its page's timeline: who, why (an address in it masked), and
+/// that the key's later messages went on (found by a walk-through: only the paragraph said so).
+async fn a_skip_is_on_the_timeline(backend: Backend) {
+    let app = spawn(backend).await;
+    let rx = crate::support::Receiver::start().await;
+    rx.script([crate::support::Reply::Status(400)]);
+    let m = serde_json::json!({"event_id": "k-1", "channel": "webhook", "destination": rx.url,
+        "payload": {"body": {}}, "ordering_key": "k"});
+    assert_eq!(app.post_message(m).await.status(), 201);
+    app.run_until_idle().await;
+    let r = app
+        .http
+        .post(format!("{}/v1/messages/k-1/skip", app.base))
+        .json(&serde_json::json!({"reason": "voided, asked by ada@example.com"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let cookie = session(&app, DESK).await;
+    let html = get(&app, "/admin/message?event_id=k-1", Some(&cookie))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(html.contains("class=\"t-skip\""), "{html}");
+    assert!(html.contains("Skipped by default"), "{html}");
+    assert!(
+        html.contains("from dead_letter: \u{201c}voided, asked by a***@e***.com\u{201d}"),
+        "{html}"
+    );
+    assert!(!html.contains("ada@example.com"), "{html}");
+    app.stop().await;
+}
+
 both_backends!(
+    a_skip_is_on_the_timeline,
     a_sign_out_ends_the_session_everywhere,
     an_expired_message_is_replayed_from_its_page,
     search_by_a_fan_outs_event_id_lists_its_children,
