@@ -266,34 +266,48 @@ pub fn explain(
     if let Some(o) = e.ordering.as_mut()
         && let Some(p) = db.key_predecessor(&row)?
     {
-        // When it stopped holding the key for this message: of its ends — each explicit skip
-        // (a replay since clears the release one made, and may make it hold the key again),
-        // its release now, the final state it is in — the first at or after this message was
-        // due; else, unless it holds the key now, the last before.
+        // What happened to its hold on the key: each explicit skip, its release now, the final
+        // state it is in (ends); each replay (it holds the key again).
         let final_state = matches!(p.state, State::Delivered | State::Canceled | State::Expired);
-        let mut ends: Vec<(DateTime<Utc>, Option<String>, bool)> = db
+        let mut events: Vec<Hold> = db
             .skips_of(p.id)?
             .into_iter()
-            .map(|s| (s.skipped_at, Some(s.who), true))
+            .map(|s| Hold::End {
+                at: s.skipped_at,
+                skipped_by: Some(s.who),
+                release: true,
+            })
             .collect();
         if let Some(r) = p.ordering_released_at
-            && !ends.iter().any(|(t, _, _)| *t == r)
+            && !events.iter().any(|e| e.at() == r)
         {
-            ends.push((r, None, true));
+            events.push(Hold::End {
+                at: r,
+                skipped_by: None,
+                release: true,
+            });
         }
         if final_state {
-            ends.push((p.updated_at, None, false));
+            events.push(Hold::End {
+                at: p.updated_at,
+                skipped_by: None,
+                release: false,
+            });
         }
-        ends.sort_by_key(|(t, _, _)| *t);
+        events.extend(
+            db.replays_of(p.id)?
+                .into_iter()
+                .map(|r| Hold::Again { at: r.replayed_at }),
+        );
         let due = row.scheduled_at.max(row.created_at);
-        let holds_now = p.ordering_released_at.is_none() && !final_state;
-        let end = ends
-            .iter()
-            .find(|(t, _, _)| *t >= due)
-            .or_else(|| ends.last().filter(|_| !holds_now));
-        let released = end.filter(|(_, _, release)| *release).map(|(t, _, _)| *t);
-        let skipped_by = end.and_then(|(_, who, _)| who.clone());
-        let ended = end.map(|(t, _, _)| *t);
+        let (ended, released, skipped_by) = match end_for(events, due) {
+            Some(Hold::End {
+                at,
+                skipped_by,
+                release,
+            }) => (Some(at), release.then_some(at), skipped_by),
+            _ => (None, None, None),
+        };
         o.before = Some(view::PlaceBefore {
             event_id: p.event_id,
             state: p.state,
@@ -317,6 +331,47 @@ pub fn explain(
     }
     e.explanation = narrative::narrate(&e);
     Ok(e)
+}
+
+/// A change in a keyed message's hold on its key, for [`end_for`].
+#[derive(Debug, Clone, PartialEq)]
+enum Hold {
+    /// It stopped holding it: a release (an explicit skip, named; or the `skip` policy), or a
+    /// final state (`release` false).
+    End {
+        at: DateTime<Utc>,
+        skipped_by: Option<String>,
+        release: bool,
+    },
+    /// A replay: it holds the key again.
+    Again { at: DateTime<Utc> },
+}
+
+impl Hold {
+    fn at(&self) -> DateTime<Utc> {
+        match self {
+            Hold::End { at, .. } | Hold::Again { at } => *at,
+        }
+    }
+}
+
+/// When the place before a keyed message stopped holding the key for that message, due at
+/// `due`: if it held the key then, its first end after; if it had ended by then (and not been
+/// replayed since), its last end before. `None` while it holds the key still.
+fn end_for(mut events: Vec<Hold>, due: DateTime<Utc>) -> Option<Hold> {
+    events.sort_by_key(Hold::at);
+    let (before, after): (Vec<Hold>, Vec<Hold>) = events.into_iter().partition(|e| e.at() <= due);
+    let mut last_end = None;
+    for e in before {
+        last_end = match e {
+            end @ Hold::End { .. } => Some(end),
+            Hold::Again { .. } => None,
+        };
+    }
+    if last_end.is_some() {
+        return last_end;
+    }
+    after.into_iter().find(|e| matches!(e, Hold::End { .. }))
 }
 
 /// Why a replay is done, as a person wrote it: required, at most [`MAX_REASON`] characters, no
@@ -1391,6 +1446,51 @@ mod tests {
             (Some("refused"), Some("force_required"))
         );
         assert!(error_json(&SupportError::NotFound).get("refusal").is_none());
+    }
+
+    #[test]
+    fn the_place_before_ended_for_a_message_when_it_stopped_holding_the_key_for_it() {
+        let t = |s: u32| at() + chrono::Duration::seconds(i64::from(s));
+        let skip = |s| Hold::End {
+            at: t(s),
+            skipped_by: Some("desk".into()),
+            release: true,
+        };
+        let policy = |s| Hold::End {
+            at: t(s),
+            skipped_by: None,
+            release: true,
+        };
+        let delivered = |s| Hold::End {
+            at: t(s),
+            skipped_by: None,
+            release: false,
+        };
+        let again = |s| Hold::Again { at: t(s) };
+        // Due before the skip: the skip, though it was replayed and delivered since.
+        assert_eq!(
+            end_for(vec![delivered(40), skip(10), again(20)], t(5)),
+            Some(skip(10))
+        );
+        // Due after the skip and before the replay: it was not holding the key then.
+        assert_eq!(
+            end_for(vec![skip(10), again(20), delivered(40)], t(15)),
+            Some(skip(10))
+        );
+        // Due after the replay: it held the key again, until delivered.
+        assert_eq!(
+            end_for(vec![skip(10), again(20), delivered(40)], t(25)),
+            Some(delivered(40))
+        );
+        // Replayed, dead again, released by the policy after this message was due.
+        assert_eq!(
+            end_for(vec![skip(10), again(20), policy(30)], t(25)),
+            Some(policy(30))
+        );
+        // Replayed and holding it still; never ended; ended before and not since.
+        assert_eq!(end_for(vec![skip(10), again(20)], t(25)), None);
+        assert_eq!(end_for(vec![], t(25)), None);
+        assert_eq!(end_for(vec![delivered(3)], t(25)), Some(delivered(3)));
     }
 
     #[test]

@@ -144,10 +144,10 @@ pub struct PlaceBefore {
     pub released_at: Option<String>,
     /// Who skipped it then (`None`: the `skip` policy, or not skipped).
     pub skipped_by: Option<String>,
-    /// When it stopped holding the key for this message: of its ends — each explicit skip (kept
-    /// when a replay has put it back since), its release now, the final state (`delivered`,
-    /// `canceled`, `expired`) it is in — the first at or after this message was due; else the
-    /// last before, unless it holds the key now (`None`, as when it never stopped).
+    /// When it stopped holding the key for this message: if it held the key when this message
+    /// was due, its first end after (an explicit skip, its release now, the final state —
+    /// `delivered`, `canceled`, `expired` — it is in); if it had stopped by then (and was not
+    /// replayed since, which makes it hold the key again), that end; `None` while it holds it.
     #[schema(format = DateTime)]
     pub ended_at: Option<String>,
 }
