@@ -750,12 +750,14 @@ impl EmailChannel {
         // A control character in the event id (an UPDATE can store one) would go into the
         // X-Herald-Event-Id header as it is (lettre passes most of them). Other Unicode is
         // encoded (RFC 2047), as ever.
-        if row.event_id.chars().any(char::is_control) {
+        // A space at either end (SQL takes one) would be trimmed by whoever reads the header.
+        if row.event_id.chars().any(char::is_control) || row.event_id.trim() != row.event_id {
             return SendReport::refused(
                 AttemptClass::Permanent,
                 crate::channels::webhook::INVALID_EVENT_ID,
                 now,
-                "its event id holds a control character, which no email header may carry",
+                "its event id holds a control character, or a space at an end, which an email \
+                 header cannot carry as it is",
             );
         }
         let message = match build_message(row, &self.from, &self.domain, &self.options) {

@@ -329,13 +329,30 @@ async fn control_characters_in_an_event_id_or_destination_are_refused(backend: B
             "UPDATE herald_outbox SET event_id = '{to}' WHERE event_id = '{from}'"
         ));
     }
-    assert_eq!(app.run_until_idle().await, 5);
+    // A space at either end, which SQL takes at the insert: trimmed by the receiver's HTTP
+    // parser, the signature over the id fails (found by a walk-through).
+    let (lead, trail, trail_mail) = (" lead", "trail ", "mtrail ");
+    app.raw_sql(&insert(lead, &rx.url));
+    app.raw_sql(&insert(trail, &rx.url));
+    app.raw_sql(&format!(
+        "INSERT INTO herald_outbox (event_id, channel, destination, payload) VALUES \
+         ('{trail_mail}', 'email', 'ada@example.com', '{{\"subject\": \"s\", \"text\": \"t\"}}')"
+    ));
+    assert_eq!(app.run_until_idle().await, 8);
     // Taken, but a webhook's `webhook-id` can carry only ASCII (the official verifiers read
     // header bytes as Latin-1 and refused the signature): dead-lettered without a request,
     // saying why (found by an SDK interop walk-through).
     assert_eq!(app.row("with space").state.as_str(), "delivered");
     assert_eq!(rx.requests().len(), 1);
-    for id in ["café-1", "注文-2", control, control_mail] {
+    for id in [
+        "café-1",
+        "注文-2",
+        control,
+        control_mail,
+        lead,
+        trail,
+        trail_mail,
+    ] {
         assert_eq!(app.row(id).state.as_str(), "dead_letter", "{id}");
         let a = &app.attempts(id)[0];
         assert_eq!(a.error_kind.as_deref(), Some("invalid_event_id"), "{id}");

@@ -426,13 +426,16 @@ impl WebhookChannel {
         // so the official Standard Webhooks and Svix verifiers refused every such request's
         // signature; and any ASCII spelling of it could also be another event id.
         // Nor a control character (an UPDATE can store one): none can travel in a header, and
-        // a tab that can would be trimmed by the receiver, failing the signature.
-        if !row.event_id.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        // a tab that can would be trimmed by the receiver, failing the signature; nor can a
+        // space at either end (SQL takes one; the API does not), for the same reason.
+        if !row.event_id.bytes().all(|b| (0x20..0x7f).contains(&b))
+            || row.event_id.trim() != row.event_id
+        {
             return SendReport::refused(
                 AttemptClass::Permanent,
                 INVALID_EVENT_ID,
                 now,
-                "its event id is not printable ASCII, which a webhook-id header cannot carry"
+                "its event id is not printable ASCII without spaces at its ends, which a webhook-id header cannot carry"
                     .to_owned(),
             );
         }
