@@ -57,9 +57,12 @@ fn parse_error(path: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
     // the line names no key of Herald's.
     let key = key_on_line(text, line);
     let mut message = mask_quoted(e.message());
-    // serde's `unknown field `leese_seconds`, expected one of `lease_seconds`, …` and `missing
-    // field `url`` name keys, never values: shown, they are the fix.
-    let names_keys = message.starts_with("unknown field") || message.starts_with("missing field");
+    // serde's `unknown field `leese_seconds`, expected one of `lease_seconds`, …`, `missing
+    // field `url`` and `unknown variant `beaer`, expected `bearer` or `basic`` name keys and
+    // the words a setting takes, never a secret: shown, they are the fix.
+    let names_keys = ["unknown field", "missing field", "unknown variant"]
+        .iter()
+        .any(|p| message.starts_with(p));
     if !names_keys && key.as_deref().is_none_or(may_hold_a_secret) {
         message = mask_backticked(&message);
     }
@@ -1947,6 +1950,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("missing field `url`"), "{err}");
+        let err = Settings::from_toml(
+            "[endpoints.e]\nurl = \"https://a.example/h\"\nauth = { beaer = \"x\" }\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("unknown variant `beaer`, expected `bearer` or `basic`"),
+            "{err}"
+        );
         // A value of the wrong kind names its key (under its table), never the value, in words.
         let err = Settings::from_toml("listen = \"127.0.0.1:1\"\nretention_delivered_days = -1\n")
             .unwrap_err()

@@ -667,6 +667,13 @@ fn parse_cursor(s: &str) -> Option<(DateTime<Utc>, i64)> {
 
 /// The dead-letter filter from the query string; an unknown value is a 400 naming it.
 fn parse_filter(q: &Form) -> Result<DeadLetterFilter, String> {
+    // Given twice, which one counts would be a guess (the API refuses it too).
+    if let Some(k) = ["channel", "class", "before"]
+        .into_iter()
+        .find(|k| q.0.iter().filter(|(name, _)| name == k).count() > 1)
+    {
+        return Err(format!("{k}: given more than once"));
+    }
     let nonempty = |k| q.get(k).filter(|v| !v.is_empty());
     Ok(DeadLetterFilter {
         channel: nonempty("channel")
@@ -749,6 +756,10 @@ mod tests {
         );
         let again = parse_filter(&Form::parse(href.split_once('?').unwrap().1.as_bytes())).unwrap();
         assert_eq!(again.before, Some((t, 42)));
+        assert_eq!(
+            parse_filter(&Form::parse(b"class=permanent&class=exhausted")),
+            Err("class: given more than once".to_owned())
+        );
         assert!(
             parse_filter(&Form::parse(b"class=bogus"))
                 .unwrap_err()
