@@ -57,13 +57,17 @@ fn parse_error(path: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
     // the line names no key of Herald's.
     let key = key_on_line(text, line);
     let mut message = mask_quoted(e.message());
-    // serde's `unknown field `leese_seconds`, expected one of `lease_seconds`, …`, `missing
-    // field `url`` and `unknown variant `beaer`, expected `bearer` or `basic`` name keys and
-    // the words a setting takes, never a secret: shown, they are the fix.
-    let names_keys = ["unknown field", "missing field", "unknown variant"]
-        .iter()
-        .any(|p| message.starts_with(p));
-    if !names_keys && key.as_deref().is_none_or(may_hold_a_secret) {
+    // serde's `unknown field `leese_seconds`, expected one of `lease_seconds`, …` and `missing
+    // field `url`` name keys, never a value: shown, they are the fix. `unknown variant `X`,
+    // expected `bearer` or `basic`` names the words a setting takes, shown, but `X` may be a
+    // value (`auth = "sk_live_…"` is read as a variant's name): masked where a secret may be.
+    let names_keys = message.starts_with("unknown field") || message.starts_with("missing field");
+    let secret_here = key.as_deref().is_none_or(may_hold_a_secret);
+    if message.starts_with("unknown variant") {
+        if secret_here && let Some((given, rest)) = message.split_once(", expected") {
+            message = format!("{}, expected{rest}", mask_backticked(given));
+        }
+    } else if !names_keys && secret_here {
         message = mask_backticked(&message);
     }
     for (t, max) in [
@@ -1956,9 +1960,18 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(
-            err.contains("unknown variant `beaer`, expected `bearer` or `basic`"),
+            err.contains("unknown variant `…`, expected `bearer` or `basic`"),
             "{err}"
         );
+        // A token written where a table goes is read as a variant's name: never shown.
+        let err = Settings::from_toml(
+            "[endpoints.e]\nurl = \"https://a.example/h\"\nauth = \"sk_live_abc123\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(!err.contains("sk_live_abc123"), "{err}");
+        assert!(err.contains("expected `bearer` or `basic`"), "{err}");
+
         // A value of the wrong kind names its key (under its table), never the value, in words.
         let err = Settings::from_toml("listen = \"127.0.0.1:1\"\nretention_delivered_days = -1\n")
             .unwrap_err()

@@ -756,10 +756,16 @@ mod tests {
         );
         let again = parse_filter(&Form::parse(href.split_once('?').unwrap().1.as_bytes())).unwrap();
         assert_eq!(again.before, Some((t, 42)));
-        assert_eq!(
-            parse_filter(&Form::parse(b"class=permanent&class=exhausted")),
-            Err("class: given more than once".to_owned())
-        );
+        for (q, k) in [
+            (&b"class=permanent&class=exhausted"[..], "class"),
+            (b"channel=email&channel=email", "channel"),
+            (b"before=1.1&class=permanent&before=2.2", "before"),
+        ] {
+            assert_eq!(
+                parse_filter(&Form::parse(q)),
+                Err(format!("{k}: given more than once"))
+            );
+        }
         assert!(
             parse_filter(&Form::parse(b"class=bogus"))
                 .unwrap_err()

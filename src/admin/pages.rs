@@ -299,9 +299,10 @@ pub fn timeline(d: &MessageDetail, at_now: DateTime<Utc>) -> Vec<Entry> {
     }];
     entries.extend(d.attempts.iter().map(attempt_entry));
     entries.extend(d.receipts.iter().map(receipt_entry));
-    entries.extend(d.replays.iter().filter_map(replay_entry));
     entries.extend(d.skips.iter().map(skip_entry));
-    // Stable: equal times keep enqueued, attempts, receipts in that order.
+    entries.extend(d.replays.iter().filter_map(replay_entry));
+    // Stable: equal times keep enqueued, attempts, receipts, skips, replays in that order (a
+    // skip comes before a replay of the skipped message).
     entries.sort_by_key(|e| e.at);
     let mut now = format!("state {}", m.state);
     if let Some(r) = &m.state_reason {

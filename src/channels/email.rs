@@ -751,7 +751,9 @@ impl EmailChannel {
         // X-Herald-Event-Id header as it is (lettre passes most of them). Other Unicode is
         // encoded (RFC 2047), as ever.
         // A space at either end (SQL takes one) would be trimmed by whoever reads the header.
-        if row.event_id.chars().any(char::is_control) || row.event_id.trim() != row.event_id {
+        if row.event_id.chars().any(char::is_control)
+            || row.event_id.trim_matches(' ') != row.event_id
+        {
             return SendReport::refused(
                 AttemptClass::Permanent,
                 crate::channels::webhook::INVALID_EVENT_ID,

@@ -269,7 +269,7 @@ pub fn explain(
         // What happened to its hold on the key: each explicit skip, its release now, the final
         // state it is in (ends); each replay (it holds the key again).
         let final_state = matches!(p.state, State::Delivered | State::Canceled | State::Expired);
-        let mut events: Vec<Hold> = db
+        let mut history: Vec<Hold> = db
             .skips_of(p.id)?
             .into_iter()
             .map(|s| Hold::End {
@@ -278,29 +278,30 @@ pub fn explain(
                 release: true,
             })
             .collect();
+        let mut now = Vec::new();
         if let Some(r) = p.ordering_released_at
-            && !events.iter().any(|e| e.at() == r)
+            && !history.iter().any(|e| e.at() == r)
         {
-            events.push(Hold::End {
+            now.push(Hold::End {
                 at: r,
                 skipped_by: None,
                 release: true,
             });
         }
         if final_state {
-            events.push(Hold::End {
+            now.push(Hold::End {
                 at: p.updated_at,
                 skipped_by: None,
                 release: false,
             });
         }
-        events.extend(
+        history.extend(
             db.replays_of(p.id)?
                 .into_iter()
                 .map(|r| Hold::Again { at: r.replayed_at }),
         );
         let due = row.scheduled_at.max(row.created_at);
-        let (ended, released, skipped_by) = match end_for(events, due) {
+        let (ended, released, skipped_by) = match end_for(history, now, due) {
             Some(Hold::End {
                 at,
                 skipped_by,
@@ -356,22 +357,32 @@ impl Hold {
 }
 
 /// When the place before a keyed message stopped holding the key for that message, due at
-/// `due`: if it held the key then, its first end after; if it had ended by then (and not been
-/// replayed since), its last end before. `None` while it holds the key still.
-fn end_for(mut events: Vec<Hold>, due: DateTime<Utc>) -> Option<Hold> {
-    events.sort_by_key(Hold::at);
-    let (before, after): (Vec<Hold>, Vec<Hold>) = events.into_iter().partition(|e| e.at() <= due);
-    let mut last_end = None;
-    for e in before {
-        last_end = match e {
-            end @ Hold::End { .. } => Some(end),
-            Hold::Again { .. } => None,
-        };
+/// `due`: if it held the key then, its first end after; if it had stopped by then (and not been
+/// replayed since), the first end of that stop. `None` while it holds the key still.
+/// `history` (its skips and replays) is in time order; `now` (its release now, the final state
+/// it is in) comes after all of it whatever its times say (a cancel stamped by Herald's clock
+/// may read earlier than a replay stamped by the database's).
+fn end_for(mut history: Vec<Hold>, now: Vec<Hold>, due: DateTime<Utc>) -> Option<Hold> {
+    history.sort_by_key(Hold::at);
+    let mut stopped: Option<Hold> = None;
+    let mut latest = DateTime::<Utc>::MIN_UTC;
+    for e in history.into_iter().chain(now) {
+        // In the order above, each no earlier than the one before it.
+        latest = latest.max(e.at());
+        let by_then = latest <= due;
+        match e {
+            Hold::Again { .. } if by_then => stopped = None,
+            end @ Hold::End { .. } if by_then => stopped = stopped.or(Some(end)),
+            // After `due`: the stop it had made by then, else its first end since.
+            end @ Hold::End { .. } => return stopped.or(Some(end)),
+            Hold::Again { .. } => {
+                if stopped.is_some() {
+                    return stopped;
+                }
+            }
+        }
     }
-    if last_end.is_some() {
-        return last_end;
-    }
-    after.into_iter().find(|e| matches!(e, Hold::End { .. }))
+    stopped
 }
 
 /// Why a replay is done, as a person wrote it: required, at most [`MAX_REASON`] characters, no
@@ -1469,28 +1480,45 @@ mod tests {
         let again = |s| Hold::Again { at: t(s) };
         // Due before the skip: the skip, though it was replayed and delivered since.
         assert_eq!(
-            end_for(vec![delivered(40), skip(10), again(20)], t(5)),
+            end_for(vec![skip(10), again(20)], vec![delivered(40)], t(5)),
             Some(skip(10))
         );
         // Due after the skip and before the replay: it was not holding the key then.
         assert_eq!(
-            end_for(vec![skip(10), again(20), delivered(40)], t(15)),
+            end_for(vec![again(20), skip(10)], vec![delivered(40)], t(15)),
             Some(skip(10))
         );
         // Due after the replay: it held the key again, until delivered.
         assert_eq!(
-            end_for(vec![skip(10), again(20), delivered(40)], t(25)),
+            end_for(vec![skip(10), again(20)], vec![delivered(40)], t(25)),
             Some(delivered(40))
         );
         // Replayed, dead again, released by the policy after this message was due.
         assert_eq!(
-            end_for(vec![skip(10), again(20), policy(30)], t(25)),
+            end_for(vec![skip(10), again(20)], vec![policy(30)], t(25)),
             Some(policy(30))
         );
+        // Skipped, then settled delivered by a receipt, both before it was due: the skip.
+        assert_eq!(
+            end_for(vec![skip(10)], vec![delivered(20)], t(25)),
+            Some(skip(10))
+        );
+        // A final state stamped earlier than the replay (another clock) still comes after it.
+        assert_eq!(
+            end_for(vec![skip(10), again(20)], vec![delivered(19)], t(25)),
+            Some(delivered(19))
+        );
+        assert_eq!(
+            end_for(vec![skip(10), again(20)], vec![delivered(20)], t(20)),
+            Some(delivered(20))
+        );
         // Replayed and holding it still; never ended; ended before and not since.
-        assert_eq!(end_for(vec![skip(10), again(20)], t(25)), None);
-        assert_eq!(end_for(vec![], t(25)), None);
-        assert_eq!(end_for(vec![delivered(3)], t(25)), Some(delivered(3)));
+        assert_eq!(end_for(vec![skip(10), again(20)], vec![], t(25)), None);
+        assert_eq!(end_for(vec![], vec![], t(25)), None);
+        assert_eq!(
+            end_for(vec![], vec![delivered(3)], t(25)),
+            Some(delivered(3))
+        );
     }
 
     #[test]
