@@ -2169,17 +2169,25 @@ async fn a_request_body_that_stalls_is_answered_408_and_its_connection_closed() 
             format!("sec-fetch-site: same-origin\r\norigin: http://{listen}\r\n"),
         ),
     ] {
-        let mut stream = tokio::net::TcpStream::connect(&listen).await.unwrap();
-        stream
-            .write_all(
-                format!(
-                    "POST {path} HTTP/1.1\r\nhost: {listen}\r\n{auth}content-type: application/json\r\n\
-                     content-length: 10000\r\n\r\n{{"
-                )
-                .as_bytes(),
-            )
-            .await
-            .unwrap();
+        // The headers and the body's first byte, of a body of `length` bytes.
+        let begin = |length: u64| {
+            let (listen, path, auth) = (listen.clone(), path, auth.clone());
+            async move {
+                let mut stream = tokio::net::TcpStream::connect(&listen).await.unwrap();
+                stream
+                    .write_all(
+                        format!(
+                            "POST {path} HTTP/1.1\r\nhost: {listen}\r\n{auth}content-type: \
+                             application/json\r\ncontent-length: {length}\r\n\r\n{{"
+                        )
+                        .as_bytes(),
+                    )
+                    .await
+                    .unwrap();
+                stream
+            }
+        };
+        let mut stream = begin(10000).await;
         // Nothing more is sent: Herald answers and closes (the read ends), well within the
         // bound (which only keeps a broken build from hanging the suite).
         let mut answer = Vec::new();
@@ -2197,17 +2205,7 @@ async fn a_request_body_that_stalls_is_answered_408_and_its_connection_closed() 
         assert!(said, "{path}: {answer}");
         // A length declared over the limit is refused at once, not after the deadline (found
         // by an input audit: 999999999 and no body waited 30 s for a 408).
-        let mut stream = tokio::net::TcpStream::connect(&listen).await.unwrap();
-        stream
-            .write_all(
-                format!(
-                    "POST {path} HTTP/1.1\r\nhost: {listen}\r\n{auth}content-type: application/json\r\n\
-                     content-length: 999999999\r\n\r\n{{"
-                )
-                .as_bytes(),
-            )
-            .await
-            .unwrap();
+        let mut stream = begin(999_999_999).await;
         let mut answer = vec![0u8; 4096];
         let n = tokio::time::timeout(Duration::from_secs(20), stream.read(&mut answer))
             .await

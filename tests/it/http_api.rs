@@ -27,6 +27,16 @@ fn incompressible(n: usize) -> String {
         .collect()
 }
 
+/// The `field` of each of a problem's `errors`, in order.
+fn error_fields(p: &Value) -> Vec<String> {
+    p["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["field"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
 async fn bad_input_is_refused_with_the_field_and_nothing_is_stored(backend: Backend) {
     let app = spawn_app_with(backend, "max_payload_bytes = 2048\n").await;
     let post_raw = |body: &'static str| {
@@ -132,12 +142,7 @@ async fn bad_input_is_refused_with_the_field_and_nothing_is_stored(backend: Back
         422,
     )
     .await;
-    let fields: Vec<_> = p["errors"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["field"].as_str().unwrap_or_default().to_owned())
-        .collect();
+    let fields = error_fields(&p);
     assert_eq!(
         fields,
         [
@@ -195,12 +200,7 @@ async fn bad_input_is_refused_with_the_field_and_nothing_is_stored(backend: Back
         .await
         .unwrap();
     let p = problem(r, 422).await;
-    let fields: Vec<_> = p["errors"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["field"].as_str().unwrap_or_default().to_owned())
-        .collect();
+    let fields = error_fields(&p);
     assert!(
         fields.contains(&"destination".to_owned()) && fields.contains(&"max_attempts".to_owned()),
         "{p}"

@@ -886,14 +886,17 @@ async fn after_content(
         None
     } else if first.contains("latin1@") {
         // Taken, and said so in Latin-1; the session left open.
-        accepted.lock().unwrap().push(Mail {
-            rcpt: first,
-            rcpts,
-            mail_from,
-            data,
-            tls,
-        });
-        count.send_modify(|c| *c += 1);
+        keep(
+            accepted,
+            count,
+            Mail {
+                rcpt: first,
+                rcpts,
+                mail_from,
+                data,
+                tls,
+            },
+        );
         tell_bytes(conn, held, LATIN1_QUEUED).await;
         ignore_the_rest(conn).await;
         None
@@ -922,14 +925,17 @@ async fn after_content(
             let n = counters.queued.fetch_add(1, Ordering::SeqCst) + 1;
             format!("250 2.0.0 Ok: queued as SINK-{n}")
         };
-        accepted.lock().unwrap().push(Mail {
-            rcpt: first,
-            rcpts,
-            mail_from,
-            data,
-            tls,
-        });
-        count.send_modify(|c| *c += 1);
+        keep(
+            accepted,
+            count,
+            Mail {
+                rcpt: first,
+                rcpts,
+                mail_from,
+                data,
+                tls,
+            },
+        );
         if bye || mute {
             tell(conn, held, false, &reply).await;
             if mute {
@@ -939,6 +945,12 @@ async fn after_content(
         }
         Some(reply)
     }
+}
+
+/// Keeps an accepted message and counts it (what [`SmtpSink::wait_for_mail`] waits for).
+fn keep(accepted: &Mutex<Vec<Mail>>, count: &watch::Sender<usize>, mail: Mail) {
+    accepted.lock().unwrap().push(mail);
+    count.send_modify(|c| *c += 1);
 }
 
 #[test]
