@@ -208,26 +208,36 @@ per_backend! {
         at: DateTime<Utc>,
         x: &OutcomeRecord,
     ) -> QueryResult<bool> {
-        let n = diesel::update(
+        // Unconfirmed, or already settled by a receipt: either way nothing was sent since.
+        let fenced = |state: State| {
             o::table
                 .filter(o::id.eq(x.message_id))
-                // Unconfirmed, or already settled by a receipt: either way nothing was sent since.
-                .filter(o::state.eq_any([State::Unconfirmed, State::Delivered]))
+                .filter(o::state.eq(state))
                 .filter(o::semantics.eq(Semantics::AtMostOnce))
                 .filter(o::attempts.eq(x.claimed_attempt))
-                .filter(o::lease_owner.is_null()),
-        )
-        .set((
-            o::state.eq(State::Delivered),
-            o::last_error_class.eq(None::<AttemptClass>),
-            o::next_attempt_at.eq(None::<DateTime<Utc>>),
-            o::provider_message_id.eq(coalesce_text(
-                x.provider_message_id.as_deref(),
-                o::provider_message_id,
-            )),
-            o::updated_at.eq(at),
-        ))
-        .execute(conn)?;
+                .filter(o::lease_owner.is_null())
+        };
+        let pmid = coalesce_text(x.provider_message_id.as_deref(), o::provider_message_id);
+        let n = diesel::update(fenced(State::Unconfirmed))
+            .set((
+                o::state.eq(State::Delivered),
+                o::last_error_class.eq(None::<AttemptClass>),
+                o::next_attempt_at.eq(None::<DateTime<Utc>>),
+                o::provider_message_id.eq(pmid),
+                o::updated_at.eq(at),
+            ))
+            .execute(conn)?;
+        if n == 1 {
+            return Ok(true);
+        }
+        // Delivered since, by a receipt: it keeps the time it became so (retention counts from
+        // it, and support's "ended at"); the answer adds its provider id if it had none.
+        let n = diesel::update(fenced(State::Delivered))
+            .set((
+                o::last_error_class.eq(None::<AttemptClass>),
+                o::provider_message_id.eq(pmid),
+            ))
+            .execute(conn)?;
         Ok(n == 1)
     }
 

@@ -140,13 +140,19 @@ async fn a_refused_outcome_says_lease_lost_and_a_late_2xx_settles(backend: Backe
         &[
             ("late-amo".into(), json!({"semantics": "at_most_once"})),
             ("late-alo".into(), json!({})),
+            ("late-rcpt".into(), json!({"semantics": "at_most_once"})),
         ],
     )
     .await;
     let claimed = app.herald.sender.claim(10).await.unwrap();
     app.advance(Duration::from_secs(31));
     let sweep = app.herald.sender.sweep_leases().await.unwrap();
-    assert_eq!((sweep.to_unconfirmed, sweep.to_retryable), (1, 1));
+    assert_eq!((sweep.to_unconfirmed, sweep.to_retryable), (2, 1));
+    // One of the unconfirmed is settled by a receipt meanwhile (as the reconciler does, which
+    // leaves `updated_at` to this test): the late 2xx leaves the time it became delivered.
+    app.raw_sql("UPDATE herald_outbox SET state = 'delivered' WHERE event_id = 'late-rcpt'");
+    let settled_at = app.row("late-rcpt").updated_at;
+    app.advance(Duration::from_secs(60));
     // The "crashed" sender was only slow: its sends come back with a 200.
     let mut outcomes = Vec::new();
     for row in claimed {
@@ -155,9 +161,15 @@ async fn a_refused_outcome_says_lease_lost_and_a_late_2xx_settles(backend: Backe
     outcomes.sort_by(|a, b| a.event_id.cmp(&b.event_id));
     assert_eq!(
         app.herald.sender.record(outcomes).await.unwrap(),
-        [Applied::LeaseLost, Applied::Settled],
-        "late-alo, late-amo"
+        [Applied::LeaseLost, Applied::Settled, Applied::Settled],
+        "late-alo, late-amo, late-rcpt"
     );
+    let rcpt = app.row("late-rcpt");
+    assert_eq!(
+        (rcpt.state.as_str(), rcpt.updated_at),
+        ("delivered", settled_at)
+    );
+    assert_ne!(app.row("late-amo").updated_at, settled_at);
     let amo = app.message("late-amo").await;
     assert_eq!(
         (amo["state"].as_str(), amo["last_error_class"].as_str()),
