@@ -15,7 +15,7 @@
 //!   commits a lone request at once.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -66,7 +66,22 @@ struct Shared {
     /// Groups whose merged write the database refused, written again request by request.
     split: AtomicUsize,
     before_commit: Mutex<Option<BeforeCommit>>,
+    /// How long a request waits for its group's commit ([`WRITE_DEADLINE`]; tests shorten it).
+    deadline_ms: AtomicU64,
 }
+
+/// How long a request waits for the commit of its group before it is answered as the database
+/// being unavailable (503): a database that holds the write — a server that stopped answering
+/// on a connection still open (its kernel still acknowledging, so no TCP timeout fires), or a
+/// lock an application's transaction holds on the same event id — kept the request waiting for
+/// as long (a walk-through saw a `POST /v1/messages` hang past 30 s). The write itself goes on
+/// and may commit later: the client's retry with the same event id then finds it (200), as an
+/// ingest provider's retry finds its receipt (a duplicate).
+pub const WRITE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+#[error("the database did not commit the write within {0} ms")]
+struct TooSlow(u64);
 
 /// One request's outcome inside a group.
 type JobResult<A> = Result<A, StorageError>;
@@ -137,7 +152,12 @@ impl<P: Send + 'static, A: Send + 'static> GroupWriter<P, A> {
         commit: CommitFn<P, A>,
     ) -> std::io::Result<Self> {
         let (tx, rx) = std::sync::mpsc::channel();
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared {
+            deadline_ms: AtomicU64::new(
+                u64::try_from(WRITE_DEADLINE.as_millis()).unwrap_or(u64::MAX),
+            ),
+            ..Shared::default()
+        });
         let s = shared.clone();
         std::thread::Builder::new()
             .name(name.into())
@@ -165,9 +185,19 @@ impl<P: Send + 'static, A: Send + 'static> GroupWriter<P, A> {
             self.shared.queued.fetch_sub(1, Ordering::AcqRel);
             return Err(StorageError::Unavailable(Box::new(WriterGone)));
         }
-        answer
-            .await
-            .unwrap_or_else(|_| Err(StorageError::Unavailable(Box::new(WriterGone))))
+        let deadline = self.shared.deadline_ms.load(Ordering::Acquire);
+        match tokio::time::timeout(std::time::Duration::from_millis(deadline), answer).await {
+            Ok(answer) => {
+                answer.unwrap_or_else(|_| Err(StorageError::Unavailable(Box::new(WriterGone))))
+            }
+            Err(_) => Err(StorageError::Unavailable(Box::new(TooSlow(deadline)))),
+        }
+    }
+
+    /// Sets how long a request waits for its group's commit (tests; [`WRITE_DEADLINE`] else).
+    pub fn set_deadline(&self, deadline: std::time::Duration) {
+        let ms = u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX);
+        self.shared.deadline_ms.store(ms, Ordering::Release);
     }
 
     /// Requests submitted and waiting for a group.

@@ -547,6 +547,39 @@ async fn a_failed_group_of_enqueues_answers_503_and_stores_nothing(backend: Back
 
 both_backends!(a_failed_group_of_enqueues_answers_503_and_stores_nothing);
 
+/// A write the database holds (here the writer held before its commit, as a server that stopped
+/// answering on an open connection, or an application's lock on the event id, holds it) is
+/// answered 503 with Retry-After at the deadline, not when the database lets go (a walk-through
+/// saw a request hang past 30 s). The write goes on and commits: the client's retry finds it.
+async fn a_write_the_database_holds_is_answered_503_at_the_deadline(backend: Backend) {
+    let app = spawn_app_with(backend, &enqueue_config()).await;
+    let writer = &app.herald.message_writer;
+    writer.set_deadline(Duration::from_millis(300));
+    let gate = gate_on(writer, &[]);
+    let r = app
+        .http
+        .post(format!("{}/v1/messages", app.base))
+        .json(&plain("held-1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    gate.wait_entered().await;
+    gate.open.send(()).unwrap();
+    writer.set_deadline(herald::storage::group_commit::WRITE_DEADLINE);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !stored(&app, "held-1").await {
+        assert!(Instant::now() < deadline, "the held write never committed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let retry = post(&app, &gate, &app.http, plain("held-1")).await.unwrap();
+    assert_eq!(retry.0, 200, "the retry finds it: {}", retry.1);
+    app.stop().await;
+}
+
+both_backends!(a_write_the_database_holds_is_answered_503_at_the_deadline);
+
 /// A value the database refuses in one enqueue of a group (a trigger of the test's) fails that
 /// request alone: the group is written again request by request, each in its savepoint.
 async fn a_value_the_database_refuses_fails_only_its_own_enqueue(backend: Backend) {
