@@ -114,7 +114,8 @@ pub struct LogEventId<'a>(pub &'a str);
 impl std::fmt::Display for LogEventId<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let id = self.0;
-        if id.contains('@') || id.to_ascii_lowercase().contains("%40") {
+        // `%40` has no letters: no case to fold (and no allocation on the send path).
+        if id.contains('@') || id.contains("%40") {
             f.write_str(&mask_emails_in(id))
         } else {
             f.write_str(id)
@@ -207,15 +208,15 @@ fn mask_opaque(value: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn an_event_id_is_logged_with_an_address_in_it_masked() {
-        let shown = |id: &str| super::LogEventId(id).to_string();
+        let shown = |id: &str| LogEventId(id).to_string();
         assert_eq!(shown("order-42:placed"), "order-42:placed");
         assert_eq!(shown("signup:ada@example.com:1"), "signup:a***@e***.com:1");
         assert_eq!(shown("signup:ada%40example.com"), "signup:a***@e***.com");
     }
-
-    use super::*;
 
     #[test]
     fn a_percent_encoded_address_is_masked_too() {
