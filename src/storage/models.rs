@@ -583,6 +583,12 @@ pub struct ReplayRow {
     /// The provider message id of the send before it: a late receipt naming it still finds
     /// the message.
     pub provider_message_id_before: Option<String>,
+    /// When the message had stopped holding its ordering key by a release, before the replay
+    /// (which clears it); `None` when it had not, or before migration 000032.
+    pub ordering_released_at_before: Option<DateTime<Utc>>,
+    /// When a `delivered` or `expired` message had reached that state, before the replay
+    /// (which rewrites `updated_at`); `None` for other states, or before migration 000032.
+    pub ended_at_before: Option<DateTime<Utc>>,
 }
 
 /// One `herald_skips` row: an explicit skip of a key's dead or unconfirmed head, audited.
@@ -613,6 +619,10 @@ pub struct NewReplay {
     pub expires_at_before: Option<DateTime<Utc>>,
     /// The message's provider message id as read (its last send's).
     pub provider_message_id_before: Option<String>,
+    /// Its release from its ordering key as read, and the time it reached its final state
+    /// (`delivered`, `expired`) as read: the replay clears the one and rewrites the other.
+    pub ordering_released_at_before: Option<DateTime<Utc>>,
+    pub ended_at_before: Option<DateTime<Utc>>,
 }
 
 /// What a replay came to in storage.

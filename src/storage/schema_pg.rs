@@ -154,6 +154,8 @@ diesel::table! {
         expires_at_after -> Nullable<Timestamptz>,
         replayed_at -> Timestamptz,
         provider_message_id_before -> Nullable<Text>,
+        ordering_released_at_before -> Nullable<Timestamptz>,
+        ended_at_before -> Nullable<Timestamptz>,
     }
 }
 

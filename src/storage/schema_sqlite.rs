@@ -139,6 +139,8 @@ diesel::table! {
         expires_at_after -> Nullable<TimestamptzSqlite>,
         replayed_at -> TimestamptzSqlite,
         provider_message_id_before -> Nullable<Text>,
+        ordering_released_at_before -> Nullable<TimestamptzSqlite>,
+        ended_at_before -> Nullable<TimestamptzSqlite>,
     }
 }
 

@@ -103,6 +103,8 @@ per_backend! {
                 rp::expires_at_after.eq(after),
                 rp::replayed_at.eq(at),
                 rp::provider_message_id_before.eq(&r.provider_message_id_before),
+                rp::ordering_released_at_before.eq(r.ordering_released_at_before),
+                rp::ended_at_before.eq(r.ended_at_before),
             ))
             .returning(rp::all_columns)
             .get_result(conn)

@@ -295,11 +295,27 @@ pub fn explain(
                 release: false,
             });
         }
-        history.extend(
-            db.replays_of(p.id)?
-                .into_iter()
-                .map(|r| Hold::Again { at: r.replayed_at }),
-        );
+        // Each replay, and how the message had stopped holding the key before it (the replay
+        // cleared its release and rewrote its updated_at; kept with the replay since 000032).
+        for r in db.replays_of(p.id)? {
+            if let Some(at) = r.ordering_released_at_before
+                && !history.iter().any(|e| e.at() == at)
+            {
+                history.push(Hold::End {
+                    at,
+                    skipped_by: None,
+                    release: true,
+                });
+            }
+            if let Some(at) = r.ended_at_before {
+                history.push(Hold::End {
+                    at,
+                    skipped_by: None,
+                    release: false,
+                });
+            }
+            history.push(Hold::Again { at: r.replayed_at });
+        }
         let due = row.scheduled_at.max(row.created_at);
         let (ended, released, skipped_by) = match end_for(history, now, due) {
             Some(Hold::End {
@@ -603,6 +619,9 @@ pub fn plan_replay(
         expires_at: req.expires_at,
         expires_at_before: row.expires_at,
         provider_message_id_before: row.provider_message_id.clone(),
+        ordering_released_at_before: row.ordering_released_at,
+        ended_at_before: matches!(row.state, State::Delivered | State::Expired)
+            .then_some(row.updated_at),
     })
 }
 

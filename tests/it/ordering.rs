@@ -553,6 +553,34 @@ async fn an_explicit_skip_or_a_cancel_releases_a_blocked_key(backend: Backend) {
         ),
         "{words}"
     );
+
+    // A place delivered before the next message was due, then replayed with force and
+    // delivered again: it had ended for that message at its first delivery, which the replay
+    // keeps (its updated_at is the second now).
+    let z = rx.url_for("/z");
+    post(&app, keyed("z.1", &z, "z", json!({}))).await;
+    app.run_until_idle().await;
+    let first_delivery = app.row("z.1").updated_at;
+    app.advance(std::time::Duration::from_secs(5));
+    post(&app, keyed("z.2", &z, "z", json!({}))).await;
+    app.run_until_idle().await;
+    app.advance(std::time::Duration::from_secs(5));
+    let r = app
+        .http
+        .post(format!("{}/v1/messages/z.1/replay", app.base))
+        .json(&json!({"reason": "sent again on request", "force": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    app.run_until_idle().await;
+    assert_ne!(app.row("z.1").updated_at, first_delivery);
+    let before = &app.explain("z.2").await["ordering"]["before"];
+    assert_eq!(
+        before["ended_at"],
+        first_delivery.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        "{before}"
+    );
     app.stop().await;
 }
 
