@@ -360,12 +360,21 @@ fn state_sentence(e: &Explanation) -> String {
                 Some(t) => format!("It is {}; the next attempt is due at {t}.", e.state),
                 None => format!("It is {}.", e.state),
             };
-            if held_back(e) {
+            if held_back(e, AttemptClass::RateLimited) {
                 s.push_str(
                     " Herald put it back without making a request: its destination was \
                      paused (a receiver or relay asked Herald to slow down, or refused its \
                      session), at its rate limit, or at its cap on sends in flight; holding \
                      spends no attempt.",
+                );
+            } else if held_back(e, AttemptClass::NotSent) && e.endpoint_disabled.is_none() {
+                // Its class says `not_sent` over what its last attempt said (an operator's
+                // walk-through found a message whose only attempt was ambiguous, and one never
+                // tried, both `not_sent` after a stop, with no word of why).
+                s.push_str(
+                    " Herald put it back without making a request: it was claimed but not \
+                     sent, because Herald was stopping, or no send slot or SMTP connection came \
+                     free in time; that spends no attempt.",
                 );
             }
             s
@@ -374,20 +383,21 @@ fn state_sentence(e: &Explanation) -> String {
     }
 }
 
-/// Whether the sender put `e` back without a request (a paused destination, its rate, its cap
-/// on sends in flight): the
-/// message then says `rate_limited` while no attempt of it does — none was made, or its last
-/// one was of another class. (Behind a 429 the two cannot be told apart, and the 429's own
-/// sentence says why it waits.)
-fn held_back(e: &Explanation) -> bool {
+/// Whether the sender put `e` back without a request, saying `class`: `rate_limited` for a
+/// paused destination, its rate or its cap on sends in flight; `not_sent` for a claim it did
+/// not send (stopping, no send slot or SMTP connection in time, a disabled endpoint). The
+/// message then says that class while no attempt of it does — none was made, or its last one
+/// was of another class. (Behind a 429, or a send that was not made, the two cannot be told
+/// apart, and that attempt's own sentence says why it waits.)
+fn held_back(e: &Explanation, class: AttemptClass) -> bool {
     // Attempts of the current series only: a 429 before the last replay says nothing of now.
     let series = e.replays.len() + 1;
     e.state == State::Retryable
-        && e.last_error_class == Some(AttemptClass::RateLimited)
+        && e.last_error_class == Some(class)
         && e.attempt_timeline
             .last()
             .filter(|a| a.series == series)
-            .is_none_or(|a| a.class != AttemptClass::RateLimited)
+            .is_none_or(|a| a.class != class)
 }
 
 /// How much later than the delay `before` set `a` was made, when that is more than a poll's
@@ -904,6 +914,15 @@ mod tests {
         e.attempt_timeline.clear();
         e.last_error_class = Some(AttemptClass::Transient);
         assert!(!narrate(&e).contains(held));
+        // Claimed and not sent (Herald stopping): never tried, or over an earlier ambiguous.
+        e.last_error_class = Some(AttemptClass::NotSent);
+        let unsent = " Herald put it back without making a request: it was claimed but not sent";
+        assert!(narrate(&e).contains(unsent), "{}", narrate(&e));
+        e.attempt_timeline = vec![attempt(1, None, AttemptClass::Ambiguous, "retryable")];
+        assert!(narrate(&e).contains(unsent), "{}", narrate(&e));
+        // A send that failed to connect says so itself.
+        e.attempt_timeline = vec![attempt(1, None, AttemptClass::NotSent, "retryable")];
+        assert!(!narrate(&e).contains(unsent));
         assert!(narrate(&base(State::Sending)).ends_with("An attempt is in flight now."));
         assert!(
             narrate(&base(State::Canceled)).ends_with(
