@@ -56,7 +56,7 @@ fn parse_error(path: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
     // backticks where the key may hold a secret (`smtp_password = 73310042` was shown), or where
     // the line names no key of Herald's.
     let key = key_on_line(text, line);
-    let mut message = mask_quoted(e.message());
+    let mut message = mask_between(e.message(), '"');
     // serde's `unknown field `leese_seconds`, expected one of `lease_seconds`, …` and `missing
     // field `url`` name keys, never a value: shown, they are the fix. `unknown variant `X`,
     // expected `bearer` or `basic`` names the words a setting takes, shown, but `X` may be a
@@ -65,10 +65,10 @@ fn parse_error(path: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
     let secret_here = key.as_deref().is_none_or(may_hold_a_secret);
     if message.starts_with("unknown variant") {
         if secret_here && let Some((given, rest)) = message.split_once(", expected") {
-            message = format!("{}, expected{rest}", mask_backticked(given));
+            message = format!("{}, expected{rest}", mask_between(given, '`'));
         }
     } else if !names_keys && secret_here {
-        message = mask_backticked(&message);
+        message = mask_between(&message, '`');
     }
     for (t, max) in [
         ("u8", u64::from(u8::MAX)),
@@ -114,19 +114,6 @@ fn may_hold_a_secret(key: &str) -> bool {
             // An endpoint's or a destination's headers may carry an API key.
             | "headers"
     )
-}
-
-/// `text` with every part in backticks (serde's way of showing a number, a boolean or a
-/// character it did not expect) replaced by `` `…` ``.
-fn mask_backticked(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for (i, part) in text.split('`').enumerate() {
-        if i > 0 {
-            out.push('`');
-        }
-        out.push_str(if i % 2 == 1 { "…" } else { part });
-    }
-    out
 }
 
 /// The key written on line `line` (1-based) of a TOML text, under the table it is in
@@ -178,12 +165,13 @@ fn known_file_keys() -> &'static [&'static str] {
     })
 }
 
-/// `text` with every double-quoted part replaced by `"…"`.
-fn mask_quoted(text: &str) -> String {
+/// `text` with every part between two `mark`s replaced by `…`: `"…"` for a string serde
+/// quotes, `` `…` `` for a number, a boolean or a word it shows in backticks.
+fn mask_between(text: &str, mark: char) -> String {
     let mut out = String::with_capacity(text.len());
-    for (i, part) in text.split('"').enumerate() {
+    for (i, part) in text.split(mark).enumerate() {
         if i > 0 {
-            out.push('"');
+            out.push(mark);
         }
         out.push_str(if i % 2 == 1 { "…" } else { part });
     }

@@ -334,11 +334,7 @@ async fn not_found(
     admin: web::Data<AdminState>,
 ) -> HttpResponse {
     let (s, csrf) = tri!(for_page(&req, &state, &admin).await);
-    let viewer = Viewer {
-        who: &s.principal,
-        csrf: &csrf,
-        typed_reason: None,
-    };
+    let viewer = Viewer::new(&s.principal, &csrf);
     page(
         StatusCode::NOT_FOUND,
         pages::error(Some(&viewer), "Not found", "There is no such admin page."),
@@ -399,11 +395,7 @@ async fn sign_out(
     let (s, csrf) = tri!(for_action(&req, &state, &admin, &form).await);
     // Stored before the cookie is cleared: a copy of the cookie taken before is refused by every
     // process from now on. If the database does not answer, the session stays (and says so).
-    let viewer = Viewer {
-        who: &s.principal,
-        csrf: &csrf,
-        typed_reason: None,
-    };
+    let viewer = Viewer::new(&s.principal, &csrf);
     let db = state.db.clone();
     let (id, expires_at, now) = (s.id.clone(), s.expires_at, state.clock.now());
     tri!(
@@ -425,11 +417,7 @@ async fn home(
     admin: web::Data<AdminState>,
 ) -> HttpResponse {
     let (s, csrf) = tri!(for_page(&req, &state, &admin).await);
-    let viewer = Viewer {
-        who: &s.principal,
-        csrf: &csrf,
-        typed_reason: None,
-    };
+    let viewer = Viewer::new(&s.principal, &csrf);
     let now = state.clock.now();
     let db = state.db.clone();
     let counts = tri!(
@@ -449,11 +437,7 @@ async fn search(
     admin: web::Data<AdminState>,
 ) -> HttpResponse {
     let (s, csrf) = tri!(for_page(&req, &state, &admin).await);
-    let viewer = Viewer {
-        who: &s.principal,
-        csrf: &csrf,
-        typed_reason: None,
-    };
+    let viewer = Viewer::new(&s.principal, &csrf);
     let q = query(&req).get("q").unwrap_or("").to_owned();
     let parsed = data::parse_query(&q);
     if parsed == data::Query::Empty {
@@ -535,11 +519,7 @@ async fn message(
     admin: web::Data<AdminState>,
 ) -> HttpResponse {
     let (s, csrf) = tri!(for_page(&req, &state, &admin).await);
-    let viewer = Viewer {
-        who: &s.principal,
-        csrf: &csrf,
-        typed_reason: None,
-    };
+    let viewer = Viewer::new(&s.principal, &csrf);
     let q = query(&req);
     let event_id = q.get("event_id").unwrap_or("").to_owned();
     let notice = (q.get("replayed") == Some("1")).then_some(Notice::Info(REPLAY_RECORDED));
@@ -554,11 +534,7 @@ async fn replay(
 ) -> HttpResponse {
     let form = tri!(read_form(&req, &state, payload).await);
     let (s, csrf) = tri!(for_action(&req, &state, &admin, &form).await);
-    let viewer = Viewer {
-        who: &s.principal,
-        csrf: &csrf,
-        typed_reason: None,
-    };
+    let viewer = Viewer::new(&s.principal, &csrf);
     // The hex copy first: the plain one is written out on the page where it holds a control
     // character, and would name another message (or none) if posted back as shown.
     let event_id = form
@@ -714,11 +690,7 @@ async fn dead_letters(
     admin: web::Data<AdminState>,
 ) -> HttpResponse {
     let (s, csrf) = tri!(for_page(&req, &state, &admin).await);
-    let viewer = Viewer {
-        who: &s.principal,
-        csrf: &csrf,
-        typed_reason: None,
-    };
+    let viewer = Viewer::new(&s.principal, &csrf);
     let filter = match parse_filter(&query(&req)) {
         Ok(f) => f,
         Err(why) => {

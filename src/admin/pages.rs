@@ -19,6 +19,17 @@ pub struct Viewer<'a> {
     pub typed_reason: Option<&'a str>,
 }
 
+impl<'a> Viewer<'a> {
+    /// `who`, with its form's CSRF token, and no reason typed.
+    pub fn new(who: &'a Principal, csrf: &'a str) -> Self {
+        Self {
+            who,
+            csrf,
+            typed_reason: None,
+        }
+    }
+}
+
 fn ts(t: &DateTime<Utc>) -> String {
     t.format("%Y-%m-%d %H:%M:%S%.3f UTC").to_string()
 }

@@ -747,13 +747,10 @@ impl EmailChannel {
         // Timed from `now`, not from after the build (a DKIM signature takes a while): the
         // answer's time, which a pause runs from, is then never earlier than the answer.
         let started = std::time::Instant::now();
-        // A control character in the event id (an UPDATE can store one) would go into the
-        // X-Herald-Event-Id header as it is (lettre passes most of them). Other Unicode is
+        // One that no header carries as it is would go into X-Herald-Event-Id so (lettre
+        // passes most control characters; see `event_id_fits_a_header`). Other Unicode is
         // encoded (RFC 2047), as ever.
-        // A space at either end (SQL takes one) would be trimmed by whoever reads the header.
-        if row.event_id.chars().any(char::is_control)
-            || row.event_id.trim_matches(' ') != row.event_id
-        {
+        if !super::event_id_fits_a_header(row.event_id) {
             return SendReport::refused(
                 AttemptClass::Permanent,
                 crate::channels::webhook::INVALID_EVENT_ID,

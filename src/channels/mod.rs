@@ -87,6 +87,14 @@ impl SendReport {
     }
 }
 
+/// Whether an event id can travel in a header as it is: no control character (an `UPDATE`
+/// can store one; the insert refuses them) and no space at either end (SQL takes one; the API
+/// does not), which the reader's parser trims — a tab or a space so trimmed failed the webhook
+/// signature over the id at the receiver. A webhook's must also be ASCII (see its channel).
+pub fn event_id_fits_a_header(id: &str) -> bool {
+    !id.chars().any(char::is_control) && id.trim_matches(' ') == id
+}
+
 pub use crate::crypto::install_crypto_provider;
 
 /// A payload's custom header given twice (names compare without case), refused at enqueue for

@@ -425,12 +425,8 @@ impl WebhookChannel {
         // `webhook-id` as itself: Python's and Node's HTTP stacks read header bytes as Latin-1,
         // so the official Standard Webhooks and Svix verifiers refused every such request's
         // signature; and any ASCII spelling of it could also be another event id.
-        // Nor a control character (an UPDATE can store one): none can travel in a header, and
-        // a tab that can would be trimmed by the receiver, failing the signature; nor can a
-        // space at either end (SQL takes one; the API does not), for the same reason.
-        if !row.event_id.bytes().all(|b| (0x20..0x7f).contains(&b))
-            || row.event_id.trim() != row.event_id
-        {
+        // Nor one that no header carries as it is (see `event_id_fits_a_header`).
+        if !row.event_id.is_ascii() || !super::event_id_fits_a_header(row.event_id) {
             return SendReport::refused(
                 AttemptClass::Permanent,
                 INVALID_EVENT_ID,

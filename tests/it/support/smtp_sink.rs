@@ -868,6 +868,14 @@ async fn after_content(
     } = done;
     let first = rcpts.first().cloned().unwrap_or_default();
     counters.received.lock().unwrap().push(data.clone());
+    // What is kept of it, where the script takes it.
+    let mail = Mail {
+        rcpt: first.clone(),
+        rcpts,
+        mail_from,
+        data,
+        tls,
+    };
     let refuse_once =
         first.contains("once451@") && !counters.once_refused.swap(true, Ordering::SeqCst);
     let at_data = scripted_code(&first, "data").or(if first.contains("t451@") || refuse_once {
@@ -886,17 +894,7 @@ async fn after_content(
         None
     } else if first.contains("latin1@") {
         // Taken, and said so in Latin-1; the session left open.
-        keep(
-            accepted,
-            count,
-            Mail {
-                rcpt: first,
-                rcpts,
-                mail_from,
-                data,
-                tls,
-            },
-        );
+        keep(accepted, count, mail);
         tell_bytes(conn, held, LATIN1_QUEUED).await;
         ignore_the_rest(conn).await;
         None
@@ -925,17 +923,7 @@ async fn after_content(
             let n = counters.queued.fetch_add(1, Ordering::SeqCst) + 1;
             format!("250 2.0.0 Ok: queued as SINK-{n}")
         };
-        keep(
-            accepted,
-            count,
-            Mail {
-                rcpt: first,
-                rcpts,
-                mail_from,
-                data,
-                tls,
-            },
-        );
+        keep(accepted, count, mail);
         if bye || mute {
             tell(conn, held, false, &reply).await;
             if mute {
