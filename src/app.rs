@@ -429,6 +429,7 @@ impl Herald {
             reconcile_wake: self.reconciler.wake_handle(),
             metrics: self.metrics.clone(),
             sender_heartbeat: self.sender.heartbeat(),
+            pauses: self.sender.throttle(),
             receipt_writer: self.receipt_writer.clone(),
             message_writer: self.message_writer.clone(),
             refusals: Arc::default(),

@@ -21,6 +21,7 @@ use prometheus::{
 };
 
 use crate::domain::{AttemptClass, Channel, State};
+use crate::sender::throttle::Paused;
 use crate::storage::WalState;
 use crate::storage::models::DbStats;
 
@@ -206,6 +207,7 @@ struct Inner {
     sender_heartbeat_age: Gauge,
     sender_awake: IntGauge,
     sender_awake_periods: IntCounter,
+    paused: IntGaugeVec,
     /// One scrape at a time sets the gauges and renders.
     scrape: Mutex<()>,
 }
@@ -270,7 +272,7 @@ impl Metrics {
         )?;
         let held = counter(
             "herald_held_total",
-            "Claimed messages put back without a request or a spent attempt, by why: paused (the destination asked to slow down), rate_limit, max_in_flight, endpoint_disabled, smtp_pool, shutdown (claimed but not sent when Herald stopped), lease (it waited for a send slot so long that its lease could have run out mid-send).",
+            "Claimed messages put back without a request or a spent attempt, by why: paused (the destination asked to slow down, refused the session, or could not be reached), rate_limit, max_in_flight, endpoint_disabled, smtp_pool, shutdown (claimed but not sent when Herald stopped), lease (it waited for a send slot so long that its lease could have run out mid-send).",
             &["reason"],
         )?;
         let endpoints_disabled = counter(
@@ -364,6 +366,17 @@ impl Metrics {
             registry.register(Box::new(c.clone()))?;
             c
         };
+        let paused = {
+            let g = IntGaugeVec::new(
+                Opts::new(
+                    "herald_paused_destinations",
+                    "Destinations this process holds paused now (asked to slow down, refused Herald's session, or could not be reached; or waiting for a probe's answer after such a pause), by channel: webhook hosts, and the SMTP relay (0 or 1).",
+                ),
+                &["channel"],
+            )?;
+            registry.register(Box::new(g.clone()))?;
+            g
+        };
         let sources: BTreeSet<String> = sources.into_iter().map(str::to_owned).collect();
         // Every series exists from the start, at zero: a rate over a series that appears late
         // misses its first increments, and an operator sees what can be counted.
@@ -430,6 +443,7 @@ impl Metrics {
                 sender_heartbeat_age,
                 sender_awake,
                 sender_awake_periods,
+                paused,
                 scrape: Mutex::new(()),
             }),
         })
@@ -549,12 +563,13 @@ impl Metrics {
 
     /// The text exposition: every counter and histogram, and the gauges from `stats` (the
     /// database's, `None` when it could not be read), `wal` (SQLite's WAL, `None` on
-    /// PostgreSQL) and the sender's last beat.
+    /// PostgreSQL), the sender's last beat and what it holds `paused`.
     pub fn render(
         &self,
         stats: Option<&DbStats>,
         wal: Option<&WalState>,
         sender_last_beat: Option<DateTime<Utc>>,
+        paused: Paused,
         now: DateTime<Utc>,
     ) -> Result<String, prometheus::Error> {
         let i = &self.inner;
@@ -584,6 +599,12 @@ impl Metrics {
             i.wal_frames_held.set(w.held);
             i.checkpoint_failing.set(i64::from(w.failing));
         }
+        i.paused
+            .with_label_values(&[Channel::Webhook.as_str()])
+            .set(i64::try_from(paused.webhook).unwrap_or(i64::MAX));
+        i.paused
+            .with_label_values(&[Channel::Email.as_str()])
+            .set(i64::from(paused.relay));
         let heartbeat = sender_last_beat.map(|t| age(now, Some(t)));
         if let Some(a) = heartbeat {
             i.sender_heartbeat_age.set(a);
@@ -645,7 +666,11 @@ mod tests {
             held: 7,
             failing: false,
         };
-        let text = m.render(Some(&s), Some(&wal), None, s.at).unwrap();
+        let paused = Paused {
+            webhook: 2,
+            relay: true,
+        };
+        let text = m.render(Some(&s), Some(&wal), None, paused, s.at).unwrap();
         for line in [
             "herald_attempts_total{channel=\"webhook\",class=\"transient\"} 1",
             "herald_attempts_total{channel=\"email\",class=\"accepted\"} 0",
@@ -666,6 +691,8 @@ mod tests {
             "herald_sqlite_wal_frames 120",
             "herald_sqlite_wal_frames_held 7",
             "herald_sqlite_checkpoint_failing 0",
+            "herald_paused_destinations{channel=\"webhook\"} 2",
+            "herald_paused_destinations{channel=\"email\"} 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
         }
@@ -679,7 +706,13 @@ mod tests {
         let m = Metrics::new(["a"]).unwrap();
         let now = DateTime::from_timestamp(1_700_000_100, 0).unwrap();
         let text = m
-            .render(None, None, Some(now - chrono::Duration::seconds(4)), now)
+            .render(
+                None,
+                None,
+                Some(now - chrono::Duration::seconds(4)),
+                Paused::default(),
+                now,
+            )
             .unwrap();
         assert!(text.contains("herald_database_up 0"), "{text}");
         assert!(
@@ -688,6 +721,11 @@ mod tests {
         );
         assert!(!text.contains("herald_messages{"), "{text}");
         assert!(!text.contains("herald_oldest_due_message_age_seconds"));
+        // Not the database's: there with or without it.
+        assert!(
+            text.contains("herald_paused_destinations{channel=\"email\"} 0"),
+            "{text}"
+        );
         // PostgreSQL: no WAL of Herald's to report.
         assert!(!text.contains("herald_sqlite_"), "{text}");
     }

@@ -55,6 +55,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// The sender loop's heartbeat (`/readyz`: a stalled sender is not ready).
     pub sender_heartbeat: Arc<Heartbeat>,
+    /// The sender's pauses of destinations (`herald_paused_destinations`).
+    pub pauses: Arc<crate::sender::throttle::Throttle>,
     /// Ingest's group-commit writer (on `db`): a request is answered after its group commits.
     pub receipt_writer: ReceiptWriter,
     /// `POST /v1/messages`' group-commit writer (on `db`): messages other than fan-outs (on
@@ -315,6 +317,7 @@ async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
             stats.as_ref(),
             state.db.wal_state().as_ref(),
             state.sender_heartbeat.last(),
+            state.pauses.paused_count(state.clock.now()),
             state.clock.now(),
         )
         .map_err(|e| {

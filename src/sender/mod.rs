@@ -36,11 +36,8 @@ use crate::storage::{Db, StorageError};
 use self::decide::{AttemptFacts, decide, series_attempt, too_late, within_expiry};
 use self::disable::Streaks;
 use self::limits::{Limit, Limits};
-use self::throttle::{Answer, Throttle};
-
-/// The throttle key of the SMTP relay: every email goes through the one relay configured.
-const SMTP_RELAY: &str = "smtp";
 use self::policy::RetryPolicy;
+use self::throttle::{Answer, SMTP_RELAY, Throttle};
 
 /// How long the claim loop waits for room among the claimed rows before it claims a smaller
 /// batch.
@@ -229,7 +226,7 @@ struct Inner {
     webhook: WebhookChannel,
     email: EmailChannel,
     wake: Arc<Notify>,
-    throttle: Throttle,
+    throttle: Arc<Throttle>,
     limits: Arc<Limits>,
     streaks: Streaks,
     /// The endpoints disabled in the database, as last read, and when.
@@ -348,7 +345,7 @@ impl Sender {
         wake: Arc<Notify>,
         metrics: Metrics,
     ) -> Self {
-        let throttle = Throttle::new(config.policy.base, config.longest_send);
+        let throttle = Arc::new(Throttle::new(config.policy.base, config.longest_send));
         let heartbeat = Arc::new(Heartbeat::new(Heartbeat::limit_for(
             config.poll_interval,
             config.lease,
@@ -387,6 +384,11 @@ impl Sender {
     /// `/readyz` reads it.
     pub fn heartbeat(&self) -> Arc<Heartbeat> {
         self.inner.heartbeat.clone()
+    }
+
+    /// This process's pauses of destinations; `/metrics` counts them.
+    pub fn throttle(&self) -> Arc<Throttle> {
+        self.inner.throttle.clone()
     }
 
     /// Whether this process holds the claim of `message_id` at `attempt` (see

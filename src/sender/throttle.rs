@@ -1,6 +1,8 @@
 //! Per-destination slow-down. A receiver that says "slow down" — HTTP 429 or a 503 with
 //! `Retry-After`, an SMTP 421 (at the greeting or later), an SMTP relay refusing Herald's
-//! session (its login, TLS, greeting) — or that answers with a burst of transient errors slows **every** message bound to it, not only the one that got the answer:
+//! session (its login, TLS, greeting) — or that answers with a burst of transient errors, or
+//! cannot be reached at all in a burst of tries (connection refused, no such name, connect
+//! timeout), slows **every** message bound to it, not only the one that got the answer:
 //! until the pause ends, messages for that destination are put back (`retryable` shortly after
 //! the pause's end, spread out) without a request and without spending an attempt.
 //!
@@ -21,6 +23,19 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::domain::AttemptClass;
+
+/// The pause key of the SMTP relay: every email goes through the one relay configured. A
+/// webhook's is its URL's scheme, host and port.
+pub const SMTP_RELAY: &str = "smtp";
+
+/// What is paused at one moment ([`Throttle::paused_count`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Paused {
+    /// Webhook destinations (scheme, host and port) paused.
+    pub webhook: usize,
+    /// The SMTP relay is paused.
+    pub relay: bool,
+}
 
 /// Transient answers from one destination within [`BURST_WINDOW`] that count as a burst.
 pub const BURST_COUNT: usize = 5;
@@ -50,7 +65,19 @@ pub struct Answer<'a> {
 /// behind the one that met it wait without spending attempts while the operator mends it.
 pub const SESSION_REFUSED: &[&str] = crate::channels::email::kind::SESSION_REFUSED;
 
+/// Error kinds of a send that never reached its destination: the connection refused, the name
+/// not resolved, the connect timed out, the TLS handshake failed (a webhook's `connect` is all of
+/// these), or an SMTP relay's connection closed before its greeting. Such failures count towards
+/// a burst; a pause they start is probed by one message before the others go (a destination that
+/// is down is down for all), and a probe that still cannot reach it pauses it again at once.
+pub const UNREACHABLE: &[&str] = &["connect", "connect_timeout"];
+
 impl Answer<'_> {
+    /// The send never reached the destination ([`UNREACHABLE`]): no reply, no status.
+    fn unreachable(&self) -> bool {
+        self.status.is_none() && self.error_kind.is_some_and(|k| UNREACHABLE.contains(&k))
+    }
+
     fn session_refused(&self) -> bool {
         self.is_smtp
             && self
@@ -60,17 +87,21 @@ impl Answer<'_> {
 }
 
 /// Whether `answer` (with `recent_transient` transient answers from the same destination within
-/// the burst window before it) asks for the whole destination to slow down:
+/// the burst window before it; `probe`: it is the answer of the message that went first after a
+/// pause) asks for the whole destination to slow down:
 /// - a 429, or a 503 with `Retry-After`;
 /// - an SMTP 421 ("service not available, closing channel"), whatever stage it came at;
 /// - the relay refusing Herald's session ([`SESSION_REFUSED`]);
 /// - the [`BURST_COUNT`]-th transient answer (an SMTP 4xx at the greeting included) within
 ///   [`BURST_WINDOW`]. Refused recipients (`recipients_refused`: a full mailbox, say) are the
-///   recipients' own, not the relay's: they do not count.
-pub fn slows_down(answer: &Answer<'_>, recent_transient: usize) -> bool {
+///   recipients' own, not the relay's: they do not count. A destination that could not be
+///   reached ([`UNREACHABLE`]) counts as a transient answer;
+/// - a probe that could not reach the destination: it is still down.
+pub fn slows_down(answer: &Answer<'_>, recent_transient: usize, probe: bool) -> bool {
     match (answer.class, answer.status, answer.is_smtp) {
         (_, Some(421), true) => true,
         _ if answer.session_refused() => true,
+        _ if probe && answer.unreachable() => true,
         (AttemptClass::RateLimited, _, _) => true,
         (AttemptClass::Transient, Some(503), false) => answer.asked.is_some(),
         _ if is_transient(answer) => recent_transient + 1 >= BURST_COUNT,
@@ -78,11 +109,13 @@ pub fn slows_down(answer: &Answer<'_>, recent_transient: usize) -> bool {
     }
 }
 
-/// A transient answer for the burst count: the class, or an SMTP 4xx that stopped the session
-/// before the envelope (classed `not_sent`: nothing left).
+/// A transient answer for the burst count: the class, an SMTP 4xx that stopped the session
+/// before the envelope (classed `not_sent`: nothing left), or no answer at all because the
+/// destination could not be reached ([`UNREACHABLE`]).
 fn is_transient(answer: &Answer<'_>) -> bool {
     answer.error_kind != Some(crate::channels::email::kind::RECIPIENTS_REFUSED)
         && (answer.class == AttemptClass::Transient
+            || answer.unreachable()
             || (answer.is_smtp && matches!(answer.status, Some(400..=499))))
 }
 
@@ -98,9 +131,10 @@ struct Entry {
     /// Pauses in a row, without an accepted answer between them.
     streak: u32,
     transient: Vec<DateTime<Utc>>,
-    /// The last pause came from the relay refusing the session ([`SESSION_REFUSED`]): once it
-    /// ends, one message goes first (the probe) and the others wait for its answer, rather than
-    /// each spending an attempt on the same refusal.
+    /// The last pause came from the relay refusing the session ([`SESSION_REFUSED`]) or from a
+    /// destination that could not be reached ([`UNREACHABLE`]): once it ends, one message goes
+    /// first (the probe) and the others wait for its answer, rather than each spending an
+    /// attempt on the same refusal.
     half_open: bool,
     /// The probe in flight: its message id, and since when.
     probe: Option<(i64, DateTime<Utc>)>,
@@ -160,6 +194,24 @@ impl Throttle {
         }
     }
 
+    /// How many destinations are paused at `now`, webhook hosts and the SMTP relay
+    /// ([`SMTP_RELAY`]) apart: those whose pause runs, and those whose pause ended but whose probe
+    /// has had no answer yet (not known to be back).
+    pub fn paused_count(&self, now: DateTime<Utc>) -> Paused {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let mut paused = Paused::default();
+        for (destination, e) in entries.iter() {
+            if e.half_open || e.paused_until.is_some_and(|until| until > now) {
+                if destination == SMTP_RELAY {
+                    paused.relay = true;
+                } else {
+                    paused.webhook += 1;
+                }
+            }
+        }
+        paused
+    }
+
     /// Records an answer from `destination`; returns the pause it started, if any.
     pub fn observe(
         &self,
@@ -168,16 +220,19 @@ impl Throttle {
         now: DateTime<Utc>,
     ) -> Option<DateTime<Utc>> {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let mut probe = false;
         if let Some(e) = entries.get_mut(destination) {
             // The probe's answer ends the probe (a late answer of a send from before the pause
-            // does not); an answer past the session — accepted, or a reply about the message
-            // itself — shows the relay takes Herald's session again. One that never reached a
-            // session (a lost connection) shows nothing: the next message probes.
+            // does not); a reply past the session — accepted, any HTTP status, an SMTP reply
+            // about the message itself — shows the destination takes Herald again. A probe that
+            // could not reach it pauses it again; one whose connection was lost later (no reply)
+            // shows nothing: the next message probes.
             if e.probe.is_some_and(|(id, _)| id == answer.message) {
                 e.probe = None;
+                probe = true;
             }
             let session_taken = answer.class == AttemptClass::Accepted
-                || (answer.is_smtp && answer.status.is_some() && !answer.session_refused());
+                || (answer.status.is_some() && !answer.session_refused());
             if session_taken {
                 e.half_open = false;
             }
@@ -187,13 +242,13 @@ impl Throttle {
             entries.remove(destination);
             return None;
         }
-        if !is_transient(answer) && !slows_down(answer, 0) {
+        if !is_transient(answer) && !slows_down(answer, 0, probe) {
             return None;
         }
         let entry = entries.entry(destination.to_owned()).or_default();
         let window = chrono::Duration::from_std(BURST_WINDOW).unwrap_or_default();
         entry.transient.retain(|t| now - *t < window);
-        if !slows_down(answer, entry.transient.len()) {
+        if !slows_down(answer, entry.transient.len(), probe) {
             entry.transient.push(now);
             return None;
         }
@@ -215,7 +270,7 @@ impl Throttle {
         // A pause only ever grows: a shorter one learnt later does not end a longer one.
         let until = entry.paused_until.map_or(until, |u| u.max(until));
         entry.paused_until = Some(until);
-        entry.half_open |= answer.session_refused();
+        entry.half_open |= answer.session_refused() || answer.unreachable();
         Some(until)
     }
 }
@@ -310,11 +365,11 @@ mod tests {
         assert_eq!(again, until + chrono::Duration::seconds(10));
         assert_eq!(t.paused_until("smtp", 2, again), None, "2 probes now");
         assert!(t.paused_until("smtp", 3, again).is_some());
-        // The probe's connection lost before any session: it says nothing of the relay, the
-        // next message probes, the others still wait.
+        // The probe's connection lost with no reply: it says nothing of the relay, the next
+        // message probes, the others still wait.
         let lost = Answer {
             message: 2,
-            ..smtp_kind(NotSent, None, "connect")
+            ..smtp_kind(NotSent, None, "connection_lost_before_data")
         };
         assert_eq!(t.observe("smtp", &lost, again), None);
         assert_eq!(t.paused_until("smtp", 3, again), None, "3 probes");
@@ -354,17 +409,20 @@ mod tests {
             (None, "tls"),
             (None, "smtp_auth"),
         ] {
-            assert!(slows_down(&smtp_kind(NotSent, status, kind), 0), "{kind}");
+            assert!(
+                slows_down(&smtp_kind(NotSent, status, kind), 0, false),
+                "{kind}"
+            );
         }
         // A webhook's TLS failure is its receiver's alone.
         let mut http_tls = smtp_kind(NotSent, None, "tls");
         http_tls.is_smtp = false;
-        assert!(!slows_down(&http_tls, 0));
+        assert!(!slows_down(&http_tls, 0, false));
         // A lost connection is not a refusal.
-        assert!(!slows_down(&smtp_kind(NotSent, None, "connect"), 0));
+        assert!(!slows_down(&smtp_kind(NotSent, None, "connect"), 0, false));
         // Full mailboxes, however many: the recipients', not the relay's.
         let full = smtp_kind(Transient, Some(452), "recipients_refused");
-        assert!(!slows_down(&full, BURST_COUNT - 1));
+        assert!(!slows_down(&full, BURST_COUNT - 1, false));
         let t = Throttle::new(Duration::from_secs(5), Duration::from_secs(30));
         for i in 0..2 * BURST_COUNT {
             assert_eq!(t.observe("smtp", &full, now()), None, "{i}");
@@ -386,31 +444,122 @@ mod tests {
     #[test]
     fn which_answers_slow_a_destination_down() {
         use AttemptClass::*;
-        assert!(slows_down(&answer(RateLimited, 429, Some(30), false), 0));
-        assert!(slows_down(&answer(RateLimited, 429, None, false), 0));
-        assert!(slows_down(&answer(Transient, 503, Some(30), false), 0));
+        assert!(slows_down(
+            &answer(RateLimited, 429, Some(30), false),
+            0,
+            false
+        ));
+        assert!(slows_down(&answer(RateLimited, 429, None, false), 0, false));
+        assert!(slows_down(
+            &answer(Transient, 503, Some(30), false),
+            0,
+            false
+        ));
         assert!(
-            !slows_down(&answer(Transient, 503, None, false), 0),
+            !slows_down(&answer(Transient, 503, None, false), 0, false),
             "503 without Retry-After"
         );
         // An SMTP 421 wherever it came: in the envelope (transient) or at the greeting (not_sent).
-        assert!(slows_down(&answer(Transient, 421, None, true), 0));
-        assert!(slows_down(&answer(NotSent, 421, None, true), 0));
+        assert!(slows_down(&answer(Transient, 421, None, true), 0, false));
+        assert!(slows_down(&answer(NotSent, 421, None, true), 0, false));
         // A lone 500, an HTTP 421 (misdirected request), a lone SMTP 451: no …
-        assert!(!slows_down(&answer(Transient, 500, None, false), 0));
-        assert!(!slows_down(&answer(Permanent, 421, None, false), 0));
-        assert!(!slows_down(&answer(Transient, 451, None, true), 0));
+        assert!(!slows_down(&answer(Transient, 500, None, false), 0, false));
+        assert!(!slows_down(&answer(Permanent, 421, None, false), 0, false));
+        assert!(!slows_down(&answer(Transient, 451, None, true), 0, false));
         // … until they come in a burst, a 4xx greeting included.
         assert!(slows_down(
             &answer(Transient, 451, None, true),
-            BURST_COUNT - 1
+            BURST_COUNT - 1,
+            false
         ));
         assert!(slows_down(
             &answer(NotSent, 450, None, true),
-            BURST_COUNT - 1
+            BURST_COUNT - 1,
+            false
         ));
-        assert!(!slows_down(&answer(Accepted, 200, None, false), 99));
-        assert!(!slows_down(&answer(Permanent, 550, None, true), 99));
+        assert!(!slows_down(&answer(Accepted, 200, None, false), 99, false));
+        assert!(!slows_down(&answer(Permanent, 550, None, true), 99, false));
+    }
+
+    #[test]
+    fn a_destination_that_cannot_be_reached_is_paused_after_a_burst_and_probed() {
+        use AttemptClass::*;
+        let t = Throttle::new(Duration::from_secs(5), Duration::from_secs(30));
+        let at = |ms: i64| now() + chrono::Duration::milliseconds(ms);
+        for (smtp, kind) in [
+            (true, "connect"),
+            (true, "connect_timeout"),
+            (false, "connect"),
+        ] {
+            let down = Answer {
+                is_smtp: smtp,
+                ..smtp_kind(NotSent, None, kind)
+            };
+            assert!(!slows_down(&down, 0, false), "one alone: {kind}");
+            assert!(slows_down(&down, BURST_COUNT - 1, false), "a burst: {kind}");
+            assert!(slows_down(&down, 0, true), "a probe: {kind}");
+            // A reply with a code is not "unreachable", whatever its kind says.
+            let replied = Answer {
+                status: Some(500),
+                ..down
+            };
+            assert!(!slows_down(&replied, 0, true), "{kind}");
+        }
+        // Connection refused, five times within the window: paused, half-open.
+        let down = |message| Answer {
+            message,
+            is_smtp: false,
+            ..smtp_kind(NotSent, None, "connect")
+        };
+        let d = "http://127.0.0.1:9";
+        for m in 0..BURST_COUNT as i64 - 1 {
+            assert_eq!(t.observe(d, &down(m), at(m)), None, "{m}");
+        }
+        assert_eq!(t.paused_count(at(3)), Paused::default(), "not yet");
+        let until = t.observe(d, &down(4), at(4)).unwrap();
+        assert_eq!(until, at(4) + chrono::Duration::seconds(5));
+        assert_eq!(t.paused_until(d, 5, at(5)), Some(until));
+        let one_host = Paused {
+            webhook: 1,
+            relay: false,
+        };
+        assert_eq!(t.paused_count(at(5)), one_host);
+        // Its time over, but not known to be back until the probe's answer.
+        assert_eq!(t.paused_count(until), one_host);
+        // Over: 5 probes, 6 waits for its answer.
+        assert_eq!(t.paused_until(d, 5, until), None);
+        assert!(t.paused_until(d, 6, until).is_some());
+        // The probe still cannot connect: paused again at once, twice as long, half-open still.
+        let again = t.observe(d, &down(5), until).unwrap();
+        assert_eq!(again, until + chrono::Duration::seconds(10));
+        assert_eq!(t.paused_until(d, 6, again), None, "6 probes");
+        assert!(t.paused_until(d, 7, again).is_some());
+        // Any HTTP status from the probe shows the host is reached: everyone goes (a 500 counts
+        // towards a burst as before).
+        let answered = Answer {
+            message: 6,
+            class: Transient,
+            status: Some(500),
+            ..down(6)
+        };
+        assert_eq!(t.observe(d, &answered, again), None);
+        assert_eq!(t.paused_until(d, 7, again), None);
+        assert_eq!(t.paused_until(d, 8, again), None);
+        assert_eq!(t.paused_count(again), Paused::default());
+        // The relay counts apart.
+        let relay = smtp_kind(NotSent, Some(535), "smtp_auth_refused");
+        t.observe(SMTP_RELAY, &relay, again).unwrap();
+        assert_eq!(
+            t.paused_count(again),
+            Paused {
+                webhook: 0,
+                relay: true
+            }
+        );
+        // A send already out when the pause began that could not connect either is no probe:
+        // it joins the burst count, it does not pause alone.
+        let t = Throttle::new(Duration::from_secs(5), Duration::from_secs(30));
+        assert_eq!(t.observe(d, &down(1), at(0)), None);
     }
 
     #[test]

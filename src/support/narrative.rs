@@ -363,9 +363,9 @@ fn state_sentence(e: &Explanation) -> String {
             if held_back(e, AttemptClass::RateLimited) {
                 s.push_str(
                     " Herald put it back without making a request: its destination was \
-                     paused (a receiver or relay asked Herald to slow down, or refused its \
-                     session), at its rate limit, or at its cap on sends in flight; holding \
-                     spends no attempt.",
+                     paused (a receiver or relay asked Herald to slow down, refused its \
+                     session, or could not be reached), at its rate limit, or at its cap on \
+                     sends in flight; holding spends no attempt.",
                 );
             } else if held_back(e, AttemptClass::NotSent) && e.endpoint_disabled.is_none() {
                 // Its class says `not_sent` over what its last attempt said (an operator's

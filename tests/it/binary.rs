@@ -1346,6 +1346,87 @@ async fn a_429_holds_the_destinations_other_messages_for_its_retry_after() {
     herald.stop_cleanly().await;
 }
 
+/// A relay that is down, in the real binary: the first mails spend an attempt each (connection
+/// refused) and the relay is paused (WARN, its `error_kind`, no address), the others wait without
+/// spending one; once it listens again every mail is delivered, the held ones at their first
+/// attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_that_is_down_is_paused_and_its_mail_goes_when_it_is_up() {
+    use herald::sender::throttle::BURST_COUNT;
+    let (socket, relay) = crate::support::down_until_listening();
+    let listen = free_addr();
+    let base = format!("http://{listen}");
+    let smtp_url = format!("smtp://{relay}");
+    let mut herald = Herald::spawn(
+        &["serve"],
+        &[
+            ("HERALD_LISTEN", &listen),
+            ("HERALD_SMTP_URL", &smtp_url),
+            ("HERALD_POLL_INTERVAL_MS", "50"),
+            ("HERALD_SENDER_CONCURRENCY", "1"),
+            ("HERALD_RETRY_BASE_SECONDS", "2"),
+        ],
+    );
+    herald.wait_healthy(&base).await;
+    let http = client();
+    let ids: Vec<String> = (0..10).map(|i| format!("relay-down-{i}")).collect();
+    for id in &ids {
+        let r = http
+            .post(format!("{base}/v1/messages"))
+            .json(
+                &json!({"event_id": id, "channel": "email", "destination": "ada@example.com",
+                          "payload": {"subject": "Hi", "text": "Hello"}}),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "{id}");
+    }
+    // Each tried or held once.
+    let mut spent = 0;
+    for id in &ids {
+        let v = wait_for_view(&base, id, |v| !v["last_error_class"].is_null()).await;
+        spent += v["attempts"].as_i64().unwrap();
+    }
+    // A probe may have gone already, should this have taken longer than the 2 s pause.
+    assert!(
+        (BURST_COUNT as i64..=BURST_COUNT as i64 + 1).contains(&spent),
+        "{spent} attempts for {} mails",
+        ids.len()
+    );
+    let relay_paused = |metrics: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("herald_paused_destinations{channel=\"email\"} "))
+            .map(str::to_owned)
+    };
+    let metrics = || async {
+        let r = http.get(format!("{base}/metrics")).send().await.unwrap();
+        r.text().await.unwrap()
+    };
+    assert_eq!(relay_paused(&metrics().await).as_deref(), Some("1"));
+    let sink = SmtpSink::start_on(socket.listen(64).unwrap());
+    let mut first_time = 0;
+    for id in &ids {
+        let v = wait_for_view(&base, id, |v| v["state"] == "delivered").await;
+        first_time += i32::from(v["attempts"] == 1);
+    }
+    assert!(
+        first_time >= (ids.len() - BURST_COUNT - 1) as i32,
+        "{first_time} delivered at their first attempt"
+    );
+    assert_eq!(sink.accepted().len(), ids.len());
+    assert_eq!(relay_paused(&metrics().await).as_deref(), Some("0"));
+    herald.stop_cleanly().await;
+    let log = herald.stderr();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("destination slowed down") && l.contains("error_kind=\"connect\"")),
+        "{log}"
+    );
+    assert!(!log.contains("ada@"), "no address in the log");
+}
+
 /// Auto-disable in the real binary: the operational event is logged (by endpoint name, never its
 /// URL), `herald endpoint list` shows it and `herald endpoint enable` ends it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -188,7 +188,124 @@ async fn a_421_greeting_slows_the_relay(backend: Backend) {
     app.stop().await;
 }
 
+/// What a destination that cannot be reached costs: the first [`BURST_COUNT`] of `ids` spend an
+/// attempt each (connection refused), the rest are put back without one; after the pause one
+/// message probes while the others wait; once the destination listens again (`up`, on the very
+/// address), all are delivered, those held with their single attempt. `others`: messages to other
+/// destinations claimed in the first round. Returns the peer `up` started.
+async fn unreachable_then_up<P>(
+    app: &crate::support::app::TestApp,
+    ids: &[String],
+    others: usize,
+    socket: tokio::net::TcpSocket,
+    up: impl FnOnce(tokio::net::TcpListener) -> P,
+) -> P {
+    use herald::domain::{AttemptClass, State};
+    use herald::sender::throttle::BURST_COUNT;
+    let spent = || {
+        ids.iter()
+            .map(|id| app.row(id).attempts)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(app.run_until_idle().await, ids.len() + others);
+    assert_eq!(
+        spent(),
+        [vec![1; BURST_COUNT], vec![0; ids.len() - BURST_COUNT]].concat(),
+        "a burst spent, the rest held"
+    );
+    for id in &ids[..BURST_COUNT] {
+        let a = app.attempts(id);
+        assert_eq!(
+            (a[0].class, a[0].error_kind.as_deref()),
+            (AttemptClass::NotSent, Some("connect")),
+            "{id}"
+        );
+    }
+    for id in &ids[BURST_COUNT..] {
+        let row = app.row(id);
+        assert_eq!(
+            (row.state, row.last_error_class),
+            (State::Retryable, Some(AttemptClass::RateLimited)),
+            "{id}"
+        );
+        assert!(app.attempts(id).is_empty(), "{id}: no attempt row");
+    }
+    // The pause over (the retry base, a second here), one message probes, still refused: the
+    // others are held again without an attempt.
+    app.advance(std::time::Duration::from_secs(3));
+    assert_eq!(app.run_until_idle().await, ids.len());
+    let second = spent();
+    assert_eq!(
+        second.iter().sum::<i32>(),
+        BURST_COUNT as i32 + 1,
+        "one probe: {second:?}"
+    );
+    let peer = up(socket.listen(64).expect("listen"));
+    for _ in 0..3 {
+        app.advance(std::time::Duration::from_secs(5));
+        app.run_until_idle().await;
+    }
+    for id in ids {
+        assert_eq!(app.row(id).state, State::Delivered, "{id}");
+    }
+    let last = spent();
+    assert_eq!(
+        last.iter().sum::<i32>(),
+        BURST_COUNT as i32 + 1 + ids.len() as i32,
+        "each delivered once after the refusals: {last:?}"
+    );
+    peer
+}
+
+async fn a_relay_that_cannot_be_reached_is_paused_and_probed(backend: Backend) {
+    let (socket, addr) = crate::support::down_until_listening();
+    let app = spawn_app_with(
+        backend,
+        &format!("{ONE_AT_A_TIME}smtp_url = \"smtp://{addr}\"\n"),
+    )
+    .await;
+    let ids: Vec<String> = (0..9).map(|i| format!("down-{i}")).collect();
+    for id in &ids {
+        let r = app
+            .post_message(
+                json!({"event_id": id, "channel": "email", "destination": "ada@example.com",
+                                 "payload": {"subject": "Hi", "text": "Hello"}}),
+            )
+            .await;
+        assert_eq!(r.status(), 201);
+    }
+    let sink = unreachable_then_up(&app, &ids, 0, socket, SmtpSink::start_on).await;
+    assert_eq!(sink.accepted().len(), ids.len());
+    app.stop().await;
+}
+
+async fn a_webhook_host_that_cannot_be_reached_is_paused_and_probed(backend: Backend) {
+    let (socket, addr) = crate::support::down_until_listening();
+    let app = spawn_app_with(backend, ONE_AT_A_TIME).await;
+    let other = Receiver::start().await;
+    let ids: Vec<String> = (0..8).map(|i| format!("host-down-{i}")).collect();
+    for id in &ids {
+        let url = format!("http://{addr}/hook");
+        assert_eq!(
+            app.post_message(webhook(id, &url, json!({})))
+                .await
+                .status(),
+            201
+        );
+    }
+    // Another destination, claimed with them, is not held.
+    let r = app.post_message(webhook("elsewhere", &other.url, json!({})));
+    assert_eq!(r.await.status(), 201);
+    let receiver = unreachable_then_up(&app, &ids, 1, socket, Receiver::start_on).await;
+    assert_eq!(receiver.requests().len(), ids.len());
+    assert_eq!(other.requests().len(), 1);
+    assert_eq!(app.row("elsewhere").attempts, 1);
+    app.stop().await;
+}
+
 both_backends!(
+    a_relay_that_cannot_be_reached_is_paused_and_probed,
+    a_webhook_host_that_cannot_be_reached_is_paused_and_probed,
     a_message_cleared_before_a_429_came_is_held_by_it,
     a_421_greeting_slows_the_relay,
     a_429_slows_every_message_to_that_destination,

@@ -45,6 +45,18 @@ pub fn closed_addr() -> std::net::SocketAddr {
         .0
 }
 
+/// A loopback address where nothing listens yet (a connection to it is refused at once), and
+/// the socket that holds it: the test makes the destination come up by listening on it
+/// (`socket.listen(…)`), on the very address its messages were refused at.
+pub fn down_until_listening() -> (tokio::net::TcpSocket, std::net::SocketAddr) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a TCP socket");
+    socket
+        .bind("127.0.0.1:0".parse().unwrap())
+        .expect("bind a loopback port");
+    let addr = socket.local_addr().expect("its address");
+    (socket, addr)
+}
+
 /// Generates one test per backend from `async fn NAME(backend: Backend)`.
 #[macro_export]
 macro_rules! both_backends {

@@ -78,6 +78,11 @@ impl Receiver {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind receiver");
+        Self::start_on(listener)
+    }
+
+    /// A receiver on `listener` (one that comes up where connections were refused until now).
+    pub fn start_on(listener: TcpListener) -> Self {
         let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
         let state = Arc::new(Mutex::new(State::default()));
         let arrived = Arc::new(Notify::new());

@@ -257,8 +257,17 @@ impl SmtpSink {
         Self::start_mode(false, script).await
     }
 
+    /// A sink on `listener` (one that comes up where connections were refused until now).
+    pub fn start_on(listener: TcpListener) -> Self {
+        Self::serve(listener, false, Script::default())
+    }
+
     async fn start_mode(silent: bool, script: Script) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind smtp");
+        Self::serve(listener, silent, script)
+    }
+
+    fn serve(listener: TcpListener, silent: bool, script: Script) -> Self {
         let addr = listener.local_addr().unwrap();
         let url = format!("smtp://{addr}");
         let accepted = Arc::new(Mutex::new(Vec::new()));
