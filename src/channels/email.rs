@@ -1055,6 +1055,9 @@ pub enum SmtpFailure {
 pub struct RefusedRecipient {
     pub masked: String,
     pub code: u16,
+    /// Its place among the envelope's recipients (a next transaction names it again; the
+    /// address itself is not kept here).
+    pub index: usize,
 }
 
 /// How many refused recipients an attempt lists by name (masked); the rest are counted.
@@ -1475,8 +1478,19 @@ impl SmtpPool {
                 // begin: after a 3xx (the server still reading content, say) it is dropped
                 // unparked, as after any failure, or the next message's commands would be
                 // read as this one's content.
-                Ok(Ok(resp)) if resp.reply.code().severity == Severity::PositiveCompletion => {
-                    self.checkin(pooled);
+                Ok(Ok(mut resp)) if resp.reply.code().severity == Severity::PositiveCompletion => {
+                    if send_to_the_rest(
+                        &mut pooled.conn,
+                        uses,
+                        envelope,
+                        content,
+                        deadline,
+                        &mut resp,
+                    )
+                    .await
+                    {
+                        self.checkin(pooled);
+                    }
                     return Ok(resp);
                 }
                 Ok(Ok(resp)) => {
@@ -1960,7 +1974,7 @@ async fn transmit(
     .map_err(envelope_err)?;
     let mut accepted = 0usize;
     let mut refused = Vec::new();
-    for to in envelope.to() {
+    for (index, to) in envelope.to().iter().enumerate() {
         let reply = if pipelining {
             conn.read_response().await
         } else {
@@ -1972,6 +1986,7 @@ async fn transmit(
                 Some(code) if code != 421 => refused.push(RefusedRecipient {
                     masked: crate::telemetry::mask_email(to.as_ref()),
                     code,
+                    index,
                 }),
                 // A 421 (the server closing the channel), a lost connection, a garbled reply.
                 _ => return Err(envelope_err(e).into()),
@@ -1997,6 +2012,85 @@ async fn transmit(
     }
     .map_err(|e| SmtpFailure::Smtp(Stage::Content, e))?;
     Ok(Accepted { reply, refused })
+}
+
+/// What a server that takes a limited number of recipients per transaction answers to the rest:
+/// RFC 5321 §4.5.3.1.10 has it answer 452 ("too many recipients", `4.5.3`) and the client send
+/// those in a next transaction.
+const MORE_RECIPIENTS_LATER: u16 = 452;
+
+/// After `taken`, a transaction the server took: sends the recipients it refused with
+/// [`MORE_RECIPIENTS_LATER`] again, in next transactions on the same connection, for as long as
+/// each takes at least one of them and the attempt's time (`deadline`) lasts. Those a next
+/// transaction took leave `taken.refused`; those refused again keep their new code; a next
+/// transaction that fails otherwise (no reply, a refused content, the time up) leaves the list as
+/// it was — they were refused, and may have been sent since: the message was taken for the others
+/// all the same. (A 452 for a full mailbox is tried once more that way and then stays refused.)
+/// Returns whether the connection is fit to be parked.
+async fn send_to_the_rest(
+    conn: &mut AsyncSmtpConnection,
+    uses: Uses,
+    envelope: &Envelope,
+    content: &[u8],
+    deadline: tokio::time::Instant,
+    taken: &mut Accepted,
+) -> bool {
+    loop {
+        // Places in `envelope` of the recipients a next transaction sends to, in its order.
+        let rest: Vec<usize> = taken
+            .refused
+            .iter()
+            .filter(|r| r.code == MORE_RECIPIENTS_LATER)
+            .map(|r| r.index)
+            .collect();
+        let to: Vec<_> = rest
+            .iter()
+            .filter_map(|&i| envelope.to().get(i).cloned())
+            .collect();
+        let Ok(next) = Envelope::new(envelope.from().cloned(), to) else {
+            return true;
+        };
+        let mut stage = Stage::Envelope;
+        let sent = tokio::time::timeout_at(
+            deadline,
+            transmit(conn, uses, None, &next, content, &mut stage),
+        )
+        .await;
+        let (again, fit) = match sent {
+            Ok(Ok(more)) if more.reply.code().severity == Severity::PositiveCompletion => {
+                (more.refused, true)
+            }
+            Ok(Err(Cut::Failed(SmtpFailure::RecipientsRefused(again)))) => (again, false),
+            _ => return false,
+        };
+        info!(
+            recipients = rest.len(),
+            refused_again = again.len(),
+            "recipients the relay took no more of in one transaction sent in the next"
+        );
+        // A place in `next` is `rest`'s at that place.
+        let again: Vec<(usize, u16)> = again
+            .iter()
+            .filter_map(|r| Some((*rest.get(r.index)?, r.code)))
+            .collect();
+        taken.refused.retain_mut(|r| {
+            if !rest.contains(&r.index) {
+                return true;
+            }
+            match again.iter().find(|(i, _)| *i == r.index) {
+                Some(&(_, code)) => {
+                    r.code = code;
+                    true
+                }
+                None => false,
+            }
+        });
+        // None taken (a server that took the content of a transaction whose every recipient it
+        // had refused): no next one.
+        if !fit || again.len() >= rest.len() {
+            return fit;
+        }
+    }
 }
 
 /// The pipelined envelope with `BDAT n LAST` at its end and the content right behind it, all
@@ -2060,10 +2154,12 @@ async fn transmit_chunked(
             .to()
             .iter()
             .zip(codes.iter().skip(mail + 1))
-            .filter(|(_, c)| !(200..400).contains(*c))
-            .map(|(to, &code)| RefusedRecipient {
+            .enumerate()
+            .filter(|(_, (_, c))| !(200..400).contains(*c))
+            .map(|(index, (to, &code))| RefusedRecipient {
                 masked: crate::telemetry::mask_email(to.as_ref()),
                 code,
+                index,
             })
             .collect()
     };
@@ -3024,9 +3120,11 @@ mod tests {
 
     fn refused(list: &[(&str, u16)]) -> Vec<RefusedRecipient> {
         list.iter()
-            .map(|(m, code)| RefusedRecipient {
+            .enumerate()
+            .map(|(index, (m, code))| RefusedRecipient {
                 masked: (*m).to_owned(),
                 code: *code,
+                index,
             })
             .collect()
     }

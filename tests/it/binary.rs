@@ -307,6 +307,49 @@ async fn serve_with_smtp_delivers_and_stops_on_sigterm() {
     );
 }
 
+/// A relay that takes two recipients per transaction, in the real binary: a mail to five goes
+/// in three transactions of one attempt, and every recipient gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_sends_recipients_past_the_relays_limit_in_next_transactions() {
+    use crate::support::smtp_sink::Script;
+    let sink = SmtpSink::start_scripted(Script {
+        max_recipients: Some(2),
+        ..Script::default()
+    })
+    .await;
+    let listen = free_addr();
+    let base = format!("http://{listen}");
+    let mut herald = Herald::spawn(
+        &["serve"],
+        &[("HERALD_LISTEN", &listen), ("HERALD_SMTP_URL", &sink.url)],
+    );
+    herald.wait_healthy(&base).await;
+    let r = client()
+        .post(format!("{base}/v1/messages"))
+        .json(&json!({
+            "event_id": "bin-many", "channel": "email", "destination": "ada@example.com",
+            "payload": {"subject": "To five", "text": "Hello",
+                        "to": ["bob@example.com"], "cc": ["cy@example.com", "dee@example.com"],
+                        "bcc": ["eve@example.com"]},
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let v = wait_for_view(&base, "bin-many", |v| v["state"] == "delivered").await;
+    assert_eq!(v["attempts"], 1, "{v}");
+    let mails = sink.accepted();
+    let mut got: Vec<String> = mails.iter().flat_map(|m| m.rcpts.clone()).collect();
+    got.sort();
+    assert_eq!(
+        got,
+        ["ada", "bob", "cy", "dee", "eve"].map(|n| format!("<{n}@example.com>"))
+    );
+    assert_eq!(mails.len(), 3);
+    let log = herald.stop_cleanly().await;
+    assert!(!log.contains("@example.com"), "{log}");
+}
+
 /// Without a sender in the process nothing needs waking: no insert watch runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_sender_no_insert_watch_runs() {

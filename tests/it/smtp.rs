@@ -1025,6 +1025,108 @@ async fn recipient_refused_at_rcpt(backend: Backend, offered: bool, enabled: boo
     app.stop().await;
 }
 
+/// A relay that takes at most two recipients in one transaction answers the rest 452 (RFC 5321
+/// §4.5.3.1.10): Herald sends them in next transactions on the same connection, within the same
+/// attempt, until each is taken or refused otherwise. Six recipients, one of them refused 550:
+/// five get the message (the same content, Message-ID included) in three transactions, and the
+/// attempt lists only the 550. Before, the four past the limit were listed refused and never
+/// sent. Pipelined with DATA (`at_most_once`), pipelined with BDAT (`at_least_once`), and one
+/// command at a time.
+async fn smtp_recipients_past_the_relays_limit_go_in_a_next_transaction(backend: Backend) {
+    for (offered, semantics) in [
+        (true, "at_most_once"),
+        (true, "at_least_once"),
+        (false, "at_most_once"),
+    ] {
+        past_the_limit(backend, offered, semantics).await;
+    }
+}
+
+async fn past_the_limit(backend: Backend, offered: bool, semantics: &str) {
+    let sink = SmtpSink::start_scripted(Script {
+        no_pipelining: !offered,
+        max_recipients: Some(2),
+        ..Script::default()
+    })
+    .await;
+    let app = smtp_app(backend, &sink, "").await;
+    let payload = json!({
+        "subject": "Hi", "text": "Hello",
+        "to": ["bob@example.com", "cy@example.com"], "cc": ["dee@example.com"],
+        "bcc": ["rcpt550@example.com", "eve@example.com"],
+    });
+    post_payload(&app, "many", "ada@example.com", payload, semantics).await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    let mails = sink.accepted();
+    let context = format!("{semantics}, pipelining offered: {offered}");
+    assert_eq!(mails.len(), 3, "{context}");
+    assert!(mails.iter().all(|m| m.rcpts.len() <= 2), "{context}");
+    let mut got: Vec<String> = mails.iter().flat_map(|m| m.rcpts.clone()).collect();
+    got.sort();
+    assert_eq!(
+        got,
+        ["ada", "bob", "cy", "dee", "eve"].map(|n| format!("<{n}@example.com>")),
+        "{context}"
+    );
+    let message_id = |m: &crate::support::smtp_sink::Mail| {
+        m.data
+            .lines()
+            .find(|l| l.to_ascii_lowercase().starts_with("message-id:"))
+            .map(str::to_owned)
+    };
+    assert!(message_id(&mails[0]).is_some());
+    assert!(mails.iter().all(|m| message_id(m) == message_id(&mails[0])));
+    assert!(mails.iter().all(|m| m.data == mails[0].data), "{context}");
+    let (state, _, class, kind) = outcome(&app, "many").await;
+    assert_eq!((state.as_str(), class.as_str()), ("delivered", "accepted"));
+    assert_eq!(kind.as_deref(), Some("recipients_refused"), "{context}");
+    let attempts = app.attempts("many");
+    assert_eq!(attempts.len(), 1, "one attempt");
+    let excerpt = attempts[0].response_excerpt.clone().unwrap_or_default();
+    assert!(
+        excerpt.ends_with("; refused at RCPT TO: r***@e***.com 550"),
+        "{context}: {excerpt}"
+    );
+    assert_eq!(sink.connections(), 1, "{context}");
+    app.stop().await;
+}
+
+/// A 452 that is not a limit (a full mailbox) is tried once more in a next transaction and then
+/// stays refused; the message was taken for the others, and the next message goes on a new
+/// connection (the one whose transaction was refused is closed, its DATA perhaps pending).
+async fn smtp_a_recipient_refused_452_twice_stays_refused(backend: Backend) {
+    let sink = SmtpSink::start().await;
+    let app = smtp_app(backend, &sink, "").await;
+    let payload = json!({"subject": "Hi", "text": "Hello", "cc": ["rcpt452@example.com"]});
+    post_payload(&app, "full", "ada@example.com", payload, "at_most_once").await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    assert_eq!(sink.accepted().len(), 1);
+    let (state, _, class, kind) = outcome(&app, "full").await;
+    assert_eq!((state.as_str(), class.as_str()), ("delivered", "accepted"));
+    assert_eq!(kind.as_deref(), Some("recipients_refused"));
+    let excerpt = app.attempts("full")[0]
+        .response_excerpt
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        excerpt.ends_with("; refused at RCPT TO: r***@e***.com 452"),
+        "{excerpt}"
+    );
+    post_payload(
+        &app,
+        "after",
+        "bob@example.com",
+        json!({"subject": "Hi", "text": "Hello"}),
+        "at_most_once",
+    )
+    .await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    assert_eq!(app.message("after").await["state"], "delivered");
+    assert_eq!(sink.accepted().len(), 2);
+    assert_eq!(sink.connections(), 2);
+    app.stop().await;
+}
+
 /// Every recipient refused: nothing is sent; any 4xx among the refusals makes it transient (that
 /// recipient may take it later), all 5xx permanent. Pipelined: DATA left with the envelope and
 /// the server refused it (554, no valid recipients).
@@ -1711,6 +1813,8 @@ both_backends!(
     smtp_an_internationalized_domain_goes_in_its_ascii_form,
     smtp_a_recipient_refused_at_rcpt_is_listed_masked_and_the_others_get_the_message,
     smtp_all_recipients_refused_is_decided_by_their_codes,
+    smtp_recipients_past_the_relays_limit_go_in_a_next_transaction,
+    smtp_a_recipient_refused_452_twice_stays_refused,
     smtp_every_reply_code_is_classified,
     smtp_every_reply_code_is_classified_without_pipelining,
     smtp_connections_are_reused_and_a_closed_one_is_replaced_without_pipelining,

@@ -118,6 +118,9 @@ pub struct Script {
     pub refuse_reset: bool,
     /// Hold the replies to a pipelined group until the group has been read ([`tell`]).
     pub hold_replies: bool,
+    /// Take at most this many recipients in one transaction, answering the rest `452 4.5.3`
+    /// (RFC 5321 §4.5.3.1.10), as Gmail's relay does past 100.
+    pub max_recipients: Option<usize>,
 }
 
 /// A certificate authority made for one test, and a server certificate it signed for
@@ -464,6 +467,9 @@ async fn tell_bytes(conn: &mut Conn, held: &mut String, line: &[u8]) -> bool {
 /// The answer to a `latin1@…` message: a 250 in Latin-1 (`ü` as the one byte 0xFC).
 pub const LATIN1_QUEUED: &[u8] =
     b"250 2.0.0 Nachricht angenommen f\xfcr Zustellung: queued as LAT1";
+/// The answer to a recipient past [`Script::max_recipients`].
+pub const TOO_MANY_RECIPIENTS: &str = "452 4.5.3 Error: too many recipients";
+
 /// The answer to RCPT TO of a `rcptlatin1@…` recipient: a 550 in Latin-1.
 pub const LATIN1_REFUSED: &[u8] = b"550 5.1.1 Empf\xe4nger unbekannt";
 
@@ -744,6 +750,8 @@ async fn session(
             }
             if !in_mail {
                 "503 5.5.1 need MAIL before RCPT".into()
+            } else if script.max_recipients.is_some_and(|max| rcpt.len() >= max) {
+                TOO_MANY_RECIPIENTS.into()
             } else if to.contains("t421@") {
                 "421 4.4.2 closing the channel".into()
             } else if to.contains("rcptlatin1@") {
