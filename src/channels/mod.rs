@@ -171,6 +171,20 @@ impl Limit {
     }
 }
 
+/// `text` with every occurrence of each of `secrets` (and of its form with `/` escaped, as some
+/// JSON encoders write it) replaced by `[secret]`: what an answer echoed of the request's
+/// credentials (see [`webhook::Endpoint::secrets`]).
+pub fn hide_secrets(text: &str, secrets: &[String]) -> String {
+    let mut out = text.to_owned();
+    for secret in secrets.iter().filter(|s| !s.is_empty()) {
+        out = out.replace(secret.as_str(), "[secret]");
+        if secret.contains('/') {
+            out = out.replace(&secret.replace('/', "\\/"), "[secret]");
+        }
+    }
+    out
+}
+
 /// At most 200 characters, control characters dropped, anything that looks like an address or a
 /// long number masked: the excerpt explains an answer without storing what it may echo back.
 pub fn redact_excerpt(text: &str) -> String {
@@ -197,6 +211,19 @@ pub fn redact_excerpt(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secrets_are_hidden_as_written_and_with_slashes_escaped() {
+        let secrets = ["sk_live_ab/cd+ef".to_owned(), String::new()];
+        assert_eq!(
+            hide_secrets(
+                r#"{"authorization":"Bearer sk_live_ab\/cd+ef","x":"sk_live_ab/cd+ef"}"#,
+                &secrets
+            ),
+            r#"{"authorization":"Bearer [secret]","x":"[secret]"}"#
+        );
+        assert_eq!(hide_secrets("nothing here", &secrets), "nothing here");
+    }
 
     #[test]
     fn excerpts_hide_addresses_and_numbers() {

@@ -1009,9 +1009,11 @@ fn class_of(reply: &Reply) -> herald::domain::AttemptClass {
     use herald::domain::AttemptClass;
     use herald::domain::classify::classify_http_status;
     match reply {
-        Reply::Status(s) | Reply::Full(s, _, _) | Reply::Delayed(_, s) | Reply::Held(_, s) => {
-            classify_http_status(*s)
-        }
+        Reply::Status(s)
+        | Reply::Full(s, _, _)
+        | Reply::Delayed(_, s)
+        | Reply::Held(_, s)
+        | Reply::Echo(s) => classify_http_status(*s),
         // README "States and classification": a timeout after the request was sent, or the
         // connection lost after sending, is ambiguous.
         Reply::Hang | Reply::Drop => AttemptClass::Ambiguous,

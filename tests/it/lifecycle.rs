@@ -125,6 +125,67 @@ async fn named_endpoints_rotate_secrets_and_capture_provider_ids(backend: Backen
     app.stop().await;
 }
 
+/// A receiver that echoes the request it got into its error (as httpbin's `/anything` does, and
+/// many a framework's debug page): the endpoint's credentials, header values and query values it
+/// repeats are hidden in the attempt's excerpt, which support reads — written as sent and with
+/// `/` escaped (PHP's JSON). Before, the bearer token was stored in clear.
+async fn an_answer_echoing_the_endpoints_credentials_keeps_them_out_of_the_excerpt(
+    backend: Backend,
+) {
+    let rx = Receiver::start().await;
+    let toml = format!(
+        "[endpoints.crm]\nurl = \"{}?key=qk_9f8e7d6c5b4a\"\n\
+         headers = {{ \"X-Api-Key\" = \"hk/0123abcd+\" }}\n\
+         auth = {{ basic = {{ username = \"herald\", password = \"pw_s3cr3t/x\" }} }}\n\
+         [endpoints.billing]\nurl = \"{}\"\nauth = {{ bearer = \"tok_live_4242abcd\" }}\n",
+        rx.url_for("/crm"),
+        rx.url_for("/billing"),
+    );
+    let app = spawn_app_with(backend, &toml).await;
+    let crm = "/crm?key=qk_9f8e7d6c5b4a";
+    rx.script_path(crm, [Reply::Echo(400)]);
+    rx.script_path("/billing", [Reply::Echo(422)]);
+    for (id, to) in [
+        ("echo-crm", "endpoint:crm"),
+        ("echo-billing", "endpoint:billing"),
+    ] {
+        assert_eq!(
+            app.post_message(webhook(id, to, json!({}))).await.status(),
+            201
+        );
+    }
+    assert_eq!(app.run_until_idle().await, 2);
+    let basic = {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode("herald:pw_s3cr3t/x")
+    };
+    for id in ["echo-crm", "echo-billing"] {
+        let a = &app.attempts(id)[0];
+        let excerpt = a.response_excerpt.clone().unwrap_or_default();
+        assert!(excerpt.contains("[secret]"), "{id}: {excerpt}");
+        let explained = app.explain(id).await.to_string();
+        for secret in [
+            "qk_9f8e7d6c5b4a",
+            "hk/0123abcd+",
+            "hk\\/0123abcd+",
+            basic.as_str(),
+            "tok_live_4242abcd",
+        ] {
+            assert!(!excerpt.contains(secret), "{id}: {secret} in {excerpt}");
+            assert!(!explained.contains(secret), "{id}: {secret} in {explained}");
+        }
+    }
+    // What the receiver got: the credentials themselves (the test would pass on a receiver that
+    // echoed nothing, were they not).
+    let crm = &rx.requests_to(crm)[0];
+    assert_eq!(crm.header("x-api-key"), Some("hk/0123abcd+"));
+    assert_eq!(
+        crm.header("authorization"),
+        Some(format!("Basic {basic}").as_str())
+    );
+    app.stop().await;
+}
+
 async fn email_goes_to_the_mail_directory(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let app = spawn_app_with(
@@ -903,6 +964,7 @@ async fn notify_wakes_on_postgres() {
 }
 
 both_backends!(
+    an_answer_echoing_the_endpoints_credentials_keeps_them_out_of_the_excerpt,
     requests_verify_with_the_standard_webhooks_library,
     named_endpoints_rotate_secrets_and_capture_provider_ids,
     email_goes_to_the_mail_directory,

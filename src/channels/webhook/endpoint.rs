@@ -126,7 +126,40 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
+/// The shortest configured value [`Endpoint::secrets`] hides: a shorter one could be any word of
+/// an answer.
+const SHORTEST_SECRET: usize = 8;
+
 impl Endpoint {
+    /// What of this endpoint's configuration its requests carry that only Herald and the receiver
+    /// should read: its credentials (a bearer token; a basic pair as sent, base64, and its
+    /// password), its headers' values and its URL's query values (as written and decoded), each
+    /// of at least [`SHORTEST_SECRET`] characters. A receiver may echo them into its answer (an
+    /// error that repeats the request, as httpbin's does), and an attempt's excerpt is shown to
+    /// support: they are hidden there ([`crate::channels::hide_secrets`]).
+    pub fn secrets(&self) -> Vec<String> {
+        let mut found = Vec::new();
+        match &self.auth {
+            Some(EndpointAuth::Bearer(token)) => found.push(token.expose().to_owned()),
+            Some(EndpointAuth::Basic { username, password }) => {
+                found.push(basic_credentials(username, password.expose()));
+                found.push(password.expose().to_owned());
+            }
+            None => {}
+        }
+        found.extend(self.headers.iter().map(|(_, v)| v.clone()));
+        if let Some(query) = self.url.query() {
+            for pair in query.split('&') {
+                found.extend(pair.split_once('=').map(|(_, v)| v.to_owned()));
+            }
+        }
+        found.extend(self.url.query_pairs().map(|(_, v)| v.into_owned()));
+        found.retain(|s| s.chars().count() >= SHORTEST_SECRET);
+        found.sort();
+        found.dedup();
+        found
+    }
+
     /// Validates `[endpoints.NAME]`; a refusal names the offending key (`endpoints.NAME.url` …).
     pub fn from_config(name: String, e: EndpointConfig) -> Result<Self, InvalidField> {
         let key = format!("endpoints.{name}");
@@ -226,4 +259,11 @@ impl Endpoint {
             retry,
         })
     }
+}
+
+/// A basic pair as the `Authorization` header carries it (without `Basic `): base64 of
+/// `username:password`.
+pub fn basic_credentials(username: &str, password: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(format!("{username}:{password}"))
 }

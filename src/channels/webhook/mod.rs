@@ -25,7 +25,7 @@ use serde_json::Value;
 use url::Url;
 
 use self::signing::{SigningKey, signature_header};
-use super::{Outgoing, SendReport, redact_excerpt};
+use super::{Outgoing, SendReport, hide_secrets, redact_excerpt};
 use crate::clock::Clock;
 use crate::domain::classify::{classify_http_status, honours_retry_after, parse_retry_after};
 use crate::domain::event_type::EventType;
@@ -578,7 +578,13 @@ impl WebhookChannel {
             .and_then(|e| e.provider_message_id_pointer.as_deref())
             .filter(|_| class == AttemptClass::Accepted)
             .and_then(|pointer| provider_id(&body, pointer));
-        let excerpt = (!body.is_empty()).then(|| redact_excerpt(&String::from_utf8_lossy(&body)));
+        let excerpt = (!body.is_empty()).then(|| {
+            let text = String::from_utf8_lossy(&body);
+            match endpoint {
+                Some(e) => redact_excerpt(&hide_secrets(&text, &e.secrets())),
+                None => redact_excerpt(&text),
+            }
+        });
         SendReport {
             class,
             started_at: chrono::DateTime::UNIX_EPOCH,
@@ -633,14 +639,10 @@ fn build_headers(
     if let Some(auth) = endpoint.and_then(|e| e.auth.as_ref()) {
         let mut v = match auth {
             EndpointAuth::Bearer(token) => value(&format!("Bearer {}", token.expose()))?,
-            EndpointAuth::Basic { username, password } => {
-                use base64::Engine;
-                let raw = format!("{username}:{}", password.expose());
-                value(&format!(
-                    "Basic {}",
-                    base64::engine::general_purpose::STANDARD.encode(raw)
-                ))?
-            }
+            EndpointAuth::Basic { username, password } => value(&format!(
+                "Basic {}",
+                endpoint::basic_credentials(username, password.expose())
+            ))?,
         };
         v.set_sensitive(true);
         h.insert(reqwest::header::AUTHORIZATION, v);

@@ -23,6 +23,9 @@ pub enum Reply {
     /// Answer with this status once the test calls `notify_one` on the handle (before or after
     /// the request arrives).
     Held(std::sync::Arc<tokio::sync::Notify>, u16),
+    /// Answer with this status and the request's headers and URL as a JSON body, as
+    /// httpbin's `/anything` does (a receiver echoing what it got into its error).
+    Echo(u16),
 }
 
 /// One request as received.
@@ -208,6 +211,19 @@ async fn serve(sock: TcpStream, state: Arc<Mutex<State>>, arrived: Arc<Notify>) 
         arrived.notify_waiters();
         let (status, extra, text) = match reply {
             Reply::Status(s) => (s, Vec::new(), String::new()),
+            Reply::Echo(s) => {
+                let st = state.lock().unwrap();
+                let got = &st.requests[index];
+                let headers: serde_json::Map<String, serde_json::Value> = got
+                    .headers
+                    .iter()
+                    .map(|(n, v)| (n.clone(), v.clone().into()))
+                    .collect();
+                let echo = serde_json::json!({"url": got.path, "headers": headers});
+                // Indented, and with `/` escaped as PHP's json_encode writes it.
+                let text = serde_json::to_string_pretty(&echo).unwrap_or_default();
+                (s, Vec::new(), text.replace('/', "\\/"))
+            }
             Reply::Full(s, h, b) => (s, h, b),
             Reply::Hang => {
                 // Answer nothing; return when the client closes the connection.
