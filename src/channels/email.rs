@@ -1479,15 +1479,12 @@ impl SmtpPool {
                 // unparked, as after any failure, or the next message's commands would be
                 // read as this one's content.
                 Ok(Ok(mut resp)) if resp.reply.code().severity == Severity::PositiveCompletion => {
-                    if send_to_the_rest(
-                        &mut pooled.conn,
-                        uses,
-                        envelope,
-                        content,
-                        deadline,
-                        &mut resp,
-                    )
-                    .await
+                    let until = Until {
+                        start: wait_until,
+                        end: deadline,
+                    };
+                    if send_to_the_rest(&mut pooled.conn, uses, envelope, content, until, &mut resp)
+                        .await
                     {
                         self.checkin(pooled);
                     }
@@ -2019,9 +2016,18 @@ async fn transmit(
 /// those in a next transaction.
 const MORE_RECIPIENTS_LATER: u16 = 452;
 
+/// How long next transactions may take ([`send_to_the_rest`]): begun by `start` (half the
+/// attempt's time left, as a first one: one begun with milliseconds left sends its content and
+/// runs out of time before the reply, which says nothing of what became of it), ended by `end`.
+#[derive(Debug, Clone, Copy)]
+struct Until {
+    start: tokio::time::Instant,
+    end: tokio::time::Instant,
+}
+
 /// After `taken`, a transaction the server took: sends the recipients it refused with
 /// [`MORE_RECIPIENTS_LATER`] again, in next transactions on the same connection, for as long as
-/// each takes at least one of them and the attempt's time (`deadline`) lasts. Those a next
+/// each takes at least one of them and the attempt's time lasts (`until`). Those a next
 /// transaction took leave `taken.refused`; those refused again keep their new code; a next
 /// transaction that fails otherwise (no reply, a refused content, the time up) leaves the list as
 /// it was — they were refused, and may have been sent since: the message was taken for the others
@@ -2032,10 +2038,13 @@ async fn send_to_the_rest(
     uses: Uses,
     envelope: &Envelope,
     content: &[u8],
-    deadline: tokio::time::Instant,
+    until: Until,
     taken: &mut Accepted,
 ) -> bool {
     loop {
+        if conn.has_broken() {
+            return false;
+        }
         // Places in `envelope` of the recipients a next transaction sends to, in its order.
         let rest: Vec<usize> = taken
             .refused
@@ -2050,9 +2059,16 @@ async fn send_to_the_rest(
         let Ok(next) = Envelope::new(envelope.from().cloned(), to) else {
             return true;
         };
+        if tokio::time::Instant::now() > until.start {
+            info!(
+                recipients = rest.len(),
+                "too little time left for a next transaction: recipients refused 452 left so"
+            );
+            return true;
+        }
         let mut stage = Stage::Envelope;
         let sent = tokio::time::timeout_at(
-            deadline,
+            until.end,
             transmit(conn, uses, None, &next, content, &mut stage),
         )
         .await;

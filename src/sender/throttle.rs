@@ -138,6 +138,24 @@ struct Entry {
     half_open: bool,
     /// The probe in flight: its message id, and since when.
     probe: Option<(i64, DateTime<Utc>)>,
+    /// Tries in a row that could not reach the destination ([`UNREACHABLE`]), however slowly
+    /// each failed: a connect that runs into its timeout (5 s, or the SMTP timeout's 30 s) never
+    /// makes a burst within [`BURST_WINDOW`], and a relay dropping connections silently cost
+    /// every message its attempts. Any reply ends the row.
+    unreachable: usize,
+}
+
+impl Entry {
+    /// Nothing to remember any more: no pause for a good while (the longest one and a window
+    /// over), no probe out, no transient answer within the window. The map holds only troubled
+    /// destinations; a host given up on would stay in it (and in the gauge) for ever.
+    fn forgotten(&self, now: DateTime<Utc>) -> bool {
+        let window = chrono::Duration::from_std(BURST_WINDOW).unwrap_or_default();
+        let long = chrono::Duration::from_std(MAX_PAUSE).unwrap_or_default() + window;
+        self.probe.is_none()
+            && self.paused_until.is_none_or(|until| now - until > long)
+            && self.transient.iter().all(|t| now - *t >= window)
+    }
 }
 
 /// The pauses of one process.
@@ -195,13 +213,15 @@ impl Throttle {
     }
 
     /// How many destinations are paused at `now`, webhook hosts and the SMTP relay
-    /// ([`SMTP_RELAY`]) apart: those whose pause runs, and those whose pause ended but whose probe
-    /// has had no answer yet (not known to be back).
+    /// ([`SMTP_RELAY`]) apart: those whose pause runs, and those whose pause ended and whose
+    /// probe is out, its answer not come yet (not known to be back). One whose pause ended with
+    /// no message to probe it is not counted: nothing waits for it.
     pub fn paused_count(&self, now: DateTime<Utc>) -> Paused {
-        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries.retain(|_, e| !e.forgotten(now));
         let mut paused = Paused::default();
         for (destination, e) in entries.iter() {
-            if e.half_open || e.paused_until.is_some_and(|until| until > now) {
+            if e.probe.is_some() || e.paused_until.is_some_and(|until| until > now) {
                 if destination == SMTP_RELAY {
                     paused.relay = true;
                 } else {
@@ -236,6 +256,9 @@ impl Throttle {
             if session_taken {
                 e.half_open = false;
             }
+            if answer.status.is_some() {
+                e.unreachable = 0;
+            }
         }
         if answer.class == AttemptClass::Accepted {
             // All is well again: forget the destination (the map holds only troubled ones).
@@ -245,10 +268,19 @@ impl Throttle {
         if !is_transient(answer) && !slows_down(answer, 0, probe) {
             return None;
         }
+        if !entries.contains_key(destination) {
+            entries.retain(|_, e| !e.forgotten(now));
+        }
         let entry = entries.entry(destination.to_owned()).or_default();
         let window = chrono::Duration::from_std(BURST_WINDOW).unwrap_or_default();
         entry.transient.retain(|t| now - *t < window);
-        if !slows_down(answer, entry.transient.len(), probe) {
+        let recent = if answer.unreachable() {
+            entry.unreachable += 1;
+            entry.transient.len().max(entry.unreachable - 1)
+        } else {
+            entry.transient.len()
+        };
+        if !slows_down(answer, recent, probe) {
             entry.transient.push(now);
             return None;
         }
@@ -266,6 +298,7 @@ impl Throttle {
             entry.streak = entry.streak.saturating_add(1);
         }
         entry.transient.clear();
+        entry.unreachable = 0;
         let until = now + chrono::Duration::from_std(pause).unwrap_or_default();
         // A pause only ever grows: a shorter one learnt later does not end a longer one.
         let until = entry.paused_until.map_or(until, |u| u.max(until));
@@ -524,11 +557,10 @@ mod tests {
             relay: false,
         };
         assert_eq!(t.paused_count(at(5)), one_host);
-        // Its time over, but not known to be back until the probe's answer.
-        assert_eq!(t.paused_count(until), one_host);
-        // Over: 5 probes, 6 waits for its answer.
+        // Over: 5 probes, 6 waits for its answer; not known to be back until it comes.
         assert_eq!(t.paused_until(d, 5, until), None);
         assert!(t.paused_until(d, 6, until).is_some());
+        assert_eq!(t.paused_count(until), one_host);
         // The probe still cannot connect: paused again at once, twice as long, half-open still.
         let again = t.observe(d, &down(5), until).unwrap();
         assert_eq!(again, until + chrono::Duration::seconds(10));
@@ -556,10 +588,64 @@ mod tests {
                 relay: true
             }
         );
-        // A send already out when the pause began that could not connect either is no probe:
-        // it joins the burst count, it does not pause alone.
+        // Tries that fail slowly (a connect timing out) make a row all the same: five, a
+        // minute apart, pause the destination.
         let t = Throttle::new(Duration::from_secs(5), Duration::from_secs(30));
-        assert_eq!(t.observe(d, &down(1), at(0)), None);
+        let minute = |m: i64| now() + chrono::Duration::minutes(m);
+        for m in 0..BURST_COUNT as i64 - 1 {
+            assert_eq!(t.observe(d, &down(m), minute(m)), None, "{m}");
+        }
+        let until = t.observe(d, &down(4), minute(4)).unwrap();
+        assert_eq!(until, minute(4) + chrono::Duration::seconds(5));
+        // A send already out when the pause began that could not connect either is no probe: it
+        // starts a row of its own, and neither lengthens the pause nor adds to the pauses in a
+        // row.
+        let late = minute(4) + chrono::Duration::seconds(1);
+        assert_eq!(t.observe(d, &down(9), late), None);
+        assert_eq!(t.paused_until(d, 10, late), Some(until));
+        // Any reply ends the row: four more refusals after it do not pause.
+        let t = Throttle::new(Duration::from_secs(5), Duration::from_secs(30));
+        for m in 0..BURST_COUNT as i64 - 1 {
+            t.observe(d, &down(m), minute(m));
+        }
+        let replied = Answer {
+            class: Transient,
+            status: Some(502),
+            ..down(7)
+        };
+        assert_eq!(t.observe(d, &replied, minute(5)), None);
+        for m in 0..BURST_COUNT as i64 - 1 {
+            assert_eq!(t.observe(d, &down(m), minute(6 + m)), None, "{m}");
+        }
+    }
+
+    #[test]
+    fn a_destination_nothing_waits_for_is_forgotten_and_leaves_the_gauge() {
+        use AttemptClass::*;
+        let t = Throttle::new(Duration::from_secs(5), Duration::from_secs(30));
+        let down = Answer {
+            is_smtp: false,
+            ..smtp_kind(NotSent, None, "connect")
+        };
+        let d = "http://gone.example:80";
+        let mut until = now();
+        for _ in 0..BURST_COUNT {
+            if let Some(u) = t.observe(d, &down, now()) {
+                until = u;
+            }
+        }
+        assert_eq!(t.paused_count(now()).webhook, 1);
+        // Over, and no message asked since: not counted, though not known to be back.
+        assert_eq!(t.paused_count(until).webhook, 0);
+        // A probe out counts until its answer.
+        assert_eq!(t.paused_until(d, 1, until), None);
+        assert_eq!(t.paused_count(until).webhook, 1);
+        assert!(t.entries.lock().unwrap().contains_key(d));
+        // Long after, with the probe given up on (its answer lost): forgotten.
+        t.entries.lock().unwrap().get_mut(d).unwrap().probe = None;
+        let later = until + chrono::Duration::minutes(6);
+        assert_eq!(t.paused_count(later), Paused::default());
+        assert!(t.entries.lock().unwrap().is_empty());
     }
 
     #[test]

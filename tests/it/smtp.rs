@@ -1091,6 +1091,43 @@ async fn past_the_limit(backend: Backend, offered: bool, semantics: &str) {
     app.stop().await;
 }
 
+/// A next transaction begins only with half the attempt's time left, as a first one: a relay
+/// whose first transaction took longer (a recipient checked for 800 ms of a 1.5 s timeout) leaves
+/// the recipients past its limit listed refused, rather than send their content and run out of
+/// time before the reply.
+async fn smtp_no_next_transaction_begins_with_too_little_time_left(backend: Backend) {
+    let sink = SmtpSink::start_scripted(Script {
+        max_recipients: Some(1),
+        ..Script::default()
+    })
+    .await;
+    let app = smtp_app(backend, &sink, "smtp_timeout_ms = 1500\n").await;
+    let payload = json!({"subject": "Hi", "text": "Hello", "cc": ["bob@example.com"]});
+    post_payload(
+        &app,
+        "late",
+        "slowrcpt@example.com",
+        payload,
+        "at_most_once",
+    )
+    .await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    let mails = sink.accepted();
+    assert_eq!(mails.len(), 1);
+    assert_eq!(mails[0].rcpts, ["<slowrcpt@example.com>"]);
+    let (state, _, class, _) = outcome(&app, "late").await;
+    assert_eq!((state.as_str(), class.as_str()), ("delivered", "accepted"));
+    let excerpt = app.attempts("late")[0]
+        .response_excerpt
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        excerpt.ends_with("; refused at RCPT TO: b***@e***.com 452"),
+        "{excerpt}"
+    );
+    app.stop().await;
+}
+
 /// A 452 that is not a limit (a full mailbox) is tried once more in a next transaction and then
 /// stays refused; the message was taken for the others, and the next message goes on a new
 /// connection (the one whose transaction was refused is closed, its DATA perhaps pending).
@@ -1815,6 +1852,7 @@ both_backends!(
     smtp_all_recipients_refused_is_decided_by_their_codes,
     smtp_recipients_past_the_relays_limit_go_in_a_next_transaction,
     smtp_a_recipient_refused_452_twice_stays_refused,
+    smtp_no_next_transaction_begins_with_too_little_time_left,
     smtp_every_reply_code_is_classified,
     smtp_every_reply_code_is_classified_without_pipelining,
     smtp_connections_are_reused_and_a_closed_one_is_replaced_without_pipelining,
