@@ -147,9 +147,56 @@ pub fn within_expiry(mut decision: Decision, expires_at: Option<DateTime<Utc>>) 
     decision
 }
 
+/// A retry set before the end of the pause its own answer started ([`super::throttle`]) is set
+/// at that end instead: claimed sooner it would only be put back (the probe's attempt said
+/// "7.6 s later" while the relay stayed paused for 16). `decided_at` is when `decision` was
+/// made (its delay runs from it).
+pub fn not_before_pause(
+    mut decision: Decision,
+    paused_until: DateTime<Utc>,
+    decided_at: DateTime<Utc>,
+) -> Decision {
+    if let (State::Retryable, Some(next)) = (decision.state, decision.next_attempt_at)
+        && next < paused_until
+    {
+        let at = paused_until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        decision.reason = format!(
+            "{}; its destination paused until {at}: not before",
+            decision.reason
+        );
+        decision.next_attempt_at = Some(paused_until);
+        decision.delay = (paused_until - decided_at).to_std().ok();
+    }
+    decision
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_retry_within_the_pause_its_answer_started_waits_for_its_end() {
+        let p = policy();
+        let d = decide(facts(AttemptClass::NotSent), &p, now(), 0.5);
+        let next = d.next_attempt_at.unwrap();
+        let until = next + chrono::Duration::seconds(10);
+        let held = not_before_pause(d.clone(), until, now());
+        assert_eq!(held.next_attempt_at, Some(until));
+        assert_eq!(held.delay, (until - now()).to_std().ok());
+        assert!(
+            held.reason.ends_with(&format!(
+                "; its destination paused until {}: not before",
+                until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+            )),
+            "{}",
+            held.reason
+        );
+        // A retry after the pause, or no retry at all: unchanged.
+        let early = next - chrono::Duration::seconds(1);
+        assert_eq!(not_before_pause(d.clone(), early, now()), d);
+        let dead = decide(facts(AttemptClass::Permanent), &p, now(), 0.5);
+        assert_eq!(not_before_pause(dead.clone(), until, now()), dead);
+    }
 
     #[test]
     fn a_send_is_too_late_only_after_the_expiry() {

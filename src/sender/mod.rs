@@ -33,7 +33,9 @@ use crate::storage::models::{
 };
 use crate::storage::{Db, StorageError};
 
-use self::decide::{AttemptFacts, decide, series_attempt, too_late, within_expiry};
+use self::decide::{
+    AttemptFacts, decide, not_before_pause, series_attempt, too_late, within_expiry,
+};
 use self::disable::Streaks;
 use self::limits::{Limit, Limits};
 use self::policy::RetryPolicy;
@@ -907,10 +909,8 @@ impl Sender {
             semantics,
         };
         let unit: f64 = rand::rng().random();
-        let decision = within_expiry(
-            decide(facts, policy, report.finished_at.max(now), unit),
-            row.expires_at,
-        );
+        let decided_at = report.finished_at.max(now);
+        let mut decision = within_expiry(decide(facts, policy, decided_at, unit), row.expires_at);
         let about_the_receiver = !report.says_nothing_of_the_receiver();
         if let Some(e) = endpoint.filter(|_| about_the_receiver) {
             self.count_toward_disable(e, report.class, report.finished_at)
@@ -930,7 +930,12 @@ impl Sender {
                 message: row.id,
             };
             if let Some(until) = self.inner.throttle.observe(d, &answer, report.finished_at) {
-                warn!(%until, class = report.class.as_str(), status = report.status, error_kind = report.error_kind.as_deref(), "destination slowed down");
+                // The pause key: a webhook's scheme, host and port (no path, no query), or `smtp`.
+                warn!(%until, destination = d.as_str(), class = report.class.as_str(), status = report.status, error_kind = report.error_kind.as_deref(), "destination slowed down");
+                decision = within_expiry(
+                    not_before_pause(decision, until, decided_at),
+                    row.expires_at,
+                );
             }
         }
         info!(

@@ -152,7 +152,7 @@ impl Entry {
     fn forgotten(&self, now: DateTime<Utc>) -> bool {
         let window = chrono::Duration::from_std(BURST_WINDOW).unwrap_or_default();
         let long = chrono::Duration::from_std(MAX_PAUSE).unwrap_or_default() + window;
-        self.probe.is_none()
+        self.probe.is_none_or(|(_, since)| now - since > long)
             && self.paused_until.is_none_or(|until| now - until > long)
             && self.transient.iter().all(|t| now - *t >= window)
     }
@@ -219,9 +219,13 @@ impl Throttle {
     pub fn paused_count(&self, now: DateTime<Utc>) -> Paused {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         entries.retain(|_, e| !e.forgotten(now));
+        let timeout = chrono::Duration::from_std(self.probe_timeout).unwrap_or_default();
         let mut paused = Paused::default();
         for (destination, e) in entries.iter() {
-            if e.probe.is_some() || e.paused_until.is_some_and(|until| until > now) {
+            // A probe whose send never came (its message canceled, held by a limit) counts only
+            // as long as another may not probe instead.
+            let probing = e.probe.is_some_and(|(_, since)| now - since < timeout);
+            if probing || e.paused_until.is_some_and(|until| until > now) {
                 if destination == SMTP_RELAY {
                     paused.relay = true;
                 } else {
@@ -641,6 +645,9 @@ mod tests {
         assert_eq!(t.paused_until(d, 1, until), None);
         assert_eq!(t.paused_count(until).webhook, 1);
         assert!(t.entries.lock().unwrap().contains_key(d));
+        // A probe that never sent (its message canceled) counts only for the probe timeout.
+        let stale = until + chrono::Duration::seconds(31);
+        assert_eq!(t.paused_count(stale).webhook, 0);
         // Long after, with the probe given up on (its answer lost): forgotten.
         t.entries.lock().unwrap().get_mut(d).unwrap().probe = None;
         let later = until + chrono::Duration::minutes(6);

@@ -240,6 +240,15 @@ async fn unreachable_then_up<P>(
         BURST_COUNT as i32 + 1,
         "one probe: {second:?}"
     );
+    // The probe's own next attempt is not before the new pause's end (2 s), whatever its
+    // backoff (2 s ± 20 %; `decide::tests::a_retry_within_the_pause_its_answer_started_waits_for_its_end`).
+    let prober = &ids[second.iter().position(|n| *n == 2).unwrap_or(0)];
+    let reason = app.attempts(prober).pop().unwrap().delay_reason;
+    let wait = app.row(prober).next_attempt_at.unwrap() - app.clock_now();
+    assert!(
+        wait > chrono::Duration::milliseconds(1900),
+        "the second pause, 2 s: {wait}, {reason:?}"
+    );
     let peer = up(socket.listen(64).expect("listen"));
     for _ in 0..3 {
         app.advance(std::time::Duration::from_secs(5));
