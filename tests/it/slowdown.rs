@@ -14,6 +14,17 @@ const ONE_AT_A_TIME: &str = "sender_concurrency = 1\n";
 /// a slow round of the loop cannot outlast it.
 const ONE_AT_A_TIME_LONG_PAUSE: &str = "sender_concurrency = 1\nretry_base_seconds = 30\n";
 
+/// Enqueues an email to `ada@example.com` as `id`.
+async fn post_email(app: &crate::support::app::TestApp, id: &str) {
+    let r = app
+        .post_message(
+            json!({"event_id": id, "channel": "email", "destination": "ada@example.com",
+                             "payload": {"subject": "Hi", "text": "Hello"}}),
+        )
+        .await;
+    assert_eq!(r.status(), 201, "{id}");
+}
+
 async fn a_429_slows_every_message_to_that_destination(backend: Backend) {
     let app = spawn_app_with(backend, ONE_AT_A_TIME).await;
     let slow = Receiver::start().await;
@@ -168,13 +179,7 @@ async fn a_421_greeting_slows_the_relay(backend: Backend) {
     )
     .await;
     for id in ["g-1", "g-2"] {
-        let r = app
-            .post_message(
-                json!({"event_id": id, "channel": "email", "destination": "ada@example.com",
-                                 "payload": {"subject": "Hi", "text": "Hello"}}),
-            )
-            .await;
-        assert_eq!(r.status(), 201);
+        post_email(&app, id).await;
     }
     assert_eq!(app.run_until_idle().await, 2);
     assert_eq!(app.message("g-1").await["last_error_class"], "not_sent");
@@ -275,13 +280,7 @@ async fn a_relay_that_cannot_be_reached_is_paused_and_probed(backend: Backend) {
     .await;
     let ids: Vec<String> = (0..9).map(|i| format!("down-{i}")).collect();
     for id in &ids {
-        let r = app
-            .post_message(
-                json!({"event_id": id, "channel": "email", "destination": "ada@example.com",
-                                 "payload": {"subject": "Hi", "text": "Hello"}}),
-            )
-            .await;
-        assert_eq!(r.status(), 201);
+        post_email(&app, id).await;
     }
     let sink = unreachable_then_up(&app, &ids, 0, socket, SmtpSink::start_on).await;
     assert_eq!(sink.accepted().len(), ids.len());

@@ -86,6 +86,14 @@ async fn cancel(app: &TestApp, id: &str) {
     assert_eq!(r.status(), 200, "cancel {id}");
 }
 
+/// The excerpt of `id`'s first attempt.
+fn first_excerpt(app: &TestApp, id: &str) -> String {
+    app.attempts(id)[0]
+        .response_excerpt
+        .clone()
+        .unwrap_or_default()
+}
+
 async fn outcome(app: &TestApp, id: &str) -> (String, String, String, Option<String>) {
     let view = app.message(id).await;
     let a = &app.attempts(id)[0];
@@ -1117,10 +1125,7 @@ async fn smtp_no_next_transaction_begins_with_too_little_time_left(backend: Back
     assert_eq!(mails[0].rcpts, ["<slowrcpt@example.com>"]);
     let (state, _, class, _) = outcome(&app, "late").await;
     assert_eq!((state.as_str(), class.as_str()), ("delivered", "accepted"));
-    let excerpt = app.attempts("late")[0]
-        .response_excerpt
-        .clone()
-        .unwrap_or_default();
+    let excerpt = first_excerpt(&app, "late");
     assert!(
         excerpt.ends_with("; refused at RCPT TO: b***@e***.com 452"),
         "{excerpt}"
@@ -1141,10 +1146,7 @@ async fn smtp_a_recipient_refused_452_twice_stays_refused(backend: Backend) {
     let (state, _, class, kind) = outcome(&app, "full").await;
     assert_eq!((state.as_str(), class.as_str()), ("delivered", "accepted"));
     assert_eq!(kind.as_deref(), Some("recipients_refused"));
-    let excerpt = app.attempts("full")[0]
-        .response_excerpt
-        .clone()
-        .unwrap_or_default();
+    let excerpt = first_excerpt(&app, "full");
     assert!(
         excerpt.ends_with("; refused at RCPT TO: r***@e***.com 452"),
         "{excerpt}"
