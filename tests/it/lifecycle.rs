@@ -127,8 +127,9 @@ async fn named_endpoints_rotate_secrets_and_capture_provider_ids(backend: Backen
 
 /// A receiver that echoes the request it got into its error (as httpbin's `/anything` does, and
 /// many a framework's debug page): the endpoint's credentials, header values and query values it
-/// repeats are hidden in the attempt's excerpt, which support reads — written as sent and with
-/// `/` escaped (PHP's JSON). Before, the bearer token was stored in clear.
+/// repeats are hidden in the attempt's stored excerpt — written as sent and with `/` escaped
+/// (PHP's JSON). Before, the bearer token was stored in clear. (The explanation never shows a
+/// receiver's words; it is checked too.)
 async fn an_answer_echoing_the_endpoints_credentials_keeps_them_out_of_the_excerpt(
     backend: Backend,
 ) {

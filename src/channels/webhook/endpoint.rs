@@ -135,8 +135,9 @@ impl Endpoint {
     /// should read: its credentials (a bearer token; a basic pair as sent, base64, and its
     /// password), its headers' values and its URL's query values (as written and decoded), each
     /// of at least [`SHORTEST_SECRET`] characters. A receiver may echo them into its answer (an
-    /// error that repeats the request, as httpbin's does), and an attempt's excerpt is shown to
-    /// support: they are hidden there ([`crate::channels::hide_secrets`]).
+    /// error that repeats the request, as httpbin's does), and an attempt's excerpt is stored
+    /// (`herald_attempts.response_excerpt`, read by whoever reads the database): they are hidden
+    /// there ([`crate::channels::hide_secrets`]).
     pub fn secrets(&self) -> Vec<String> {
         let mut found = Vec::new();
         match &self.auth {
