@@ -727,6 +727,7 @@ impl EmailChannel {
                         user.expose().to_owned(),
                         password.expose().to_owned(),
                     ));
+                    relay.secrets = login_secrets(user.expose(), password.expose());
                 }
                 EmailTransport::Smtp(Arc::new(SmtpPool::new(relay, &limits)))
             }
@@ -743,6 +744,21 @@ impl EmailChannel {
     }
 
     pub async fn send(&self, row: &Outgoing<'_>) -> SendReport {
+        self.send_while(row, &|| true).await
+    }
+
+    /// As [`EmailChannel::send`], asking `still_clear` once a connection slot (or a parked
+    /// connection) is had, just before a connection is made or used: a relay paused while the
+    /// message waited for one (the fifth of a row of refused connections, answered meanwhile)
+    /// is not connected to — the report says `held_by_pause` ([`kind::HELD`]), for the sender to
+    /// put the message back. Before, every send waiting for one of the pool's slots connected
+    /// all the same, after the pause had begun: 20 attempts for 20 mails to a relay that was
+    /// down, with the default pool of 10.
+    pub async fn send_while(
+        &self,
+        row: &Outgoing<'_>,
+        still_clear: &(dyn Fn() -> bool + Sync),
+    ) -> SendReport {
         let now = self.clock.now();
         // Timed from `now`, not from after the build (a DKIM signature takes a while): the
         // answer's time, which a pause runs from, is then never earlier than the answer.
@@ -784,9 +800,12 @@ impl EmailChannel {
                         "the built message has a CR or LF outside a CRLF; not sent",
                     );
                 }
-                match pool.send(message.envelope(), &content, row.semantics).await {
-                    Ok(accepted) => accepted.report(now),
-                    Err(failure) => failure.report(now),
+                match pool
+                    .send(message.envelope(), &content, row.semantics, still_clear)
+                    .await
+                {
+                    Ok(accepted) => accepted.report(now, &pool.relay.secrets),
+                    Err(failure) => failure.report(now, &pool.relay.secrets),
                 }
             }
         };
@@ -804,6 +823,25 @@ struct SmtpRelay {
     tls: Tls,
     hello: ClientId,
     credentials: Option<Credentials>,
+    /// The credentials as a relay's reply may echo them back (a 535 repeating the AUTH it
+    /// got): hidden in every attempt's excerpt ([`login_secrets`]).
+    secrets: Vec<String>,
+}
+
+/// What of a login a relay may repeat in its reply: the password, and the AUTH PLAIN and LOGIN
+/// responses that carry it (base64). Shorter than 4 characters, a password could be any word of a
+/// reply, and stays.
+fn login_secrets(user: &str, password: &str) -> Vec<String> {
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let mut found = vec![
+        password.to_owned(),
+        b64(password),
+        b64(&format!("\0{user}\0{password}")),
+        b64(&format!("{user}\0{user}\0{password}")),
+    ];
+    found.retain(|s| s.chars().count() >= 4);
+    found
 }
 
 /// Shows where and how, never the credentials.
@@ -882,12 +920,14 @@ impl SmtpRelay {
             name if is_mail_domain(name) => ClientId::Domain(name.to_owned()),
             _ => return part("the path, the EHLO name, must be a host name"),
         };
-        let credentials = match url.password() {
-            Some(password) => Some(Credentials::new(
-                percent_decode(url.username()).ok_or_else(bad)?,
-                percent_decode(password).ok_or_else(bad)?,
-            )),
-            None => None,
+        let (credentials, secrets) = match url.password() {
+            Some(password) => {
+                let user = percent_decode(url.username()).ok_or_else(bad)?;
+                let password = percent_decode(password).ok_or_else(bad)?;
+                let secrets = login_secrets(&user, &password);
+                (Some(Credentials::new(user, password)), secrets)
+            }
+            None => (None, Vec::new()),
         };
         Ok(Self {
             port: url.port().unwrap_or(default_port),
@@ -895,6 +935,7 @@ impl SmtpRelay {
             tls,
             hello,
             credentials,
+            secrets,
         })
     }
 }
@@ -1036,6 +1077,9 @@ pub enum SmtpFailure {
     Timeout(Stage),
     /// The deadline passed while every pool slot was taken: no connection was even opened.
     PoolTimeout,
+    /// A slot (or a parked connection) was had, but the relay had been paused meanwhile (the
+    /// sender's `still_clear` said so): no connection was made or used.
+    Held,
     /// lettre reported an error at this stage: a negative reply, or a network, TLS or protocol
     /// failure.
     Smtp(Stage, lettre::transport::smtp::Error),
@@ -1093,9 +1137,10 @@ impl Accepted {
     /// a 2xx says it was taken: a 3xx there (a server out of step, `354` again) is `ambiguous`,
     /// `unexpected_reply` — the content left, and nothing says what became of it. It was
     /// classified `permanent` (a dead letter) by its code.
-    fn report(&self, now: chrono::DateTime<chrono::Utc>) -> SendReport {
+    fn report(&self, now: chrono::DateTime<chrono::Utc>, secrets: &[String]) -> SendReport {
         let code = smtp_code(&self.reply.code().to_string());
-        let text = self.reply.message().collect::<Vec<_>>().join(" ");
+        let text =
+            super::hide_secrets(&self.reply.message().collect::<Vec<_>>().join(" "), secrets);
         let class = match code {
             300..=399 => AttemptClass::Ambiguous,
             c => classify_smtp_code(c),
@@ -1210,6 +1255,7 @@ impl SmtpFailure {
                 )
             }
             SmtpFailure::PoolTimeout => (AttemptClass::NotSent, kind::POOL_TIMEOUT, None),
+            SmtpFailure::Held => (AttemptClass::NotSent, kind::HELD, None),
             SmtpFailure::Tcp(_) => (AttemptClass::NotSent, "connect", None),
             SmtpFailure::Timeout(Stage::Connect(_)) => {
                 (AttemptClass::NotSent, "connect_timeout", None)
@@ -1262,19 +1308,22 @@ impl SmtpFailure {
         }
     }
 
-    fn report(&self, now: chrono::DateTime<chrono::Utc>) -> SendReport {
+    /// `secrets`: the relay's credentials as a reply may echo them ([`login_secrets`]),
+    /// hidden in the excerpt.
+    fn report(&self, now: chrono::DateTime<chrono::Utc>, secrets: &[String]) -> SendReport {
         let (class, kind, status) = self.classify();
         let detail = match self {
             SmtpFailure::Timeout(stage) => format!("no answer within the SMTP timeout ({stage:?})"),
             SmtpFailure::PoolTimeout => {
                 "no SMTP connection slot free within the SMTP timeout".to_owned()
             }
+            SmtpFailure::Held => "the relay paused while it waited for a connection".to_owned(),
             SmtpFailure::Smtp(_, e) => e.to_string(),
             SmtpFailure::Tcp(e) => format!("connection failed: {e}"),
             SmtpFailure::Unsupported(what) => (*what).to_owned(),
             SmtpFailure::RecipientsRefused(_) => String::new(),
         };
-        let mut r = SendReport::refused(class, kind, now, detail);
+        let mut r = SendReport::refused(class, kind, now, super::hide_secrets(&detail, secrets));
         r.status = status;
         if let SmtpFailure::RecipientsRefused(refused) = self {
             // Masked addresses, kept out of the redaction (which would hide them entirely).
@@ -1452,6 +1501,7 @@ impl SmtpPool {
         envelope: &Envelope,
         content: &[u8],
         semantics: Semantics,
+        still_clear: &(dyn Fn() -> bool + Sync),
     ) -> Result<Accepted, SmtpFailure> {
         let started = tokio::time::Instant::now();
         let deadline = started + self.timeout;
@@ -1460,7 +1510,7 @@ impl SmtpPool {
         // its content went out and the timeout made it ambiguous: sent again, a duplicate.)
         let wait_until = started + self.timeout / 2;
         loop {
-            let (mut pooled, reuse) = self.checkout(wait_until, deadline).await?;
+            let (mut pooled, reuse) = self.checkout(wait_until, deadline, still_clear).await?;
             let uses = Uses {
                 chunking: pooled.uses.chunking
                     && semantics == Semantics::AtLeastOnce
@@ -1519,6 +1569,7 @@ impl SmtpPool {
         &self,
         wait_until: tokio::time::Instant,
         deadline: tokio::time::Instant,
+        still_clear: &(dyn Fn() -> bool + Sync),
     ) -> Result<(Pooled, Option<Reuse>), SmtpFailure> {
         loop {
             // Registered before looking, so a connection parked after the look wakes this wait.
@@ -1529,6 +1580,12 @@ impl SmtpPool {
                 if p.ended_while_parked() {
                     info!("a parked SMTP connection was ended by the server; dropped");
                     continue;
+                }
+                if !still_clear() {
+                    // Parked again as it was, for the next message the pause lets through.
+                    lock(&self.idle).parked.push((p, since));
+                    self.parked.notify_one();
+                    return Err(SmtpFailure::Held);
                 }
                 let reuse = Reuse {
                     in_group: since.elapsed() < self.noop_after_idle,
@@ -1547,6 +1604,9 @@ impl SmtpPool {
             let Ok(slot) = slot else {
                 return Err(SmtpFailure::PoolTimeout);
             };
+            if !still_clear() {
+                return Err(SmtpFailure::Held);
+            }
             let mut step = ConnectStep::Hello;
             return match tokio::time::timeout_at(deadline, self.connect(&mut step)).await {
                 Ok(Ok((conn, uses, watch))) => Ok((
@@ -2290,6 +2350,9 @@ pub mod kind {
     pub const TLS: &str = "tls";
     /// No connection slot free within the SMTP timeout (the sender holds the relay's messages).
     pub const POOL_TIMEOUT: &str = "pool_timeout";
+    /// The relay paused while the message waited for a connection: put back unsent by the
+    /// sender, never an attempt.
+    pub const HELD: &str = "held_by_pause";
     /// The relay answered with a line that is no SMTP reply: after the content (`ambiguous`),
     /// or before it (`not_sent`).
     pub const UNPARSABLE_REPLY: &str = "unparsable_reply";
@@ -3161,7 +3224,7 @@ mod tests {
             (AttemptClass::Transient, "recipients_refused", Some(450))
         );
         let now = chrono::Utc::now();
-        let r = SmtpFailure::RecipientsRefused(refused(&[("a***@e***.com", 553)])).report(now);
+        let r = SmtpFailure::RecipientsRefused(refused(&[("a***@e***.com", 553)])).report(now, &[]);
         assert_eq!(
             r.excerpt.as_deref(),
             Some("every recipient refused at RCPT TO: a***@e***.com 553")
@@ -3185,7 +3248,7 @@ mod tests {
             reply: reply.clone(),
             refused: Vec::new(),
         }
-        .report(now);
+        .report(now, &[]);
         assert_eq!(
             (r.class, r.status, r.error_kind.as_deref()),
             (AttemptClass::Accepted, Some(250), None)
@@ -3195,7 +3258,7 @@ mod tests {
             reply,
             refused: refused(&[("c***@e***.com", 550)]),
         }
-        .report(now);
+        .report(now, &[]);
         assert_eq!(
             (r.class, r.error_kind.as_deref()),
             (AttemptClass::Accepted, Some("recipients_refused"))
@@ -3214,7 +3277,7 @@ mod tests {
             reply: Response::new(again, vec!["go ahead".to_owned()]),
             refused: Vec::new(),
         }
-        .report(now);
+        .report(now, &[]);
         assert_eq!(
             (r.class, r.status, r.error_kind.as_deref()),
             (AttemptClass::Ambiguous, Some(354), Some("unexpected_reply"))
@@ -3284,7 +3347,7 @@ mod tests {
         let taken = pool.slots.clone().try_acquire_owned().unwrap();
         let started = Instant::now();
         let failure = pool
-            .send(&envelope, b"x", Semantics::AtLeastOnce)
+            .send(&envelope, b"x", Semantics::AtLeastOnce, &|| true)
             .await
             .unwrap_err();
         assert!(matches!(failure, SmtpFailure::PoolTimeout), "{failure:?}");
@@ -3294,10 +3357,46 @@ mod tests {
         // With the slot free the same pool goes on to connect (and is refused).
         drop(taken);
         let failure = pool
-            .send(&envelope, b"x", Semantics::AtLeastOnce)
+            .send(&envelope, b"x", Semantics::AtLeastOnce, &|| true)
             .await
             .unwrap_err();
         assert_eq!(failure.classify(), (AttemptClass::NotSent, "connect", None));
+    }
+
+    /// A send that waited for a slot asks `still_clear` once it has one, before it connects: the
+    /// relay paused meanwhile (the sender's answer) keeps it from connecting at all.
+    #[tokio::test]
+    async fn a_send_that_got_its_slot_after_a_pause_does_not_connect() {
+        super::super::install_crypto_provider();
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let relay = SmtpRelay::parse(&format!("smtp://{closed}"), None).unwrap();
+        let pool = SmtpPool::new(relay, &SmtpLimits::new(Duration::from_millis(2000), 1));
+        let to: lettre::Address = "a@b.example".parse().unwrap();
+        let envelope = Envelope::new(Some(to.clone()), vec![to]).unwrap();
+        let taken = pool.slots.clone().try_acquire_owned().unwrap();
+        let asked = std::sync::atomic::AtomicUsize::new(0);
+        let paused = || {
+            asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            false
+        };
+        let send = pool.send(&envelope, b"x", Semantics::AtLeastOnce, &paused);
+        let free = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            drop(taken);
+        };
+        let (failure, ()) = tokio::join!(send, free);
+        let failure = failure.unwrap_err();
+        // Not `connect` (refused): no connection was tried.
+        assert_eq!(
+            failure.classify(),
+            (AttemptClass::NotSent, kind::HELD, None)
+        );
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // Its slot went back with it.
+        assert!(pool.slots.clone().try_acquire_owned().is_ok());
     }
 
     #[test]

@@ -879,9 +879,29 @@ impl Sender {
             Channel::Webhook => self.inner.webhook.send(&outgoing).await,
             // Boxed: the SMTP dialogue's state (5,536 bytes) would make every send task, a
             // webhook's included, that much larger (see `send_cleared`).
-            Channel::Email => Box::pin(self.inner.email.send(&outgoing)).await,
+            Channel::Email => {
+                // Asked again once an SMTP connection is had: the relay may have paused while
+                // this message waited for one.
+                let destination = cleared.destination.as_deref();
+                let still_clear = || {
+                    self.paused(destination, row.id, self.inner.clock.now())
+                        .is_none()
+                };
+                Box::pin(self.inner.email.send_while(&outgoing, &still_clear)).await
+            }
         };
         let took = sending.elapsed();
+        if report.error_kind.as_deref() == Some(crate::channels::email::kind::HELD) {
+            // Paused while it waited for an SMTP connection (`paused` counted it): until the
+            // pause ends, as one held at its clearance.
+            let at = self.inner.clock.now();
+            let until = cleared
+                .destination
+                .as_deref()
+                .and_then(|d| self.inner.throttle.paused_until(d, row.id, at))
+                .unwrap_or(at);
+            return put_back(cleared.base, row, now, until, AttemptClass::RateLimited);
+        }
         if report.error_kind.as_deref() == Some(crate::channels::email::kind::POOL_TIMEOUT) {
             // Every SMTP connection stayed busy for the whole attempt: this message was never
             // tried, so no attempt is spent on it (more sends in flight than the pool's size

@@ -403,6 +403,34 @@ async fn smtp_greeting_554_is_not_sent(backend: Backend) {
 /// A refused login is `not_sent` (code kept), and it pauses the relay: the mail behind it waits
 /// without a connection and without spending an attempt, logged once at WARN with the error
 /// kind, until the pause ends and the next message tries again.
+/// A relay that repeats the login it got in its refusal (base64 and decoded): the password and
+/// the AUTH response carrying it are hidden in the attempt's stored excerpt. Before, both were
+/// stored in clear; the README says credentials never appear in an attempt row.
+async fn smtp_a_relay_echoing_the_login_keeps_it_out_of_the_excerpt(backend: Backend) {
+    use base64::Engine;
+    let sink = SmtpSink::start_scripted(Script {
+        echo_auth: true,
+        ..Script::default()
+    })
+    .await;
+    let url = sink.url.replace("smtp://", "smtp://herald:Hunter2-S3cret@");
+    let app = spawn_app_with(backend, &format!("smtp_url = \"{url}\"\n")).await;
+    post_mail(&app, "echo-login", "ada@example.com", None, "at_most_once").await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    let a = &app.attempts("echo-login")[0];
+    assert_eq!(a.response_status, Some(535));
+    let excerpt = a.response_excerpt.clone().unwrap_or_default();
+    assert!(
+        excerpt.contains("authentication failed: [secret] ( herald [secret])"),
+        "{excerpt}"
+    );
+    let plain = base64::engine::general_purpose::STANDARD.encode("\0herald\0Hunter2-S3cret");
+    for secret in ["Hunter2-S3cret", plain.as_str()] {
+        assert!(!excerpt.contains(secret), "{secret} in {excerpt}");
+    }
+    app.stop().await;
+}
+
 async fn smtp_auth_refused_is_not_sent(backend: Backend) {
     let sink = SmtpSink::start_scripted(Script {
         auth_reply: Some("535 5.7.8 authentication credentials invalid"),
@@ -1834,6 +1862,7 @@ both_backends!(
     smtp_greeting_421_is_not_sent,
     smtp_greeting_554_is_not_sent,
     smtp_auth_refused_is_not_sent,
+    smtp_a_relay_echoing_the_login_keeps_it_out_of_the_excerpt,
     smtp_a_421_in_the_envelope_is_transient_and_closes_the_connection,
     smtp_open_connections_are_bounded_by_the_pool_size,
     smtp_a_parked_connection_that_went_silent_is_replaced,

@@ -118,6 +118,9 @@ pub struct Script {
     pub refuse_reset: bool,
     /// Hold the replies to a pipelined group until the group has been read ([`tell`]).
     pub hold_replies: bool,
+    /// Answer every AUTH `535` repeating what it got, base64 and decoded (NULs as spaces), as a
+    /// relay logging into its reply might ([`AUTH_ECHO`]).
+    pub echo_auth: bool,
     /// Take at most this many recipients in one transaction, answering the rest `452 4.5.3`
     /// (RFC 5321 §4.5.3.1.10), as Gmail's relay does past 100.
     pub max_recipients: Option<usize>,
@@ -467,6 +470,9 @@ async fn tell_bytes(conn: &mut Conn, held: &mut String, line: &[u8]) -> bool {
 /// The answer to a `latin1@…` message: a 250 in Latin-1 (`ü` as the one byte 0xFC).
 pub const LATIN1_QUEUED: &[u8] =
     b"250 2.0.0 Nachricht angenommen f\xfcr Zustellung: queued as LAT1";
+/// The beginning of the answer to AUTH with [`Script::echo_auth`].
+pub const AUTH_ECHO: &str = "535 5.7.8 Error: authentication failed:";
+
 /// The answer to a recipient past [`Script::max_recipients`].
 pub const TOO_MANY_RECIPIENTS: &str = "452 4.5.3 Error: too many recipients";
 
@@ -628,7 +634,7 @@ async fn session(
             }
             if let Some(auth) = &script.auth {
                 lines.push(format!("250-AUTH {}", auth.mechanisms));
-            } else if script.auth_reply.is_some() {
+            } else if script.auth_reply.is_some() || script.echo_auth {
                 lines.push("250-AUTH PLAIN LOGIN".into());
             }
             if !script.no_pipelining {
@@ -684,6 +690,14 @@ async fn session(
                 } else {
                     "535 5.7.8 authentication credentials invalid".into()
                 }
+            } else if script.echo_auth {
+                use base64::Engine;
+                let got = line.trim_end().rsplit(' ').next().unwrap_or("").to_owned();
+                let decoded = base64::engine::general_purpose::STANDARD
+                    .decode(&got)
+                    .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+                    .unwrap_or_default();
+                format!("{AUTH_ECHO} {got} ({decoded})")
             } else {
                 script
                     .auth_reply
