@@ -171,18 +171,81 @@ impl Limit {
     }
 }
 
-/// `text` with every occurrence of each of `secrets` (and of its form with `/` escaped, as some
-/// JSON encoders write it) replaced by `[secret]`: what an answer echoed of the request's
-/// credentials (see [`webhook::Endpoint::secrets`]).
+/// `text` with every occurrence of each of `secrets` replaced by `[secret]`: what an answer
+/// echoed of the request's credentials (see [`webhook::Endpoint::secrets`]). Each is looked for
+/// as written and in the forms an echo writes it in ([`secret_forms`]: escaped for JSON or HTML,
+/// percent-encoded, base64), ignoring ASCII case (an echo that upper-cases header values).
 pub fn hide_secrets(text: &str, secrets: &[String]) -> String {
+    let mut forms: Vec<String> = secrets
+        .iter()
+        .filter(|s| !s.is_empty())
+        .flat_map(|s| secret_forms(s))
+        .collect();
+    // Longest first: a form that holds another goes whole.
+    forms.sort_by_key(|f| std::cmp::Reverse(f.len()));
+    forms.dedup();
     let mut out = text.to_owned();
-    for secret in secrets.iter().filter(|s| !s.is_empty()) {
-        out = out.replace(secret.as_str(), "[secret]");
-        if secret.contains('/') {
-            out = out.replace(&secret.replace('/', "\\/"), "[secret]");
-        }
+    for form in &forms {
+        out = replace_ignoring_ascii_case(&out, form, "[secret]");
     }
     out
+}
+
+/// `secret` and the forms an answer that echoes it may write it in: `/` escaped for JSON (`\/`,
+/// `\\/`, `\u002f`), its `/`, `+` and `=` as HTML entities, percent-encoded (as a URL or a form
+/// carries it), and its base64.
+fn secret_forms(secret: &str) -> Vec<String> {
+    use base64::Engine;
+    let mut forms = vec![
+        secret.to_owned(),
+        secret.replace('/', r"\/"),
+        secret.replace('/', r"\\/"),
+        secret.replace('/', r"\u002f"),
+        secret
+            .replace('&', "&amp;")
+            .replace('/', "&#x2F;")
+            .replace('+', "&#43;")
+            .replace('=', "&#61;"),
+        secret.replace('/', "&#47;"),
+        base64::engine::general_purpose::STANDARD.encode(secret),
+    ];
+    let mut percent = String::new();
+    for b in secret.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            percent.push(char::from(b));
+        } else {
+            percent.push_str(&format!("%{b:02X}"));
+        }
+    }
+    forms.push(percent.replace("%20", "+"));
+    forms.push(percent);
+    forms
+}
+
+/// `text` with every occurrence of `what` (ASCII case ignored) replaced by `with`.
+fn replace_ignoring_ascii_case(text: &str, what: &str, with: &str) -> String {
+    // ASCII lower-casing keeps byte offsets.
+    let lower = text.to_ascii_lowercase();
+    let what = what.to_ascii_lowercase();
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    while let Some(i) = lower[at..].find(&what) {
+        out.push_str(&text[at..at + i]);
+        out.push_str(with);
+        at += i + what.len();
+    }
+    out.push_str(&text[at..]);
+    out
+}
+
+/// A body cut at the read limit ends with a piece of a word: dropped, as a secret cut in two is
+/// found by none of its forms (the excerpt keeps the first 200 characters of the words, however
+/// many spaces come before them).
+pub fn without_a_cut_word(text: &str) -> &str {
+    match text.rfind(char::is_whitespace) {
+        Some(i) => &text[..i],
+        None => "",
+    }
 }
 
 /// At most 200 characters, control characters dropped, anything that looks like an address or a
@@ -213,16 +276,44 @@ mod tests {
     use super::*;
 
     #[test]
-    fn secrets_are_hidden_as_written_and_with_slashes_escaped() {
-        let secrets = ["sk_live_ab/cd+ef".to_owned(), String::new()];
-        assert_eq!(
-            hide_secrets(
-                r#"{"authorization":"Bearer sk_live_ab\/cd+ef","x":"sk_live_ab/cd+ef"}"#,
-                &secrets
-            ),
-            r#"{"authorization":"Bearer [secret]","x":"[secret]"}"#
-        );
+    fn secrets_are_hidden_as_written_and_as_echoes_encode_them() {
+        use base64::Engine;
+        let secret = "sk_live_ab/cd+ef=";
+        let secrets = [secret.to_owned(), String::new()];
+        for echoed in [
+            secret.to_owned(),
+            secret.to_ascii_uppercase(),
+            r"sk_live_ab\/cd+ef=".to_owned(),
+            r"sk_live_ab\\/cd+ef=".to_owned(),
+            r"sk_live_ab\u002fcd+ef=".to_owned(),
+            "sk_live_ab&#x2F;cd&#43;ef&#61;".to_owned(),
+            "sk_live_ab&#47;cd+ef=".to_owned(),
+            "sk_live_ab%2Fcd%2Bef%3D".to_owned(),
+            "sk_live_ab%2fcd%2bef%3d".to_owned(),
+            base64::engine::general_purpose::STANDARD.encode(secret),
+        ] {
+            let text = format!(r#"{{"authorization":"Bearer {echoed}","x":1}}"#);
+            assert_eq!(
+                hide_secrets(&text, &secrets),
+                r#"{"authorization":"Bearer [secret]","x":1}"#,
+                "{echoed}"
+            );
+        }
         assert_eq!(hide_secrets("nothing here", &secrets), "nothing here");
+        // Non-ASCII around it keeps its place.
+        assert_eq!(
+            hide_secrets("é sk_live_ab/cd+ef= ü", &secrets),
+            "é [secret] ü"
+        );
+    }
+
+    #[test]
+    fn a_word_cut_at_the_read_limit_is_dropped() {
+        assert_eq!(
+            without_a_cut_word("Authorization: Bearer sk_li"),
+            "Authorization: Bearer"
+        );
+        assert_eq!(without_a_cut_word("sk_li"), "");
     }
 
     #[test]

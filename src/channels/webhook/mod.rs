@@ -25,7 +25,7 @@ use serde_json::Value;
 use url::Url;
 
 use self::signing::{SigningKey, signature_header};
-use super::{Outgoing, SendReport, hide_secrets, redact_excerpt};
+use super::{Outgoing, SendReport, hide_secrets, redact_excerpt, without_a_cut_word};
 use crate::clock::Clock;
 use crate::domain::classify::{classify_http_status, honours_retry_after, parse_retry_after};
 use crate::domain::event_type::EventType;
@@ -573,16 +573,22 @@ impl WebhookChannel {
                 Ok(None) | Err(_) => break,
             }
         }
+        let cut = body.len() >= MAX_RESPONSE_BYTES;
         body.truncate(MAX_RESPONSE_BYTES);
         let provider_message_id = endpoint
             .and_then(|e| e.provider_message_id_pointer.as_deref())
             .filter(|_| class == AttemptClass::Accepted)
             .and_then(|pointer| provider_id(&body, pointer));
         let excerpt = (!body.is_empty()).then(|| {
-            let text = String::from_utf8_lossy(&body);
+            let whole = String::from_utf8_lossy(&body);
+            let text = if cut {
+                without_a_cut_word(&whole)
+            } else {
+                &whole
+            };
             match endpoint {
-                Some(e) => redact_excerpt(&hide_secrets(&text, &e.secrets())),
-                None => redact_excerpt(&text),
+                Some(e) => redact_excerpt(&hide_secrets(text, &e.secrets())),
+                None => redact_excerpt(text),
             }
         });
         SendReport {
