@@ -1102,6 +1102,9 @@ pub struct RefusedRecipient {
     /// Its place among the envelope's recipients (a next transaction names it again; the
     /// address itself is not kept here).
     pub index: usize,
+    /// Refused with 452, then sent in a next transaction that failed once its content may
+    /// have left ([`send_to_the_rest`]): it may have got the message.
+    pub sent_again: bool,
 }
 
 /// How many refused recipients an attempt lists by name (masked); the rest are counted.
@@ -1119,8 +1122,20 @@ fn refused_list(refused: &[RefusedRecipient]) -> String {
     if refused.len() > REFUSED_LISTED {
         out.push_str(&format!(" and {} more", refused.len() - REFUSED_LISTED));
     }
+    let again: Vec<&str> = refused
+        .iter()
+        .filter(|r| r.sent_again)
+        .map(|r| r.masked.as_str())
+        .take(REFUSED_LISTED)
+        .collect();
+    if !again.is_empty() {
+        out.push_str(&format!(" ({SENT_AGAIN} {})", again.join(", ")));
+    }
     out
 }
+
+/// How [`refused_list`] names the recipients a next transaction may have reached.
+pub const SENT_AGAIN: &str = "sent again in a next transaction whose end is unknown:";
 
 /// What the server said when it took the message: its final reply, and the recipients it had
 /// refused at RCPT TO (the message went to the others).
@@ -2044,6 +2059,7 @@ async fn transmit(
                     masked: crate::telemetry::mask_email(to.as_ref()),
                     code,
                     index,
+                    sent_again: false,
                 }),
                 // A 421 (the server closing the channel), a lost connection, a garbled reply.
                 _ => return Err(envelope_err(e).into()),
@@ -2137,7 +2153,16 @@ async fn send_to_the_rest(
                 (more.refused, true)
             }
             Ok(Err(Cut::Failed(SmtpFailure::RecipientsRefused(again)))) => (again, false),
-            _ => return false,
+            // Failed once its content may have left (a lost connection or the time up after
+            // DATA or with BDAT, a 3xx to the content): those it was for may have it.
+            _ => {
+                if stage == Stage::Content {
+                    for r in taken.refused.iter_mut().filter(|r| rest.contains(&r.index)) {
+                        r.sent_again = true;
+                    }
+                }
+                return false;
+            }
         };
         info!(
             recipients = rest.len(),
@@ -2236,6 +2261,7 @@ async fn transmit_chunked(
                 masked: crate::telemetry::mask_email(to.as_ref()),
                 code,
                 index,
+                sent_again: false,
             })
             .collect()
     };
@@ -3204,6 +3230,7 @@ mod tests {
                 masked: (*m).to_owned(),
                 code: *code,
                 index,
+                sent_again: false,
             })
             .collect()
     }

@@ -104,6 +104,14 @@ fn attempt_sentence(a: &AttemptEntry) -> String {
         other => s.push_str(&format!("; it became {other}")),
     }
     match (a.note.as_deref(), a.next_state.as_str()) {
+        // A next transaction for recipients refused 452 that failed once its content may have
+        // left: those may have it (a walk-through saw "those did not get it" of recipients
+        // whose content had gone in full).
+        (Some(note), "delivered") if note.contains(crate::channels::email::SENT_AGAIN) => s
+            .push_str(&format!(
+                " — but not to every recipient: {note} (those did not get it from this attempt, \
+                 but for those sent again, who may have; none is retried)"
+            )),
         (Some(note), "delivered") => s.push_str(&format!(
             " — but not to every recipient: {note} (those did not get it, and are not retried)"
         )),

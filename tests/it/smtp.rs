@@ -1161,6 +1161,41 @@ async fn smtp_no_next_transaction_begins_with_too_little_time_left(backend: Back
     app.stop().await;
 }
 
+/// A next transaction that fails once its content left (the relay closing before its reply):
+/// its recipient may have the message, and the attempt says so rather than "did not get it".
+async fn smtp_a_next_transaction_lost_after_its_content_says_its_recipients_may_have_it(
+    backend: Backend,
+) {
+    let sink = SmtpSink::start_scripted(Script {
+        max_recipients: Some(1),
+        ..Script::default()
+    })
+    .await;
+    let app = smtp_app(backend, &sink, "").await;
+    let payload = json!({"subject": "Hi", "text": "Hello", "cc": ["drop@example.com"]});
+    post_payload(&app, "lost-2nd", "ada@example.com", payload, "at_most_once").await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    assert_eq!(sink.accepted().len(), 1, "the first transaction");
+    let (state, _, class, _) = outcome(&app, "lost-2nd").await;
+    assert_eq!((state.as_str(), class.as_str()), ("delivered", "accepted"));
+    let excerpt = first_excerpt(&app, "lost-2nd");
+    assert!(
+        excerpt.ends_with(
+            "; refused at RCPT TO: d***@e***.com 452 (sent again in a next transaction whose \
+             end is unknown: d***@e***.com)"
+        ),
+        "{excerpt}"
+    );
+    let explained = app.explain("lost-2nd").await;
+    let words = explained["explanation"].as_str().unwrap_or_default();
+    assert!(
+        words.contains("but for those sent again, who may have; none is retried"),
+        "{words}"
+    );
+    assert!(!words.contains("(those did not get it, and"), "{words}");
+    app.stop().await;
+}
+
 /// A 452 that is not a limit (a full mailbox) is tried once more in a next transaction and then
 /// stays refused; the message was taken for the others, and the next message goes on a new
 /// connection (the one whose transaction was refused is closed, its DATA perhaps pending).
@@ -1883,6 +1918,7 @@ both_backends!(
     smtp_all_recipients_refused_is_decided_by_their_codes,
     smtp_recipients_past_the_relays_limit_go_in_a_next_transaction,
     smtp_a_recipient_refused_452_twice_stays_refused,
+    smtp_a_next_transaction_lost_after_its_content_says_its_recipients_may_have_it,
     smtp_no_next_transaction_begins_with_too_little_time_left,
     smtp_every_reply_code_is_classified,
     smtp_every_reply_code_is_classified_without_pipelining,
