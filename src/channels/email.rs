@@ -1535,7 +1535,15 @@ impl SmtpPool {
             let mut stage = Stage::Envelope;
             let result = tokio::time::timeout_at(
                 deadline,
-                transmit(&mut pooled.conn, uses, reuse, envelope, content, &mut stage),
+                transmit(
+                    &mut pooled.conn,
+                    uses,
+                    reuse,
+                    envelope,
+                    content,
+                    &mut stage,
+                    &mut Vec::new(),
+                ),
             )
             .await;
             let failure = match result {
@@ -1950,6 +1958,7 @@ async fn transmit(
     envelope: &Envelope,
     content: &[u8],
     stage: &mut Stage,
+    refused_seen: &mut Vec<usize>,
 ) -> Result<Accepted, Cut> {
     *stage = Stage::Envelope;
     let envelope_err = |e| SmtpFailure::Smtp(Stage::Envelope, e);
@@ -2020,7 +2029,7 @@ async fn transmit(
         }
     }
     if let (Some(group), Some(chunk)) = (&group, chunk) {
-        return transmit_chunked(conn, in_group, group, chunk, envelope, stage).await;
+        return transmit_chunked(conn, in_group, group, chunk, envelope, stage, refused_seen).await;
     }
     match group {
         // Writes the whole group (RSET first when it is the check), then reads the first reply:
@@ -2055,12 +2064,15 @@ async fn transmit(
         match reply {
             Ok(_) => accepted += 1,
             Err(e) => match reply_code(&e) {
-                Some(code) if code != 421 => refused.push(RefusedRecipient {
-                    masked: crate::telemetry::mask_email(to.as_ref()),
-                    code,
-                    index,
-                    sent_again: false,
-                }),
+                Some(code) if code != 421 => {
+                    refused_seen.push(index);
+                    refused.push(RefusedRecipient {
+                        masked: crate::telemetry::mask_email(to.as_ref()),
+                        code,
+                        index,
+                        sent_again: false,
+                    });
+                }
                 // A 421 (the server closing the channel), a lost connection, a garbled reply.
                 _ => return Err(envelope_err(e).into()),
             },
@@ -2143,9 +2155,18 @@ async fn send_to_the_rest(
             return true;
         }
         let mut stage = Stage::Envelope;
+        let mut refused_seen = Vec::new();
         let sent = tokio::time::timeout_at(
             until.end,
-            transmit(conn, uses, None, &next, content, &mut stage),
+            transmit(
+                conn,
+                uses,
+                None,
+                &next,
+                content,
+                &mut stage,
+                &mut refused_seen,
+            ),
         )
         .await;
         let (again, fit) = match sent {
@@ -2154,10 +2175,21 @@ async fn send_to_the_rest(
             }
             Ok(Err(Cut::Failed(SmtpFailure::RecipientsRefused(again)))) => (again, false),
             // Failed once its content may have left (a lost connection or the time up after
-            // DATA or with BDAT, a 3xx to the content): those it was for may have it.
-            _ => {
-                if stage == Stage::Content {
-                    for r in taken.refused.iter_mut().filter(|r| rest.contains(&r.index)) {
+            // DATA or with BDAT, a 3xx to the content): those it was for — the recipients it
+            // did not refuse at RCPT TO — may have it. A refusal of the content (a 4xx or 5xx
+            // to it) says they do not.
+            failed => {
+                let content_refused = matches!(
+                    &failed,
+                    Ok(Err(Cut::Failed(SmtpFailure::Smtp(Stage::Content, e))))
+                        if reply_code(e).is_some_and(|c| c >= 400)
+                );
+                if stage == Stage::Content && !content_refused {
+                    let sent: Vec<usize> = (0..rest.len())
+                        .filter(|i| !refused_seen.contains(i))
+                        .map(|i| rest[i])
+                        .collect();
+                    for r in taken.refused.iter_mut().filter(|r| sent.contains(&r.index)) {
                         r.sent_again = true;
                     }
                 }
@@ -2213,6 +2245,7 @@ async fn transmit_chunked(
     chunk: &str,
     envelope: &Envelope,
     stage: &mut Stage,
+    refused_seen: &mut Vec<usize>,
 ) -> Result<Accepted, Cut> {
     *stage = Stage::Content;
     let recipients = envelope.to().len();
@@ -2250,6 +2283,15 @@ async fn transmit_chunked(
     };
     let codes: Vec<u16> = replies.iter().map(code).collect();
     let mail = usize::from(reset);
+    refused_seen.extend(
+        codes
+            .iter()
+            .skip(mail + 1)
+            .take(recipients)
+            .enumerate()
+            .filter(|(_, c)| !(200..400).contains(*c))
+            .map(|(i, _)| i),
+    );
     let refused = || -> Vec<RefusedRecipient> {
         envelope
             .to()

@@ -196,17 +196,30 @@ pub fn hide_secrets(text: &str, secrets: &[String]) -> String {
 /// carries it), and its base64.
 fn secret_forms(secret: &str) -> Vec<String> {
     use base64::Engine;
+    let html = secret
+        .replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;");
     let mut forms = vec![
         secret.to_owned(),
         secret.replace('/', r"\/"),
         secret.replace('/', r"\\/"),
         secret.replace('/', r"\u002f"),
+        // Go's JSON escapes these three, and some encoders `+`.
         secret
-            .replace('&', "&amp;")
-            .replace('/', "&#x2F;")
+            .replace('<', r"\u003c")
+            .replace('>', r"\u003e")
+            .replace('&', r"\u0026")
+            .replace('+', r"\u002b"),
+        html.clone(),
+        html.replace('/', "&#x2F;")
             .replace('+', "&#43;")
             .replace('=', "&#61;"),
-        secret.replace('/', "&#47;"),
+        html.replace('/', "&#47;"),
+        // A form's decoding reads `+` as a space.
+        secret.replace('+', " "),
         base64::engine::general_purpose::STANDARD.encode(secret),
     ];
     let mut percent = String::new();
@@ -290,6 +303,8 @@ mod tests {
             "sk_live_ab&#47;cd+ef=".to_owned(),
             "sk_live_ab%2Fcd%2Bef%3D".to_owned(),
             "sk_live_ab%2fcd%2bef%3d".to_owned(),
+            "sk_live_ab/cd ef=".to_owned(),
+            r"sk_live_ab/cd\u002bef=".to_owned(),
             base64::engine::general_purpose::STANDARD.encode(secret),
         ] {
             let text = format!(r#"{{"authorization":"Bearer {echoed}","x":1}}"#);
@@ -300,6 +315,14 @@ mod tests {
             );
         }
         assert_eq!(hide_secrets("nothing here", &secrets), "nothing here");
+        // An HTML page's and Go's JSON escapes of `>`.
+        let angled = ["Pw>12345&x".to_owned()];
+        for echoed in ["Pw&gt;12345&amp;x", r"Pw\u003e12345\u0026x"] {
+            assert_eq!(
+                hide_secrets(&format!("<p>{echoed}</p>"), &angled),
+                "<p>[secret]</p>"
+            );
+        }
         // Non-ASCII around it keeps its place.
         assert_eq!(
             hide_secrets("é sk_live_ab/cd+ef= ü", &secrets),

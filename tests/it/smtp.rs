@@ -1193,6 +1193,29 @@ async fn smtp_a_next_transaction_lost_after_its_content_says_its_recipients_may_
         "{words}"
     );
     assert!(!words.contains("(those did not get it, and"), "{words}");
+    // A recipient the lost next transaction refused at RCPT TO did not get it from it; and a
+    // next transaction whose content was refused (451) reached none: neither is "sent again".
+    for (id, second, third, want) in [
+        (
+            "lost-2nd-one-refused",
+            "drop@example.com",
+            "rcpt452@example.com",
+            "; refused at RCPT TO: d***@e***.com 452, r***@e***.com 452 (sent again in a next \
+             transaction whose end is unknown: d***@e***.com)",
+        ),
+        (
+            "refused-2nd-content",
+            "data451@example.com",
+            "bob@example.com",
+            "; refused at RCPT TO: d***@e***.com 452, b***@e***.com 452",
+        ),
+    ] {
+        let payload = json!({"subject": "Hi", "text": "Hello", "cc": [second, third]});
+        post_payload(&app, id, "ada@example.com", payload, "at_most_once").await;
+        assert_eq!(app.herald.sender.run_once().await.unwrap(), 1, "{id}");
+        let excerpt = first_excerpt(&app, id);
+        assert!(excerpt.ends_with(want), "{id}: {excerpt}");
+    }
     app.stop().await;
 }
 

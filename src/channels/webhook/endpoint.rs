@@ -140,10 +140,16 @@ impl Endpoint {
     /// there ([`crate::channels::hide_secrets`]).
     pub fn secrets(&self) -> Vec<String> {
         let mut found = Vec::new();
+        // The whole header value too: its base64 is not made of its token's.
         match &self.auth {
-            Some(EndpointAuth::Bearer(token)) => found.push(token.expose().to_owned()),
+            Some(EndpointAuth::Bearer(token)) => {
+                found.push(token.expose().to_owned());
+                found.push(format!("Bearer {}", token.expose()));
+            }
             Some(EndpointAuth::Basic { username, password }) => {
-                found.push(basic_credentials(username, password.expose()));
+                let pair = basic_credentials(username, password.expose());
+                found.push(format!("Basic {pair}"));
+                found.push(pair);
                 found.push(password.expose().to_owned());
             }
             None => {}
