@@ -180,13 +180,39 @@ pub fn hide_secrets(text: &str, secrets: &[String]) -> String {
         .iter()
         .filter(|s| !s.is_empty())
         .flat_map(|s| secret_forms(s))
+        .filter(|f| !f.is_empty())
+        .map(|f| f.to_ascii_lowercase())
         .collect();
-    // Longest first: a form that holds another goes whole.
-    forms.sort_by_key(|f| std::cmp::Reverse(f.len()));
+    if forms.is_empty() {
+        return text.to_owned();
+    }
+    forms.sort_unstable();
     forms.dedup();
-    let mut out = text.to_owned();
+    // Every form found marks its bytes (ASCII lower-casing keeps byte offsets, and a match
+    // begins and ends on character boundaries); a run of marked bytes becomes one `[secret]`.
+    // One pass over the text per form, one copy of it in all.
+    let lower = text.to_ascii_lowercase();
+    let mut hidden = vec![false; text.len()];
     for form in &forms {
-        out = replace_ignoring_ascii_case(&out, form, "[secret]");
+        let mut at = 0;
+        while let Some(i) = lower[at..].find(form.as_str()) {
+            hidden[at + i..at + i + form.len()].fill(true);
+            at += i + form.len();
+        }
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < text.len() {
+        let start = i;
+        let marked = hidden[i];
+        while i < text.len() && hidden[i] == marked {
+            i += 1;
+        }
+        if marked {
+            out.push_str("[secret]");
+        } else {
+            out.push_str(&text[start..i]);
+        }
     }
     out
 }
@@ -233,22 +259,6 @@ fn secret_forms(secret: &str) -> Vec<String> {
     forms.push(percent.replace("%20", "+"));
     forms.push(percent);
     forms
-}
-
-/// `text` with every occurrence of `what` (ASCII case ignored) replaced by `with`.
-fn replace_ignoring_ascii_case(text: &str, what: &str, with: &str) -> String {
-    // ASCII lower-casing keeps byte offsets.
-    let lower = text.to_ascii_lowercase();
-    let what = what.to_ascii_lowercase();
-    let mut out = String::with_capacity(text.len());
-    let mut at = 0;
-    while let Some(i) = lower[at..].find(&what) {
-        out.push_str(&text[at..at + i]);
-        out.push_str(with);
-        at += i + what.len();
-    }
-    out.push_str(&text[at..]);
-    out
 }
 
 /// A body cut at the read limit ends with a piece of a word: dropped, as a secret cut in two is
