@@ -1126,10 +1126,14 @@ fn refused_list(refused: &[RefusedRecipient]) -> String {
         .iter()
         .filter(|r| r.sent_again)
         .map(|r| r.masked.as_str())
-        .take(REFUSED_LISTED)
         .collect();
     if !again.is_empty() {
-        out.push_str(&format!(" ({SENT_AGAIN} {})", again.join(", ")));
+        let named = again[..again.len().min(REFUSED_LISTED)].join(", ");
+        let more = match again.len().saturating_sub(REFUSED_LISTED) {
+            0 => String::new(),
+            n => format!(" and {n} more"),
+        };
+        out.push_str(&format!(" ({SENT_AGAIN} {named}{more})"));
     }
     out
 }
@@ -1606,8 +1610,7 @@ impl SmtpPool {
                 }
                 if !still_clear() {
                     // Parked again as it was, for the next message the pause lets through.
-                    lock(&self.idle).parked.push((p, since));
-                    self.parked.notify_one();
+                    self.park(p, since);
                     return Err(SmtpFailure::Held);
                 }
                 let reuse = Reuse {
@@ -1736,11 +1739,17 @@ impl SmtpPool {
 
     /// Parks a healthy connection, with a reaper watching it (started when none is).
     fn checkin(&self, p: Pooled) {
+        self.park(p, Instant::now());
+    }
+
+    /// Parks `p` as idle since `since` (a connection taken and put back unused keeps its time),
+    /// with a reaper to retire it once idle too long.
+    fn park(&self, p: Pooled, since: Instant) {
         if p.conn.has_broken() {
             return;
         }
         let mut idle = lock(&self.idle);
-        idle.parked.push((p, Instant::now()));
+        idle.parked.push((p, since));
         if !idle.reaper
             && let Ok(rt) = tokio::runtime::Handle::try_current()
         {
@@ -2179,12 +2188,19 @@ async fn send_to_the_rest(
             // did not refuse at RCPT TO — may have it. A refusal of the content (a 4xx or 5xx
             // to it) says they do not.
             failed => {
-                let content_refused = matches!(
-                    &failed,
-                    Ok(Err(Cut::Failed(SmtpFailure::Smtp(Stage::Content, e))))
-                        if reply_code(e).is_some_and(|c| c >= 400)
-                );
-                if stage == Stage::Content && !content_refused {
+                // Decided by the failure, not by how far `stage` got: with BDAT it says
+                // `Content` from the write on, also when a reply to the envelope then proved
+                // nothing was taken.
+                let may_have_left = match &failed {
+                    Err(_) => stage == Stage::Content,
+                    Ok(Ok(_)) => true,
+                    Ok(Err(Cut::Failed(SmtpFailure::Timeout(Stage::Content)))) => true,
+                    Ok(Err(Cut::Failed(SmtpFailure::Smtp(Stage::Content, e)))) => {
+                        reply_code(e).is_none()
+                    }
+                    _ => false,
+                };
+                if may_have_left {
                     let sent: Vec<usize> = (0..rest.len())
                         .filter(|i| !refused_seen.contains(i))
                         .map(|i| rest[i])

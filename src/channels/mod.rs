@@ -261,14 +261,18 @@ fn secret_forms(secret: &str) -> Vec<String> {
     forms
 }
 
-/// A body cut at the read limit ends with a piece of a word: dropped, as a secret cut in two is
-/// found by none of its forms (the excerpt keeps the first 200 characters of the words, however
-/// many spaces come before them).
+/// A body cut short (at the read limit, or by a lost connection) ends with a piece of a token:
+/// dropped back to the last space or delimiter, as a secret cut in two is found by none of its
+/// forms (the excerpt keeps the first 200 characters of the words, however many spaces come
+/// before them). Minified JSON keeps all but its last, cut value.
 pub fn without_a_cut_word(text: &str) -> &str {
-    match text.rfind(char::is_whitespace) {
-        Some(i) => &text[..i],
-        None => "",
-    }
+    text.trim_end_matches(|c: char| {
+        !c.is_whitespace()
+            && !matches!(
+                c,
+                '"' | '\'' | ',' | ':' | '<' | '>' | '{' | '}' | '[' | ']' | '(' | ')'
+            )
+    })
 }
 
 /// At most 200 characters, control characters dropped, anything that looks like an address or a
@@ -344,9 +348,14 @@ mod tests {
     fn a_word_cut_at_the_read_limit_is_dropped() {
         assert_eq!(
             without_a_cut_word("Authorization: Bearer sk_li"),
-            "Authorization: Bearer"
+            "Authorization: Bearer "
         );
         assert_eq!(without_a_cut_word("sk_li"), "");
+        assert_eq!(
+            without_a_cut_word(r#"{"a":"ok","authorization":"Bearer sk_li"#),
+            r#"{"a":"ok","authorization":"Bearer "#
+        );
+        assert_eq!(without_a_cut_word(r#"{"a":"sk_li"#), r#"{"a":""#);
     }
 
     #[test]

@@ -900,7 +900,9 @@ impl Sender {
                 .as_deref()
                 .and_then(|d| self.inner.throttle.paused_until(d, row.id, at))
                 .unwrap_or(at);
-            return put_back(cleared.base, row, now, until, AttemptClass::RateLimited);
+            // From `at`: the wait for a slot is behind it (PostgreSQL adds `until - at` to its
+            // own clock).
+            return put_back(cleared.base, row, at, until, AttemptClass::RateLimited);
         }
         if report.error_kind.as_deref() == Some(crate::channels::email::kind::POOL_TIMEOUT) {
             // Every SMTP connection stayed busy for the whole attempt: this message was never

@@ -398,11 +398,6 @@ async fn smtp_greeting_554_is_not_sent(backend: Backend) {
     a_refused_greeting_is_not_sent(backend, "554 5.3.2 no SMTP service here", 554).await;
 }
 
-/// lettre 0.11's connection authenticates over plain TCP when told to (only its transport
-/// builder refuses credentials without TLS), so the sink can refuse AUTH PLAIN itself.
-/// A refused login is `not_sent` (code kept), and it pauses the relay: the mail behind it waits
-/// without a connection and without spending an attempt, logged once at WARN with the error
-/// kind, until the pause ends and the next message tries again.
 /// A relay that repeats the login it got in its refusal (base64 and decoded): the password and
 /// the AUTH response carrying it are hidden in the attempt's stored excerpt. Before, both were
 /// stored in clear; the README says credentials never appear in an attempt row.
@@ -431,6 +426,11 @@ async fn smtp_a_relay_echoing_the_login_keeps_it_out_of_the_excerpt(backend: Bac
     app.stop().await;
 }
 
+/// lettre 0.11's connection authenticates over plain TCP when told to (only its transport
+/// builder refuses credentials without TLS), so the sink can refuse AUTH PLAIN itself.
+/// A refused login is `not_sent` (code kept), and it pauses the relay: the mail behind it waits
+/// without a connection and without spending an attempt, logged once at WARN with the error
+/// kind, until the pause ends and the next message tries again.
 async fn smtp_auth_refused_is_not_sent(backend: Backend) {
     let sink = SmtpSink::start_scripted(Script {
         auth_reply: Some("535 5.7.8 authentication credentials invalid"),
@@ -1193,13 +1193,43 @@ async fn smtp_a_next_transaction_lost_after_its_content_says_its_recipients_may_
         "{words}"
     );
     assert!(!words.contains("(those did not get it, and"), "{words}");
+    // A relay that takes one message a session refuses the next transaction's MAIL FROM with a
+    // 421 and closes: nothing of it was taken, with BDAT too (`at_least_once`, the content in
+    // the same write) — not "sent again".
+    let one_per_session = SmtpSink::start_scripted(Script {
+        max_recipients: Some(1),
+        mails_per_session: Some(1),
+        ..Script::default()
+    })
+    .await;
+    let other = smtp_app(backend, &one_per_session, "").await;
+    let payload = json!({"subject": "Hi", "text": "Hello", "cc": ["bob@example.com"]});
+    post_payload(
+        &other,
+        "one-per-session",
+        "ada@example.com",
+        payload,
+        "at_least_once",
+    )
+    .await;
+    assert_eq!(other.herald.sender.run_once().await.unwrap(), 1);
+    assert_eq!(one_per_session.chunks(), 1, "BDAT");
+    let excerpt = first_excerpt(&other, "one-per-session");
+    assert!(
+        excerpt.ends_with("; refused at RCPT TO: b***@e***.com 452"),
+        "{excerpt}"
+    );
+    other.stop().await;
     // A recipient the lost next transaction refused at RCPT TO did not get it from it; and a
     // next transaction whose content was refused (451) reached none: neither is "sent again".
-    for (id, second, third, want) in [
+    // With BDAT (`at_least_once`) the content leaves with the envelope, but 421s to every RCPT
+    // TO of the next transaction prove it was not taken: not "sent again" either.
+    for (id, second, third, semantics, want) in [
         (
             "lost-2nd-one-refused",
             "drop@example.com",
             "rcpt452@example.com",
+            "at_most_once",
             "; refused at RCPT TO: d***@e***.com 452, r***@e***.com 452 (sent again in a next \
              transaction whose end is unknown: d***@e***.com)",
         ),
@@ -1207,11 +1237,19 @@ async fn smtp_a_next_transaction_lost_after_its_content_says_its_recipients_may_
             "refused-2nd-content",
             "data451@example.com",
             "bob@example.com",
+            "at_most_once",
             "; refused at RCPT TO: d***@e***.com 452, b***@e***.com 452",
+        ),
+        (
+            "chunked-2nd-421",
+            "t421@example.com",
+            "xt421@example.com",
+            "at_least_once",
+            "; refused at RCPT TO: t***@e***.com 452, x***@e***.com 452",
         ),
     ] {
         let payload = json!({"subject": "Hi", "text": "Hello", "cc": [second, third]});
-        post_payload(&app, id, "ada@example.com", payload, "at_most_once").await;
+        post_payload(&app, id, "ada@example.com", payload, semantics).await;
         assert_eq!(app.herald.sender.run_once().await.unwrap(), 1, "{id}");
         let excerpt = first_excerpt(&app, id);
         assert!(excerpt.ends_with(want), "{id}: {excerpt}");

@@ -566,14 +566,19 @@ impl WebhookChannel {
             .and_then(|v| parse_retry_after(v, self.clock.now()));
         let retry_after_raw = header.map(|v| shown_retry_after(&v, self.clock.now()));
         let mut body = Vec::new();
+        let mut lost = false;
         while body.len() < MAX_RESPONSE_BYTES {
             match resp.chunk().await {
                 Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+                Ok(None) => break,
                 // The status decided the class; a body cut short only loses the excerpt.
-                Ok(None) | Err(_) => break,
+                Err(_) => {
+                    lost = true;
+                    break;
+                }
             }
         }
-        let cut = body.len() >= MAX_RESPONSE_BYTES;
+        let cut = lost || body.len() >= MAX_RESPONSE_BYTES;
         body.truncate(MAX_RESPONSE_BYTES);
         let provider_message_id = endpoint
             .and_then(|e| e.provider_message_id_pointer.as_deref())

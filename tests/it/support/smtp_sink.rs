@@ -121,6 +121,9 @@ pub struct Script {
     /// Answer every AUTH `535` repeating what it got, base64 and decoded (NULs as spaces), as a
     /// relay logging into its reply might ([`AUTH_ECHO`]).
     pub echo_auth: bool,
+    /// Answer the MAIL FROM after this many in a session `421 4.7.0 too many messages` and
+    /// close (a relay's limit of messages per connection).
+    pub mails_per_session: Option<usize>,
     /// Take at most this many recipients in one transaction, answering the rest `452 4.5.3`
     /// (RFC 5321 §4.5.3.1.10), as Gmail's relay does past 100.
     pub max_recipients: Option<usize>,
@@ -603,6 +606,8 @@ async fn session(
     let mut mail_from = String::new();
     // Between an accepted MAIL FROM and the end of its DATA (or an RSET).
     let mut in_mail = false;
+    // MAIL FROM commands this session has answered.
+    let mut mails = 0usize;
     let mut rcpt: Vec<String> = Vec::new();
     // The chunks of a BDAT transfer so far.
     let mut chunked: Vec<u8> = Vec::new();
@@ -725,6 +730,11 @@ async fn session(
             }
             rcpt.clear();
             in_mail = false;
+            mails += 1;
+            if script.mails_per_session.is_some_and(|max| mails > max) {
+                tell(&mut conn, &mut held, false, "421 4.7.0 too many messages").await;
+                return;
+            }
             if script.auth.is_some() && !authenticated {
                 "530 5.7.0 authentication required".into()
             } else if let Some(code) = scripted_code(&from, "mail") {
