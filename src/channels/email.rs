@@ -727,7 +727,8 @@ impl EmailChannel {
                         user.expose().to_owned(),
                         password.expose().to_owned(),
                     ));
-                    relay.secrets = login_secrets(user.expose(), password.expose());
+                    relay.secrets =
+                        super::Secrets::new(&login_secrets(user.expose(), password.expose()));
                 }
                 EmailTransport::Smtp(Arc::new(SmtpPool::new(relay, &limits)))
             }
@@ -825,7 +826,7 @@ struct SmtpRelay {
     credentials: Option<Credentials>,
     /// The credentials as a relay's reply may echo them back (a 535 repeating the AUTH it
     /// got): hidden in every attempt's excerpt ([`login_secrets`]).
-    secrets: Vec<String>,
+    secrets: super::Secrets,
 }
 
 /// What of a login a relay may repeat in its reply: the password, and the AUTH PLAIN and LOGIN
@@ -924,10 +925,10 @@ impl SmtpRelay {
             Some(password) => {
                 let user = percent_decode(url.username()).ok_or_else(bad)?;
                 let password = percent_decode(password).ok_or_else(bad)?;
-                let secrets = login_secrets(&user, &password);
+                let secrets = super::Secrets::new(&login_secrets(&user, &password));
                 (Some(Credentials::new(user, password)), secrets)
             }
-            None => (None, Vec::new()),
+            None => (None, super::Secrets::default()),
         };
         Ok(Self {
             port: url.port().unwrap_or(default_port),
@@ -1156,10 +1157,9 @@ impl Accepted {
     /// a 2xx says it was taken: a 3xx there (a server out of step, `354` again) is `ambiguous`,
     /// `unexpected_reply` — the content left, and nothing says what became of it. It was
     /// classified `permanent` (a dead letter) by its code.
-    fn report(&self, now: chrono::DateTime<chrono::Utc>, secrets: &[String]) -> SendReport {
+    fn report(&self, now: chrono::DateTime<chrono::Utc>, secrets: &super::Secrets) -> SendReport {
         let code = smtp_code(&self.reply.code().to_string());
-        let text =
-            super::hide_secrets(&self.reply.message().collect::<Vec<_>>().join(" "), secrets);
+        let text = secrets.hide(&self.reply.message().collect::<Vec<_>>().join(" "));
         let class = match code {
             300..=399 => AttemptClass::Ambiguous,
             c => classify_smtp_code(c),
@@ -1329,7 +1329,7 @@ impl SmtpFailure {
 
     /// `secrets`: the relay's credentials as a reply may echo them ([`login_secrets`]),
     /// hidden in the excerpt.
-    fn report(&self, now: chrono::DateTime<chrono::Utc>, secrets: &[String]) -> SendReport {
+    fn report(&self, now: chrono::DateTime<chrono::Utc>, secrets: &super::Secrets) -> SendReport {
         let (class, kind, status) = self.classify();
         let detail = match self {
             SmtpFailure::Timeout(stage) => format!("no answer within the SMTP timeout ({stage:?})"),
@@ -1342,7 +1342,7 @@ impl SmtpFailure {
             SmtpFailure::Unsupported(what) => (*what).to_owned(),
             SmtpFailure::RecipientsRefused(_) => String::new(),
         };
-        let mut r = SendReport::refused(class, kind, now, super::hide_secrets(&detail, secrets));
+        let mut r = SendReport::refused(class, kind, now, secrets.hide(&detail));
         r.status = status;
         if let SmtpFailure::RecipientsRefused(refused) = self {
             // Masked addresses, kept out of the redaction (which would hide them entirely).
@@ -3309,7 +3309,8 @@ mod tests {
             (AttemptClass::Transient, "recipients_refused", Some(450))
         );
         let now = chrono::Utc::now();
-        let r = SmtpFailure::RecipientsRefused(refused(&[("a***@e***.com", 553)])).report(now, &[]);
+        let r = SmtpFailure::RecipientsRefused(refused(&[("a***@e***.com", 553)]))
+            .report(now, &super::super::Secrets::default());
         assert_eq!(
             r.excerpt.as_deref(),
             Some("every recipient refused at RCPT TO: a***@e***.com 553")
@@ -3333,7 +3334,7 @@ mod tests {
             reply: reply.clone(),
             refused: Vec::new(),
         }
-        .report(now, &[]);
+        .report(now, &super::super::Secrets::default());
         assert_eq!(
             (r.class, r.status, r.error_kind.as_deref()),
             (AttemptClass::Accepted, Some(250), None)
@@ -3343,7 +3344,7 @@ mod tests {
             reply,
             refused: refused(&[("c***@e***.com", 550)]),
         }
-        .report(now, &[]);
+        .report(now, &super::super::Secrets::default());
         assert_eq!(
             (r.class, r.error_kind.as_deref()),
             (AttemptClass::Accepted, Some("recipients_refused"))
@@ -3362,7 +3363,7 @@ mod tests {
             reply: Response::new(again, vec!["go ahead".to_owned()]),
             refused: Vec::new(),
         }
-        .report(now, &[]);
+        .report(now, &super::super::Secrets::default());
         assert_eq!(
             (r.class, r.status, r.error_kind.as_deref()),
             (AttemptClass::Ambiguous, Some(354), Some("unexpected_reply"))
@@ -3416,19 +3417,26 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn waiting_for_a_pool_slot_ends_at_half_the_timeout_and_is_not_sent() {
+    /// A pool of one slot for a relay where nothing listens (a connection attempt would be
+    /// refused), and an envelope to send with it.
+    fn pool_of_one_at_a_closed_port(timeout: Duration) -> (SmtpPool, Envelope) {
         super::super::install_crypto_provider();
-        // Nothing listens there: a connection attempt would be refused.
         let closed = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap();
         let relay = SmtpRelay::parse(&format!("smtp://{closed}"), None).unwrap();
-        let timeout = Duration::from_millis(2000);
-        let pool = SmtpPool::new(relay, &SmtpLimits::new(timeout, 1));
         let to: lettre::Address = "a@b.example".parse().unwrap();
-        let envelope = Envelope::new(Some(to.clone()), vec![to]).unwrap();
+        (
+            SmtpPool::new(relay, &SmtpLimits::new(timeout, 1)),
+            Envelope::new(Some(to.clone()), vec![to]).unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn waiting_for_a_pool_slot_ends_at_half_the_timeout_and_is_not_sent() {
+        let timeout = Duration::from_millis(2000);
+        let (pool, envelope) = pool_of_one_at_a_closed_port(timeout);
         let taken = pool.slots.clone().try_acquire_owned().unwrap();
         let started = Instant::now();
         let failure = pool
@@ -3452,15 +3460,7 @@ mod tests {
     /// relay paused meanwhile (the sender's answer) keeps it from connecting at all.
     #[tokio::test]
     async fn a_send_that_got_its_slot_after_a_pause_does_not_connect() {
-        super::super::install_crypto_provider();
-        let closed = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
-        let relay = SmtpRelay::parse(&format!("smtp://{closed}"), None).unwrap();
-        let pool = SmtpPool::new(relay, &SmtpLimits::new(Duration::from_millis(2000), 1));
-        let to: lettre::Address = "a@b.example".parse().unwrap();
-        let envelope = Envelope::new(Some(to.clone()), vec![to]).unwrap();
+        let (pool, envelope) = pool_of_one_at_a_closed_port(Duration::from_millis(2000));
         let taken = pool.slots.clone().try_acquire_owned().unwrap();
         let asked = std::sync::atomic::AtomicUsize::new(0);
         let paused = || {

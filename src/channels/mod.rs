@@ -171,29 +171,52 @@ impl Limit {
     }
 }
 
-/// `text` with every occurrence of each of `secrets` replaced by `[secret]`: what an answer
-/// echoed of the request's credentials (see [`webhook::Endpoint::secrets`]). Each is looked for
-/// as written and in the forms an echo writes it in ([`secret_forms`]: escaped for JSON or HTML,
-/// percent-encoded, base64), ignoring ASCII case (an echo that upper-cases header values).
-pub fn hide_secrets(text: &str, secrets: &[String]) -> String {
-    let mut forms: Vec<String> = secrets
-        .iter()
-        .filter(|s| !s.is_empty())
-        .flat_map(|s| secret_forms(s))
-        .filter(|f| !f.is_empty())
-        .map(|f| f.to_ascii_lowercase())
-        .collect();
+/// Secrets an answer may echo of the request (see [`webhook::Endpoint::secrets`] and the SMTP
+/// relay's login), as the forms to look for: each as written and as an echo writes it
+/// ([`secret_forms`]: escaped for JSON or HTML, percent-encoded, base64), lower-cased to be found
+/// in any ASCII case (an echo that upper-cases header values). Made once, with the configuration;
+/// `Debug` shows only how many forms.
+#[derive(Clone, Default)]
+pub struct Secrets {
+    forms: Vec<String>,
+}
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secrets({} forms)", self.forms.len())
+    }
+}
+
+impl Secrets {
+    pub fn new(secrets: &[String]) -> Self {
+        let mut forms: Vec<String> = secrets
+            .iter()
+            .filter(|s| !s.is_empty())
+            .flat_map(|s| secret_forms(s))
+            .filter(|f| !f.is_empty())
+            .map(|f| f.to_ascii_lowercase())
+            .collect();
+        forms.sort_unstable();
+        forms.dedup();
+        Self { forms }
+    }
+
+    /// `text` with every occurrence of each form replaced by `[secret]`.
+    pub fn hide(&self, text: &str) -> String {
+        hide_forms(text, &self.forms)
+    }
+}
+
+fn hide_forms(text: &str, forms: &[String]) -> String {
     if forms.is_empty() {
         return text.to_owned();
     }
-    forms.sort_unstable();
-    forms.dedup();
     // Every form found marks its bytes (ASCII lower-casing keeps byte offsets, and a match
     // begins and ends on character boundaries); a run of marked bytes becomes one `[secret]`.
     // One pass over the text per form, one copy of it in all.
     let lower = text.to_ascii_lowercase();
     let mut hidden = vec![false; text.len()];
-    for form in &forms {
+    for form in forms {
         let mut at = 0;
         while let Some(i) = lower[at..].find(form.as_str()) {
             hidden[at + i..at + i + form.len()].fill(true);
@@ -323,23 +346,23 @@ mod tests {
         ] {
             let text = format!(r#"{{"authorization":"Bearer {echoed}","x":1}}"#);
             assert_eq!(
-                hide_secrets(&text, &secrets),
+                Secrets::new(&secrets).hide(&text),
                 r#"{"authorization":"Bearer [secret]","x":1}"#,
                 "{echoed}"
             );
         }
-        assert_eq!(hide_secrets("nothing here", &secrets), "nothing here");
+        assert_eq!(Secrets::new(&secrets).hide("nothing here"), "nothing here");
         // An HTML page's and Go's JSON escapes of `>`.
         let angled = ["Pw>12345&x".to_owned()];
         for echoed in ["Pw&gt;12345&amp;x", r"Pw\u003e12345\u0026x"] {
             assert_eq!(
-                hide_secrets(&format!("<p>{echoed}</p>"), &angled),
+                Secrets::new(&angled).hide(&format!("<p>{echoed}</p>")),
                 "<p>[secret]</p>"
             );
         }
         // Non-ASCII around it keeps its place.
         assert_eq!(
-            hide_secrets("é sk_live_ab/cd+ef= ü", &secrets),
+            Secrets::new(&secrets).hide("é sk_live_ab/cd+ef= ü"),
             "é [secret] ü"
         );
     }

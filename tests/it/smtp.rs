@@ -94,6 +94,37 @@ fn first_excerpt(app: &TestApp, id: &str) -> String {
         .unwrap_or_default()
 }
 
+/// A sink that takes at most `max` recipients in one transaction (`452` to the rest), as
+/// `script` says otherwise.
+async fn sink_taking(max: usize, script: Script) -> SmtpSink {
+    SmtpSink::start_scripted(Script {
+        max_recipients: Some(max),
+        ..script
+    })
+    .await
+}
+
+/// Posts an email to `to` with `cc` as `id`, sends it in one pass, checks that it was taken
+/// (`delivered`, `accepted`), and returns its attempt's excerpt.
+async fn delivered_excerpt(
+    app: &TestApp,
+    id: &str,
+    to: &str,
+    cc: &[&str],
+    semantics: &str,
+) -> String {
+    let payload = json!({"subject": "Hi", "text": "Hello", "cc": cc});
+    post_payload(app, id, to, payload, semantics).await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1, "{id}");
+    let (state, _, class, _) = outcome(app, id).await;
+    assert_eq!(
+        (state.as_str(), class.as_str()),
+        ("delivered", "accepted"),
+        "{id}"
+    );
+    first_excerpt(app, id)
+}
+
 async fn outcome(app: &TestApp, id: &str) -> (String, String, String, Option<String>) {
     let view = app.message(id).await;
     let a = &app.attempts(id)[0];
@@ -1079,11 +1110,13 @@ async fn smtp_recipients_past_the_relays_limit_go_in_a_next_transaction(backend:
 }
 
 async fn past_the_limit(backend: Backend, offered: bool, semantics: &str) {
-    let sink = SmtpSink::start_scripted(Script {
-        no_pipelining: !offered,
-        max_recipients: Some(2),
-        ..Script::default()
-    })
+    let sink = sink_taking(
+        2,
+        Script {
+            no_pipelining: !offered,
+            ..Script::default()
+        },
+    )
     .await;
     let app = smtp_app(backend, &sink, "").await;
     let payload = json!({
@@ -1132,28 +1165,19 @@ async fn past_the_limit(backend: Backend, offered: bool, semantics: &str) {
 /// the recipients past its limit listed refused, rather than send their content and run out of
 /// time before the reply.
 async fn smtp_no_next_transaction_begins_with_too_little_time_left(backend: Backend) {
-    let sink = SmtpSink::start_scripted(Script {
-        max_recipients: Some(1),
-        ..Script::default()
-    })
-    .await;
+    let sink = sink_taking(1, Script::default()).await;
     let app = smtp_app(backend, &sink, "smtp_timeout_ms = 1500\n").await;
-    let payload = json!({"subject": "Hi", "text": "Hello", "cc": ["bob@example.com"]});
-    post_payload(
+    let excerpt = delivered_excerpt(
         &app,
         "late",
         "slowrcpt@example.com",
-        payload,
+        &["bob@example.com"],
         "at_most_once",
     )
     .await;
-    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
     let mails = sink.accepted();
     assert_eq!(mails.len(), 1);
     assert_eq!(mails[0].rcpts, ["<slowrcpt@example.com>"]);
-    let (state, _, class, _) = outcome(&app, "late").await;
-    assert_eq!((state.as_str(), class.as_str()), ("delivered", "accepted"));
-    let excerpt = first_excerpt(&app, "late");
     assert!(
         excerpt.ends_with("; refused at RCPT TO: b***@e***.com 452"),
         "{excerpt}"
@@ -1166,19 +1190,17 @@ async fn smtp_no_next_transaction_begins_with_too_little_time_left(backend: Back
 async fn smtp_a_next_transaction_lost_after_its_content_says_its_recipients_may_have_it(
     backend: Backend,
 ) {
-    let sink = SmtpSink::start_scripted(Script {
-        max_recipients: Some(1),
-        ..Script::default()
-    })
-    .await;
+    let sink = sink_taking(1, Script::default()).await;
     let app = smtp_app(backend, &sink, "").await;
-    let payload = json!({"subject": "Hi", "text": "Hello", "cc": ["drop@example.com"]});
-    post_payload(&app, "lost-2nd", "ada@example.com", payload, "at_most_once").await;
-    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    let excerpt = delivered_excerpt(
+        &app,
+        "lost-2nd",
+        "ada@example.com",
+        &["drop@example.com"],
+        "at_most_once",
+    )
+    .await;
     assert_eq!(sink.accepted().len(), 1, "the first transaction");
-    let (state, _, class, _) = outcome(&app, "lost-2nd").await;
-    assert_eq!((state.as_str(), class.as_str()), ("delivered", "accepted"));
-    let excerpt = first_excerpt(&app, "lost-2nd");
     assert!(
         excerpt.ends_with(
             "; refused at RCPT TO: d***@e***.com 452 (sent again in a next transaction whose \
@@ -1196,25 +1218,24 @@ async fn smtp_a_next_transaction_lost_after_its_content_says_its_recipients_may_
     // A relay that takes one message a session refuses the next transaction's MAIL FROM with a
     // 421 and closes: nothing of it was taken, with BDAT too (`at_least_once`, the content in
     // the same write) — not "sent again".
-    let one_per_session = SmtpSink::start_scripted(Script {
-        max_recipients: Some(1),
-        mails_per_session: Some(1),
-        ..Script::default()
-    })
+    let one_per_session = sink_taking(
+        1,
+        Script {
+            mails_per_session: Some(1),
+            ..Script::default()
+        },
+    )
     .await;
     let other = smtp_app(backend, &one_per_session, "").await;
-    let payload = json!({"subject": "Hi", "text": "Hello", "cc": ["bob@example.com"]});
-    post_payload(
+    let excerpt = delivered_excerpt(
         &other,
         "one-per-session",
         "ada@example.com",
-        payload,
+        &["bob@example.com"],
         "at_least_once",
     )
     .await;
-    assert_eq!(other.herald.sender.run_once().await.unwrap(), 1);
     assert_eq!(one_per_session.chunks(), 1, "BDAT");
-    let excerpt = first_excerpt(&other, "one-per-session");
     assert!(
         excerpt.ends_with("; refused at RCPT TO: b***@e***.com 452"),
         "{excerpt}"
@@ -1248,10 +1269,8 @@ async fn smtp_a_next_transaction_lost_after_its_content_says_its_recipients_may_
             "; refused at RCPT TO: t***@e***.com 452, x***@e***.com 452",
         ),
     ] {
-        let payload = json!({"subject": "Hi", "text": "Hello", "cc": [second, third]});
-        post_payload(&app, id, "ada@example.com", payload, semantics).await;
-        assert_eq!(app.herald.sender.run_once().await.unwrap(), 1, "{id}");
-        let excerpt = first_excerpt(&app, id);
+        let excerpt =
+            delivered_excerpt(&app, id, "ada@example.com", &[second, third], semantics).await;
         assert!(excerpt.ends_with(want), "{id}: {excerpt}");
     }
     app.stop().await;
@@ -1263,14 +1282,17 @@ async fn smtp_a_next_transaction_lost_after_its_content_says_its_recipients_may_
 async fn smtp_a_recipient_refused_452_twice_stays_refused(backend: Backend) {
     let sink = SmtpSink::start().await;
     let app = smtp_app(backend, &sink, "").await;
-    let payload = json!({"subject": "Hi", "text": "Hello", "cc": ["rcpt452@example.com"]});
-    post_payload(&app, "full", "ada@example.com", payload, "at_most_once").await;
-    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    let excerpt = delivered_excerpt(
+        &app,
+        "full",
+        "ada@example.com",
+        &["rcpt452@example.com"],
+        "at_most_once",
+    )
+    .await;
     assert_eq!(sink.accepted().len(), 1);
-    let (state, _, class, kind) = outcome(&app, "full").await;
-    assert_eq!((state.as_str(), class.as_str()), ("delivered", "accepted"));
+    let (_, _, _, kind) = outcome(&app, "full").await;
     assert_eq!(kind.as_deref(), Some("recipients_refused"));
-    let excerpt = first_excerpt(&app, "full");
     assert!(
         excerpt.ends_with("; refused at RCPT TO: r***@e***.com 452"),
         "{excerpt}"

@@ -107,6 +107,8 @@ pub struct Endpoint {
     pub ordering_policy: Option<crate::domain::OrderingPolicy>,
     /// `[endpoints.NAME.retry]` as written (`config` builds and checks the policy).
     pub retry: Option<EndpointRetryConfig>,
+    /// [`Endpoint::secrets`] as the forms to hide in an answer's excerpt, made once.
+    pub hidden: crate::channels::Secrets,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -137,7 +139,7 @@ impl Endpoint {
     /// of at least [`SHORTEST_SECRET`] characters. A receiver may echo them into its answer (an
     /// error that repeats the request, as httpbin's does), and an attempt's excerpt is stored
     /// (`herald_attempts.response_excerpt`, read by whoever reads the database): they are hidden
-    /// there ([`crate::channels::hide_secrets`]).
+    /// there ([`Endpoint::hidden`]).
     pub fn secrets(&self) -> Vec<String> {
         let mut found = Vec::new();
         // The whole header value too: its base64 is not made of its token's.
@@ -252,7 +254,7 @@ impl Endpoint {
                 InvalidField::new(format!("{key}.event_types"), format!("{t:?}: {m}"))
             })?;
         }
-        Ok(Endpoint {
+        let mut endpoint = Endpoint {
             name,
             url,
             keys,
@@ -264,7 +266,10 @@ impl Endpoint {
             auto_disable,
             ordering_policy,
             retry,
-        })
+            hidden: crate::channels::Secrets::default(),
+        };
+        endpoint.hidden = crate::channels::Secrets::new(&endpoint.secrets());
+        Ok(endpoint)
     }
 }
 

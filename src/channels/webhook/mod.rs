@@ -25,7 +25,7 @@ use serde_json::Value;
 use url::Url;
 
 use self::signing::{SigningKey, signature_header};
-use super::{Outgoing, SendReport, hide_secrets, redact_excerpt, without_a_cut_word};
+use super::{Outgoing, SendReport, redact_excerpt, without_a_cut_word};
 use crate::clock::Clock;
 use crate::domain::classify::{classify_http_status, honours_retry_after, parse_retry_after};
 use crate::domain::event_type::EventType;
@@ -592,7 +592,7 @@ impl WebhookChannel {
                 &whole
             };
             match endpoint {
-                Some(e) => redact_excerpt(&hide_secrets(text, &e.secrets())),
+                Some(e) => redact_excerpt(&e.hidden.hide(text)),
                 None => redact_excerpt(text),
             }
         });
