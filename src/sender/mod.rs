@@ -149,6 +149,7 @@ fn outcome_of(row: &OutboxRow) -> OutcomeRecord {
         provider_message_id: None,
         attempt: None,
         ordering: None,
+        due_now: Vec::new(),
     }
 }
 
@@ -934,6 +935,7 @@ impl Sender {
         let decided_at = report.finished_at.max(now);
         let mut decision = within_expiry(decide(facts, policy, decided_at, unit), row.expires_at);
         let about_the_receiver = !report.says_nothing_of_the_receiver();
+        let mut due_now = Vec::new();
         if let Some(e) = endpoint.filter(|_| about_the_receiver) {
             self.count_toward_disable(e, report.class, report.finished_at)
                 .await;
@@ -951,13 +953,22 @@ impl Sender {
                 error_kind: report.error_kind.as_deref(),
                 message: row.id,
             };
-            if let Some(until) = self.inner.throttle.observe(d, &answer, report.finished_at) {
+            let observed = self.inner.throttle.observe(d, &answer, report.finished_at);
+            if let Some(until) = observed.paused_until {
                 // The pause key: a webhook's scheme, host and port (no path, no query), or `smtp`.
                 warn!(%until, destination = d.as_str(), class = report.class.as_str(), status = report.status, error_kind = report.error_kind.as_deref(), "destination slowed down");
                 decision = within_expiry(
                     not_before_pause(decision, until, decided_at),
                     row.expires_at,
                 );
+            }
+            if !observed.back.is_empty() {
+                info!(
+                    destination = d.as_str(),
+                    messages = observed.back.len(),
+                    "destination back: the messages its outage cost an attempt are due now"
+                );
+                due_now = observed.back;
             }
         }
         info!(
@@ -993,6 +1004,7 @@ impl Sender {
                 policy_version: policy.version.clone(),
                 response_excerpt: report.excerpt,
             }),
+            due_now,
             ..cleared.base
         }
     }
@@ -1037,7 +1049,8 @@ impl Sender {
                 sooner |= note_due(&self.inner.next_due, instant_now + wait);
             }
         }
-        if sooner {
+        // Messages a destination back from an outage made due now: claim them.
+        if sooner || outcomes.iter().any(|o| !o.due_now.is_empty()) {
             self.inner.wake.notify_one();
         }
         // A keyed message that ended made its key's next message due: claim again now (the

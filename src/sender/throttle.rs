@@ -43,6 +43,23 @@ pub const BURST_COUNT: usize = 5;
 pub const BURST_WINDOW: Duration = Duration::from_secs(10);
 /// The longest pause without a `Retry-After` asking for more.
 pub const MAX_PAUSE: Duration = Duration::from_secs(300);
+/// The most messages a destination remembers having spent an attempt on it while it could not
+/// be reached or refused the session ([`Observed::back`]); those past them go at their own
+/// backoff.
+pub const MAX_BACK: usize = 1024;
+
+/// What [`Throttle::observe`] learnt from one answer.
+#[derive(Debug, Default, PartialEq)]
+pub struct Observed {
+    /// The pause it started (or armed again), if it did.
+    pub paused_until: Option<DateTime<Utc>>,
+    /// An accepted answer from a destination that was paused because it could not be reached
+    /// or refused Herald's session: the messages that spent an attempt on that meanwhile (up to
+    /// [`MAX_BACK`], the accepted one not among them), to be tried again now rather than at
+    /// their own backoff, which grew while it was down (a probe's could reach hours), while
+    /// the messages held without an attempt came back at the end of the pause.
+    pub back: Vec<i64>,
+}
 
 /// What one answer tells about its destination.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -143,6 +160,9 @@ struct Entry {
     /// makes a burst within [`BURST_WINDOW`], and a relay dropping connections silently cost
     /// every message its attempts. Any reply ends the row.
     unreachable: usize,
+    /// The messages whose try could not reach the destination or was refused its session, in
+    /// the order they came, each once, at most [`MAX_BACK`] ([`Observed::back`]).
+    spent: Vec<i64>,
 }
 
 impl Entry {
@@ -236,13 +256,9 @@ impl Throttle {
         paused
     }
 
-    /// Records an answer from `destination`; returns the pause it started, if any.
-    pub fn observe(
-        &self,
-        destination: &str,
-        answer: &Answer,
-        now: DateTime<Utc>,
-    ) -> Option<DateTime<Utc>> {
+    /// Records an answer from `destination`: the pause it started, if any, and the messages to
+    /// try again now that it is back ([`Observed`]).
+    pub fn observe(&self, destination: &str, answer: &Answer, now: DateTime<Utc>) -> Observed {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         let mut probe = false;
         if let Some(e) = entries.get_mut(destination) {
@@ -265,17 +281,34 @@ impl Throttle {
             }
         }
         if answer.class == AttemptClass::Accepted {
-            // All is well again: forget the destination (the map holds only troubled ones).
-            entries.remove(destination);
-            return None;
+            // All is well again: forget the destination (the map holds only troubled ones). After
+            // a pause, the messages that spent an attempt on its being down go now.
+            let back = entries
+                .remove(destination)
+                .filter(|e| e.streak > 0)
+                .map(|e| e.spent)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|id| *id != answer.message)
+                .collect();
+            return Observed {
+                paused_until: None,
+                back,
+            };
         }
         if !is_transient(answer) && !slows_down(answer, 0, probe) {
-            return None;
+            return Observed::default();
         }
         if !entries.contains_key(destination) {
             entries.retain(|_, e| !e.forgotten(now));
         }
         let entry = entries.entry(destination.to_owned()).or_default();
+        if (answer.unreachable() || answer.session_refused())
+            && entry.spent.len() < MAX_BACK
+            && !entry.spent.contains(&answer.message)
+        {
+            entry.spent.push(answer.message);
+        }
         let window = chrono::Duration::from_std(BURST_WINDOW).unwrap_or_default();
         entry.transient.retain(|t| now - *t < window);
         let recent = if answer.unreachable() {
@@ -286,7 +319,7 @@ impl Throttle {
         };
         if !slows_down(answer, recent, probe) {
             entry.transient.push(now);
-            return None;
+            return Observed::default();
         }
         // During a pause no send begins (but the probe after one): an answer then is of a send
         // already out when it began, one relay hiccup seen by every open session. It arms the
@@ -308,13 +341,28 @@ impl Throttle {
         let until = entry.paused_until.map_or(until, |u| u.max(until));
         entry.paused_until = Some(until);
         entry.half_open |= answer.session_refused() || answer.unreachable();
-        Some(until)
+        Observed {
+            paused_until: Some(until),
+            back: Vec::new(),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Throttle {
+        /// The pause an answer started, which most of these tests look at.
+        fn pause(
+            &self,
+            destination: &str,
+            answer: &Answer,
+            now: DateTime<Utc>,
+        ) -> Option<DateTime<Utc>> {
+            self.observe(destination, answer, now).paused_until
+        }
+    }
 
     fn answer(
         class: AttemptClass,
@@ -349,12 +397,12 @@ mod tests {
     fn answers_during_a_pause_do_not_lengthen_the_row() {
         let t = Throttle::new(Duration::from_secs(5), Duration::from_secs(30));
         let closing = smtp_kind(AttemptClass::Transient, Some(421), "smtp_reply");
-        let first = t.observe("smtp", &closing, now()).unwrap();
+        let first = t.pause("smtp", &closing, now()).unwrap();
         assert_eq!(first, now() + chrono::Duration::seconds(5));
         for ms in 1..=7 {
             let at = now() + chrono::Duration::milliseconds(ms);
             assert_eq!(
-                t.observe("smtp", &closing, at),
+                t.pause("smtp", &closing, at),
                 Some(at + chrono::Duration::seconds(5)),
                 "answer {ms} in the same pause"
             );
@@ -362,7 +410,7 @@ mod tests {
         let after = first + chrono::Duration::seconds(1);
         assert_eq!(t.paused_until("smtp", 1, after), None);
         assert_eq!(
-            t.observe("smtp", &closing, after),
+            t.pause("smtp", &closing, after),
             Some(after + chrono::Duration::seconds(10)),
             "the second pause in the row"
         );
@@ -373,7 +421,7 @@ mod tests {
         use AttemptClass::*;
         let t = Throttle::new(Duration::from_secs(5), Duration::from_secs(30));
         let refused = smtp_kind(NotSent, Some(535), "smtp_auth_refused");
-        let until = t.observe("smtp", &refused, now()).unwrap();
+        let until = t.pause("smtp", &refused, now()).unwrap();
         assert_eq!(t.paused_until("smtp", 1, now()), Some(until));
         // The pause over: message 1 probes (and may ask again), 2 and 3 wait for its answer.
         assert_eq!(t.paused_until("smtp", 1, until), None);
@@ -386,11 +434,11 @@ mod tests {
             message: 9,
             ..smtp_kind(Transient, None, "connect")
         };
-        assert_eq!(t.observe("smtp", &late_other, until), None);
+        assert_eq!(t.pause("smtp", &late_other, until), None);
         assert_eq!(t.paused_until("smtp", 2, until), Some(held));
         // The probe refused again: a longer pause, and a new probe after it.
         let again = t
-            .observe(
+            .pause(
                 "smtp",
                 &Answer {
                     message: 1,
@@ -408,12 +456,12 @@ mod tests {
             message: 2,
             ..smtp_kind(NotSent, None, "connection_lost_before_data")
         };
-        assert_eq!(t.observe("smtp", &lost, again), None);
+        assert_eq!(t.pause("smtp", &lost, again), None);
         assert_eq!(t.paused_until("smtp", 3, again), None, "3 probes");
         assert!(t.paused_until("smtp", 4, again).is_some());
         // A retry base under a second still holds the others a second.
         let quick = Throttle::new(Duration::from_millis(50), Duration::from_secs(30));
-        let until = quick.observe("smtp", &refused, now()).unwrap();
+        let until = quick.pause("smtp", &refused, now()).unwrap();
         assert_eq!(quick.paused_until("smtp", 1, until), None);
         assert_eq!(
             quick.paused_until("smtp", 2, until),
@@ -424,12 +472,12 @@ mod tests {
         assert_eq!(t.paused_until("smtp", 4, late), None, "4 probes instead");
         // The session taken again (a 451 to a recipient, say): everyone goes.
         let past = smtp_kind(Transient, Some(451), "smtp_reply");
-        assert_eq!(t.observe("smtp", &past, late), None);
+        assert_eq!(t.pause("smtp", &past, late), None);
         assert_eq!(t.paused_until("smtp", 4, late), None);
         assert_eq!(t.paused_until("smtp", 5, late), None);
         // A 429's pause is not half-open: all go when it ends.
         let web = answer(RateLimited, 429, Some(2), false);
-        let until = t.observe("https://a.example:443", &web, now()).unwrap();
+        let until = t.pause("https://a.example:443", &web, now()).unwrap();
         for id in 1..4 {
             assert_eq!(t.paused_until("https://a.example:443", id, until), None);
         }
@@ -462,10 +510,10 @@ mod tests {
         assert!(!slows_down(&full, BURST_COUNT - 1, false));
         let t = Throttle::new(Duration::from_secs(5), Duration::from_secs(30));
         for i in 0..2 * BURST_COUNT {
-            assert_eq!(t.observe("smtp", &full, now()), None, "{i}");
+            assert_eq!(t.pause("smtp", &full, now()), None, "{i}");
         }
         assert_eq!(
-            t.observe(
+            t.pause(
                 "smtp",
                 &smtp_kind(NotSent, Some(535), "smtp_auth_refused"),
                 now()
@@ -550,10 +598,10 @@ mod tests {
         };
         let d = "http://127.0.0.1:9";
         for m in 0..BURST_COUNT as i64 - 1 {
-            assert_eq!(t.observe(d, &down(m), at(m)), None, "{m}");
+            assert_eq!(t.pause(d, &down(m), at(m)), None, "{m}");
         }
         assert_eq!(t.paused_count(at(3)), Paused::default(), "not yet");
-        let until = t.observe(d, &down(4), at(4)).unwrap();
+        let until = t.pause(d, &down(4), at(4)).unwrap();
         assert_eq!(until, at(4) + chrono::Duration::seconds(5));
         assert_eq!(t.paused_until(d, 5, at(5)), Some(until));
         let one_host = Paused {
@@ -566,7 +614,7 @@ mod tests {
         assert!(t.paused_until(d, 6, until).is_some());
         assert_eq!(t.paused_count(until), one_host);
         // The probe still cannot connect: paused again at once, twice as long, half-open still.
-        let again = t.observe(d, &down(5), until).unwrap();
+        let again = t.pause(d, &down(5), until).unwrap();
         assert_eq!(again, until + chrono::Duration::seconds(10));
         assert_eq!(t.paused_until(d, 6, again), None, "6 probes");
         assert!(t.paused_until(d, 7, again).is_some());
@@ -578,13 +626,13 @@ mod tests {
             status: Some(500),
             ..down(6)
         };
-        assert_eq!(t.observe(d, &answered, again), None);
+        assert_eq!(t.pause(d, &answered, again), None);
         assert_eq!(t.paused_until(d, 7, again), None);
         assert_eq!(t.paused_until(d, 8, again), None);
         assert_eq!(t.paused_count(again), Paused::default());
         // The relay counts apart.
         let relay = smtp_kind(NotSent, Some(535), "smtp_auth_refused");
-        t.observe(SMTP_RELAY, &relay, again).unwrap();
+        t.pause(SMTP_RELAY, &relay, again).unwrap();
         assert_eq!(
             t.paused_count(again),
             Paused {
@@ -597,29 +645,29 @@ mod tests {
         let t = Throttle::new(Duration::from_secs(5), Duration::from_secs(30));
         let minute = |m: i64| now() + chrono::Duration::minutes(m);
         for m in 0..BURST_COUNT as i64 - 1 {
-            assert_eq!(t.observe(d, &down(m), minute(m)), None, "{m}");
+            assert_eq!(t.pause(d, &down(m), minute(m)), None, "{m}");
         }
-        let until = t.observe(d, &down(4), minute(4)).unwrap();
+        let until = t.pause(d, &down(4), minute(4)).unwrap();
         assert_eq!(until, minute(4) + chrono::Duration::seconds(5));
         // A send already out when the pause began that could not connect either is no probe: it
         // starts a row of its own, and neither lengthens the pause nor adds to the pauses in a
         // row.
         let late = minute(4) + chrono::Duration::seconds(1);
-        assert_eq!(t.observe(d, &down(9), late), None);
+        assert_eq!(t.pause(d, &down(9), late), None);
         assert_eq!(t.paused_until(d, 10, late), Some(until));
         // Any reply ends the row: four more refusals after it do not pause.
         let t = Throttle::new(Duration::from_secs(5), Duration::from_secs(30));
         for m in 0..BURST_COUNT as i64 - 1 {
-            t.observe(d, &down(m), minute(m));
+            t.pause(d, &down(m), minute(m));
         }
         let replied = Answer {
             class: Transient,
             status: Some(502),
             ..down(7)
         };
-        assert_eq!(t.observe(d, &replied, minute(5)), None);
+        assert_eq!(t.pause(d, &replied, minute(5)), None);
         for m in 0..BURST_COUNT as i64 - 1 {
-            assert_eq!(t.observe(d, &down(m), minute(6 + m)), None, "{m}");
+            assert_eq!(t.pause(d, &down(m), minute(6 + m)), None, "{m}");
         }
     }
 
@@ -634,7 +682,7 @@ mod tests {
         let d = "http://gone.example:80";
         let mut until = now();
         for _ in 0..BURST_COUNT {
-            if let Some(u) = t.observe(d, &down, now()) {
+            if let Some(u) = t.pause(d, &down, now()) {
                 until = u;
             }
         }
@@ -672,7 +720,7 @@ mod tests {
     fn a_pause_holds_every_message_of_the_destination_until_it_ends() {
         let t = Throttle::new(Duration::from_secs(5), Duration::from_secs(30));
         let a = answer(AttemptClass::RateLimited, 429, Some(30), false);
-        let until = t.observe("https://a.example:443", &a, now()).unwrap();
+        let until = t.pause("https://a.example:443", &a, now()).unwrap();
         assert_eq!(until, now() + chrono::Duration::seconds(30));
         assert_eq!(
             t.paused_until("https://a.example:443", 0, now()),
@@ -686,10 +734,7 @@ mod tests {
         );
         // A shorter pause learnt later does not shorten it.
         let short = answer(AttemptClass::RateLimited, 429, Some(5), false);
-        assert_eq!(
-            t.observe("https://a.example:443", &short, now()),
-            Some(until)
-        );
+        assert_eq!(t.pause("https://a.example:443", &short, now()), Some(until));
     }
 
     #[test]
@@ -698,16 +743,16 @@ mod tests {
         let mut at = now();
         let bye = answer(AttemptClass::NotSent, 421, None, true);
         for expected in [5, 10, 20] {
-            let until = t.observe("smtp", &bye, at).unwrap();
+            let until = t.pause("smtp", &bye, at).unwrap();
             assert_eq!(until - at, chrono::Duration::seconds(expected));
             at = until;
         }
         assert_eq!(
-            t.observe("smtp", &answer(AttemptClass::Accepted, 250, None, true), at),
+            t.pause("smtp", &answer(AttemptClass::Accepted, 250, None, true), at),
             None
         );
         assert_eq!(
-            t.observe("smtp", &bye, at).map(|u| u - at),
+            t.pause("smtp", &bye, at).map(|u| u - at),
             Some(chrono::Duration::seconds(5))
         );
     }
@@ -718,23 +763,23 @@ mod tests {
         let e = answer(AttemptClass::Transient, 500, None, false);
         let s = |i: i64| now() + chrono::Duration::seconds(i);
         for i in 0..BURST_COUNT as i64 - 1 {
-            assert_eq!(t.observe("d", &e, s(i)), None);
+            assert_eq!(t.pause("d", &e, s(i)), None);
         }
         assert_eq!(
-            t.observe("d", &answer(AttemptClass::Accepted, 200, None, false), s(4)),
+            t.pause("d", &answer(AttemptClass::Accepted, 200, None, false), s(4)),
             None
         );
         for i in 0..BURST_COUNT as i64 - 1 {
-            assert_eq!(t.observe("d", &e, s(i)), None);
+            assert_eq!(t.pause("d", &e, s(i)), None);
         }
         assert_eq!(
-            t.observe("d", &e, s(5)),
+            t.pause("d", &e, s(5)),
             Some(s(5) + chrono::Duration::seconds(8))
         );
         // Spread out over more than the window: no burst.
         let t = Throttle::new(Duration::from_secs(8), Duration::from_secs(30));
         for i in 0..BURST_COUNT as i64 * 2 {
-            assert_eq!(t.observe("d", &e, s(11 * i)), None);
+            assert_eq!(t.pause("d", &e, s(11 * i)), None);
         }
     }
 
@@ -744,15 +789,83 @@ mod tests {
         for i in 0..100 {
             let ok = answer(AttemptClass::Accepted, 200, None, false);
             assert_eq!(
-                t.observe(&format!("https://h{i}.example:443"), &ok, now()),
+                t.pause(&format!("https://h{i}.example:443"), &ok, now()),
                 None
             );
             let gone = answer(AttemptClass::Permanent, 404, None, false);
             assert_eq!(
-                t.observe(&format!("https://g{i}.example:443"), &gone, now()),
+                t.pause(&format!("https://g{i}.example:443"), &gone, now()),
                 None
             );
         }
         assert!(t.entries.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_destination_back_after_an_outage_returns_the_messages_it_cost_an_attempt() {
+        use AttemptClass::*;
+        let t = Throttle::new(Duration::from_secs(5), Duration::from_secs(30));
+        let d = "http://127.0.0.1:9";
+        let down = |message| Answer {
+            message,
+            is_smtp: false,
+            ..smtp_kind(NotSent, None, "connect")
+        };
+        let ok = |message| Answer {
+            message,
+            ..answer(Accepted, 200, None, false)
+        };
+        // Refused twice with no pause: their own backoff is short, nothing to bring forward.
+        t.observe(d, &down(1), now());
+        t.observe(d, &down(2), now());
+        assert_eq!(t.observe(d, &ok(3), now()), Observed::default());
+        // A burst pauses it; the probe (2, already among them) is refused again; another
+        // message's reply that is not an acceptance (a 500) does not bring anyone back.
+        for m in 0..BURST_COUNT as i64 {
+            t.observe(d, &down(m), now());
+        }
+        let until = t.paused_until(d, 2, now()).unwrap();
+        assert_eq!(t.paused_until(d, 2, until), None, "2 probes");
+        assert!(t.pause(d, &down(2), until).is_some());
+        let failed = Answer {
+            class: Transient,
+            status: Some(500),
+            ..down(7)
+        };
+        assert_eq!(t.observe(d, &failed, until).back, Vec::<i64>::new());
+        // Accepted: each message the outage cost an attempt, once, in order; not the accepted
+        // one, which is done.
+        let back = t.observe(d, &ok(3), until);
+        assert_eq!(back.back, [0, 1, 2, 4]);
+        assert_eq!(back.paused_until, None);
+        // And then it is forgotten: the next acceptance brings nobody.
+        assert_eq!(t.observe(d, &ok(5), until).back, Vec::<i64>::new());
+        // A relay refusing the session (its login) pauses at once: the message that met the
+        // refusal comes back with the relay.
+        let refused = Answer {
+            message: 11,
+            ..smtp_kind(NotSent, Some(535), "smtp_auth_refused")
+        };
+        assert!(t.pause(SMTP_RELAY, &refused, now()).is_some());
+        let relay_ok = Answer {
+            message: 12,
+            ..answer(Accepted, 250, None, true)
+        };
+        assert_eq!(t.observe(SMTP_RELAY, &relay_ok, until).back, [11]);
+        // A 429's pause costs the messages behind it nothing (held without an attempt) and the
+        // one that got it waits for its Retry-After: nobody comes back early.
+        let slow = Answer {
+            message: 21,
+            ..answer(RateLimited, 429, Some(2), false)
+        };
+        let until = t.pause(d, &slow, now()).unwrap();
+        assert_eq!(t.observe(d, &ok(22), until).back, Vec::<i64>::new());
+        // At most MAX_BACK are remembered, the first ones.
+        for m in 0..MAX_BACK as i64 + 10 {
+            t.observe(d, &down(100 + m), now());
+        }
+        let back = t.observe(d, &ok(1), now()).back;
+        assert_eq!(back.len(), MAX_BACK);
+        assert_eq!(back.first(), Some(&100));
     }
 }

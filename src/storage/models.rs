@@ -180,6 +180,10 @@ pub struct OutcomeRecord {
     /// A keyed message's head-of-line policy in force (its own, else its endpoint's, else
     /// `block`); `None` for an unkeyed message, which costs the outcome write nothing more.
     pub ordering: Option<OrderingPolicy>,
+    /// Other messages to make due at once in the same transaction, where they still wait as
+    /// `retryable` for later: those its destination's outage cost an attempt, when this answer
+    /// shows it back (`sender::throttle::Observed::back`). Empty for nearly every outcome.
+    pub due_now: Vec<i64>,
 }
 
 /// An attempt row to insert.
@@ -313,6 +317,7 @@ impl OutcomeRecord {
                 response_excerpt: None,
             }),
             ordering: d.ordering,
+            due_now: Vec::new(),
         }
     }
 }

@@ -147,6 +147,10 @@ per_backend! {
         sql::keep_to_indexes(conn)?;
         let at = sql::now(conn, now)?;
         let mut applied = sql::update_outcomes(conn, owner, now, at, outcomes)?;
+        let back: Vec<i64> = outcomes.iter().flat_map(|x| x.due_now.iter().copied()).collect();
+        if !back.is_empty() {
+            make_due(conn, at, &back)?;
+        }
         for (a, x) in applied.iter_mut().zip(outcomes) {
             if *a == Applied::LeaseLost
                 && x.state == State::Delivered
@@ -158,6 +162,20 @@ per_backend! {
         q::insert_attempts(conn, Some(owner), outcomes, &applied)?;
         let busy = end_heads(conn, at, outcomes.iter().zip(&applied).filter(|(_, a)| **a != Applied::LeaseLost).map(|(x, _)| x))?;
         Ok((applied, busy))
+    }
+
+    /// Makes `ids` due at `at` where they still wait as `retryable` for later (see
+    /// `OutcomeRecord::due_now`); returns how many. Ended, canceled, claimed again or due
+    /// already: left alone.
+    fn make_due(conn: &mut Conn, at: DateTime<Utc>, ids: &[i64]) -> QueryResult<usize> {
+        diesel::update(
+            o::table
+                .filter(o::id.eq_any(ids))
+                .filter(o::state.eq(State::Retryable))
+                .filter(o::next_attempt_at.gt(at)),
+        )
+        .set((o::next_attempt_at.eq(Some(at)), o::updated_at.eq(at)))
+        .execute(conn)
     }
 
     /// Keyed messages whose outcome ended their turn: a dead or unconfirmed one under `skip`

@@ -142,6 +142,7 @@ fn hot_statements_keep_to_their_indexes_after_an_empty_outbox() {
         provider_message_id: None,
         attempt: None,
         ordering: None,
+        due_now: Vec::new(),
     };
     let no_match = |_: &_, _: &_| -> herald::storage::models::ReceiptDecision {
         unreachable!("no receipt matches a message here")
@@ -560,6 +561,7 @@ fn sqlite_hot_statements_are_compiled_once_per_connection() {
                 provider_message_id: Some(format!("q-{}", r.event_id)),
                 attempt: Some(attempt()),
                 ordering: None,
+                due_now: Vec::new(),
             })
             .collect();
         let (applied, _) = c

@@ -13,6 +13,8 @@ const ONE_AT_A_TIME: &str = "sender_concurrency = 1\n";
 /// As [`ONE_AT_A_TIME`], with a 421's pause (no `Retry-After`: the retry base) long enough that
 /// a slow round of the loop cannot outlast it.
 const ONE_AT_A_TIME_LONG_PAUSE: &str = "sender_concurrency = 1\nretry_base_seconds = 30\n";
+/// A retry base of ten minutes: longer than the longest pause without a `Retry-After`.
+const TEN_MINUTE_BASE: &str = "retry_base_seconds = 600\nretry_cap_seconds = 3600\n";
 
 /// Enqueues an email to `ada@example.com` as `id`.
 async fn post_email(app: &crate::support::app::TestApp, id: &str) {
@@ -311,7 +313,86 @@ async fn a_webhook_host_that_cannot_be_reached_is_paused_and_probed(backend: Bac
     app.stop().await;
 }
 
+/// A destination down for longer than its first pause, with a retry base of ten minutes: the
+/// pause that holds the messages not yet tried is at most `MAX_PAUSE` (five minutes), but the
+/// burst that met the outage would each wait for its own backoff (8–12 minutes). Once the
+/// destination accepts the probe, they go at once too. `enqueue` posts one message by id.
+async fn an_outage_cost<P, F>(
+    app: &crate::support::app::TestApp,
+    enqueue: impl Fn(String) -> F,
+    socket: tokio::net::TcpSocket,
+    up: impl FnOnce(tokio::net::TcpListener) -> P,
+) -> P
+where
+    F: std::future::Future<Output = ()>,
+{
+    use herald::domain::State;
+    use herald::sender::throttle::{BURST_COUNT, MAX_PAUSE};
+    let ids: Vec<String> = (0..=BURST_COUNT).map(|i| format!("outage-{i}")).collect();
+    for id in &ids {
+        enqueue(id.clone()).await;
+    }
+    let start = app.clock_now();
+    assert_eq!(app.run_until_idle().await, ids.len());
+    let burst = &ids[..BURST_COUNT];
+    let held = &ids[BURST_COUNT];
+    for id in burst {
+        let wait = app.row(id).next_attempt_at.unwrap() - start;
+        assert!(wait >= chrono::Duration::minutes(8), "{id}: backoff {wait}");
+    }
+    assert_eq!(app.row(held).attempts, 0);
+    let peer = up(socket.listen(64).expect("listen"));
+    // The pause over (not the burst's backoff): the held message probes, is accepted, and the
+    // burst follows it in the same run.
+    app.advance(MAX_PAUSE + std::time::Duration::from_secs(10));
+    assert_eq!(app.run_until_idle().await, ids.len());
+    for id in burst {
+        let row = app.row(id);
+        assert_eq!((row.state, row.attempts), (State::Delivered, 2), "{id}");
+    }
+    assert_eq!(app.row(held).state, State::Delivered);
+    assert!(app.clock_now() - start < chrono::Duration::minutes(6));
+    peer
+}
+
+async fn messages_an_unreachable_host_cost_an_attempt_go_once_it_is_back(backend: Backend) {
+    let (socket, addr) = crate::support::down_until_listening();
+    let app = spawn_app_with(backend, &format!("{ONE_AT_A_TIME}{TEN_MINUTE_BASE}")).await;
+    let url = format!("http://{addr}/hook");
+    let enqueue = |id: String| {
+        let r = app.post_message(webhook(&id, &url, json!({})));
+        async move { assert_eq!(r.await.status(), 201, "{id}") }
+    };
+    let receiver = an_outage_cost(&app, enqueue, socket, Receiver::start_on).await;
+    assert_eq!(
+        receiver.requests().len(),
+        herald::sender::throttle::BURST_COUNT + 1
+    );
+    app.stop().await;
+}
+
+async fn mail_an_unreachable_relay_cost_an_attempt_goes_once_it_is_back(backend: Backend) {
+    let (socket, addr) = crate::support::down_until_listening();
+    let app = spawn_app_with(
+        backend,
+        &format!("{ONE_AT_A_TIME}{TEN_MINUTE_BASE}smtp_url = \"smtp://{addr}\"\n"),
+    )
+    .await;
+    let enqueue = |id: String| {
+        let app = &app;
+        async move { post_email(app, &id).await }
+    };
+    let sink = an_outage_cost(&app, enqueue, socket, SmtpSink::start_on).await;
+    assert_eq!(
+        sink.accepted().len(),
+        herald::sender::throttle::BURST_COUNT + 1
+    );
+    app.stop().await;
+}
+
 both_backends!(
+    messages_an_unreachable_host_cost_an_attempt_go_once_it_is_back,
+    mail_an_unreachable_relay_cost_an_attempt_goes_once_it_is_back,
     a_relay_that_cannot_be_reached_is_paused_and_probed,
     a_webhook_host_that_cannot_be_reached_is_paused_and_probed,
     a_message_cleared_before_a_429_came_is_held_by_it,
