@@ -1,6 +1,8 @@
 //! Per-destination slow-down on both backends: a 429 (or an SMTP 421) slows every message bound
 //! to that destination, not only the one that got it; other destinations go on.
 
+use std::sync::Arc;
+
 use serde_json::{Value, json};
 
 use crate::both_backends;
@@ -390,7 +392,64 @@ async fn mail_an_unreachable_relay_cost_an_attempt_goes_once_it_is_back(backend:
     app.stop().await;
 }
 
+/// A mail whose relay is paused after its clearance, while it waits for an SMTP connection
+/// (another message's 421 answered meanwhile: here the pause is made in the send hook, after
+/// the check before the send, so that it comes at that very point): once it has a connection
+/// slot it asks again and is put back unsent — no connection made, its attempt not spent, no
+/// attempt row — until the pause ends, then delivered.
+async fn a_mail_paused_while_it_waits_for_a_connection_is_put_back_unsent(backend: Backend) {
+    use herald::domain::{AttemptClass, State};
+    use herald::sender::throttle::{Answer, SMTP_RELAY};
+    let sink = SmtpSink::start().await;
+    let app = spawn_app_with(
+        backend,
+        &format!("{ONE_AT_A_TIME_LONG_PAUSE}smtp_url = \"{}\"\n", sink.url),
+    )
+    .await;
+    let throttle = app.herald.sender.throttle();
+    let clock = app.clock.clone();
+    let paused = Arc::new(std::sync::Mutex::new(None));
+    let until = paused.clone();
+    assert!(app.herald.sender.set_before_send(Box::new(move |event_id| {
+        let mut until = until.lock().unwrap();
+        if event_id == "waits" && until.is_none() {
+            let closing = Answer {
+                class: AttemptClass::Transient,
+                status: Some(421),
+                asked: None,
+                is_smtp: true,
+                error_kind: Some("smtp_reply"),
+                message: -1,
+            };
+            let now = herald::clock::Clock::now(&*clock);
+            *until = throttle.observe(SMTP_RELAY, &closing, now).paused_until;
+        }
+    })));
+    post_email(&app, "waits").await;
+    assert_eq!(app.run_until_idle().await, 1);
+    let until = paused.lock().unwrap().expect("paused in the hook");
+    let row = app.row("waits");
+    assert_eq!(
+        (row.state, row.attempts, row.last_error_class),
+        (State::Retryable, 0, Some(AttemptClass::RateLimited)),
+    );
+    // Until the pause ends: PostgreSQL adds the wait to its own clock, a little later.
+    let next = row.next_attempt_at.unwrap();
+    assert!(
+        next >= until && next - until < chrono::Duration::seconds(1),
+        "until the pause ends ({until}): {next}"
+    );
+    assert!(app.attempts("waits").is_empty(), "no attempt row");
+    assert_eq!(sink.connections(), 0, "no connection made");
+    app.advance(std::time::Duration::from_secs(31));
+    assert_eq!(app.run_until_idle().await, 1);
+    assert_eq!(app.row("waits").state, State::Delivered);
+    assert_eq!(sink.accepted().len(), 1);
+    app.stop().await;
+}
+
 both_backends!(
+    a_mail_paused_while_it_waits_for_a_connection_is_put_back_unsent,
     messages_an_unreachable_host_cost_an_attempt_go_once_it_is_back,
     mail_an_unreachable_relay_cost_an_attempt_goes_once_it_is_back,
     a_relay_that_cannot_be_reached_is_paused_and_probed,
