@@ -81,8 +81,23 @@ pub fn parse_time(field: &str, text: &str) -> Result<DateTime<Utc>, InvalidField
     storable_time(field, t)
 }
 
-/// `t` if both backends can store it (years 1–9999 in UTC), else refused naming `field`.
+/// `t`, a leap second (`23:59:60`, which RFC 3339 allows and chrono reads) taken as PostgreSQL
+/// takes one on input: the first second of the next minute, its fraction kept. chrono holds it
+/// as second 59 with more than a whole second of fraction, which neither backend stores as such
+/// (SQLite's text would read `:60`, a 500 for the message that gave it).
+pub fn without_leap_second(t: DateTime<Utc>) -> DateTime<Utc> {
+    let nanos = chrono::Timelike::nanosecond(&t);
+    if nanos < 1_000_000_000 {
+        return t;
+    }
+    chrono::Timelike::with_nanosecond(&t, nanos - 1_000_000_000)
+        .map_or(t, |t| t + chrono::TimeDelta::seconds(1))
+}
+
+/// `t` if both backends can store it (years 1–9999 in UTC), else refused naming `field`; a leap
+/// second is the next minute's first ([`without_leap_second`]).
 pub fn storable_time(field: &str, t: DateTime<Utc>) -> Result<DateTime<Utc>, InvalidField> {
+    let t = without_leap_second(t);
     if (1..=9999).contains(&chrono::Datelike::year(&t)) {
         Ok(t)
     } else {
@@ -652,6 +667,18 @@ mod tests {
         }
         assert!(parse_time("f", "9999-12-31T23:59:59.999Z").is_ok());
         assert!(parse_time("f", "0001-01-01T00:00:00Z").is_ok());
+        // A leap second is the next minute's first, its fraction kept, at any offset.
+        for (leap, then) in [
+            ("2016-12-31T23:59:60Z", "2017-01-01T00:00:00+00:00"),
+            ("2016-12-31T23:59:60.5Z", "2017-01-01T00:00:00.500+00:00"),
+            ("2017-01-01T00:59:60+01:00", "2017-01-01T00:00:00+00:00"),
+        ] {
+            assert_eq!(parse_time("f", leap).unwrap().to_rfc3339(), then, "{leap}");
+        }
+        let e = parse_time("f", "9999-12-31T23:59:60Z").unwrap_err();
+        assert!(e.message.contains("years 1 to 9999"), "{e}");
+        let plain = parse_time("f", "2016-12-31T23:59:59.5Z").unwrap();
+        assert_eq!(without_leap_second(plain), plain);
     }
 
     #[test]

@@ -194,8 +194,10 @@ pub fn check_storable(events: &[ReceiptEvent]) -> Result<(), VerifyError> {
 
 /// An event time worth keeping: years 1 to 9999. A provider's value outside them (a signed
 /// year, a date of some other calendar's making) is no event time at all — PostgreSQL would
-/// refuse one before 4713 BC, and with it the whole group commit the receipt was in.
+/// refuse one before 4713 BC, and with it the whole group commit the receipt was in. A leap
+/// second is the next minute's first ([`crate::domain::without_leap_second`]).
 pub(crate) fn plausible(t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    let t = crate::domain::without_leap_second(t);
     (1..=9999)
         .contains(&chrono::Datelike::year(&t))
         .then_some(t)
@@ -566,6 +568,12 @@ mod tests {
         assert_eq!(iso_time(&json!("-5000-01-01 00:00:00+00")), None);
         assert_eq!(iso_time(&json!("0000-12-31 23:59:59+00")), None);
         assert!(iso_time(&json!("0001-01-01 00:00:00+00")).is_some());
+        // A leap second is the next minute's first (it was stored as `:60`).
+        assert_eq!(
+            iso_time(&json!("2016-12-31T23:59:60Z")),
+            DateTime::from_timestamp(1483228800, 0)
+        );
+        assert_eq!(iso_time(&json!("9999-12-31 23:59:60+00")), None);
         assert!(unix_time(&json!(253_402_300_799_i64)).is_some());
         assert_eq!(unix_time(&json!(253_402_300_800_i64)), None);
         assert_eq!(unix_time(&json!(1e300)), None);

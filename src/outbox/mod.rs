@@ -419,7 +419,7 @@ fn nul_path(value: &Value, at: &str) -> Option<String> {
 
 fn trunc(t: DateTime<Utc>) -> DateTime<Utc> {
     use chrono::SubsecRound;
-    t.trunc_subsecs(6)
+    crate::domain::without_leap_second(t).trunc_subsecs(6)
 }
 
 /// The request fingerprint of a message, from what the message itself defines (see

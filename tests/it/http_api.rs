@@ -483,7 +483,56 @@ async fn storage_down() {
     storage_down_is_503_never_2xx().await
 }
 
+/// A leap second (`23:59:60`: RFC 3339 has them, and a time library may write one) is the next
+/// minute's first second, as PostgreSQL reads it, on both backends and wherever a time is
+/// given: it was a 500 on SQLite ("storage error"), and a receipt's was stored as `:60`.
+async fn a_leap_second_is_the_first_second_of_the_next_minute(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let r = app
+        .post_message(json!({"event_id": "leap", "channel": "webhook",
+            "destination": "https://x.example/h", "payload": {"body": 1},
+            "scheduled_at": "2030-06-30T23:59:60Z", "expires_at": "2030-07-01T23:59:60.25+00:00"}))
+        .await;
+    assert_eq!(r.status(), 201);
+    let m = app.message("leap").await;
+    assert_eq!(
+        (&m["scheduled_at"], &m["expires_at"]),
+        (
+            &json!("2030-07-01T00:00:00.000000Z"),
+            &json!("2030-07-02T00:00:00.250000Z")
+        ),
+        "{m}"
+    );
+    // The last second of year 9999 with a leap second is year 10000: refused, naming it.
+    let p = problem(
+        app.post_message(json!({"event_id": "leap-2", "channel": "webhook",
+            "destination": "https://x.example/h", "payload": {"body": 1},
+            "expires_at": "9999-12-31T23:59:60Z"}))
+            .await,
+        422,
+    )
+    .await;
+    assert_eq!(p["field"], "expires_at", "{p}");
+    // A support body's and a filter's times are read the same way.
+    for (path, body) in [
+        (
+            "/v1/dead-letters/redrive",
+            Some(json!({"reason": "r", "expires_at": "2030-06-30T23:59:60Z"})),
+        ),
+        ("/v1/dead-letters?since=2016-12-31T23:59:60Z", None),
+    ] {
+        let url = format!("{}{path}", app.base);
+        let r = match body {
+            Some(b) => app.http.post(url).json(&b).send().await.unwrap(),
+            None => app.http.get(url).send().await.unwrap(),
+        };
+        assert_eq!(r.status(), 200, "{path}: {}", r.text().await.unwrap());
+    }
+    app.stop().await;
+}
+
 both_backends!(
+    a_leap_second_is_the_first_second_of_the_next_minute,
     bad_input_is_refused_with_the_field_and_nothing_is_stored,
     a_message_without_an_event_id_is_told_of_every_bad_field_at_once,
     the_message_view_has_the_contract_fields,
