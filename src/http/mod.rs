@@ -775,8 +775,16 @@ async fn unmatched_receipts(
         .iter()
         .map(|r| view::UnmatchedReceipt {
             receipt: ReceiptView::new(r),
-            herald_event_id: r.herald_event_id.clone(),
-            provider_message_id: r.provider_message_id.clone(),
+            // What the provider sent as these, unverified (no message has them): an address in
+            // either is masked, as in the provider's event id.
+            herald_event_id: r
+                .herald_event_id
+                .as_deref()
+                .map(crate::telemetry::mask_emails_in),
+            provider_message_id: r
+                .provider_message_id
+                .as_deref()
+                .map(crate::telemetry::mask_emails_in),
             match_attempts: r.match_attempts,
         })
         .collect();

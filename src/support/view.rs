@@ -327,7 +327,7 @@ impl ReceiptEntry {
             source: r.source.clone(),
             provider_event_id: mask_emails_in(&r.provider_event_id),
             event_type: r.event_type.clone(),
-            provider_type: r.provider_type.clone(),
+            provider_type: mask_emails_in(&r.provider_type),
             event_time: r.event_time.as_ref().map(ts),
             received_at: ts(&r.received_at),
             reconciled_at: r.reconciled_at.as_ref().map(ts),
