@@ -329,10 +329,30 @@ async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
         .body(text))
 }
 
-/// The caller of a token-guarded route; 401 without a token Herald knows.
+/// The one value of header `name`, if given; `Err` when it is given more than once with
+/// different values: which one counts would be each proxy's and framework's own choice (the
+/// first here, the last elsewhere), as with a key given twice in a body.
+fn one_header(
+    req: &HttpRequest,
+    name: impl actix_web::http::header::AsHeaderName + Copy,
+) -> Result<Option<&actix_web::http::header::HeaderValue>, ()> {
+    let mut values = req.headers().get_all(name);
+    let first = values.next();
+    match first {
+        Some(v) if values.any(|other| other != v) => Err(()),
+        _ => Ok(first),
+    }
+}
+
+/// The caller of a token-guarded route; 401 without a token Herald knows, or with two
+/// different `Authorization` headers (the first counted: a proxy appending its own would have
+/// been overruled by the client's).
 fn caller(req: &HttpRequest, state: &AppState) -> Result<Principal, Problem> {
-    req.headers()
-        .get(actix_web::http::header::AUTHORIZATION)
+    let given = one_header(req, &actix_web::http::header::AUTHORIZATION).map_err(|()| {
+        Problem::unauthorized()
+            .detail("Authorization was given more than once, with different values")
+    })?;
+    given
         .and_then(|v| v.to_str().ok())
         .and_then(Tokens::bearer)
         .and_then(|t| state.tokens.authenticate(t))
@@ -474,9 +494,13 @@ async fn create_message(
         state.max_payload_bytes.saturating_add(16 * 1024),
     )
     .await?;
-    let idempotency_key = req
-        .headers()
-        .get("idempotency-key")
+    let idempotency_key = one_header(&req, "idempotency-key")
+        .map_err(|()| {
+            Problem::invalid(vec![InvalidField::new(
+                "Idempotency-Key",
+                "was given more than once, with different values",
+            )])
+        })?
         .map(|v| v.to_str().map(str::to_owned))
         .transpose()
         .map_err(|_| {
@@ -1427,7 +1451,14 @@ fn parse_message_or_unnamed(
             None
         }
         (Some(a), _) => Some(a),
-        (None, Some(b)) => Some(b.to_owned()),
+        // Named as the header it came from (it was named `event_id`, a field the body lacks).
+        (None, Some(b)) => match crate::domain::EventId::parse(b) {
+            Ok(_) => Some(b.to_owned()),
+            Err(e) => {
+                errors.push(InvalidField::new("Idempotency-Key", e.message));
+                None
+            }
+        },
         (None, None) => {
             if !errors.iter().any(|e| e.field == "event_id") {
                 errors.push(InvalidField::new(

@@ -705,6 +705,26 @@ async fn duplicate_event_id_sends_once(backend: Backend) {
             .unwrap();
         assert_eq!(r.status(), expected);
     }
+    // Given twice with different values (the first was taken): refused, naming the header; the
+    // same value twice is one key. A key that is no event id is named as the header too.
+    let with_keys = |keys: &[&str]| {
+        let mut r = app.http.post(format!("{}/v1/messages", app.base));
+        for k in keys {
+            r = r.header("Idempotency-Key", *k);
+        }
+        r.json(&no_id).send()
+    };
+    let long = "k".repeat(256);
+    for keys in [&["dup-3", "dup-4"][..], &[""], &["a\tb"], &[long.as_str()]] {
+        let r = with_keys(keys).await.unwrap();
+        assert_eq!(r.status(), 422, "{keys:?}");
+        let p: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(p["field"], "Idempotency-Key", "{keys:?}: {p}");
+    }
+    for id in ["dup-3", "dup-4", "", "a\tb", long.as_str()] {
+        assert!(app.db.find_by_event_id(id).unwrap().is_none(), "{id:?}");
+    }
+    assert_eq!(with_keys(&["dup-2", "dup-2"]).await.unwrap().status(), 200);
     assert_eq!(app.run_until_idle().await, 2);
     let reqs = rx.requests();
     assert_eq!(reqs.len(), 2);

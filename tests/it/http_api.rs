@@ -398,6 +398,21 @@ async fn tokens_and_scopes_guard_v1(backend: Backend) {
         let r = client.get(one("tok-1")).send().await.unwrap();
         problem(r, 401).await;
     }
+    // Two different Authorization headers, a valid one first (it was taken, the second
+    // unseen): 401. The same one twice is one.
+    let twice = |second: &str| {
+        reqwest::Client::new()
+            .post(&url)
+            .header("authorization", "Bearer shop-token-0123456789")
+            .header("authorization", format!("Bearer {second}"))
+            .json(&body)
+            .send()
+    };
+    let p = problem(twice("blog-token-0123456789").await.unwrap(), 401).await;
+    assert!(
+        p["detail"].as_str().unwrap().contains("more than once"),
+        "{p}"
+    );
     assert!(app.db.find_by_event_id("tok-1").unwrap().is_none());
 
     // A support token cannot enqueue; a send token can, and the row records its name.
@@ -405,7 +420,7 @@ async fn tokens_and_scopes_guard_v1(backend: Backend) {
     let p = problem(r, 403).await;
     assert!(p["detail"].as_str().unwrap().contains("send"), "{p}");
     assert!(app.db.find_by_event_id("tok-1").unwrap().is_none());
-    let r = shop.post(&url).json(&body).send().await.unwrap();
+    let r = twice("shop-token-0123456789").await.unwrap();
     assert_eq!(r.status(), 201);
     assert_eq!(app.row("tok-1").enqueued_by.as_deref(), Some("shop"));
 
