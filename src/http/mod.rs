@@ -473,7 +473,8 @@ async fn read_body(
     security(("bearer" = ["send"]), ("bearer" = ["admin"])),
     responses(
         (status = 201, description = "Created", body = openapi::Enqueued),
-        (status = 200, description = "A message with this event id was already there (enqueued by this token)", body = openapi::Enqueued),
+        (status = 200, description = "A message with this event id was already there (enqueued by this token); it stands as it was stored", body = openapi::Enqueued,
+            headers(("Herald-Existing" = String, description = "`same-request` (this request is the stored message's: same channel, destination, event id and content), `different-request` (another request under the same event id: not stored), or `unknown` (a fan-out, or a row written by SQL without a fingerprint yet)"))),
         (status = 400, description = "The body is not JSON", body = ProblemBody, content_type = "application/problem+json"),
         (status = 409, description = "The event id was taken by another token (`event-id-taken`)", body = ProblemBody, content_type = "application/problem+json"),
         (status = 413, description = "The body is too large", body = ProblemBody, content_type = "application/problem+json"),
@@ -576,22 +577,26 @@ async fn create_message(
             return Ok(Ok(Planned::Plain(Box::new(row), coming)));
         }
         drop(coming);
+        let asked = row.request_fingerprint.clone();
         Ok(db
             .enqueue(&row)?
-            .map(|(created, stored)| Planned::Stored(created, stored)))
+            .map(|(created, stored)| Planned::Stored(created, stored, asked)))
     })
     .await??
     .map_err(Problem::invalid)?;
-    let (created, stored) = match planned {
-        Planned::Written(w) => (false, Err(w)),
-        Planned::Stored(created, stored) => (created, Ok(stored)),
+    // `asked`: this request's fingerprint, to tell a repeat of the stored request from another
+    // request under its event id.
+    let (created, stored, asked) = match planned {
+        Planned::Written(w) => (false, Err(w), None),
+        Planned::Stored(created, stored, asked) => (created, Ok(stored), asked),
         Planned::Plain(row, coming) => {
+            let asked = row.request_fingerprint.clone();
             let (created, stored) = state
                 .message_writer
                 .enqueue(coming, *row)
                 .await?
                 .map_err(Problem::invalid)?;
-            (created, Ok(stored))
+            (created, Ok(stored), asked)
         }
     };
     let written = match stored {
@@ -666,15 +671,38 @@ async fn create_message(
         }
         Ok(HttpResponse::Created().printable_json(&view))
     } else {
-        Ok(HttpResponse::Ok().printable_json(&view))
+        let existing = match (
+            asked.as_deref(),
+            view.get("fingerprint").and_then(serde_json::Value::as_str),
+        ) {
+            (Some(a), Some(b)) if a == b => EXISTING_SAME,
+            (Some(_), Some(_)) => {
+                tracing::info!(event_id = %crate::telemetry::LogEventId(view.get("event_id").and_then(serde_json::Value::as_str).unwrap_or("")), token = %who.name, "event id already there with another request: the stored message stands");
+                EXISTING_DIFFERENT
+            }
+            _ => EXISTING_UNKNOWN,
+        };
+        Ok(HttpResponse::Ok()
+            .insert_header((EXISTING_HEADER, existing))
+            .printable_json(&view))
     }
 }
+
+/// On a 200 of `POST /v1/messages` (its event id was there already): whether this request is
+/// the stored message's — the same fingerprint: channel, destination, event id and what is
+/// sent — or another one, which is not stored (the event id's first request stands), or
+/// cannot be told (a fan-out, or a row written by SQL that has no fingerprint yet).
+pub const EXISTING_HEADER: &str = "Herald-Existing";
+const EXISTING_SAME: &str = "same-request";
+const EXISTING_DIFFERENT: &str = "different-request";
+const EXISTING_UNKNOWN: &str = "unknown";
 
 /// What `POST /v1/messages`' plan led to: written already (a fan-out), a keyed message stored in
 /// a transaction of its own (PostgreSQL), or a message for the group writer.
 enum Planned {
     Written(Written),
-    Stored(bool, crate::storage::models::OutboxRow),
+    /// Whether it was created, the stored row, and the request's fingerprint.
+    Stored(bool, crate::storage::models::OutboxRow, Option<String>),
     Plain(
         Box<crate::storage::models::NewOutboxRow>,
         crate::storage::group_commit::Coming,

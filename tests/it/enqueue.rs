@@ -690,8 +690,16 @@ async fn duplicate_event_id_sends_once(backend: Backend) {
         200,
         "a duplicate answers 200 with the existing message"
     );
+    // Another request under the same event id: the first stands, and the answer says this one
+    // was not it (it said nothing: a client could not tell its change had been dropped).
+    assert_eq!(r2.headers()["herald-existing"], "different-request");
     let v2: serde_json::Value = r2.json().await.unwrap();
     assert_eq!(v1["fingerprint"], v2["fingerprint"]);
+    let r3 = app
+        .post_message(webhook("dup-1", &rx.url, json!({"v": 1})))
+        .await;
+    assert_eq!(r3.status(), 200);
+    assert_eq!(r3.headers()["herald-existing"], "same-request");
     // Idempotency-Key header as the event id.
     let no_id = json!({"channel": "webhook", "destination": rx.url, "payload": {"body": {"v": 3}}});
     for expected in [201, 200] {
