@@ -120,6 +120,20 @@ async fn bad_input_is_refused_with_the_field_and_nothing_is_stored(backend: Back
             json!({"event_id": "b19", "channel": "webhook", "destination": "https://x.example/h", "payload": {"body": 1}, "scheduled_at": "9999-12-31T23:59:59-01:00"}),
             "scheduled_at",
         ),
+        // What the URL parser forgives: stored with its space and sent without; sent to host
+        // `x`; never connectable, for the whole retry budget (a walk-through: all were 201).
+        (
+            json!({"event_id": "b24", "channel": "webhook", "destination": " https://x.example/h", "payload": {"body": 1}}),
+            "destination",
+        ),
+        (
+            json!({"event_id": "b25", "channel": "webhook", "destination": "http:///x", "payload": {"body": 1}}),
+            "destination",
+        ),
+        (
+            json!({"event_id": "b26", "channel": "webhook", "destination": "http://127.0.0.1:0/x", "payload": {"body": 1}}),
+            "destination",
+        ),
         // Longer than a PostgreSQL index entry holds with its ordering key (it was a 500 there).
         (
             json!({"event_id": "b20", "channel": "webhook", "ordering_key": "k", "payload": {"body": 1},

@@ -65,6 +65,10 @@ pub enum WebhookConfigError {
     UnsupportedScheme,
     #[error("must name a host")]
     NoHost,
+    #[error("must not begin or end with a space or a control character")]
+    Untrimmed,
+    #[error("must not name port 0, which cannot be connected to")]
+    PortZero,
     #[error("must not carry credentials; configure an endpoint with auth instead")]
     Credentials,
     #[error("header {0:?} is set by Herald")]
@@ -140,14 +144,28 @@ impl WebhookTarget {
     }
 }
 
-/// An absolute `http(s)://` URL with a host and no credentials.
+/// An absolute `http(s)://` URL with a host and no credentials, written as it is meant: the URL
+/// parser forgives what a destination should not have (`" http://a/"` is stored with its space
+/// and sent without; `http:///x` and `http:x` go to host `x`), so those are refused, as is port
+/// 0 (every attempt would fail to connect, for the whole retry budget).
 pub fn parse_webhook_url(raw: &str) -> Result<Url, WebhookConfigError> {
     let url = Url::parse(raw).map_err(WebhookConfigError::InvalidUrl)?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(WebhookConfigError::UnsupportedScheme);
     }
-    if url.host_str().is_none_or(str::is_empty) {
+    if raw.trim_matches(|c: char| c <= ' ') != raw {
+        return Err(WebhookConfigError::Untrimmed);
+    }
+    // What follows `scheme:` is `//` and then the host: not a third slash (or backslash).
+    let after = raw.get(url.scheme().len() + 1..).unwrap_or("");
+    let written_with_host = after
+        .strip_prefix("//")
+        .is_some_and(|host| !host.starts_with(['/', '\\']));
+    if url.host_str().is_none_or(str::is_empty) || !written_with_host {
         return Err(WebhookConfigError::NoHost);
+    }
+    if url.port() == Some(0) {
+        return Err(WebhookConfigError::PortZero);
     }
     if !url.username().is_empty() || url.password().is_some() {
         return Err(WebhookConfigError::Credentials);
@@ -908,6 +926,38 @@ mod tests {
             "is not a valid URL (relative URL without a base)"
         );
         assert_eq!(url("ftp://a/b"), "must be an http:// or https:// URL");
+        // What the URL parser forgives, and a destination should not have.
+        for untrimmed in [
+            " http://a.example/",
+            "http://a.example/\t",
+            "http://a.example/\n",
+        ] {
+            assert_eq!(
+                url(untrimmed),
+                "must not begin or end with a space or a control character",
+                "{untrimmed:?}"
+            );
+        }
+        for hostless in [
+            "http:///x",
+            "http:x",
+            "https:/x",
+            "http://\\x",
+            "http:\\\\x",
+        ] {
+            assert_eq!(url(hostless), "must name a host", "{hostless}");
+        }
+        assert_eq!(
+            url("http://127.0.0.1:0/x"),
+            "must not name port 0, which cannot be connected to"
+        );
+        for fine in [
+            "HTTP://a.example/",
+            "https://a.example:8443/x?y=1",
+            "http://[::1]:9/",
+        ] {
+            assert!(parse_webhook_url(fine).is_ok(), "{fine}");
+        }
         assert_eq!(
             url("https://u:p@a.example/"),
             "must not carry credentials; configure an endpoint with auth instead"
