@@ -172,116 +172,223 @@ impl Limit {
 }
 
 /// Secrets an answer may echo of the request (see [`webhook::Endpoint::secrets`] and the SMTP
-/// relay's login), as the forms to look for: each as written and as an echo writes it
-/// ([`secret_forms`]: escaped for JSON or HTML, percent-encoded, base64), lower-cased to be found
-/// in any ASCII case (an echo that upper-cases header values). Made once, with the configuration;
-/// `Debug` shows only how many forms.
+/// relay's login). Each is found a character at a time, each character as written or as any echo
+/// encodes it — escaped for JSON (`\/`, `\u002f`), as an HTML entity (`&#43;`, `&#x2F;`,
+/// `&amp;`), percent-encoded, `+` and a space for each other — in any mix of them and in any
+/// ASCII case ([`char_ends`]), so that every encoder's own choice of what to escape is covered;
+/// and by its base64. A run that spells the first half of a secret or more (8 bytes at least)
+/// is hidden too: an echo cut short, or a receiver showing a token's beginning. Made
+/// once, with the configuration; `Debug` shows only how many.
 #[derive(Clone, Default)]
 pub struct Secrets {
-    forms: Vec<String>,
+    /// Each secret, ASCII-lower-cased.
+    plain: Vec<Vec<u8>>,
+    /// The base64 of each, lower-cased (found in any case, as the rest).
+    base64: Vec<String>,
 }
 
 impl std::fmt::Debug for Secrets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Secrets({} forms)", self.forms.len())
+        write!(f, "Secrets({})", self.plain.len())
     }
 }
+
+/// The shortest beginning of a secret that is hidden alone ([`Secrets`]).
+const SHORTEST_PART: usize = 8;
 
 impl Secrets {
     pub fn new(secrets: &[String]) -> Self {
-        let mut forms: Vec<String> = secrets
+        use base64::Engine;
+        let mut plain: Vec<Vec<u8>> = secrets
             .iter()
             .filter(|s| !s.is_empty())
-            .flat_map(|s| secret_forms(s))
-            .filter(|f| !f.is_empty())
-            .map(|f| f.to_ascii_lowercase())
+            .map(|s| s.to_ascii_lowercase().into_bytes())
             .collect();
-        forms.sort_unstable();
-        forms.dedup();
-        Self { forms }
+        plain.sort_unstable();
+        plain.dedup();
+        let base64 = secrets
+            .iter()
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                base64::engine::general_purpose::STANDARD
+                    .encode(s)
+                    .to_ascii_lowercase()
+            })
+            .collect();
+        Self { plain, base64 }
     }
 
-    /// `text` with every occurrence of each form replaced by `[secret]`.
+    /// `text` with every run that spells a secret (or its first half, see [`Secrets`]) replaced
+    /// by `[secret]`.
     pub fn hide(&self, text: &str) -> String {
-        hide_forms(text, &self.forms)
+        if self.plain.is_empty() {
+            return text.to_owned();
+        }
+        // Every run found marks its bytes (ASCII lower-casing keeps byte offsets; a run begins
+        // and ends on character boundaries); a run of marked bytes becomes one `[secret]`.
+        let lower = text.to_ascii_lowercase();
+        let t = lower.as_bytes();
+        let mut hidden = vec![false; t.len()];
+        let (mut ends, mut next) = (Vec::new(), Vec::new());
+        for secret in &self.plain {
+            // Half of it, and 8 bytes at least (all of a shorter one).
+            let least = secret
+                .len()
+                .min(secret.len().div_ceil(2).max(SHORTEST_PART));
+            let mut at = 0;
+            while at < t.len() {
+                match spelled(&lower, at, secret, least, &mut ends, &mut next) {
+                    Some(end) => {
+                        hidden[at..end].fill(true);
+                        at = end;
+                    }
+                    None => at += 1,
+                }
+            }
+        }
+        for form in &self.base64 {
+            let mut at = 0;
+            while let Some(i) = lower[at..].find(form.as_str()) {
+                hidden[at + i..at + i + form.len()].fill(true);
+                at += i + form.len();
+            }
+        }
+        let mut out = String::with_capacity(text.len());
+        let mut i = 0;
+        while i < text.len() {
+            let start = i;
+            let marked = hidden[i];
+            while i < text.len() && hidden[i] == marked {
+                i += 1;
+            }
+            if marked {
+                out.push_str("[secret]");
+            } else {
+                out.push_str(&text[start..i]);
+            }
+        }
+        out
     }
 }
 
-fn hide_forms(text: &str, forms: &[String]) -> String {
-    if forms.is_empty() {
-        return text.to_owned();
-    }
-    // Every form found marks its bytes (ASCII lower-casing keeps byte offsets, and a match
-    // begins and ends on character boundaries); a run of marked bytes becomes one `[secret]`.
-    // One pass over the text per form, one copy of it in all.
-    let lower = text.to_ascii_lowercase();
-    let mut hidden = vec![false; text.len()];
-    for form in forms {
-        let mut at = 0;
-        while let Some(i) = lower[at..].find(form.as_str()) {
-            hidden[at + i..at + i + form.len()].fill(true);
-            at += i + form.len();
+/// The end of the longest run of `text` from `at` that spells `secret`, or at least its first
+/// `least` bytes, each as written or encoded ([`char_ends`]), ending on a character boundary;
+/// `None` if there is none. `ends` and `next`: room for the ends reached so far (an encoding may
+/// be read in more than one way: `%` alone, or `%25`).
+fn spelled(
+    text: &str,
+    at: usize,
+    secret: &[u8],
+    least: usize,
+    ends: &mut Vec<usize>,
+    next: &mut Vec<usize>,
+) -> Option<usize> {
+    let t = text.as_bytes();
+    ends.clear();
+    ends.push(at);
+    let mut best = None;
+    for (k, &c) in secret.iter().enumerate() {
+        next.clear();
+        for &j in ends.iter() {
+            char_ends(t, j, c, next);
+        }
+        if next.is_empty() {
+            break;
+        }
+        next.sort_unstable();
+        next.dedup();
+        std::mem::swap(ends, next);
+        if k + 1 >= least
+            && let Some(end) = ends.iter().rev().find(|e| text.is_char_boundary(**e))
+        {
+            best = Some(*end);
         }
     }
-    let mut out = String::with_capacity(text.len());
-    let mut i = 0;
-    while i < text.len() {
-        let start = i;
-        let marked = hidden[i];
-        while i < text.len() && hidden[i] == marked {
-            i += 1;
-        }
-        if marked {
-            out.push_str("[secret]");
-        } else {
-            out.push_str(&text[start..i]);
-        }
-    }
-    out
+    best
 }
 
-/// `secret` and the forms an answer that echoes it may write it in: `/` escaped for JSON (`\/`,
-/// `\\/`, `\u002f`), its `/`, `+` and `=` as HTML entities, percent-encoded (as a URL or a form
-/// carries it), and its base64.
-fn secret_forms(secret: &str) -> Vec<String> {
-    use base64::Engine;
-    let html = secret
-        .replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-        .replace('\'', "&#39;");
-    let mut forms = vec![
-        secret.to_owned(),
-        secret.replace('/', r"\/"),
-        secret.replace('/', r"\\/"),
-        secret.replace('/', r"\u002f"),
-        // Go's JSON escapes these three, and some encoders `+`.
-        secret
-            .replace('<', r"\u003c")
-            .replace('>', r"\u003e")
-            .replace('&', r"\u0026")
-            .replace('+', r"\u002b"),
-        html.clone(),
-        html.replace('/', "&#x2F;")
-            .replace('+', "&#43;")
-            .replace('=', "&#61;"),
-        html.replace('/', "&#47;"),
-        // A form's decoding reads `+` as a space.
-        secret.replace('+', " "),
-        base64::engine::general_purpose::STANDARD.encode(secret),
-    ];
-    let mut percent = String::new();
-    for b in secret.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            percent.push(char::from(b));
-        } else {
-            percent.push_str(&format!("%{b:02X}"));
-        }
+/// HTML's named references an echo may write a secret's characters with.
+const NAMED: &[(&[u8], u8)] = &[
+    (b"amp;", b'&'),
+    (b"lt;", b'<'),
+    (b"gt;", b'>'),
+    (b"quot;", b'"'),
+    (b"apos;", b'\''),
+    (b"sol;", b'/'),
+    (b"plus;", b'+'),
+    (b"equals;", b'='),
+];
+
+/// Pushes onto `out` the end of each way `t` spells the (lower-case) byte `c` from `j`: as
+/// written in any ASCII case, `+` for a space and a space for `+` (a form's encoding and
+/// decoding), `%hh`, JSON's `\u00hh` (also escaped again, `\\u00hh`) and `\/`, `\\/`, `\"`,
+/// `\\`, HTML's `&#ddd;`, `&#xhh;` and named references. `t` is lower-cased already.
+fn char_ends(t: &[u8], j: usize, c: u8, out: &mut Vec<usize>) {
+    let rest = &t[j.min(t.len())..];
+    let Some(&first) = rest.first() else {
+        return;
+    };
+    let is = |b: u8| b.to_ascii_lowercase() == c;
+    let hex = |h: &[u8]| {
+        std::str::from_utf8(h)
+            .ok()
+            .and_then(|h| u8::from_str_radix(h, 16).ok())
+    };
+    if first == c || (c == b'+' && first == b' ') || (c == b' ' && first == b'+') {
+        out.push(j + 1);
     }
-    forms.push(percent.replace("%20", "+"));
-    forms.push(percent);
-    forms
+    match first {
+        b'%' => {
+            if let Some(b) = rest.get(1..3).and_then(hex)
+                && is(b)
+            {
+                out.push(j + 3);
+            }
+        }
+        b'\\' => {
+            for (prefix, len) in [(&b"\\u00"[..], 6), (&b"\\\\u00"[..], 7)] {
+                if rest.starts_with(prefix)
+                    && let Some(b) = rest.get(len - 2..len).and_then(hex)
+                    && is(b)
+                {
+                    out.push(j + len);
+                }
+            }
+            if matches!(c, b'/' | b'"' | b'\\') && rest.get(1) == Some(&c) {
+                out.push(j + 2);
+            }
+            if c == b'/' && rest.starts_with(b"\\\\/") {
+                out.push(j + 3);
+            }
+        }
+        b'&' => {
+            if let Some(code) = rest.strip_prefix(b"&#") {
+                let (digits, radix) = match code.strip_prefix(b"x") {
+                    Some(h) => (h, 16),
+                    None => (code, 10),
+                };
+                let n = digits
+                    .iter()
+                    .take_while(|d| d.is_ascii_hexdigit())
+                    .count()
+                    .min(8);
+                if digits.get(n) == Some(&b';')
+                    && let Ok(b) = std::str::from_utf8(&digits[..n])
+                        .map_err(|_| ())
+                        .and_then(|d| u32::from_str_radix(d, radix).map_err(|_| ()))
+                    && u8::try_from(b).is_ok_and(is)
+                {
+                    out.push(j + (rest.len() - digits.len()) + n + 1);
+                }
+            }
+            for (name, ch) in NAMED {
+                if *ch == c && rest[1..].starts_with(name) {
+                    out.push(j + 1 + name.len());
+                }
+            }
+        }
+        _ => {}
+    }
 }
 
 /// A body cut short (at the read limit, or by a lost connection) ends with a piece of a token:
@@ -364,6 +471,66 @@ mod tests {
         assert_eq!(
             Secrets::new(&secrets).hide("é sk_live_ab/cd+ef= ü"),
             "é [secret] ü"
+        ); // Each encoder's own choice of what to escape, in any mix: Go's html/template escapes
+        // only `+`, Python's `quote` `+` and `=` but not `/`; decimal, hexadecimal and named
+        // references; a JSON escape escaped again.
+        for echoed in [
+            "sk_live_ab/cd&#43;ef=",
+            "sk_live_ab/cd%2Bef%3D",
+            "sk_live_ab&sol;cd&plus;ef&equals;",
+            "sk_live_ab&#x002f;cd+ef&#061;",
+            r"sk_live_ab\\u002fcd+ef=",
+            "SK_LIVE_AB%2fcd&#43;EF%3d",
+        ] {
+            assert_eq!(
+                Secrets::new(&secrets).hide(&format!("<td>{echoed}</td>")),
+                "<td>[secret]</td>",
+                "{echoed}"
+            );
+        }
+        let quoted = ["pa\"ss'word-99".to_owned()];
+        for echoed in [
+            "pa&#34;ss&#x27;word-99",
+            r#"pa\"ss'word-99"#,
+            "pa&quot;ss&apos;word-99",
+        ] {
+            assert_eq!(Secrets::new(&quoted).hide(echoed), "[secret]", "{echoed}");
+        }
+        // Its first half or more (8 characters at least) alone: an echo cut short, a page
+        // showing a token's beginning.
+        assert_eq!(
+            Secrets::new(&secrets).hide("Bearer sk_live_ab/… (truncated)"),
+            "Bearer [secret]… (truncated)"
+        );
+        assert_eq!(
+            Secrets::new(&secrets).hide("Bearer sk_live_…"),
+            "Bearer sk_live_…",
+            "less than half: left"
+        );
+        let long = ["0123456789abcdefghijklmnopqrstuv".to_owned()];
+        assert_eq!(
+            Secrets::new(&long).hide("key 0123456789abcdef!"),
+            "key [secret]!"
+        );
+        assert_eq!(
+            Secrets::new(&long).hide("id 0123456789abcde"),
+            "id 0123456789abcde"
+        );
+        // A short secret only whole; a part never ends inside a character.
+        let short = ["pw-1234".to_owned()];
+        assert_eq!(
+            Secrets::new(&short).hide("pw-123 pw-1234"),
+            "pw-123 [secret]"
+        );
+        let accented = ["abcdefgh-ö-tail".to_owned()];
+        assert_eq!(
+            Secrets::new(&accented).hide("abcdefgh-õ."),
+            "[secret]õ.",
+            "the part before the differing character"
+        );
+        assert_eq!(
+            Secrets::new(&accented).hide("x abcdefgh-ö-tail"),
+            "x [secret]"
         );
     }
 
