@@ -334,7 +334,7 @@ async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
 /// first here, the last elsewhere), as with a key given twice in a body.
 fn one_header(
     req: &HttpRequest,
-    name: impl actix_web::http::header::AsHeaderName + Copy,
+    name: impl actix_web::http::header::AsHeaderName,
 ) -> Result<Option<&actix_web::http::header::HeaderValue>, ()> {
     let mut values = req.headers().get_all(name);
     let first = values.next();
@@ -1311,10 +1311,19 @@ async fn ingest_into(
     let body = read_body(req, state, payload, state.ingest_max_body_bytes)
         .await
         .map_err(refused)?;
+    // A value that is not visible ASCII is kept, its bytes read as UTF-8 (replacing what is
+    // not): left out, a provider's id or signature header of such bytes was refused as
+    // "missing", which it was not; so it is refused as not matching its signature.
     let headers: Vec<(String, String)> = req
         .headers()
         .iter()
-        .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+        .map(|(n, v)| {
+            let value = match v.to_str() {
+                Ok(v) => v.to_owned(),
+                Err(_) => String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            };
+            (n.as_str().to_owned(), value)
+        })
         .collect();
     let now = state.clock.now();
     let query = req.uri().query().map(str::to_owned);

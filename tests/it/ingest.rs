@@ -137,6 +137,26 @@ async fn what_does_not_verify_is_refused_and_not_stored(backend: Backend) {
     assert_eq!(post(&app, "resend", &h, body).await.status(), 401);
     // No signature at all.
     assert_eq!(post(&app, "resend", &[], body).await.status(), 401);
+    // An id that is not text (a byte past ASCII): refused as not matching, not as "missing"
+    // (the header was there; it was left out unread).
+    let h = resend_headers("msg_x", now, body);
+    let r = app
+        .http
+        .post(format!("{}/v1/ingest/resend", app.base))
+        .header(
+            "svix-id",
+            reqwest::header::HeaderValue::from_bytes(b"msg_\xff").unwrap(),
+        )
+        .header(h[1].0, &h[1].1)
+        .header(h[2].0, &h[2].1)
+        .body(body.to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let p: Value = r.json().await.unwrap();
+    let detail = p["detail"].as_str().unwrap_or_default();
+    assert!(!detail.is_empty() && !detail.contains("missing"), "{p}");
     // Stale, and from the future (well past the 300 s tolerance: the clock keeps running; the
     // exact boundary is unit-tested with a fixed clock).
     for t in [now - 400, now + 400] {
