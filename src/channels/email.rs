@@ -153,7 +153,7 @@ impl EmailPayload {
         let mut errors: Vec<InvalidField> = obj
             .keys()
             .filter(|k| !KNOWN.contains(&k.as_str()))
-            .map(|k| InvalidField::new("payload", format!("unknown field {k:?}")))
+            .map(|k| InvalidField::new(format!("payload.{k}"), "is not a known field"))
             .collect();
         let string = |field: &'static str, key: &str| -> Result<Option<String>, InvalidField> {
             match obj.get(key) {

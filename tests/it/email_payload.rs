@@ -505,7 +505,7 @@ async fn invalid_payload_fields_are_422_naming_the_field(backend: Backend) {
             attachment("filename", json!("../")),
             "payload.attachments[1].filename",
         ),
-        (attachment("size", json!(1)), "payload.attachments[1]"),
+        (attachment("size", json!(1)), "payload.attachments[1].size"),
         (with("attachments", json!({"a": 1})), "payload.attachments"),
         (big(1024 * 1024 + 1), "payload.attachments"),
         (

@@ -120,6 +120,20 @@ async fn bad_input_is_refused_with_the_field_and_nothing_is_stored(backend: Back
             json!({"event_id": "b19", "channel": "webhook", "destination": "https://x.example/h", "payload": {"body": 1}, "scheduled_at": "9999-12-31T23:59:59-01:00"}),
             "scheduled_at",
         ),
+        // An unknown key inside the payload is named where it is (it was named `payload`).
+        (
+            json!({"event_id": "b27", "channel": "webhook", "destination": "https://x.example/h", "payload": {"body": 1, "extra": 2}}),
+            "payload.extra",
+        ),
+        (
+            json!({"event_id": "b28", "channel": "email", "destination": "a@b.example", "payload": {"subject": "s", "text": "t", "extra": 2}}),
+            "payload.extra",
+        ),
+        (
+            json!({"event_id": "b29", "channel": "email", "destination": "a@b.example", "payload": {"subject": "s", "text": "t",
+                   "attachments": [{"filename": "a.txt", "content_type": "text/plain", "content_base64": "YQ==", "size": 1}]}}),
+            "payload.attachments[0].size",
+        ),
         // What the URL parser forgives: stored with its space and sent without; sent to host
         // `x`; never connectable, for the whole retry budget (a walk-through: all were 201).
         (

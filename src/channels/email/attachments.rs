@@ -64,7 +64,10 @@ pub fn parse(value: Option<&Value>) -> Result<Vec<Attachment>, InvalidField> {
             .keys()
             .find(|k| !["filename", "content_type", "content_base64"].contains(&k.as_str()))
         {
-            return Err(InvalidField::new(at(""), format!("unknown field {k:?}")));
+            return Err(InvalidField::new(
+                at(&format!(".{k}")),
+                "is not a known field",
+            ));
         }
         let string = |key: &str| match obj.get(key) {
             Some(Value::String(s)) => Ok(s.as_str()),
@@ -222,7 +225,7 @@ mod tests {
             field(
                 json!([{"filename": "a", "content_type": "text/plain", "content_base64": "", "inline": true}])
             ),
-            "payload.attachments[0]"
+            "payload.attachments[0].inline"
         );
         assert_eq!(
             field(with("content_base64", json!("not base64!"))),

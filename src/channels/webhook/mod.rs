@@ -207,8 +207,8 @@ impl<'a> WebhookPayload<'a> {
             .find(|k| !matches!(k.as_str(), "body" | "headers"))
         {
             return Err(InvalidField::new(
-                "payload",
-                format!("unknown field {k:?} (expected body, headers)"),
+                format!("payload.{k}"),
+                "is not a known field (expected body, headers)",
             ));
         }
         let body = obj
@@ -859,7 +859,7 @@ mod tests {
         assert_eq!(p.headers, [("X-Team".to_owned(), "t".to_owned())]);
         let field = |v| WebhookPayload::parse(&v).unwrap_err().field;
         assert_eq!(field(json!([])), "payload");
-        assert_eq!(field(json!({"body": 1, "extra": 2})), "payload");
+        assert_eq!(field(json!({"body": 1, "extra": 2})), "payload.extra");
         assert_eq!(field(json!({"headers": {}})), "payload.body");
         for name in [
             "webhook-id",
