@@ -161,8 +161,11 @@ impl NewMessage {
         }
         match self.channel {
             Channel::Webhook => {
+                // The named endpoint, whose configured headers a message's own may not set.
+                let mut endpoint = None;
                 match webhook::WebhookTarget::parse(&self.destination) {
                     Ok(webhook::WebhookTarget::Endpoint(name)) => {
+                        endpoint = limits.endpoints.and_then(|known| known.get(&name));
                         if let Some(known) = limits.endpoints
                             && !known.contains_key(&name)
                         {
@@ -193,6 +196,19 @@ impl NewMessage {
                     Ok(p) => {
                         if let Err(e) = p.check_distinct_headers() {
                             errors.push(e);
+                        }
+                        // The endpoint's would be sent instead, this one dropped unseen.
+                        for (header, _) in &p.headers {
+                            if let Some(e) = endpoint.filter(|e| e.sets_header(header)) {
+                                errors.push(InvalidField::new(
+                                    format!("payload.headers.{header}"),
+                                    format!(
+                                        "is set by endpoint {:?}'s configuration, which the \
+                                         request carries instead",
+                                        e.name
+                                    ),
+                                ));
+                            }
                         }
                         webhook_payload = Some(p);
                     }

@@ -99,6 +99,24 @@ async fn named_endpoints_rotate_secrets_and_capture_provider_ids(backend: Backen
         .post_message(webhook("inv-2", "endpoint:nope", json!({})))
         .await;
     assert_eq!(r.status(), 422);
+    // A header of the message's own that the endpoint sets (its headers, its auth): the
+    // endpoint's would be sent instead, this one dropped unseen — refused, naming it.
+    let mut clash = webhook("inv-3", "endpoint:billing", json!({}));
+    clash["payload"]["headers"] =
+        json!({"x-team": "ops", "Authorization": "Bearer mine", "X-Other": "ok"});
+    let p: serde_json::Value = app.post_message(clash).await.json().await.unwrap();
+    let fields: Vec<&str> = p["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["field"].as_str())
+        .collect();
+    assert_eq!(
+        fields,
+        ["payload.headers.Authorization", "payload.headers.x-team"],
+        "{p}"
+    );
+    assert!(app.db.find_by_event_id("inv-3").unwrap().is_none());
     assert_eq!(app.run_until_idle().await, 1);
     let req = &rx.requests_to("/billing")[0];
     assert_eq!(req.header("x-team"), Some("billing"));

@@ -169,6 +169,16 @@ impl Endpoint {
         found
     }
 
+    /// Whether the endpoint's configuration sets header `name` on each request (its headers, or
+    /// `Authorization` with its auth): a message's own header of that name is not sent.
+    pub fn sets_header(&self, name: &str) -> bool {
+        (self.auth.is_some() && name.eq_ignore_ascii_case("authorization"))
+            || self
+                .headers
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case(name))
+    }
+
     /// Validates `[endpoints.NAME]`; a refusal names the offending key (`endpoints.NAME.url` …).
     pub fn from_config(name: String, e: EndpointConfig) -> Result<Self, InvalidField> {
         let key = format!("endpoints.{name}");
