@@ -48,13 +48,18 @@ pub const MAX_PAUSE: Duration = Duration::from_secs(300);
 /// backoff.
 pub const MAX_BACK: usize = 1024;
 
+/// How long after its last pause a destination that could not be reached keeps the messages to
+/// bring back ([`Observed::back`]) while none is due to probe it (their backoff, which grows to
+/// hours, is longer than the pause): about as long as the default retry schedule lasts.
+pub const KEEP_SPENT: Duration = Duration::from_secs(24 * 3600);
+
 /// What [`Throttle::observe`] learnt from one answer.
 #[derive(Debug, Default, PartialEq)]
 pub struct Observed {
     /// The pause it started (or armed again), if it did.
     pub paused_until: Option<DateTime<Utc>>,
-    /// An accepted answer from a destination that was paused because it could not be reached
-    /// or refused Herald's session: the messages that spent an attempt on that meanwhile (up to
+    /// The probe's acceptance, after a pause because the destination could not be reached or
+    /// refused Herald's session: the messages that spent an attempt on that meanwhile (up to
     /// [`MAX_BACK`], the accepted one not among them), to be tried again now rather than at
     /// their own backoff, which grew while it was down (a probe's could reach hours), while
     /// the messages held without an attempt came back at the end of the pause.
@@ -167,11 +172,16 @@ struct Entry {
 
 impl Entry {
     /// Nothing to remember any more: no pause for a good while (the longest one and a window
-    /// over), no probe out, no transient answer within the window. The map holds only troubled
-    /// destinations; a host given up on would stay in it (and in the gauge) for ever.
+    /// over; [`KEEP_SPENT`] while it holds messages to bring back), no probe out, no transient
+    /// answer within the window. The map holds only troubled destinations; a host given up on
+    /// would stay in it (and in the gauge) for ever.
     fn forgotten(&self, now: DateTime<Utc>) -> bool {
         let window = chrono::Duration::from_std(BURST_WINDOW).unwrap_or_default();
-        let long = chrono::Duration::from_std(MAX_PAUSE).unwrap_or_default() + window;
+        let long = if self.spent.is_empty() {
+            chrono::Duration::from_std(MAX_PAUSE).unwrap_or_default() + window
+        } else {
+            chrono::Duration::from_std(KEEP_SPENT).unwrap_or_default()
+        };
         self.probe.is_none_or(|(_, since)| now - since > long)
             && self.paused_until.is_none_or(|until| now - until > long)
             && self.transient.iter().all(|t| now - *t >= window)
@@ -281,11 +291,15 @@ impl Throttle {
             }
         }
         if answer.class == AttemptClass::Accepted {
-            // All is well again: forget the destination (the map holds only troubled ones). After
-            // a pause, the messages that spent an attempt on its being down go now.
+            // All is well again: forget the destination (the map holds only troubled ones). The
+            // probe's acceptance after such a pause brings back the messages that spent an
+            // attempt on its being down; another acceptance does not: a send on a connection
+            // opened before (an SMTP pool's, a keep-alive one) shows nothing of whether new
+            // ones are taken, and a relay refusing new sessions ("421 too many connections")
+            // would have each of them spend another attempt at every such answer.
             let back = entries
                 .remove(destination)
-                .filter(|e| e.streak > 0)
+                .filter(|_| probe)
                 .map(|e| e.spent)
                 .unwrap_or_default()
                 .into_iter()
@@ -696,9 +710,16 @@ mod tests {
         // A probe that never sent (its message canceled) counts only for the probe timeout.
         let stale = until + chrono::Duration::seconds(31);
         assert_eq!(t.paused_count(stale).webhook, 0);
-        // Long after, with the probe given up on (its answer lost): forgotten.
+        // Long after, with the probe given up on (its answer lost): forgotten — a day after,
+        // as it holds messages the outage cost an attempt (`KEEP_SPENT`); minutes after, if not.
         t.entries.lock().unwrap().get_mut(d).unwrap().probe = None;
-        let later = until + chrono::Duration::minutes(6);
+        let minutes = until + chrono::Duration::minutes(6);
+        assert_eq!(t.paused_count(minutes), Paused::default());
+        assert!(
+            !t.entries.lock().unwrap().is_empty(),
+            "kept for its messages"
+        );
+        let later = until + chrono::Duration::hours(25);
         assert_eq!(t.paused_count(later), Paused::default());
         assert!(t.entries.lock().unwrap().is_empty());
     }
@@ -819,34 +840,37 @@ mod tests {
         t.observe(d, &down(1), now());
         t.observe(d, &down(2), now());
         assert_eq!(t.observe(d, &ok(3), now()), Observed::default());
-        // A burst pauses it; the probe (2, already among them) is refused again; another
-        // message's reply that is not an acceptance (a 500) does not bring anyone back.
+        // A burst pauses it; the probe (2, already among them) is refused again.
         for m in 0..BURST_COUNT as i64 {
             t.observe(d, &down(m), now());
         }
         let until = t.paused_until(d, 2, now()).unwrap();
         assert_eq!(t.paused_until(d, 2, until), None, "2 probes");
-        assert!(t.pause(d, &down(2), until).is_some());
-        let failed = Answer {
-            class: Transient,
-            status: Some(500),
-            ..down(7)
-        };
-        assert_eq!(t.observe(d, &failed, until).back, Vec::<i64>::new());
-        // Accepted: each message the outage cost an attempt, once, in order; not the accepted
-        // one, which is done.
-        let back = t.observe(d, &ok(3), until);
-        assert_eq!(back.back, [0, 1, 2, 4]);
+        let until = t.pause(d, &down(2), until).unwrap();
+        // The next probe (9) is accepted: each message the outage cost an attempt, once, in
+        // order, comes back; not the accepted one, which is done.
+        assert_eq!(t.paused_until(d, 9, until), None, "9 probes");
+        let back = t.observe(d, &ok(9), until);
+        assert_eq!(back.back, [0, 1, 2, 3, 4]);
         assert_eq!(back.paused_until, None);
         // And then it is forgotten: the next acceptance brings nobody.
         assert_eq!(t.observe(d, &ok(5), until).back, Vec::<i64>::new());
+        // An acceptance that is not the probe's — a send on a connection opened before, which
+        // says nothing of new ones — brings nobody back (and ends the pause, as before).
+        for m in 0..BURST_COUNT as i64 {
+            t.observe(d, &down(m), now());
+        }
+        assert!(t.paused_until(d, 7, now()).is_some());
+        assert_eq!(t.observe(d, &ok(8), now()).back, Vec::<i64>::new());
+        assert_eq!(t.paused_until(d, 7, now()), None);
         // A relay refusing the session (its login) pauses at once: the message that met the
-        // refusal comes back with the relay.
+        // refusal comes back with the probe's acceptance.
         let refused = Answer {
             message: 11,
             ..smtp_kind(NotSent, Some(535), "smtp_auth_refused")
         };
-        assert!(t.pause(SMTP_RELAY, &refused, now()).is_some());
+        let until = t.pause(SMTP_RELAY, &refused, now()).unwrap();
+        assert_eq!(t.paused_until(SMTP_RELAY, 12, until), None, "12 probes");
         let relay_ok = Answer {
             message: 12,
             ..answer(Accepted, 250, None, true)
@@ -864,8 +888,41 @@ mod tests {
         for m in 0..MAX_BACK as i64 + 10 {
             t.observe(d, &down(100 + m), now());
         }
-        let back = t.observe(d, &ok(1), now()).back;
+        let until = t.paused_until(d, 1, now()).unwrap();
+        assert_eq!(t.paused_until(d, 1, until), None);
+        let back = t.observe(d, &ok(1), until).back;
         assert_eq!(back.len(), MAX_BACK);
         assert_eq!(back.first(), Some(&100));
+    }
+
+    /// The messages to bring back outlive the pause by far (their own backoff is longer: hours),
+    /// whatever else looks at the map meanwhile (the gauge's scrape forgets what is over); a
+    /// day after the last pause they are let go.
+    #[test]
+    fn the_messages_to_bring_back_are_kept_for_a_day_after_the_last_pause() {
+        let t = Throttle::new(Duration::from_secs(5), Duration::from_secs(30));
+        let d = "http://127.0.0.1:9";
+        let down = |message| Answer {
+            message,
+            is_smtp: false,
+            ..smtp_kind(AttemptClass::NotSent, None, "connect")
+        };
+        for m in 0..BURST_COUNT as i64 {
+            t.observe(d, &down(m), now());
+        }
+        let later = now() + chrono::Duration::hours(3);
+        assert_eq!(t.paused_count(later), Paused::default(), "not paused now");
+        assert_eq!(t.paused_until(d, 7, later), None, "7 probes");
+        let ok = Answer {
+            message: 7,
+            ..answer(AttemptClass::Accepted, 200, None, false)
+        };
+        assert_eq!(t.observe(d, &ok, later).back, [0, 1, 2, 3, 4]);
+        for m in 0..BURST_COUNT as i64 {
+            t.observe(d, &down(m), now());
+        }
+        let next_day = now() + chrono::Duration::hours(25);
+        t.paused_count(next_day);
+        assert!(t.entries.lock().unwrap().is_empty(), "let go");
     }
 }
