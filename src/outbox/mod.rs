@@ -163,7 +163,7 @@ impl NewMessage {
             Channel::Webhook => {
                 // The named endpoint, whose configured headers a message's own may not set.
                 let mut endpoint = None;
-                match webhook::WebhookTarget::parse(&self.destination) {
+                match webhook::WebhookTarget::parse_written(&self.destination) {
                     Ok(webhook::WebhookTarget::Endpoint(name)) => {
                         endpoint = limits.endpoints.and_then(|known| known.get(&name));
                         if let Some(known) = limits.endpoints

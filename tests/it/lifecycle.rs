@@ -982,7 +982,30 @@ async fn notify_wakes_on_postgres() {
     notify_wakes_the_sender_on_commit().await
 }
 
+/// A destination Herald's API now refuses as not written as meant (`http:/host`, a leading
+/// space) but that an application's SQL insert wrote, or that was stored before: sent as the URL
+/// parser takes it, as it always was — not dead-lettered at its next claim.
+async fn a_stored_url_the_api_would_refuse_is_still_sent(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let rx = Receiver::start().await;
+    let port = url::Url::parse(&rx.url).unwrap().port().unwrap();
+    app.raw_sql(&format!(
+        "INSERT INTO herald_outbox (event_id, channel, destination, payload) VALUES \
+         ('one-slash', 'webhook', 'http:/127.0.0.1:{port}/a', '{{\"body\": {{}}}}'), \
+         ('spaced', 'webhook', ' http://127.0.0.1:{port}/b', '{{\"body\": {{}}}}')"
+    ));
+    assert_eq!(app.run_until_idle().await, 2);
+    for id in ["one-slash", "spaced"] {
+        assert_eq!(app.message(id).await["state"], "delivered", "{id}");
+    }
+    let mut paths: Vec<String> = rx.requests().iter().map(|r| r.path.clone()).collect();
+    paths.sort();
+    assert_eq!(paths, ["/a", "/b"]);
+    app.stop().await;
+}
+
 both_backends!(
+    a_stored_url_the_api_would_refuse_is_still_sent,
     an_answer_echoing_the_endpoints_credentials_keeps_them_out_of_the_excerpt,
     requests_verify_with_the_standard_webhooks_library,
     named_endpoints_rotate_secrets_and_capture_provider_ids,

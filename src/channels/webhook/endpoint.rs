@@ -190,7 +190,7 @@ impl Endpoint {
             ),
         };
         let retry = e.retry.clone();
-        let url = super::parse_webhook_url(&e.url)
+        let url = super::parse_written_webhook_url(&e.url)
             .map_err(|m| InvalidField::new(format!("{key}.url"), m.to_string()))?;
         let mut keys = Vec::new();
         for s in e.secret.iter().chain(e.secrets.iter()) {

@@ -65,7 +65,9 @@ pub enum WebhookConfigError {
     UnsupportedScheme,
     #[error("must name a host")]
     NoHost,
-    #[error("must not begin or end with a space or a control character")]
+    #[error(
+        "must not begin or end with a space or a control character, nor hold a tab or a line break"
+    )]
     Untrimmed,
     #[error("must not name port 0, which cannot be connected to")]
     PortZero,
@@ -109,7 +111,23 @@ pub enum WebhookTarget {
 }
 
 impl WebhookTarget {
+    /// A stored destination, as the sender reads it: a URL as the URL parser takes it
+    /// ([`parse_webhook_url`]), which is how rows written before [`WebhookTarget::parse_written`]
+    /// (or by an application's SQL) have always been sent.
     pub fn parse(destination: &str) -> Result<Self, InvalidField> {
+        Self::parse_with(destination, parse_webhook_url)
+    }
+
+    /// A destination given to Herald (the API, `outbox::enqueue`): a URL only as written
+    /// ([`parse_written_webhook_url`]).
+    pub fn parse_written(destination: &str) -> Result<Self, InvalidField> {
+        Self::parse_with(destination, parse_written_webhook_url)
+    }
+
+    fn parse_with(
+        destination: &str,
+        url: fn(&str) -> Result<Url, WebhookConfigError>,
+    ) -> Result<Self, InvalidField> {
         if let Some(name) = destination.strip_prefix("endpoint:") {
             let ok = !name.is_empty()
                 && name.len() <= 64
@@ -130,30 +148,42 @@ impl WebhookTarget {
                 .map(Self::Type)
                 .map_err(|e| InvalidField::new("destination", e.to_string()));
         }
-        parse_webhook_url(destination)
-            .map(Self::Url)
-            .map_err(|e| match e {
-                // A message's destination may also name an endpoint or an event type (an endpoint's
-                // own URL may not: its error says only the first).
-                WebhookConfigError::UnsupportedScheme => InvalidField::new(
-                    "destination",
-                    "must be an http:// or https:// URL, endpoint:NAME or type:EVENT.TYPE",
-                ),
-                e => InvalidField::new("destination", e.to_string()),
-            })
+        url(destination).map(Self::Url).map_err(|e| match e {
+            // A message's destination may also name an endpoint or an event type (an endpoint's
+            // own URL may not: its error says only the first).
+            WebhookConfigError::UnsupportedScheme => InvalidField::new(
+                "destination",
+                "must be an http:// or https:// URL, endpoint:NAME or type:EVENT.TYPE",
+            ),
+            e => InvalidField::new("destination", e.to_string()),
+        })
     }
 }
 
-/// An absolute `http(s)://` URL with a host and no credentials, written as it is meant: the URL
-/// parser forgives what a destination should not have (`" http://a/"` is stored with its space
-/// and sent without; `http:///x` and `http:x` go to host `x`), so those are refused, as is port
-/// 0 (every attempt would fail to connect, for the whole retry budget).
+/// An absolute `http(s)://` URL with a host and no credentials, as the URL parser takes it.
 pub fn parse_webhook_url(raw: &str) -> Result<Url, WebhookConfigError> {
     let url = Url::parse(raw).map_err(WebhookConfigError::InvalidUrl)?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(WebhookConfigError::UnsupportedScheme);
     }
-    if raw.trim_matches(|c: char| c <= ' ') != raw {
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(WebhookConfigError::NoHost);
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(WebhookConfigError::Credentials);
+    }
+    Ok(url)
+}
+
+/// [`parse_webhook_url`], and written as it is meant: the URL parser forgives what a destination
+/// should not have — a space or control character at either end, a tab or line break anywhere
+/// (`" http://a/"` was stored with its space and sent without), a host not right after `//`
+/// (`http:///x` and `http:x` go to host `x`) — so those are refused, as is port 0 (every attempt
+/// would fail to connect, for the whole retry budget). For what a user gives Herald: a message's
+/// destination and an endpoint's `url`; the sender reads stored rows as they always were.
+pub fn parse_written_webhook_url(raw: &str) -> Result<Url, WebhookConfigError> {
+    let url = parse_webhook_url(raw)?;
+    if raw.trim_matches(|c: char| c <= ' ') != raw || raw.contains(['\t', '\n', '\r']) {
         return Err(WebhookConfigError::Untrimmed);
     }
     // What follows `scheme:` is `//` and then the host: not a third slash (or backslash).
@@ -161,14 +191,11 @@ pub fn parse_webhook_url(raw: &str) -> Result<Url, WebhookConfigError> {
     let written_with_host = after
         .strip_prefix("//")
         .is_some_and(|host| !host.starts_with(['/', '\\']));
-    if url.host_str().is_none_or(str::is_empty) || !written_with_host {
+    if !written_with_host {
         return Err(WebhookConfigError::NoHost);
     }
     if url.port() == Some(0) {
         return Err(WebhookConfigError::PortZero);
-    }
-    if !url.username().is_empty() || url.password().is_some() {
-        return Err(WebhookConfigError::Credentials);
     }
     Ok(url)
 }
@@ -926,15 +953,19 @@ mod tests {
             "is not a valid URL (relative URL without a base)"
         );
         assert_eq!(url("ftp://a/b"), "must be an http:// or https:// URL");
-        // What the URL parser forgives, and a destination should not have.
+        // What the URL parser forgives, and a destination given to Herald should not have
+        // (a stored one is sent as the parser takes it).
+        let url = |raw| parse_written_webhook_url(raw).unwrap_err().to_string();
+        assert!(parse_webhook_url("http:///x").is_ok());
         for untrimmed in [
             " http://a.example/",
             "http://a.example/\t",
             "http://a.example/\n",
+            "http://exa\nmple.com/",
         ] {
             assert_eq!(
                 url(untrimmed),
-                "must not begin or end with a space or a control character",
+                "must not begin or end with a space or a control character, nor hold a tab or a line break",
                 "{untrimmed:?}"
             );
         }
@@ -956,7 +987,7 @@ mod tests {
             "https://a.example:8443/x?y=1",
             "http://[::1]:9/",
         ] {
-            assert!(parse_webhook_url(fine).is_ok(), "{fine}");
+            assert!(parse_written_webhook_url(fine).is_ok(), "{fine}");
         }
         assert_eq!(
             url("https://u:p@a.example/"),
