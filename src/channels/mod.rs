@@ -175,7 +175,7 @@ impl Limit {
 /// relay's login). Each is found a character at a time, each character as written or as any echo
 /// encodes it — escaped for JSON (`\/`, `\u002f`), as an HTML entity (`&#43;`, `&#x2F;`,
 /// `&amp;`), percent-encoded, `+` and a space for each other — in any mix of them and in any
-/// ASCII case ([`char_ends`]), so that every encoder's own choice of what to escape is covered;
+/// ASCII case ([`spellings`]), so that every encoder's own choice of what to escape is covered;
 /// and by its base64. A run that spells the first half of a secret or more (8 bytes at least)
 /// is hidden too: an echo cut short, or a receiver showing a token's beginning. Made
 /// once, with the configuration; `Debug` shows only how many.
@@ -229,15 +229,45 @@ impl Secrets {
         let lower = text.to_ascii_lowercase();
         let t = lower.as_bytes();
         let mut hidden = vec![false; t.len()];
-        let (mut ends, mut next) = (Vec::new(), Vec::new());
+        let mut scratch = Scratch::default();
+        // Each encoded character of the answer (`%…`, `\\…`, `&…`) and the byte it spells, read
+        // once for every secret alike.
+        let mut escapes: Vec<(u8, usize)> = Vec::new();
+        let mut escaped: Vec<(usize, u8)> = Vec::new();
+        for p in memchr::memchr3_iter(b'%', b'\\', b'&', t) {
+            escapes.clear();
+            spellings(t, p, &mut escapes);
+            escaped.extend(escapes.iter().skip(1).map(|(b, _)| (p, *b)));
+        }
         for secret in &self.plain {
             // Half of it, and 8 bytes at least (all of a shorter one).
             let least = secret
                 .len()
                 .min(secret.len().div_ceil(2).max(SHORTEST_PART));
+            // Only where its first character begins, as written or encoded: every other byte of
+            // an answer (up to 64 KiB) is passed over at once (memchr's vectorized search).
+            let first = secret[0];
+            let other = match first {
+                b'+' => b' ',
+                b' ' => b'+',
+                b => b,
+            };
+            let mut written = memchr::memchr2_iter(first, other, t).peekable();
+            let mut encoded = escaped
+                .iter()
+                .filter(|(_, b)| *b == first)
+                .map(|(p, _)| *p)
+                .peekable();
             let mut at = 0;
-            while at < t.len() {
-                match spelled(&lower, at, secret, least, &mut ends, &mut next) {
+            loop {
+                while written.next_if(|p| *p < at).is_some() {}
+                while encoded.next_if(|p| *p < at).is_some() {}
+                at = match (written.peek(), encoded.peek()) {
+                    (Some(a), Some(b)) => *a.min(b),
+                    (Some(a), None) | (None, Some(a)) => *a,
+                    (None, None) => break,
+                };
+                match spelled(&lower, at, secret, least, &mut scratch) {
                     Some(end) => {
                         hidden[at..end].fill(true);
                         at = end;
@@ -271,26 +301,42 @@ impl Secrets {
     }
 }
 
+/// Room [`spelled`] reuses from one position to the next: the ends reached so far (an encoding
+/// may be read in more than one way: `%` alone, or `%25`), the next ones, and one position's
+/// spellings.
+#[derive(Default)]
+struct Scratch {
+    ends: Vec<usize>,
+    next: Vec<usize>,
+    spellings: Vec<(u8, usize)>,
+}
+
 /// The end of the longest run of `text` from `at` that spells `secret`, or at least its first
-/// `least` bytes, each as written or encoded ([`char_ends`]), ending on a character boundary;
-/// `None` if there is none. `ends` and `next`: room for the ends reached so far (an encoding may
-/// be read in more than one way: `%` alone, or `%25`).
+/// `least` bytes, each character as written or encoded ([`spellings`]), ending on a character
+/// boundary — a part of it only where no letter or digit follows (`application/` of a secret
+/// `application/json` in `application/xml` is another word); `None` if there is none.
 fn spelled(
     text: &str,
     at: usize,
     secret: &[u8],
     least: usize,
-    ends: &mut Vec<usize>,
-    next: &mut Vec<usize>,
+    scratch: &mut Scratch,
 ) -> Option<usize> {
     let t = text.as_bytes();
+    let Scratch {
+        ends,
+        next,
+        spellings: here,
+    } = scratch;
     ends.clear();
     ends.push(at);
-    let mut best = None;
+    let mut matched = 0;
     for (k, &c) in secret.iter().enumerate() {
         next.clear();
         for &j in ends.iter() {
-            char_ends(t, j, c, next);
+            here.clear();
+            spellings(t, j, here);
+            next.extend(here.iter().filter(|(b, _)| *b == c).map(|(_, end)| *end));
         }
         if next.is_empty() {
             break;
@@ -298,13 +344,16 @@ fn spelled(
         next.sort_unstable();
         next.dedup();
         std::mem::swap(ends, next);
-        if k + 1 >= least
-            && let Some(end) = ends.iter().rev().find(|e| text.is_char_boundary(**e))
-        {
-            best = Some(*end);
-        }
+        matched = k + 1;
     }
-    best
+    // The longest run only: a shorter one inside it is no part standing alone. A part ends
+    // where the text's word does (no letter or digit after it: an echo cut short, `…`).
+    let end = ends.iter().copied().max()?;
+    let stands_alone = || {
+        text.get(end..)
+            .is_some_and(|after| after.chars().next().is_none_or(|c| !c.is_alphanumeric()))
+    };
+    (matched == secret.len() || (matched >= least && stands_alone())).then_some(end)
 }
 
 /// HTML's named references an echo may write a secret's characters with.
@@ -319,46 +368,46 @@ const NAMED: &[(&[u8], u8)] = &[
     (b"equals;", b'='),
 ];
 
-/// Pushes onto `out` the end of each way `t` spells the (lower-case) byte `c` from `j`: as
-/// written in any ASCII case, `+` for a space and a space for `+` (a form's encoding and
-/// decoding), `%hh`, JSON's `\u00hh` (also escaped again, `\\u00hh`) and `\/`, `\\/`, `\"`,
-/// `\\`, HTML's `&#ddd;`, `&#xhh;` and named references. `t` is lower-cased already.
-fn char_ends(t: &[u8], j: usize, c: u8, out: &mut Vec<usize>) {
+/// Pushes onto `out` each way `t` spells one character from `j`, as (the byte it spells,
+/// lower-cased; where it ends): as written (`t` is lower-cased already), a space for `+` and `+`
+/// for a space (a form's encoding and decoding), `%hh`, JSON's `\u00hh` (also escaped again,
+/// `\\u00hh`) and `\/`, `\\/`, `\"`, `\\`, HTML's `&#ddd;`, `&#xhh;` and named references.
+fn spellings(t: &[u8], j: usize, out: &mut Vec<(u8, usize)>) {
     let rest = &t[j.min(t.len())..];
     let Some(&first) = rest.first() else {
         return;
     };
-    let is = |b: u8| b.to_ascii_lowercase() == c;
+    // Two hex digits (`from_str_radix` alone would take a sign: `%+f`).
     let hex = |h: &[u8]| {
-        std::str::from_utf8(h)
-            .ok()
+        h.iter()
+            .all(u8::is_ascii_hexdigit)
+            .then(|| std::str::from_utf8(h).ok())
+            .flatten()
             .and_then(|h| u8::from_str_radix(h, 16).ok())
+            .map(|b| b.to_ascii_lowercase())
     };
-    if first == c || (c == b'+' && first == b' ') || (c == b' ' && first == b'+') {
-        out.push(j + 1);
-    }
+    out.push((first, j + 1));
     match first {
+        b'+' => out.push((b' ', j + 1)),
+        b' ' => out.push((b'+', j + 1)),
         b'%' => {
-            if let Some(b) = rest.get(1..3).and_then(hex)
-                && is(b)
-            {
-                out.push(j + 3);
+            if let Some(b) = rest.get(1..3).and_then(hex) {
+                out.push((b, j + 3));
             }
         }
         b'\\' => {
             for (prefix, len) in [(&b"\\u00"[..], 6), (&b"\\\\u00"[..], 7)] {
                 if rest.starts_with(prefix)
                     && let Some(b) = rest.get(len - 2..len).and_then(hex)
-                    && is(b)
                 {
-                    out.push(j + len);
+                    out.push((b, j + len));
                 }
             }
-            if matches!(c, b'/' | b'"' | b'\\') && rest.get(1) == Some(&c) {
-                out.push(j + 2);
+            if let Some(&c @ (b'/' | b'"' | b'\\')) = rest.get(1) {
+                out.push((c, j + 2));
             }
-            if c == b'/' && rest.starts_with(b"\\\\/") {
-                out.push(j + 3);
+            if rest.starts_with(b"\\\\/") {
+                out.push((b'/', j + 3));
             }
         }
         b'&' => {
@@ -373,17 +422,20 @@ fn char_ends(t: &[u8], j: usize, c: u8, out: &mut Vec<usize>) {
                     .count()
                     .min(8);
                 if digits.get(n) == Some(&b';')
-                    && let Ok(b) = std::str::from_utf8(&digits[..n])
-                        .map_err(|_| ())
-                        .and_then(|d| u32::from_str_radix(d, radix).map_err(|_| ()))
-                    && u8::try_from(b).is_ok_and(is)
+                    && let Some(b) = std::str::from_utf8(&digits[..n])
+                        .ok()
+                        .and_then(|d| u32::from_str_radix(d, radix).ok())
+                        .and_then(|b| u8::try_from(b).ok())
                 {
-                    out.push(j + (rest.len() - digits.len()) + n + 1);
+                    out.push((
+                        b.to_ascii_lowercase(),
+                        j + (rest.len() - digits.len()) + n + 1,
+                    ));
                 }
             }
             for (name, ch) in NAMED {
-                if *ch == c && rest[1..].starts_with(name) {
-                    out.push(j + 1 + name.len());
+                if rest[1..].starts_with(name) {
+                    out.push((*ch, j + 1 + name.len()));
                 }
             }
         }
@@ -525,13 +577,29 @@ mod tests {
         let accented = ["abcdefgh-ö-tail".to_owned()];
         assert_eq!(
             Secrets::new(&accented).hide("abcdefgh-õ."),
-            "[secret]õ.",
-            "the part before the differing character"
+            "abcdefgh-õ.",
+            "another word, its letter differing within a character"
         );
+        assert_eq!(Secrets::new(&accented).hide("abcdefgh-ö…"), "[secret]…");
         assert_eq!(
             Secrets::new(&accented).hide("x abcdefgh-ö-tail"),
             "x [secret]"
         );
+        // A part followed by a letter or digit is another word sharing its beginning.
+        let header = ["application/json".to_owned()];
+        assert_eq!(
+            Secrets::new(&header).hide("expected application/xml"),
+            "expected application/xml"
+        );
+        assert_eq!(
+            Secrets::new(&header).hide("got application/js…"),
+            "got [secret]…"
+        );
+        // `%` takes two hex digits, not a sign.
+        let percent = ["ab%cd-1234".to_owned()];
+        assert_eq!(Secrets::new(&percent).hide("ab%25cd-1234"), "[secret]");
+        let control = ["ab\u{f}cd-1234".to_owned()];
+        assert_eq!(Secrets::new(&control).hide("ab%+fcd-1234"), "ab%+fcd-1234");
     }
 
     #[test]
