@@ -59,10 +59,11 @@ pub struct Observed {
     /// The pause it started (or armed again), if it did.
     pub paused_until: Option<DateTime<Utc>>,
     /// The probe's acceptance, after a pause because the destination could not be reached or
-    /// refused Herald's session: the messages that spent an attempt on that meanwhile (up to
-    /// [`MAX_BACK`], the accepted one not among them), to be tried again now rather than at
-    /// their own backoff, which grew while it was down (a probe's could reach hours), while
-    /// the messages held without an attempt came back at the end of the pause.
+    /// refused Herald's session: the messages that spent an attempt on that meanwhile, to be
+    /// tried again now rather than at their own backoff, which grew while it was down (a
+    /// probe's could reach hours), and those held while the probe was out (up to [`MAX_BACK`]
+    /// in all, the accepted one not among them). Those held by the pause itself come back at
+    /// its end.
     pub back: Vec<i64>,
 }
 
@@ -165,8 +166,9 @@ struct Entry {
     /// makes a burst within [`BURST_WINDOW`], and a relay dropping connections silently cost
     /// every message its attempts. Any reply ends the row.
     unreachable: usize,
-    /// The messages whose try could not reach the destination or was refused its session, in
-    /// the order they came, each once, at most [`MAX_BACK`] ([`Observed::back`]).
+    /// The messages whose try could not reach the destination or was refused its session, and
+    /// those held while a probe was out, in the order they came, each once, at most
+    /// [`MAX_BACK`] ([`Observed::back`]).
     spent: Vec<i64>,
 }
 
@@ -227,12 +229,21 @@ impl Throttle {
         }
         let timeout = chrono::Duration::from_std(self.probe_timeout).unwrap_or_default();
         match e.probe {
-            // Held a second at least: a small retry base would claim and put back every held
-            // message many times a second while the probe is out.
-            Some((id, since)) if id != message && now - since < timeout => Some(
-                now + chrono::Duration::from_std(self.base.max(Duration::from_secs(1)))
-                    .unwrap_or_default(),
-            ),
+            // Held a second at least (a small retry base would claim and put back every held
+            // message many times a second while the probe is out), and no longer than the
+            // probe's answer may take: a retry base of 15 minutes held them that long after the
+            // probe was accepted. The probe's acceptance brings them back at once
+            // ([`Observed::back`]).
+            Some((id, since)) if id != message && now - since < timeout => {
+                if e.spent.len() < MAX_BACK && !e.spent.contains(&message) {
+                    e.spent.push(message);
+                }
+                let hold = self.base.clamp(
+                    Duration::from_secs(1),
+                    self.probe_timeout.max(Duration::from_secs(1)),
+                );
+                Some(now + chrono::Duration::from_std(hold).unwrap_or_default())
+            }
             // The probe, asking again just before its request (after waiting for a send slot):
             // its time runs from the request.
             _ => {
@@ -850,8 +861,10 @@ mod tests {
         // The next probe (9) is accepted: each message the outage cost an attempt, once, in
         // order, comes back; not the accepted one, which is done.
         assert_eq!(t.paused_until(d, 9, until), None, "9 probes");
+        // 10, held while the probe is out, comes back with its acceptance too.
+        assert!(t.paused_until(d, 10, until).is_some());
         let back = t.observe(d, &ok(9), until);
-        assert_eq!(back.back, [0, 1, 2, 3, 4]);
+        assert_eq!(back.back, [0, 1, 2, 3, 4, 10]);
         assert_eq!(back.paused_until, None);
         // And then it is forgotten: the next acceptance brings nobody.
         assert_eq!(t.observe(d, &ok(5), until).back, Vec::<i64>::new());
@@ -893,6 +906,25 @@ mod tests {
         let back = t.observe(d, &ok(1), until).back;
         assert_eq!(back.len(), MAX_BACK);
         assert_eq!(back.first(), Some(&100));
+    }
+
+    /// While the probe is out, the others are held for the retry base, but no longer than the
+    /// probe's answer may take (its acceptance brings them back; a failure pauses again).
+    #[test]
+    fn messages_held_for_a_probe_wait_no_longer_than_its_answer_may_take() {
+        let t = Throttle::new(Duration::from_secs(900), Duration::from_secs(30));
+        let refused = smtp_kind(AttemptClass::NotSent, Some(535), "smtp_auth_refused");
+        let until = t.pause(SMTP_RELAY, &refused, now()).unwrap();
+        assert_eq!(
+            until - now(),
+            chrono::Duration::seconds(300),
+            "the longest pause"
+        );
+        assert_eq!(t.paused_until(SMTP_RELAY, 1, until), None, "1 probes");
+        assert_eq!(
+            t.paused_until(SMTP_RELAY, 2, until),
+            Some(until + chrono::Duration::seconds(30))
+        );
     }
 
     /// The messages to bring back outlive the pause by far (their own backoff is longer: hours),
