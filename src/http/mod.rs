@@ -474,7 +474,7 @@ async fn read_body(
     responses(
         (status = 201, description = "Created", body = openapi::Enqueued),
         (status = 200, description = "A message with this event id was already there (enqueued by this token); it stands as it was stored", body = openapi::Enqueued,
-            headers(("Herald-Existing" = String, description = "`same-request` (this request is the stored message's: same channel, destination, event id and content), `different-request` (another request under the same event id: not stored), or `unknown` (a fan-out, or a row written by SQL without a fingerprint yet)"))),
+            headers(("Herald-Existing" = String, description = "`same-request` (this request is the stored message's: same channel, destination, event id and content, semantics, max_attempts, expires_at and ordering_key, and scheduled_at where it gives one), `different-request` (another request under the same event id: not stored), or `unknown` (a fan-out, or a row written by SQL without a fingerprint yet)"))),
         (status = 400, description = "The body is not JSON", body = ProblemBody, content_type = "application/problem+json"),
         (status = 409, description = "The event id was taken by another token (`event-id-taken`)", body = ProblemBody, content_type = "application/problem+json"),
         (status = 413, description = "The body is too large", body = ProblemBody, content_type = "application/problem+json"),
@@ -577,20 +577,20 @@ async fn create_message(
             return Ok(Ok(Planned::Plain(Box::new(row), coming)));
         }
         drop(coming);
-        let asked = row.request_fingerprint.clone();
+        let asked = Asked::of(&row);
         Ok(db
             .enqueue(&row)?
             .map(|(created, stored)| Planned::Stored(created, stored, asked)))
     })
     .await??
     .map_err(Problem::invalid)?;
-    // `asked`: this request's fingerprint, to tell a repeat of the stored request from another
-    // request under its event id.
+    // `asked`: what of this request tells a repeat of the stored request from another request
+    // under its event id.
     let (created, stored, asked) = match planned {
-        Planned::Written(w) => (false, Err(w), None),
-        Planned::Stored(created, stored, asked) => (created, Ok(stored), asked),
+        Planned::Written(w) => (false, Err(w), None::<Asked>),
+        Planned::Stored(created, stored, asked) => (created, Ok(stored), Some(asked)),
         Planned::Plain(row, coming) => {
-            let asked = row.request_fingerprint.clone();
+            let asked = Some(Asked::of(&row));
             let (created, stored) = state
                 .message_writer
                 .enqueue(coming, *row)
@@ -642,6 +642,16 @@ async fn create_message(
         p.field = Some("event_id".into());
         return Err(p);
     }
+    let existing = match (&written, &asked) {
+        (Written::Message(false, stored, _), Some(asked)) => {
+            let existing = asked.existing(stored);
+            if existing == EXISTING_DIFFERENT {
+                tracing::info!(event_id = %crate::telemetry::LogEventId(&stored.event_id), token = %who.name, "event id already there with another request: the stored message stands");
+            }
+            existing
+        }
+        _ => EXISTING_UNKNOWN,
+    };
     // Committed: only now is it acknowledged.
     let view = match written {
         Written::Message(created, stored, receipts) => {
@@ -671,17 +681,6 @@ async fn create_message(
         }
         Ok(HttpResponse::Created().printable_json(&view))
     } else {
-        let existing = match (
-            asked.as_deref(),
-            view.get("fingerprint").and_then(serde_json::Value::as_str),
-        ) {
-            (Some(a), Some(b)) if a == b => EXISTING_SAME,
-            (Some(_), Some(_)) => {
-                tracing::info!(event_id = %crate::telemetry::LogEventId(view.get("event_id").and_then(serde_json::Value::as_str).unwrap_or("")), token = %who.name, "event id already there with another request: the stored message stands");
-                EXISTING_DIFFERENT
-            }
-            _ => EXISTING_UNKNOWN,
-        };
         Ok(HttpResponse::Ok()
             .insert_header((EXISTING_HEADER, existing))
             .printable_json(&view))
@@ -689,10 +688,54 @@ async fn create_message(
 }
 
 /// On a 200 of `POST /v1/messages` (its event id was there already): whether this request is
-/// the stored message's — the same fingerprint: channel, destination, event id and what is
-/// sent — or another one, which is not stored (the event id's first request stands), or
-/// cannot be told (a fan-out, or a row written by SQL that has no fingerprint yet).
+/// the stored message's ([`Asked`]) or another one, which is not stored (the event id's first
+/// request stands), or cannot be told (a fan-out, or a row written by SQL that has no
+/// fingerprint yet).
 pub const EXISTING_HEADER: &str = "Herald-Existing";
+
+/// What of a request to `POST /v1/messages` makes it the stored message's own: the same
+/// fingerprint (channel, destination, event id, what is sent), semantics, budget, expiry and
+/// ordering key, and its `scheduled_at` where it gives one (one that gives none asks for
+/// "now", which a repeat's "now" is not).
+struct Asked {
+    fingerprint: Option<String>,
+    semantics: crate::domain::Semantics,
+    max_attempts: Option<i32>,
+    scheduled_at: Option<DateTime<Utc>>,
+    expires_at: Option<DateTime<Utc>>,
+    ordering_key: Option<String>,
+}
+
+impl Asked {
+    fn of(row: &crate::storage::models::NewOutboxRow) -> Self {
+        Self {
+            fingerprint: row.request_fingerprint.clone(),
+            semantics: row.semantics,
+            max_attempts: row.max_attempts,
+            scheduled_at: row.scheduled_at,
+            expires_at: row.expires_at,
+            ordering_key: row.ordering_key.clone(),
+        }
+    }
+
+    /// The `Herald-Existing` value for `stored`, the message already under its event id.
+    fn existing(&self, stored: &crate::storage::models::OutboxRow) -> &'static str {
+        let (Some(asked), Some(had)) = (&self.fingerprint, &stored.request_fingerprint) else {
+            return EXISTING_UNKNOWN;
+        };
+        let same = asked == had
+            && self.semantics == stored.semantics
+            && self.max_attempts == stored.max_attempts
+            && self.expires_at == stored.expires_at
+            && self.ordering_key == stored.ordering_key
+            && self.scheduled_at.is_none_or(|t| t == stored.scheduled_at);
+        if same {
+            EXISTING_SAME
+        } else {
+            EXISTING_DIFFERENT
+        }
+    }
+}
 const EXISTING_SAME: &str = "same-request";
 const EXISTING_DIFFERENT: &str = "different-request";
 const EXISTING_UNKNOWN: &str = "unknown";
@@ -701,8 +744,8 @@ const EXISTING_UNKNOWN: &str = "unknown";
 /// a transaction of its own (PostgreSQL), or a message for the group writer.
 enum Planned {
     Written(Written),
-    /// Whether it was created, the stored row, and the request's fingerprint.
-    Stored(bool, crate::storage::models::OutboxRow, Option<String>),
+    /// Whether it was created, the stored row, and what of the request tells it from another.
+    Stored(bool, crate::storage::models::OutboxRow, Asked),
     Plain(
         Box<crate::storage::models::NewOutboxRow>,
         crate::storage::group_commit::Coming,

@@ -700,6 +700,35 @@ async fn duplicate_event_id_sends_once(backend: Backend) {
         .await;
     assert_eq!(r3.status(), 200);
     assert_eq!(r3.headers()["herald-existing"], "same-request");
+    // The same content asked with another time, budget or semantics is another request too.
+    for (key, value) in [
+        ("scheduled_at", json!("2031-01-01T00:00:00Z")),
+        ("expires_at", json!("2031-01-01T00:00:00Z")),
+        ("max_attempts", json!(3)),
+        ("semantics", json!("at_most_once")),
+    ] {
+        let mut again = webhook("dup-1", &rx.url, json!({"v": 1}));
+        again[key] = value;
+        let r = app.post_message(again).await;
+        assert_eq!(r.status(), 200, "{key}");
+        assert_eq!(r.headers()["herald-existing"], "different-request", "{key}");
+    }
+    // A repeat of one that gave them all is its own, times read back to the microsecond.
+    let mut full = webhook("dup-full", &rx.url, json!({"v": 9}));
+    full["scheduled_at"] = json!("2031-01-01T00:00:00.1234567Z");
+    full["expires_at"] = json!("2031-01-02T00:00:00+01:00");
+    full["max_attempts"] = json!(3);
+    full["semantics"] = json!("at_most_once");
+    for (status, existing) in [(201, None), (200, Some("same-request"))] {
+        let r = app.post_message(full.clone()).await;
+        assert_eq!(r.status(), status);
+        assert_eq!(
+            r.headers()
+                .get("herald-existing")
+                .map(|v| v.to_str().unwrap()),
+            existing
+        );
+    }
     // Idempotency-Key header as the event id.
     let no_id = json!({"channel": "webhook", "destination": rx.url, "payload": {"body": {"v": 3}}});
     for expected in [201, 200] {
