@@ -71,6 +71,12 @@ pub enum WebhookConfigError {
     Untrimmed,
     #[error("must not name port 0, which cannot be connected to")]
     PortZero,
+    #[error(
+        "must name its host and port as the URL parser reads them: no empty port or user part, \
+         and no host it reads as another (full-width digits, an ideographic full stop, a soft \
+         hyphen)"
+    )]
+    HostNotAsWritten,
     #[error("must not carry credentials; configure an endpoint with auth instead")]
     Credentials,
     #[error("header {0:?} is set by Herald")]
@@ -188,14 +194,40 @@ pub fn parse_written_webhook_url(raw: &str) -> Result<Url, WebhookConfigError> {
     }
     // What follows `scheme:` is `//` and then the host: not a third slash (or backslash).
     let after = raw.get(url.scheme().len() + 1..).unwrap_or("");
-    let written_with_host = after
+    let Some(authority) = after
         .strip_prefix("//")
-        .is_some_and(|host| !host.starts_with(['/', '\\']));
-    if !written_with_host {
+        .filter(|host| !host.starts_with(['/', '\\']))
+    else {
         return Err(WebhookConfigError::NoHost);
-    }
+    };
     if url.port() == Some(0) {
         return Err(WebhookConfigError::PortZero);
+    }
+    // The host and port as written are the ones the parser read (in any ASCII case): `host:`
+    // connected to the scheme's port, `@host` was taken, and `１２７.0.0.1` went to 127.0.0.1.
+    let authority = authority
+        .split(['/', '?', '#', '\\'])
+        .next()
+        .unwrap_or_default();
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if !authority.ends_with(']') => (h, Some(p)),
+        _ => (authority, None),
+    };
+    let read = url.host_str().unwrap_or_default();
+    // Another notation of the same address (`2130706433`, `[::ffff:10.0.0.1]`), which the SSRF
+    // guard then judges; an internationalized name, written in Unicode.
+    let address = host.is_ascii() && !matches!(url.host(), Some(url::Host::Domain(_)));
+    let idn = !host.is_ascii() && read.split('.').any(|label| label.starts_with("xn--"));
+    let host_as_read = host.eq_ignore_ascii_case(read) || address || idn;
+    let port_as_read = port.is_none_or(|p| {
+        !p.is_empty()
+            && p.bytes().all(|b| b.is_ascii_digit())
+            && p.parse().ok() == url.port_or_known_default()
+    });
+    // A user part, even an empty one, is no part of a destination (a filled one is refused
+    // above as credentials).
+    if !host_as_read || !port_as_read || authority.contains('@') {
+        return Err(WebhookConfigError::HostNotAsWritten);
     }
     Ok(url)
 }
@@ -982,8 +1014,28 @@ mod tests {
             url("http://127.0.0.1:0/x"),
             "must not name port 0, which cannot be connected to"
         );
+        for odd in [
+            "http://127.0.0.1:/x",
+            "http://@127.0.0.1:19250/x",
+            "http://\u{ff11}\u{ff12}\u{ff17}.0.0.1:19250/x",
+            "http://127\u{3002}0.0.1/x",
+            "http://127.0.0.1\u{ad}:19250/x",
+            "http://exa\u{ad}mple.com/",
+        ] {
+            assert!(
+                url(odd).starts_with("must name its host and port as the URL parser reads them"),
+                "{odd}: {}",
+                url(odd)
+            );
+        }
         for fine in [
             "HTTP://a.example/",
+            "https://A.Example:443/",
+            "https://b\u{fc}cher.example/",
+            "http://127.1/",
+            "http://2130706433/",
+            "http://[::ffff:10.0.0.1]/",
+            "http://[::1]/",
             "https://a.example:8443/x?y=1",
             "http://[::1]:9/",
         ] {
