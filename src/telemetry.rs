@@ -87,20 +87,35 @@ pub fn mask_email(address: &str) -> String {
     format!("{}***@{}***{}", first(local), first(host), tld)
 }
 
+/// How an address's `@` may be written: as it is, percent-encoded (a URL), as an HTML
+/// reference, JSON-escaped, or full-width. Lower case (the text is compared so).
+const AT_SIGNS: &[&str] = &[
+    "@", "%40", "&#64;", "&#x40;", "&commat;", "\\u0040", "\u{ff20}",
+];
+
+/// Where the first `@` of `text` is, however written ([`AT_SIGNS`]), and how long it is there.
+fn at_sign(text: &str) -> Option<(usize, usize)> {
+    if !text
+        .bytes()
+        .any(|b| matches!(b, b'@' | b'%' | b'&' | b'\\' | 0xef))
+    {
+        return None;
+    }
+    let lower = text.to_ascii_lowercase();
+    AT_SIGNS
+        .iter()
+        .filter_map(|sign| lower.find(sign).map(|i| (i, sign.len())))
+        .min()
+}
+
 /// `text` with every `:`-separated part that holds an address masked (a provider's composite
-/// event id such as Postmark's `Delivery:ID:ada@example.com:TIME`).
+/// event id such as Postmark's `Delivery:ID:ada@example.com:TIME`), its `@` written in any of
+/// the ways an echo writes it (`ada%40example.com`, `ada&#64;example.com`, `ada＠example.com`).
 pub fn mask_emails_in(text: &str) -> String {
     text.split(':')
-        .map(|part| {
-            if part.contains('@') {
-                mask_email(part)
-            } else if let Some(at) = part.to_ascii_lowercase().find("%40") {
-                // Percent-encoded (`ada%40example.com`, as a URL carries it): masked as the
-                // address it is.
-                mask_email(&format!("{}@{}", &part[..at], &part[at + 3..]))
-            } else {
-                part.to_owned()
-            }
+        .map(|part| match at_sign(part) {
+            Some((at, len)) => mask_email(&format!("{}@{}", &part[..at], &part[at + len..])),
+            None => part.to_owned(),
         })
         .collect::<Vec<_>>()
         .join(":")
@@ -114,8 +129,8 @@ pub struct LogEventId<'a>(pub &'a str);
 impl std::fmt::Display for LogEventId<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let id = self.0;
-        // `%40` has no letters: no case to fold (and no allocation on the send path).
-        if id.contains('@') || id.contains("%40") {
+        // No allocation on the send path for an id without an `@` however written.
+        if at_sign(id).is_some() {
             f.write_str(&mask_emails_in(id))
         } else {
             f.write_str(id)
@@ -226,6 +241,18 @@ mod tests {
         );
         assert!(!mask_emails_in("x:ADA%40EXAMPLE.COM").contains("ADA%40"));
         assert_eq!(mask_emails_in("100%25:plain"), "100%25:plain");
+        // An `@` written as an echo may write it: an HTML reference, JSON-escaped, full-width.
+        for written in [
+            "nina\\u0040example.com",
+            "nina&#64;example.com",
+            "NINA&#X40;EXAMPLE.COM",
+            "nina&commat;example.com",
+            "nina\u{ff20}example.com",
+        ] {
+            let masked = mask_emails_in(&format!("x:{written}"));
+            assert_eq!(masked.to_ascii_lowercase(), "x:n***@e***.com", "{written}");
+        }
+        assert_eq!(mask_emails_in("a&b:c\\d"), "a&b:c\\d");
     }
 
     #[test]
