@@ -276,8 +276,10 @@ impl NewMessage {
                 errors.push(e);
             }
         }
-        let scheduled_at = self.scheduled_at.unwrap_or(now);
-        match self.expires_at {
+        // As they will be stored (a leap second the next minute's first, to the microsecond):
+        // `23:59:60` scheduled and the next `00:00:00` expiring were taken, and stored equal.
+        let scheduled_at = self.scheduled_at.map_or(now, trunc);
+        match self.expires_at.map(trunc) {
             // Taken, it would only ever be `expired`, never sent.
             Some(expires) if expires <= now => errors.push(InvalidField::new(
                 "expires_at",
@@ -936,6 +938,13 @@ mod tests {
         assert!(e[0].message.contains("later than scheduled_at"), "{e:?}");
         m.expires_at = Some(now() + hour * 3);
         assert!(m.prepare(&Limits::default(), now()).is_ok());
+        // Compared as stored: a leap second is the next minute's first, so expiring then is
+        // expiring when it is scheduled (both were taken, and stored equal).
+        let at = |s: &str| chrono::DateTime::parse_from_rfc3339(s).unwrap().to_utc();
+        m.scheduled_at = Some(at("2030-06-30T23:59:60Z"));
+        m.expires_at = Some(at("2030-07-01T00:00:00Z"));
+        let e = m.prepare(&Limits::default(), now()).unwrap_err();
+        assert!(e[0].message.contains("later than scheduled_at"), "{e:?}");
     }
 
     /// Times both backends store (years 1–9999 in UTC), and a destination an index entry holds.
