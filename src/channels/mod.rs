@@ -347,13 +347,22 @@ fn spelled(
         matched = k + 1;
     }
     // The longest run only: a shorter one inside it is no part standing alone. A part ends
-    // where the text's word does (no letter or digit after it: an echo cut short, `…`).
-    let end = ends.iter().copied().max()?;
+    // where the text's word does (no letter or digit after it: an echo cut short, `…`), or
+    // spells more than three quarters of the secret (a token echoed with its last characters
+    // changed or masked); one that stops inside a character ends before it.
+    let mut end = ends.iter().copied().max()?;
+    if matched == secret.len() {
+        return Some(end);
+    }
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
     let stands_alone = || {
         text.get(end..)
             .is_some_and(|after| after.chars().next().is_none_or(|c| !c.is_alphanumeric()))
     };
-    (matched == secret.len() || (matched >= least && stands_alone())).then_some(end)
+    let most = matched * 4 > secret.len() * 3;
+    (end > at && matched >= least && (most || stands_alone())).then_some(end)
 }
 
 /// HTML's named references an echo may write a secret's characters with.
@@ -579,6 +588,17 @@ mod tests {
             Secrets::new(&accented).hide("abcdefgh-õ."),
             "abcdefgh-õ.",
             "another word, its letter differing within a character"
+        );
+        // More than three quarters, whatever follows: a token with its last characters masked.
+        let token = ["abcd1234wxyz5678".to_owned()];
+        assert_eq!(
+            Secrets::new(&token).hide("key abcd1234wxyz5XXX"),
+            "key [secret]XXX"
+        );
+        assert_eq!(
+            Secrets::new(&token).hide("key abcd1234XXXXXXXX"),
+            "key abcd1234XXXXXXXX",
+            "half, then another word: the receiver's own masking"
         );
         assert_eq!(Secrets::new(&accented).hide("abcdefgh-ö…"), "[secret]…");
         assert_eq!(

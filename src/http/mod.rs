@@ -474,7 +474,7 @@ async fn read_body(
     responses(
         (status = 201, description = "Created", body = openapi::Enqueued),
         (status = 200, description = "A message with this event id was already there (enqueued by this token); it stands as it was stored", body = openapi::Enqueued,
-            headers(("Herald-Existing" = String, description = "`same-request` (this request is the stored message's: same channel, destination, event id and content, semantics, max_attempts, expires_at and ordering_key, and scheduled_at where it gives one), `different-request` (another request under the same event id: not stored), or `unknown` (a fan-out, or a row written by SQL without a fingerprint yet)"))),
+            headers(("Herald-Existing" = String, description = "`same-request` (this request is the stored message's: same channel, destination, event id and content, semantics, max_attempts, expires_at, ordering_key and ordering_policy, and scheduled_at where it gives one), `different-request` (another request under the same event id: not stored), or `unknown` (a fan-out, or a row written by SQL without a fingerprint yet)"))),
         (status = 400, description = "The body is not JSON", body = ProblemBody, content_type = "application/problem+json"),
         (status = 409, description = "The event id was taken by another token (`event-id-taken`)", body = ProblemBody, content_type = "application/problem+json"),
         (status = 413, description = "The body is too large", body = ProblemBody, content_type = "application/problem+json"),
@@ -694,8 +694,8 @@ async fn create_message(
 pub const EXISTING_HEADER: &str = "Herald-Existing";
 
 /// What of a request to `POST /v1/messages` makes it the stored message's own: the same
-/// fingerprint (channel, destination, event id, what is sent), semantics, budget, expiry and
-/// ordering key, and its `scheduled_at` where it gives one (one that gives none asks for
+/// fingerprint (channel, destination, event id, what is sent), semantics, budget, expiry,
+/// ordering key and policy, and its `scheduled_at` where it gives one (one that gives none asks for
 /// "now", which a repeat's "now" is not).
 struct Asked {
     fingerprint: Option<String>,
@@ -704,6 +704,7 @@ struct Asked {
     scheduled_at: Option<DateTime<Utc>>,
     expires_at: Option<DateTime<Utc>>,
     ordering_key: Option<String>,
+    ordering_policy: Option<crate::domain::OrderingPolicy>,
 }
 
 impl Asked {
@@ -715,6 +716,7 @@ impl Asked {
             scheduled_at: row.scheduled_at,
             expires_at: row.expires_at,
             ordering_key: row.ordering_key.clone(),
+            ordering_policy: row.ordering_policy,
         }
     }
 
@@ -728,6 +730,7 @@ impl Asked {
             && self.max_attempts == stored.max_attempts
             && self.expires_at == stored.expires_at
             && self.ordering_key == stored.ordering_key
+            && self.ordering_policy == stored.ordering_policy
             && self.scheduled_at.is_none_or(|t| t == stored.scheduled_at);
         if same {
             EXISTING_SAME

@@ -53,6 +53,17 @@ pub const MAX_BACK: usize = 1024;
 /// hours, is longer than the pause): about as long as the default retry schedule lasts.
 pub const KEEP_SPENT: Duration = Duration::from_secs(24 * 3600);
 
+/// Beyond this many troubled destinations in one process (a flood of messages to dead hosts),
+/// those whose pause is over forget their messages to bring back after minutes, not a day: the
+/// map and the lock every claim takes stay small.
+pub const MAX_KEPT: usize = 4096;
+
+/// Drops the destinations there is nothing to remember of ([`Entry::forgotten`]).
+fn forget(entries: &mut HashMap<String, Entry>, now: DateTime<Utc>) {
+    let keep_spent = entries.len() <= MAX_KEPT;
+    entries.retain(|_, e| !e.forgotten(now, keep_spent));
+}
+
 /// What [`Throttle::observe`] learnt from one answer.
 #[derive(Debug, Default, PartialEq)]
 pub struct Observed {
@@ -166,10 +177,16 @@ struct Entry {
     /// makes a burst within [`BURST_WINDOW`], and a relay dropping connections silently cost
     /// every message its attempts. Any reply ends the row.
     unreachable: usize,
-    /// The messages whose try could not reach the destination or was refused its session, and
-    /// those held while a probe was out, in the order they came, each once, at most
-    /// [`MAX_BACK`] ([`Observed::back`]).
+    /// The messages whose try could not reach the destination or was refused its session, in
+    /// the order they came, each once, at most [`MAX_BACK`] ([`Observed::back`]).
     spent: Vec<i64>,
+    /// The messages held while the probe is out (at most [`MAX_BACK`]): back with its
+    /// acceptance; let go at its other answers (a new pause, which they wait for, or the
+    /// destination open to all).
+    held: Vec<i64>,
+    /// The probe got a reply that was no acceptance (a 500, a refused recipient): the
+    /// destination takes new connections again, and the next acceptance brings back `spent`.
+    reached: bool,
 }
 
 impl Entry {
@@ -177,9 +194,10 @@ impl Entry {
     /// over; [`KEEP_SPENT`] while it holds messages to bring back), no probe out, no transient
     /// answer within the window. The map holds only troubled destinations; a host given up on
     /// would stay in it (and in the gauge) for ever.
-    fn forgotten(&self, now: DateTime<Utc>) -> bool {
+    /// `keep_spent`: false when the map holds too many destinations ([`MAX_KEPT`]).
+    fn forgotten(&self, now: DateTime<Utc>, keep_spent: bool) -> bool {
         let window = chrono::Duration::from_std(BURST_WINDOW).unwrap_or_default();
-        let long = if self.spent.is_empty() {
+        let long = if self.spent.is_empty() || !keep_spent {
             chrono::Duration::from_std(MAX_PAUSE).unwrap_or_default() + window
         } else {
             chrono::Duration::from_std(KEEP_SPENT).unwrap_or_default()
@@ -235,8 +253,8 @@ impl Throttle {
             // probe was accepted. The probe's acceptance brings them back at once
             // ([`Observed::back`]).
             Some((id, since)) if id != message && now - since < timeout => {
-                if e.spent.len() < MAX_BACK && !e.spent.contains(&message) {
-                    e.spent.push(message);
+                if e.held.len() < MAX_BACK && !e.held.contains(&message) {
+                    e.held.push(message);
                 }
                 let hold = self.base.clamp(
                     Duration::from_secs(1),
@@ -259,7 +277,7 @@ impl Throttle {
     /// no message to probe it is not counted: nothing waits for it.
     pub fn paused_count(&self, now: DateTime<Utc>) -> Paused {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        entries.retain(|_, e| !e.forgotten(now));
+        forget(&mut entries, now);
         let timeout = chrono::Duration::from_std(self.probe_timeout).unwrap_or_default();
         let mut paused = Paused::default();
         for (destination, e) in entries.iter() {
@@ -297,21 +315,26 @@ impl Throttle {
             if session_taken {
                 e.half_open = false;
             }
+            if probe && answer.class != AttemptClass::Accepted {
+                e.held.clear();
+                e.reached |= session_taken;
+            }
             if answer.status.is_some() {
                 e.unreachable = 0;
             }
         }
         if answer.class == AttemptClass::Accepted {
             // All is well again: forget the destination (the map holds only troubled ones). The
-            // probe's acceptance after such a pause brings back the messages that spent an
-            // attempt on its being down; another acceptance does not: a send on a connection
-            // opened before (an SMTP pool's, a keep-alive one) shows nothing of whether new
-            // ones are taken, and a relay refusing new sessions ("421 too many connections")
-            // would have each of them spend another attempt at every such answer.
+            // probe's acceptance after such a pause — or any, once the probe got a reply —
+            // brings back the messages that spent an attempt on its being down and those held
+            // for the probe; another acceptance does not: a send on a connection opened before
+            // (an SMTP pool's, a keep-alive one) shows nothing of whether new ones are taken,
+            // and a relay refusing new sessions ("421 too many connections") would have each
+            // of them spend another attempt at every such answer.
             let back = entries
                 .remove(destination)
-                .filter(|_| probe)
-                .map(|e| e.spent)
+                .filter(|e| probe || e.reached)
+                .map(|e| [e.spent, e.held].concat())
                 .unwrap_or_default()
                 .into_iter()
                 .filter(|id| *id != answer.message)
@@ -325,7 +348,7 @@ impl Throttle {
             return Observed::default();
         }
         if !entries.contains_key(destination) {
-            entries.retain(|_, e| !e.forgotten(now));
+            forget(&mut entries, now);
         }
         let entry = entries.entry(destination.to_owned()).or_default();
         if (answer.unreachable() || answer.session_refused())
@@ -351,6 +374,12 @@ impl Throttle {
         // same pause again from now, not the next in the row: eight 421s at once doubled it
         // seven times, freezing the relay's mail for five minutes.
         let in_pause = entry.paused_until.is_some_and(|u| u > now);
+        // A pause that ended long ago (the destination kept for its messages to bring back) is
+        // not one in a row with this one: a 429 a day after an outage gets the first pause.
+        let long = chrono::Duration::from_std(MAX_PAUSE + BURST_WINDOW).unwrap_or_default();
+        if entry.paused_until.is_some_and(|u| now - u > long) {
+            entry.streak = 0;
+        }
         let pause = pause_length(
             answer.asked,
             self.base,
@@ -876,6 +905,21 @@ mod tests {
         assert!(t.paused_until(d, 7, now()).is_some());
         assert_eq!(t.observe(d, &ok(8), now()).back, Vec::<i64>::new());
         assert_eq!(t.paused_until(d, 7, now()), None);
+        // The probe answered with a reply that is no acceptance (a 500): the destination takes
+        // connections again, and the next acceptance, whoever's, brings them back.
+        for m in 0..BURST_COUNT as i64 {
+            t.observe(d, &down(m), now());
+        }
+        let until = t.paused_until(d, 30, now()).unwrap();
+        assert_eq!(t.paused_until(d, 30, until), None, "30 probes");
+        assert!(t.paused_until(d, 31, until).is_some(), "31 held");
+        let failed = Answer {
+            class: Transient,
+            status: Some(500),
+            ..down(30)
+        };
+        assert_eq!(t.observe(d, &failed, until), Observed::default());
+        assert_eq!(t.observe(d, &ok(32), until).back, [0, 1, 2, 3, 4]);
         // A relay refusing the session (its login) pauses at once: the message that met the
         // refusal comes back with the probe's acceptance.
         let refused = Answer {
@@ -924,6 +968,26 @@ mod tests {
         assert_eq!(
             t.paused_until(SMTP_RELAY, 2, until),
             Some(until + chrono::Duration::seconds(30))
+        );
+    }
+
+    /// A pause that ended long ago is not one in a row with a new one.
+    #[test]
+    fn a_pause_long_over_does_not_lengthen_the_next() {
+        let t = Throttle::new(Duration::from_secs(5), Duration::from_secs(30));
+        let d = "http://127.0.0.1:9";
+        let down = Answer {
+            is_smtp: false,
+            ..smtp_kind(AttemptClass::NotSent, None, "connect")
+        };
+        for _ in 0..BURST_COUNT {
+            t.observe(d, &down, now());
+        }
+        let slow = answer(AttemptClass::RateLimited, 429, None, false);
+        let later = now() + chrono::Duration::hours(2);
+        assert_eq!(
+            t.pause(d, &slow, later),
+            Some(later + chrono::Duration::seconds(5))
         );
     }
 

@@ -215,9 +215,12 @@ pub fn parse_written_webhook_url(raw: &str) -> Result<Url, WebhookConfigError> {
     };
     let read = url.host_str().unwrap_or_default();
     // Another notation of the same address (`2130706433`, `[::ffff:10.0.0.1]`), which the SSRF
-    // guard then judges; an internationalized name, written in Unicode.
-    let address = host.is_ascii() && !matches!(url.host(), Some(url::Host::Domain(_)));
-    let idn = !host.is_ascii() && read.split('.').any(|label| label.starts_with("xn--"));
+    // guard then judges (not percent-encoded: `%EF%BC%91…` is full-width digits); an
+    // internationalized name written as the parser's punycode reads back, in any case (its
+    // labels, not only one of them: `exa\u{ad}mple.bücher.example` is no name as written).
+    let address =
+        host.is_ascii() && !host.contains('%') && !matches!(url.host(), Some(url::Host::Domain(_)));
+    let idn = !host.is_ascii() && idna::domain_to_unicode(read).0 == host.to_lowercase();
     let host_as_read = host.eq_ignore_ascii_case(read) || address || idn;
     let port_as_read = port.is_none_or(|p| {
         !p.is_empty()
@@ -1021,6 +1024,9 @@ mod tests {
             "http://127\u{3002}0.0.1/x",
             "http://127.0.0.1\u{ad}:19250/x",
             "http://exa\u{ad}mple.com/",
+            "http://exa\u{ad}mple.b\u{fc}cher.example/",
+            "http://\u{ff45}\u{ff58}.b\u{fc}cher.example/",
+            "http://%31%32%37.0.0.1/",
         ] {
             assert!(
                 url(odd).starts_with("must name its host and port as the URL parser reads them"),
@@ -1032,6 +1038,7 @@ mod tests {
             "HTTP://a.example/",
             "https://A.Example:443/",
             "https://b\u{fc}cher.example/",
+            "https://B\u{dc}CHER.example/",
             "http://127.1/",
             "http://2130706433/",
             "http://[::ffff:10.0.0.1]/",
