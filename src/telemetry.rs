@@ -87,13 +87,38 @@ pub fn mask_email(address: &str) -> String {
     format!("{}***@{}***{}", first(local), first(host), tld)
 }
 
-/// How an address's `@` may be written: as it is, percent-encoded (a URL), as an HTML
-/// reference, JSON-escaped, or full-width. Lower case (the text is compared so).
-const AT_SIGNS: &[&str] = &[
-    "@", "%40", "&#64;", "&#x40;", "&commat;", "\\u0040", "\u{ff20}",
-];
+/// How an address's `@` may be written besides an HTML numeric reference (`&#64;`, `&#x0040;`,
+/// with or without its `;`, read by [`numeric_at`]): as it is, percent-encoded (a URL),
+/// JSON-escaped, as HTML's named reference, full-width or small. Lower case (the text is
+/// compared so).
+const AT_SIGNS: &[&str] = &["@", "%40", "&commat;", "\\u0040", "\u{ff20}", "\u{fe6b}"];
 
-/// Where the first `@` of `text` is, however written ([`AT_SIGNS`]), and how long it is there.
+/// The length of an HTML numeric reference to `@` at the start of `text` (lower-cased): `&#`,
+/// then 64 in decimal or `x` and 40 in hexadecimal, leading zeros allowed, then `;` or not.
+fn numeric_at(text: &str) -> Option<usize> {
+    let code = text.strip_prefix("&#")?;
+    let (digits, radix) = match code.strip_prefix('x') {
+        Some(hex) => (hex, 16),
+        None => (code, 10),
+    };
+    let n = digits
+        .bytes()
+        .take_while(|b| {
+            if radix == 16 {
+                b.is_ascii_hexdigit()
+            } else {
+                b.is_ascii_digit()
+            }
+        })
+        .count();
+    (n > 0 && u32::from_str_radix(&digits[..n], radix).ok()? == 64).then(|| {
+        let end = text.len() - digits.len() + n;
+        end + usize::from(text[end..].starts_with(';'))
+    })
+}
+
+/// Where the first `@` of `text` is, however written ([`AT_SIGNS`], [`numeric_at`]), and how
+/// long it is there.
 fn at_sign(text: &str) -> Option<(usize, usize)> {
     if !text
         .bytes()
@@ -102,9 +127,13 @@ fn at_sign(text: &str) -> Option<(usize, usize)> {
         return None;
     }
     let lower = text.to_ascii_lowercase();
+    let numeric = lower
+        .match_indices("&#")
+        .find_map(|(i, _)| numeric_at(&lower[i..]).map(|len| (i, len)));
     AT_SIGNS
         .iter()
         .filter_map(|sign| lower.find(sign).map(|i| (i, sign.len())))
+        .chain(numeric)
         .min()
 }
 
@@ -248,6 +277,10 @@ mod tests {
             "NINA&#X40;EXAMPLE.COM",
             "nina&commat;example.com",
             "nina\u{ff20}example.com",
+            "nina\u{fe6b}example.com",
+            "nina&#064;example.com",
+            "nina&#x0040;example.com",
+            "nina&#64example.com",
         ] {
             let masked = mask_emails_in(&format!("x:{written}"));
             assert_eq!(masked.to_ascii_lowercase(), "x:n***@e***.com", "{written}");

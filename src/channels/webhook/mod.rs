@@ -71,6 +71,8 @@ pub enum WebhookConfigError {
     Untrimmed,
     #[error("must not name port 0, which cannot be connected to")]
     PortZero,
+    #[error("must not hold a backslash, which the URL parser reads as a slash")]
+    Backslash,
     #[error(
         "must name its host and port as the URL parser reads them: no empty port or user part, \
          and no host it reads as another (full-width digits, an ideographic full stop, a soft \
@@ -192,7 +194,12 @@ pub fn parse_written_webhook_url(raw: &str) -> Result<Url, WebhookConfigError> {
     if raw.trim_matches(|c: char| c <= ' ') != raw || raw.contains(['\t', '\n', '\r']) {
         return Err(WebhookConfigError::Untrimmed);
     }
-    // What follows `scheme:` is `//` and then the host: not a third slash (or backslash).
+    // `http://a.example\\@b.example/` goes to a.example, where other tools read b.example; a
+    // backslash in the path is sent as a slash.
+    if raw.contains('\\') {
+        return Err(WebhookConfigError::Backslash);
+    }
+    // What follows `scheme:` is `//` and then the host: not a third slash.
     let after = raw.get(url.scheme().len() + 1..).unwrap_or("");
     let Some(authority) = after
         .strip_prefix("//")
@@ -1004,14 +1011,21 @@ mod tests {
                 "{untrimmed:?}"
             );
         }
-        for hostless in [
-            "http:///x",
-            "http:x",
-            "https:/x",
+        for hostless in ["http:///x", "http:x", "https:/x"] {
+            assert_eq!(url(hostless), "must name a host", "{hostless}");
+        }
+        for backslashed in [
             "http://\\x",
             "http:\\\\x",
+            "http://evil.example\\@127.0.0.1:19364/a",
+            "http://127.0.0.1:19364\\@evil.example/b",
+            "https://a.example/p\\q",
         ] {
-            assert_eq!(url(hostless), "must name a host", "{hostless}");
+            assert_eq!(
+                url(backslashed),
+                "must not hold a backslash, which the URL parser reads as a slash",
+                "{backslashed}"
+            );
         }
         assert_eq!(
             url("http://127.0.0.1:0/x"),
