@@ -644,7 +644,10 @@ async fn create_message(
     }
     let existing = match (&written, &asked) {
         (Written::Message(false, stored, _), Some(asked)) => {
-            let existing = asked.existing(stored);
+            // A budget given or not is the destination's policy's when not: the same as asked.
+            let budget = i32::try_from(state.policies.of(&stored.destination).max_attempts)
+                .unwrap_or(i32::MAX);
+            let existing = asked.existing(stored, budget);
             if existing == EXISTING_DIFFERENT {
                 tracing::info!(event_id = %crate::telemetry::LogEventId(&stored.event_id), token = %who.name, "event id already there with another request: the stored message stands");
             }
@@ -721,13 +724,14 @@ impl Asked {
     }
 
     /// The `Herald-Existing` value for `stored`, the message already under its event id.
-    fn existing(&self, stored: &crate::storage::models::OutboxRow) -> &'static str {
+    /// `budget`: the attempts of a message that sets none (its destination's policy's).
+    fn existing(&self, stored: &crate::storage::models::OutboxRow, budget: i32) -> &'static str {
         let (Some(asked), Some(had)) = (&self.fingerprint, &stored.request_fingerprint) else {
             return EXISTING_UNKNOWN;
         };
         let same = asked == had
             && self.semantics == stored.semantics
-            && self.max_attempts == stored.max_attempts
+            && self.max_attempts.unwrap_or(budget) == stored.max_attempts.unwrap_or(budget)
             && self.expires_at == stored.expires_at
             && self.ordering_key == stored.ordering_key
             && self.ordering_policy == stored.ordering_policy

@@ -713,6 +713,11 @@ async fn duplicate_event_id_sends_once(backend: Backend) {
         assert_eq!(r.status(), 200, "{key}");
         assert_eq!(r.headers()["herald-existing"], "different-request", "{key}");
     }
+    // A budget given as the one that applied (the policy's, 4 here) asks for the same.
+    let mut budget = webhook("dup-1", &rx.url, json!({"v": 1}));
+    budget["max_attempts"] = json!(4);
+    let r = app.post_message(budget).await;
+    assert_eq!(r.headers()["herald-existing"], "same-request");
     // A repeat of one that gave them all is its own, times read back to the microsecond.
     let mut full = webhook("dup-full", &rx.url, json!({"v": 9}));
     full["scheduled_at"] = json!("2031-01-01T00:00:00.1234567Z");
