@@ -30,11 +30,14 @@ pub struct Browser {
 impl Browser {
     pub async fn start() -> Self {
         let profile = tempfile::tempdir().unwrap();
+        // Its errors to a file, so that a driver that ends before it listens says why (CI saw it
+        // end once, its reason unseen).
+        let errors = profile.path().join("chromedriver.err");
         // A process group of its own, so that the browser it starts is ended with it.
         let mut cmd = Command::new("chromedriver");
         cmd.arg("--port=0")
             .stdout(Stdio::piped())
-            .stderr(Stdio::null());
+            .stderr(std::fs::File::create(&errors).expect("a file for chromedriver's errors"));
         #[cfg(unix)]
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let mut driver = cmd
@@ -47,7 +50,11 @@ impl Browser {
             tokio::task::spawn_blocking(move || {
                 let mut lines = BufReader::new(stdout).lines();
                 let port = loop {
-                    let line = lines.next().expect("chromedriver exited").unwrap();
+                    let Some(line) = lines.next() else {
+                        let said = std::fs::read_to_string(&errors).unwrap_or_default();
+                        panic!("chromedriver exited before it listened; its stderr: {said:?}");
+                    };
+                    let line = line.unwrap();
                     if let Some(rest) = line.split("started successfully on port ").nth(1) {
                         break rest.trim_end_matches('.').trim().parse::<u16>().unwrap();
                     }
