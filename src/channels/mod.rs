@@ -355,13 +355,23 @@ fn spelled(
         return Some(end);
     }
     while !text.is_char_boundary(end) {
+        // A byte of a character as written (no encoding ends inside one): one of the secret's.
         end -= 1;
+        matched -= 1;
     }
     let stands_alone = || {
         text.get(end..)
             .is_some_and(|after| after.chars().next().is_none_or(|c| !c.is_alphanumeric()))
     };
-    let most = matched * 4 > secret.len() * 3;
+    // A masked tail: what follows, up to the word's end, is no longer than what is missing.
+    let rest = text.get(end..).map_or(0, |after| {
+        after
+            .chars()
+            .take_while(|c| c.is_alphanumeric())
+            .map(char::len_utf8)
+            .sum::<usize>()
+    });
+    let most = matched * 4 > secret.len() * 3 && rest <= secret.len() - matched;
     (end > at && matched >= least && (most || stands_alone())).then_some(end)
 }
 
@@ -614,6 +624,11 @@ mod tests {
         assert_eq!(
             Secrets::new(&header).hide("got application/js…"),
             "got [secret]…"
+        );
+        assert_eq!(
+            Secrets::new(&header).hide("got application/javascript"),
+            "got application/javascript",
+            "three quarters, then a longer word"
         );
         // `%` takes two hex digits, not a sign.
         let percent = ["ab%cd-1234".to_owned()];

@@ -253,7 +253,10 @@ impl Throttle {
             // probe was accepted. The probe's acceptance brings them back at once
             // ([`Observed::back`]).
             Some((id, since)) if id != message && now - since < timeout => {
-                if e.held.len() < MAX_BACK && !e.held.contains(&message) {
+                if e.held.len() < MAX_BACK
+                    && !e.held.contains(&message)
+                    && !e.spent.contains(&message)
+                {
                     e.held.push(message);
                 }
                 let hold = self.base.clamp(
@@ -394,7 +397,11 @@ impl Throttle {
         // A pause only ever grows: a shorter one learnt later does not end a longer one.
         let until = entry.paused_until.map_or(until, |u| u.max(until));
         entry.paused_until = Some(until);
-        entry.half_open |= answer.session_refused() || answer.unreachable();
+        if answer.session_refused() || answer.unreachable() {
+            // Down again: only a new probe's reply shows it back.
+            entry.half_open = true;
+            entry.reached = false;
+        }
         Observed {
             paused_until: Some(until),
             back: Vec::new(),
@@ -918,6 +925,20 @@ mod tests {
             status: Some(500),
             ..down(30)
         };
+        assert_eq!(t.observe(d, &failed, until), Observed::default());
+        // Down again before any acceptance: that reply says nothing of now; a pooled send's
+        // acceptance brings nobody back.
+        for m in 40..40 + BURST_COUNT as i64 {
+            t.observe(d, &down(m), until);
+        }
+        assert!(t.paused_until(d, 33, until).is_some(), "paused again");
+        assert_eq!(t.observe(d, &ok(33), until).back, Vec::<i64>::new());
+        // Once more, and this time the next acceptance follows the probe's reply.
+        for m in 0..BURST_COUNT as i64 {
+            t.observe(d, &down(m), now());
+        }
+        let until = t.paused_until(d, 30, now()).unwrap();
+        assert_eq!(t.paused_until(d, 30, until), None, "30 probes");
         assert_eq!(t.observe(d, &failed, until), Observed::default());
         assert_eq!(t.observe(d, &ok(32), until).back, [0, 1, 2, 3, 4]);
         // A relay refusing the session (its login) pauses at once: the message that met the

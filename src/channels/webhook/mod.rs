@@ -196,7 +196,7 @@ pub fn parse_written_webhook_url(raw: &str) -> Result<Url, WebhookConfigError> {
     }
     // `http://a.example\\@b.example/` goes to a.example, where other tools read b.example; a
     // backslash in the path is sent as a slash.
-    if raw.contains('\\') {
+    if raw.split(['?', '#']).next().unwrap_or(raw).contains('\\') {
         return Err(WebhookConfigError::Backslash);
     }
     // What follows `scheme:` is `//` and then the host: not a third slash.
@@ -227,7 +227,20 @@ pub fn parse_written_webhook_url(raw: &str) -> Result<Url, WebhookConfigError> {
     // labels, not only one of them: `exa\u{ad}mple.bücher.example` is no name as written).
     let address =
         host.is_ascii() && !host.contains('%') && !matches!(url.host(), Some(url::Host::Domain(_)));
-    let idn = !host.is_ascii() && idna::domain_to_unicode(read).0 == host.to_lowercase();
+    // Label by label: an ASCII one as read (any case), another only as an internationalized
+    // label reads back (`\u{212a}ube`, a Kelvin sign, is read as the ASCII `kube`).
+    let idn = !host.is_ascii() && {
+        let (written, labels): (Vec<&str>, Vec<&str>) =
+            (host.split('.').collect(), read.split('.').collect());
+        written.len() == labels.len()
+            && written.iter().zip(&labels).all(|(w, r)| {
+                if w.is_ascii() {
+                    w.eq_ignore_ascii_case(r)
+                } else {
+                    r.starts_with("xn--") && idna::domain_to_unicode(r).0 == w.to_lowercase()
+                }
+            })
+    };
     let host_as_read = host.eq_ignore_ascii_case(read) || address || idn;
     let port_as_read = port.is_none_or(|p| {
         !p.is_empty()
@@ -1041,6 +1054,8 @@ mod tests {
             "http://exa\u{ad}mple.b\u{fc}cher.example/",
             "http://\u{ff45}\u{ff58}.b\u{fc}cher.example/",
             "http://%31%32%37.0.0.1/",
+            "http://\u{212a}ube.example/",
+            "http://\u{ff42}\u{fc}cher.example/",
         ] {
             assert!(
                 url(odd).starts_with("must name its host and port as the URL parser reads them"),
@@ -1056,6 +1071,7 @@ mod tests {
             "http://127.1/",
             "http://2130706433/",
             "http://[::ffff:10.0.0.1]/",
+            "https://a.example/s?q=a\\b#x\\y",
             "http://[::1]/",
             "https://a.example:8443/x?y=1",
             "http://[::1]:9/",
