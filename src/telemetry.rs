@@ -93,16 +93,18 @@ pub fn mask_email(address: &str) -> String {
 /// compared so).
 const AT_SIGNS: &[&str] = &["@", "%40", "&commat;", "\\u0040", "\u{ff20}", "\u{fe6b}"];
 
-/// The length of an HTML numeric reference to `@` at the start of `text` (lower-cased): `&#`,
-/// then 64 in decimal or `x` and 40 in hexadecimal, leading zeros allowed, then `;` or not.
-fn numeric_at(text: &str) -> Option<usize> {
-    let code = text.strip_prefix("&#")?;
-    let (digits, radix) = match code.strip_prefix('x') {
+/// The HTML numeric reference at the start of `text` (lower-cased): `&#`, then decimal digits or
+/// `x` and hexadecimal ones, leading zeros allowed. Its code point, and where its digits end
+/// (the caller decides whether a `;` must follow). Read for hiding a secret's characters
+/// (`channels::Secrets`) and for masking an address's `@` ([`at_sign`]).
+pub(crate) fn html_numeric_reference(text: &[u8]) -> Option<(u32, usize)> {
+    let code = text.strip_prefix(b"&#")?;
+    let (digits, radix) = match code.strip_prefix(b"x") {
         Some(hex) => (hex, 16),
         None => (code, 10),
     };
     let n = digits
-        .bytes()
+        .iter()
         .take_while(|b| {
             if radix == 16 {
                 b.is_ascii_hexdigit()
@@ -111,10 +113,16 @@ fn numeric_at(text: &str) -> Option<usize> {
             }
         })
         .count();
-    (n > 0 && u32::from_str_radix(&digits[..n], radix).ok()? == 64).then(|| {
-        let end = text.len() - digits.len() + n;
-        end + usize::from(text[end..].starts_with(';'))
-    })
+    // ASCII digits, always text; none at all is no number.
+    let value = u32::from_str_radix(std::str::from_utf8(&digits[..n]).ok()?, radix).ok()?;
+    Some((value, text.len() - digits.len() + n))
+}
+
+/// The length of an HTML numeric reference to `@` at the start of `text` (lower-cased): `&#64`
+/// or `&#x40`, leading zeros allowed, then `;` or not.
+fn numeric_at(text: &str) -> Option<usize> {
+    let (value, end) = html_numeric_reference(text.as_bytes())?;
+    (value == 64).then(|| end + usize::from(text[end..].starts_with(';')))
 }
 
 /// Where the first `@` of `text` is, however written ([`AT_SIGNS`], [`numeric_at`]), and how

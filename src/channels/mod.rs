@@ -314,7 +314,9 @@ struct Scratch {
 /// The end of the longest run of `text` from `at` that spells `secret`, or at least its first
 /// `least` bytes, each character as written or encoded ([`spellings`]), ending on a character
 /// boundary — a part of it only where no letter or digit follows (`application/` of a secret
-/// `application/json` in `application/xml` is another word); `None` if there is none.
+/// `application/json` in `application/xml` is another word), or where it spells more than
+/// three quarters and what follows is no longer than what is missing (a masked tail); `None` if
+/// there is none.
 fn spelled(
     text: &str,
     at: usize,
@@ -430,27 +432,11 @@ fn spellings(t: &[u8], j: usize, out: &mut Vec<(u8, usize)>) {
             }
         }
         b'&' => {
-            if let Some(code) = rest.strip_prefix(b"&#") {
-                let (digits, radix) = match code.strip_prefix(b"x") {
-                    Some(h) => (h, 16),
-                    None => (code, 10),
-                };
-                let n = digits
-                    .iter()
-                    .take_while(|d| d.is_ascii_hexdigit())
-                    .count()
-                    .min(8);
-                if digits.get(n) == Some(&b';')
-                    && let Some(b) = std::str::from_utf8(&digits[..n])
-                        .ok()
-                        .and_then(|d| u32::from_str_radix(d, radix).ok())
-                        .and_then(|b| u8::try_from(b).ok())
-                {
-                    out.push((
-                        b.to_ascii_lowercase(),
-                        j + (rest.len() - digits.len()) + n + 1,
-                    ));
-                }
+            if let Some((value, end)) = crate::telemetry::html_numeric_reference(rest)
+                && rest.get(end) == Some(&b';')
+                && let Ok(b) = u8::try_from(value)
+            {
+                out.push((b.to_ascii_lowercase(), j + end + 1));
             }
             for (name, ch) in NAMED {
                 if rest[1..].starts_with(name) {

@@ -203,7 +203,7 @@ pub fn parse_written_webhook_url(raw: &str) -> Result<Url, WebhookConfigError> {
     let after = raw.get(url.scheme().len() + 1..).unwrap_or("");
     let Some(authority) = after
         .strip_prefix("//")
-        .filter(|host| !host.starts_with(['/', '\\']))
+        .filter(|host| !host.starts_with('/'))
     else {
         return Err(WebhookConfigError::NoHost);
     };
@@ -212,10 +212,7 @@ pub fn parse_written_webhook_url(raw: &str) -> Result<Url, WebhookConfigError> {
     }
     // The host and port as written are the ones the parser read (in any ASCII case): `host:`
     // connected to the scheme's port, `@host` was taken, and `１２７.0.0.1` went to 127.0.0.1.
-    let authority = authority
-        .split(['/', '?', '#', '\\'])
-        .next()
-        .unwrap_or_default();
+    let authority = authority.split(['/', '?', '#']).next().unwrap_or_default();
     let (host, port) = match authority.rsplit_once(':') {
         Some((h, p)) if !authority.ends_with(']') => (h, Some(p)),
         _ => (authority, None),
