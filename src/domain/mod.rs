@@ -481,6 +481,14 @@ contract_enum!(
     OrderingPolicy, "ordering_policy" { Block => "block", Skip => "skip" }
 );
 
+impl OrderingPolicy {
+    /// A keyed message's head-of-line policy: its own, else its endpoint's, else `block`; `None`
+    /// for an unkeyed message.
+    pub fn effective(keyed: bool, own: Option<Self>, endpoint: Option<Self>) -> Option<Self> {
+        keyed.then(|| own.or(endpoint).unwrap_or(Self::Block))
+    }
+}
+
 /// A message's ordering key: messages with the same key and destination are attempted one at a
 /// time, in their order. 1 to 255 visible ASCII characters (as an event id).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -646,6 +654,31 @@ mod tests {
         assert_eq!(
             OrderingPolicy::parse("Block").unwrap_err().field,
             "ordering_policy"
+        );
+    }
+
+    #[test]
+    fn a_keyed_message_takes_its_own_policy_else_its_endpoints_else_block() {
+        use OrderingPolicy::{Block, Skip};
+        let all = [None, Some(Block), Some(Skip)];
+        for own in all {
+            for endpoint in all {
+                assert_eq!(OrderingPolicy::effective(false, own, endpoint), None);
+                let expected = own.or(endpoint).unwrap_or(Block);
+                assert_eq!(
+                    OrderingPolicy::effective(true, own, endpoint),
+                    Some(expected),
+                    "{own:?} {endpoint:?}"
+                );
+            }
+        }
+        assert_eq!(
+            OrderingPolicy::effective(true, None, Some(Skip)),
+            Some(Skip)
+        );
+        assert_eq!(
+            OrderingPolicy::effective(true, Some(Block), Some(Skip)),
+            Some(Block)
         );
     }
     use super::*;

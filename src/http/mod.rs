@@ -474,7 +474,7 @@ async fn read_body(
     responses(
         (status = 201, description = "Created", body = openapi::Enqueued),
         (status = 200, description = "A message with this event id was already there (enqueued by this token); it stands as it was stored", body = openapi::Enqueued,
-            headers(("Herald-Existing" = String, description = "`same-request` (this request is the stored message's: same channel, destination, event id and content, semantics, max_attempts, expires_at, ordering_key and ordering_policy, and scheduled_at where it gives one), `different-request` (another request under the same event id: not stored), or `unknown` (a fan-out, or a row written by SQL without a fingerprint yet)"))),
+            headers(("Herald-Existing" = String, description = "`same-request` (this request is the stored message's: same channel, destination, event id and content, semantics, max_attempts (the destination policy's where none is given), expires_at, ordering_key and ordering_policy (the endpoint's, else block, where none is given), and scheduled_at where it gives one), `different-request` (another request under the same event id: not stored), or `unknown` (a fan-out, or a row written by SQL without a fingerprint yet)"))),
         (status = 400, description = "The body is not JSON", body = ProblemBody, content_type = "application/problem+json"),
         (status = 409, description = "The event id was taken by another token (`event-id-taken`)", body = ProblemBody, content_type = "application/problem+json"),
         (status = 413, description = "The body is too large", body = ProblemBody, content_type = "application/problem+json"),
@@ -647,7 +647,13 @@ async fn create_message(
             // A budget given or not is the destination's policy's when not: the same as asked.
             let budget = i32::try_from(state.policies.of(&stored.destination).max_attempts)
                 .unwrap_or(i32::MAX);
-            let existing = asked.existing(stored, budget);
+            // A policy given or not is the endpoint's (else `block`) when not: the same.
+            let ordering = stored
+                .destination
+                .strip_prefix("endpoint:")
+                .and_then(|name| state.endpoints.get(name))
+                .and_then(|e| e.ordering_policy);
+            let existing = asked.existing(stored, budget, ordering);
             if existing == EXISTING_DIFFERENT {
                 tracing::info!(event_id = %crate::telemetry::LogEventId(&stored.event_id), token = %who.name, "event id already there with another request: the stored message stands");
             }
@@ -724,8 +730,15 @@ impl Asked {
     }
 
     /// The `Herald-Existing` value for `stored`, the message already under its event id.
-    /// `budget`: the attempts of a message that sets none (its destination's policy's).
-    fn existing(&self, stored: &crate::storage::models::OutboxRow, budget: i32) -> &'static str {
+    /// `budget`: the attempts of a message that sets none (its destination's policy's);
+    /// `ordering`: the head-of-line policy of a keyed message that sets none (its endpoint's).
+    fn existing(
+        &self,
+        stored: &crate::storage::models::OutboxRow,
+        budget: i32,
+        ordering: Option<crate::domain::OrderingPolicy>,
+    ) -> &'static str {
+        use crate::domain::OrderingPolicy;
         let (Some(asked), Some(had)) = (&self.fingerprint, &stored.request_fingerprint) else {
             return EXISTING_UNKNOWN;
         };
@@ -734,7 +747,15 @@ impl Asked {
             && self.max_attempts.unwrap_or(budget) == stored.max_attempts.unwrap_or(budget)
             && self.expires_at == stored.expires_at
             && self.ordering_key == stored.ordering_key
-            && self.ordering_policy == stored.ordering_policy
+            && OrderingPolicy::effective(
+                self.ordering_key.is_some(),
+                self.ordering_policy,
+                ordering,
+            ) == OrderingPolicy::effective(
+                stored.ordering_key.is_some(),
+                stored.ordering_policy,
+                ordering,
+            )
             && self.scheduled_at.is_none_or(|t| t == stored.scheduled_at);
         if same {
             EXISTING_SAME

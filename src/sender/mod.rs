@@ -1243,11 +1243,11 @@ impl Sender {
                         .get(&row.destination)
                         .map_or((&global, None), |(p, o)| (p, *o));
                     let mut d = lease_expired_decision(policy, row, at);
-                    d.ordering = row.ordering_key.as_ref().map(|_| {
-                        row.ordering_policy
-                            .or(endpoint_ordering)
-                            .unwrap_or(crate::domain::OrderingPolicy::Block)
-                    });
+                    d.ordering = crate::domain::OrderingPolicy::effective(
+                        row.ordering_key.is_some(),
+                        row.ordering_policy,
+                        endpoint_ordering,
+                    );
                     Some(d)
                 })
             })
@@ -1833,11 +1833,11 @@ pub fn ordering_policy(
     row: &OutboxRow,
     endpoint: Option<&crate::channels::webhook::Endpoint>,
 ) -> Option<crate::domain::OrderingPolicy> {
-    row.ordering_key.as_ref().map(|_| {
-        row.ordering_policy
-            .or(endpoint.and_then(|e| e.ordering_policy))
-            .unwrap_or(crate::domain::OrderingPolicy::Block)
-    })
+    crate::domain::OrderingPolicy::effective(
+        row.ordering_key.is_some(),
+        row.ordering_policy,
+        endpoint.and_then(|e| e.ordering_policy),
+    )
 }
 
 /// A claimed message that ends `expired` without a request: its claim's attempt not spent, no

@@ -718,6 +718,22 @@ async fn duplicate_event_id_sends_once(backend: Backend) {
     budget["max_attempts"] = json!(4);
     let r = app.post_message(budget).await;
     assert_eq!(r.headers()["herald-existing"], "same-request");
+    // A keyed message's policy given as the one that applies (`block`, no endpoint's) or left
+    // to it asks for the same; `skip` is another request.
+    let mut keyed = webhook("dup-keyed", &rx.url, json!({"v": 5}));
+    keyed["scheduled_at"] = json!("2031-01-01T00:00:00Z");
+    keyed["ordering_key"] = json!("k-1");
+    keyed["ordering_policy"] = json!("block");
+    assert_eq!(app.post_message(keyed.clone()).await.status(), 201);
+    keyed.as_object_mut().unwrap().remove("ordering_policy");
+    for (policy, existing) in [(None, "same-request"), (Some("skip"), "different-request")] {
+        if let Some(p) = policy {
+            keyed["ordering_policy"] = json!(p);
+        }
+        let r = app.post_message(keyed.clone()).await;
+        assert_eq!(r.status(), 200, "{policy:?}");
+        assert_eq!(r.headers()["herald-existing"], existing, "{policy:?}");
+    }
     // A repeat of one that gave them all is its own, times read back to the microsecond.
     let mut full = webhook("dup-full", &rx.url, json!({"v": 9}));
     full["scheduled_at"] = json!("2031-01-01T00:00:00.1234567Z");
