@@ -138,18 +138,20 @@ per_backend! {
             .filter_map(|r| r.provider_message_id.as_deref())
             .flat_map(|p| [bare(p), format!("<{}>", bare(p))])
             .collect();
-        let mut by_provider: HashMap<String, Vec<Found>> = HashMap::new();
+        // Each with its creation time (`holder_of`).
+        let mut by_provider: HashMap<String, Vec<(Found, DateTime<Utc>)>> = HashMap::new();
         if !provider_ids.is_empty() {
             // In id order: the newest message carrying an id wins (short provider ids, such as
-            // an SMTP queue id, can come round again).
-            let found: Vec<(Option<String>, i64, Channel, String)> = o::table
+            // an SMTP queue id, can come round again), among those not created after the event.
+            type Holder = (Option<String>, i64, Channel, String, DateTime<Utc>);
+            let found: Vec<Holder> = o::table
                 .filter(o::provider_message_id.eq_any(&provider_ids))
-                .select((o::provider_message_id, o::id, o::channel, o::destination))
+                .select((o::provider_message_id, o::id, o::channel, o::destination, o::created_at))
                 .order(o::id.asc())
                 .load(conn)?;
-            for (p, id, ch, d) in found {
+            for (p, id, ch, d, created) in found {
                 if let Some(p) = p {
-                    by_provider.entry(bare(&p)).or_default().push((id, ch, d));
+                    by_provider.entry(bare(&p)).or_default().push(((id, ch, d), created));
                 }
             }
         }
@@ -179,7 +181,7 @@ per_backend! {
             r.provider_message_id
                 .as_ref()
                 .and_then(|p| by_provider.get(&bare(p)))
-                .and_then(|found| found.iter().rev().find(|f| allowed(r, f)))
+                .and_then(|found| crate::storage::receipts::holder_of(found, r.event_time, |f| allowed(r, f)))
         };
         // The replay whose replaced id names the receipt's message, when nothing else does.
         let of_replaced = |r: &PendingReceipt| {
@@ -201,7 +203,7 @@ per_backend! {
                 Some(f) => {
                     let earlier = r.provider_message_id.as_deref().and_then(|p| {
                         let p = bare(p);
-                        let carried = by_provider.get(&p).is_some_and(|v| v.iter().any(|x| x.0 == f.0));
+                        let carried = by_provider.get(&p).is_some_and(|v| v.iter().any(|x| x.0.0 == f.0));
                         if carried {
                             return None;
                         }
@@ -507,6 +509,29 @@ pub(crate) fn names_a_message(r: &PendingReceipt) -> bool {
     named(&r.herald_event_id) || named(&r.provider_message_id)
 }
 
+/// Which of the messages carrying a receipt's provider id (oldest first, each with its creation
+/// time) the receipt speaks of: the newest its source may speak for (`allowed`) that was already
+/// there when the receipt's event happened — created at most [`REPLAY_SLACK`] after it, clocks
+/// being a little apart. A short provider id such as an SMTP relay's queue id comes round
+/// again: a late bounce of the first mail under it is not the second's. Without an event time,
+/// or one older than all of them (a clock far off), the newest it may speak for.
+///
+/// [`REPLAY_SLACK`]: crate::storage::models::REPLAY_SLACK
+pub(crate) fn holder_of<F>(
+    found: &[(F, DateTime<Utc>)],
+    event_time: Option<DateTime<Utc>>,
+    allowed: impl Fn(&F) -> bool,
+) -> Option<&F> {
+    let mut may = found.iter().rev().filter(|(f, _)| allowed(f));
+    let newest = may.clone().next().map(|(f, _)| f);
+    let Some(event) = event_time else {
+        return newest;
+    };
+    may.find(|(_, created)| *created <= event + crate::storage::models::REPLAY_SLACK)
+        .map(|(f, _)| f)
+        .or(newest)
+}
+
 /// How long an unmatched receipt is tried again.
 const UNMATCHED_FOR: chrono::Duration = chrono::Duration::days(1);
 
@@ -688,7 +713,40 @@ impl Db {
 mod tests {
     use chrono::{DateTime, Utc};
 
-    use super::{UNMATCHED_FOR, UNMATCHED_MAX_WAIT, next_unmatched_try, unmatched_retry_wait};
+    use super::{
+        UNMATCHED_FOR, UNMATCHED_MAX_WAIT, holder_of, next_unmatched_try, unmatched_retry_wait,
+    };
+
+    #[test]
+    fn a_provider_id_met_again_is_the_newest_message_there_when_its_event_happened() {
+        let at = |s: i64| DateTime::<Utc>::UNIX_EPOCH + chrono::Duration::seconds(1_000 + s);
+        // Messages 1, 2, 3 carry the id, created at 0, 100 and 200; 3's source is another.
+        let found = [(1, at(0)), (2, at(100)), (3, at(200))];
+        let mine = |m: &i32| *m != 3;
+        let holder = |event: Option<i64>| holder_of(&found, event.map(at), mine).copied();
+        assert_eq!(
+            holder(None),
+            Some(2),
+            "no event time: the newest it may speak for"
+        );
+        assert_eq!(holder(Some(250)), Some(2));
+        assert_eq!(holder(Some(100)), Some(2));
+        assert_eq!(
+            holder(Some(95)),
+            Some(2),
+            "created up to 5 s after its event"
+        );
+        assert_eq!(holder(Some(94)), Some(1), "an event before 2 existed: 1's");
+        assert_eq!(holder(Some(1)), Some(1));
+        assert_eq!(
+            holder(Some(-100)),
+            Some(2),
+            "before all of them: the newest"
+        );
+        assert_eq!(holder_of(&found, Some(at(50)), |m| *m == 3), Some(&3));
+        assert_eq!(holder_of(&found, Some(at(50)), |_| false), None);
+        assert_eq!(holder_of::<i32>(&[], Some(at(50)), |_| true), None);
+    }
 
     #[test]
     fn unmatched_receipts_wait_twice_as_long_each_try_up_to_an_hour() {

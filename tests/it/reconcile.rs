@@ -624,6 +624,70 @@ async fn a_source_speaks_only_for_the_messages_it_matches(backend: Backend) {
     app.stop().await;
 }
 
+/// A provider id that comes round again (an SMTP relay's short queue id): a receipt of an event
+/// from before the newer message existed is the older one's (found by a walk-through: the newest
+/// took a bounce dated before it was created); one from after, or without a time, the newest's.
+async fn a_provider_id_met_again_speaks_of_the_message_there_when_its_event_happened(
+    backend: Backend,
+) {
+    let rx = Receiver::start().await;
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "{SOURCE}[endpoints.relay]\nurl = \"{}\"\nprovider_message_id_pointer = \"/id\"\n",
+            rx.url
+        ),
+    )
+    .await;
+    for id in ["old-q", "new-q"] {
+        rx.script([Reply::Full(
+            202,
+            vec![("content-type".into(), "application/json".into())],
+            r#"{"id": "Q-1"}"#.into(),
+        )]);
+        let r = app
+            .post_message(webhook(id, "endpoint:relay", json!({})))
+            .await;
+        assert_eq!(r.status(), 201);
+        assert_eq!(app.run_until_idle().await, 1);
+        assert_eq!(app.row(id).provider_message_id.as_deref(), Some("Q-1"));
+        if id == "old-q" {
+            app.raw_sql(
+                "UPDATE herald_outbox SET created_at = '2020-01-01 00:00:00.000+00:00' \
+                 WHERE event_id = 'old-q'",
+            );
+        }
+    }
+    let now = chrono::Utc::now().timestamp();
+    // Dated 2021: only the older message was there.
+    let old_event =
+        json!({"id": "q1", "type": "bounced", "at": 1_609_459_200, "message_id": "Q-1"});
+    let new_event = json!({"id": "q2", "type": "delivered", "at": now, "message_id": "Q-1"});
+    for event in [new_event, old_event] {
+        assert_eq!(post_receipt(&app, event).await, 200);
+    }
+    reconcile(&app).await;
+    let status = async |id: &str| app.message(id).await["delivery_status"].clone();
+    assert_eq!(status("old-q").await, "bounced");
+    assert_eq!(status("new-q").await, "delivered");
+    // Dated before either existed (a clock far off): the newest's, as without a time.
+    let before =
+        json!({"id": "q3", "type": "complained", "at": T0 - 200_000_000, "message_id": "Q-1"});
+    assert_eq!(post_receipt(&app, before).await, 200);
+    reconcile(&app).await;
+    let view = app.message("new-q").await;
+    let q3 = view["receipts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["provider_event_id"] == "q3")
+        .unwrap_or_else(|| panic!("q3 is the newest's: {view}"));
+    assert_eq!(q3["outcome"], "superseded", "{q3}");
+    assert_eq!(status("old-q").await, "bounced");
+    assert_eq!(unmatched(&app).await["count"], 0);
+    app.stop().await;
+}
+
 /// A receipt that quotes only Herald's deterministic `Message-ID` (a relay keeping our header)
 /// finds the email — for one enqueued through the API and for one inserted by plain SQL alike.
 async fn receipts_match_by_the_deterministic_message_id(backend: Backend) {
@@ -1364,6 +1428,7 @@ both_backends!(
     receipts_match_by_the_captured_provider_message_id,
     a_late_receipt_by_the_provider_id_of_a_send_before_a_replay_finds_its_message,
     a_source_speaks_only_for_the_messages_it_matches,
+    a_provider_id_met_again_speaks_of_the_message_there_when_its_event_happened,
     receipts_match_by_the_deterministic_message_id,
     unconfirmed_is_settled_by_a_receipt_or_dead_lettered_at_the_deadline,
     a_proof_stored_before_the_deadline_settles_even_after_it,
