@@ -488,7 +488,7 @@ impl MatchedMessage {
         received_at: DateTime<Utc>,
     ) -> Option<DateTime<Utc>> {
         let at = self.replayed_at?;
-        (received_at < at || event_time.is_some_and(|e| e + REPLAY_SLACK < at)).then_some(at)
+        of_a_send_before(at, event_time, received_at).then_some(at)
     }
 
     /// Whether a receipt that proves acceptance and arrived at `received_at` settles it as
@@ -511,6 +511,17 @@ impl MatchedMessage {
 /// clocks when several Herald processes share a database. (The settle pass's SQL says one
 /// second too: `sql::ATTEMPT_BEFORE_RECEIPT`.)
 pub const RECEIPT_CLOCK_SLACK: chrono::Duration = chrono::Duration::seconds(1);
+
+/// Whether a receipt of an event at `event_time` that arrived at `received_at` speaks of a send
+/// before a replay at `replayed_at`: it arrived before the replay, or its event is more than
+/// [`REPLAY_SLACK`] older than it (an earlier send's, arriving late).
+pub fn of_a_send_before(
+    replayed_at: DateTime<Utc>,
+    event_time: Option<DateTime<Utc>>,
+    received_at: DateTime<Utc>,
+) -> bool {
+    received_at < replayed_at || event_time.is_some_and(|e| e + REPLAY_SLACK < replayed_at)
+}
 
 /// How much older than a replay a receipt's event may be and still be the new send's: providers
 /// that give whole seconds (SendGrid, Stripe) date an event in the replay's own second before

@@ -156,8 +156,13 @@ fn receipt_sentence(r: &ReceiptEntry) -> String {
         "deferred" => format!("the provider reported a delay{when}"),
         other => format!("the provider reported {other}{when}"),
     };
+    let of = r
+        .before_replay_at
+        .as_deref()
+        .map(|t| format!(" of the send before the replay at {t}"))
+        .unwrap_or_default();
     let mut s = format!(
-        "Receipt from {}: {what} (arrived {}",
+        "Receipt from {}{of}: {what} (arrived {}",
         r.source, r.received_at
     );
     match (r.outcome.as_deref(), r.outcome_reason.as_deref()) {
@@ -522,6 +527,18 @@ pub fn narrate(e: &Explanation) -> String {
     for r in &e.receipt_timeline {
         parts.push(receipt_sentence(r));
     }
+    // Receipts only of sends before its last replay: none yet says anything of the new send.
+    if let Some(last) = e.replays.last()
+        && !e.receipt_timeline.is_empty()
+        && e.receipt_timeline
+            .iter()
+            .all(|r| r.before_replay_at.is_some())
+    {
+        parts.push(format!(
+            "No receipt has come for the send since the replay at {}.",
+            last.replayed_at
+        ));
+    }
     parts.push(state_sentence(e));
     if let Some(d) = &e.endpoint_disabled {
         let why = d
@@ -715,6 +732,7 @@ mod tests {
             reconciled_at: Some("2026-12-01T10:09:02.100000Z".into()),
             outcome: Some("applied".into()),
             outcome_reason: Some("newer than the current status".into()),
+            before_replay_at: None,
         }];
         let text = narrate(&e);
         for want in [
@@ -895,6 +913,43 @@ mod tests {
             .expect(&text);
         assert!(text.find("Attempt 1 ").unwrap() < replay);
         assert!(replay < text.find("Attempt 2 ").unwrap());
+        assert!(!text.contains("No receipt"), "no receipt at all: {text}");
+
+        // Receipts of the send before it are said to be; with none since, that is said too.
+        let receipt = |before: Option<&str>| ReceiptEntry {
+            source: "sg".into(),
+            provider_event_id: "evt".into(),
+            event_type: "bounced".into(),
+            provider_type: "bounce".into(),
+            event_time: Some("2026-12-01T10:00:50.000000Z".into()),
+            received_at: "2026-12-01T10:00:51.000000Z".into(),
+            reconciled_at: None,
+            outcome: Some("applied".into()),
+            outcome_reason: None,
+            before_replay_at: before.map(str::to_owned),
+        };
+        e.receipt_timeline = vec![receipt(Some("2026-12-01T10:01:30.000000Z"))];
+        let text = narrate(&e);
+        assert!(
+            text.contains(
+                "Receipt from sg of the send before the replay at 2026-12-01T10:01:30.000000Z: \
+                 the recipient's server bounced it at 2026-12-01T10:00:50.000000Z"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "No receipt has come for the send since the replay at 2026-12-01T10:01:30.000000Z."
+            ),
+            "{text}"
+        );
+        e.receipt_timeline.push(receipt(None));
+        let text = narrate(&e);
+        assert!(!text.contains("No receipt"), "{text}");
+        assert!(
+            text.contains("Receipt from sg: the recipient's server"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -153,13 +153,24 @@ pub fn explanation(e: &Explanation) -> String {
                     r.received_at.clone(),
                     r.source.clone(),
                     r.event_type.clone(),
+                    r.before_replay_at
+                        .as_deref()
+                        .map_or_else(|| "current".to_owned(), |t| format!("before replay {t}")),
                     opt(&r.outcome),
                     opt(&r.outcome_reason),
                 ]
             })
             .collect();
         out.push_str(&table(
-            &["EVENT TIME", "ARRIVED", "SOURCE", "TYPE", "OUTCOME", "WHY"],
+            &[
+                "EVENT TIME",
+                "ARRIVED",
+                "SOURCE",
+                "TYPE",
+                "SEND",
+                "OUTCOME",
+                "WHY",
+            ],
             &rows,
         ));
     }

@@ -276,6 +276,11 @@ pub struct ReceiptEntry {
     /// `applied`, `superseded`, `no_send`, `unchanged` or `history`.
     pub outcome: Option<String>,
     pub outcome_reason: Option<String>,
+    /// For a message replayed since the send this receipt speaks of (it arrived before that
+    /// replay, or its event is more than 5 s older than it): the time of that replay, the first
+    /// after its send. `null` for a receipt of the current send.
+    #[schema(format = DateTime)]
+    pub before_replay_at: Option<String>,
 }
 
 /// One replay, as audited.
@@ -322,7 +327,14 @@ impl AttemptEntry {
 }
 
 impl ReceiptEntry {
-    pub fn new(r: &ReceiptRow) -> Self {
+    /// `replays`: the message's, oldest first.
+    pub fn new(r: &ReceiptRow, replays: &[ReplayRow]) -> Self {
+        let before_replay_at = replays
+            .iter()
+            .find(|p| {
+                crate::storage::models::of_a_send_before(p.replayed_at, r.event_time, r.received_at)
+            })
+            .map(|p| ts(&p.replayed_at));
         Self {
             source: r.source.clone(),
             provider_event_id: mask_emails_in(&r.provider_event_id),
@@ -333,6 +345,7 @@ impl ReceiptEntry {
             reconciled_at: r.reconciled_at.as_ref().map(ts),
             outcome: r.outcome.clone(),
             outcome_reason: r.outcome_reason.as_deref().map(mask_emails_in),
+            before_replay_at,
         }
     }
 }
@@ -399,7 +412,10 @@ impl Explanation {
                 .iter()
                 .map(|a| AttemptEntry::new(a, replays))
                 .collect(),
-            receipt_timeline: receipts.iter().map(ReceiptEntry::new).collect(),
+            receipt_timeline: receipts
+                .iter()
+                .map(|r| ReceiptEntry::new(r, replays))
+                .collect(),
             replays: replays.iter().map(ReplayEntry::new).collect(),
             ordering: None,
             endpoint_disabled: None,

@@ -772,11 +772,41 @@ async fn a_late_receipt_of_an_earlier_send_says_nothing_of_the_replayed_one(back
         reason.starts_with("of a send before the replay"),
         "{reason}"
     );
+    // The explanation says whose both are, and that none has come for the new send (it read
+    // as if the first send's receipts spoke of the new one: a walk-through).
+    let e = app.explain("again-1").await;
+    let replayed = e["replays"][0]["replayed_at"].as_str().unwrap().to_owned();
+    for r in e["receipt_timeline"].as_array().unwrap() {
+        assert_eq!(r["before_replay_at"], replayed.as_str(), "{r}");
+    }
+    let text = e["explanation"].as_str().unwrap();
+    assert!(
+        text.contains(&format!(
+            "Receipt from esp of the send before the replay at {replayed}"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "No receipt has come for the send since the replay at {replayed}."
+        )),
+        "{text}"
+    );
     // The new send's own receipt is its status.
     let new = at_clock(&app, 5);
     post_receipt(&app, receipt("a3", "delivered", Some(new), "again-1")).await;
     assert_eq!(reconcile(&app).await, 1);
     assert_eq!(app.message("again-1").await["delivery_status"], "delivered");
+    let e = app.explain("again-1").await;
+    assert_eq!(
+        e["receipt_timeline"][2]["before_replay_at"],
+        Value::Null,
+        "{e}"
+    );
+    assert!(
+        !e["explanation"].as_str().unwrap().contains("No receipt"),
+        "{e}"
+    );
 
     // Unconfirmed (409), replayed, 409 again: an earlier send's receipt that arrives now does
     // not settle it, neither when it finds the message unconfirmed nor when it came while the
