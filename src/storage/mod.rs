@@ -966,8 +966,14 @@ impl Db {
             Db::Sqlite(db) => {
                 let _w = db.lock_writer();
                 let mut conn = db.pool.get()?;
-                conn.run_pending_migrations(SQLITE_MIGRATIONS)
-                    .map(|v| v.iter().map(|m| m.to_string()).collect())
+                // One migrator at a time when several processes start on one file (two `herald
+                // migrate`s on a fresh file: the second failed on "table herald_outbox already
+                // exists"): all pending migrations in one write transaction, begun before they
+                // are looked up; the other waits for it (busy_timeout), then finds none pending.
+                conn.immediate_transaction(|c| {
+                    c.run_pending_migrations(SQLITE_MIGRATIONS)
+                        .map(|v| v.iter().map(|m| m.to_string()).collect())
+                })
             }
         };
         applied.map_err(|e| StorageError::Migration(e.to_string()))
