@@ -91,6 +91,8 @@ fn open_db_keeping(settings: &Settings, migrate: bool, min_idle: u32) -> anyhow:
         },
     )
     .context("cannot open the database")?;
+    db.first_connection()
+        .context("cannot connect to the database")?;
     if migrate {
         let applied = db.migrate().context("cannot migrate the database")?;
         for m in applied {

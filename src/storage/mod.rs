@@ -46,7 +46,25 @@ use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 pub const PG_MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
 pub const SQLITE_MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
 
-pub type PgPool = Pool<PgManager>;
+/// The PostgreSQL pool, with the last connection error of its connections that no wait changes
+/// ([`Db::first_connection`]).
+#[derive(Clone)]
+pub struct PgPool {
+    pool: Pool<PgManager>,
+    refused: Refusal,
+}
+
+impl std::ops::Deref for PgPool {
+    type Target = Pool<PgManager>;
+
+    fn deref(&self) -> &Pool<PgManager> {
+        &self.pool
+    }
+}
+
+/// The last connection error of a [`PgManager`]'s, and whether no wait changes it
+/// ([`refused_for_good`]).
+type Refusal = Arc<Mutex<Option<(String, bool)>>>;
 pub type SqlitePool = Pool<ConnectionManager<SqliteConnection>>;
 
 /// A storage failure. `Unavailable` means "try again later" (503 + Retry-After at the edge).
@@ -60,6 +78,10 @@ pub enum StorageError {
     Migration(String),
     #[error("unsupported database URL {0:?}: use sqlite://PATH or postgres://…")]
     BadUrl(String),
+    /// PostgreSQL refused Herald's connection for a reason no wait changes
+    /// ([`refused_for_good`]): found by [`Db::first_connection`].
+    #[error("the database refused the connection: {0}")]
+    Refused(String),
 }
 
 impl StorageError {
@@ -85,6 +107,7 @@ impl StorageError {
             StorageError::Unavailable(_) => "database unavailable".into(),
             StorageError::Migration(m) => format!("migration failed: {m}"),
             StorageError::BadUrl(u) => format!("bad database URL {u}"),
+            StorageError::Refused(why) => format!("connection refused: {why}"),
         }
     }
 }
@@ -145,6 +168,7 @@ pub struct PgManager {
     inner: ConnectionManager<PgConnection>,
     secrets: UrlSecrets,
     server_side: ServerKeepalive,
+    refused: Refusal,
 }
 
 impl PgManager {
@@ -161,8 +185,43 @@ impl PgManager {
             server_side,
             inner: ConnectionManager::new(url.clone()),
             secrets: url_secrets(&url),
+            refused: Refusal::default(),
         }
     }
+}
+
+/// libpq's text on one line (it adds a line with a hint, and ends with a line break): a start-up
+/// failure is one line, as is each logged error.
+fn one_line(text: &str) -> String {
+    text.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Whether a connection error is one that no wait changes: the server's refusal of the user,
+/// the password or the database (`FATAL:  password authentication failed`, `… does not exist`,
+/// `no pg_hba.conf entry`, `… is not permitted to log in`), or a URL libpq cannot use (`invalid
+/// sslmode value`, SSL required of a server without it). Read from libpq's English text: one
+/// in another language (the server's `lc_messages`) is not recognized and is waited for as any
+/// other (the pool's connection timeout), as is every other error — a refused or unanswered
+/// connection, a server starting up or shutting down, too many clients: those pass.
+fn refused_for_good(message: &str) -> bool {
+    const FOR_GOOD: [&str; 8] = [
+        "password authentication failed",
+        "authentication failed for user",
+        "no pg_hba.conf entry",
+        "is not permitted to log in",
+        "permission denied for database",
+        "server does not support SSL",
+        "no password supplied",
+        "SCRAM authentication requires libpq",
+    ];
+    let fatal_missing = message.contains("FATAL:")
+        && (message.contains("database \"") || message.contains("role \""))
+        && message.contains("does not exist");
+    fatal_missing || FOR_GOOD.iter().any(|f| message.contains(f)) || message.starts_with("invalid ")
 }
 
 /// The server's end of each of Herald's sessions keeps the watch the URL sets for Herald's end:
@@ -383,9 +442,12 @@ impl r2d2::ManageConnection for PgManager {
 
     fn connect(&self) -> Result<PgConnection, Self::Error> {
         let mut conn = self.inner.connect().map_err(|e| match e {
-            diesel::r2d2::Error::ConnectionError(c) => diesel::r2d2::Error::ConnectionError(
-                diesel::ConnectionError::BadConnection(redact(&c.to_string(), &self.secrets)),
-            ),
+            diesel::r2d2::Error::ConnectionError(c) => {
+                let text = one_line(&redact(&c.to_string(), &self.secrets));
+                *self.refused.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some((text.clone(), refused_for_good(&text)));
+                diesel::r2d2::Error::ConnectionError(diesel::ConnectionError::BadConnection(text))
+            }
             other => other,
         })?;
         self.server_side.apply(&mut conn);
@@ -873,6 +935,8 @@ impl Db {
     /// Opens a pool for `url` without touching the schema.
     pub fn connect(url: &str, options: &PoolOptions) -> Result<Db, StorageError> {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let manager = PgManager::new(url, options.idle_in_transaction);
+            let refused = manager.refused.clone();
             let pool = Pool::builder()
                 .max_size(options.max_size)
                 .min_idle(Some(options.min_idle))
@@ -882,8 +946,8 @@ impl Db {
                 // (503 / retry) and is dropped by the pool as broken.
                 .test_on_check_out(false)
                 // A database that is down now is an error at the first use, not at start-up.
-                .build_unchecked(PgManager::new(url, options.idle_in_transaction));
-            Ok(Db::Pg(pool))
+                .build_unchecked(manager);
+            Ok(Db::Pg(PgPool { pool, refused }))
         } else if let Some(path) = sqlite_path(url) {
             if path.is_empty() || path.contains(":memory:") {
                 return Err(StorageError::BadUrl(
@@ -947,6 +1011,40 @@ impl Db {
         match self {
             Db::Pg(_) => Backend::Postgres,
             Db::Sqlite(_) => Backend::Sqlite,
+        }
+    }
+
+    /// Waits for a first connection, at most the pool's connection timeout, as any use would;
+    /// but a refusal no wait changes ([`refused_for_good`]: a wrong password, a database or
+    /// role that does not exist, a URL libpq cannot use) ends the wait at once with it, as
+    /// [`StorageError::Refused`] (it took the whole 5 s). Nothing to wait for on SQLite.
+    pub fn first_connection(&self) -> Result<(), StorageError> {
+        let Db::Pg(pool) = self else {
+            return Ok(());
+        };
+        let deadline = std::time::Instant::now() + pool.connection_timeout();
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match pool.get_timeout(left.min(Duration::from_millis(100))) {
+                Ok(_) => return Ok(()),
+                Err(e) => {
+                    let last = pool
+                        .refused
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clone();
+                    match last {
+                        Some((why, true)) => return Err(StorageError::Refused(why)),
+                        // Each short wait takes the pool's last error with it: the last one seen
+                        // is said here.
+                        Some((why, false)) if left.is_zero() => {
+                            return Err(StorageError::Unavailable(format!("{e}: {why}").into()));
+                        }
+                        _ if left.is_zero() => return Err(e.into()),
+                        _ => {}
+                    }
+                }
+            }
         }
     }
 
@@ -1226,6 +1324,54 @@ pub(crate) use per_backend;
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_refusal_no_wait_changes_is_told_from_one_that_passes() {
+        use super::{one_line, refused_for_good};
+        let at = "connection to server at \"127.0.0.1\", port 5432 failed: ";
+        for text in [
+            "FATAL:  password authentication failed for user \"herald\"",
+            "FATAL:  database \"nodb\" does not exist",
+            "FATAL:  role \"nobody\" does not exist",
+            "FATAL:  no pg_hba.conf entry for host \"10.0.0.1\", user \"h\", database \"h\", no encryption",
+            "FATAL:  role \"h\" is not permitted to log in",
+            "FATAL:  permission denied for database \"h\"",
+            "server does not support SSL, but SSL was required",
+            "fe_sendauth: no password supplied",
+        ] {
+            assert!(
+                refused_for_good(&one_line(&format!("{at}{text}\n"))),
+                "{text}"
+            );
+        }
+        assert!(refused_for_good("invalid sslmode value: \"bogus\""));
+        for text in [
+            "Connection refused\n\tIs the server running on that host and accepting TCP/IP connections?\n",
+            "FATAL:  the database system is starting up",
+            "FATAL:  the database system is shutting down",
+            "FATAL:  sorry, too many clients already",
+            "FATAL:  remaining connection slots are reserved for non-replication superuser connections",
+            "timeout expired",
+            "server closed the connection unexpectedly",
+            // Another language: waited for, as any other.
+            "FATAL:  Passwort-Authentifizierung für Benutzer »h« fehlgeschlagen",
+        ] {
+            assert!(
+                !refused_for_good(&one_line(&format!("{at}{text}"))),
+                "{text}"
+            );
+        }
+        assert!(!refused_for_good(
+            "could not translate host name \"db\" to address"
+        ));
+        assert_eq!(
+            one_line(&format!(
+                "{at}Connection refused\n\tIs the server running?\n"
+            )),
+            format!("{at}Connection refused; Is the server running?")
+        );
+        assert_eq!(one_line("FATAL:  a\n"), "FATAL: a");
+    }
+
     #[test]
     fn a_database_urls_password_is_redacted_from_connection_errors() {
         let secrets = url_secrets("postgres://herald:p@ss/w0rd@db/herald");

@@ -859,6 +859,31 @@ async fn commands_on_postgres_with_a_password_exit_cleanly() {
             );
         }
     }
+    // A refusal no wait changes — a wrong password, a database that does not exist — is said
+    // at once, on one line (it was said after the pool's 5 s wait, with libpq's line breaks),
+    // without the password; by `serve` as by a command.
+    for (url, says) in [
+        (
+            url.replace("pw-Sekr1t", "wrong-Pw9"),
+            "password authentication failed",
+        ),
+        (url.replace("/cmds", "/no_such_db"), "does not exist"),
+    ] {
+        for args in [&["serve"][..], &["dlq", "list"][..]] {
+            let mut h = Herald::spawn(args, &[("HERALD_DATABASE_URL", url.as_str())]);
+            let status = h.wait_exit(EXIT_WITHIN).await;
+            let stderr = h.stderr();
+            assert_eq!(status.code(), Some(1), "{args:?} {says}: {stderr}");
+            let last = stderr.lines().last().unwrap_or_default();
+            assert!(
+                last.contains("the database refused the connection") && last.contains(says),
+                "{args:?}: {stderr}"
+            );
+            assert!(!stderr.contains("wrong-Pw9"), "{stderr}");
+            assert!(!stderr.contains("pw-Sekr1t"), "{stderr}");
+            assert!(!stderr.contains("timed out"), "{stderr}");
+        }
+    }
 }
 
 /// Polls `GET /v1/messages/{id}` until `done` holds for the view (bounded).
