@@ -214,6 +214,28 @@ fn is_herald_variable(name: &str) -> bool {
         .is_some_and(|p| p.eq_ignore_ascii_case("HERALD_"))
 }
 
+impl ConfigError {
+    /// A refused setting's message names the variable that sets it, where it does not already
+    /// (`retry_jitter: must be in [0, 1)` said neither `HERALD_RETRY_JITTER` nor what to do):
+    /// one of `read`, the variables a setting reads.
+    fn naming_its_variable(self, read: &std::collections::BTreeSet<String>) -> Self {
+        match self {
+            ConfigError::Invalid { name, message } => {
+                let var = format!("HERALD_{}", name.to_ascii_uppercase());
+                let message = if message.contains("HERALD_") || !read.contains(&var) {
+                    message
+                } else {
+                    format!(
+                        "{message}; set {var} (or {name} in the file) to such a value, or unset it for the default"
+                    )
+                };
+                ConfigError::Invalid { name, message }
+            }
+            other => other,
+        }
+    }
+}
+
 fn invalid(name: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         name: name.into(),
@@ -618,7 +640,38 @@ impl Settings {
             f.allow_networks = Some(Networks::One(v));
         }
         over!(log_format, "HERALD_LOG_FORMAT", string);
+        over!(
+            retention_delivered_days,
+            "HERALD_RETENTION_DELIVERED_DAYS",
+            num
+        );
+        over!(
+            retention_dead_letter_days,
+            "HERALD_RETENTION_DEAD_LETTER_DAYS",
+            num
+        );
+        over!(
+            retention_unmatched_receipt_days,
+            "HERALD_RETENTION_UNMATCHED_RECEIPT_DAYS",
+            num
+        );
+        over!(retention_batch_size, "HERALD_RETENTION_BATCH_SIZE", num);
+        over!(
+            retention_interval_seconds,
+            "HERALD_RETENTION_INTERVAL_SECONDS",
+            num
+        );
+        let read = read.into_inner();
+        Self::checked(f, env, &read).map_err(|e| e.naming_its_variable(&read))
+    }
 
+    /// The settings `f` (the file's, each variable set over it) gives, checked. `read`: the
+    /// `HERALD_*` variables a setting reads.
+    fn checked(
+        f: FileConfig,
+        env: &BTreeMap<String, String>,
+        read: &std::collections::BTreeSet<String>,
+    ) -> Result<Self, ConfigError> {
         let log_format = match f.log_format.as_deref() {
             None => LogFormat::Text,
             Some(v) => v.parse::<LogFormat>().map_err(|e| {
@@ -644,27 +697,6 @@ impl Settings {
         })?;
 
         let limits = limits_config(&f, f.sender_concurrency.unwrap_or(64).clamp(1, 1024))?;
-        over!(
-            retention_delivered_days,
-            "HERALD_RETENTION_DELIVERED_DAYS",
-            num
-        );
-        over!(
-            retention_dead_letter_days,
-            "HERALD_RETENTION_DEAD_LETTER_DAYS",
-            num
-        );
-        over!(
-            retention_unmatched_receipt_days,
-            "HERALD_RETENTION_UNMATCHED_RECEIPT_DAYS",
-            num
-        );
-        over!(retention_batch_size, "HERALD_RETENTION_BATCH_SIZE", num);
-        over!(
-            retention_interval_seconds,
-            "HERALD_RETENTION_INTERVAL_SECONDS",
-            num
-        );
 
         let retention = retention_config(&f)?;
         let timings = Timings::resolve(
@@ -989,7 +1021,7 @@ impl Settings {
         let sender_concurrency = f.sender_concurrency.unwrap_or(64).clamp(1, 1024);
         let unread_env: Vec<String> = env
             .keys()
-            .filter(|k| is_herald_variable(k) && !read.borrow().contains(*k))
+            .filter(|k| is_herald_variable(k) && !read.contains(*k))
             // Read by the test harness, the benchmark and the scripts, not by Herald.
             .filter(|k| {
                 ![
@@ -2178,9 +2210,19 @@ mod tests {
             ("HERALD_RETRY_CAP_SECONDS", "5"),
         ])
         .unwrap_err();
-        one_line(&err, "retry_cap_seconds", &[]);
+        one_line(&err, "retry_cap_seconds", &["HERALD_RETRY_CAP_SECONDS"]);
         let err = build(&[("HERALD_WEBHOOK_TIMEOUT_MS", "0")]).unwrap_err();
         one_line(&err, "webhook_timeout_ms", &["HERALD_WEBHOOK_TIMEOUT_MS"]);
+        // Each refusal names the variable to set (an operator walk-through: these two said
+        // only the setting's file name and the rule).
+        for (var, value, name) in [
+            ("HERALD_RETRY_JITTER", "1.5", "retry_jitter"),
+            ("HERALD_RETRY_MAX_ATTEMPTS", "0", "retry_max_attempts"),
+        ] {
+            let err = build(&[(var, value)]).unwrap_err();
+            one_line(&err, name, &[var, "or unset it"]);
+            assert_eq!(err.to_string().matches("HERALD_").count(), 1, "{err}");
+        }
     }
 
     #[test]

@@ -1373,11 +1373,12 @@ async fn ingest_into(
     let refused = |p: Problem| (IngestVerdict::of_status(p.status), p);
     let name = name.to_owned();
     let source = state.sources.get(&name).cloned().ok_or_else(|| {
-        refused(Problem::new(
-            StatusCode::NOT_FOUND,
-            "not-found",
-            "No such receipt source",
-        ))
+        refused(
+            Problem::new(StatusCode::NOT_FOUND, "not-found", "No such receipt source").detail(
+                "no source of this name is configured ([sources.NAME] in herald.toml): \
+                 check the URL's last segment",
+            ),
+        )
     })?;
     let body = read_body(req, state, payload, state.ingest_max_body_bytes)
         .await

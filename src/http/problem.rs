@@ -315,7 +315,7 @@ impl From<SupportError> for Problem {
             SupportError::NotSkippable(_) => Problem::new(
                 StatusCode::CONFLICT,
                 "not-skippable",
-                "The message holds no ordering key",
+                "The message holds back no ordering key",
             )
             .detail(e.to_string()),
             SupportError::Moved => Problem::new(

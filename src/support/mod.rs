@@ -551,7 +551,6 @@ pub fn skip(
             tracing::info!(
                 event_id = %crate::telemetry::LogEventId(&row.event_id),
                 who,
-                reason = %view::mask_free_text(req.reason.as_str()),
                 due,
                 "ordering key released by an explicit skip"
             );
