@@ -554,7 +554,27 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// or `--json`; the exit status follows [`herald::support::exit_code`].
 fn support_command(command: Command, settings: &Settings) -> anyhow::Result<ExitCode> {
     use herald::support::{self, Lookup, render};
-    let db = open_db_for_a_command(settings, false)?;
+    let json = match &command {
+        Command::Explain { json, .. }
+        | Command::Replay { json, .. }
+        | Command::Skip { json, .. } => *json,
+        Command::Dlq {
+            command: DlqCommand::List { json, .. } | DlqCommand::Redrive { json, .. },
+        } => *json,
+        _ => false,
+    };
+    let db = match open_db_for_a_command(settings, false) {
+        Ok(db) => db,
+        Err(e) => {
+            // `--json` prints its errors as documents, also one before any lookup (no database
+            // there, none reachable): it printed nothing.
+            if json {
+                let doc = serde_json::json!({"error": "storage", "detail": format!("{e:#}")});
+                out!("{}", herald::telemetry::json_printable(&doc, true)?);
+            }
+            return Err(e);
+        }
+    };
     let policies = settings.policies();
     let now = || herald::clock::Clock::storage_now(&SystemClock);
     let who = support::cli_who(

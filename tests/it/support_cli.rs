@@ -386,6 +386,23 @@ fn commands_on_a_database_never_migrated_say_to_run_herald_migrate() {
         );
         assert!(!d.join("herald.db").exists(), "{args:?} created the file");
     }
+    // With --json, the error is a document on standard output too (it printed nothing).
+    for args in [
+        &["explain", "--event-id", "x", "--json"][..],
+        &["dlq", "list", "--json"],
+        &["dlq", "redrive", "--reason", "r", "--json"],
+        &["skip", "x", "--reason", "r", "--json"],
+    ] {
+        let o = herald(d, args);
+        assert_eq!(code(&o), 1, "{args:?}: {}", stderr(&o));
+        let doc: serde_json::Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}: {:?}", String::from_utf8_lossy(&o.stdout)));
+        assert_eq!(doc["error"], "storage", "{args:?}: {doc}");
+        assert!(
+            doc["detail"].as_str().unwrap().contains("herald migrate"),
+            "{args:?}: {doc}"
+        );
+    }
     // A directory that is not there, for a command that would create the database: said at
     // once, naming it.
     let missing = d.join("no-such-dir").join("h.db");
