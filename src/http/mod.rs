@@ -1411,9 +1411,7 @@ async fn ingest_into(
             query: query.as_deref(),
             method: &method,
         };
-        verifier
-            .verify(&raw, now)
-            .and_then(|events| crate::ingest::check_storable(&events).map(|()| events))
+        verifier.verify_storable(&raw, now)
     })
     .await
     .map_err(|e| refused(e.into()))?;

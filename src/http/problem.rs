@@ -257,7 +257,7 @@ impl From<VerifyError> for Problem {
             p.retry_after = Some(2);
         }
         if let VerifyError::TooLong(field) | VerifyError::Blank(field) = e {
-            p.field = Some(field.into());
+            p.field = Some(field.clone());
         }
         p
     }

@@ -109,7 +109,7 @@ pub enum VerifyError {
     Unavailable(&'static str),
     /// 400: a verified event carries an id longer than [`ID_MAX_BYTES`] (the field named).
     #[error("{0} is longer than {ID_MAX_BYTES} bytes")]
-    TooLong(&'static str),
+    TooLong(String),
     /// 401: the request names or carries something this source does not accept, whatever its
     /// signature: an SNS topic not in `topic_arns`, a certificate URL that is not SNS's for the
     /// topic's region, Basic credentials that match no configured pair (Postmark), a signed
@@ -119,7 +119,7 @@ pub enum VerifyError {
     /// 400: a verified event's own id is empty (the field named): duplicates are found by it, so
     /// every such receipt would be taken for the first one.
     #[error("{0} is missing or empty: a receipt is deduplicated by its provider's id")]
-    Blank(&'static str),
+    Blank(String),
 }
 
 impl VerifyError {
@@ -144,6 +144,23 @@ pub trait Source: Send + Sync {
         request: &RawRequest<'_>,
         now: DateTime<Utc>,
     ) -> Result<Vec<ReceiptEvent>, VerifyError>;
+
+    /// Where the provider's request holds an event's own id, as a refusal names it (`webhook-id`,
+    /// `sg_event_id`): one that is empty or too long is named so, not by Herald's column.
+    fn id_field(&self) -> &str {
+        "provider_event_id"
+    }
+
+    /// [`Source::verify`], then [`check_storable`]: what ingest stores.
+    fn verify_storable(
+        &self,
+        request: &RawRequest<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<ReceiptEvent>, VerifyError> {
+        let events = self.verify(request, now)?;
+        check_storable(&events, self.id_field())?;
+        Ok(events)
+    }
 }
 
 pub use crate::secret::constant_time_eq;
@@ -168,14 +185,19 @@ pub fn nonblank<S: AsRef<str>>(v: Option<S>) -> Option<S> {
 }
 
 /// Refuses verified events that could not be stored: an id over [`ID_MAX_BYTES`], or an empty
-/// provider event id.
-pub fn check_storable(events: &[ReceiptEvent]) -> Result<(), VerifyError> {
-    for e in events {
+/// provider event id, which the refusal names as `id_field` (the source's); in a request of
+/// several events, with the event's place first (`[2].sg_event_id`).
+pub fn check_storable(events: &[ReceiptEvent], id_field: &str) -> Result<(), VerifyError> {
+    for (i, e) in events.iter().enumerate() {
+        let named = |field: &str| match events.len() {
+            1 => field.to_owned(),
+            _ => format!("[{i}].{field}"),
+        };
         if nonblank(Some(&e.provider_event_id)).is_none() {
-            return Err(VerifyError::Blank("provider_event_id"));
+            return Err(VerifyError::Blank(named(id_field)));
         }
         let ids = [
-            ("provider_event_id", Some(&e.provider_event_id)),
+            (id_field, Some(&e.provider_event_id)),
             ("herald_event_id", e.herald_event_id.as_ref()),
             ("provider_message_id", e.provider_message_id.as_ref()),
             ("replay_key", e.replay_key.as_ref()),
@@ -186,7 +208,7 @@ pub fn check_storable(events: &[ReceiptEvent]) -> Result<(), VerifyError> {
             .into_iter()
             .find(|(_, v)| v.is_some_and(|v| stored_len(v) > ID_MAX_BYTES))
         {
-            return Err(VerifyError::TooLong(field));
+            return Err(VerifyError::TooLong(named(field)));
         }
     }
     Ok(())
@@ -443,9 +465,7 @@ pub fn verify_request_offline(
         query,
         method: o.method.unwrap_or("POST"),
     };
-    let verified = source
-        .verify(&request, at)
-        .and_then(|events| check_storable(&events).map(|()| events));
+    let verified = source.verify_storable(&request, at);
     Ok(match verified {
         Ok(events) => Verdict {
             valid: true,
@@ -592,30 +612,31 @@ mod tests {
             replay_key: None,
         };
         let ok = "x".repeat(ID_MAX_BYTES);
-        assert!(check_storable(&[event(&ok)]).is_ok());
+        let check = |events: &[ReceiptEvent]| check_storable(events, "webhook-id");
+        assert!(check(&[event(&ok)]).is_ok());
         // Counted as stored: a NUL becomes U+FFFD, three bytes.
         let nuls = "\0".repeat(ID_MAX_BYTES / 3 + 1);
-        assert!(matches!(
-            check_storable(&[event(&nuls)]),
-            Err(VerifyError::TooLong("provider_event_id"))
-        ));
-        assert!(check_storable(&[event(&"\0".repeat(ID_MAX_BYTES / 3))]).is_ok());
+        assert_eq!(
+            check(&[event(&nuls)]),
+            Err(VerifyError::TooLong("webhook-id".into()))
+        );
+        assert!(check(&[event(&"\0".repeat(ID_MAX_BYTES / 3))]).is_ok());
         // An empty id would be the key of every receipt without one.
         for blank in ["", " \t"] {
-            let e = check_storable(&[event(&ok), event(blank)]).unwrap_err();
+            let e = check(&[event(&ok), event(blank)]).unwrap_err();
             assert_eq!(
                 (e.status(), e),
-                (400, VerifyError::Blank("provider_event_id"))
+                (400, VerifyError::Blank("[1].webhook-id".into()))
             );
+            // Alone, without its place.
+            let e = check(&[event(blank)]).unwrap_err();
+            assert_eq!(e, VerifyError::Blank("webhook-id".into()));
         }
         let long = "x".repeat(ID_MAX_BYTES + 1);
-        let e = check_storable(&[event(&ok), event(&long)]).unwrap_err();
+        let e = check(&[event(&ok), event(&long)]).unwrap_err();
         assert_eq!(
             (e.status(), e.to_string()),
-            (
-                400,
-                "provider_event_id is longer than 1024 bytes".to_owned()
-            )
+            (400, "[1].webhook-id is longer than 1024 bytes".to_owned())
         );
         for (field, set) in [
             (
@@ -631,7 +652,7 @@ mod tests {
             let mut x = event("ok");
             set(&mut x, long.clone());
             assert!(
-                matches!(check_storable(&[x]), Err(VerifyError::TooLong(f)) if f == field),
+                matches!(check(&[x]), Err(VerifyError::TooLong(f)) if f == field),
                 "{field}"
             );
         }

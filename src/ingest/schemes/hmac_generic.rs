@@ -64,6 +64,10 @@ impl Source for GenericHmac {
         "hmac"
     }
 
+    fn id_field(&self) -> &str {
+        &self.id_pointer
+    }
+
     fn verify(
         &self,
         r: &RawRequest<'_>,

@@ -44,6 +44,10 @@ impl Source for Mailgun {
         "mailgun"
     }
 
+    fn id_field(&self) -> &str {
+        "event-data.id"
+    }
+
     fn verify(
         &self,
         r: &RawRequest<'_>,
@@ -81,7 +85,7 @@ impl Source for Mailgun {
             .cloned()
             .ok_or_else(|| VerifyError::Unparsable("no event-data".into()))?;
         let id = crate::ingest::nonblank(str_at(&data, "/id"))
-            .ok_or(VerifyError::Blank("event-data.id"))?;
+            .ok_or(VerifyError::Blank("event-data.id".into()))?;
         let event = str_at(&data, "/event").unwrap_or_else(|| "unknown".into());
         let severity = str_at(&data, "/severity");
         Ok(vec![ReceiptEvent {
@@ -162,7 +166,10 @@ mod tests {
                 query: None,
                 method: "POST",
             };
-            assert_eq!(v.verify(&r, at), Err(VerifyError::Blank("event-data.id")));
+            assert_eq!(
+                v.verify(&r, at),
+                Err(VerifyError::Blank("event-data.id".into()))
+            );
         }
         let body = signed("key-1", "soon", "tok3", json!({"id": "ev-2"}));
         let r = RawRequest {

@@ -75,6 +75,10 @@ impl Source for Postmark {
         "postmark"
     }
 
+    fn id_field(&self) -> &str {
+        "ID"
+    }
+
     fn verify(
         &self,
         r: &RawRequest<'_>,

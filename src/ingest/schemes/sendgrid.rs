@@ -57,6 +57,10 @@ impl Source for SendGrid {
         "sendgrid"
     }
 
+    fn id_field(&self) -> &str {
+        "sg_event_id"
+    }
+
     fn verify(
         &self,
         r: &RawRequest<'_>,
@@ -253,7 +257,27 @@ mod tests {
         }
         assert!(ids[0] != ids[1] && ids[1] != ids[2], "{ids:?}");
         assert_eq!(ids[3], "sg-1");
-        assert_eq!(crate::ingest::check_storable(&events), Ok(()));
+        assert_eq!(
+            crate::ingest::check_storable(&events, "sg_event_id"),
+            Ok(())
+        );
+        // One too long to store, in a batch: named as the request holds it, with its place.
+        let long = format!(
+            r#"[{{"sg_event_id": "sg-0", "event": "open", "timestamp": 1}},
+                {{"sg_event_id": "{}", "event": "open", "timestamp": 1}}]"#,
+            "x".repeat(crate::ingest::ID_MAX_BYTES + 1)
+        );
+        let (source, headers) = own_key_source("1600112502", long.as_bytes());
+        let r = RawRequest {
+            headers: &headers,
+            body: long.as_bytes(),
+            query: None,
+            method: "POST",
+        };
+        assert_eq!(
+            source.verify_storable(&r, Utc.timestamp_opt(1600112502, 0).unwrap()),
+            Err(VerifyError::TooLong("[1].sg_event_id".into()))
+        );
         let (source, headers) = own_key_source("soon", body);
         let r = RawRequest {
             headers: &headers,

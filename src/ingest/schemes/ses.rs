@@ -520,6 +520,10 @@ impl Source for Ses {
         "ses"
     }
 
+    fn id_field(&self) -> &str {
+        "MessageId"
+    }
+
     fn verify(
         &self,
         r: &RawRequest<'_>,

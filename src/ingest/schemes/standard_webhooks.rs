@@ -61,6 +61,10 @@ impl Source for StandardWebhooks {
         "standard-webhooks"
     }
 
+    fn id_field(&self) -> &str {
+        "webhook-id"
+    }
+
     fn verify(
         &self,
         r: &RawRequest<'_>,

@@ -43,6 +43,10 @@ impl Source for Stripe {
         "stripe"
     }
 
+    fn id_field(&self) -> &str {
+        "id"
+    }
+
     fn verify(
         &self,
         r: &RawRequest<'_>,

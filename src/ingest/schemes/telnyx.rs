@@ -129,6 +129,10 @@ impl Source for Telnyx {
         "telnyx"
     }
 
+    fn id_field(&self) -> &str {
+        "data.id"
+    }
+
     fn verify(
         &self,
         r: &RawRequest<'_>,
