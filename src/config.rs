@@ -221,7 +221,7 @@ impl ConfigError {
     fn naming_its_variable(self, read: &std::collections::BTreeSet<String>) -> Self {
         match self {
             ConfigError::Invalid { name, message } => {
-                let var = format!("HERALD_{}", name.to_ascii_uppercase());
+                let var = env_name(&name);
                 let message = if message.contains("HERALD_") || !read.contains(&var) {
                     message
                 } else {

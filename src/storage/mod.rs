@@ -63,7 +63,7 @@ impl std::ops::Deref for PgPool {
 }
 
 /// The last connection error of a [`PgManager`]'s, and whether no wait changes it
-/// ([`refused_for_good`]).
+/// ([`refused_for_good`]). Read only at start ([`Db::first_connection`]): never cleared.
 type Refusal = Arc<Mutex<Option<(String, bool)>>>;
 pub type SqlitePool = Pool<ConnectionManager<SqliteConnection>>;
 
@@ -107,7 +107,7 @@ impl StorageError {
             StorageError::Unavailable(_) => "database unavailable".into(),
             StorageError::Migration(m) => format!("migration failed: {m}"),
             StorageError::BadUrl(u) => format!("bad database URL {u}"),
-            StorageError::Refused(why) => format!("connection refused: {why}"),
+            StorageError::Refused(why) => format!("refused by the database: {why}"),
         }
     }
 }
@@ -672,12 +672,16 @@ const SQLITE_PRAGMAS: &str = "PRAGMA journal_mode = WAL; \
      PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON; PRAGMA wal_autocheckpoint = 2000; \
      PRAGMA journal_size_limit = 16777216;";
 
+/// How long a statement waits for SQLite's writer (another process's) before "database is
+/// locked": a connection's, set again after the migrations' longer wait.
+const SQLITE_BUSY_TIMEOUT: &str = "PRAGMA busy_timeout = 5000";
+
 #[derive(Debug)]
 struct SqlitePragmas;
 
 impl CustomizeConnection<SqliteConnection, diesel::r2d2::Error> for SqlitePragmas {
     fn on_acquire(&self, conn: &mut SqliteConnection) -> Result<(), diesel::r2d2::Error> {
-        conn.batch_execute(&format!("PRAGMA busy_timeout = 5000; {SQLITE_PRAGMAS}"))
+        conn.batch_execute(&format!("{SQLITE_BUSY_TIMEOUT}; {SQLITE_PRAGMAS}"))
             .map_err(diesel::r2d2::Error::QueryError)
     }
 }
@@ -1038,7 +1042,9 @@ impl Db {
                         // Each short wait takes the pool's last error with it: the last one seen
                         // is said here.
                         Some((why, false)) if left.is_zero() => {
-                            return Err(StorageError::Unavailable(format!("{e}: {why}").into()));
+                            return Err(StorageError::Unavailable(
+                                format!("timed out waiting for connection: {why}").into(),
+                            ));
                         }
                         _ if left.is_zero() => return Err(e.into()),
                         _ => {}
@@ -1047,6 +1053,9 @@ impl Db {
             }
         }
     }
+
+    /// How long a process waits for another's migrations of the same SQLite file.
+    const MIGRATION_WAIT: Duration = Duration::from_secs(600);
 
     /// Applies pending migrations; returns the versions applied.
     pub fn migrate(&self) -> Result<Vec<String>, StorageError> {
@@ -1067,11 +1076,19 @@ impl Db {
                 // One migrator at a time when several processes start on one file (two `herald
                 // migrate`s on a fresh file: the second failed on "table herald_outbox already
                 // exists"): all pending migrations in one write transaction, begun before they
-                // are looked up; the other waits for it (busy_timeout), then finds none pending.
-                conn.immediate_transaction(|c| {
+                // are looked up; the other waits for it, then finds none pending. It waits as
+                // long as migrations may take on a large file (one rewrites every row), not the
+                // 5 s a statement waits for the writer.
+                conn.batch_execute(&format!(
+                    "PRAGMA busy_timeout = {}",
+                    Self::MIGRATION_WAIT.as_millis()
+                ))?;
+                let r = conn.immediate_transaction(|c| {
                     c.run_pending_migrations(SQLITE_MIGRATIONS)
                         .map(|v| v.iter().map(|m| m.to_string()).collect())
-                })
+                });
+                conn.batch_execute(SQLITE_BUSY_TIMEOUT)?;
+                r
             }
         };
         applied.map_err(|e| StorageError::Migration(e.to_string()))
@@ -1324,6 +1341,20 @@ pub(crate) use per_backend;
 
 #[cfg(test)]
 mod tests {
+    /// SQLite's migrations run in one transaction ([`super::Db::migrate`]): one diesel would
+    /// run outside a transaction (`run_in_transaction = false` in its `metadata.toml`) would
+    /// silently run inside it.
+    #[test]
+    fn no_sqlite_migration_asks_to_run_outside_a_transaction() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/sqlite");
+        for m in std::fs::read_dir(dir).unwrap() {
+            let meta = m.unwrap().path().join("metadata.toml");
+            if let Ok(text) = std::fs::read_to_string(&meta) {
+                assert!(!text.contains("run_in_transaction"), "{}", meta.display());
+            }
+        }
+    }
+
     #[test]
     fn a_refusal_no_wait_changes_is_told_from_one_that_passes() {
         use super::{one_line, refused_for_good};

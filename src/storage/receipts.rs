@@ -130,7 +130,7 @@ per_backend! {
         };
         // With and without angle brackets: a Message-ID is quoted either way (Mailgun's API
         // answers `<id@domain>`, its receipts carry `id@domain`).
-        let bare = |p: &str| p.trim().trim_start_matches('<').trim_end_matches('>').to_owned();
+        let bare = |p: &str| crate::storage::receipts::bare_message_id(p).to_owned();
         // Every receipt's, also one its event id names: whether the message carries that id
         // now, or a replay replaced it (below), says which of its sends the receipt speaks of.
         let provider_ids: Vec<String> = batch
@@ -183,6 +183,15 @@ per_backend! {
                 .and_then(|p| by_provider.get(&bare(p)))
                 .and_then(|found| crate::storage::receipts::holder_of(found, r.event_time, |f| allowed(r, f)))
         };
+        // The newest carrying the id that its source may speak for, whenever created: for a
+        // receipt whose event is older than all of them (a clock far off), once nothing else
+        // names its message.
+        let of_provider_newest = |r: &PendingReceipt| {
+            r.provider_message_id
+                .as_ref()
+                .and_then(|p| by_provider.get(&bare(p)))
+                .and_then(|found| found.iter().rev().map(|(f, _)| f).find(|f| allowed(r, f)))
+        };
         // The replay whose replaced id names the receipt's message, when nothing else does.
         let of_replaced = |r: &PendingReceipt| {
             r.provider_message_id
@@ -211,7 +220,9 @@ per_backend! {
                     });
                     Some((f.0, earlier))
                 }
-                None => of_replaced(r).map(|(f, at)| (f.0, Some(*at))),
+                None => of_replaced(r)
+                    .map(|(f, at)| (f.0, Some(*at)))
+                    .or_else(|| of_provider_newest(r).map(|f| (f.0, None))),
             }
         };
         // A message its ids name, but not one its source may speak for (`matches`): for good
@@ -509,28 +520,36 @@ pub(crate) fn names_a_message(r: &PendingReceipt) -> bool {
     named(&r.herald_event_id) || named(&r.provider_message_id)
 }
 
+/// A message id without the angle brackets it may be quoted in (Mailgun's API answers
+/// `<id@domain>`, its receipts carry `id@domain`), or the spaces around it.
+pub(crate) fn bare_message_id(p: &str) -> &str {
+    p.trim().trim_start_matches('<').trim_end_matches('>')
+}
+
 /// Which of the messages carrying a receipt's provider id (oldest first, each with its creation
 /// time) the receipt speaks of: the newest its source may speak for (`allowed`) that was already
-/// there when the receipt's event happened — created at most [`REPLAY_SLACK`] after it, clocks
+/// there when the receipt's event happened — created at most [`CREATED_SLACK`] after it, clocks
 /// being a little apart. A short provider id such as an SMTP relay's queue id comes round
 /// again: a late bounce of the first mail under it is not the second's. Without an event time,
-/// or one older than all of them (a clock far off), the newest it may speak for.
-///
-/// [`REPLAY_SLACK`]: crate::storage::models::REPLAY_SLACK
+/// the newest it may speak for; with one older than all of them, none (the reconciler then
+/// tries the sends a replay replaced, and at last the newest: a clock far off).
 pub(crate) fn holder_of<F>(
     found: &[(F, DateTime<Utc>)],
     event_time: Option<DateTime<Utc>>,
     allowed: impl Fn(&F) -> bool,
 ) -> Option<&F> {
     let mut may = found.iter().rev().filter(|(f, _)| allowed(f));
-    let newest = may.clone().next().map(|(f, _)| f);
-    let Some(event) = event_time else {
-        return newest;
-    };
-    may.find(|(_, created)| *created <= event + crate::storage::models::REPLAY_SLACK)
-        .map(|(f, _)| f)
-        .or(newest)
+    match event_time {
+        None => may.next(),
+        Some(event) => may.find(|(_, created)| *created <= event + CREATED_SLACK),
+    }
+    .map(|(f, _)| f)
 }
+
+/// How long after a receipt's event a message carrying its provider id may have been created
+/// and still be the one it speaks of ([`holder_of`]): clocks apart, and providers that give
+/// whole seconds.
+const CREATED_SLACK: chrono::Duration = chrono::Duration::seconds(5);
 
 /// How long an unmatched receipt is tried again.
 const UNMATCHED_FOR: chrono::Duration = chrono::Duration::days(1);
@@ -738,12 +757,9 @@ mod tests {
         );
         assert_eq!(holder(Some(94)), Some(1), "an event before 2 existed: 1's");
         assert_eq!(holder(Some(1)), Some(1));
-        assert_eq!(
-            holder(Some(-100)),
-            Some(2),
-            "before all of them: the newest"
-        );
-        assert_eq!(holder_of(&found, Some(at(50)), |m| *m == 3), Some(&3));
+        assert_eq!(holder(Some(-100)), None, "before all of them: none of them");
+        assert_eq!(holder_of(&found, Some(at(50)), |m| *m == 3), None);
+        assert_eq!(holder_of(&found, Some(at(250)), |m| *m == 3), Some(&3));
         assert_eq!(holder_of(&found, Some(at(50)), |_| false), None);
         assert_eq!(holder_of::<i32>(&[], Some(at(50)), |_| true), None);
     }

@@ -153,9 +153,11 @@ pub fn explanation(e: &Explanation) -> String {
                     r.received_at.clone(),
                     r.source.clone(),
                     r.event_type.clone(),
-                    r.before_replay_at
-                        .as_deref()
-                        .map_or_else(|| "current".to_owned(), |t| format!("before replay {t}")),
+                    match (&r.before_replay_at, e.replays.is_empty()) {
+                        (Some(t), _) => format!("before replay {t}"),
+                        (None, true) => "-".to_owned(),
+                        (None, false) => "current".to_owned(),
+                    },
                     opt(&r.outcome),
                     opt(&r.outcome_reason),
                 ]

@@ -327,12 +327,32 @@ impl AttemptEntry {
 }
 
 impl ReceiptEntry {
-    /// `replays`: the message's, oldest first.
-    pub fn new(r: &ReceiptRow, replays: &[ReplayRow]) -> Self {
-        let before_replay_at = replays
-            .iter()
-            .find(|p| {
-                crate::storage::models::of_a_send_before(p.replayed_at, r.event_time, r.received_at)
+    /// `replays`: the message's, oldest first; `carried`: the provider message id it carries
+    /// now.
+    pub fn new(r: &ReceiptRow, replays: &[ReplayRow], carried: Option<&str>) -> Self {
+        // By its provider id, as the reconciler found it: one a replay replaced and the message
+        // no longer carries is of the send before that replay (the newest such), whatever its
+        // time; else by its arrival and event time.
+        let bare = crate::storage::receipts::bare_message_id;
+        let replaced = r
+            .provider_message_id
+            .as_deref()
+            .map(bare)
+            .filter(|p| carried.map(bare) != Some(p))
+            .and_then(|p| {
+                replays
+                    .iter()
+                    .rfind(|x| x.provider_message_id_before.as_deref().map(bare) == Some(p))
+            });
+        let before_replay_at = replaced
+            .or_else(|| {
+                replays.iter().find(|p| {
+                    crate::storage::models::of_a_send_before(
+                        p.replayed_at,
+                        r.event_time,
+                        r.received_at,
+                    )
+                })
             })
             .map(|p| ts(&p.replayed_at));
         Self {
@@ -414,7 +434,7 @@ impl Explanation {
                 .collect(),
             receipt_timeline: receipts
                 .iter()
-                .map(|r| ReceiptEntry::new(r, replays))
+                .map(|r| ReceiptEntry::new(r, replays, row.provider_message_id.as_deref()))
                 .collect(),
             replays: replays.iter().map(ReplayEntry::new).collect(),
             ordering: None,

@@ -545,6 +545,37 @@ async fn a_late_receipt_by_the_provider_id_of_a_send_before_a_replay_finds_its_m
         .unwrap_or_else(|| panic!("x-stale is the message's: {view}"));
     assert_eq!(stale["outcome"], "superseded", "{stale}");
     assert_eq!(unmatched(&app).await["count"], 0);
+    // The explanation says whose each is, by its id as the reconciler found it (a review: by
+    // time alone, those dated after the replay read as the current send's).
+    let e = app.explain("re-pm").await;
+    let replays: Vec<&str> = e["replays"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["replayed_at"].as_str().unwrap())
+        .collect();
+    let send_of = |id: &str| {
+        e["receipt_timeline"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["provider_event_id"] == id)
+            .unwrap_or_else(|| panic!("{id}: {e}"))["before_replay_at"]
+            .clone()
+    };
+    for id in ["x-late", "x-later", "x-both"] {
+        assert_eq!(send_of(id), replays[0], "{id}");
+    }
+    assert_eq!(send_of("x-new"), replays[1]);
+    assert_eq!(send_of("x-stale"), replays[1]);
+    let text = e["explanation"].as_str().unwrap();
+    assert!(
+        text.contains(&format!(
+            "No receipt has come for the send since the replay at {}.",
+            replays[1]
+        )),
+        "{text}"
+    );
     app.stop().await;
 }
 
@@ -684,6 +715,32 @@ async fn a_provider_id_met_again_speaks_of_the_message_there_when_its_event_happ
         .unwrap_or_else(|| panic!("q3 is the newest's: {view}"));
     assert_eq!(q3["outcome"], "superseded", "{q3}");
     assert_eq!(status("old-q").await, "bounced");
+    // The older message replayed, its new send under another id: a late receipt of its first
+    // send, dated before the newer message existed, is the first send's history (found by the
+    // id the replay replaced), not the newer message's (a review: it took the newest).
+    rx.script([Reply::Full(
+        202,
+        vec![("content-type".into(), "application/json".into())],
+        r#"{"id": "Q-9"}"#.into(),
+    )]);
+    force_replay(&app, "old-q").await;
+    assert_eq!(app.run_until_idle().await, 1);
+    assert_eq!(app.row("old-q").provider_message_id.as_deref(), Some("Q-9"));
+    let late = json!({"id": "q4", "type": "complained", "at": 1_609_459_300, "message_id": "Q-1"});
+    assert_eq!(post_receipt(&app, late).await, 200);
+    reconcile(&app).await;
+    let has = async |id: &str| {
+        app.message(id).await["receipts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["provider_event_id"] == "q4")
+            .cloned()
+    };
+    let q4 = has("old-q").await.expect("q4 is the older message's");
+    assert_eq!(q4["outcome"], "superseded", "{q4}");
+    assert_eq!(has("new-q").await, None);
+    assert_eq!(status("new-q").await, "delivered");
     assert_eq!(unmatched(&app).await["count"], 0);
     app.stop().await;
 }
