@@ -315,7 +315,12 @@ impl Throttle {
             }
             let session_taken = answer.class == AttemptClass::Accepted
                 || (answer.status.is_some() && !answer.session_refused());
-            if session_taken {
+            // Only the probe's: another send's reply came on a connection opened before the
+            // pause (an SMTP pool's, a keep-alive one), which shows nothing of whether new ones
+            // are taken (a walk-through: a relay refusing new sessions, "421 too many
+            // connections", paused; an acceptance on the pooled connection let the held
+            // messages go, and one spent an attempt on the same refusal).
+            if session_taken && probe {
                 e.half_open = false;
             }
             if probe && answer.class != AttemptClass::Accepted {
@@ -325,6 +330,15 @@ impl Throttle {
             if answer.status.is_some() {
                 e.unreachable = 0;
             }
+        }
+        if answer.class == AttemptClass::Accepted
+            && entries
+                .get(destination)
+                .is_some_and(|e| e.half_open && !probe)
+        {
+            // Accepted on a connection opened before a refused session's (or an unreachable
+            // destination's) pause: the pause and the probe stand.
+            return Observed::default();
         }
         if answer.class == AttemptClass::Accepted {
             // All is well again: forget the destination (the map holds only troubled ones). The
@@ -531,8 +545,21 @@ mod tests {
         // A probe whose answer never came (lost) gives way after the probe timeout.
         let late = again + chrono::Duration::seconds(31);
         assert_eq!(t.paused_until("smtp", 4, late), None, "4 probes instead");
-        // The session taken again (a 451 to a recipient, say): everyone goes.
-        let past = smtp_kind(Transient, Some(451), "smtp_reply");
+        // Another send's reply, on a connection opened before the pause (a pooled one), even an
+        // acceptance: it shows nothing of new sessions, the others still wait for the probe.
+        let pooled = smtp_kind(Transient, Some(451), "smtp_reply");
+        assert_eq!(t.pause("smtp", &pooled, late), None);
+        let accepted = Answer {
+            message: 7,
+            ..answer(Accepted, 250, None, true)
+        };
+        assert_eq!(t.observe("smtp", &accepted, late), Observed::default());
+        assert!(t.paused_until("smtp", 5, late).is_some());
+        // The probe's session taken again (a 451 to a recipient, say): everyone goes.
+        let past = Answer {
+            message: 4,
+            ..smtp_kind(Transient, Some(451), "smtp_reply")
+        };
         assert_eq!(t.pause("smtp", &past, late), None);
         assert_eq!(t.paused_until("smtp", 4, late), None);
         assert_eq!(t.paused_until("smtp", 5, late), None);
@@ -905,13 +932,13 @@ mod tests {
         // And then it is forgotten: the next acceptance brings nobody.
         assert_eq!(t.observe(d, &ok(5), until).back, Vec::<i64>::new());
         // An acceptance that is not the probe's — a send on a connection opened before, which
-        // says nothing of new ones — brings nobody back (and ends the pause, as before).
+        // says nothing of new ones — brings nobody back, and the pause stands.
         for m in 0..BURST_COUNT as i64 {
             t.observe(d, &down(m), now());
         }
         assert!(t.paused_until(d, 7, now()).is_some());
-        assert_eq!(t.observe(d, &ok(8), now()).back, Vec::<i64>::new());
-        assert_eq!(t.paused_until(d, 7, now()), None);
+        assert_eq!(t.observe(d, &ok(8), now()), Observed::default());
+        assert!(t.paused_until(d, 7, now()).is_some());
         // The probe answered with a reply that is no acceptance (a 500): the destination takes
         // connections again, and the next acceptance, whoever's, brings them back.
         for m in 0..BURST_COUNT as i64 {
@@ -933,14 +960,18 @@ mod tests {
         }
         assert!(t.paused_until(d, 33, until).is_some(), "paused again");
         assert_eq!(t.observe(d, &ok(33), until).back, Vec::<i64>::new());
-        // Once more, and this time the next acceptance follows the probe's reply.
+        // Once more, and this time the next acceptance follows the probe's reply: back come
+        // all the outage cost an attempt, those of the time before the pooled acceptance too.
         for m in 0..BURST_COUNT as i64 {
             t.observe(d, &down(m), now());
         }
         let until = t.paused_until(d, 30, now()).unwrap();
         assert_eq!(t.paused_until(d, 30, until), None, "30 probes");
         assert_eq!(t.observe(d, &failed, until), Observed::default());
-        assert_eq!(t.observe(d, &ok(32), until).back, [0, 1, 2, 3, 4]);
+        assert_eq!(
+            t.observe(d, &ok(32), until).back,
+            [0, 1, 2, 3, 4, 40, 41, 42, 43, 44]
+        );
         // A relay refusing the session (its login) pauses at once: the message that met the
         // refusal comes back with the probe's acceptance.
         let refused = Answer {
