@@ -296,7 +296,35 @@ fn state_sentence(e: &Explanation) -> String {
              unconfirmed attempt."
                 .to_owned()
         }
-        State::Delivered => "It is delivered.".to_owned(),
+        State::Delivered => {
+            // An attempt of this series that may have arrived, then retried: the receiver may
+            // have it twice (support's question after a timeout; it said nothing of it).
+            let since = e.replays.last().map_or(0, |r| r.series_start);
+            let maybe: Vec<String> = e
+                .attempt_timeline
+                .iter()
+                .filter(|a| a.attempt >= since && a.next_state == "retryable")
+                .filter(|a| {
+                    a.class == AttemptClass::Ambiguous
+                        || Answer::of(a.status, a.error_kind.as_deref()) == Answer::LeaseExpired
+                })
+                .map(|a| a.attempt.to_string())
+                .collect();
+            match maybe.as_slice() {
+                [] => "It is delivered.".to_owned(),
+                [one] => format!(
+                    "It is delivered. Attempt {one} may have arrived too (its answer never came), \
+                     so the receiver may have it twice, under the same event id, by which it can \
+                     drop the copy."
+                ),
+                many => format!(
+                    "It is delivered. Attempts {} may have arrived too (their answers never came), \
+                     so the receiver may have it more than once, under the same event id, by \
+                     which it can drop the copies.",
+                    many.join(", ")
+                ),
+            }
+        }
         State::DeadLetter => {
             let why = if e.state_reason.as_deref() == Some("unconfirmed") {
                 "it stayed unconfirmed past the deadline and no receipt settled it".to_owned()
@@ -888,6 +916,45 @@ mod tests {
             "{}",
             narrate(&e)
         );
+    }
+
+    #[test]
+    fn delivered_after_an_attempt_that_may_have_arrived_says_it_may_be_there_twice() {
+        let mut e = base(State::Delivered);
+        e.attempt_timeline = vec![
+            attempt(1, None, AttemptClass::Ambiguous, "retryable"),
+            attempt(2, Some(503), AttemptClass::Transient, "retryable"),
+            attempt(3, Some(250), AttemptClass::Accepted, "delivered"),
+        ];
+        let text = narrate(&e);
+        assert!(
+            text.ends_with(
+                "It is delivered. Attempt 1 may have arrived too (its answer never came), so the \
+                 receiver may have it twice, under the same event id, by which it can drop the copy."
+            ),
+            "{text}"
+        );
+        e.attempt_timeline[1] = attempt(2, None, AttemptClass::Ambiguous, "retryable");
+        assert!(narrate(&e).contains("Attempts 1, 2 may have arrived too"));
+        // Before a replay: the replay's own sentence says it was sent again.
+        e.replays = vec![ReplayEntry {
+            replayed_at: "2026-12-01T10:01:30.000000Z".into(),
+            who: "support-ana".into(),
+            reason: "again".into(),
+            from_state: State::Delivered,
+            forced: true,
+            series_start: 3,
+            expires_at_before: None,
+            expires_at_after: None,
+        }];
+        assert!(narrate(&e).ends_with("It is delivered."), "{}", narrate(&e));
+        // Nothing ambiguous: nothing said.
+        let mut plain = base(State::Delivered);
+        plain.attempt_timeline = vec![
+            attempt(1, Some(503), AttemptClass::Transient, "retryable"),
+            attempt(2, Some(250), AttemptClass::Accepted, "delivered"),
+        ];
+        assert!(narrate(&plain).ends_with("It is delivered."));
     }
 
     #[test]

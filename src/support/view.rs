@@ -253,6 +253,16 @@ pub fn attempt_note(error_kind: Option<&str>, excerpt: Option<&str>) -> Option<S
         | crate::channels::webhook::INVALID_HEADER
         | crate::channels::email::kind::BARE_LINE_END
         | "unsupported_by_server" => Some(excerpt.to_owned()),
+        // Why the TLS handshake or STARTTLS failed, in the SMTP client's words (an untrusted
+        // issuer, a name mismatch, no STARTTLS offered): Herald's text, not the relay's; support
+        // could not tell those apart ("failed (tls)") without reading the attempts table.
+        crate::channels::email::kind::TLS => {
+            let mut why = excerpt;
+            while let Some(rest) = why.strip_prefix("Connection error: ") {
+                why = rest;
+            }
+            Some(format!("TLS: {why}"))
+        }
         _ => None,
     }
 }

@@ -1759,6 +1759,18 @@ async fn smtp_an_untrusted_certificate_or_missing_starttls_is_not_sent(backend: 
             "{url}"
         );
         assert_eq!(kind.as_deref(), Some("tls"), "{url}");
+        // The explanation says why (it said only "failed (tls)": an SMTP walk-through).
+        let e = app.explain(&id).await;
+        let note = e["attempt_timeline"][0]["note"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let says = if i < 2 { "certificate" } else { "STARTTLS" };
+        assert!(
+            note.starts_with("TLS: ") && note.contains(says),
+            "{url}: {note}"
+        );
+        assert!(e["explanation"].as_str().unwrap().contains(&note), "{e}");
         assert!(sink.accepted().is_empty(), "{url}");
         assert_eq!(sink.tls_sessions(), 0, "{url}");
         app.stop().await;
