@@ -1264,11 +1264,11 @@ impl SmtpFailure {
                 let code = refused
                     .iter()
                     .map(|r| r.code)
-                    .find(|c| (400..500).contains(c))
+                    .find(|c| (400..500).contains(&as_rcpt_reply(*c)))
                     .or_else(|| refused.first().map(|r| r.code))
                     .unwrap_or(550);
                 (
-                    classify_smtp_code(code),
+                    classify_smtp_code(as_rcpt_reply(code)),
                     kind::RECIPIENTS_REFUSED,
                     Some(code),
                 )
@@ -2113,6 +2113,18 @@ async fn transmit(
 /// those in a next transaction.
 const MORE_RECIPIENTS_LATER: u16 = 452;
 
+/// A reply code to RCPT TO as Herald takes it: 552 as [`MORE_RECIPIENTS_LATER`]. Older servers
+/// answered 552 for too many recipients, and RFC 5321 §4.5.3.1.10 has the client take it as 452
+/// (it was a permanent refusal, dead-lettering a message to a relay's 101st recipient: an SMTP
+/// walk-through). The code kept and shown is the server's.
+fn as_rcpt_reply(code: u16) -> u16 {
+    if code == 552 {
+        MORE_RECIPIENTS_LATER
+    } else {
+        code
+    }
+}
+
 /// How long next transactions may take ([`send_to_the_rest`]): begun by `start` (half the
 /// attempt's time left, as a first one: one begun with milliseconds left sends its content and
 /// runs out of time before the reply, which says nothing of what became of it), ended by `end`.
@@ -2146,7 +2158,7 @@ async fn send_to_the_rest(
         let rest: Vec<usize> = taken
             .refused
             .iter()
-            .filter(|r| r.code == MORE_RECIPIENTS_LATER)
+            .filter(|r| as_rcpt_reply(r.code) == MORE_RECIPIENTS_LATER)
             .map(|r| r.index)
             .collect();
         let to: Vec<_> = rest
@@ -3307,6 +3319,15 @@ mod tests {
         assert_eq!(
             class(&[("a***@e***.com", 450)]),
             (AttemptClass::Transient, "recipients_refused", Some(450))
+        );
+        // 552 to RCPT TO is taken as 452 (RFC 5321 §4.5.3.1.10), its code kept.
+        assert_eq!(
+            class(&[("a***@e***.com", 550), ("b***@e***.com", 552)]),
+            (AttemptClass::Transient, "recipients_refused", Some(552))
+        );
+        assert_eq!(
+            class(&[("a***@e***.com", 552)]),
+            (AttemptClass::Transient, "recipients_refused", Some(552))
         );
         let now = chrono::Utc::now();
         let r = SmtpFailure::RecipientsRefused(refused(&[("a***@e***.com", 553)]))

@@ -127,6 +127,9 @@ pub struct Script {
     /// Take at most this many recipients in one transaction, answering the rest `452 4.5.3`
     /// (RFC 5321 §4.5.3.1.10), as Gmail's relay does past 100.
     pub max_recipients: Option<usize>,
+    /// The answer past `max_recipients` instead of [`TOO_MANY_RECIPIENTS`] (an older server's
+    /// `552`).
+    pub too_many_reply: Option<&'static str>,
 }
 
 /// A certificate authority made for one test, and a server certificate it signed for
@@ -775,7 +778,7 @@ async fn session(
             if !in_mail {
                 "503 5.5.1 need MAIL before RCPT".into()
             } else if script.max_recipients.is_some_and(|max| rcpt.len() >= max) {
-                TOO_MANY_RECIPIENTS.into()
+                script.too_many_reply.unwrap_or(TOO_MANY_RECIPIENTS).into()
             } else if to.contains("t421@") {
                 "421 4.4.2 closing the channel".into()
             } else if to.contains("rcptlatin1@") {
