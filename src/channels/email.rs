@@ -829,15 +829,18 @@ struct SmtpRelay {
     secrets: super::Secrets,
 }
 
-/// What of a login a relay may repeat in its reply: the password, and the AUTH PLAIN and LOGIN
-/// responses that carry it (base64). Shorter than 4 characters, a password could be any word of a
-/// reply, and stays.
+/// What of a login a relay may repeat in its reply: the password, the user name (an account's
+/// address, or an access key id: SES's SMTP user is one; an SMTP walk-through found it kept in
+/// clear), and the AUTH PLAIN and LOGIN responses that carry them (base64). Shorter than 4
+/// characters, either could be any word of a reply, and stays.
 fn login_secrets(user: &str, password: &str) -> Vec<String> {
     use base64::Engine;
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     let mut found = vec![
         password.to_owned(),
         b64(password),
+        user.to_owned(),
+        b64(user),
         b64(&format!("\0{user}\0{password}")),
         b64(&format!("{user}\0{user}\0{password}")),
     ];
