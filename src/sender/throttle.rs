@@ -1073,4 +1073,41 @@ mod tests {
         t.paused_count(next_day);
         assert!(t.entries.lock().unwrap().is_empty(), "let go");
     }
+
+    /// Past MAX_KEPT troubled destinations (a flood of messages to dead hosts), those whose
+    /// pause is long over forget their messages to bring back at the next look, not after a
+    /// day; at or under it, they keep them.
+    #[test]
+    fn past_max_kept_destinations_a_pause_long_over_forgets_its_messages() {
+        let t = Throttle::new(Duration::from_secs(5), Duration::from_secs(30));
+        let down = |message| Answer {
+            message,
+            is_smtp: false,
+            ..smtp_kind(AttemptClass::NotSent, None, "connect")
+        };
+        let host = |i: usize| format!("http://10.0.{}.{}:80", i / 250, i % 250);
+        let pause_all = |n: usize| {
+            for i in 0..n {
+                for m in 0..BURST_COUNT as i64 {
+                    t.observe(&host(i), &down(m), now());
+                }
+            }
+        };
+        // An hour later every pause (5 minutes at most) is long over; the lists are kept.
+        let later = now() + chrono::Duration::hours(1);
+        pause_all(MAX_KEPT);
+        t.paused_count(later);
+        assert_eq!(
+            t.entries.lock().unwrap().len(),
+            MAX_KEPT,
+            "at MAX_KEPT: kept"
+        );
+        // One more troubled destination: the next look lets the long-over ones go.
+        pause_all(MAX_KEPT + 1);
+        t.paused_count(later);
+        assert!(
+            t.entries.lock().unwrap().is_empty(),
+            "past MAX_KEPT: let go"
+        );
+    }
 }
