@@ -158,6 +158,23 @@ pub fn mask_emails_in(text: &str) -> String {
         .join(":")
 }
 
+/// Free text (a reason, a provider's event type): each word holding an `@`, however written
+/// ([`at_sign`]), masked as [`mask_emails_in`] does, the other words as they are. Masking the
+/// text whole took its words with it (`soft bounce for harry@example.com` became
+/// `s***@e***.com`).
+pub fn mask_emails_in_words(text: &str) -> String {
+    text.split(' ')
+        .map(|w| {
+            if at_sign(w).is_some() {
+                mask_emails_in(w)
+            } else {
+                w.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// An event id as logs show it: as it is, but an address in it masked as [`mask_emails_in`]
 /// does (an application may key its messages by address, `signup:ada@example.com`; logs carry
 /// event ids and no address). No copy when it holds none.

@@ -139,11 +139,14 @@ impl ReceiptFacts {
             source: r.source.clone(),
             provider_event_id: mask_emails_in(&r.provider_event_id),
             event_type: r.event_type.clone(),
-            provider_type: mask_emails_in(&r.provider_type),
+            provider_type: crate::telemetry::mask_emails_in_words(&r.provider_type),
             event_time: r.event_time,
             received_at: r.received_at,
             outcome: r.outcome.clone(),
-            outcome_reason: r.outcome_reason.as_deref().map(mask_emails_in),
+            outcome_reason: r
+                .outcome_reason
+                .as_deref()
+                .map(crate::telemetry::mask_emails_in_words),
         }
     }
 }

@@ -92,7 +92,7 @@ impl ReceiptView {
             provider_event_id: crate::telemetry::mask_emails_in(&r.provider_event_id),
             event_type: r.event_type.clone(),
             // The provider's own word, as it sent it: an address there is masked too.
-            provider_type: crate::telemetry::mask_emails_in(&r.provider_type),
+            provider_type: crate::telemetry::mask_emails_in_words(&r.provider_type),
             event_time: r.event_time.as_ref().map(ts),
             received_at: ts(&r.received_at),
             reconciled_at: r.reconciled_at.as_ref().map(ts),
@@ -100,7 +100,7 @@ impl ReceiptView {
             outcome_reason: r
                 .outcome_reason
                 .as_deref()
-                .map(crate::telemetry::mask_emails_in),
+                .map(crate::telemetry::mask_emails_in_words),
         }
     }
 }

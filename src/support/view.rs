@@ -29,16 +29,7 @@ pub fn mask_destination(channel: Channel, destination: &str) -> String {
 /// Free text a person typed (a replay reason) with every word that holds an `@` masked: a
 /// support engineer may paste a customer's address into it.
 pub fn mask_free_text(text: &str) -> String {
-    text.split(' ')
-        .map(|w| {
-            if w.contains('@') {
-                mask_emails_in(w)
-            } else {
-                w.to_owned()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
+    crate::telemetry::mask_emails_in_words(text)
 }
 
 /// The explanation of one message (`GET /v1/sends/{fingerprint}`, `herald explain`).
@@ -369,12 +360,12 @@ impl ReceiptEntry {
             source: r.source.clone(),
             provider_event_id: mask_emails_in(&r.provider_event_id),
             event_type: r.event_type.clone(),
-            provider_type: mask_emails_in(&r.provider_type),
+            provider_type: mask_free_text(&r.provider_type),
             event_time: r.event_time.as_ref().map(ts),
             received_at: ts(&r.received_at),
             reconciled_at: r.reconciled_at.as_ref().map(ts),
             outcome: r.outcome.clone(),
-            outcome_reason: r.outcome_reason.as_deref().map(mask_emails_in),
+            outcome_reason: r.outcome_reason.as_deref().map(mask_free_text),
             before_replay_at,
         }
     }
@@ -581,6 +572,16 @@ mod tests {
         assert_eq!(
             mask_free_text("customer ada@example.com asked, ticket #42"),
             "customer a***@e***.com asked, ticket #42"
+        );
+        // A provider's event type with an address in it keeps its words (it became
+        // `s***@e***.com` whole: a walk-through); an @ however written is found.
+        assert_eq!(
+            mask_free_text("soft bounce for harry@example.com"),
+            "soft bounce for h***@e***.com"
+        );
+        assert_eq!(
+            mask_free_text("bounce for harry&#64;example.com now"),
+            "bounce for h***@e***.com now"
         );
     }
 }
