@@ -801,13 +801,22 @@ impl EmailChannel {
                         "the built message has a CR or LF outside a CRLF; not sent",
                     );
                 }
-                match pool
-                    .send(message.envelope(), &content, row.semantics, still_clear)
-                    .await
-                {
+                let mut reused = false;
+                let sent = pool
+                    .send_noting(
+                        message.envelope(),
+                        &content,
+                        row.semantics,
+                        still_clear,
+                        &mut reused,
+                    )
+                    .await;
+                let mut report = match sent {
                     Ok(accepted) => accepted.report(now, &pool.relay.secrets),
                     Err(failure) => failure.report(now, &pool.relay.secrets),
-                }
+                };
+                report.reused_connection = reused;
+                report
             }
         };
         report.started_at = now;
@@ -1525,6 +1534,21 @@ impl SmtpPool {
         semantics: Semantics,
         still_clear: &(dyn Fn() -> bool + Sync),
     ) -> Result<Accepted, SmtpFailure> {
+        self.send_noting(envelope, content, semantics, still_clear, &mut false)
+            .await
+    }
+
+    /// As [`SmtpPool::send`], setting `reused` when the dialogue that ended the attempt ran on a
+    /// parked connection, opened before this send: its answer says nothing of whether the relay
+    /// takes new sessions ([`SendReport::reused_connection`]).
+    pub async fn send_noting(
+        &self,
+        envelope: &Envelope,
+        content: &[u8],
+        semantics: Semantics,
+        still_clear: &(dyn Fn() -> bool + Sync),
+        reused: &mut bool,
+    ) -> Result<Accepted, SmtpFailure> {
         let started = tokio::time::Instant::now();
         let deadline = started + self.timeout;
         // A dialogue never begins with less than half the timeout left: waiting for a
@@ -1532,7 +1556,9 @@ impl SmtpPool {
         // its content went out and the timeout made it ambiguous: sent again, a duplicate.)
         let wait_until = started + self.timeout / 2;
         loop {
+            *reused = false;
             let (mut pooled, reuse) = self.checkout(wait_until, deadline, still_clear).await?;
+            *reused = reuse.is_some();
             let uses = Uses {
                 chunking: pooled.uses.chunking
                     && semantics == Semantics::AtLeastOnce

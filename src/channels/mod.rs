@@ -46,6 +46,10 @@ pub struct SendReport {
     pub provider_message_id: Option<String>,
     /// A short, redacted excerpt of the answer.
     pub excerpt: Option<String>,
+    /// The request went over a connection opened before this send (an SMTP pool's parked one):
+    /// its answer says nothing of whether new connections are taken ([`crate::sender::throttle`]).
+    /// False where Herald cannot tell (a webhook's keep-alive connection, reqwest's pool).
+    pub reused_connection: bool,
 }
 
 impl SendReport {
@@ -66,6 +70,7 @@ impl SendReport {
             retry_after: None,
             provider_message_id: None,
             excerpt: Some(redact_excerpt(&detail.into())),
+            reused_connection: false,
         }
     }
 

@@ -952,6 +952,7 @@ impl Sender {
                 is_smtp: row.channel == Channel::Email,
                 error_kind: report.error_kind.as_deref(),
                 message: row.id,
+                reused: report.reused_connection,
             };
             let observed = self.inner.throttle.observe(d, &answer, report.finished_at);
             if let Some(until) = observed.paused_until {

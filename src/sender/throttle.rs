@@ -91,6 +91,9 @@ pub struct Answer<'a> {
     pub error_kind: Option<&'a str>,
     /// The message it answered (a probe's answer ends the probe).
     pub message: i64,
+    /// It came over a connection opened before this send ([`crate::channels::SendReport::reused_connection`]):
+    /// it says nothing of whether new connections are taken.
+    pub reused: bool,
 }
 
 /// SMTP error kinds that say the relay refused Herald's session itself — its greeting, STARTTLS,
@@ -311,7 +314,11 @@ impl Throttle {
             // shows nothing: the next message probes.
             if e.probe.is_some_and(|(id, _)| id == answer.message) {
                 e.probe = None;
-                probe = true;
+                // A probe that went over a connection opened before the pause (the SMTP pool's
+                // parked one) shows nothing of new sessions: its answer counts as another
+                // send's, and the next message probes (a re-check walk-through: the probe's
+                // acceptance on the pooled connection let every held mail go, each to a 421).
+                probe = !answer.reused;
             }
             let session_taken = answer.class == AttemptClass::Accepted
                 || (answer.status.is_some() && !answer.session_refused());
@@ -452,6 +459,7 @@ mod tests {
             is_smtp,
             error_kind: None,
             message: 0,
+            reused: false,
         }
     }
 
@@ -463,6 +471,7 @@ mod tests {
             is_smtp: true,
             error_kind: Some(kind),
             message: 0,
+            reused: false,
         }
     }
 
@@ -569,6 +578,48 @@ mod tests {
         for id in 1..4 {
             assert_eq!(t.paused_until("https://a.example:443", id, until), None);
         }
+    }
+
+    /// A probe that went over a connection opened before the pause (the SMTP pool's parked one)
+    /// shows nothing of new sessions: accepted or not, the others stay held and the next message
+    /// probes; a probe on a new connection opens the relay to all.
+    #[test]
+    fn a_probe_over_a_pooled_connection_shows_nothing_of_new_sessions() {
+        use AttemptClass::*;
+        let t = Throttle::new(Duration::from_secs(5), Duration::from_secs(30));
+        let refused = Answer {
+            message: 1,
+            ..smtp_kind(NotSent, Some(421), "smtp_greeting_refused")
+        };
+        let until = t.pause(SMTP_RELAY, &refused, now()).unwrap();
+        assert_eq!(t.paused_until(SMTP_RELAY, 2, until), None, "2 probes");
+        assert!(t.paused_until(SMTP_RELAY, 3, until).is_some(), "3 held");
+        let pooled = |message, class, status| Answer {
+            message,
+            reused: true,
+            ..answer(class, status, None, true)
+        };
+        assert_eq!(
+            t.observe(SMTP_RELAY, &pooled(2, Accepted, 250), until),
+            Observed::default(),
+            "nothing back"
+        );
+        assert_eq!(t.paused_until(SMTP_RELAY, 3, until), None, "3 probes now");
+        assert!(t.paused_until(SMTP_RELAY, 4, until).is_some(), "4 held");
+        // A reply that is no acceptance, over a pooled connection: no more than that.
+        assert_eq!(
+            t.observe(SMTP_RELAY, &pooled(3, Transient, 451), until),
+            Observed::default()
+        );
+        assert_eq!(t.paused_until(SMTP_RELAY, 4, until), None, "4 probes now");
+        assert!(t.paused_until(SMTP_RELAY, 5, until).is_some(), "5 held");
+        // 4 on a new connection, accepted: everyone goes, those the refusal cost and held back.
+        let fresh = Answer {
+            message: 4,
+            ..answer(Accepted, 250, None, true)
+        };
+        assert_eq!(t.observe(SMTP_RELAY, &fresh, until).back, [1, 3, 5]);
+        assert_eq!(t.paused_until(SMTP_RELAY, 6, until), None);
     }
 
     #[test]

@@ -197,6 +197,85 @@ async fn a_421_greeting_slows_the_relay(backend: Backend) {
     app.stop().await;
 }
 
+/// A relay that keeps one session and refuses new ones ("421 too many connections"): neither an
+/// acceptance on that session during the pause, nor a probe's after it, opens the relay to the
+/// held mail — they went over a connection opened before, which shows nothing of new ones. The
+/// mail goes one message at a time on the kept session, and no held one spends an attempt on
+/// the refusal (an SMTP walk-through: each such acceptance let the held mail open new
+/// connections, each met the 421 and spent an attempt). On PostgreSQL, where the two first sends
+/// went out together; on SQLite they went one after the other here, both on the kept session,
+/// and no new connection was asked for — the throttle's rules are the same for both
+/// (`throttle::tests::a_probe_over_a_pooled_connection_shows_nothing_of_new_sessions`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_on_a_pooled_session_do_not_open_a_relay_refusing_new_ones() {
+    let backend = Backend::Postgres;
+    use crate::support::smtp_sink::Script;
+    use herald::domain::State;
+    let sink = SmtpSink::start_scripted(Script {
+        greeting: Some("421 4.3.2 too many connections, try later"),
+        greet_first: Some(1),
+        ..Script::default()
+    })
+    .await;
+    let app = spawn_app_with(
+        backend,
+        &format!(
+            "sender_concurrency = 2\nsmtp_pool_size = 2\ndestination_max_in_flight = 2\n\
+             retry_base_seconds = 2\n\
+             smtp_url = \"{}\"\n",
+            sink.url
+        ),
+    )
+    .await;
+    post_email(&app, "kept").await;
+    assert_eq!(app.run_until_idle().await, 1);
+    assert_eq!(app.row("kept").state, State::Delivered);
+    // Two at once: one takes the parked session (answered slowly), the other needs a new one,
+    // refused at its greeting: the relay paused.
+    let r = app
+        .post_message(json!({"event_id": "on-kept", "channel": "email",
+            "destination": "slower@example.com", "payload": {"subject": "Hi", "text": "Hello"}}))
+        .await;
+    assert_eq!(r.status(), 201);
+    post_email(&app, "refused").await;
+    assert_eq!(app.run_until_idle().await, 2);
+    assert_eq!(sink.connections(), 2);
+    let ids = ["on-kept", "refused", "held-1", "held-2", "held-3"];
+    let refused: Vec<&str> = ids[..2]
+        .iter()
+        .copied()
+        .filter(|id| app.row(id).state != State::Delivered)
+        .collect();
+    assert_eq!(refused.len(), 1, "one met the 421");
+    let spent = app.attempts(refused[0]);
+    assert_eq!(
+        spent[0].error_kind.as_deref(),
+        Some("smtp_greeting_refused")
+    );
+    for id in &ids[2..] {
+        post_email(&app, id).await;
+    }
+    for _ in 0..30 {
+        app.advance(std::time::Duration::from_secs(3));
+        app.run_until_idle().await;
+        if ids.iter().all(|id| app.row(id).state == State::Delivered) {
+            break;
+        }
+    }
+    for id in ids {
+        assert_eq!(app.row(id).state, State::Delivered, "{id}");
+    }
+    assert_eq!(
+        sink.connections(),
+        2,
+        "no new connection after the refused one"
+    );
+    for id in &ids[2..] {
+        assert_eq!(app.row(id).attempts, 1, "{id}: held, never refused");
+    }
+    app.stop().await;
+}
+
 /// What a destination that cannot be reached costs: the first [`BURST_COUNT`] of `ids` spend an
 /// attempt each (connection refused), the rest are put back without one; after the pause one
 /// message probes while the others wait; once the destination listens again (`up`, on the very
@@ -420,6 +499,7 @@ async fn a_mail_paused_while_it_waits_for_a_connection_is_put_back_unsent(backen
                 is_smtp: true,
                 error_kind: Some("smtp_reply"),
                 message: -1,
+                reused: false,
             };
             let now = herald::clock::Clock::now(&*clock);
             *until = throttle.observe(SMTP_RELAY, &closing, now).paused_until;

@@ -703,6 +703,7 @@ impl WebhookChannel {
             retry_after,
             provider_message_id,
             excerpt,
+            reused_connection: false,
         }
     }
 }
@@ -831,6 +832,7 @@ fn error_report(e: &reqwest::Error) -> SendReport {
         retry_after: None,
         provider_message_id: None,
         excerpt: None,
+        reused_connection: false,
     }
 }
 

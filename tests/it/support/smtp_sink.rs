@@ -61,6 +61,8 @@ pub struct Mail {
 
 /// How long a `slow@…` recipient waits for its 250.
 pub const SLOW_REPLY: Duration = Duration::from_millis(100);
+/// How long the answer to a `slower@…` recipient's content takes.
+pub const SLOWER_REPLY: Duration = Duration::from_millis(1500);
 /// How long a `slowrcpt@…` recipient waits for its answer to RCPT TO.
 pub const SLOW_RCPT: Duration = Duration::from_millis(800);
 /// The answer to a `postfix@…` message.
@@ -96,6 +98,9 @@ pub struct Script {
     /// The greeting line instead of `220 sink ESMTP`, e.g. `421 4.3.2 busy`. After a greeting
     /// other than 220 the sink answers 503 to everything but QUIT (RFC 5321 §3.1).
     pub greeting: Option<&'static str>,
+    /// Greet this many connections, the first ones, `220` before `greeting` applies (a relay
+    /// that keeps one session and refuses new ones: "421 too many connections").
+    pub greet_first: Option<usize>,
     /// Advertise `AUTH PLAIN LOGIN` and answer every AUTH command with this line.
     pub auth_reply: Option<&'static str>,
     /// Offer these mechanisms, check the credentials (235 or 535) and refuse MAIL FROM (530)
@@ -300,7 +305,12 @@ impl SmtpSink {
                         drop(open);
                     });
                 } else {
-                    let (a, count_tx, script) = (a.clone(), count_tx.clone(), script.clone());
+                    let (a, count_tx, mut script) = (a.clone(), count_tx.clone(), script.clone());
+                    // Counted in this loop, in the order connections came.
+                    let nth = c.connections.load(Ordering::SeqCst);
+                    if script.greet_first.is_some_and(|first| nth <= first) {
+                        script.greeting = None;
+                    }
                     tokio::spawn(async move {
                         session(sock, a, count_tx, script, &open.0).await;
                         drop(open);
@@ -954,6 +964,9 @@ async fn after_content(
         if first.contains("slow@") {
             // A busy server: the answer takes a while.
             tokio::time::sleep(SLOW_REPLY).await;
+        } else if first.contains("slower@") {
+            // Long enough for another send to begin meanwhile, however slow a debug build.
+            tokio::time::sleep(SLOWER_REPLY).await;
         }
         let reply = if first.contains("postfix@") {
             POSTFIX_QUEUED.to_owned()
