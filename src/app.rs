@@ -64,20 +64,21 @@ pub fn open_db_for_a_command(settings: &Settings, migrate: bool) -> anyhow::Resu
 fn open_db_keeping(settings: &Settings, migrate: bool, min_idle: u32) -> anyhow::Result<Db> {
     if let Some(path) = crate::storage::sqlite_path(settings.database_url.expose()) {
         let file = std::path::Path::new(path);
-        // Not migrating: a SQLite file that is not there is a wrong path or a database never
-        // set up, not one to create empty here.
-        if !migrate && !file.exists() {
-            anyhow::bail!(
-                "no database at {path}: check HERALD_DATABASE_URL, or run `herald migrate` to create it"
-            );
-        }
-        // SQLite creates the file, not its directory: say so now, not after the pool's wait.
+        // SQLite creates the file, not its directory: say so now, not after the pool's wait
+        // (and before "run `herald migrate`", which would refuse for the same reason).
         if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty())
             && !dir.is_dir()
         {
             anyhow::bail!(
                 "no directory {} for the SQLite database {path}: create it, or check HERALD_DATABASE_URL",
                 dir.display()
+            );
+        }
+        // Not migrating: a SQLite file that is not there is a wrong path or a database never
+        // set up, not one to create empty here.
+        if !migrate && !file.exists() {
+            anyhow::bail!(
+                "no database at {path}: check HERALD_DATABASE_URL, or run `herald migrate` to create it"
             );
         }
     }

@@ -405,25 +405,28 @@ fn commands_on_a_database_never_migrated_say_to_run_herald_migrate() {
     }
     // A directory that is not there, for a command that would create the database: said at
     // once, naming it.
+    // The same for a command that would not (it said to run `herald migrate`, which refused).
     let missing = d.join("no-such-dir").join("h.db");
-    let o = Command::new(env!("CARGO_BIN_EXE_herald"))
-        .env(
-            "HERALD_DATABASE_URL",
-            format!("sqlite://{}", missing.display()),
-        )
-        .env_remove("HERALD_API_TOKEN")
-        .arg("migrate")
-        .output()
-        .unwrap();
-    assert_eq!(code(&o), 1, "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains(&format!(
-            "no directory {} for the SQLite database",
-            d.join("no-such-dir").display()
-        )),
-        "{}",
-        stderr(&o)
-    );
+    for args in [&["migrate"][..], &["dlq", "list"]] {
+        let o = Command::new(env!("CARGO_BIN_EXE_herald"))
+            .env(
+                "HERALD_DATABASE_URL",
+                format!("sqlite://{}", missing.display()),
+            )
+            .env_remove("HERALD_API_TOKEN")
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(code(&o), 1, "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(&format!(
+                "no directory {} for the SQLite database",
+                d.join("no-such-dir").display()
+            )),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
     diesel::sqlite::SqliteConnection::establish(d.join("herald.db").to_str().unwrap())
         .unwrap()
         .batch_execute("CREATE TABLE unrelated (x INTEGER)")
