@@ -547,9 +547,10 @@ pub(crate) fn holder_of<F>(
 }
 
 /// How long after a receipt's event a message carrying its provider id may have been created
-/// and still be the one it speaks of ([`holder_of`]): clocks apart, and providers that give
-/// whole seconds.
-const CREATED_SLACK: chrono::Duration = chrono::Duration::seconds(5);
+/// and still be the one it speaks of ([`holder_of`]): providers that date an event to the
+/// minute (Vonage's `message-timestamp`: up to a minute early; with 5 s here a Vonage receipt
+/// went to the message its application reference named instead), and clocks apart.
+const CREATED_SLACK: chrono::Duration = chrono::Duration::minutes(2);
 
 /// How long an unmatched receipt is tried again.
 const UNMATCHED_FOR: chrono::Duration = chrono::Duration::days(1);
@@ -738,9 +739,9 @@ mod tests {
 
     #[test]
     fn a_provider_id_met_again_is_the_newest_message_there_when_its_event_happened() {
-        let at = |s: i64| DateTime::<Utc>::UNIX_EPOCH + chrono::Duration::seconds(1_000 + s);
-        // Messages 1, 2, 3 carry the id, created at 0, 100 and 200; 3's source is another.
-        let found = [(1, at(0)), (2, at(100)), (3, at(200))];
+        let at = |s: i64| DateTime::<Utc>::UNIX_EPOCH + chrono::Duration::seconds(10_000 + s);
+        // Messages 1, 2, 3 carry the id, created at 0, 1000 and 2000; 3's source is another.
+        let found = [(1, at(0)), (2, at(1000)), (3, at(2000))];
         let mine = |m: &i32| *m != 3;
         let holder = |event: Option<i64>| holder_of(&found, event.map(at), mine).copied();
         assert_eq!(
@@ -748,20 +749,18 @@ mod tests {
             Some(2),
             "no event time: the newest it may speak for"
         );
-        assert_eq!(holder(Some(250)), Some(2));
-        assert_eq!(holder(Some(100)), Some(2));
-        assert_eq!(
-            holder(Some(95)),
-            Some(2),
-            "created up to 5 s after its event"
-        );
-        assert_eq!(holder(Some(94)), Some(1), "an event before 2 existed: 1's");
+        assert_eq!(holder(Some(2500)), Some(2));
+        assert_eq!(holder(Some(1000)), Some(2));
+        // Created up to 2 minutes after its event: a time given to the minute (Vonage's), a
+        // clock a little behind.
+        assert_eq!(holder(Some(880)), Some(2));
+        assert_eq!(holder(Some(879)), Some(1), "an event before 2 existed: 1's");
         assert_eq!(holder(Some(1)), Some(1));
-        assert_eq!(holder(Some(-100)), None, "before all of them: none of them");
-        assert_eq!(holder_of(&found, Some(at(50)), |m| *m == 3), None);
-        assert_eq!(holder_of(&found, Some(at(250)), |m| *m == 3), Some(&3));
-        assert_eq!(holder_of(&found, Some(at(50)), |_| false), None);
-        assert_eq!(holder_of::<i32>(&[], Some(at(50)), |_| true), None);
+        assert_eq!(holder(Some(-200)), None, "before all of them: none of them");
+        assert_eq!(holder_of(&found, Some(at(500)), |m| *m == 3), None);
+        assert_eq!(holder_of(&found, Some(at(2500)), |m| *m == 3), Some(&3));
+        assert_eq!(holder_of(&found, Some(at(500)), |_| false), None);
+        assert_eq!(holder_of::<i32>(&[], Some(at(500)), |_| true), None);
     }
 
     #[test]
