@@ -338,16 +338,15 @@ impl Throttle {
                 e.unreachable = 0;
             }
         }
-        if answer.class == AttemptClass::Accepted
-            && entries
-                .get(destination)
-                .is_some_and(|e| e.half_open && !probe)
-        {
+        if answer.class == AttemptClass::Accepted {
             // Accepted on a connection opened before a refused session's (or an unreachable
             // destination's) pause: the pause and the probe stand.
-            return Observed::default();
-        }
-        if answer.class == AttemptClass::Accepted {
+            if entries
+                .get(destination)
+                .is_some_and(|e| e.half_open && !probe)
+            {
+                return Observed::default();
+            }
             // All is well again: forget the destination (the map holds only troubled ones). The
             // probe's acceptance after such a pause — or any, once the probe got a reply —
             // brings back the messages that spent an attempt on its being down and those held

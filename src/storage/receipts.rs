@@ -177,20 +177,16 @@ per_backend! {
                 }
             }
         }
+        // The messages carrying the receipt's provider id now, each with its creation time.
+        let holders = |r: &PendingReceipt| r.provider_message_id.as_ref().and_then(|p| by_provider.get(&bare(p)));
         let of_provider = |r: &PendingReceipt| {
-            r.provider_message_id
-                .as_ref()
-                .and_then(|p| by_provider.get(&bare(p)))
-                .and_then(|found| crate::storage::receipts::holder_of(found, r.event_time, |f| allowed(r, f)))
+            holders(r).and_then(|found| crate::storage::receipts::holder_of(found, r.event_time, |f| allowed(r, f)))
         };
-        // The newest carrying the id that its source may speak for, whenever created: for a
-        // receipt whose event is older than all of them (a clock far off), once nothing else
-        // names its message.
+        // The newest carrying the id that its source may speak for, whenever created (as for a
+        // receipt without an event time): for one whose event is older than all of them (a
+        // clock far off), once nothing else names its message.
         let of_provider_newest = |r: &PendingReceipt| {
-            r.provider_message_id
-                .as_ref()
-                .and_then(|p| by_provider.get(&bare(p)))
-                .and_then(|found| found.iter().rev().map(|(f, _)| f).find(|f| allowed(r, f)))
+            holders(r).and_then(|found| crate::storage::receipts::holder_of(found, None, |f| allowed(r, f)))
         };
         // The replay whose replaced id names the receipt's message, when nothing else does.
         let of_replaced = |r: &PendingReceipt| {

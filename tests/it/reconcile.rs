@@ -20,6 +20,14 @@ const SOURCE: &str = "[sources.esp]\nscheme = \"hmac\"\nsecrets = [\"esp-secret\
                       event_time_pointer = \"/at\"\n";
 const T0: i64 = 1_700_000_000;
 
+/// The receipt of `receipts` (a message view's or an explanation's list) with this provider
+/// event id.
+fn receipt_in<'a>(receipts: &'a Value, id: &str) -> Option<&'a Value> {
+    receipts
+        .as_array()
+        .and_then(|all| all.iter().find(|r| r["provider_event_id"] == id))
+}
+
 async fn post_receipt(app: &TestApp, event: Value) -> u16 {
     let body = serde_json::to_vec(&event).unwrap();
     let mut mac = Hmac::<Sha256>::new_from_slice(b"esp-secret").unwrap();
@@ -510,11 +518,7 @@ async fn a_late_receipt_by_the_provider_id_of_a_send_before_a_replay_finds_its_m
     let view = app.message("re-pm").await;
     assert_eq!(view["delivery_status"], "delivered", "{view}");
     for id in ["x-late", "x-later", "x-both"] {
-        let late = view["receipts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["provider_event_id"] == id)
+        let late = receipt_in(&view["receipts"], id)
             .unwrap_or_else(|| panic!("{id} is the message's: {view}"));
         assert_eq!(late["outcome"], "superseded", "{late}");
         assert!(
@@ -537,11 +541,7 @@ async fn a_late_receipt_by_the_provider_id_of_a_send_before_a_replay_finds_its_m
     assert_eq!(reconcile(&app).await, 1);
     let view = app.message("re-pm").await;
     assert_eq!(view["delivery_status"], Value::Null, "{view}");
-    let stale = view["receipts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["provider_event_id"] == "x-stale")
+    let stale = receipt_in(&view["receipts"], "x-stale")
         .unwrap_or_else(|| panic!("x-stale is the message's: {view}"));
     assert_eq!(stale["outcome"], "superseded", "{stale}");
     assert_eq!(unmatched(&app).await["count"], 0);
@@ -555,12 +555,8 @@ async fn a_late_receipt_by_the_provider_id_of_a_send_before_a_replay_finds_its_m
         .map(|r| r["replayed_at"].as_str().unwrap())
         .collect();
     let send_of = |id: &str| {
-        e["receipt_timeline"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["provider_event_id"] == id)
-            .unwrap_or_else(|| panic!("{id}: {e}"))["before_replay_at"]
+        receipt_in(&e["receipt_timeline"], id).unwrap_or_else(|| panic!("{id}: {e}"))
+            ["before_replay_at"]
             .clone()
     };
     for id in ["x-late", "x-later", "x-both"] {
@@ -707,12 +703,8 @@ async fn a_provider_id_met_again_speaks_of_the_message_there_when_its_event_happ
     assert_eq!(post_receipt(&app, before).await, 200);
     reconcile(&app).await;
     let view = app.message("new-q").await;
-    let q3 = view["receipts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["provider_event_id"] == "q3")
-        .unwrap_or_else(|| panic!("q3 is the newest's: {view}"));
+    let q3 =
+        receipt_in(&view["receipts"], "q3").unwrap_or_else(|| panic!("q3 is the newest's: {view}"));
     assert_eq!(q3["outcome"], "superseded", "{q3}");
     assert_eq!(status("old-q").await, "bounced");
     // The older message replayed, its new send under another id: a late receipt of its first
@@ -729,14 +721,7 @@ async fn a_provider_id_met_again_speaks_of_the_message_there_when_its_event_happ
     let late = json!({"id": "q4", "type": "complained", "at": 1_609_459_300, "message_id": "Q-1"});
     assert_eq!(post_receipt(&app, late).await, 200);
     reconcile(&app).await;
-    let has = async |id: &str| {
-        app.message(id).await["receipts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["provider_event_id"] == "q4")
-            .cloned()
-    };
+    let has = async |id: &str| receipt_in(&app.message(id).await["receipts"], "q4").cloned();
     let q4 = has("old-q").await.expect("q4 is the older message's");
     assert_eq!(q4["outcome"], "superseded", "{q4}");
     assert_eq!(has("new-q").await, None);
