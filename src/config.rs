@@ -752,7 +752,7 @@ impl Settings {
                 let callbacks = f
                     .status_callbacks
                     .as_ref()
-                    .is_some_and(|c| c.destination.strip_prefix("endpoint:") == Some(&name));
+                    .is_some_and(|c| crate::domain::endpoint_name(&c.destination) == Some(&name));
                 return Err(invalid(
                     format!("endpoints.{name}.url"),
                     format!(
@@ -807,8 +807,7 @@ impl Settings {
             }
             for m in &c.matches {
                 let known = m == "email"
-                    || m.strip_prefix("endpoint:")
-                        .is_some_and(|e| endpoints.contains_key(e));
+                    || crate::domain::endpoint_name(m).is_some_and(|e| endpoints.contains_key(e));
                 if !known {
                     return Err(invalid(
                         format!("sources.{name}.matches"),
@@ -965,7 +964,7 @@ impl Settings {
         let status_callbacks = match f.status_callbacks {
             None => None,
             Some(c) => {
-                let name = c.destination.strip_prefix("endpoint:").unwrap_or("");
+                let name = crate::domain::endpoint_name(&c.destination).unwrap_or("");
                 if !endpoints.contains_key(name) {
                     return Err(invalid(
                         "status_callbacks.destination",
@@ -1723,7 +1722,6 @@ mod tests {
         for bad in [
             "[endpoints.a]\nurl = \"https://a.example/h\"\nevent_types = [\"order*\"]\n",
             "[endpoints.a]\nurl = \"https://a.example/h\"\nevent_types = [\"\"]\n",
-            "[endpoints.\"a.b\"]\nurl = \"https://a.example/h\"\nevent_types = [\"x\"]\n",
         ] {
             let err = Settings::from_toml(bad).unwrap_err();
             assert!(err.to_string().contains(".event_types"), "{err}");
@@ -2083,6 +2081,17 @@ mod tests {
         );
         let err = Settings::from_toml("[endpoints.a]\nurl = \"ftp://x\"").unwrap_err();
         assert!(err.to_string().starts_with("endpoints.a.url"), "{err}");
+        // A name no message could write as `endpoint:NAME` is refused at load, not at the first
+        // message (quoted: TOML would read `a.b` as a table in a table).
+        for bad in ["my.hooks", "a b", &"x".repeat(65)] {
+            let toml = format!("[endpoints.\"{bad}\"]\nurl = \"https://h.example/\"");
+            let err = Settings::from_toml(&toml).unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("endpoints.{bad}: endpoint names are letters")),
+                "{err}"
+            );
+        }
+        assert!(Settings::from_toml("[endpoints.a-B_9]\nurl = \"https://h.example/\"").is_ok());
         let err =
             Settings::load_from(None, &env(&[("HERALD_WEBHOOK_SECRET", "whsec_!!")])).unwrap_err();
         assert!(err.to_string().starts_with("webhook_secret"), "{err}");

@@ -36,6 +36,25 @@ pub fn parse_email_message_key(message_id: &str, domain: &str) -> Option<String>
     .then(|| key.to_owned())
 }
 
+/// The name of the configured endpoint a webhook destination `endpoint:NAME` names; `None` for a
+/// URL or a `type:` destination. The name is not checked here ([`is_endpoint_name`]).
+pub fn endpoint_name(destination: &str) -> Option<&str> {
+    destination.strip_prefix("endpoint:")
+}
+
+/// Whether `name` can be named by a destination `endpoint:NAME`: 1–64 letters, digits, `-`, `_`.
+pub fn is_endpoint_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// The webhook destination `endpoint:NAME` of the configured endpoint `name`.
+pub fn endpoint_destination(name: &str) -> String {
+    format!("endpoint:{name}")
+}
+
 /// Why a value was refused; `field` names the offending input field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {message}")]

@@ -648,9 +648,7 @@ async fn create_message(
             let budget = i32::try_from(state.policies.of(&stored.destination).max_attempts)
                 .unwrap_or(i32::MAX);
             // A policy given or not is the endpoint's (else `block`) when not: the same.
-            let ordering = stored
-                .destination
-                .strip_prefix("endpoint:")
+            let ordering = crate::domain::endpoint_name(&stored.destination)
                 .and_then(|name| state.endpoints.get(name))
                 .and_then(|e| e.ordering_policy);
             let existing = asked.existing(stored, budget, ordering);

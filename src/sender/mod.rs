@@ -719,7 +719,7 @@ impl Sender {
             )));
         }
         // Its limits: the named endpoint's own, and its host's (or the relay's).
-        let endpoint_key = endpoint.map(|e| format!("endpoint:{}", e.name));
+        let endpoint_key = endpoint.map(|e| crate::domain::endpoint_destination(&e.name));
         let (host_key, host_limit) = match &binding {
             Some(b) => (
                 b.key.clone(),
@@ -1225,7 +1225,7 @@ impl Sender {
             .endpoints()
             .map(|e| {
                 (
-                    format!("endpoint:{}", e.name),
+                    crate::domain::endpoint_destination(&e.name),
                     (self.policy_of(Some(&e.name)).clone(), e.ordering_policy),
                 )
             })

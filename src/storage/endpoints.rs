@@ -80,7 +80,7 @@ per_backend! {
         let due = now + chrono::TimeDelta::seconds(crate::storage::endpoints::ENABLED_DUE_IN.as_secs() as i64);
         diesel::update(
             o::table
-                .filter(o::destination.eq(format!("endpoint:{name}")))
+                .filter(o::destination.eq(crate::domain::endpoint_destination(name)))
                 .filter(o::state.eq(crate::domain::State::Retryable))
                 .filter(o::last_error_class.eq(crate::domain::AttemptClass::NotSent))
                 .filter(o::next_attempt_at.gt(due)),

@@ -160,7 +160,7 @@ per_backend! {
         match &query.destination {
             None => {}
             Some(DestinationMatch::Endpoint(name)) => {
-                cond = Box::new(cond.and(o::destination.eq(format!("endpoint:{name}"))));
+                cond = Box::new(cond.and(o::destination.eq(crate::domain::endpoint_destination(name))));
             }
             Some(DestinationMatch::Host(forms)) => {
                 // Host names and email domains compare without case (the forms are lower-cased).

@@ -333,7 +333,7 @@ pub fn explain(
             ended_at: ended.as_ref().map(view::ts),
         });
     }
-    if let Some(name) = row.destination.strip_prefix("endpoint:")
+    if let Some(name) = crate::domain::endpoint_name(&row.destination)
         && matches!(row.state, State::Scheduled | State::Retryable)
     {
         e.endpoint_disabled = db
@@ -850,7 +850,7 @@ impl DeadLetterFilter {
         use sha2::Digest;
         let micros = |t: Option<DateTime<Utc>>| t.map(|t| t.timestamp_micros().to_string());
         let destination = self.destination.as_ref().map(|d| match d {
-            DestinationMatch::Endpoint(name) => format!("endpoint:{name}"),
+            DestinationMatch::Endpoint(name) => crate::domain::endpoint_destination(name),
             DestinationMatch::Host(forms) => forms.join(","),
         });
         let text = [
@@ -883,12 +883,8 @@ impl DeadLetterFilter {
 /// `endpoint:NAME`, or a host (webhook URLs of that host, email addresses at that domain).
 pub fn parse_destination(raw: &str) -> Result<DestinationMatch, InvalidField> {
     let raw = raw.trim();
-    if let Some(name) = raw.strip_prefix("endpoint:") {
-        if !name.is_empty()
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        {
+    if let Some(name) = crate::domain::endpoint_name(raw) {
+        if crate::domain::is_endpoint_name(name) {
             return Ok(DestinationMatch::Endpoint(name.to_owned()));
         }
         return Err(InvalidField::new(

@@ -21,7 +21,9 @@ pub fn ts(t: &DateTime<Utc>) -> String {
 pub fn mask_destination(channel: Channel, destination: &str) -> String {
     match channel {
         Channel::Email => mask_email(destination),
-        Channel::Webhook if destination.starts_with("endpoint:") => destination.to_owned(),
+        Channel::Webhook if crate::domain::endpoint_name(destination).is_some() => {
+            destination.to_owned()
+        }
         Channel::Webhook => mask_url(destination),
     }
 }

@@ -136,18 +136,13 @@ impl WebhookTarget {
         destination: &str,
         url: fn(&str) -> Result<Url, WebhookConfigError>,
     ) -> Result<Self, InvalidField> {
-        if let Some(name) = destination.strip_prefix("endpoint:") {
-            let ok = !name.is_empty()
-                && name.len() <= 64
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-            return if ok {
+        if let Some(name) = crate::domain::endpoint_name(destination) {
+            return if crate::domain::is_endpoint_name(name) {
                 Ok(Self::Endpoint(name.to_owned()))
             } else {
                 Err(InvalidField::new(
                     "destination",
-                    "endpoint names are letters, digits, - and _",
+                    "endpoint names are letters, digits, - and _ (at most 64)",
                 ))
             };
         }
