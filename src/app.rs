@@ -484,6 +484,14 @@ impl Herald {
             .map(|(n, s)| format!("{n}:{s}"))
             .collect();
         info!(tokens = %names.join(","), "API tokens accepted (names and scopes)");
+        let unbounded = self.settings.sources_speaking_for_every_message();
+        if !unbounded.is_empty() {
+            warn!(
+                sources = %unbounded.join(","),
+                "receipt sources without matches: each may set the status of any message, another \
+                 provider's too; give every source matches (see Delivery receipts)"
+            );
+        }
         // SQLite's threading mode (see `storage::sqlite_threading`); not said on PostgreSQL.
         let sqlite_threading = (self.db.backend() == crate::storage::Backend::Sqlite)
             .then(crate::storage::sqlite_threading);

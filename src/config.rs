@@ -1147,6 +1147,20 @@ impl Settings {
             .flat_map(|e| e.event_types.iter().map(|t| (e.name.clone(), t.clone())))
             .collect()
     }
+
+    /// With two or more receipt sources, those without `matches`: each may settle any message,
+    /// another provider's too (warned about at start). One source alone speaks for everything
+    /// it is sent anyway.
+    pub fn sources_speaking_for_every_message(&self) -> Vec<&str> {
+        if self.sources.len() < 2 {
+            return Vec::new();
+        }
+        self.sources
+            .values()
+            .filter(|s| s.matches.is_empty())
+            .map(|s| s.name.as_str())
+            .collect()
+    }
 }
 
 /// The `retention_*` keys, checked: a batch of 1–10,000 rows, an interval of at least a second.
@@ -1913,6 +1927,30 @@ mod tests {
             let err = Settings::from_toml(&toml(bad)).unwrap_err().to_string();
             assert!(err.starts_with("sources.s.matches:"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn sources_without_matches_are_named_only_beside_another_source() {
+        let source = |name: &str, matches: &str| {
+            format!("[sources.{name}]\nscheme = \"stripe\"\nsecret = \"whsec_x\"\n{matches}")
+        };
+        let one = Settings::from_toml(&source("a", "")).unwrap();
+        assert!(one.sources_speaking_for_every_message().is_empty());
+        let three = format!(
+            "{}{}{}",
+            source("a", ""),
+            source("b", "matches = [\"email\"]\n"),
+            source("c", "")
+        );
+        let three = Settings::from_toml(&three).unwrap();
+        assert_eq!(three.sources_speaking_for_every_message(), ["a", "c"]);
+        let bounded = format!(
+            "{}{}",
+            source("a", "matches = [\"email\"]\n"),
+            source("b", "matches = [\"email\"]\n")
+        );
+        let bounded = Settings::from_toml(&bounded).unwrap();
+        assert!(bounded.sources_speaking_for_every_message().is_empty());
     }
 
     #[test]

@@ -1679,6 +1679,47 @@ async fn serve_logs_the_first_refused_receipt_of_a_source_at_warn() {
     );
 }
 
+/// With two receipt sources, one without `matches` could settle the other provider's messages:
+/// `herald serve` names it at warn when it starts, and names none once each has `matches`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_warns_of_receipt_sources_that_speak_for_every_message() {
+    for (matches, warned) in [("", Some("sources=esp")), ("matches = [\"email\"]\n", None)] {
+        let listen = free_addr();
+        let base = format!("http://{listen}");
+        let toml = format!(
+            "[sources.esp]\nscheme = \"hmac\"\nsecrets = [\"bin-esp-secret\"]\n{matches}\
+             [sources.mail]\nscheme = \"hmac\"\nsecrets = [\"bin-mail\"]\nmatches = [\"email\"]\n"
+        );
+        let mut herald = Herald::spawn_with_config(
+            &["serve"],
+            &[
+                ("HERALD_LISTEN", &listen),
+                ("HERALD_SENDER_ENABLED", "false"),
+            ],
+            Some(&toml),
+        );
+        herald.wait_healthy(&base).await;
+        let log = herald.stop_cleanly().await;
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("receipt sources without matches"))
+            .collect();
+        match warned {
+            Some(names) => {
+                assert_eq!(lines.len(), 1, "{log}");
+                assert!(
+                    lines[0].contains("WARN") && lines[0].contains(names),
+                    "{}",
+                    lines[0]
+                );
+                assert!(!lines[0].contains("mail"), "{}", lines[0]);
+            }
+            None => assert!(lines.is_empty(), "{log}"),
+        }
+        assert!(!log.contains("bin-esp-secret"), "{log}");
+    }
+}
+
 /// A running `herald serve`: `/metrics` parses as Prometheus text, counts what the process did,
 /// and carries no label from the traffic (event ids, URLs, hosts, paths); `/readyz` is ready.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
