@@ -102,8 +102,8 @@ pub fn event_id_fits_a_header(id: &str) -> bool {
 
 pub use crate::crypto::install_crypto_provider;
 
-/// A payload's custom header given twice (names compare without case), refused at enqueue for
-/// webhooks and email alike: only one of the two would reach the receiver.
+/// An email payload's custom header given twice (names compare without case), refused at
+/// enqueue: only one of the two would reach the receiver. (A webhook's: `check_written_headers`.)
 pub fn repeated_header<'a>(names: impl IntoIterator<Item = &'a str>) -> Option<InvalidField> {
     let mut seen = std::collections::HashSet::new();
     names

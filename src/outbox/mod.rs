@@ -194,7 +194,7 @@ impl NewMessage {
                 }
                 match webhook::WebhookPayload::parse(&self.payload) {
                     Ok(p) => {
-                        if let Err(e) = p.check_distinct_headers() {
+                        if let Err(e) = p.check_written() {
                             errors.push(e);
                         }
                         // The endpoint's would be sent instead, this one dropped unseen.

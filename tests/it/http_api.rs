@@ -113,6 +113,33 @@ async fn bad_input_is_refused_with_the_field_and_nothing_is_stored(backend: Back
         (
             json!({"event_id": "b16", "channel": "webhook", "destination": "https://x.example/h",
                    "payload": {"body": 1, "headers": {"X-Tenant": "a", "x-tenant": "b"}}}),
+            "payload.headers.x-tenant",
+        ),
+        // Names a receiver reads as another (CGI, WSGI, PHP and Rack read _ as -), a connection's
+        // header, a value a receiver reads as Latin-1, more than receivers take.
+        (
+            json!({"event_id": "b16a", "channel": "webhook", "destination": "https://x.example/h",
+                   "payload": {"body": 1, "headers": {"X-Tenant": "a", "X_Tenant": "b"}}}),
+            "payload.headers.X_Tenant",
+        ),
+        (
+            json!({"event_id": "b16b", "channel": "webhook", "destination": "https://x.example/h",
+                   "payload": {"body": 1, "headers": {"webhook_id": "spoof"}}}),
+            "payload.headers.webhook_id",
+        ),
+        (
+            json!({"event_id": "b16c", "channel": "webhook", "destination": "https://x.example/h",
+                   "payload": {"body": 1, "headers": {"Upgrade": "h2c"}}}),
+            "payload.headers.Upgrade",
+        ),
+        (
+            json!({"event_id": "b16d", "channel": "webhook", "destination": "https://x.example/h",
+                   "payload": {"body": 1, "headers": {"X-T": "\u{e9}"}}}),
+            "payload.headers.X-T",
+        ),
+        (
+            json!({"event_id": "b16e", "channel": "webhook", "destination": "https://x.example/h",
+                   "payload": {"body": 1, "headers": {"X-Big": "a".repeat(9000)}}}),
             "payload.headers",
         ),
         // Year 10000 in UTC, which neither backend stores (SQLite's check refused it: a 500).
@@ -239,7 +266,8 @@ async fn bad_input_is_refused_with_the_field_and_nothing_is_stored(backend: Back
     assert_eq!(p["status"], 413);
     for id in [
         "b1", "b2", "b3", "b4", "b5", "b6", "b7", "b9", "b10", "b11", "b12", "b14", "b15", "b16",
-        "b17", "b18", "b19", "b20", "b21", "b22", "b23", "b24",
+        "b16a", "b16b", "b16c", "b16d", "b16e", "b17", "b18", "b19", "b20", "b21", "b22", "b23",
+        "b24",
     ] {
         assert!(
             app.db.find_by_event_id(id).unwrap().is_none(),

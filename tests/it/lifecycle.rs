@@ -117,6 +117,13 @@ async fn named_endpoints_rotate_secrets_and_capture_provider_ids(backend: Backen
         "{p}"
     );
     assert!(app.db.find_by_event_id("inv-3").unwrap().is_none());
+    // Written with an underscore: to a CGI, WSGI, PHP or Rack receiver the same header as the
+    // endpoint's (both `HTTP_X_TEAM`, their values joined).
+    let mut shadow = webhook("inv-4", "endpoint:billing", json!({}));
+    shadow["payload"]["headers"] = json!({"X_Team": "ops"});
+    let p: serde_json::Value = app.post_message(shadow).await.json().await.unwrap();
+    assert_eq!(p["errors"][0]["field"], "payload.headers.X_Team", "{p}");
+    assert!(app.db.find_by_event_id("inv-4").unwrap().is_none());
     assert_eq!(app.run_until_idle().await, 1);
     let req = &rx.requests_to("/billing")[0];
     assert_eq!(req.header("x-team"), Some("billing"));

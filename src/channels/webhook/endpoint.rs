@@ -171,12 +171,15 @@ impl Endpoint {
 
     /// Whether the endpoint's configuration sets header `name` on each request (its headers, or
     /// `Authorization` with its auth): a message's own header of that name is not sent.
+    /// A name a receiver reads as one of those counts (`X_Team` for `X-Team`: see
+    /// [`super::header_key`]).
     pub fn sets_header(&self, name: &str) -> bool {
-        (self.auth.is_some() && name.eq_ignore_ascii_case("authorization"))
+        let key = super::header_key(name);
+        (self.auth.is_some() && key == "authorization")
             || self
                 .headers
                 .iter()
-                .any(|(n, _)| n.eq_ignore_ascii_case(name))
+                .any(|(n, _)| super::header_key(n) == key)
     }
 
     /// Validates `[endpoints.NAME]`; a refusal names the offending key (`endpoints.NAME.url` …).
@@ -232,12 +235,16 @@ impl Endpoint {
             }
             _ => {}
         }
-        // The values too: one that is no valid header value (a newline, a non-ASCII letter)
-        // would fail every send to the endpoint, each dead-lettered as `invalid_header`.
+        // The values too: one that is no valid header value (a newline) would fail every send
+        // to the endpoint, each dead-lettered as `invalid_header`.
         for (h, v) in &e.headers {
             super::check_custom_header(h, v)
                 .map_err(|m| InvalidField::new(format!("{key}.headers"), m.to_string()))?;
         }
+        super::check_written_headers(
+            &format!("{key}.headers"),
+            e.headers.iter().map(|(h, v)| (h.as_str(), v.as_str())),
+        )?;
         let limit =
             crate::channels::Limit::parse(&key, e.rate_limit_per_second, e.burst, e.max_in_flight)?;
         let auto_disable = match (e.disable_after_failures, e.disable_after_seconds) {

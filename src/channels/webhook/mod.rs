@@ -52,6 +52,96 @@ const RESERVED_HEADERS: &[&str] = &[
     "connection",
 ];
 
+/// Headers that speak to the connection or to a proxy, not to the receiver: refused in what is
+/// written now (a message at enqueue, an endpoint at start); a row stored before is sent as it was.
+const CONNECTION_HEADERS: &[&str] = &[
+    "te",
+    "trailer",
+    "upgrade",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "expect",
+];
+
+/// The most custom headers a message or an endpoint may give, and the most bytes their names and
+/// values may take together. Node.js refuses a request whose header block passes 16 KiB and nginx
+/// a header line past 8 KiB; Herald's own headers (signatures included) take about 1 KiB.
+pub const MAX_CUSTOM_HEADERS: usize = 50;
+pub const MAX_CUSTOM_HEADER_BYTES: usize = 8 * 1024;
+
+/// The name a receiver's stack may read a header as: case ignored, and `_` as `-` (CGI, WSGI,
+/// PHP and Rack turn `X_Team` and `X-Team` alike into `HTTP_X_TEAM`, joining their values).
+pub fn header_key(name: &str) -> String {
+    name.to_ascii_lowercase().replace('_', "-")
+}
+
+/// What the custom headers written now — a message's at enqueue, an endpoint's at start — must be
+/// beyond what a stored row's must ([`check_custom_header`], by which rows written before are
+/// still sent): no name that a receiver reads as one of Herald's own or a connection header
+/// (`Webhook_Id`), none given twice as a receiver reads names, printable ASCII values (other
+/// bytes reach Python's and Node's stacks as Latin-1), and at most [`MAX_CUSTOM_HEADERS`] headers
+/// of [`MAX_CUSTOM_HEADER_BYTES`] in all. A refusal names `FIELD.NAME` (`payload.headers.X_Team`),
+/// or `field` for the count and size.
+pub fn check_written_headers<'a>(
+    field: &str,
+    headers: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Result<(), InvalidField> {
+    let named = |name: &str, m: String| InvalidField::new(format!("{field}.{name}"), m);
+    let mut seen = std::collections::HashMap::new();
+    let mut bytes = 0;
+    for (name, value) in headers {
+        let key = header_key(name);
+        if RESERVED_HEADERS.contains(&key.as_str()) {
+            return Err(named(
+                name,
+                format!("is read by receivers as {key:?}, which Herald sets"),
+            ));
+        }
+        if CONNECTION_HEADERS.contains(&key.as_str()) {
+            return Err(named(
+                name,
+                "speaks to the connection or a proxy, not to the receiver".to_owned(),
+            ));
+        }
+        if let Some(first) = seen.insert(key, name) {
+            return Err(named(
+                name,
+                format!(
+                    "is the same header as {first:?} to a receiver (names ignore case, and CGI, \
+                     WSGI, PHP and Rack read _ as -)"
+                ),
+            ));
+        }
+        if !value
+            .bytes()
+            .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+        {
+            return Err(named(
+                name,
+                "must be printable ASCII (a receiver reads other bytes as Latin-1)".to_owned(),
+            ));
+        }
+        bytes += name.len() + value.len();
+    }
+    if seen.len() > MAX_CUSTOM_HEADERS {
+        return Err(InvalidField::new(
+            field,
+            format!("at most {MAX_CUSTOM_HEADERS} headers"),
+        ));
+    }
+    if bytes > MAX_CUSTOM_HEADER_BYTES {
+        return Err(InvalidField::new(
+            field,
+            format!(
+                "names and values take {bytes} bytes; at most {MAX_CUSTOM_HEADER_BYTES} \
+                 (receivers refuse larger header blocks)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// At most this much of a response body is read (for the excerpt and the provider message id).
 const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
@@ -311,14 +401,14 @@ impl<'a> WebhookPayload<'a> {
         Ok(Self { body, headers })
     }
 
-    /// Refused at enqueue (not at send time, where a row written before is sent as it was): a
-    /// header name given twice in different case, of which only one would reach the receiver,
-    /// and which made the fingerprint depend on the names' order.
-    pub fn check_distinct_headers(&self) -> Result<(), InvalidField> {
-        match super::repeated_header(self.headers.iter().map(|(k, _)| k.as_str())) {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+    /// Refused at enqueue (not at send time, where a row written before is sent as it was):
+    /// what [`check_written_headers`] refuses. A name given twice in different case, of which
+    /// only one would reach the receiver, also made the fingerprint depend on the names' order.
+    pub fn check_written(&self) -> Result<(), InvalidField> {
+        check_written_headers(
+            "payload.headers",
+            self.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        )
     }
 
     /// The exact request body: `body` serialized (compact, keys sorted).
@@ -963,13 +1053,13 @@ mod tests {
         let twice = json!({"body": 1, "headers": {"X-Tenant": "a", "x-tenant": "b"}});
         let p = WebhookPayload::parse(&twice).unwrap();
         assert_eq!(
-            p.check_distinct_headers().unwrap_err().field,
-            "payload.headers"
+            p.check_written().unwrap_err().field,
+            "payload.headers.x-tenant"
         );
         assert!(
             WebhookPayload::parse(&stored)
                 .unwrap()
-                .check_distinct_headers()
+                .check_written()
                 .is_ok()
         );
         assert_eq!(
@@ -978,6 +1068,78 @@ mod tests {
                 .body_bytes(),
             b"null"
         );
+    }
+
+    /// What a message (or an endpoint) writes now: refused where a receiver would read it as
+    /// another header, a connection's, or mangled text, or could not take it all; a stored row
+    /// with such a header is still parsed, and sent as it was.
+    #[test]
+    fn written_headers_are_what_a_receiver_reads_as_written() {
+        let refusal = |headers: &[(&str, &str)]| {
+            check_written_headers("payload.headers", headers.iter().copied())
+                .err()
+                .map(|e| format!("{}: {}", e.field, e.message))
+        };
+        assert_eq!(
+            refusal(&[("X-Team", "billing"), ("Authorization", "Bearer t")]),
+            None
+        );
+        for (headers, field) in [
+            (&[("Webhook_Id", "e-1")][..], "payload.headers.Webhook_Id"),
+            (
+                &[("IDEMPOTENCY_KEY", "k")],
+                "payload.headers.IDEMPOTENCY_KEY",
+            ),
+            (&[("TE", "trailers")], "payload.headers.TE"),
+            (&[("Upgrade", "h2c")], "payload.headers.Upgrade"),
+            (&[("Keep-Alive", "5")], "payload.headers.Keep-Alive"),
+            (&[("Trailer", "x")], "payload.headers.Trailer"),
+            (
+                &[("Proxy_Connection", "x")],
+                "payload.headers.Proxy_Connection",
+            ),
+            (
+                &[("Proxy-Authorization", "x")],
+                "payload.headers.Proxy-Authorization",
+            ),
+            (&[("Expect", "100-continue")], "payload.headers.Expect"),
+            (
+                &[("X-Team", "a"), ("x_team", "b")],
+                "payload.headers.x_team",
+            ),
+            (&[("X-T", "é")], "payload.headers.X-T"),
+            (&[("X-T", "a\u{7f}")], "payload.headers.X-T"),
+        ] {
+            let m = refusal(headers).unwrap_or_default();
+            assert!(m.starts_with(&format!("{field}: ")), "{headers:?}: {m}");
+        }
+        let many: Vec<(String, String)> = (0..=MAX_CUSTOM_HEADERS)
+            .map(|i| (format!("X-H{i}"), "v".to_owned()))
+            .collect();
+        let refused = |h: &[(String, String)]| {
+            check_written_headers(
+                "payload.headers",
+                h.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+            )
+            .err()
+            .map(|e| (e.field, e.message))
+        };
+        assert_eq!(
+            refused(&many),
+            Some(("payload.headers".into(), "at most 50 headers".into()))
+        );
+        assert_eq!(refused(&many[..MAX_CUSTOM_HEADERS]), None);
+        let big = |n: usize| vec![("X-Big".to_owned(), "a".repeat(n))];
+        assert_eq!(refused(&big(MAX_CUSTOM_HEADER_BYTES - 5)), None);
+        assert_eq!(
+            refused(&big(MAX_CUSTOM_HEADER_BYTES - 4)).map(|r| r.0),
+            Some("payload.headers".into())
+        );
+        // Stored before these rules: still parsed, so sent as it was.
+        let stored = json!({"body": 1, "headers": {"X_Team": "é", "Upgrade": "h2c"}});
+        let p = WebhookPayload::parse(&stored).unwrap();
+        assert_eq!(p.headers.len(), 2);
+        assert!(p.check_written().is_err());
     }
 
     #[test]
