@@ -373,6 +373,18 @@ fn parse_header(name: &str, value: &Value) -> Result<(String, String), InvalidFi
         .iter()
         .any(|h| h.eq_ignore_ascii_case(name));
     let v = if json_object {
+        // Read and written again (Herald adds its id): a key given twice would keep only its
+        // last value, an integer past 64 bits would become a double, each sent as another value.
+        let refused = |m: String| Err(InvalidField::new(format!("payload.headers.{name}"), m));
+        if let Some(key) = crate::domain::duplicate_keys(v.as_bytes(), 1).first() {
+            return refused(format!("gives {key} more than once; give it once"));
+        }
+        if let Some(at) = crate::domain::integers_beyond_64_bits(v.as_bytes()).first() {
+            return refused(format!(
+                "holds at {at} an integer no 64-bit integer holds, which would be sent as \
+                 another number"
+            ));
+        }
         match serde_json::from_str::<Value>(v) {
             // SendGrid's `unique_args` is where the id goes: one that is not an object would
             // have to be replaced, losing what the application put there.
@@ -386,12 +398,13 @@ fn parse_header(name: &str, value: &Value) -> Result<(String, String), InvalidFi
                 ));
             }
             Ok(o @ Value::Object(_)) => relay::spaced_json(&o),
-            _ => {
-                return Err(InvalidField::new(
-                    format!("payload.headers.{name}"),
-                    "must be a JSON object (Herald adds herald_event_id to it)",
-                ));
+            Ok(_) => {
+                return refused(
+                    "must be a JSON object (Herald adds herald_event_id to it)".to_owned(),
+                );
             }
+            // `1e400`, which no double holds, among others: what the parser says, with where.
+            Err(e) => return refused(format!("is not JSON Herald can read: {e}")),
         }
     } else {
         v.to_owned()
@@ -2992,6 +3005,11 @@ mod tests {
             ("X-SMTPAPI", "nope"),
             ("x-mailgun-variables", "[1]"),
             ("X-SMTPAPI", r#"{"unique_args": "not an object"}"#),
+            // Read and written again, these would go as other values: refused.
+            ("X-Mailgun-Variables", r#"{"a": 1, "a": 2}"#),
+            ("X-SMTPAPI", r#"{"unique_args": {"a": 1, "a": 2}}"#),
+            ("X-SMTPAPI", r#"{"a": 18446744073709551617}"#),
+            ("X-SMTPAPI", r#"{"a": 1e400}"#),
         ] {
             assert_eq!(
                 field(with("headers", json!({name: value}))),
