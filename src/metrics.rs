@@ -210,6 +210,8 @@ struct Inner {
     paused: IntGaugeVec,
     /// One scrape at a time sets the gauges and renders.
     scrape: Mutex<()>,
+    /// One scrape at a time reads the database gauges ([`Metrics::database_read`]).
+    database_read: Arc<tokio::sync::Semaphore>,
 }
 
 fn secs(start: f64, factor: f64, n: usize) -> Vec<f64> {
@@ -217,6 +219,13 @@ fn secs(start: f64, factor: f64, n: usize) -> Vec<f64> {
 }
 
 impl Metrics {
+    /// Leave to read the database gauges, held until the read ends (a scrape that stopped
+    /// waiting for it included): scrapes arriving together, or each while a lock on the outbox
+    /// holds the one before, share one pooled connection instead of taking one each.
+    pub async fn database_read(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.inner.database_read.clone().acquire_owned().await.ok()
+    }
+
     /// A registry with every series of Herald's metrics, the per-source ones for `sources` (the
     /// configured names: the only sources a label may name). Start-up only.
     pub fn new<'a>(sources: impl IntoIterator<Item = &'a str>) -> Result<Self, prometheus::Error> {
@@ -445,6 +454,7 @@ impl Metrics {
                 sender_awake_periods,
                 paused,
                 scrape: Mutex::new(()),
+                database_read: Arc::new(tokio::sync::Semaphore::new(1)),
             }),
         })
     }

@@ -295,7 +295,17 @@ async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
 async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
     let db = state.db.clone();
     let now = state.clock.storage_now();
-    let read = web::block(move || db.db_stats(now));
+    let metrics = state.metrics.clone();
+    let read = async move {
+        let permit = metrics.database_read().await;
+        // Each statement is given the scrape's whole time: one that outlasts it ends soon
+        // after, its connection back in the pool (PostgreSQL cancels it).
+        web::block(move || {
+            let _permit = permit;
+            db.db_stats(now, PROBE_TIMEOUT)
+        })
+        .await
+    };
     let stats = match tokio::time::timeout(PROBE_TIMEOUT, read).await {
         Ok(read) => match read? {
             Ok(s) => Some(s),

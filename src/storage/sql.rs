@@ -319,6 +319,30 @@ struct PgTime {
     now: DateTime<Utc>,
 }
 
+/// Within a transaction: PostgreSQL cancels each of its further statements that runs longer
+/// than `limit`, waiting for a lock included (a scrape behind a lock on the outbox gives up
+/// rather than keep its connection for as long as the lock is held).
+pub fn pg_limit_statements(
+    conn: &mut diesel::pg::PgConnection,
+    limit: std::time::Duration,
+) -> diesel::QueryResult<()> {
+    use diesel::RunQueryDsl;
+    diesel::sql_query(format!(
+        "SET LOCAL statement_timeout = {}",
+        limit.as_millis().max(1)
+    ))
+    .execute(conn)
+    .map(drop)
+}
+
+/// SQLite's readers wait for no writer's lock: nothing to limit.
+pub fn sqlite_limit_statements(
+    _conn: &mut diesel::sqlite::SqliteConnection,
+    _limit: std::time::Duration,
+) -> diesel::QueryResult<()> {
+    Ok(())
+}
+
 /// The database's "now" (moved by the shift), for statements built with the query builder.
 pub fn pg_now(
     conn: &mut diesel::pg::PgConnection,
@@ -1183,6 +1207,7 @@ pub mod pg {
     pub use super::pg_keep_to_indexes as keep_to_indexes;
     pub use super::pg_key_lock_busy as key_lock_busy;
     pub use super::pg_key_rows_busy as key_rows_busy;
+    pub use super::pg_limit_statements as limit_statements;
     pub use super::pg_lock_event_id as lock_event_id;
     pub use super::pg_scheduled_at as scheduled_at;
     pub use super::{
@@ -1212,6 +1237,7 @@ pub mod sqlite {
     pub use super::sqlite_keep_to_indexes as keep_to_indexes;
     pub use super::sqlite_key_lock_busy as key_lock_busy;
     pub use super::sqlite_key_rows_busy as key_rows_busy;
+    pub use super::sqlite_limit_statements as limit_statements;
     pub use super::sqlite_lock_event_id as lock_event_id;
     pub use super::sqlite_scheduled_at as scheduled_at;
     pub use super::{

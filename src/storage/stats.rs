@@ -63,6 +63,15 @@ per_backend! {
         })
     }
 
+    /// [`db_stats`] in one transaction whose statements take at most `limit` each (waiting
+    /// for a lock included, on PostgreSQL): a scrape never keeps a pooled connection for longer.
+    pub fn db_stats_within(conn: &mut Conn, now: &Now, limit: std::time::Duration) -> QueryResult<DbStats> {
+        conn.transaction(|c| {
+            sql::limit_statements(c, limit)?;
+            db_stats(c, now)
+        })
+    }
+
     /// The migration versions recorded as applied; `None` when the bookkeeping table is not
     /// there (a database never migrated).
     pub fn applied_migrations(conn: &mut Conn) -> QueryResult<Option<Vec<String>>> {
@@ -83,9 +92,9 @@ per_backend! {
 }
 
 impl Db {
-    /// The scrape-time figures of `/metrics`.
-    pub fn db_stats(&self, now: Now) -> Result<DbStats, StorageError> {
-        crate::storage::db_run! { self, read |c, q| Ok(q::db_stats(c, &now)?) }
+    /// The scrape-time figures of `/metrics`, each statement given at most `limit`.
+    pub fn db_stats(&self, now: Now, limit: std::time::Duration) -> Result<DbStats, StorageError> {
+        crate::storage::db_run! { self, read |c, q| Ok(q::db_stats_within(c, &now, limit)?) }
     }
 
     /// The migration versions this database records as applied; none when diesel's bookkeeping

@@ -572,12 +572,20 @@ async fn with_the_database_down_readyz_names_it_and_metrics_still_answer() {
 /// PostgreSQL: an outbox locked by someone's long transaction (or a database that hangs):
 /// `/metrics` answers within its bound, without the database gauges (`herald_database_up` 0),
 /// rather than hang with the database; the gauges come back with the lock's end. It hung for
-/// as long as the lock was held.
+/// as long as the lock was held. Nor does a burst of scrapes behind the lock take the pool:
+/// each scrape's query waited on, its connection held for as long as the lock, and with the
+/// pool's connections all waiting `/readyz` said the database did not answer (an operator's
+/// walk-through); now one scrape reads at a time, its query cancelled at the scrape's bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_locked_outbox_does_not_hang_the_scrape() {
-    use diesel::Connection;
     use diesel::connection::SimpleConnection;
-    let app = spawn_app_with(Backend::Postgres, "").await;
+    use diesel::{Connection, RunQueryDsl};
+    #[derive(diesel::QueryableByName)]
+    struct Waiting {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let app = spawn_app_with(Backend::Postgres, "database_pool_size = 4").await;
     let mut locker = diesel::pg::PgConnection::establish(&app.test_db.url).unwrap();
     locker
         .batch_execute("BEGIN; LOCK TABLE herald_outbox IN ACCESS EXCLUSIVE MODE")
@@ -597,6 +605,34 @@ async fn a_locked_outbox_does_not_hang_the_scrape() {
     let s = scrape_once().await;
     assert_eq!(value(&s, "herald_database_up", &[]), 0.0);
     assert!(s.iter().all(|x| x.name != "herald_messages"));
+    // Three times the pool, at once.
+    let burst = futures_util::future::join_all((0..12).map(|_| scrape_once())).await;
+    assert!(
+        burst
+            .iter()
+            .all(|s| value(s, "herald_database_up", &[]) == 0.0)
+    );
+    let (status, body) = readyz(&app).await;
+    assert_eq!(status, 200, "{body}");
+    // The query a scrape gave up on ends too (cancelled), though the lock is still held.
+    let mut watcher = diesel::pg::PgConnection::establish(&app.test_db.url).unwrap();
+    let waiting = |c: &mut diesel::pg::PgConnection| {
+        diesel::sql_query(
+            "SELECT count(*) AS n FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .get_result::<Waiting>(c)
+        .unwrap()
+        .n
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while waiting(&mut watcher) > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a scrape's query still waits for the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     locker.batch_execute("COMMIT").unwrap();
     let s = scrape_once().await;
     assert_eq!(value(&s, "herald_database_up", &[]), 1.0);
