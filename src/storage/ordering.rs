@@ -258,19 +258,20 @@ impl Db {
 
 /// Who decides a message is blocked: the head of its key, when that is a dead or unconfirmed
 /// message that still holds the key and is not the message itself, and the message still waits
-/// to be sent (a canceled or expired one is blocked by nothing).
+/// to be sent (a canceled or expired one is blocked by nothing). Also an open earlier head
+/// (replayed) ahead of a message that was already retrying: that one keeps its due time, which
+/// passes while the claim's gate holds it behind the head.
 pub fn blocked_by<'a>(row: &OutboxRow, head: Option<&'a OutboxRow>) -> Option<&'a OutboxRow> {
-    let waits = matches!(
-        row.state,
-        crate::domain::State::Scheduled | crate::domain::State::Retryable
-    );
+    use crate::domain::State;
+    let waits = matches!(row.state, State::Scheduled | State::Retryable);
+    let retrying = row.state == State::Retryable && row.next_attempt_at.is_some();
     head.filter(|h| {
-        waits
-            && h.id != row.id
-            && matches!(
-                h.state,
-                crate::domain::State::DeadLetter | crate::domain::State::Unconfirmed
-            )
-            && h.ordering_released_at.is_none()
+        let dead = matches!(h.state, State::DeadLetter | State::Unconfirmed)
+            && h.ordering_released_at.is_none();
+        let open_before = !h.state.is_terminal()
+            && h.ordering_seq
+                .zip(row.ordering_seq)
+                .is_some_and(|(h, r)| h < r);
+        waits && h.id != row.id && (dead || (retrying && open_before))
     })
 }

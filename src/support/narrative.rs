@@ -179,6 +179,13 @@ fn ordering_sentence(e: &Explanation, o: &OrderingFacts) -> String {
     let place = o.seq.map(|n| format!(" (place {n})")).unwrap_or_default();
     if let Some(by) = &o.blocked_by {
         let state = o.head_state.map(|s| s.as_str()).unwrap_or("dead_letter");
+        if o.head_state.is_some_and(|s| !s.is_terminal()) {
+            return format!(
+                "It waits in ordering key {}{place}: behind {by}, the key's head, replayed and \
+                 now {state}; it goes once {by} has ended, whatever its own due time says.",
+                o.key
+            );
+        }
         return format!(
             "It waits in ordering key {}{place}: blocked by {by}, the key's head, which is {state}; \
              the key moves on when {by} is replayed, canceled or skipped.",

@@ -105,7 +105,8 @@ pub struct OrderingFacts {
     /// The head's state.
     pub head_state: Option<State>,
     /// The dead or unconfirmed head that holds the key, when that is another message:
-    /// "blocked by {event id}".
+    /// "blocked by {event id}"; or the replayed head a message already retrying waits behind
+    /// ([`crate::storage::ordering::blocked_by`]).
     pub blocked_by: Option<String>,
     /// When this dead or unconfirmed message stopped holding its key (skip); `None` while it
     /// holds it, also after a replay put it back in its place.

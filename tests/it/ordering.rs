@@ -295,6 +295,22 @@ async fn a_due_message_held_by_its_key_is_not_the_senders_backlog(backend: Backe
         .await
         .unwrap();
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    // Due by its own time (it was retrying) but held behind the replayed head: its view says
+    // so (it said nothing, its due time passed, as if overdue; a walk-through).
+    app.advance(Duration::from_secs(60));
+    let v = app.message("u.2").await;
+    assert_eq!(
+        (&v["state"], &v["blocked_by"]),
+        (&json!("retryable"), &json!("u.1")),
+        "{v}"
+    );
+    let e = app.explain("u.2").await;
+    assert_eq!(e["ordering"]["blocked_by"], "u.1", "{e}");
+    let text = e["explanation"].as_str().unwrap();
+    assert!(
+        text.contains("behind u.1, the key's head, replayed and now scheduled"),
+        "{text}"
+    );
     assert_eq!(
         app.run_until_idle().await,
         1,
