@@ -145,23 +145,35 @@ impl RetryPolicy {
     }
 
     /// Exponential backoff for the retry after attempt number `attempt` (1-based):
-    /// `min(cap, base · 2^(attempt-1))`, moved by ±jitter (`unit` in [0, 1) picks where), then
-    /// capped again.
+    /// `min(cap, base · 2^(attempt-1))`, moved by ±jitter (`unit` in [0, 1) picks where). A
+    /// move that would pass the cap goes as far down instead: the cap stays the longest wait,
+    /// and retries at the cap keep their spread (capped after the jitter, every upward move
+    /// there gave the cap itself, and half of a backlog at the cap came due at one moment).
     pub fn backoff(&self, attempt: u32, unit: f64) -> Delay {
         let exp = attempt.saturating_sub(1).min(62);
         let raw = self.base.as_secs_f64() * 2f64.powi(exp as i32);
-        let nominal = raw.min(self.cap.as_secs_f64());
-        let factor = 1.0 + self.jitter * (2.0 * unit.clamp(0.0, 1.0) - 1.0);
-        let jittered = (nominal * factor).min(self.cap.as_secs_f64());
-        let delay = whole_ms(jittered, f64::round);
+        let cap = self.cap.as_secs_f64();
+        let nominal = raw.min(cap);
+        let moved = self.jitter * (2.0 * unit.clamp(0.0, 1.0) - 1.0);
+        let past_cap = nominal * (1.0 + moved) > cap;
+        let factor = if past_cap {
+            1.0 - moved.abs()
+        } else {
+            1.0 + moved
+        };
+        let delay = whole_ms((nominal * factor).min(cap), f64::round);
         let jittered = delay.as_secs_f64();
         Delay {
             delay,
             reason: format!(
-                "backoff after attempt {attempt}: min(cap {}s, base {}s × 2^{exp}) = {nominal:.3}s, jitter {:+.1}% → {jittered:.3}s",
-                self.cap.as_secs_f64(),
+                "backoff after attempt {attempt}: min(cap {cap}s, base {}s × 2^{exp}) = {nominal:.3}s, jitter {:+.1}%{} → {jittered:.3}s",
                 self.base.as_secs_f64(),
                 (factor - 1.0) * 100.0,
+                if past_cap {
+                    " (down: never past the cap)"
+                } else {
+                    ""
+                },
             ),
         }
     }
@@ -255,7 +267,27 @@ mod tests {
         let p = policy();
         assert_eq!(p.backoff(3, 0.0).delay, Duration::from_secs(16));
         assert_eq!(p.backoff(3, 1.0).delay, Duration::from_secs(24));
-        assert_eq!(p.backoff(20, 1.0).delay, Duration::from_secs(3600));
+        // At the cap an upward move goes as far down: never past it, and still spread.
+        assert_eq!(p.backoff(20, 1.0).delay, Duration::from_secs(2880));
+        assert_eq!(p.backoff(20, 0.0).delay, Duration::from_secs(2880));
+        assert_eq!(p.backoff(20, 0.5).delay, Duration::from_secs(3600));
+        let at_cap: std::collections::BTreeSet<Duration> = (0..100)
+            .map(|i| p.backoff(20, i as f64 / 100.0).delay)
+            .collect();
+        assert!(at_cap.len() > 40, "{at_cap:?}");
+        assert!(
+            at_cap
+                .iter()
+                .all(|d| (Duration::from_secs(2880)..=Duration::from_secs(3600)).contains(d)),
+            "{at_cap:?}"
+        );
+        assert!(
+            p.backoff(20, 0.75)
+                .reason
+                .contains("jitter -10.0% (down: never past the cap) → 3240.000s"),
+            "{}",
+            p.backoff(20, 0.75).reason
+        );
         for i in 0..100 {
             let d = p.backoff(3, i as f64 / 100.0).delay;
             assert!(
