@@ -426,6 +426,8 @@ pub struct Settings {
     /// `HERALD_*` variables set in the environment that no setting reads (a typo:
     /// `HERALD_LEASE_SECOND`): warned about at start, by name only.
     pub unread_env: Vec<String>,
+    /// `HERALD_*` variables set to the empty string: taken as not set, warned about at start.
+    pub empty_env: Vec<String>,
     /// `retention_*`: how long finished messages and unmatched receipts are kept.
     pub retention: crate::retention::RetentionConfig,
 }
@@ -511,6 +513,20 @@ impl Settings {
             read.borrow_mut().insert(name.to_owned());
             env.get(name).filter(|v| !v.is_empty()).cloned()
         };
+        // Set but empty: taken as not set (as shells and Compose leave a variable that had no
+        // value), and named at start. Not the database URL: a secret that failed to arrive
+        // would start Herald on a new, empty SQLite file in the working directory.
+        if env
+            .get("HERALD_DATABASE_URL")
+            .is_some_and(|v| v.trim().is_empty())
+        {
+            return Err(invalid(
+                "HERALD_DATABASE_URL",
+                "is set but empty; give the database URL, or unset it for the default \
+                 sqlite://herald.db",
+            ));
+        }
+
         fn num<T: std::str::FromStr>(name: &str, v: String) -> Result<T, ConfigError> {
             v.trim().parse().map_err(|_| {
                 // A number all the same (`-1`, `0.5`): the settings read here that do not take
@@ -1018,6 +1034,11 @@ impl Settings {
         )?);
         let sender_batch_size = f.sender_batch_size.unwrap_or(100).clamp(1, 1000);
         let sender_concurrency = f.sender_concurrency.unwrap_or(64).clamp(1, 1024);
+        let empty_env: Vec<String> = env
+            .iter()
+            .filter(|(k, v)| is_herald_variable(k) && read.contains(*k) && v.is_empty())
+            .map(|(k, _)| k.clone())
+            .collect();
         let unread_env: Vec<String> = env
             .keys()
             .filter(|k| is_herald_variable(k) && !read.contains(*k))
@@ -1083,6 +1104,7 @@ impl Settings {
         }
         Ok(Settings {
             unread_env,
+            empty_env,
             database_url: f
                 .database_url
                 .unwrap_or_else(|| Secret::new("sqlite://herald.db")),
@@ -1910,6 +1932,20 @@ mod tests {
         assert_eq!(
             s.unread_env,
             ["HERALD_LEASE_SECOND", "herald_lease_seconds"]
+        );
+        let s = Settings::build(
+            FileConfig::default(),
+            &env(&[("HERALD_API_TOKEN", ""), ("HERALD_LEASE_SECONDS", "")]),
+        )
+        .unwrap();
+        assert_eq!(s.empty_env, ["HERALD_API_TOKEN", "HERALD_LEASE_SECONDS"]);
+        assert_eq!(s.lease, Settings::from_toml("").unwrap().lease);
+        let err = Settings::build(FileConfig::default(), &env(&[("HERALD_DATABASE_URL", "")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("HERALD_DATABASE_URL: is set but empty"),
+            "{err}"
         );
     }
 

@@ -397,6 +397,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             "HERALD_ variables no setting reads (a typo?); ignored"
         );
     }
+    if !settings.empty_env.is_empty() {
+        tracing::warn!(
+            variables = settings.empty_env.join(","),
+            "HERALD_ variables set but empty: taken as not set"
+        );
+    }
     match cli.command {
         Command::Serve { no_migrate } => {
             // A multi-threaded runtime: the sender's sends use every core (the HTTP workers have

@@ -710,6 +710,49 @@ fn start_up_names_unread_variables_and_newer_migrations() {
     );
 }
 
+/// A variable set to the empty string is taken as not set and named at start (it was silently
+/// ignored); an empty `HERALD_DATABASE_URL` — a secret that failed to arrive — is refused (it
+/// started Herald on a new `herald.db` in the working directory; an operator's walk-through).
+#[test]
+fn empty_variables_are_named_and_an_empty_database_url_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |env: &[(&str, &str)]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
+        for (k, _) in std::env::vars() {
+            if k.starts_with("HERALD_") || k == "RUST_LOG" {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.current_dir(dir.path())
+            .args(["migrate"])
+            .envs(env.iter().copied())
+            .output()
+            .unwrap()
+    };
+    let out = run(&[("HERALD_DATABASE_URL", " ")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("HERALD_DATABASE_URL: is set but empty"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("herald.db").exists());
+    let db = format!("sqlite://{}", dir.path().join("h.db").display());
+    let out = run(&[
+        ("HERALD_DATABASE_URL", &db),
+        ("HERALD_API_TOKEN", ""),
+        ("HERALD_LISTEN", ""),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.lines().any(|l| l.contains("WARN")
+            && l.contains("set but empty")
+            && l.contains("HERALD_API_TOKEN,HERALD_LISTEN")),
+        "{stderr}"
+    );
+}
+
 /// `herald migrate` with a configuration that drops endpoints other processes subscribed says
 /// so at WARN, naming them: it replaces `herald_subscriptions` for every process.
 #[test]
