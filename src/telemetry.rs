@@ -41,9 +41,30 @@ pub fn use_ansi(is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
     is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
+/// Where the HTTP server logs, at ERROR, each request it could not read (a malformed header, a
+/// head too large): the client's doing, answered 400 or 431, and one line each would let anyone
+/// fill the log. Off unless `RUST_LOG` names it (`RUST_LOG=info,actix_http=debug`).
+const UNREADABLE_REQUESTS: &str = "actix_http::h1::dispatcher";
+
+/// `RUST_LOG`'s directives (default `info`), and the HTTP server's unreadable requests off
+/// unless they name `actix_http`.
+fn log_filter(rust_log: Option<&str>) -> EnvFilter {
+    let given = rust_log.filter(|v| !v.trim().is_empty());
+    let filter = given
+        .and_then(|v| EnvFilter::try_new(v).ok())
+        .unwrap_or_else(|| EnvFilter::new("info"));
+    if given.is_some_and(|v| v.contains("actix_http")) {
+        return filter;
+    }
+    match format!("{UNREADABLE_REQUESTS}=off").parse() {
+        Ok(off) => filter.add_directive(off),
+        Err(_) => filter,
+    }
+}
+
 /// Installs the global subscriber: `RUST_LOG` (default `info`) to stderr, as `format` says.
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = log_filter(std::env::var("RUST_LOG").ok().as_deref());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

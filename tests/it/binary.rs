@@ -1722,6 +1722,44 @@ async fn serve_logs_the_first_refused_receipt_of_a_source_at_warn() {
     );
 }
 
+/// Requests the HTTP server cannot read (a control character in a header) are answered 400
+/// without a log line each: one ERROR line per request let anyone fill the log at the default
+/// level (a hostile-input walk-through). `RUST_LOG` naming `actix_http` shows them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_requests_do_not_fill_the_log() {
+    use std::io::{Read, Write};
+    for (rust_log, logged) in [(None, false), (Some("info,actix_http=debug"), true)] {
+        let listen = free_addr();
+        let base = format!("http://{listen}");
+        let mut env = vec![
+            ("HERALD_LISTEN", listen.as_str()),
+            ("HERALD_SENDER_ENABLED", "false"),
+        ];
+        env.extend(rust_log.map(|v| ("RUST_LOG", v)));
+        let mut herald = Herald::spawn_with_config(&["serve"], &env, None);
+        herald.wait_healthy(&base).await;
+        for _ in 0..20 {
+            let mut s = std::net::TcpStream::connect(&listen).unwrap();
+            s.write_all(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nX-Bad: \x01\r\n\r\n")
+                .unwrap();
+            let mut answer = Vec::new();
+            s.read_to_end(&mut answer).unwrap();
+            let answer = String::from_utf8_lossy(&answer);
+            assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+        }
+        let log = herald.stop_cleanly().await;
+        let lines = log
+            .lines()
+            .filter(|l| l.contains("actix_http") && l.contains("parse error"))
+            .count();
+        if logged {
+            assert!(lines >= 20, "{log}");
+        } else {
+            assert_eq!(lines, 0, "{log}");
+        }
+    }
+}
+
 /// With two receipt sources, one without `matches` could settle the other provider's messages:
 /// `herald serve` names it at warn when it starts, and names none once each has `matches`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
