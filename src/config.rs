@@ -456,7 +456,11 @@ impl Settings {
     /// The retry policies messages come under, by destination (the global one, and each
     /// endpoint's own).
     pub fn policies(&self) -> crate::domain::policies::Policies {
-        crate::sender::policy::policies(&self.retry, &self.endpoint_retry)
+        crate::sender::policy::policies(&self.retry, &self.endpoint_retry).with_orderings(
+            self.endpoints
+                .values()
+                .filter_map(|e| Some((e.name.clone(), e.ordering_policy?))),
+        )
     }
 
     /// Defaults, then `path` (or `herald.toml` when it exists), then the environment.

@@ -24,6 +24,8 @@ pub struct Policies {
     /// `{"endpoint:NAME": [name, version], …}`, as the claim reads it; `None` when no endpoint
     /// has a policy of its own.
     claim_map: Option<serde_json::Value>,
+    /// The endpoints' own head-of-line policies, by destination (`endpoint:NAME`).
+    orderings: BTreeMap<String, super::OrderingPolicy>,
 }
 
 impl Policies {
@@ -31,7 +33,7 @@ impl Policies {
     pub fn new(global: PolicyId, endpoints: impl IntoIterator<Item = (String, PolicyId)>) -> Self {
         let by_destination: BTreeMap<String, PolicyId> = endpoints
             .into_iter()
-            .map(|(name, p)| (format!("endpoint:{name}"), p))
+            .map(|(name, p)| (super::endpoint_destination(&name), p))
             .collect();
         let claim_map = (!by_destination.is_empty()).then(|| {
             serde_json::Value::Object(
@@ -45,7 +47,32 @@ impl Policies {
             global,
             by_destination,
             claim_map,
+            orderings: BTreeMap::new(),
         }
+    }
+
+    /// With the endpoints' own head-of-line policies (`[endpoints.NAME] ordering_policy`), by
+    /// endpoint name.
+    pub fn with_orderings(
+        mut self,
+        endpoints: impl IntoIterator<Item = (String, super::OrderingPolicy)>,
+    ) -> Self {
+        self.orderings = endpoints
+            .into_iter()
+            .map(|(name, p)| (super::endpoint_destination(&name), p))
+            .collect();
+        self
+    }
+
+    /// The head-of-line policy that applies to a message with key or not (`keyed`), its own
+    /// `own` and its `destination`: its own, else its endpoint's, else `block`; `None` unkeyed.
+    pub fn ordering_of(
+        &self,
+        keyed: bool,
+        own: Option<super::OrderingPolicy>,
+        destination: &str,
+    ) -> Option<super::OrderingPolicy> {
+        super::OrderingPolicy::effective(keyed, own, self.orderings.get(destination).copied())
     }
 
     /// The global policy alone.

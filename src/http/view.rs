@@ -56,6 +56,10 @@ pub struct MessageView {
     pub ordering_seq: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ordering_policy: Option<crate::domain::OrderingPolicy>,
+    /// The head-of-line policy that applies to a keyed message: its own, else its endpoint's as
+    /// configured now, else `block` (left out when unkeyed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ordering_policy_applied: Option<crate::domain::OrderingPolicy>,
     /// The event id of the dead or unconfirmed head that holds its key ("blocked by"); to a
     /// `send` token, `(another client's message)` when another client enqueued that head.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -136,6 +140,11 @@ impl MessageView {
             ordering_key: row.ordering_key.clone(),
             ordering_seq: row.ordering_seq,
             ordering_policy: row.ordering_policy,
+            ordering_policy_applied: policies.ordering_of(
+                row.ordering_key.is_some(),
+                row.ordering_policy,
+                &row.destination,
+            ),
             blocked_by: None,
             receipts: None,
         }

@@ -252,7 +252,7 @@ pub fn explain(
         .and_then(|n| u32::try_from(n).ok());
     let budget = recorded.unwrap_or(policies.of(&row.destination).max_attempts);
     let mut e = Explanation::facts(&row, &attempts, &receipts, &replays, budget);
-    e.ordering = view::OrderingFacts::new(&row, head.as_ref());
+    e.ordering = view::OrderingFacts::new(&row, head.as_ref(), policies);
     // Its last explicit skip, from the audit: a replay since has cleared the release (the
     // message took its place again), and the skip is still what happened (a walk-through saw it
     // vanish from the explanation once the skipped message was replayed).

@@ -1089,6 +1089,7 @@ mod tests {
             key: "order-1".into(),
             seq: Some(2),
             policy: None,
+            policy_applied: crate::domain::OrderingPolicy::Block,
             head: Some(head.into()),
             head_state: Some(head_state),
             blocked_by: blocked.then(|| head.to_owned()),

@@ -100,6 +100,8 @@ pub struct OrderingFacts {
     pub seq: Option<i64>,
     /// Its own head-of-line policy (`None`: its endpoint's, else `block`).
     pub policy: Option<crate::domain::OrderingPolicy>,
+    /// The policy that applies: its own, else its endpoint's as configured now, else `block`.
+    pub policy_applied: crate::domain::OrderingPolicy,
     /// The event id of the key's head (its first open place that still counts), if any.
     pub head: Option<String>,
     /// The head's state.
@@ -146,12 +148,17 @@ pub struct PlaceBefore {
 
 impl OrderingFacts {
     /// `None` for an unkeyed message; `head` is its key's head (`Db::key_head`).
-    pub fn new(row: &OutboxRow, head: Option<&OutboxRow>) -> Option<Self> {
+    pub fn new(
+        row: &OutboxRow,
+        head: Option<&OutboxRow>,
+        policies: &crate::domain::policies::Policies,
+    ) -> Option<Self> {
         let key = row.ordering_key.clone()?;
         Some(Self {
             key,
             seq: row.ordering_seq,
             policy: row.ordering_policy,
+            policy_applied: policies.ordering_of(true, row.ordering_policy, &row.destination)?,
             head: head.map(|h| h.event_id.clone()),
             head_state: head.map(|h| h.state),
             blocked_by: crate::storage::ordering::blocked_by(row, head).map(|h| h.event_id.clone()),

@@ -390,6 +390,23 @@ async fn skip_lets_the_rest_of_the_key_through(backend: Backend) {
     // No policy anywhere: block.
     post(&app, keyed("s.1", &strict, "k", json!({}))).await;
     post(&app, keyed("s.2", &strict, "k", json!({}))).await;
+    // Which applies, shown where a message sets none (it showed nothing; a walk-through).
+    for (id, own, applied) in [
+        ("m.1", json!("skip"), "skip"),
+        ("m.2", Value::Null, "block"),
+        ("e.1", Value::Null, "skip"),
+        ("e.3", json!("block"), "block"),
+        ("s.1", Value::Null, "block"),
+    ] {
+        let v = app.message(id).await;
+        assert_eq!(
+            (&v["ordering_policy"], &v["ordering_policy_applied"]),
+            (&own, &json!(applied)),
+            "{id}: {v}"
+        );
+        let e = app.explain(id).await;
+        assert_eq!(e["ordering"]["policy_applied"], applied, "{id}: {e}");
+    }
     app.run_until_idle().await;
     let ids = |path: &str| rx.requests_to(path).iter().map(id_of).collect::<Vec<_>>();
     assert_eq!(ids("/m"), ["m.1", "m.2", "m.3"]);
