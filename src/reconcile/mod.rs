@@ -271,7 +271,9 @@ impl Reconciler {
             },
             Some(at) if precedence(&r.event_type).is_some() => Verdict::Superseded {
                 reason: format!(
-                    "of a send before the replay at {} (event time {}, arrived {}): kept in the history",
+                    // The latest replay: the explanation's `before_replay_at` names the first
+                    // that followed the receipt's send, which may be an earlier one.
+                    "of a send before the replay at {} (its latest; event time {}, arrived {}): kept in the history",
                     show(Some(at)),
                     show(event_time),
                     show(Some(r.received_at))
