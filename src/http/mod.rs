@@ -445,13 +445,28 @@ pub async fn read_limited(
 }
 
 /// [`read_limited`] within `state.body_read_timeout`, its refusals as problems: 413, 400, or
-/// 408 (whose answer closes the connection).
+/// 408 (whose answer closes the connection). A body with a content coding (`Content-Encoding:
+/// gzip`) is refused first, 415: Herald reads bodies as sent and decodes none (it answered 400
+/// "not valid JSON", as if the JSON were at fault).
 async fn read_body(
     req: &HttpRequest,
     state: &AppState,
     payload: web::Payload,
     limit: usize,
 ) -> Result<web::BytesMut, Problem> {
+    let coded = req
+        .headers()
+        .get_all(actix_web::http::header::CONTENT_ENCODING)
+        .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+        .any(|c| !c.trim().is_empty() && !c.trim().eq_ignore_ascii_case("identity"));
+    if coded {
+        return Err(Problem::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported-content-encoding",
+            "The request body has a content coding Herald does not decode",
+        )
+        .detail("send the body uncompressed, without Content-Encoding (or with identity)"));
+    }
     read_limited(req, payload, limit, state.body_read_timeout)
         .await
         .map_err(|e| match e {

@@ -48,6 +48,28 @@ async fn bad_input_is_refused_with_the_field_and_nothing_is_stored(backend: Back
     };
     let p = problem(post_raw("{not json").await.unwrap(), 400).await;
     assert_eq!(p["field"], "body");
+    // A body with a content coding is refused as such, 415 (it was "not valid JSON", 400); the
+    // same body as `identity` is read.
+    let coded = |coding: &'static str| {
+        app.http
+            .post(format!("{}/v1/messages", app.base))
+            .header("content-type", "application/json")
+            .header("content-encoding", coding)
+            .json(&webhook("b30", "https://x.example/h", json!({})))
+            .send()
+    };
+    for coding in ["gzip", "br", "identity, gzip"] {
+        let p = problem(coded(coding).await.unwrap(), 415).await;
+        assert_eq!(
+            p["type"]
+                .as_str()
+                .map(|t| t.ends_with("unsupported-content-encoding")),
+            Some(true),
+            "{p}"
+        );
+    }
+    assert!(app.db.find_by_event_id("b30").unwrap().is_none());
+    assert_eq!(coded("identity").await.unwrap().status(), 201);
     // JSON, but a number no double holds (named by its field, not as the body), or an integer
     // no 64 bits hold (it would reach the receiver as another number): refused, named.
     for (body, field) in [
