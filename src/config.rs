@@ -518,11 +518,13 @@ impl Settings {
             env.get(name).filter(|v| !v.is_empty()).cloned()
         };
         // Set but empty: taken as not set (as shells and Compose leave a variable that had no
-        // value), and named at start. Not the database URL: a secret that failed to arrive
-        // would start Herald on a new, empty SQLite file in the working directory.
-        if env
-            .get("HERALD_DATABASE_URL")
-            .is_some_and(|v| v.trim().is_empty())
+        // value), and named at start. Not the database URL where the file gives none: a secret
+        // that failed to arrive would start Herald on a new, empty SQLite file in the working
+        // directory.
+        if f.database_url.is_none()
+            && env
+                .get("HERALD_DATABASE_URL")
+                .is_some_and(|v| v.trim().is_empty())
         {
             return Err(invalid(
                 "HERALD_DATABASE_URL",
@@ -1951,6 +1953,10 @@ mod tests {
             err.starts_with("HERALD_DATABASE_URL: is set but empty"),
             "{err}"
         );
+        // The file's URL stands (Compose's `${DATABASE_URL:-}` beside a herald.toml that has it).
+        let file = Settings::parse_file("database_url = \"sqlite:///tmp/h.db\"").unwrap();
+        let s = Settings::build(file, &env(&[("HERALD_DATABASE_URL", "")])).unwrap();
+        assert_eq!(s.empty_env, ["HERALD_DATABASE_URL"]);
     }
 
     #[test]

@@ -242,7 +242,7 @@ impl EmailPayload {
                     if !at_enqueue && (is_herald_header(k) || k.eq_ignore_ascii_case("x-")) {
                         continue;
                     }
-                    match parse_header(k, v) {
+                    match parse_header(k, v, at_enqueue) {
                         Ok(h) => parsed.push(h),
                         Err(e) => errors.push(e),
                     }
@@ -342,7 +342,11 @@ fn has_control(value: &str) -> bool {
 /// control character but tab). The relay headers Herald merges its correlation into
 /// ([`relay::JSON_OBJECT_HEADERS`]) must hold a JSON object; it is written again with a space
 /// after each `,` and `:`, where the header can fold.
-fn parse_header(name: &str, value: &Value) -> Result<(String, String), InvalidField> {
+fn parse_header(
+    name: &str,
+    value: &Value,
+    at_enqueue: bool,
+) -> Result<(String, String), InvalidField> {
     let v = value
         .as_str()
         // A NUL is refused on its own, with its path, as anywhere in a payload.
@@ -375,11 +379,13 @@ fn parse_header(name: &str, value: &Value) -> Result<(String, String), InvalidFi
     let v = if json_object {
         // Read and written again (Herald adds its id): a key given twice would keep only its
         // last value, an integer past 64 bits would become a double, each sent as another value.
+        // Refused at enqueue; a row accepted before, or written by SQL, is sent as then.
         let refused = |m: String| Err(InvalidField::new(format!("payload.headers.{name}"), m));
-        if let Some(key) = crate::domain::duplicate_keys(v.as_bytes(), 1).first() {
+        if at_enqueue && let Some(key) = crate::domain::duplicate_keys(v.as_bytes(), 1).first() {
             return refused(format!("gives {key} more than once; give it once"));
         }
-        if let Some(at) = crate::domain::integers_beyond_64_bits(v.as_bytes()).first() {
+        if at_enqueue && let Some(at) = crate::domain::integers_beyond_64_bits(v.as_bytes()).first()
+        {
             return refused(format!(
                 "holds at {at} an integer no 64-bit integer holds, which would be sent as \
                  another number"
@@ -2811,7 +2817,7 @@ mod tests {
 
     #[test]
     fn header_values_that_cannot_fold_below_the_line_limit_are_refused() {
-        let field = |v: String| parse_header("X-Tag", &json!(v)).map_err(|e| e.field);
+        let field = |v: String| parse_header("X-Tag", &json!(v), true).map_err(|e| e.field);
         assert!(field("a ".repeat(3000)).is_ok());
         assert!(field("a".repeat(900)).is_ok());
         assert_eq!(field("a".repeat(901)), Err("payload.headers.X-Tag".into()));
@@ -2826,7 +2832,7 @@ mod tests {
         );
         // A relay JSON header is written spaced, and judged as written: one long string in it
         // cannot fold.
-        let smtpapi = |v: String| parse_header("X-SMTPAPI", &json!(v));
+        let smtpapi = |v: String| parse_header("X-SMTPAPI", &json!(v), true);
         let (_, spaced) = smtpapi(r#"{"a":"b","c":{"d":1}}"#.into()).unwrap();
         assert_eq!(spaced, r#"{"a": "b", "c": {"d": 1}}"#);
         assert!(smtpapi(format!(r#"{{"k":"{}"}}"#, "a".repeat(1200))).is_err());
@@ -2834,7 +2840,11 @@ mod tests {
 
     #[test]
     fn header_names_and_values_are_one_printable_line() {
-        let field = |n: &str, v: &str| parse_header(n, &json!(v)).map(|_| ()).map_err(|e| e.field);
+        let field = |n: &str, v: &str| {
+            parse_header(n, &json!(v), true)
+                .map(|_| ())
+                .map_err(|e| e.field)
+        };
         assert_eq!(field("X-Tag", "a\tb"), Ok(()));
         for name in [
             "X-A\r\nReply-To",
@@ -3005,16 +3015,47 @@ mod tests {
             ("X-SMTPAPI", "nope"),
             ("x-mailgun-variables", "[1]"),
             ("X-SMTPAPI", r#"{"unique_args": "not an object"}"#),
-            // Read and written again, these would go as other values: refused.
-            ("X-Mailgun-Variables", r#"{"a": 1, "a": 2}"#),
-            ("X-SMTPAPI", r#"{"unique_args": {"a": 1, "a": 2}}"#),
-            ("X-SMTPAPI", r#"{"a": 18446744073709551617}"#),
-            ("X-SMTPAPI", r#"{"a": 1e400}"#),
         ] {
             assert_eq!(
                 field(with("headers", json!({name: value}))),
                 format!("payload.headers.{name}")
             );
+        }
+        // Read and written again, these would go as other values: refused at enqueue, a row
+        // accepted before (or written by SQL) sent as then.
+        for (name, value, says) in [
+            (
+                "X-Mailgun-Variables",
+                r#"{"a": 1, "a": 2}"#,
+                "gives a more than once",
+            ),
+            (
+                "X-SMTPAPI",
+                r#"{"unique_args": {"a": 1, "a": 2}}"#,
+                "gives unique_args.a more than once",
+            ),
+            (
+                "X-SMTPAPI",
+                r#"{"a": 18446744073709551617}"#,
+                "holds at a an integer",
+            ),
+            (
+                "X-SMTPAPI",
+                r#"{"a": 1e400}"#,
+                "is not JSON Herald can read: number out of range",
+            ),
+        ] {
+            let payload = with("headers", json!({name: value}));
+            let refused = EmailPayload::parse_all(&payload).unwrap_err();
+            assert_eq!(refused[0].field, format!("payload.headers.{name}"));
+            assert!(
+                refused[0].message.starts_with(says),
+                "{}",
+                refused[0].message
+            );
+            if !value.contains("1e400") {
+                assert!(EmailPayload::parse(&payload).is_ok(), "{value}");
+            }
         }
         let p = EmailPayload::parse(&with(
             "headers",
