@@ -60,8 +60,9 @@ pub struct MessageView {
     /// configured now, else `block` (left out when unkeyed).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ordering_policy_applied: Option<crate::domain::OrderingPolicy>,
-    /// The event id of the dead or unconfirmed head that holds its key ("blocked by"); to a
-    /// `send` token, `(another client's message)` when another client enqueued that head.
+    /// The event id of the dead or unconfirmed head that holds its key ("blocked by"), or of
+    /// the replayed head a message already due waits behind; to a `send` token, `(another
+    /// client's message)` when another client enqueued that head.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub blocked_by: Option<String>,
     /// The receipt history, in event-time order.

@@ -259,12 +259,13 @@ impl Db {
 /// Who decides a message is blocked: the head of its key, when that is a dead or unconfirmed
 /// message that still holds the key and is not the message itself, and the message still waits
 /// to be sent (a canceled or expired one is blocked by nothing). Also an open earlier head
-/// (replayed) ahead of a message that was already retrying: that one keeps its due time, which
-/// passes while the claim's gate holds it behind the head.
+/// (replayed) ahead of a message that was already due (retrying, or released with its due
+/// time): that one keeps its due time, which passes while the claim's gate holds it behind the
+/// head. (A later place that waits with no due time is not blocked: it is in line.)
 pub fn blocked_by<'a>(row: &OutboxRow, head: Option<&'a OutboxRow>) -> Option<&'a OutboxRow> {
     use crate::domain::State;
     let waits = matches!(row.state, State::Scheduled | State::Retryable);
-    let retrying = row.state == State::Retryable && row.next_attempt_at.is_some();
+    let due = row.next_attempt_at.is_some();
     head.filter(|h| {
         let dead = matches!(h.state, State::DeadLetter | State::Unconfirmed)
             && h.ordering_released_at.is_none();
@@ -272,6 +273,6 @@ pub fn blocked_by<'a>(row: &OutboxRow, head: Option<&'a OutboxRow>) -> Option<&'
             && h.ordering_seq
                 .zip(row.ordering_seq)
                 .is_some_and(|(h, r)| h < r);
-        waits && h.id != row.id && (dead || (retrying && open_before))
+        waits && h.id != row.id && (dead || (due && open_before))
     })
 }

@@ -671,8 +671,10 @@ pub fn replay(
             let head = db.key_head(&row).ok().flatten();
             Err(SupportError::Refused(
                 match crate::storage::ordering::blocked_by(&row, head.as_ref()) {
-                    Some(h) => Refusal::Blocked(s, h.event_id.clone()),
-                    None => Refusal::Pending(s),
+                    // Behind a dead or unconfirmed head only: one replayed and open again goes
+                    // first on its own, and this one after it (pending).
+                    Some(h) if h.state.is_terminal() => Refusal::Blocked(s, h.event_id.clone()),
+                    _ => Refusal::Pending(s),
                 },
             ))
         }

@@ -182,7 +182,7 @@ fn ordering_sentence(e: &Explanation, o: &OrderingFacts) -> String {
         if o.head_state.is_some_and(|s| !s.is_terminal()) {
             return format!(
                 "It waits in ordering key {}{place}: behind {by}, the key's head, replayed and \
-                 now {state}; it goes once {by} has ended, whatever its own due time says.",
+                 now {state}; it goes after {by}, whatever its own due time says.",
                 o.key
             );
         }

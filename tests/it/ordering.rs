@@ -311,6 +311,21 @@ async fn a_due_message_held_by_its_key_is_not_the_senders_backlog(backend: Backe
         text.contains("behind u.1, the key's head, replayed and now scheduled"),
         "{text}"
     );
+    // Replaying it is refused as pending (it goes after u.1), not as blocked by a dead head
+    // with advice to replay, cancel or skip u.1 (a review).
+    let r = app
+        .http
+        .post(format!("{}/v1/messages/u.2/replay", app.base))
+        .json(&json!({"reason": "again"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409);
+    let p = r.text().await.unwrap();
+    assert!(
+        p.contains("it will be sent anyway") && !p.contains("dead or unconfirmed"),
+        "{p}"
+    );
     assert_eq!(
         app.run_until_idle().await,
         1,
@@ -328,6 +343,29 @@ async fn a_due_message_held_by_its_key_is_not_the_senders_backlog(backend: Backe
     assert_eq!(
         gauge(&app, "herald_oldest_due_message_age_seconds").await,
         0.0
+    );
+    // A later place released with its own due time (scheduled for later) keeps it when its
+    // head is replayed: it is named as waiting behind the head too (a review).
+    let v = rx.url_for("/v");
+    rx.script_path("/v", [Reply::Status(200), Reply::Status(200)]);
+    let later = (app.clock_now() + chrono::Duration::hours(2)).to_rfc3339();
+    post(&app, keyed("v.1", &v, "kv", json!({}))).await;
+    post(&app, keyed("v.2", &v, "kv", json!({"scheduled_at": later}))).await;
+    assert_eq!(app.run_until_idle().await, 1);
+    let r = app
+        .http
+        .post(format!("{}/v1/messages/v.1/replay", app.base))
+        .json(&json!({"reason": "resend", "force": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let v2 = app.message("v.2").await;
+    assert!(v2["next_attempt_at"].is_string(), "{v2}");
+    assert_eq!(
+        (&v2["state"], &v2["blocked_by"]),
+        (&json!("scheduled"), &json!("v.1")),
+        "{v2}"
     );
     app.stop().await;
 }
