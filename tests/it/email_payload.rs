@@ -118,13 +118,30 @@ async fn sendgrid_correlation_round_trips(backend: Backend) {
         &sink,
         EVENT,
         json!({"subject": "Receipt", "text": "Thanks",
-               "headers": {"X-SMTPAPI": "{\"category\": [\"receipts\"]}"}}),
+               "headers": {"X-SMTPAPI": "{\"category\": [\"reçus\"], \"unique_args\": {\"client\": \"Zoë\"}}"}}),
     )
     .await;
-    let smtpapi: Value = serde_json::from_str(&header(&raw, "X-SMTPAPI").unwrap()).unwrap();
+    // JSON the relay reads: past ASCII escaped, not RFC 2047 words inside the JSON (a
+    // walk-through: `{"category": =?utf-8?b?…?=`, which no JSON parser reads).
+    let sent = header(&raw, "X-SMTPAPI").unwrap();
+    // As on the wire (unfolded, not decoded: the parser above decodes encoded words).
+    let wire: String = raw
+        .split("\r\n")
+        .skip_while(|l| !l.starts_with("X-SMTPAPI:"))
+        .enumerate()
+        .take_while(|(i, l)| *i == 0 || l.starts_with(' ') || l.starts_with('\t'))
+        .map(|(_, l)| l.trim_start_matches("X-SMTPAPI:").trim_start())
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(wire.is_ascii() && !wire.contains("=?"), "{wire}");
     assert_eq!(
-        smtpapi["category"],
-        json!(["receipts"]),
+        serde_json::from_str::<Value>(&wire).unwrap(),
+        serde_json::from_str::<Value>(&sent).unwrap()
+    );
+    let smtpapi: Value = serde_json::from_str(&sent).unwrap();
+    assert_eq!(
+        (&smtpapi["category"], &smtpapi["unique_args"]["client"]),
+        (&json!(["reçus"]), &json!("Zoë")),
         "the message's own kept"
     );
     // What SendGrid posts back: the unique arguments merged into the event.

@@ -158,10 +158,29 @@ pub fn correlate(
 
 /// JSON with a space after every `,` and `:` (outside strings), as SendGrid's examples write
 /// it: the header encoder folds long lines at spaces, and an SMTP line must stay under 1000
-/// characters.
+/// characters. ASCII only: a character past it is written `\u00eb` (as SendGrid's own
+/// libraries do), so the header needs no RFC 2047 encoding, which put encoded words inside
+/// the JSON and left the relay a header it cannot read (`{"customer": =?utf-8?b?…?=`).
 pub(crate) fn spaced_json(v: &Value) -> String {
     struct Spaced;
     impl serde_json::ser::Formatter for Spaced {
+        fn write_string_fragment<W: ?Sized + std::io::Write>(
+            &mut self,
+            w: &mut W,
+            fragment: &str,
+        ) -> std::io::Result<()> {
+            for c in fragment.chars() {
+                if c.is_ascii() {
+                    w.write_all(&[c as u8])?;
+                } else {
+                    let mut units = [0u16; 2];
+                    for unit in c.encode_utf16(&mut units) {
+                        write!(w, "\\u{unit:04x}")?;
+                    }
+                }
+            }
+            Ok(())
+        }
         fn begin_array_value<W: ?Sized + std::io::Write>(
             &mut self,
             w: &mut W,
@@ -299,6 +318,16 @@ mod tests {
             spaced_json(&v),
             r#"{"category": ["a", "b"], "unique_args": {"k": "v, w: x"}}"#
         );
+        // Past ASCII, escaped (keys too): read back as what was given.
+        let v = json!({"unique_args": {"customer": "Zoë Ürban 😀"}, "cätegory": ["wélcome"]});
+        let sent = spaced_json(&v);
+        assert_eq!(
+            sent,
+            r#"{"cätegory": ["w\u00e9lcome"], "unique_args": {"customer": "Zo\u00eb \u00dcrban \ud83d\ude00"}}"#
+                .replace("ä", "\\u00e4")
+        );
+        assert!(sent.is_ascii());
+        assert_eq!(serde_json::from_str::<Value>(&sent).unwrap(), v);
     }
 
     #[test]
