@@ -428,6 +428,9 @@ pub struct Settings {
     pub unread_env: Vec<String>,
     /// `HERALD_*` variables set to the empty string: taken as not set, warned about at start.
     pub empty_env: Vec<String>,
+    /// What the configuration holds that Herald would refuse in what is written now but keeps
+    /// working as before (an endpoint's headers): warned about at start, by key.
+    pub warnings: Vec<String>,
     /// `retention_*`: how long finished messages and unmatched receipts are kept.
     pub retention: crate::retention::RetentionConfig,
 }
@@ -1040,6 +1043,16 @@ impl Settings {
         )?);
         let sender_batch_size = f.sender_batch_size.unwrap_or(100).clamp(1, 1000);
         let sender_concurrency = f.sender_concurrency.unwrap_or(64).clamp(1, 1024);
+        let warnings: Vec<String> = endpoints
+            .values()
+            .filter_map(Endpoint::header_warning)
+            .map(|w| {
+                format!(
+                    "{}: {} (sent as configured; a message may not)",
+                    w.field, w.message
+                )
+            })
+            .collect();
         let empty_env: Vec<String> = env
             .iter()
             .filter(|(k, v)| is_herald_variable(k) && read.contains(*k) && v.is_empty())
@@ -1111,6 +1124,7 @@ impl Settings {
         Ok(Settings {
             unread_env,
             empty_env,
+            warnings,
             database_url: f
                 .database_url
                 .unwrap_or_else(|| Secret::new("sqlite://herald.db")),
@@ -2686,12 +2700,30 @@ mod tests {
         // A control character (here a newline) is no header value: every send would fail.
         for bad in ["\"abc\\n\"", "\"a\\u0001b\""] {
             let m = with(bad).unwrap_err().to_string();
-            assert!(m.starts_with("endpoints.billing.headers: "), "{bad}: {m}");
+            assert!(
+                m.starts_with("endpoints.billing.headers.X-Token: "),
+                "{bad}: {m}"
+            );
             assert!(
                 !m.contains("abc") && !m.contains("a\u{1}b"),
                 "the value is not echoed: {m}"
             );
         }
+        // What a message may not write (here a name a receiver reads as another, and a value
+        // past ASCII) is said, not refused: a configuration that sent them starts as before.
+        let s = Settings::from_toml(
+            "[endpoints.billing]\nurl = \"https://b.example/h\"\n\
+             [endpoints.billing.headers]\n\"X-Team\" = \"a\"\n\"X_Team\" = \"b\"\n",
+        )
+        .unwrap();
+        assert_eq!(s.warnings.len(), 1, "{:?}", s.warnings);
+        assert!(
+            s.warnings[0].starts_with("endpoints.billing.headers.X_Team: is the same header as"),
+            "{:?}",
+            s.warnings
+        );
+        assert!(with("\"Équipe\"").unwrap().warnings[0].contains("printable ASCII"));
+        assert!(with("\"abc\"").unwrap().warnings.is_empty());
     }
 
     #[test]

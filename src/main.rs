@@ -397,6 +397,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             "HERALD_ variables no setting reads (a typo?); ignored"
         );
     }
+    for warning in &settings.warnings {
+        tracing::warn!("configuration: {warning}");
+    }
     if !settings.empty_env.is_empty() {
         tracing::warn!(
             variables = settings.empty_env.join(","),

@@ -197,6 +197,18 @@ impl NewMessage {
                         if let Err(e) = p.check_written() {
                             errors.push(e);
                         }
+                        // Both go in one request: receivers take one header block.
+                        if let Some(e) = endpoint
+                            && let Err(over) = webhook::check_header_budget(
+                                "payload.headers",
+                                p.headers
+                                    .iter()
+                                    .chain(&e.headers)
+                                    .map(|(k, v)| (k.as_str(), v.as_str())),
+                            )
+                        {
+                            errors.push(over);
+                        }
                         // The endpoint's would be sent instead, this one dropped unseen.
                         for (header, _) in &p.headers {
                             if let Some(e) = endpoint.filter(|e| e.sets_header(header)) {

@@ -738,6 +738,14 @@ fn empty_variables_are_named_and_an_empty_database_url_is_refused() {
     );
     assert!(!dir.path().join("herald.db").exists());
     let db = format!("sqlite://{}", dir.path().join("h.db").display());
+    // An endpoint's header a message could not write is said at start, by key (no value), and
+    // Herald starts: it sent them before that rule.
+    std::fs::write(
+        dir.path().join("herald.toml"),
+        "[endpoints.e]\nurl = \"https://e.example/h\"\n\
+         [endpoints.e.headers]\n\"X-Team\" = \"hdr-secret-1\"\n\"X_Team\" = \"hdr-secret-2\"\n",
+    )
+    .unwrap();
     let out = run(&[
         ("HERALD_DATABASE_URL", &db),
         ("HERALD_API_TOKEN", ""),
@@ -751,6 +759,12 @@ fn empty_variables_are_named_and_an_empty_database_url_is_refused() {
             && l.contains("HERALD_API_TOKEN,HERALD_LISTEN")),
         "{stderr}"
     );
+    assert!(
+        stderr.lines().any(|l| l.contains("WARN")
+            && l.contains("configuration: endpoints.e.headers.X_Team: is the same header as")),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("hdr-secret"), "{stderr}");
 }
 
 /// `herald migrate` with a configuration that drops endpoints other processes subscribed says

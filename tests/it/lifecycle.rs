@@ -124,6 +124,24 @@ async fn named_endpoints_rotate_secrets_and_capture_provider_ids(backend: Backen
     let p: serde_json::Value = app.post_message(shadow).await.json().await.unwrap();
     assert_eq!(p["errors"][0]["field"], "payload.headers.X_Team", "{p}");
     assert!(app.db.find_by_event_id("inv-4").unwrap().is_none());
+    // The message's headers and the endpoint's go in one request: 50 of the message's own
+    // beside the endpoint's are more than receivers take (each was within its own limit, and a
+    // receiver answered 431: dead-lettered; a walk-through).
+    let mut many = webhook("inv-5", "endpoint:billing", json!({}));
+    many["payload"]["headers"] = (0..50)
+        .map(|i| (format!("X-H{i}"), json!("v")))
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+    let p: serde_json::Value = app.post_message(many).await.json().await.unwrap();
+    assert_eq!(p["errors"][0]["field"], "payload.headers", "{p}");
+    assert!(
+        p["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("the endpoint's included"),
+        "{p}"
+    );
+    assert!(app.db.find_by_event_id("inv-5").unwrap().is_none());
     assert_eq!(app.run_until_idle().await, 1);
     let req = &rx.requests_to("/billing")[0];
     assert_eq!(req.header("x-team"), Some("billing"));

@@ -169,6 +169,16 @@ impl Endpoint {
         found
     }
 
+    /// What [`super::check_written_headers`] would refuse in the endpoint's headers: said at
+    /// start, not refused (a configuration that sent them before this rule starts as before).
+    pub fn header_warning(&self) -> Option<InvalidField> {
+        super::check_written_headers(
+            &format!("endpoints.{}.headers", self.name),
+            self.headers.iter().map(|(h, v)| (h.as_str(), v.as_str())),
+        )
+        .err()
+    }
+
     /// Whether the endpoint's configuration sets header `name` on each request (its headers, or
     /// `Authorization` with its auth): a message's own header of that name is not sent.
     /// A name a receiver reads as one of those counts (`X_Team` for `X-Team`: see
@@ -239,12 +249,8 @@ impl Endpoint {
         // to the endpoint, each dead-lettered as `invalid_header`.
         for (h, v) in &e.headers {
             super::check_custom_header(h, v)
-                .map_err(|m| InvalidField::new(format!("{key}.headers"), m.to_string()))?;
+                .map_err(|m| InvalidField::new(format!("{key}.headers.{h}"), m.to_string()))?;
         }
-        super::check_written_headers(
-            &format!("{key}.headers"),
-            e.headers.iter().map(|(h, v)| (h.as_str(), v.as_str())),
-        )?;
         let limit =
             crate::channels::Limit::parse(&key, e.rate_limit_per_second, e.burst, e.max_in_flight)?;
         let auto_disable = match (e.disable_after_failures, e.disable_after_seconds) {

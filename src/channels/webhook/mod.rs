@@ -64,9 +64,10 @@ const CONNECTION_HEADERS: &[&str] = &[
     "expect",
 ];
 
-/// The most custom headers a message or an endpoint may give, and the most bytes their names and
-/// values may take together. Node.js refuses a request whose header block passes 16 KiB and nginx
-/// a header line past 8 KiB; Herald's own headers (signatures included) take about 1 KiB.
+/// The most custom headers a request may carry (a message's and its endpoint's together), and
+/// the most bytes their lines may take (`Name: value` and its CRLF). Node.js refuses a request
+/// whose header block passes 16 KiB and nginx a header line past 8 KiB; Herald's own headers
+/// (signatures included) take about 1 KiB.
 pub const MAX_CUSTOM_HEADERS: usize = 50;
 pub const MAX_CUSTOM_HEADER_BYTES: usize = 8 * 1024;
 
@@ -80,17 +81,15 @@ pub fn header_key(name: &str) -> String {
 /// beyond what a stored row's must ([`check_custom_header`], by which rows written before are
 /// still sent): no name that a receiver reads as one of Herald's own or a connection header
 /// (`Webhook_Id`), none given twice as a receiver reads names, printable ASCII values (other
-/// bytes reach Python's and Node's stacks as Latin-1), and at most [`MAX_CUSTOM_HEADERS`] headers
-/// of [`MAX_CUSTOM_HEADER_BYTES`] in all. A refusal names `FIELD.NAME` (`payload.headers.X_Team`),
-/// or `field` for the count and size.
+/// bytes reach Python's and Node's stacks as Latin-1), and within [`check_header_budget`]. A
+/// refusal names `FIELD.NAME` (`payload.headers.X_Team`), or `field` for the budget.
 pub fn check_written_headers<'a>(
     field: &str,
-    headers: impl IntoIterator<Item = (&'a str, &'a str)>,
+    headers: impl IntoIterator<Item = (&'a str, &'a str)> + Clone,
 ) -> Result<(), InvalidField> {
     let named = |name: &str, m: String| InvalidField::new(format!("{field}.{name}"), m);
     let mut seen = std::collections::HashMap::new();
-    let mut bytes = 0;
-    for (name, value) in headers {
+    for (name, value) in headers.clone() {
         let key = header_key(name);
         if RESERVED_HEADERS.contains(&key.as_str()) {
             return Err(named(
@@ -122,20 +121,31 @@ pub fn check_written_headers<'a>(
                 "must be printable ASCII (a receiver reads other bytes as Latin-1)".to_owned(),
             ));
         }
-        bytes += name.len() + value.len();
     }
-    if seen.len() > MAX_CUSTOM_HEADERS {
+    check_header_budget(field, headers)
+}
+
+/// At most [`MAX_CUSTOM_HEADERS`] headers whose lines take at most [`MAX_CUSTOM_HEADER_BYTES`]:
+/// a request's custom headers, a message's and its endpoint's together.
+pub fn check_header_budget<'a>(
+    field: &str,
+    headers: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Result<(), InvalidField> {
+    let (count, bytes) = headers.into_iter().fold((0, 0), |(n, b), (name, value)| {
+        (n + 1, b + name.len() + value.len() + 4)
+    });
+    if count > MAX_CUSTOM_HEADERS {
         return Err(InvalidField::new(
             field,
-            format!("at most {MAX_CUSTOM_HEADERS} headers"),
+            format!("{count} headers; at most {MAX_CUSTOM_HEADERS}, the endpoint's included"),
         ));
     }
     if bytes > MAX_CUSTOM_HEADER_BYTES {
         return Err(InvalidField::new(
             field,
             format!(
-                "names and values take {bytes} bytes; at most {MAX_CUSTOM_HEADER_BYTES} \
-                 (receivers refuse larger header blocks)"
+                "their lines take {bytes} bytes; at most {MAX_CUSTOM_HEADER_BYTES}, the \
+                 endpoint's included (receivers refuse larger header blocks)"
             ),
         ));
     }
@@ -384,10 +394,11 @@ impl<'a> WebhookPayload<'a> {
                 .iter()
                 .map(|(k, v)| {
                     let v = v.as_str().ok_or_else(|| {
-                        InvalidField::new("payload.headers", format!("{k:?} must be a string"))
+                        InvalidField::new(format!("payload.headers.{k}"), "must be a string")
                     })?;
-                    check_custom_header(k, v)
-                        .map_err(|e| InvalidField::new("payload.headers", e.to_string()))?;
+                    check_custom_header(k, v).map_err(|e| {
+                        InvalidField::new(format!("payload.headers.{k}"), e.to_string())
+                    })?;
                     Ok((k.clone(), v.to_owned()))
                 })
                 .collect::<Result<_, InvalidField>>()?,
@@ -1036,17 +1047,16 @@ mod tests {
         ] {
             assert_eq!(
                 field(json!({"body": 1, "headers": {name: "x"}})),
-                "payload.headers",
-                "{name}"
+                format!("payload.headers.{name}")
             );
         }
         assert_eq!(
             field(json!({"body": 1, "headers": {"X": "a\nb"}})),
-            "payload.headers"
+            "payload.headers.X"
         );
         assert_eq!(
             field(json!({"body": 1, "headers": {"X": 1}})),
-            "payload.headers"
+            "payload.headers.X"
         );
         // A name twice in different case: parsed (a row written before is sent as it was), but
         // refused at enqueue.
@@ -1126,13 +1136,17 @@ mod tests {
         };
         assert_eq!(
             refused(&many),
-            Some(("payload.headers".into(), "at most 50 headers".into()))
+            Some((
+                "payload.headers".into(),
+                "51 headers; at most 50, the endpoint's included".into()
+            ))
         );
         assert_eq!(refused(&many[..MAX_CUSTOM_HEADERS]), None);
+        // Each line as sent: `X-Big: …` and its CRLF.
         let big = |n: usize| vec![("X-Big".to_owned(), "a".repeat(n))];
-        assert_eq!(refused(&big(MAX_CUSTOM_HEADER_BYTES - 5)), None);
+        assert_eq!(refused(&big(MAX_CUSTOM_HEADER_BYTES - 9)), None);
         assert_eq!(
-            refused(&big(MAX_CUSTOM_HEADER_BYTES - 4)).map(|r| r.0),
+            refused(&big(MAX_CUSTOM_HEADER_BYTES - 8)).map(|r| r.0),
             Some("payload.headers".into())
         );
         // Stored before these rules: still parsed, so sent as it was.
