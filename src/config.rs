@@ -697,6 +697,17 @@ impl Settings {
         env: &BTreeMap<String, String>,
         read: &std::collections::BTreeSet<String>,
     ) -> Result<Self, ConfigError> {
+        // Written in the file as "" (the variable's empty value is taken as not set, above).
+        if f.database_url
+            .as_ref()
+            .is_some_and(|u| u.expose().trim().is_empty())
+        {
+            return Err(invalid(
+                "database_url",
+                "is empty; give the database URL, or leave it out for the default \
+                 sqlite://herald.db",
+            ));
+        }
         let log_format = match f.log_format.as_deref() {
             None => LogFormat::Text,
             Some(v) => v.parse::<LogFormat>().map_err(|e| {
@@ -1971,6 +1982,11 @@ mod tests {
         let file = Settings::parse_file("database_url = \"sqlite:///tmp/h.db\"").unwrap();
         let s = Settings::build(file, &env(&[("HERALD_DATABASE_URL", "")])).unwrap();
         assert_eq!(s.empty_env, ["HERALD_DATABASE_URL"]);
+        // Empty in the file: refused as a setting (it was a failure to open "(not a URL)").
+        let err = Settings::from_toml("database_url = \"\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("database_url: is empty"), "{err}");
     }
 
     #[test]

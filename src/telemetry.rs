@@ -49,11 +49,25 @@ const UNREADABLE_REQUESTS: &str = "actix_http::h1::dispatcher";
 /// `RUST_LOG`'s directives (default `info`), and the HTTP server's unreadable requests off
 /// unless they name `actix_http`.
 fn log_filter(rust_log: Option<&str>) -> EnvFilter {
-    let given = rust_log.filter(|v| !v.trim().is_empty());
-    let filter = given
-        .and_then(|v| EnvFilter::try_new(v).ok())
-        .unwrap_or_else(|| EnvFilter::new("info"));
-    if given.is_some_and(|v| v.contains("actix_http")) {
+    let given = rust_log
+        .filter(|v| !v.trim().is_empty())
+        .and_then(|v| Some((v, EnvFilter::try_new(v).ok()?)));
+    // A directive whose target is the dispatcher's or a module above it (`actix_http`,
+    // `actix_http::h1`): the operator asked for those lines.
+    let names_it = |v: &str| {
+        v.split(',').any(|d| {
+            let target = d.split(['=', '[']).next().unwrap_or("").trim();
+            !target.is_empty()
+                && UNREADABLE_REQUESTS
+                    .strip_prefix(target)
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+        })
+    };
+    let (filter, named) = match given {
+        Some((v, filter)) => (filter, names_it(v)),
+        None => (EnvFilter::new("info"), false),
+    };
+    if named {
         return filter;
     }
     match format!("{UNREADABLE_REQUESTS}=off").parse() {
@@ -298,6 +312,31 @@ fn mask_opaque(value: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// The HTTP server's unreadable-request lines are off unless a directive names the
+    /// dispatcher or a module above it; a `RUST_LOG` that does not parse is `info` (and off).
+    #[test]
+    fn unreadable_requests_are_off_unless_named() {
+        let off = |v: Option<&str>| log_filter(v).to_string().contains("dispatcher=off");
+        for v in [
+            None,
+            Some(""),
+            Some("info"),
+            Some("debug,actix_http::h2=debug"),
+            Some("actix_http_extra=debug"),
+            Some("bogus=loud"),
+        ] {
+            assert!(off(v), "{v:?}: {}", log_filter(v));
+        }
+        for v in [
+            "info,actix_http=debug",
+            "actix_http::h1=warn",
+            "actix_http::h1::dispatcher=error",
+            "trace,actix_http=trace",
+        ] {
+            assert!(!off(Some(v)), "{v}: {}", log_filter(Some(v)));
+        }
+        assert!(log_filter(Some("warn")).to_string().contains("warn"));
+    }
     use super::*;
 
     #[test]

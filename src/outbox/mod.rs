@@ -398,7 +398,7 @@ impl FanOutPlan<'_> {
         for name in names {
             let child = NewMessage {
                 event_id: format!("{}:{name}", self.event_id),
-                destination: format!("endpoint:{name}"),
+                destination: crate::domain::endpoint_destination(&name),
                 ..self.message.clone()
             };
             match child.validate(&self.limits, self.now) {

@@ -64,7 +64,9 @@ per_backend! {
     }
 
     /// [`db_stats`] in one transaction whose statements take at most `limit` each (waiting
-    /// for a lock included, on PostgreSQL): a scrape never keeps a pooled connection for longer.
+    /// for a lock included, on PostgreSQL). A lock on the outbox holds up the first, whose
+    /// cancellation ends the read: the connection is back in the pool after `limit`. (Six slow
+    /// statements could each take it; SQLite's readers wait for no lock.)
     pub fn db_stats_within(conn: &mut Conn, now: &Now, limit: std::time::Duration) -> QueryResult<DbStats> {
         conn.transaction(|c| {
             sql::limit_statements(c, limit)?;
