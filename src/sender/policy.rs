@@ -123,8 +123,11 @@ impl RetryPolicy {
                 "must be letters, digits, - or _",
             ));
         }
+        // `backoff=` names how the delay is computed from these (`cap-mirror`: a jitter move
+        // past the cap goes as far down, see [`RetryPolicy::backoff`]): a change to it is a new
+        // version, as a reclassified code is.
         let canonical = format!(
-            "base={};cap={};max={};ra_max={};jitter={};table={}",
+            "backoff=cap-mirror;base={};cap={};max={};ra_max={};jitter={};table={}",
             base.as_micros(),
             cap.as_micros(),
             max_attempts,
