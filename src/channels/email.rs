@@ -222,13 +222,16 @@ impl EmailPayload {
         let body = (|| {
             let text = string("payload.text", "text")?;
             let html = string("payload.html", "html")?;
-            // An empty string is no body: a message needs one that says something.
-            let empty =
-                |b: &Option<String>| b.as_deref().is_none_or(|b| at_enqueue && b.is_empty());
+            // An empty string is no body: a message needs one that says something. Nor is one
+            // of blank lines (spaces, tabs, line breaks): it says nothing either, and its DKIM
+            // signature (lettre's) fails to verify — its relaxed body hashes as a line break,
+            // not as empty (RFC 6376 §3.4.4).
+            let blank = |b: &str| b.chars().all(|c| matches!(c, ' ' | '\t' | '\r' | '\n'));
+            let empty = |b: &Option<String>| b.as_deref().is_none_or(|b| at_enqueue && blank(b));
             if empty(&text) && empty(&html) {
                 return Err(InvalidField::new(
                     "payload.text",
-                    "text or html is required, and not empty",
+                    "text or html is required, and not empty or blank",
                 ));
             }
             Ok((text, html))
@@ -2974,6 +2977,16 @@ mod tests {
             fields(json!({"subject": "s", "text": ""})),
             ["payload.text"]
         );
+        // Nor is a blank one (its DKIM signature, lettre's, would not verify); a row taken
+        // before is sent as it was.
+        for blank in [
+            json!({"subject": "s", "text": "\n"}),
+            json!({"subject": "s", "text": "  \n\t\n", "html": " \r\n"}),
+        ] {
+            assert_eq!(fields(blank.clone()), ["payload.text"], "{blank}");
+            assert!(EmailPayload::parse(&blank).is_ok(), "{blank}");
+        }
+        assert!(EmailPayload::parse_all(&json!({"subject": "s", "text": "\n.\n"})).is_ok());
         assert!(
             EmailPayload::parse_all(&json!({"subject": "s", "text": "", "html": "<p>h</p>"}))
                 .is_ok()
