@@ -2425,9 +2425,12 @@ async fn transmit_chunked(
 }
 
 /// The content as it goes after DATA's 354 (RFC 5321 §4.5.2, transparency): a `.` that begins
-/// a line gets a second `.` before it, and `<CRLF>.<CRLF>` ends it. The same bytes as lettre's
-/// `message` writes (a line begins after `<CRLF>`, not after a bare `<CR>` or `<LF>`), formatted
-/// straight into the one buffer lettre's `command` writes: no copy of the content of its own.
+/// a line gets a second `.` before it, and `<CRLF>.<CRLF>` ends it — whose first `<CRLF>` is the
+/// last line's own end (§4.1.1.4): content that ends with one gets only `.<CRLF>`. lettre's
+/// `message` writes `<CRLF>.<CRLF>` after it anyway, a blank line more than BDAT sends (a
+/// walk-through saw a text end `\n\n\n` by DATA and `\n\n` by BDAT); otherwise the same bytes
+/// (a line begins after `<CRLF>`, not after a bare `<CR>` or `<LF>`), formatted straight into
+/// the one buffer lettre's `command` writes: no copy of the content of its own.
 struct DataTransparent<'a>(&'a str);
 
 impl std::fmt::Display for DataTransparent<'_> {
@@ -2444,7 +2447,11 @@ impl std::fmt::Display for DataTransparent<'_> {
             after_cr = b == b'\r';
         }
         f.write_str(&text[from..])?;
-        f.write_str("\r\n.\r\n")
+        if text.ends_with("\r\n") {
+            f.write_str(".\r\n")
+        } else {
+            f.write_str("\r\n.\r\n")
+        }
     }
 }
 
@@ -2632,7 +2639,10 @@ mod tests {
         let cases: &[(&[u8], &[u8])] = &[
             (b"", b"\r\n.\r\n"),
             (b".", b"..\r\n.\r\n"),
-            (b"hello\r\n", b"hello\r\n\r\n.\r\n"),
+            // The last line's CRLF is the first of the end's.
+            (b"hello\r\n", b"hello\r\n.\r\n"),
+            (b"\r\n", b"\r\n.\r\n"),
+            (b"a\r\n\r\n", b"a\r\n\r\n.\r\n"),
             (b".hidden\r\nok", b"..hidden\r\nok\r\n.\r\n"),
             (b"a\r\n.\r\nb", b"a\r\n..\r\nb\r\n.\r\n"),
             (b"a\r\n..x", b"a\r\n...x\r\n.\r\n"),
@@ -2719,7 +2729,13 @@ mod tests {
         let got = server.await.unwrap();
         assert_eq!(got.len(), 2 * contents.len());
         for (c, pair) in contents.iter().zip(got.chunks(2)) {
-            assert_eq!(pair[1], pair[0], "{c:?}");
+            // But for lettre's blank line after content that ends with CRLF.
+            let lettre = if c.ends_with("\r\n") {
+                [&pair[0][..pair[0].len() - 5], b".\r\n"].concat()
+            } else {
+                pair[0].clone()
+            };
+            assert_eq!(pair[1], lettre, "{c:?}");
         }
     }
 

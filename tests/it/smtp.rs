@@ -870,6 +870,11 @@ async fn lines_that_begin_with_a_dot_arrive_whole(backend: Backend, chunking: bo
             .map(|l| l.strip_prefix('.').unwrap_or(l))
             .collect()
     };
+    // The same content both ways: the CRLF before DATA's final dot is the last line's own end,
+    // no blank line added (lettre's `message` added one: the text ended a line longer by DATA).
+    let last = text.trim_end().replace('\n', "\r\n");
+    let tail = unstuffed.rsplit_once(&last).map(|(_, t)| t);
+    assert_eq!(tail, Some("\r\n\r\n"), "chunking {chunking}: {unstuffed:?}");
     let parsed = mail_parser::MessageParser::default()
         .parse(unstuffed.as_bytes())
         .expect("an RFC 5322 message");
