@@ -1917,8 +1917,16 @@ fn chunked_end(codes: &[u16], reset: bool, recipients: usize) -> ChunkedEnd {
     {
         return ChunkedEnd::Unknown;
     }
+    // A positive BDAT takes the message — but not after a refused MAIL FROM or with every
+    // recipient refused: there is no transaction, or no one to deliver to (RFC 3030 has the
+    // server answer 503 or 554; a relay that said 250 all the same was taken at its word, and
+    // a 451 to every recipient was a mail lost as delivered: an email walk-through).
+    let envelope_taken = codes.get(mail).is_some_and(|&c| positive(c))
+        && codes
+            .get(mail + 1..bdat)
+            .is_some_and(|r| r.iter().any(|&c| positive(c)));
     match codes.get(bdat) {
-        Some(&c) if positive(c) => return ChunkedEnd::Accepted,
+        Some(&c) if positive(c) && envelope_taken => return ChunkedEnd::Accepted,
         _ => {}
     }
     if codes.get(mail).is_some_and(|&c| !positive(c)) {
@@ -2791,6 +2799,12 @@ mod tests {
             (&[250, 421, 250, 554], false, 2, Refused(1)),
             // …unless BDAT's reply says the message was taken all the same.
             (&[250, 421, 250, 250], false, 2, Accepted),
+            // …but not after a refused MAIL FROM, or with every recipient refused: nothing to
+            // take, whatever BDAT's reply says.
+            (&[250, 250, 550, 250], true, 1, RecipientsRefused),
+            (&[250, 451, 451, 250], false, 2, RecipientsRefused),
+            (&[553, 503, 250], false, 1, Refused(0)),
+            (&[250, 553, 250, 250], true, 1, Refused(1)),
         ];
         for (codes, reset, recipients, end) in cases {
             assert_eq!(

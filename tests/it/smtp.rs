@@ -1432,6 +1432,29 @@ async fn smtp_a_354_after_every_recipient_refused_gets_no_content(backend: Backe
     app.stop().await;
 }
 
+/// The same relay with CHUNKING (an `at_least_once` message): it answers the BDAT of an
+/// envelope whose every recipient it refused with 250. Nothing was taken — there was no one to
+/// take it for — so the attempt is the refusal, not `delivered` (it was, and a 451 to every
+/// recipient was a mail lost as delivered; an email walk-through).
+async fn smtp_a_250_to_bdat_after_every_recipient_refused_is_the_refusal(backend: Backend) {
+    let sink = SmtpSink::start_scripted(Script {
+        lax_data: true,
+        ..Script::default()
+    })
+    .await;
+    let app = smtp_app(backend, &sink, "").await;
+    post_mail(&app, "lax-b", "rcpt550@example.com", None, "at_least_once").await;
+    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
+    assert_eq!(sink.chunks(), 1, "the content went by BDAT");
+    let (state, last, class, kind) = outcome(&app, "lax-b").await;
+    assert_eq!(
+        (state.as_str(), last.as_str(), class.as_str()),
+        ("dead_letter", "permanent", "permanent")
+    );
+    assert_eq!(kind.as_deref(), Some("recipients_refused"));
+    app.stop().await;
+}
+
 /// An envelope too long for one pipelined group (RFC 2920 §3.1: the whole group must fit what
 /// the connection buffers) goes one command at a time; a short one on the same relay is
 /// pipelined. Both are delivered to every recipient.
@@ -2054,6 +2077,7 @@ both_backends!(
     smtp_a_connection_that_rested_is_checked_with_a_noop,
     smtp_a_connection_silent_after_its_rset_costs_the_attempt,
     smtp_a_354_after_every_recipient_refused_gets_no_content,
+    smtp_a_250_to_bdat_after_every_recipient_refused_is_the_refusal,
     smtp_a_refused_second_ehlo_means_no_pipelining,
     smtp_an_envelope_too_long_to_pipeline_goes_one_command_at_a_time,
     smtp_a_recipient_refused_without_pipelining_is_listed_the_same,
