@@ -362,6 +362,16 @@ fn parse_header(
             format!("{name:?}: X-Herald-… headers are Herald's own"),
         ));
     }
+    // lettre takes names of at most 76 characters (a header line's first fold).
+    if name.len() > MAX_HEADER_NAME {
+        return Err(InvalidField::new(
+            "payload.headers",
+            format!(
+                "\"{}…\": a custom header name is at most {MAX_HEADER_NAME} characters",
+                name.chars().take(20).collect::<String>().escape_debug()
+            ),
+        ));
+    }
     let ok_name = (name.starts_with("X-") || name.starts_with("x-"))
         && name.len() > 2
         && name
@@ -443,6 +453,8 @@ pub(crate) fn folds(v: &str) -> bool {
 
 /// The longest custom header value accepted.
 const MAX_HEADER_VALUE: usize = 8000;
+/// The longest custom header name lettre takes.
+const MAX_HEADER_NAME: usize = 76;
 /// The longest run without white space in a custom header value: what fits on one SMTP line
 /// with a header name before it.
 const MAX_HEADER_WORD: usize = 900;
@@ -2879,6 +2891,14 @@ mod tests {
                 .map_err(|e| e.field)
         };
         assert_eq!(field("X-Tag", "a\tb"), Ok(()));
+        // Up to lettre's 76 characters, and past them a refusal that says so.
+        assert_eq!(field(&format!("X-{}", "N".repeat(74)), "v"), Ok(()));
+        let long = parse_header(&format!("X-{}", "N".repeat(75)), &json!("v"), true).unwrap_err();
+        assert!(
+            long.message.ends_with("is at most 76 characters"),
+            "{}",
+            long.message
+        );
         for name in [
             "X-A\r\nReply-To",
             "X-A\nB",
