@@ -513,6 +513,19 @@ impl Herald {
                 );
             }
         }
+        if self.settings.smtp_url.is_some()
+            && self.settings.sender_enabled
+            && self.settings.message_id_domain == crate::config::DEFAULT_MESSAGE_ID_DOMAIN
+        {
+            // A Message-ID's key is the event id's hash: unique only within its domain.
+            warn!(
+                message_id_domain = crate::config::DEFAULT_MESSAGE_ID_DOMAIN,
+                "mail goes out with the default message_id_domain, the same for every Herald: \
+                 two deployments sending one event id (welcome-7) to a mailbox give two mails \
+                 one Message-ID, which some mailboxes drop as a duplicate; set \
+                 HERALD_MESSAGE_ID_DOMAIN to your sending domain"
+            );
+        }
         info!(
             // The address bound (a port 0 in the setting is the one the system chose).
             listen = %server_addr.map_or_else(|| self.settings.listen.clone(), |a| a.to_string()),

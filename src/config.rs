@@ -435,6 +435,10 @@ pub struct Settings {
     pub retention: crate::retention::RetentionConfig,
 }
 
+/// `message_id_domain` when none is set: the same for every deployment (see
+/// [`Settings::message_id_domain`]).
+pub const DEFAULT_MESSAGE_ID_DOMAIN: &str = "herald.localhost";
+
 /// A validated `[sources.NAME]`: its verifier.
 #[derive(Clone)]
 pub struct ConfiguredSource {
@@ -927,7 +931,7 @@ impl Settings {
         // The part after the @ of every Message-ID, which receivers deduplicate by.
         let message_id_domain = f
             .message_id_domain
-            .unwrap_or_else(|| "herald.localhost".into());
+            .unwrap_or_else(|| DEFAULT_MESSAGE_ID_DOMAIN.into());
         if !email::is_mail_domain(&message_id_domain) {
             return Err(invalid(
                 "message_id_domain",

@@ -283,6 +283,12 @@ async fn serve_with_smtp_delivers_and_stops_on_sigterm() {
 
     let log = herald.stop_cleanly().await;
     assert!(!log.contains("panicked"), "{log}");
+    // Mail with the default Message-ID domain, the same for every Herald: said at start.
+    assert!(
+        log.lines()
+            .any(|l| l.contains("WARN") && l.contains("default message_id_domain")),
+        "{log}"
+    );
     // With the kernel's reports of the WAL's writes (Linux), not by looking every 10 ms —
     // unless this user's inotify instances ran out (many tests in parallel on a big machine).
     assert!(
@@ -321,7 +327,11 @@ async fn serve_sends_recipients_past_the_relays_limit_in_next_transactions() {
     let base = format!("http://{listen}");
     let mut herald = Herald::spawn(
         &["serve"],
-        &[("HERALD_LISTEN", &listen), ("HERALD_SMTP_URL", &sink.url)],
+        &[
+            ("HERALD_LISTEN", &listen),
+            ("HERALD_SMTP_URL", &sink.url),
+            ("HERALD_MESSAGE_ID_DOMAIN", "mail.example.com"),
+        ],
     );
     herald.wait_healthy(&base).await;
     let r = client()
@@ -346,8 +356,14 @@ async fn serve_sends_recipients_past_the_relays_limit_in_next_transactions() {
         ["ada", "bob", "cy", "dee", "eve"].map(|n| format!("<{n}@example.com>"))
     );
     assert_eq!(mails.len(), 3);
+    assert!(
+        mails[0].data.contains("@mail.example.com>"),
+        "{}",
+        mails[0].data
+    );
     let log = herald.stop_cleanly().await;
     assert!(!log.contains("@example.com"), "{log}");
+    assert!(!log.contains("default message_id_domain"), "{log}");
 }
 
 /// Without a sender in the process nothing needs waking: no insert watch runs.
