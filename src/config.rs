@@ -522,7 +522,7 @@ impl Settings {
         let read = std::cell::RefCell::new(std::collections::BTreeSet::<String>::new());
         let get = |name: &str| {
             read.borrow_mut().insert(name.to_owned());
-            env.get(name).filter(|v| !v.is_empty()).cloned()
+            env.get(name).filter(|v| !v.trim().is_empty()).cloned()
         };
         // Set but empty: taken as not set (as shells and Compose leave a variable that had no
         // value), and named at start. Not the database URL where the file gives none: a secret
@@ -1070,7 +1070,7 @@ impl Settings {
             .collect();
         let empty_env: Vec<String> = env
             .iter()
-            .filter(|(k, v)| is_herald_variable(k) && read.contains(*k) && v.is_empty())
+            .filter(|(k, v)| is_herald_variable(k) && read.contains(*k) && v.trim().is_empty())
             .map(|(k, _)| k.clone())
             .collect();
         let unread_env: Vec<String> = env

@@ -114,8 +114,9 @@ impl IngestVerdict {
         match status {
             200..=299 => IngestVerdict::Accepted,
             401 | 403 => IngestVerdict::SignatureRefused,
-            // A body that stalled (408) is the client's, as a malformed one is.
-            400 | 408 | 422 => IngestVerdict::BadRequest,
+            // A body that stalled (408), or with a coding Herald does not decode (415), is the
+            // client's, as a malformed one is.
+            400 | 408 | 415 | 422 => IngestVerdict::BadRequest,
             413 => IngestVerdict::TooLarge,
             404 => IngestVerdict::UnknownSource,
             503 => IngestVerdict::Unavailable,
@@ -756,6 +757,9 @@ mod tests {
             (200, Accepted),
             (401, SignatureRefused),
             (400, BadRequest),
+            (408, BadRequest),
+            (415, BadRequest),
+            (422, BadRequest),
             (413, TooLarge),
             (503, Unavailable),
             (500, Error),

@@ -226,7 +226,15 @@ impl EmailPayload {
             // of blank lines (spaces, tabs, line breaks): it says nothing either, and its DKIM
             // signature (lettre's) fails to verify — its relaxed body hashes as a line break,
             // not as empty (RFC 6376 §3.4.4).
-            let blank = |b: &str| b.chars().all(|c| matches!(c, ' ' | '\t' | '\r' | '\n'));
+            // (With attachments the message is multipart: a blank text beside them is fine.)
+            let attached = obj
+                .get("attachments")
+                .and_then(Value::as_array)
+                .is_some_and(|a| !a.is_empty());
+            let blank = |b: &str| {
+                b.is_empty()
+                    || (!attached && b.chars().all(|c| matches!(c, ' ' | '\t' | '\r' | '\n')))
+            };
             let empty = |b: &Option<String>| b.as_deref().is_none_or(|b| at_enqueue && blank(b));
             if empty(&text) && empty(&html) {
                 return Err(InvalidField::new(
@@ -429,8 +437,10 @@ fn parse_header(
         v.to_owned()
     };
     // SMTP lines end at 998 characters and a header folds only at spaces: a longer run would
-    // come back as a 5xx after DATA (a dead letter) instead of a 422 now.
-    if v.len() > MAX_HEADER_VALUE || !folds(&v) {
+    // come back as a 5xx after DATA (a dead letter) instead of a 422 now. Judged as sent (a
+    // relay JSON header with its non-ASCII escaped, `\u00eb`); a row taken before that, whose
+    // relay JSON was judged unescaped, is sent as then.
+    if (at_enqueue || !json_object) && (v.len() > MAX_HEADER_VALUE || !folds(&v)) {
         return Err(InvalidField::new(
             format!("payload.headers.{name}"),
             format!(
@@ -1891,8 +1901,8 @@ impl std::fmt::Display for Pipelined<'_> {
 /// How the replies to a chunked group end an attempt ([`chunked_end`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ChunkedEnd {
-    /// BDAT's reply was positive (as DATA's final reply counts: lettre's `Ok`): the server
-    /// took the message.
+    /// BDAT's reply was positive (as DATA's final reply counts: lettre's `Ok`), after an
+    /// accepted MAIL FROM and at least one accepted recipient: the server took the message.
     Accepted,
     /// The reply at this index (a negative one) proves the message was not taken.
     Refused(usize),
@@ -1914,7 +1924,9 @@ enum ChunkedEnd {
 /// BDAT's own, a refused MAIL FROM (no transaction), every recipient refused, or a 421 after
 /// which the server said no more (it ended the session as the 421 announced, before the BDAT).
 /// A 421 followed by more replies proves nothing: that server did not close, and BDAT's reply
-/// decides. A lost connection with none of those is [`ChunkedEnd::Unknown`].
+/// decides — where MAIL FROM was taken and some recipient was: a positive BDAT after a refused
+/// MAIL FROM or with every recipient refused takes nothing. A lost connection with none of
+/// those is [`ChunkedEnd::Unknown`].
 fn chunked_end(codes: &[u16], reset: bool, recipients: usize) -> ChunkedEnd {
     // As lettre reads a reply: 2xx and 3xx are `Ok`, 4xx and 5xx an error.
     let positive = |c: u16| (200..400).contains(&c);
@@ -3037,6 +3049,12 @@ mod tests {
             assert!(EmailPayload::parse(&blank).is_ok(), "{blank}");
         }
         assert!(EmailPayload::parse_all(&json!({"subject": "s", "text": "\n.\n"})).is_ok());
+        // Beside attachments (multipart), a blank text is fine.
+        assert!(
+            EmailPayload::parse_all(&json!({"subject": "s", "text": "\n", "attachments": [
+                {"filename": "a.txt", "content_type": "text/plain", "content_base64": "aGk="}]}))
+            .is_ok()
+        );
         assert!(
             EmailPayload::parse_all(&json!({"subject": "s", "text": "", "html": "<p>h</p>"}))
                 .is_ok()

@@ -503,6 +503,7 @@ async fn read_body(
         (status = 400, description = "The body is not JSON", body = ProblemBody, content_type = "application/problem+json"),
         (status = 409, description = "The event id was taken by another token (`event-id-taken`)", body = ProblemBody, content_type = "application/problem+json"),
         (status = 413, description = "The body is too large", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 415, description = "The body has a Content-Encoding (Herald decodes none)", body = ProblemBody, content_type = "application/problem+json"),
         (status = 422, description = "Invalid fields, each named in `errors`", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
@@ -1121,6 +1122,7 @@ async fn replay(
         (status = 404, description = "No such message", body = ProblemBody, content_type = "application/problem+json"),
         (status = 409, description = "`force-required`, `in-flight`, `not-replayable`, `changed` or an ambiguous prefix", body = ProblemBody, content_type = "application/problem+json"),
         (status = 413, description = "The body is too large", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 415, description = "The body has a Content-Encoding (Herald decodes none)", body = ProblemBody, content_type = "application/problem+json"),
         (status = 422, description = "Invalid fields (`reason`, `expires_at`, `fingerprint`, …)", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
@@ -1148,6 +1150,7 @@ async fn replay_send(
         (status = 404, description = "No such message", body = ProblemBody, content_type = "application/problem+json"),
         (status = 409, description = "`force-required`, `in-flight`, `not-replayable`, `changed`, or `fan-out` (by event id: a fan-out's, `candidates` its messages)", body = ProblemBody, content_type = "application/problem+json"),
         (status = 413, description = "The body is too large", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 415, description = "The body has a Content-Encoding (Herald decodes none)", body = ProblemBody, content_type = "application/problem+json"),
         (status = 422, description = "Invalid fields (`reason`, `expires_at`, …)", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
@@ -1213,6 +1216,7 @@ async fn list_dead_letters(
         (status = 200, description = "What was redriven and skipped", body = crate::support::RedriveReport),
         (status = 400, description = "The body is not JSON", body = ProblemBody, content_type = "application/problem+json"),
         (status = 413, description = "The body is too large", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 415, description = "The body has a Content-Encoding (Herald decodes none)", body = ProblemBody, content_type = "application/problem+json"),
         (status = 422, description = "Invalid fields, each named", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
@@ -1249,6 +1253,7 @@ async fn redrive_dead_letters(
         (status = 404, description = "No such message", body = ProblemBody, content_type = "application/problem+json"),
         (status = 409, description = "It holds no key (not a blocked head, or skipped already), or a fan-out's own event id (`fan-out`, `candidates` its messages)", body = ProblemBody, content_type = "application/problem+json"),
         (status = 413, description = "The body is too large", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 415, description = "The body has a Content-Encoding (Herald decodes none)", body = ProblemBody, content_type = "application/problem+json"),
         (status = 422, description = "Invalid fields (`reason`)", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
@@ -1338,6 +1343,7 @@ fn fan_out_or_not_found(db: &Db, who: &Principal, event_id: &str) -> Result<Prob
         (status = 401, description = "The signature does not verify, or a replay (`unauthenticated`); nothing stored", body = ProblemBody, content_type = "application/problem+json"),
         (status = 404, description = "No such receipt source", body = ProblemBody, content_type = "application/problem+json"),
         (status = 413, description = "The body is too large", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 415, description = "The body has a Content-Encoding (Herald decodes none)", body = ProblemBody, content_type = "application/problem+json"),
         (status = 503, description = "Cannot verify now (a certificate fetch failed) or storage is down: retry (`Retry-After`)", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
@@ -1374,6 +1380,7 @@ async fn ingest_receipts(
         (status = 401, description = "The signature does not verify, or a replay (`unauthenticated`); nothing stored", body = ProblemBody, content_type = "application/problem+json"),
         (status = 404, description = "No such receipt source", body = ProblemBody, content_type = "application/problem+json"),
         (status = 413, description = "The body is too large", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 415, description = "The body has a Content-Encoding (Herald decodes none)", body = ProblemBody, content_type = "application/problem+json"),
         (status = 503, description = "Cannot verify now (a certificate fetch failed) or storage is down: retry (`Retry-After`)", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]

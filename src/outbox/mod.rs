@@ -194,20 +194,26 @@ impl NewMessage {
                 }
                 match webhook::WebhookPayload::parse(&self.payload) {
                     Ok(p) => {
-                        if let Err(e) = p.check_written() {
-                            errors.push(e);
-                        }
-                        // Both go in one request: receivers take one header block.
-                        if let Some(e) = endpoint
+                        let written = p.check_written();
+                        // Both go in one request: receivers take one header block. Only where
+                        // the message adds headers of its own: an endpoint over the budget by
+                        // itself was named at start and is sent as configured.
+                        if written.is_ok()
+                            && !p.headers.is_empty()
+                            && let Some(e) = endpoint
                             && let Err(over) = webhook::check_header_budget(
                                 "payload.headers",
                                 p.headers
                                     .iter()
                                     .chain(&e.headers)
                                     .map(|(k, v)| (k.as_str(), v.as_str())),
+                                Some(&e.name),
                             )
                         {
                             errors.push(over);
+                        }
+                        if let Err(e) = written {
+                            errors.push(e);
                         }
                         // The endpoint's would be sent instead, this one dropped unseen.
                         for (header, _) in &p.headers {

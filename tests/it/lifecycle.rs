@@ -69,6 +69,39 @@ async fn requests_verify_with_the_standard_webhooks_library(backend: Backend) {
     app.stop().await;
 }
 
+/// An endpoint whose own headers pass the budget (51 of them) starts, named at start, and is
+/// sent as configured: a message adding none is taken; one adding a header is refused naming
+/// the endpoint (a review: every message to it was refused).
+async fn an_endpoint_over_the_header_budget_takes_messages_that_add_none(backend: Backend) {
+    let rx = Receiver::start().await;
+    let headers: Vec<String> = (0..51).map(|i| format!("\"X-E{i}\" = \"v\"")).collect();
+    let toml = format!(
+        "[endpoints.full]\nurl = \"{}\"\nheaders = {{ {} }}\n",
+        rx.url_for("/full"),
+        headers.join(", ")
+    );
+    let app = spawn_app_with(backend, &toml).await;
+    assert_eq!(
+        app.post_message(webhook("full-1", "endpoint:full", json!({})))
+            .await
+            .status(),
+        201
+    );
+    let mut more = webhook("full-2", "endpoint:full", json!({}));
+    more["payload"]["headers"] = json!({"X-M": "m"});
+    let r = app.post_message(more).await;
+    assert_eq!(r.status(), 422);
+    let p: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(p["errors"].as_array().map(Vec::len), Some(1), "{p}");
+    assert_eq!(
+        p["errors"][0]["message"], "52 headers; at most 50, endpoint \"full\"'s included",
+        "{p}"
+    );
+    assert_eq!(app.run_until_idle().await, 1);
+    assert_eq!(rx.requests_to("/full")[0].header("x-e50"), Some("v"));
+    app.stop().await;
+}
+
 async fn named_endpoints_rotate_secrets_and_capture_provider_ids(backend: Backend) {
     let rx = Receiver::start().await;
     let old = "whsec_b2xkc2VjcmV0b2xkc2VjcmV0b2xkc2VjcmV0";
@@ -138,7 +171,7 @@ async fn named_endpoints_rotate_secrets_and_capture_provider_ids(backend: Backen
         p["errors"][0]["message"]
             .as_str()
             .unwrap()
-            .contains("the endpoint's included"),
+            .contains("endpoint \"billing\"'s included"),
         "{p}"
     );
     assert!(app.db.find_by_event_id("inv-5").unwrap().is_none());
@@ -1034,6 +1067,7 @@ both_backends!(
     an_answer_echoing_the_endpoints_credentials_keeps_them_out_of_the_excerpt,
     requests_verify_with_the_standard_webhooks_library,
     named_endpoints_rotate_secrets_and_capture_provider_ids,
+    an_endpoint_over_the_header_budget_takes_messages_that_add_none,
     email_goes_to_the_mail_directory,
     cancel_only_before_sending,
     expired_leases_return_and_the_fence_holds,

@@ -122,30 +122,34 @@ pub fn check_written_headers<'a>(
             ));
         }
     }
-    check_header_budget(field, headers)
+    check_header_budget(field, headers, None)
 }
 
 /// At most [`MAX_CUSTOM_HEADERS`] headers whose lines take at most [`MAX_CUSTOM_HEADER_BYTES`]:
-/// a request's custom headers, a message's and its endpoint's together.
+/// a request's custom headers — a message's, and with `endpoint` named, that endpoint's too.
 pub fn check_header_budget<'a>(
     field: &str,
     headers: impl IntoIterator<Item = (&'a str, &'a str)>,
+    endpoint: Option<&str>,
 ) -> Result<(), InvalidField> {
     let (count, bytes) = headers.into_iter().fold((0, 0), |(n, b), (name, value)| {
         (n + 1, b + name.len() + value.len() + 4)
     });
+    let with = endpoint
+        .map(|e| format!(", endpoint {e:?}'s included"))
+        .unwrap_or_default();
     if count > MAX_CUSTOM_HEADERS {
         return Err(InvalidField::new(
             field,
-            format!("{count} headers; at most {MAX_CUSTOM_HEADERS}, the endpoint's included"),
+            format!("{count} headers; at most {MAX_CUSTOM_HEADERS}{with}"),
         ));
     }
     if bytes > MAX_CUSTOM_HEADER_BYTES {
         return Err(InvalidField::new(
             field,
             format!(
-                "their lines take {bytes} bytes; at most {MAX_CUSTOM_HEADER_BYTES}, the \
-                 endpoint's included (receivers refuse larger header blocks)"
+                "their lines take {bytes} bytes; at most {MAX_CUSTOM_HEADER_BYTES}{with} \
+                 (receivers refuse larger header blocks)"
             ),
         ));
     }
@@ -1136,10 +1140,7 @@ mod tests {
         };
         assert_eq!(
             refused(&many),
-            Some((
-                "payload.headers".into(),
-                "51 headers; at most 50, the endpoint's included".into()
-            ))
+            Some(("payload.headers".into(), "51 headers; at most 50".into()))
         );
         assert_eq!(refused(&many[..MAX_CUSTOM_HEADERS]), None);
         // Each line as sent: `X-Big: …` and its CRLF.
