@@ -41,14 +41,18 @@ async fn post(app: &TestApp, body: Value) {
 
 /// `POST /v1/messages/{id}/replay`, answered 200.
 async fn replay(app: &TestApp, id: &str) {
-    let r = app
-        .http
+    let r = replay_with(app, id, json!({"reason": "receiver fixed"})).await;
+    assert_eq!(r.status(), 200, "{id}: {}", r.text().await.unwrap());
+}
+
+/// `POST /v1/messages/{id}/replay` with `body`, as answered.
+async fn replay_with(app: &TestApp, id: &str, body: Value) -> reqwest::Response {
+    app.http
         .post(format!("{}/v1/messages/{id}/replay", app.base))
-        .json(&json!({"reason": "receiver fixed"}))
+        .json(&body)
         .send()
         .await
-        .unwrap();
-    assert_eq!(r.status(), 200, "{id}: {}", r.text().await.unwrap());
+        .unwrap()
 }
 
 /// `{p}.1` (skip policy) dead-lettered by a 400 and `{p}.2` retrying after a 503, both of key
@@ -223,13 +227,7 @@ async fn a_dead_head_blocks_only_its_key_until_replayed(backend: Backend) {
     let text = e["explanation"].as_str().unwrap();
     assert!(text.contains("blocked by a.1"), "{text}");
     // A replay of the blocked one is refused naming its head (not "it will be sent anyway").
-    let r = app
-        .http
-        .post(format!("{}/v1/messages/a.3/replay", app.base))
-        .json(&json!({"reason": "retry"}))
-        .send()
-        .await
-        .unwrap();
+    let r = replay_with(&app, "a.3", json!({"reason": "retry"})).await;
     assert_eq!(r.status(), 409);
     let p: Value = r.json().await.unwrap();
     let detail = p["detail"].as_str().unwrap();
@@ -287,13 +285,7 @@ async fn a_due_message_held_by_its_key_is_not_the_senders_backlog(backend: Backe
     app.run_until_idle().await;
     assert_eq!(app.row("u.1").state.as_str(), "delivered");
     assert_eq!(app.row("u.2").state.as_str(), "retryable");
-    let r = app
-        .http
-        .post(format!("{}/v1/messages/u.1/replay", app.base))
-        .json(&json!({"reason": "resend", "force": true}))
-        .send()
-        .await
-        .unwrap();
+    let r = replay_with(&app, "u.1", json!({"reason": "resend", "force": true})).await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     // Due by its own time (it was retrying) but held behind the replayed head: its view says
     // so (it said nothing, its due time passed, as if overdue; a walk-through).
@@ -313,13 +305,7 @@ async fn a_due_message_held_by_its_key_is_not_the_senders_backlog(backend: Backe
     );
     // Replaying it is refused as pending (it goes after u.1), not as blocked by a dead head
     // with advice to replay, cancel or skip u.1 (a review).
-    let r = app
-        .http
-        .post(format!("{}/v1/messages/u.2/replay", app.base))
-        .json(&json!({"reason": "again"}))
-        .send()
-        .await
-        .unwrap();
+    let r = replay_with(&app, "u.2", json!({"reason": "again"})).await;
     assert_eq!(r.status(), 409);
     let p = r.text().await.unwrap();
     assert!(
@@ -352,13 +338,7 @@ async fn a_due_message_held_by_its_key_is_not_the_senders_backlog(backend: Backe
     post(&app, keyed("v.1", &v, "kv", json!({}))).await;
     post(&app, keyed("v.2", &v, "kv", json!({"scheduled_at": later}))).await;
     assert_eq!(app.run_until_idle().await, 1);
-    let r = app
-        .http
-        .post(format!("{}/v1/messages/v.1/replay", app.base))
-        .json(&json!({"reason": "resend", "force": true}))
-        .send()
-        .await
-        .unwrap();
+    let r = replay_with(&app, "v.1", json!({"reason": "resend", "force": true})).await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     let v2 = app.message("v.2").await;
     assert!(v2["next_attempt_at"].is_string(), "{v2}");
@@ -636,13 +616,12 @@ async fn an_explicit_skip_or_a_cancel_releases_a_blocked_key(backend: Backend) {
     post(&app, keyed("z.2", &z, "z", json!({}))).await;
     app.run_until_idle().await;
     app.advance(std::time::Duration::from_secs(5));
-    let r = app
-        .http
-        .post(format!("{}/v1/messages/z.1/replay", app.base))
-        .json(&json!({"reason": "sent again on request", "force": true}))
-        .send()
-        .await
-        .unwrap();
+    let r = replay_with(
+        &app,
+        "z.1",
+        json!({"reason": "sent again on request", "force": true}),
+    )
+    .await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     app.run_until_idle().await;
     assert_ne!(app.row("z.1").updated_at, first_delivery);
