@@ -803,6 +803,18 @@ async fn dkim_signatures_verify_with_the_public_key(backend: Backend) {
             !dkimpy_verifies(dir.path(), tampered.as_bytes(), &record),
             "{kind}: a changed subject does not verify"
         );
+        // Nor does a header added above the signed one (each signed field is listed once more
+        // than it occurs, RFC 6376 §8.15): a prepended Subject kept the signature valid.
+        for added in [
+            "Subject: Urgent: wire the money\r\n",
+            "To: mallory@example.net\r\n",
+        ] {
+            let prepended = format!("{added}{text}");
+            assert!(
+                !dkimpy_verifies(dir.path(), prepended.as_bytes(), &record),
+                "{kind}: {added:?} added, and it verifies"
+            );
+        }
         app.stop().await;
     }
 }

@@ -5,8 +5,9 @@
 //! -traditional`) or PKCS#8 (`BEGIN PRIVATE KEY`, `openssl genpkey -algorithm RSA`), or an
 //! Ed25519 key as PKCS#8 (`openssl genpkey -algorithm ed25519`, RFC 8463). Encrypted keys are
 //! refused. Signing is lettre's (`rsa-sha256` or `ed25519-sha256`), relaxed/relaxed
-//! canonicalization, over [`SIGNED_HEADERS`] — those a message does not carry are signed as
-//! absent, so nothing can add them on the way. The key is read once at start-up and never shown:
+//! canonicalization, over [`SIGNED_HEADERS`], each listed twice — those a message does not carry
+//! are signed as absent, and those it carries once cannot gain a second copy, so nothing can add
+//! them on the way. The key is read once at start-up and never shown:
 //! `Debug` prints the selector, the domain and the algorithm only.
 
 use std::path::Path;
@@ -124,8 +125,12 @@ impl DkimSigner {
             selector.clone(),
             domain.clone(),
             signing_key,
+            // Each listed once more than it occurs (Herald writes each at most once): a copy
+            // added above it — a second Subject a client would show — breaks the signature
+            // (RFC 6376 §8.15). The extra name stands for no field, so it signs nothing more.
             SIGNED_HEADERS
                 .iter()
+                .chain(SIGNED_HEADERS)
                 .map(|h| HeaderName::new_from_ascii_str(h))
                 .collect(),
             DkimCanonicalization {
