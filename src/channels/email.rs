@@ -3477,27 +3477,21 @@ mod tests {
     #[test]
     fn all_recipients_refused_is_transient_if_any_refusal_is() {
         let class = |list: &[(&str, u16)]| SmtpFailure::RecipientsRefused(refused(list)).classify();
-        assert_eq!(
-            class(&[("a***@e***.com", 550), ("b***@e***.com", 551)]),
-            (AttemptClass::Permanent, "recipients_refused", Some(550))
-        );
-        assert_eq!(
-            class(&[("a***@e***.com", 550), ("b***@e***.com", 452)]),
-            (AttemptClass::Transient, "recipients_refused", Some(452))
-        );
-        assert_eq!(
-            class(&[("a***@e***.com", 450)]),
-            (AttemptClass::Transient, "recipients_refused", Some(450))
-        );
-        // 552 to RCPT TO is taken as 452 (RFC 5321 §4.5.3.1.10), its code kept.
-        assert_eq!(
-            class(&[("a***@e***.com", 550), ("b***@e***.com", 552)]),
-            (AttemptClass::Transient, "recipients_refused", Some(552))
-        );
-        assert_eq!(
-            class(&[("a***@e***.com", 552)]),
-            (AttemptClass::Transient, "recipients_refused", Some(552))
-        );
+        let (a, b) = ("a***@e***.com", "b***@e***.com");
+        for (list, class_, code) in [
+            (&[(a, 550), (b, 551)][..], AttemptClass::Permanent, 550),
+            (&[(a, 550), (b, 452)], AttemptClass::Transient, 452),
+            (&[(a, 450)], AttemptClass::Transient, 450),
+            // 552 to RCPT TO is taken as 452 (RFC 5321 §4.5.3.1.10), its code kept.
+            (&[(a, 550), (b, 552)], AttemptClass::Transient, 552),
+            (&[(a, 552)], AttemptClass::Transient, 552),
+        ] {
+            assert_eq!(
+                class(list),
+                (class_, "recipients_refused", Some(code)),
+                "{list:?}"
+            );
+        }
         let now = chrono::Utc::now();
         let r = SmtpFailure::RecipientsRefused(refused(&[("a***@e***.com", 553)]))
             .report(now, &super::super::Secrets::default());

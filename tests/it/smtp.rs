@@ -1402,20 +1402,7 @@ async fn all_recipients_refused(backend: Backend, offered: bool) {
 /// attempt is the refusal, and the connection is closed rather than parked in the middle of
 /// DATA.
 async fn smtp_a_354_after_every_recipient_refused_gets_no_content(backend: Backend) {
-    let sink = SmtpSink::start_scripted(Script {
-        lax_data: true,
-        ..Script::default()
-    })
-    .await;
-    let app = smtp_app(backend, &sink, "").await;
-    post_mail(&app, "lax-1", "rcpt550@example.com", None, "at_most_once").await;
-    assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
-    let (state, last, class, kind) = outcome(&app, "lax-1").await;
-    assert_eq!(
-        (state.as_str(), last.as_str(), class.as_str()),
-        ("dead_letter", "permanent", "permanent")
-    );
-    assert_eq!(kind.as_deref(), Some("recipients_refused"));
+    let (sink, app) = refused_by_a_lax_relay(backend, "lax-1", "at_most_once").await;
     assert_envelopes(&sink, true, 1);
     // The next message gets a new connection: the first was closed in the middle of DATA,
     // which ended it without a message.
@@ -1437,22 +1424,34 @@ async fn smtp_a_354_after_every_recipient_refused_gets_no_content(backend: Backe
 /// take it for — so the attempt is the refusal, not `delivered` (it was, and a 451 to every
 /// recipient was a mail lost as delivered; an email walk-through).
 async fn smtp_a_250_to_bdat_after_every_recipient_refused_is_the_refusal(backend: Backend) {
+    let (sink, app) = refused_by_a_lax_relay(backend, "lax-b", "at_least_once").await;
+    assert_eq!(sink.chunks(), 1, "the content went by BDAT");
+    app.stop().await;
+}
+
+/// A relay that answers DATA (354) and BDAT (250) even with every recipient refused: a mail
+/// `id` to a recipient it refuses 550, sent once under `semantics`, is dead-lettered as
+/// `recipients_refused` (`permanent`).
+async fn refused_by_a_lax_relay(
+    backend: Backend,
+    id: &str,
+    semantics: &str,
+) -> (SmtpSink, TestApp) {
     let sink = SmtpSink::start_scripted(Script {
         lax_data: true,
         ..Script::default()
     })
     .await;
     let app = smtp_app(backend, &sink, "").await;
-    post_mail(&app, "lax-b", "rcpt550@example.com", None, "at_least_once").await;
+    post_mail(&app, id, "rcpt550@example.com", None, semantics).await;
     assert_eq!(app.herald.sender.run_once().await.unwrap(), 1);
-    assert_eq!(sink.chunks(), 1, "the content went by BDAT");
-    let (state, last, class, kind) = outcome(&app, "lax-b").await;
+    let (state, last, class, kind) = outcome(&app, id).await;
     assert_eq!(
         (state.as_str(), last.as_str(), class.as_str()),
         ("dead_letter", "permanent", "permanent")
     );
     assert_eq!(kind.as_deref(), Some("recipients_refused"));
-    app.stop().await;
+    (sink, app)
 }
 
 /// An envelope too long for one pipelined group (RFC 2920 §3.1: the whole group must fit what
