@@ -26,3 +26,15 @@ pub mod sender;
 pub mod storage;
 pub mod support;
 pub mod telemetry;
+
+/// A path inside this checkout, for tests: `cargo test` names the package's directory at run
+/// time; the compile-time `env!("CARGO_MANIFEST_DIR")` is only the fallback, because a test
+/// binary that cargo reuses from a shared target directory still carries the checkout it was
+/// built in, which may be another clone, or gone.
+#[cfg(test)]
+pub(crate) fn repo_path(rel: &str) -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into())
+        .join(rel)
+}

@@ -1346,7 +1346,7 @@ mod tests {
     /// silently run inside it.
     #[test]
     fn no_sqlite_migration_asks_to_run_outside_a_transaction() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/sqlite");
+        let dir = crate::repo_path("migrations/sqlite");
         for m in std::fs::read_dir(dir).unwrap() {
             let meta = m.unwrap().path().join("metadata.toml");
             if let Ok(text) = std::fs::read_to_string(&meta) {

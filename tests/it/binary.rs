@@ -674,7 +674,7 @@ fn migrations_run_at_once_on_a_fresh_sqlite_file_all_succeed() {
             .get_result::<Applied>(&mut conn)
             .unwrap()
             .n;
-        let known = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/sqlite"))
+        let known = std::fs::read_dir(crate::support::repo_path("migrations/sqlite"))
             .unwrap()
             .count();
         assert_eq!(applied, i64::try_from(known).unwrap(), "round {round}");

@@ -488,16 +488,10 @@ pub fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     mac.finalize().into_bytes().into()
 }
 
-/// A provider fixture, `fixtures/providers/REL` in this checkout: the directory `cargo test`
-/// names at run time, not the one compiled in (a test binary reused from a shared target
-/// directory still carries the checkout it was built in).
+/// A provider fixture, `fixtures/providers/REL` in this checkout ([`crate::repo_path`]).
 #[cfg(test)]
 pub(crate) fn fixture_path(rel: &str) -> std::path::PathBuf {
-    std::env::var_os("CARGO_MANIFEST_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into())
-        .join("fixtures/providers")
-        .join(rel)
+    crate::repo_path("fixtures/providers").join(rel)
 }
 
 #[cfg(test)]
