@@ -182,14 +182,16 @@ fn ordering_sentence(e: &Explanation, o: &OrderingFacts) -> String {
         if o.head_state.is_some_and(|s| !s.is_terminal()) {
             return format!(
                 "It waits in ordering key {}{place}: behind {by}, the key's head, replayed and \
-                 now {state}; it goes after {by}, whatever its own due time says.",
-                o.key
+                 now {state}; it goes after {by}, whatever its own due time says.{}",
+                o.key,
+                expiry_while_waiting(e)
             );
         }
         return format!(
             "It waits in ordering key {}{place}: blocked by {by}, the key's head, which is {state}; \
-             the key moves on when {by} is replayed, canceled or skipped.",
-            o.key
+             the key moves on when {by} is replayed, canceled or skipped.{}",
+            o.key,
+            expiry_while_waiting(e)
         );
     }
     let skipped = |o: &OrderingFacts| match (&o.skipped_by, &o.skip_reason) {
@@ -224,6 +226,20 @@ fn ordering_sentence(e: &Explanation, o: &OrderingFacts) -> String {
     before + &place_sentence(e, o, &place)
 }
 
+/// What a message waiting in its key does about its `expires_at`: nothing while it waits — the
+/// claim that would send it once the key moves on expires it instead when that time has passed
+/// ([`crate::storage::sql`]'s claim). An operator's walk-through read a blocked message whose
+/// expiry had passed, and nothing said it would never be sent.
+fn expiry_while_waiting(e: &Explanation) -> String {
+    match &e.expires_at {
+        Some(t) => format!(
+            " Its expires_at is {t}: if the key moves on only after that, it is expired then, \
+             not sent."
+        ),
+        None => String::new(),
+    }
+}
+
 /// Where a keyed message that does not block its key, and was not released from it, stands.
 fn place_sentence(e: &Explanation, o: &OrderingFacts, place: &str) -> String {
     if o.head.as_deref() == Some(e.event_id.as_str()) {
@@ -243,8 +259,9 @@ fn place_sentence(e: &Explanation, o: &OrderingFacts, place: &str) -> String {
     match (&o.head, o.head_state) {
         (Some(h), Some(s)) if e.state == State::Scheduled && e.next_attempt_at.is_none() => {
             format!(
-                "It waits in ordering key {}{place} behind {h}, the key's head ({s}).",
-                o.key
+                "It waits in ordering key {}{place} behind {h}, the key's head ({s}).{}",
+                o.key,
+                expiry_while_waiting(e)
             )
         }
         _ => format!("It is in ordering key {}{place}.", o.key),
@@ -1111,6 +1128,17 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("replayed, canceled or skipped"), "{text}");
+        assert!(!text.contains("expires_at"), "{text}");
+        // Waiting does not expire it; the claim after the key moves on does.
+        e.expires_at = Some("2026-12-01T10:01:00.000000Z".into());
+        let text = narrate(&e);
+        assert!(
+            text.contains(
+                "skipped. Its expires_at is 2026-12-01T10:01:00.000000Z: if the key moves on only \
+                 after that, it is expired then, not sent."
+            ),
+            "{text}"
+        );
         let mut e = base(State::Scheduled);
         keyed(&mut e, "order-1:created", State::Sending, false);
         let text = narrate(&e);

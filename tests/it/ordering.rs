@@ -1617,7 +1617,58 @@ async fn a_send_token_is_not_shown_another_clients_blocking_head(backend: Backen
     app.stop().await;
 }
 
+/// A message waiting behind its key's dead head does not expire while it waits; the claim
+/// after the key moves on expires it instead of sending it, and its explanation said so while it
+/// waited (it said nothing of the passed expiry; an operator's walk-through).
+async fn a_message_blocked_past_its_expiry_expires_when_its_key_moves_on(backend: Backend) {
+    let app = crate::support::spawn_app(backend).await;
+    let rx = Receiver::start().await;
+    let x = rx.url_for("/x");
+    rx.script_path("/x", [Reply::Status(400)]);
+    post(&app, keyed("x.1", &x, "x", json!({}))).await;
+    let expires = (app.clock_now() + chrono::Duration::seconds(60)).to_rfc3339();
+    post(&app, keyed("x.2", &x, "x", json!({"expires_at": expires}))).await;
+    app.run_until_idle().await;
+    assert_eq!(app.message("x.2").await["blocked_by"], "x.1");
+    app.advance(Duration::from_secs(120));
+    app.run_until_idle().await;
+    assert_eq!(
+        app.row("x.2").state.as_str(),
+        "scheduled",
+        "waiting spends nothing"
+    );
+    let e = app.explain("x.2").await;
+    let words = e["explanation"].as_str().unwrap();
+    assert!(
+        words.contains(&format!(
+            "Its expires_at is {}: if the key moves on only after that, it is expired then, not \
+             sent.",
+            e["expires_at"].as_str().unwrap()
+        )),
+        "{words}"
+    );
+    let r = app
+        .http
+        .post(format!("{}/v1/messages/x.1/skip", app.base))
+        .json(&json!({"reason": "order superseded"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    app.run_until_idle().await;
+    assert_eq!(app.row("x.2").state.as_str(), "expired");
+    assert_eq!(
+        rx.requests_to("/x").iter().map(id_of).collect::<Vec<_>>(),
+        ["x.1"]
+    );
+    let words = app.explain("x.2").await["explanation"].to_string();
+    assert!(words.contains("It expired"), "{words}");
+    assert!(!words.contains("if the key moves on"), "{words}");
+    app.stop().await;
+}
+
 both_backends!(
+    a_message_blocked_past_its_expiry_expires_when_its_key_moves_on,
     a_due_message_held_by_its_key_is_not_the_senders_backlog,
     a_replayed_head_goes_before_a_later_message_waiting_for_its_retry,
     a_replayed_head_waits_for_a_later_message_in_flight,
