@@ -119,7 +119,8 @@ pub fn render(columns: &[Column]) -> Markup {
             }
             figcaption {
                 "Attempts by class per hour, last " (HOURS) " hours (UTC): "
-                @for (class, n) in totals(columns) {
+                // `exhausted` is a message's class, not an attempt's: named only if counted.
+                @for (class, n) in totals(columns).into_iter().filter(|&(k, n)| n > 0 || k != AttemptClass::Exhausted) {
                     span class=(format!("legend k-{class}")) { (class) " " (n) }
                     " "
                 }
@@ -192,5 +193,17 @@ mod tests {
         assert!(svg.contains(&format!("height=\"{PLOT_HEIGHT}\"")), "{svg}");
         let empty = render(&columns(now, &[])).into_string();
         assert_eq!(empty.matches("<rect").count(), 0);
+        // The legend names every attempt class, counted or not, but `exhausted` (a message's
+        // class: it was always "exhausted 0") only when counted.
+        assert!(
+            empty.contains("legend k-permanent\">permanent 0<"),
+            "{empty}"
+        );
+        assert!(!empty.contains("exhausted"), "{empty}");
+        let counted = render(&columns(
+            now,
+            &[count("2026-12-01T10:05:00Z", "exhausted", 1)],
+        ));
+        assert!(counted.into_string().contains(">exhausted 1<"));
     }
 }

@@ -388,8 +388,8 @@ pub struct SupportReplay {
 impl ReplayHook for SupportReplay {
     fn replay(&self, db: &Db, request: &ReplayRequest) -> Result<(), ReplayRefused> {
         use crate::support::{self, Lookup, Reason, SupportError};
-        let reason =
-            Reason::parse(&request.reason).map_err(|e| ReplayRefused::Refused(e.message))?;
+        let reason = Reason::parse(&request.reason)
+            .map_err(|e| ReplayRefused::Invalid(format!("The reason {}.", e.message)))?;
         let req = support::ReplayRequest {
             reason,
             force: request.force,

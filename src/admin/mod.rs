@@ -285,17 +285,27 @@ async fn blocking<T: Send + 'static>(
     viewer: Option<&Viewer<'_>>,
     f: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
 ) -> Result<T, Halt> {
+    blocking_saying(
+        viewer,
+        "The database did not answer; try again in a moment.",
+        f,
+    )
+    .await
+}
+
+/// [`blocking`], whose 503 page says `unavailable`.
+async fn blocking_saying<T: Send + 'static>(
+    viewer: Option<&Viewer<'_>>,
+    unavailable: &str,
+    f: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
+) -> Result<T, Halt> {
     match web::block(f).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => {
             tracing::warn!(error = %e.log_safe(), "admin page: storage failed");
             let mut r = page(
                 StatusCode::SERVICE_UNAVAILABLE,
-                pages::error(
-                    viewer,
-                    "Database unavailable",
-                    "The database did not answer; try again in a moment.",
-                ),
+                pages::error(viewer, "Database unavailable", unavailable),
             );
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
@@ -385,6 +395,11 @@ async fn sign_in(
     r
 }
 
+/// The 503 of a sign-out the database did not store: the cookie is kept, and the page says the
+/// session goes on (it said only "try again", and a person took it for signed out).
+pub(crate) const SIGN_OUT_NOT_STORED: &str = "The database did not answer, so the sign-out could not \
+     be stored: you are still signed in. Sign out again in a moment.";
+
 async fn sign_out(
     req: HttpRequest,
     state: web::Data<AppState>,
@@ -399,7 +414,7 @@ async fn sign_out(
     let db = state.db.clone();
     let (id, expires_at, now) = (s.id.clone(), s.expires_at, state.clock.now());
     tri!(
-        blocking(Some(&viewer), move || db
+        blocking_saying(Some(&viewer), SIGN_OUT_NOT_STORED, move || db
             .record_sign_out(&id, expires_at, now))
         .await
     );
@@ -543,10 +558,15 @@ async fn replay(
         .and_then(|b| String::from_utf8(b).ok())
         .unwrap_or_else(|| form.get("event_id").unwrap_or("").to_owned());
     let reason = form.get("reason").unwrap_or("").trim().to_owned();
-    // A refused replay's form comes back with what was typed in it.
-    let typed = reason.clone();
+    // A refused replay's form comes back with what was typed and chosen in it (the expires_at
+    // choice came back as its default, so fixing the time and sending again cleared it).
+    let typed = pages::TypedReplay {
+        reason: reason.clone(),
+        expires: form.get("expires").map(str::to_owned),
+        expires_at: form.get("expires_at").unwrap_or("").to_owned(),
+    };
     let viewer = Viewer {
-        typed_reason: Some(&typed),
+        typed: Some(&typed),
         ..viewer
     };
     if reason.is_empty() || reason.chars().count() > data::MAX_REASON {
@@ -666,7 +686,9 @@ fn parse_filter(q: &Form) -> Result<DeadLetterFilter, String> {
     })
 }
 
-fn next_href(filter: &DeadLetterFilter, cursor: (DateTime<Utc>, i64)) -> String {
+/// The dead-letters page with `filter`'s channel and class, from `cursor` (`None`: the first page,
+/// the newest).
+fn list_href(filter: &DeadLetterFilter, cursor: Option<(DateTime<Utc>, i64)>) -> String {
     let mut q = url::form_urlencoded::Serializer::new(String::new());
     if let Some(c) = filter.channel {
         q.append_pair("channel", c.as_str());
@@ -677,11 +699,13 @@ fn next_href(filter: &DeadLetterFilter, cursor: (DateTime<Utc>, i64)) -> String 
     if filter.unconfirmed {
         q.append_pair("class", UNCONFIRMED_DEADLINE_REASON);
     }
-    q.append_pair(
-        "before",
-        &format!("{}.{}", cursor.0.timestamp_micros(), cursor.1),
-    );
-    format!("/admin/dead-letters?{}", q.finish())
+    if let Some((t, id)) = cursor {
+        q.append_pair("before", &format!("{}.{id}", t.timestamp_micros()));
+    }
+    match q.finish() {
+        q if q.is_empty() => "/admin/dead-letters".to_owned(),
+        q => format!("/admin/dead-letters?{q}"),
+    }
 }
 
 async fn dead_letters(
@@ -703,10 +727,14 @@ async fn dead_letters(
     let (db, f) = (state.db.clone(), filter.clone());
     let (rows, next) =
         tri!(blocking(Some(&viewer), move || data::dead_letters(&db, &f, PAGE)).await);
-    let next = next.map(|c| next_href(&filter, c));
+    let pages = pages::Pages {
+        // Back to the newest from a later page (there was only "Older →").
+        first: filter.before.map(|_| list_href(&filter, None)),
+        next: next.map(|c| list_href(&filter, Some(c))),
+    };
     page(
         StatusCode::OK,
-        pages::dead_letters(&viewer, &filter, &rows, next),
+        pages::dead_letters(&viewer, &filter, &rows, pages),
     )
 }
 
@@ -721,7 +749,15 @@ mod tests {
         assert_eq!(f.class, Some(AttemptClass::Permanent));
         assert_eq!(f.before, None);
         let t = DateTime::from_timestamp_micros(1_764_583_200_123_456).unwrap();
-        let href = next_href(&f, (t, 42));
+        assert_eq!(
+            list_href(&f, None),
+            "/admin/dead-letters?channel=webhook&class=permanent"
+        );
+        assert_eq!(
+            list_href(&DeadLetterFilter::default(), None),
+            "/admin/dead-letters"
+        );
+        let href = list_href(&f, Some((t, 42)));
         assert_eq!(
             href,
             "/admin/dead-letters?channel=webhook&class=permanent&before=1764583200123456.42"
@@ -748,7 +784,7 @@ mod tests {
         let f = parse_filter(&Form::parse(b"class=unconfirmed")).unwrap();
         assert_eq!((f.class, f.unconfirmed), (None, true));
         assert_eq!(
-            next_href(&f, (t, 7)),
+            list_href(&f, Some((t, 7))),
             "/admin/dead-letters?class=unconfirmed&before=1764583200123456.7"
         );
         assert_eq!(

@@ -15,8 +15,24 @@ use crate::support::view::Answer;
 pub struct Viewer<'a> {
     pub who: &'a Principal,
     pub csrf: &'a str,
-    /// The reason a refused replay form was sent with: the form comes back with it.
-    pub typed_reason: Option<&'a str>,
+    /// What a refused replay form was sent with: the form comes back with it.
+    pub typed: Option<&'a TypedReplay>,
+}
+
+/// The dead-letter list's links to other pages.
+pub struct Pages {
+    /// The first page (the newest), from any later one.
+    pub first: Option<String>,
+    /// The page after this one.
+    pub next: Option<String>,
+}
+
+/// A replay form as it was sent.
+pub struct TypedReplay {
+    pub reason: String,
+    /// `keep`, `clear` or `set` (`None`: the form had no choice, the message no `expires_at`).
+    pub expires: Option<String>,
+    pub expires_at: String,
 }
 
 impl<'a> Viewer<'a> {
@@ -25,7 +41,7 @@ impl<'a> Viewer<'a> {
         Self {
             who,
             csrf,
-            typed_reason: None,
+            typed: None,
         }
     }
 }
@@ -152,7 +168,7 @@ pub fn results(viewer: &Viewer, q: &str, rows: &[MessageSummary], more: bool) ->
                     @if more {
                         p { "More than " (rows.len()) " messages match; the newest " (rows.len()) ", newest first." }
                     } @else {
-                        p { (rows.len()) " messages match; the newest first." }
+                        p { (rows.len()) (if rows.len() == 1 { " message matches." } else { " messages match; the newest first." }) }
                     }
                     (summary_table(rows))
                 }
@@ -163,20 +179,22 @@ pub fn results(viewer: &Viewer, q: &str, rows: &[MessageSummary], more: bool) ->
 
 fn summary_table(rows: &[MessageSummary]) -> Markup {
     html! {
-        table.list {
-            thead { tr { th { "Event id" } th { "Channel" } th { "Destination" } th { "State" }
-                         th { "Class" } th { "Attempts" } th { "Since" } th { "Fingerprint" } } }
-            tbody {
-                @for r in rows {
-                    tr {
-                        td { a href=(message_href(&r.event_id)) { (r.event_id) } }
-                        td { (r.channel) }
-                        td { (super::data::mask_destination(r.channel, &r.destination)) }
-                        td { span class=(format!("state s-{}", r.state)) { (r.state) } }
-                        td { @if let Some(c) = r.last_error_class { span class=(format!("class k-{c}")) { (c) } } }
-                        td.num { (r.attempts) }
-                        td { (ts(&r.updated_at)) }
-                        td.mono { (r.request_fingerprint.as_deref().map(|f| &f[..f.len().min(16)]).unwrap_or("—")) }
+        div.scroll {
+            table.list {
+                thead { tr { th { "Event id" } th { "Channel" } th { "Destination" } th { "State" }
+                             th { "Class" } th { "Attempts" } th { "Since" } th { "Fingerprint" } } }
+                tbody {
+                    @for r in rows {
+                        tr {
+                            td { a href=(message_href(&r.event_id)) { (r.event_id) } }
+                            td { (r.channel) }
+                            td { (super::data::mask_destination(r.channel, &r.destination)) }
+                            td { span class=(format!("state s-{}", r.state)) { (r.state) } }
+                            td { @if let Some(c) = r.last_error_class { span class=(format!("class k-{c}")) { (c) } } }
+                            td.num { (r.attempts) }
+                            td { (ts(&r.updated_at)) }
+                            td.mono { (r.request_fingerprint.as_deref().map(|f| &f[..f.len().min(16)]).unwrap_or("—")) }
+                        }
                     }
                 }
             }
@@ -405,24 +423,26 @@ pub fn message(
             section.card {
                 h2 { "Attempts" }
                 @if d.attempts.is_empty() { p { "None yet." } } @else {
-                    table.list #attempts {
-                        thead { tr { th { "#" } th { "Started" } th { "Duration" } th { "Status / error" }
-                                     th { "Class" } th { "Led to" } th { "Delay" } th { "Reason" } th { "Policy" } } }
-                        tbody {
-                            @for a in &d.attempts {
-                                tr {
-                                    td.num { (a.number) }
-                                    td { (ts(&a.started_at)) }
-                                    td.num { (duration(a.duration_ms)) }
-                                    td.status { @if let Some(s) = a.status { (s) } @else { (a.error_kind.as_deref().unwrap_or("—")) } }
-                                    td { span class=(format!("class k-{}", a.class)) { (a.class) } }
-                                    td { (a.next_state) }
-                                    td.num { (a.delay_ms.map(duration).unwrap_or_else(|| "—".into())) }
-                                    td {
-                                        (a.delay_reason.as_deref().unwrap_or("—"))
-                                        @if let Some(n) = &a.note { br; span.note { (n) } }
+                    div.scroll {
+                        table.list #attempts {
+                            thead { tr { th { "#" } th { "Started" } th { "Duration" } th { "Status / error" }
+                                         th { "Class" } th { "Led to" } th { "Delay" } th { "Reason" } th { "Policy" } } }
+                            tbody {
+                                @for a in &d.attempts {
+                                    tr {
+                                        td.num { (a.number) }
+                                        td { (ts(&a.started_at)) }
+                                        td.num { (duration(a.duration_ms)) }
+                                        td.status { @if let Some(s) = a.status { (s) } @else { (a.error_kind.as_deref().unwrap_or("—")) } }
+                                        td { span class=(format!("class k-{}", a.class)) { (a.class) } }
+                                        td { (a.next_state) }
+                                        td.num { (a.delay_ms.map(duration).unwrap_or_else(|| "—".into())) }
+                                        td {
+                                            (a.delay_reason.as_deref().unwrap_or("—"))
+                                            @if let Some(n) = &a.note { br; span.note { (n) } }
+                                        }
+                                        td { (a.policy_version) }
                                     }
-                                    td { (a.policy_version) }
                                 }
                             }
                         }
@@ -432,19 +452,21 @@ pub fn message(
             section.card {
                 h2 { "Receipts" }
                 @if d.receipts.is_empty() { p { "None." } } @else {
-                    table.list #receipts {
-                        thead { tr { th { "Event time" } th { "Arrived" } th { "Type" } th { "Source" }
-                                     th { "Provider event" } th { "Outcome" } } }
-                        tbody {
-                            @for r in &d.receipts {
-                                tr {
-                                    td { (opt_ts(&r.event_time)) }
-                                    td { (ts(&r.received_at)) }
-                                    td { (r.event_type) " (" (r.provider_type) ")" }
-                                    td { (r.source) }
-                                    td.mono { (r.provider_event_id) }
-                                    td { (r.outcome.as_deref().unwrap_or("pending"))
-                                         @if let Some(why) = &r.outcome_reason { " — " (why) } }
+                    div.scroll {
+                        table.list #receipts {
+                            thead { tr { th { "Event time" } th { "Arrived" } th { "Type" } th { "Source" }
+                                         th { "Provider event" } th { "Outcome" } } }
+                            tbody {
+                                @for r in &d.receipts {
+                                    tr {
+                                        td { (opt_ts(&r.event_time)) }
+                                        td { (ts(&r.received_at)) }
+                                        td { (r.event_type) " (" (r.provider_type) ")" }
+                                        td { (r.source) }
+                                        td.mono { (r.provider_event_id) }
+                                        td { (r.outcome.as_deref().unwrap_or("pending"))
+                                             @if let Some(why) = &r.outcome_reason { " — " (why) } }
+                                    }
                                 }
                             }
                         }
@@ -464,7 +486,7 @@ pub fn message(
                         input type="hidden" name="event_id_hex" value=(hex::encode(m.event_id.as_bytes()));
                         label for="reason" { "Reason" }
                         input #reason type="text" name="reason" required maxlength=(MAX_REASON)
-                            value=[viewer.typed_reason]
+                            value=[viewer.typed.map(|t| t.reason.as_str())]
                             placeholder="e.g. receiver fixed their schema (ticket 123)";
                         @if can == Replayable::WithForce {
                             label.check { input #force type="checkbox" name="force" value="1";
@@ -478,14 +500,18 @@ pub fn message(
                             // A passed expires_at would expire the replay at once: it is
                             // cleared unless a person keeps it or gives a later time.
                             @let passed = t <= now;
+                            // As sent, when the form comes back refused.
+                            @let chosen = viewer.typed.and_then(|t| t.expires.as_deref())
+                                .unwrap_or(if passed { "clear" } else { "keep" });
                             label for="expires" { "Its expires_at, " (ts(&t)) (if passed { " (passed)" } else { "" }) }
                             select #expires name="expires" {
-                                option value="keep" selected[!passed] { "keep it" }
-                                option value="clear" selected[passed] { "clear it (no deadline)" }
-                                option value="set" { "set it to the time below" }
+                                option value="keep" selected[chosen == "keep"] { "keep it" }
+                                option value="clear" selected[chosen == "clear"] { "clear it (no deadline)" }
+                                option value="set" selected[chosen == "set"] { "set it to the time below" }
                             }
                             label for="expires_at" { "The time to set" }
                             input #expires_at type="text" name="expires_at"
+                                value=[viewer.typed.map(|t| t.expires_at.as_str()).filter(|v| !v.is_empty())]
                                 placeholder="RFC 3339, e.g. 2026-12-31T09:00:00Z";
                         }
                         button #replay-button type="submit" { "Replay" }
@@ -501,7 +527,7 @@ pub fn dead_letters(
     viewer: &Viewer,
     filter: &DeadLetterFilter,
     rows: &[MessageSummary],
-    next: Option<String>,
+    pages: Pages,
 ) -> Markup {
     let selected = |on: bool| on.then_some("selected");
     layout(
@@ -521,7 +547,8 @@ pub fn dead_letters(
                     label for="class" { "Class" }
                     select #class name="class" {
                         option value="" { "any" }
-                        @for c in AttemptClass::ALL {
+                        // Not `accepted`: an accepted send is delivered, never a dead letter.
+                        @for c in AttemptClass::ALL.iter().filter(|c| **c != AttemptClass::Accepted) {
                             option value=(c) selected=[selected(filter.class == Some(*c))] { (c) }
                         }
                         option value=(UNCONFIRMED_DEADLINE_REASON) selected=[selected(filter.unconfirmed)] {
@@ -535,8 +562,11 @@ pub fn dead_letters(
                 } @else {
                     (summary_table(rows))
                 }
-                @if let Some(href) = next {
-                    p { a #next-page href=(href) { "Older →" } }
+                @if pages.first.is_some() || pages.next.is_some() {
+                    p.pages {
+                        @if let Some(href) = pages.first { a #first-page href=(href) { "← Newest" } }
+                        @if let Some(href) = pages.next { a #next-page href=(href) { "Older →" } }
+                    }
                 }
             }
         },
@@ -700,7 +730,7 @@ mod tests {
                 scope: crate::auth::Scope::Support,
             },
             csrf: "tok",
-            typed_reason: None,
+            typed: None,
         };
         let html = message(&viewer, &detail(), None, Utc::now()).into_string();
         assert!(!html.contains("order-1<script>"), "escaped");

@@ -216,10 +216,11 @@ async fn a_sign_out_ends_the_session_everywhere(backend: Backend) {
     .await;
     assert_eq!(r.status(), 503);
     assert!(r.headers().get("set-cookie").is_none());
-    assert!(
-        r.text().await.unwrap().contains("Database unavailable"),
-        "says why"
-    );
+    let html = r.text().await.unwrap();
+    assert!(html.contains("Database unavailable"), "says why");
+    // And that the session goes on (it said only "try again"; a walk-through took it for
+    // signed out).
+    assert!(html.contains("you are still signed in"), "{html}");
     app.raw_sql(allow);
     assert_eq!(get(&app, "/admin", Some(&fourth)).await.status(), 200);
     assert_eq!(sign_out(&app, &fourth).await.status(), 303);
@@ -619,6 +620,36 @@ async fn dead_letters_page_newest_first_by_keyset(backend: Backend) {
     .await
     .unwrap();
     assert_eq!(pages, [vec!["dl-2", "dl-1"], vec!["dl-0"]]);
+    // The page's links: only "Older" on the first page, "Newest" (with the filter) on a later
+    // one; and no `accepted` in the class filter (an accepted send is never a dead letter).
+    let cookie = session(&app, DESK).await;
+    let html = get(&app, "/admin/dead-letters?channel=webhook", Some(&cookie))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(!html.contains("id=\"first-page\""), "{html}");
+    assert!(!html.contains("option value=\"accepted\""), "{html}");
+    assert!(html.contains("option value=\"permanent\""), "{html}");
+    let t = app.row("dl-1").updated_at.timestamp_micros();
+    let id = app.row("dl-1").id;
+    let html = get(
+        &app,
+        &format!("/admin/dead-letters?channel=webhook&before={t}.{id}"),
+        Some(&cookie),
+    )
+    .await
+    .text()
+    .await
+    .unwrap();
+    assert!(
+        html.contains("id=\"first-page\" href=\"/admin/dead-letters?channel=webhook\""),
+        "{html}"
+    );
+    assert!(
+        html.contains(">dl-0<") && !html.contains(">dl-1<"),
+        "{html}"
+    );
     app.stop().await;
 }
 
@@ -711,7 +742,36 @@ async fn an_expired_message_is_replayed_from_its_page(backend: Backend) {
     };
     let r = replay("gone-1", "set", "tomorrow").await;
     assert_eq!(r.status(), 422);
-    assert!(r.text().await.unwrap().contains("RFC 3339"));
+    let html = r.text().await.unwrap();
+    assert!(html.contains("RFC 3339"));
+    // The form comes back as sent: "set", and the time typed (it came back "clear" and empty,
+    // and a person who fixed the time and sent it again cleared the deadline instead).
+    assert!(
+        html.contains("<option value=\"set\" selected")
+            && !html.contains("<option value=\"clear\" selected")
+            && html.contains("value=\"tomorrow\""),
+        "{html}"
+    );
+    // A reason the API refuses is a 422 naming the reason, as the API's (it was a 409).
+    let r = post(
+        &app,
+        "/admin/replay",
+        Some(&cookie),
+        &[
+            ("csrf", csrf.as_str()),
+            ("event_id", "gone-1"),
+            ("reason", "a\u{1b}[31mred"),
+            ("expires", "clear"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status(), 422);
+    assert!(
+        r.text()
+            .await
+            .unwrap()
+            .contains("The reason must not contain control"),
+    );
     assert_eq!(
         app.row("gone-1").state.as_str(),
         "expired",

@@ -162,3 +162,61 @@ async fn a_person_signs_in_finds_a_dead_letter_and_replays_it(backend: Backend) 
 }
 
 both_backends!(a_person_signs_in_finds_a_dead_letter_and_replays_it);
+
+/// The page's width against the window's: `[document width, window width]`.
+async fn widths(b: &Browser) -> (i64, i64) {
+    let v = b
+        .client
+        .execute(
+            "return [document.documentElement.scrollWidth, window.innerWidth];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    (v[0].as_i64().unwrap(), v[1].as_i64().unwrap())
+}
+
+/// A 255-character event id (the longest the API takes) in the dead-letter list made the table
+/// 4,335 px wide in a 1,280 px window, every other column off screen; at 800 px the list spilled
+/// out of its card, and on a phone the search button out of its (a walk-through). The pages now
+/// stay within the window: long values wrap, a table still too wide scrolls inside its card.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_values_and_narrow_windows_stay_within_the_page() {
+    let app = spawn(Backend::Sqlite).await;
+    let (story, rx) = story(&app).await;
+    let long = format!("order-{}", "x".repeat(249));
+    rx.script_path("/long", [crate::support::Reply::Status(400)]);
+    let r = app
+        .post_message(crate::support::app::webhook(
+            &long,
+            &rx.url_for("/long"),
+            serde_json::json!({}),
+        ))
+        .await;
+    assert_eq!(r.status(), 201);
+    app.run_until_idle().await;
+    let b = Browser::start().await;
+    b.client.goto(&format!("{}/admin", app.base)).await.unwrap();
+    b.element("#token").await.send_keys(DESK).await.unwrap();
+    b.element("#sign-in").await.click().await.unwrap();
+    b.element("#q").await;
+    for (w, h) in [(1280, 900), (800, 900), (390, 844)] {
+        b.client.set_window_size(w, h).await.unwrap();
+        for page in [
+            "/admin".to_owned(),
+            "/admin/dead-letters".to_owned(),
+            format!("/admin/search?q={}", &story.dead_fingerprint[..8]),
+            herald::admin::pages::message_href(&long),
+        ] {
+            b.client.goto(&format!("{}{page}", app.base)).await.unwrap();
+            b.element("main").await;
+            let (page_w, window_w) = widths(&b).await;
+            assert!(
+                page_w <= window_w,
+                "{page} at {w} px: the page is {page_w} px wide in a {window_w} px window"
+            );
+        }
+    }
+    b.close().await;
+    app.stop().await;
+}
