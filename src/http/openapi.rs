@@ -238,7 +238,7 @@ fn complete(op: &mut Operation) {
             .or_insert_with(|| problem_response("Internal error; nothing was stored"));
         responses.entry("503".into()).or_insert_with(|| {
             problem_response(
-                "Storage is unavailable; nothing was done (`Retry-After` says when to try again)",
+                "Storage is unavailable: send the same request again (`Retry-After` says when); a write that was not confirmed in time may still be stored, the same event id never twice",
             )
         });
     }

@@ -159,7 +159,7 @@ impl Problem {
         let mut p = Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",
-            "Storage is unavailable; nothing was done: try again",
+            "Storage is unavailable: send the same request again",
         );
         p.retry_after = Some(2);
         p
@@ -333,6 +333,15 @@ impl From<StorageError> for Problem {
     fn from(e: StorageError) -> Self {
         if e.is_unavailable() {
             tracing::warn!(error = %e.log_safe(), "storage unavailable");
+            // Past the deadline the write goes on and may commit after this answer: said, so
+            // that a client sends the same request again rather than another (it read "nothing
+            // was done", and a client acting on that would send the notification twice).
+            if crate::storage::group_commit::is_past_deadline(&e) {
+                return Problem::unavailable().detail(
+                    "the database did not confirm the write in time; it may still be stored: \
+                     send the same request again (the same event id is never stored twice)",
+                );
+            }
             Problem::unavailable()
         } else {
             tracing::error!(error = %e.log_safe(), "storage error");

@@ -65,6 +65,9 @@ struct Shared {
     commits: AtomicUsize,
     /// Groups whose merged write the database refused, written again request by request.
     split: AtomicUsize,
+    /// Requests being written alone ([`Reply::Alone`]), and how many were in all.
+    alone: AtomicUsize,
+    alone_total: AtomicUsize,
     before_commit: Mutex<Option<BeforeCommit>>,
     /// How long a request waits for its group's commit ([`WRITE_DEADLINE`]; tests shorten it).
     deadline_ms: AtomicU64,
@@ -83,12 +86,44 @@ pub const WRITE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(1
 #[error("the database did not commit the write within {0} ms")]
 struct TooSlow(u64);
 
+/// Whether `e` is a request's answer at [`WRITE_DEADLINE`]: its write goes on and may commit
+/// after it.
+pub fn is_past_deadline(e: &StorageError) -> bool {
+    matches!(e, StorageError::Unavailable(source) if source.is::<TooSlow>())
+}
+
 /// One request's outcome inside a group.
 type JobResult<A> = Result<A, StorageError>;
 
 /// How a writer commits a group: every request's answer, or `Err` when the group's transaction
 /// failed as a whole (nothing of it committed).
-type CommitFn<P, A> = fn(&Db, &[Job<P, A>], &Shared) -> Result<Vec<JobResult<A>>, StorageError>;
+type CommitFn<P, A> = fn(&Db, &[Job<P, A>], &Shared) -> Result<Vec<Reply<A>>, StorageError>;
+
+/// How a writer writes one request alone, in a transaction of its own ([`Reply::Alone`]).
+type AloneFn<P, A> = fn(&Db, &P) -> JobResult<A>;
+
+/// One request's answer from its group's commit.
+enum Reply<A> {
+    /// Its answer, sent once the group committed.
+    Now(JobResult<A>),
+    /// To be written alone, off the writer thread, in a transaction of its own that waits as
+    /// long as it must: in the group it waited longer than [`PG_GROUP_LOCK_TIMEOUT`] for a lock
+    /// another transaction holds (an application's transaction inserting the same event id, not
+    /// yet committed), and the group went on without it — so that one such transaction holds up
+    /// its own event id, not every request behind it (a walk-through: one open transaction made
+    /// every plain `POST /v1/messages` wait, then answer 503, for as long as it stayed open).
+    Alone,
+}
+
+/// How long a statement of a group of messages waits for a lock another transaction holds on
+/// PostgreSQL before the group goes on without the request that waits (`SET LOCAL
+/// lock_timeout`; see [`Reply::Alone`]). Herald's own writers hold an event id's lock for a
+/// commit's time, milliseconds.
+pub const PG_GROUP_LOCK_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// The most requests written alone at once; beyond, a request that would be is answered 503
+/// (nothing of it was written: its savepoint was rolled back).
+const ALONE_MAX: usize = 32;
 
 /// The handle on one database's writer of one kind: cheap to clone. The writer thread ends when
 /// the last handle is dropped.
@@ -150,6 +185,7 @@ impl<P: Send + 'static, A: Send + 'static> GroupWriter<P, A> {
         name: &str,
         what: &'static str,
         commit: CommitFn<P, A>,
+        alone: Option<AloneFn<P, A>>,
     ) -> std::io::Result<Self> {
         let (tx, rx) = std::sync::mpsc::channel();
         let shared = Arc::new(Shared {
@@ -161,7 +197,7 @@ impl<P: Send + 'static, A: Send + 'static> GroupWriter<P, A> {
         let s = shared.clone();
         std::thread::Builder::new()
             .name(name.into())
-            .spawn(move || run(db, rx, s, what, commit))?;
+            .spawn(move || run(db, rx, s, what, commit, alone))?;
         Ok(GroupWriter { tx, shared })
     }
 
@@ -216,6 +252,11 @@ impl<P: Send + 'static, A: Send + 'static> GroupWriter<P, A> {
         self.shared.split.load(Ordering::Acquire)
     }
 
+    /// Requests written alone so far, their group having gone on without them ([`Reply::Alone`]).
+    pub fn written_alone(&self) -> usize {
+        self.shared.alone_total.load(Ordering::Acquire)
+    }
+
     /// Installs (or removes) the before-commit hook.
     pub fn set_before_commit(&self, hook: Option<BeforeCommit>) {
         *self
@@ -229,7 +270,7 @@ impl<P: Send + 'static, A: Send + 'static> GroupWriter<P, A> {
 impl ReceiptWriter {
     /// Starts the receipt writer thread for `db`.
     pub fn spawn(db: Db) -> std::io::Result<ReceiptWriter> {
-        Self::start(db, "herald-receipts", "receipts", commit_receipts)
+        Self::start(db, "herald-receipts", "receipts", commit_receipts, None)
     }
 
     /// Stores one request's receipts with the next group; returns once that group committed
@@ -251,12 +292,13 @@ impl ReceiptWriter {
     }
 }
 
-fn run<P, A>(
+fn run<P: Send + 'static, A: Send + 'static>(
     db: Db,
     rx: Receiver<Job<P, A>>,
     shared: Arc<Shared>,
     what: &'static str,
     commit: CommitFn<P, A>,
+    alone: Option<AloneFn<P, A>>,
 ) {
     while let Ok(first) = rx.recv() {
         let mut group = vec![first];
@@ -298,8 +340,18 @@ fn run<P, A>(
             Ok(results) => {
                 shared.commits.fetch_add(1, Ordering::AcqRel);
                 for (job, result) in group.into_iter().zip(results) {
-                    // A requester that went away no longer needs the answer.
-                    let _ = job.reply.send(result);
+                    match (result, alone) {
+                        // A requester that went away no longer needs the answer.
+                        (Reply::Now(result), _) => {
+                            let _ = job.reply.send(result);
+                        }
+                        (Reply::Alone, Some(write)) => write_alone(&db, &shared, job, write),
+                        (Reply::Alone, None) => {
+                            let _ = job.reply.send(Err(StorageError::Unavailable(Box::new(
+                                GroupFailed("no way to write a request alone".into()),
+                            ))));
+                        }
+                    }
                 }
             }
             Err(e) => {
@@ -317,6 +369,52 @@ fn run<P, A>(
     }
 }
 
+/// Writes `job` alone with `write` on a thread of its own and answers it from there; at most
+/// [`ALONE_MAX`] at once, beyond which it is answered 503 at once (nothing of it was written).
+fn write_alone<P: Send + 'static, A: Send + 'static>(
+    db: &Db,
+    shared: &Arc<Shared>,
+    job: Job<P, A>,
+    write: AloneFn<P, A>,
+) {
+    let busy = || {
+        StorageError::Unavailable(Box::new(GroupFailed(
+            "too many requests waiting for locks to be written alone".into(),
+        )))
+    };
+    if shared.alone.fetch_add(1, Ordering::AcqRel) >= ALONE_MAX {
+        shared.alone.fetch_sub(1, Ordering::AcqRel);
+        let _ = job.reply.send(Err(busy()));
+        return;
+    }
+    shared.alone_total.fetch_add(1, Ordering::AcqRel);
+    let (db, s) = (db.clone(), shared.clone());
+    let Job { payload, reply } = job;
+    // The reply goes with the thread; if it cannot start, the request is answered 503 here.
+    let reply = Arc::new(Mutex::new(Some(reply)));
+    let theirs = reply.clone();
+    let started = std::thread::Builder::new()
+        .name("herald-alone".into())
+        .spawn(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(&db, &payload)))
+                .unwrap_or_else(|_| {
+                    Err(StorageError::Unavailable(Box::new(GroupFailed(
+                        "a write alone panicked".into(),
+                    ))))
+                });
+            s.alone.fetch_sub(1, Ordering::AcqRel);
+            if let Some(reply) = theirs.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                let _ = reply.send(r);
+            }
+        });
+    if started.is_err() {
+        shared.alone.fetch_sub(1, Ordering::AcqRel);
+        if let Some(reply) = reply.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = reply.send(Err(busy()));
+        }
+    }
+}
+
 /// Commits the group. Without replay keys in it: one multi-row insert for the whole group.
 /// With them: first one transaction without savepoints (the common case: nothing to undo); if a
 /// request aborted, again with a savepoint per request so that only it is undone. So too when
@@ -325,6 +423,14 @@ fn run<P, A>(
 /// that only the request holding that value fails, never its neighbours.
 /// `Err` when the group's transaction failed as a whole (nothing of it committed).
 fn commit_receipts(
+    db: &Db,
+    group: &[Job<Receipts, Stored>],
+    shared: &Shared,
+) -> Result<Vec<Reply<Stored>>, StorageError> {
+    receipts_answers(db, group, shared).map(|r| r.into_iter().map(Reply::Now).collect())
+}
+
+fn receipts_answers(
     db: &Db,
     group: &[Job<Receipts, Stored>],
     shared: &Shared,
@@ -545,7 +651,13 @@ fn commit_once(
 impl MessageWriter {
     /// Starts the message writer thread for `db`.
     pub fn spawn(db: Db) -> std::io::Result<MessageWriter> {
-        Self::start(db, "herald-messages", "messages", commit_messages)
+        Self::start(
+            db,
+            "herald-messages",
+            "messages",
+            commit_messages,
+            Some(|db, row| db.enqueue(row)),
+        )
     }
 
     /// Enqueues one message row with the next group; returns once that group committed (or
@@ -571,37 +683,51 @@ impl MessageWriter {
 /// stored rows and a read of the ids already there, for the whole group. Otherwise, or when the
 /// database refused the merged insert (a value it cannot store), request by request, each in a
 /// savepoint, as [`Db::enqueue`] writes one: only the request holding that value fails.
+///
+/// On PostgreSQL a group's statements wait at most [`PG_GROUP_LOCK_TIMEOUT`] for a lock another
+/// transaction holds: the merged write that waits longer fails, and is written request by
+/// request; a request that fails there is written alone ([`Reply::Alone`]), so the one whose
+/// event id an open transaction holds waits by itself, and so does one holding a value the
+/// database refuses (which fails alone as it failed in the group: 500).
 fn commit_messages(
     db: &Db,
     group: &[Job<NewOutboxRow, Enqueued>],
     shared: &Shared,
-) -> Result<Vec<JobResult<Enqueued>>, StorageError> {
-    if let Db::Pg(pool) = db
-        && group.iter().all(|j| j.payload.ordering_key.is_none())
-    {
-        let r = super::pg_transaction(pool, |c: &mut diesel::pg::PgConnection| {
-            pg_merged_messages(c, group, shared)
-        });
-        match r {
-            // A group of one too: its request alone then gets the database's refusal (500), not
-            // the 503 of a failed group, which would have it retried for ever.
-            Err(e) if !e.is_unavailable() => {
-                tracing::warn!(requests = group.len(), reason = %e.log_safe(), "the database refused a group of messages; writing it request by request");
-                shared.split.fetch_add(1, Ordering::AcqRel);
-            }
-            r => return r,
-        }
-    }
+) -> Result<Vec<Reply<Enqueued>>, StorageError> {
+    let now = |r: Vec<JobResult<Enqueued>>| r.into_iter().map(Reply::Now).collect();
     match db {
         Db::Pg(pool) => {
+            if group.iter().all(|j| j.payload.ordering_key.is_none()) {
+                let r = super::pg_transaction(pool, |c: &mut diesel::pg::PgConnection| {
+                    pg_merged_messages(c, group, shared)
+                });
+                match r {
+                    // A group of one too: its request alone then gets the database's refusal
+                    // (500), not the 503 of a failed group, which would have it retried for ever.
+                    Err(e) if !e.is_unavailable() => {
+                        tracing::warn!(requests = group.len(), reason = %e.log_safe(), "the database refused a group of messages, or a lock held it; writing it request by request");
+                        shared.split.fetch_add(1, Ordering::AcqRel);
+                    }
+                    r => return r.map(now),
+                }
+            }
             use super::queries::pg as q;
-            super::pg_transaction(pool, |c: &mut diesel::pg::PgConnection| {
-                messages_one_by_one!(c, q, group, shared)
-            })
+            let r: Vec<JobResult<Enqueued>> =
+                super::pg_transaction(pool, |c: &mut diesel::pg::PgConnection| {
+                    super::sql::pg_group_settings(c)?;
+                    messages_one_by_one!(c, q, group, shared)
+                })?;
+            Ok(r.into_iter()
+                .map(|r| match r {
+                    Err(e) if !e.is_unavailable() => Reply::Alone,
+                    r => Reply::Now(r),
+                })
+                .collect())
         }
         Db::Sqlite(sq) => {
             use super::queries::sqlite as q;
             sq.write(|c| messages_one_by_one!(c, q, group, shared))
+                .map(now)
         }
     }
 }
@@ -649,7 +775,7 @@ fn pg_merged_messages(
     let ids: Vec<&str> = group.iter().map(|j| j.payload.event_id.as_str()).collect();
     // `= ANY(…)` on a table analyzed while small would otherwise be planned as a sequential
     // scan (see `keep_to_indexes`): measured, 1 ms per group's read at 20,000 rows.
-    super::sql::pg_keep_to_indexes(c)?;
+    super::sql::pg_group_settings(c)?;
     // As Db::enqueue: the locks first, so that a fan-out of one of these ids that commits
     // meanwhile is seen by the next statements (READ COMMITTED: each its own snapshot).
     super::sql::pg_lock_event_ids(c, &ids)?;

@@ -212,6 +212,19 @@ pub fn pg_keep_to_indexes(conn: &mut diesel::pg::PgConnection) -> diesel::QueryR
     )
 }
 
+/// [`pg_keep_to_indexes`], and a lock another transaction holds waited for at most
+/// [`super::group_commit::PG_GROUP_LOCK_TIMEOUT`] (one round trip): a group of messages' settings.
+pub fn pg_group_settings(conn: &mut diesel::pg::PgConnection) -> diesel::QueryResult<()> {
+    diesel::connection::SimpleConnection::batch_execute(
+        conn,
+        &format!(
+            "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; SET LOCAL jit = \
+             off; SET LOCAL lock_timeout = {}",
+            super::group_commit::PG_GROUP_LOCK_TIMEOUT.as_millis()
+        ),
+    )
+}
+
 /// SQLite: Herald never runs `ANALYZE` there, so its planner has no statistics to go stale and
 /// plans a statement the same whatever the table's size: nothing to set.
 pub fn sqlite_keep_to_indexes(

@@ -565,6 +565,14 @@ async fn a_write_the_database_holds_is_answered_503_at_the_deadline(backend: Bac
         .unwrap();
     assert_eq!(r.status(), 503);
     assert!(r.headers().contains_key("retry-after"));
+    // It says the write may still be stored (it said "nothing was done", and then stored it).
+    let problem: Value = r.json().await.unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("it may still be stored: send the same request again")),
+        "{problem}"
+    );
     gate.wait_entered().await;
     gate.open.send(()).unwrap();
     writer.set_deadline(herald::storage::group_commit::WRITE_DEADLINE);
@@ -579,6 +587,62 @@ async fn a_write_the_database_holds_is_answered_503_at_the_deadline(backend: Bac
 }
 
 both_backends!(a_write_the_database_holds_is_answered_503_at_the_deadline);
+
+/// PostgreSQL: an application's transaction that inserted an event id and stays open holds up a
+/// `POST /v1/messages` of that id — and no other. The group writer waited for it, so every plain
+/// enqueue from every client waited behind it and was answered 503 after 10 s for as long as the
+/// transaction stayed open (a walk-through). The group now waits at most
+/// `PG_GROUP_LOCK_TIMEOUT` for such a lock and goes on; the request that waits is written alone,
+/// and answered once the application's transaction ends, as when it was alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_transaction_on_one_event_id_holds_up_only_that_enqueue() {
+    use diesel::Connection;
+    use diesel::connection::SimpleConnection;
+    let app = spawn_app_with(Backend::Postgres, &enqueue_config()).await;
+    let writer = &app.herald.message_writer;
+    // Long enough that nothing here is answered at the deadline.
+    writer.set_deadline(Duration::from_secs(600));
+    let mut open = diesel::pg::PgConnection::establish(&app.test_db.url).unwrap();
+    open.batch_execute(
+        "BEGIN; INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+         VALUES ('held', 'webhook', 'https://x.example/h', '{\"body\": {}}');",
+    )
+    .unwrap();
+    let send = |id: &str| {
+        let r = app
+            .http
+            .post(format!("{}/v1/messages", app.base))
+            .json(&plain(id));
+        tokio::spawn(async move { r.send().await.unwrap().status().as_u16() })
+    };
+    let held = send("held");
+    let retried = send("held");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while writer.written_alone() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the held requests never left the group"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Answered while the application's transaction is still open (they waited for its commit).
+    for id in ["free-1", "free-2", "free-3"] {
+        let status = tokio::time::timeout(Duration::from_secs(60), send(id))
+            .await
+            .unwrap_or_else(|_| panic!("{id} waited for another transaction's lock"))
+            .unwrap();
+        assert_eq!(status, 201, "{id}");
+        assert!(stored(&app, id).await);
+    }
+    assert!(!held.is_finished() && !retried.is_finished());
+    open.batch_execute("COMMIT;").unwrap();
+    // The row the application wrote, the same request: the requests find it (200), and
+    // nothing was stored twice.
+    assert_eq!(held.await.unwrap(), 200);
+    assert_eq!(retried.await.unwrap(), 200);
+    assert_eq!(app.row("held").enqueued_by, None);
+    app.stop().await;
+}
 
 /// A value the database refuses in one enqueue of a group (a trigger of the test's) fails that
 /// request alone: the group is written again request by request, each in its savepoint.
