@@ -193,14 +193,28 @@ per_backend! {
                     for (scheme, host, any_port) in urls {
                         let h = crate::storage::support::escape_like(&host);
                         any = Box::new(any.or(dest().eq(format!("{scheme}://{host}"))));
-                        let seps: &[char] = if any_port {
-                            &['/', ':', '?', '#']
+                        let seps: &[&str] = if any_port {
+                            &["", "/%", ":%", "?%", "#%"]
                         } else {
-                            &['/', '?', '#']
+                            &["", "/%", "?%", "#%"]
                         };
                         for sep in seps {
-                            let p = format!("{scheme}://{h}{sep}%");
-                            any = Box::new(any.or(o::channel.eq(Channel::Webhook).and(dest().like(p).escape('\\'))));
+                            if !sep.is_empty() {
+                                let p = format!("{scheme}://{h}{sep}");
+                                any = Box::new(any.or(o::channel.eq(Channel::Webhook).and(dest().like(p).escape('\\'))));
+                            }
+                            // With credentials before the host (`http://user:pass@host/…`, a
+                            // row written by SQL: listed under its host, it was not found by
+                            // it; a walk-through). The part before the `@` is the user part
+                            // only when it holds no `/`, `?` or `#` (else the `@` is in the
+                            // path, the query or the fragment of another host's URL).
+                            let at = format!("{scheme}://%@{h}{sep}");
+                            let mut userinfo: Condition = Box::new(o::channel.eq(Channel::Webhook).and(dest().like(at).escape('\\')));
+                            for not_in_authority in ['/', '?', '#'] {
+                                let elsewhere = format!("{scheme}://%{not_in_authority}%@{h}{sep}");
+                                userinfo = Box::new(userinfo.and(dest().not_like(elsewhere).escape('\\')));
+                            }
+                            any = Box::new(any.or(userinfo));
                         }
                     }
                 }

@@ -1169,6 +1169,48 @@ async fn dead_letters_by_an_email_domain_with_or_without_a_display_name(backend:
     app.stop().await;
 }
 
+/// A webhook row an application wrote by SQL with credentials in its URL is dead-lettered at its
+/// first claim, no request made, and support finds it by its host — as listed — and reads why
+/// (a walk-through: `destination=HOST` did not find it, and the explanation said only "could not
+/// send it as written"). An `@` in another host's path or query is not taken for it.
+async fn a_url_with_credentials_is_found_by_its_host_and_says_why(backend: Backend) {
+    let app = spawn_app_with(backend, "").await;
+    app.raw_sql(
+        "INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+         VALUES ('cred', 'webhook', 'http://admin:hunter2@cred.example:8080/h?pw=QS3', '{\"body\": 1}')",
+    );
+    app.raw_sql(
+        "INSERT INTO herald_outbox (event_id, channel, destination, payload, state, last_error_class) \
+         VALUES ('in-path', 'webhook', 'http://other.example/p@cred.example/x', '{\"body\": 1}', 'dead_letter', 'permanent'), \
+                ('in-query', 'webhook', 'https://other.example?x=@cred.example:8080/', '{\"body\": 1}', 'dead_letter', 'permanent'), \
+                ('plain', 'webhook', 'https://cred.example/h', '{\"body\": 1}', 'dead_letter', 'permanent')",
+    );
+    assert_eq!(app.run_until_idle().await, 1);
+    assert_eq!(app.row("cred").state.as_str(), "dead_letter");
+    for (filter, expected) in [
+        ("cred.example", &["plain", "cred"][..]),
+        ("cred.example:8080", &["cred"][..]),
+        ("other.example", &["in-path", "in-query"][..]),
+    ] {
+        let (mut ids, pages) = walk(&app, &format!("&destination={filter}"), 1000).await;
+        ids.sort();
+        let mut expected = expected.to_vec();
+        expected.sort();
+        assert_eq!(ids, expected, "{filter}");
+        assert!(!pages[0].to_string().contains("hunter2"), "{}", pages[0]);
+    }
+    let e = app.explain("cred").await;
+    let words = e["explanation"].as_str().unwrap();
+    assert!(
+        words.contains("failed (invalid_destination) after")
+            && words
+                .contains("must not carry credentials; configure an endpoint with auth instead"),
+        "{words}"
+    );
+    assert!(!e.to_string().contains("hunter2"), "{e}");
+    app.stop().await;
+}
+
 /// A dead letter whose provider's receipt says it arrived is listed with that status, and is
 /// replayed or redriven only with force, as a delivered message is (a redrive of every dead
 /// letter sent it again; found by a support walk-through).
@@ -1240,6 +1282,7 @@ async fn a_dead_letter_its_receipts_say_arrived_needs_force(backend: Backend) {
 }
 
 both_backends!(
+    a_url_with_credentials_is_found_by_its_host_and_says_why,
     a_dead_letter_its_receipts_say_arrived_needs_force,
     a_redrive_gets_past_the_dead_letters_it_skips,
     dead_letters_by_an_email_domain_with_or_without_a_display_name,
