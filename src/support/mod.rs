@@ -1058,6 +1058,8 @@ pub fn parse_redrive_body(body: &[u8]) -> Result<RedriveRequest, Vec<InvalidFiel
                 Value::Null => {}
                 _ => errors.push(InvalidField::new("after", "must be a string")),
             },
+            // `null` is absent, as for every other optional key (it was refused).
+            "limit" if v.is_null() => {}
             "limit" => match v.as_u64() {
                 Some(n) if (1..=u64::from(REDRIVE_MAX)).contains(&n) => limit = n as u32,
                 _ => errors.push(InvalidField::new(
@@ -1806,6 +1808,12 @@ mod tests {
         );
         assert_eq!(
             parse_redrive_body(br#"{"reason":"fixed"}"#).unwrap().limit,
+            REDRIVE_DEFAULT
+        );
+        assert_eq!(
+            parse_redrive_body(br#"{"reason":"fixed","limit":null}"#)
+                .unwrap()
+                .limit,
             REDRIVE_DEFAULT
         );
         let fields = |b: &str| {

@@ -60,11 +60,17 @@ fn attempt_sentence(a: &AttemptEntry) -> String {
     if let Some(ra) = a.retry_after.as_deref() {
         s.push_str(&format!(" with Retry-After {}", human_retry_after(ra)));
     }
-    s.push_str(&format!(
-        " after {}, classified {}",
-        human_ms(a.duration_ms),
-        a.class
-    ));
+    // A lost sender's attempt "took" until the lease watchdog found it, downtime included: not
+    // the request's duration (a walk-through read 16 s for a request killed after 0.8 s).
+    let took = if answer == Answer::LeaseExpired {
+        format!(
+            " (the lease watchdog found it {} after it began)",
+            human_ms(a.duration_ms)
+        )
+    } else {
+        format!(" after {}", human_ms(a.duration_ms))
+    };
+    s.push_str(&format!("{took}, classified {}", a.class));
     let why = reason_text(a);
     match a.next_state.as_str() {
         "retryable" => {
@@ -307,6 +313,24 @@ fn permanent_why(e: &Explanation) -> String {
     }
 }
 
+/// The attempts of the current series whose request may have arrived though no answer came
+/// (ambiguous: a timeout, a dropped connection; or a sender lost mid-send) and that Herald went on
+/// from — retried, or dead-lettered with its budget spent.
+fn may_have_arrived(e: &Explanation) -> Vec<String> {
+    let since = e.replays.last().map_or(0, |r| r.series_start);
+    e.attempt_timeline
+        .iter()
+        .filter(|a| {
+            a.attempt >= since && matches!(a.next_state.as_str(), "retryable" | "dead_letter")
+        })
+        .filter(|a| {
+            a.class == AttemptClass::Ambiguous
+                || Answer::of(a.status, a.error_kind.as_deref()) == Answer::LeaseExpired
+        })
+        .map(|a| a.attempt.to_string())
+        .collect()
+}
+
 fn state_sentence(e: &Explanation) -> String {
     match e.state {
         // Left unconfirmed by its last attempt, delivered since: a receipt settled it (also
@@ -323,18 +347,7 @@ fn state_sentence(e: &Explanation) -> String {
         State::Delivered => {
             // An attempt of this series that may have arrived, then retried: the receiver may
             // have it twice (support's question after a timeout; it said nothing of it).
-            let since = e.replays.last().map_or(0, |r| r.series_start);
-            let maybe: Vec<String> = e
-                .attempt_timeline
-                .iter()
-                .filter(|a| a.attempt >= since && a.next_state == "retryable")
-                .filter(|a| {
-                    a.class == AttemptClass::Ambiguous
-                        || Answer::of(a.status, a.error_kind.as_deref()) == Answer::LeaseExpired
-                })
-                .map(|a| a.attempt.to_string())
-                .collect();
-            match maybe.as_slice() {
+            match may_have_arrived(e).as_slice() {
                 [] => "It is delivered.".to_owned(),
                 [one] => format!(
                     "It is delivered. Attempt {one} may have arrived too (its answer never came), \
@@ -363,7 +376,23 @@ fn state_sentence(e: &Explanation) -> String {
                     None => "of an outcome not recorded on the message".to_owned(),
                 }
             };
-            format!("It is dead-lettered because {why}; it stays dead until someone replays it.")
+            // Dead after timeouts: each request may have arrived (a walk-through read "failed …
+            // dead-lettered" of a message whose receiver had all three).
+            let arrived = match may_have_arrived(e).as_slice() {
+                [] => String::new(),
+                [one] => format!(
+                    " Attempt {one} may have arrived (its answer never came): the receiver may \
+                     have it, under its event id."
+                ),
+                many => format!(
+                    " Attempts {} may have arrived (their answers never came): the receiver may \
+                     have it, under its event id.",
+                    many.join(", ")
+                ),
+            };
+            format!(
+                "It is dead-lettered because {why}; it stays dead until someone replays it.{arrived}"
+            )
         }
         State::Unconfirmed => {
             let why = match e.last_error_class {
@@ -444,7 +473,18 @@ fn state_sentence(e: &Explanation) -> String {
             }
             s
         }
-        State::Sending => "An attempt is in flight now.".to_owned(),
+        State::Sending => match &e.lease_until {
+            Some(t) => format!(
+                "Attempt {} is in flight: a sender claimed it and holds its lease until {t}. A \
+                 sender lost before it records the outcome leaves the message to the lease \
+                 watchdog of a running Herald after then (the receiver may have it).",
+                e.attempts
+            ),
+            None => "It is marked sending, but no sender holds a lease on it (a row written as \
+                     sending by SQL): nothing sends it or takes it back. Write rows as scheduled \
+                     (the default)."
+                .to_owned(),
+        },
     }
 }
 
@@ -514,7 +554,9 @@ pub fn narrate(e: &Explanation) -> String {
             String::new()
         }
     )];
-    if e.attempt_timeline.is_empty() {
+    // Claimed, its attempt not yet recorded: the state's sentence says so (it said "No attempt
+    // has been made" of a message whose request the receiver already had).
+    if e.attempt_timeline.is_empty() && e.state != State::Sending {
         parts.push("No attempt has been made.".to_owned());
     }
     let mut replays = e.replays.iter().peekable();
@@ -642,6 +684,7 @@ mod tests {
             state_reason: None,
             last_error_class: None,
             next_attempt_at: None,
+            lease_until: None,
             delivery_status: None,
             delivery_status_at: None,
             provider_message_id: None,
@@ -868,6 +911,20 @@ mod tests {
             text.contains("its attempt budget was spent (2 of 2 in this series)"),
             "{text}"
         );
+        assert!(!text.contains("may have arrived"), "{text}");
+        // Dead after timeouts: each request may have arrived, and it says so.
+        e.attempt_timeline = vec![
+            attempt(1, None, AttemptClass::Ambiguous, "retryable"),
+            attempt(2, None, AttemptClass::Ambiguous, "dead_letter"),
+        ];
+        let text = narrate(&e);
+        assert!(
+            text.ends_with(
+                "replays it. Attempts 1, 2 may have arrived (their answers never came): the \
+                 receiver may have it, under its event id."
+            ),
+            "{text}"
+        );
     }
 
     #[test]
@@ -1077,7 +1134,22 @@ mod tests {
         // A send that failed to connect says so itself.
         e.attempt_timeline = vec![attempt(1, None, AttemptClass::NotSent, "retryable")];
         assert!(!narrate(&e).contains(unsent));
-        assert!(narrate(&base(State::Sending)).ends_with("An attempt is in flight now."));
+        // Claimed, its attempt not recorded yet: in flight, not "no attempt" (a walk-through
+        // read both of a message the receiver already had), with the lease it holds.
+        let mut e = base(State::Sending);
+        e.attempts = 1;
+        e.lease_until = Some("2026-12-01T10:00:30.000000Z".into());
+        let text = narrate(&e);
+        assert!(!text.contains("No attempt has been made"), "{text}");
+        assert!(
+            text.contains(
+                "Attempt 1 is in flight: a sender claimed it and holds its lease until \
+                 2026-12-01T10:00:30.000000Z."
+            ),
+            "{text}"
+        );
+        e.lease_until = None;
+        assert!(narrate(&e).contains("no sender holds a lease on it"));
         assert!(
             narrate(&base(State::Canceled)).ends_with(
                 "It was canceled (at 2026-12-01T10:05:00.000000Z); nothing more is sent."
@@ -1096,7 +1168,10 @@ mod tests {
     fn an_expired_lease_and_a_lost_one_are_told_apart() {
         let mut a = attempt(1, None, AttemptClass::Ambiguous, "retryable");
         a.error_kind = Some("lease_expired".into());
-        assert!(attempt_sentence(&a).contains("lost its sender before an outcome was recorded"));
+        assert!(attempt_sentence(&a).contains(
+            "lost its sender before an outcome was recorded (the lease watchdog found it 250 ms \
+             after it began)"
+        ));
         let a = attempt(1, Some(200), AttemptClass::Accepted, "lease_lost");
         assert!(attempt_sentence(&a).contains("was not applied"));
     }

@@ -56,6 +56,10 @@ pub struct Explanation {
     pub last_error_class: Option<AttemptClass>,
     #[schema(format = DateTime)]
     pub next_attempt_at: Option<String>,
+    /// While `sending`: until when the sender that claimed it holds it (after then a running
+    /// Herald's lease watchdog takes it back).
+    #[schema(format = DateTime)]
+    pub lease_until: Option<String>,
     pub delivery_status: Option<String>,
     #[schema(format = DateTime)]
     pub delivery_status_at: Option<String>,
@@ -247,7 +251,14 @@ pub fn attempt_note(error_kind: Option<&str>, excerpt: Option<&str>) -> Option<S
                 before.is_empty() || before.ends_with("; ") || before.ends_with("every recipient ")
             })
             .map(|i| excerpt[i..].to_owned()),
+        // Herald's own words on a destination it would not send to (what `destination` breaks,
+        // the SSRF guard's range, an endpoint not configured): never the URL itself. Support
+        // read only "could not send it as written (invalid_destination)".
         "invalid_payload"
+        | "invalid_destination"
+        | "unknown_endpoint"
+        | "unexpanded_fanout"
+        | crate::channels::webhook::REFUSED_DESTINATION
         | crate::channels::webhook::INVALID_EVENT_ID
         | crate::channels::webhook::INVALID_HEADER
         | crate::channels::email::kind::BARE_LINE_END
@@ -425,6 +436,7 @@ impl Explanation {
             state_reason: row.state_reason.clone(),
             last_error_class: row.last_error_class,
             next_attempt_at: row.next_attempt_at.as_ref().map(ts),
+            lease_until: row.lease_until.as_ref().map(ts),
             delivery_status: row.delivery_status.clone(),
             delivery_status_at: row.delivery_status_at.as_ref().map(ts),
             provider_message_id: row.provider_message_id.clone(),
@@ -553,6 +565,11 @@ mod tests {
             assert_eq!(attempt_note(kind, Some(excerpt)), None, "{kind:?}");
         }
         assert_eq!(attempt_note(Some("invalid_payload"), None), None);
+        let creds = "must not carry credentials; configure an endpoint with auth instead";
+        assert_eq!(
+            attempt_note(Some("invalid_destination"), Some(creds)).as_deref(),
+            Some(creds)
+        );
     }
 
     #[test]
