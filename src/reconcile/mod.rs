@@ -563,6 +563,22 @@ mod tests {
         assert_eq!(replayed.replayed_after(t(0), at(5)), None);
         assert_eq!(replayed.replayed_after(t(3), at(5)), None);
         assert_eq!(replayed.replayed_after(None, at(0)), None);
+        // An event time on a whole minute (a provider dating to the minute): up to 65 s before.
+        let on_minute = |s: i64| chrono::DateTime::from_timestamp(1_796_621_400 + s, 0);
+        let replayed = m(on_minute(50));
+        assert_eq!(
+            replayed.replayed_after(on_minute(0), on_minute(51).unwrap()),
+            None
+        );
+        // Not on a whole minute: 5 s, as before.
+        assert_eq!(
+            replayed.replayed_after(on_minute(44), on_minute(51).unwrap()),
+            on_minute(50)
+        );
+        assert_eq!(
+            replayed.replayed_after(on_minute(-60), on_minute(51).unwrap()),
+            on_minute(50)
+        );
 
         // Of no send: by when the receipt arrived against the series' first request.
         // (Clocks apart: a request that began up to a second after the arrival counts.)

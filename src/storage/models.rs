@@ -514,19 +514,35 @@ pub const RECEIPT_CLOCK_SLACK: chrono::Duration = chrono::Duration::seconds(1);
 
 /// Whether a receipt of an event at `event_time` that arrived at `received_at` speaks of a send
 /// before a replay at `replayed_at`: it arrived before the replay, or its event is more than
-/// [`REPLAY_SLACK`] older than it (an earlier send's, arriving late).
+/// [`replay_slack`] older than it (an earlier send's, arriving late).
 pub fn of_a_send_before(
     replayed_at: DateTime<Utc>,
     event_time: Option<DateTime<Utc>>,
     received_at: DateTime<Utc>,
 ) -> bool {
-    received_at < replayed_at || event_time.is_some_and(|e| e + REPLAY_SLACK < replayed_at)
+    received_at < replayed_at || event_time.is_some_and(|e| e + replay_slack(e) < replayed_at)
+}
+
+/// How much older than a replay a receipt's event at `event_time` may be and still be the new
+/// send's: [`REPLAY_SLACK`], and a minute more for a time on a whole minute — a provider that
+/// dates its events to the minute (Vonage's `scts`) dates the new send's event up to 59 s
+/// before the replay. A walk-through: every Vonage receipt of a send replayed after second 5 of
+/// its minute was taken for the send before the replay, even one naming the new send's id, and a
+/// replayed `unconfirmed` SMS could never be settled. (A time that is on a whole minute by
+/// chance gets the minute too.) The settle pass's SQL says the same (`sql::REPLAY_AFTER_EVENT`).
+pub fn replay_slack(event_time: DateTime<Utc>) -> chrono::Duration {
+    if event_time.timestamp().rem_euclid(60) == 0 && event_time.timestamp_subsec_nanos() == 0 {
+        REPLAY_SLACK + chrono::Duration::minutes(1)
+    } else {
+        REPLAY_SLACK
+    }
 }
 
 /// How much older than a replay a receipt's event may be and still be the new send's: providers
 /// that give whole seconds (SendGrid, Stripe) date an event in the replay's own second before
 /// it, and clocks differ by a little. An earlier send's event this close to the replay is taken
-/// for the new one's. (The settle pass's SQL says 5 seconds too: `sql::REPLAY_AFTER_EVENT`.)
+/// for the new one's. (The settle pass's SQL says 5 seconds too: `sql::REPLAY_AFTER_EVENT`.) See
+/// [`replay_slack`] for a time on a whole minute.
 pub const REPLAY_SLACK: chrono::Duration = chrono::Duration::seconds(5);
 
 /// The `state_reason` of a message the unconfirmed deadline moved to `dead_letter`.

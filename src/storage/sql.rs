@@ -1184,11 +1184,15 @@ pub fn sqlite_scheduled_at(m: &NewOutboxRow) -> Option<DateTime<Utc>> {
 /// [`crate::storage::models::REPLAY_SLACK`] (5 s) after a receipt's event: the receipt is of an
 /// earlier send ([`crate::storage::models::MatchedMessage::replayed_after`]). Raw SQL over the
 /// two tables' own names, as diesel writes them in the settle pass's subqueries.
-pub const PG_REPLAY_AFTER_EVENT: &str =
-    "herald_replays.replayed_at > herald_receipts.event_time + interval '5 seconds'";
-/// [`PG_REPLAY_AFTER_EVENT`] on SQLite, whose times are UTC text (`julianday` reads them).
+/// A time on a whole minute gets a minute more ([`crate::storage::models::replay_slack`]).
+pub const PG_REPLAY_AFTER_EVENT: &str = "herald_replays.replayed_at > herald_receipts.event_time \
+     + CASE WHEN date_trunc('minute', herald_receipts.event_time) = herald_receipts.event_time \
+     THEN interval '65 seconds' ELSE interval '5 seconds' END";
+/// [`PG_REPLAY_AFTER_EVENT`] on SQLite, whose times are UTC text (`julianday` reads them; a whole
+/// minute is written `…:MM:00+00:00`, no fraction: `sqlite_time::format`).
 pub const SQLITE_REPLAY_AFTER_EVENT: &str = "julianday(herald_replays.replayed_at) > \
-     julianday(herald_receipts.event_time) + 5.0 / 86400.0";
+     julianday(herald_receipts.event_time) + CASE WHEN substr(herald_receipts.event_time, 17) = \
+     ':00+00:00' THEN 65.0 ELSE 5.0 END / 86400.0";
 
 /// The settle pass's test that an attempt of the message's current series had started when the
 /// receipt arrived: a receipt stored before any request of it was made speaks of no send of it
@@ -1719,12 +1723,16 @@ mod tests {
         // And the same slack for clocks apart between a receipt and a request.
         let replay = crate::storage::models::REPLAY_SLACK.num_seconds();
         let clocks = crate::storage::models::RECEIPT_CLOCK_SLACK.num_seconds();
+        let minute = replay + 60;
         for (sql, ending) in [
             (
                 PG_REPLAY_AFTER_EVENT,
-                format!("interval '{replay} seconds'"),
+                format!("THEN interval '{minute} seconds' ELSE interval '{replay} seconds' END"),
             ),
-            (SQLITE_REPLAY_AFTER_EVENT, format!("+ {replay}.0 / 86400.0")),
+            (
+                SQLITE_REPLAY_AFTER_EVENT,
+                format!("THEN {minute}.0 ELSE {replay}.0 END / 86400.0"),
+            ),
             (
                 PG_ATTEMPT_BEFORE_RECEIPT,
                 format!("interval '{clocks} second'"),

@@ -799,8 +799,8 @@ async fn a_late_receipt_of_an_earlier_send_says_nothing_of_the_replayed_one(back
     assert_eq!(reconcile(&app).await, 1);
     force_replay(&app, "again-1").await;
     assert_eq!(app.run_until_idle().await, 1);
-    // The earlier send's bounce, a minute before the replay, arrives after it.
-    let late = at_clock(&app, -60);
+    // The earlier send's bounce, two minutes before the replay, arrives after it.
+    let late = at_clock(&app, -120);
     assert_eq!(
         post_receipt(&app, receipt("a2", "bounced", Some(late), "again-1")).await,
         200
@@ -853,12 +853,23 @@ async fn a_late_receipt_of_an_earlier_send_says_nothing_of_the_replayed_one(back
     // Unconfirmed (409), replayed, 409 again: an earlier send's receipt that arrives now does
     // not settle it, neither when it finds the message unconfirmed nor when it came while the
     // message was being sent again. One dated a second before the replay (a provider's whole
-    // seconds) is the new send's, and settles it, in the settle pass too.
+    // seconds) is the new send's, and settles it, in the settle pass too; so is one dated at the
+    // start of the replay's minute, 30 s before it (a provider dating to the minute, Vonage's
+    // `scts`: such receipts were all taken for the earlier send's, a walk-through).
     for (id, while_sending, dated, settles) in [
-        ("again-2", false, -60, false),
-        ("again-3", true, -60, false),
-        ("again-4", true, -1, true),
+        ("again-2", false, Some(-120), false),
+        ("again-3", true, Some(-120), false),
+        ("again-4", true, Some(-1), true),
+        ("again-5", true, None, true),
+        ("again-6", false, None, true),
     ] {
+        // Without `dated`: the replay at second 30 of its minute, the receipt at its start.
+        let minute_start = dated.is_none().then(|| {
+            let s = app.clock_now().timestamp().rem_euclid(60);
+            app.advance(Duration::from_secs(u64::try_from((90 - s) % 60).unwrap()));
+            let now = app.clock_now().timestamp();
+            now - now.rem_euclid(60) - T0
+        });
         rx.script([Reply::Status(409)]);
         app.post_message(webhook(id, &rx.url, json!({}))).await;
         app.run_until_idle().await;
@@ -870,7 +881,7 @@ async fn a_late_receipt_of_an_earlier_send_says_nothing_of_the_replayed_one(back
         let first = receipt(
             &format!("{id}-first"),
             "delivered",
-            Some(at_clock(&app, dated)),
+            Some(minute_start.unwrap_or_else(|| at_clock(&app, dated.unwrap_or_default()))),
             id,
         );
         let before = rx.requests().len();
