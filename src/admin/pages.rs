@@ -163,7 +163,8 @@ pub fn results(viewer: &Viewer, q: &str, rows: &[MessageSummary], more: bool) ->
                 h1 { "Search" }
                 (search_form(q))
                 @if rows.is_empty() {
-                    p #nothing-found { "No message has that event id or a fingerprint starting with it." }
+                    p #nothing-found { "No message has that event id or a fingerprint starting with it. "
+                        "(A finished message is deleted by retention: retention_delivered_days, retention_dead_letter_days.)" }
                 } @else {
                     @if more {
                         p { "More than " (rows.len()) " messages match; the newest " (rows.len()) ", newest first." }

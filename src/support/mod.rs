@@ -126,7 +126,10 @@ pub enum Delivered {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SupportError {
-    #[error("no message with that fingerprint or event id")]
+    #[error(
+        "no message with that fingerprint or event id (a finished message is deleted by \
+         retention: retention_delivered_days, retention_dead_letter_days)"
+    )]
     NotFound,
     #[error("the prefix matches {} messages{}; give more digits", .0.len(), if *.1 { " or more" } else { "" })]
     Ambiguous(Vec<Candidate>, bool),
