@@ -886,15 +886,23 @@ async fn show_message(
     Ok(HttpResponse::Ok().printable_json(&view))
 }
 
+/// The most receipts `GET /v1/receipts/unmatched` lists in one page.
+const UNMATCHED_PAGE_MAX: u32 = 1000;
+
 /// `GET /v1/receipts/unmatched`: receipts no message has claimed yet (they are tried again with
-/// backoff), counted, the oldest 100 listed — identifiers and types only.
+/// backoff), counted, the oldest listed (`limit`, 100 unless given, at most 1000; `after`, the
+/// `next` of the page before) — identifiers and types only.
 #[utoipa::path(
     get,
     path = "/v1/receipts/unmatched",
     security(("bearer" = ["support"]), ("bearer" = ["admin"])),
+    params(
+        ("limit" = Option<u32>, Query, description = "How many to list, 1–1000 (100)"),
+        ("after" = Option<i64>, Query, description = "The `next` of the page before"),
+    ),
     responses(
-        (status = 200, description = "Receipts no message has claimed yet: counted, the oldest 100 listed", body = view::UnmatchedReceipts),
-        (status = 422, description = "A query parameter was given: it takes none", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 200, description = "Receipts no message has claimed yet: counted, the oldest listed (a page), and `next` when more follow", body = view::UnmatchedReceipts),
+        (status = 422, description = "A parameter that is not `limit` or `after`, or a bad value", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn unmatched_receipts(
@@ -902,22 +910,50 @@ async fn unmatched_receipts(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, Problem> {
     authorize(&req, &state, Access::Support)?;
-    // It takes no parameter: one given (a `limit`, a filter) would otherwise be ignored unseen.
-    let given: Vec<InvalidField> = url::form_urlencoded::parse(req.query_string().as_bytes())
-        .map(|(k, _)| {
-            InvalidField::new(
+    // Any other parameter (a filter) would be ignored unseen: refused. The listing showed only
+    // the oldest 100, and a receipt support asked about past them could not be found (a
+    // walk-through, with 5,161 unmatched).
+    let (mut limit, mut after) = (100u32, 0i64);
+    let mut given: Vec<InvalidField> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (k, v) in url::form_urlencoded::parse(req.query_string().as_bytes()) {
+        if !seen.insert(k.clone().into_owned()) {
+            given.push(InvalidField::new(k.into_owned(), "given more than once"));
+            continue;
+        }
+        match k.as_ref() {
+            "limit" => match v.parse::<u32>() {
+                Ok(n @ 1..=UNMATCHED_PAGE_MAX) => limit = n,
+                _ => given.push(InvalidField::new(
+                    "limit",
+                    format!("must be a whole number from 1 to {UNMATCHED_PAGE_MAX}"),
+                )),
+            },
+            "after" => match v.parse::<i64>() {
+                Ok(n) if n >= 0 => after = n,
+                _ => given.push(InvalidField::new(
+                    "after",
+                    "must be the next of a page before (a receipt id)",
+                )),
+            },
+            _ => given.push(InvalidField::new(
                 k.into_owned(),
-                "is not a known parameter: this listing takes none (the oldest 100)",
-            )
-        })
-        .collect();
+                "is not a known parameter: this listing takes limit and after",
+            )),
+        }
+    }
     if !given.is_empty() {
         let mut p = Problem::invalid(given);
         p.title = "The request is not valid".into();
         return Err(p);
     }
     let db = state.db.clone();
-    let (count, rows) = web::block(move || db.unmatched_receipts(100)).await??;
+    let (count, mut rows) =
+        web::block(move || db.unmatched_receipts(after, limit.saturating_add(1))).await??;
+    let next = (rows.len() > limit as usize).then(|| {
+        rows.truncate(limit as usize);
+        rows.last().map(|r| r.id).unwrap_or(after)
+    });
     let listed: Vec<_> = rows
         .iter()
         .map(|r| view::UnmatchedReceipt {
@@ -933,11 +969,13 @@ async fn unmatched_receipts(
                 .as_deref()
                 .map(crate::telemetry::mask_emails_in),
             match_attempts: r.match_attempts,
+            next_match_at: r.next_match_at.as_ref().map(view::ts),
         })
         .collect();
     Ok(HttpResponse::Ok().printable_json(&view::UnmatchedReceipts {
         count,
         receipts: listed,
+        next,
     }))
 }
 

@@ -10,7 +10,7 @@ use crate::domain::{AttemptClass, Channel, Semantics, State};
 use crate::outbox::FanOut;
 use crate::storage::models::{OutboxRow, ReceiptRow};
 
-fn ts(t: &DateTime<Utc>) -> String {
+pub(crate) fn ts(t: &DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Micros, true)
 }
 
@@ -213,13 +213,19 @@ pub struct UnmatchedReceipt {
     pub provider_message_id: Option<String>,
     /// How often matching it was tried.
     pub match_attempts: i32,
+    /// When it is tried next (`null`: no longer tried).
+    #[schema(format = DateTime)]
+    pub next_match_at: Option<String>,
 }
 
-/// `GET /v1/receipts/unmatched`: how many, and the oldest 100.
+/// `GET /v1/receipts/unmatched`: how many, and a page of the oldest.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct UnmatchedReceipts {
+    /// All unmatched receipts, not only those listed.
     pub count: i64,
     pub receipts: Vec<UnmatchedReceipt>,
+    /// `after` for the next page (`null`: this is the last).
+    pub next: Option<i64>,
 }
 
 /// One named endpoint (`GET /v1/endpoints`): never its URL path, secrets or headers.

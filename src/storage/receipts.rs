@@ -421,11 +421,18 @@ per_backend! {
 
     /// Receipts no message has claimed yet — still tried (in the queue after a try that found
     /// nothing) or no longer tried (`outcome = 'unmatched'`) — how many, and the oldest `limit`
-    /// of them, as [`with_queue`] shows them.
-    pub fn unmatched_receipts(conn: &mut Conn, limit: i64) -> QueryResult<(i64, Vec<ReceiptRow>)> {
+    /// of them after the receipt id `after`, as [`with_queue`] shows them.
+    pub fn unmatched_receipts(conn: &mut Conn, after: i64, limit: i64) -> QueryResult<(i64, Vec<ReceiptRow>)> {
         let count = unmatched_count(conn)?;
-        let mut ids: Vec<i64> = given_up().select(r::id).order(r::id).limit(limit).load(conn)?;
-        ids.extend(still_tried().select(rq::receipt_id).order(rq::receipt_id).limit(limit).load::<i64>(conn)?);
+        let mut ids: Vec<i64> = given_up().filter(r::id.gt(after)).select(r::id).order(r::id).limit(limit).load(conn)?;
+        ids.extend(
+            still_tried()
+                .filter(rq::receipt_id.gt(after))
+                .select(rq::receipt_id)
+                .order(rq::receipt_id)
+                .limit(limit)
+                .load::<i64>(conn)?,
+        );
         ids.sort_unstable();
         ids.truncate(usize::try_from(limit).unwrap_or(0));
         let rows = r::table.filter(r::id.eq_any(&ids)).order(r::id).load(conn)?;
@@ -692,10 +699,15 @@ impl Db {
         crate::storage::db_run! { self, read |c, q| Ok(q::receipts_of_source(c, source)?) }
     }
 
-    /// How many receipts match no message yet, and the oldest `limit` of them.
-    pub fn unmatched_receipts(&self, limit: u32) -> Result<(i64, Vec<ReceiptRow>), StorageError> {
+    /// How many receipts match no message yet, and the oldest `limit` of them after the receipt
+    /// id `after` (0: from the first).
+    pub fn unmatched_receipts(
+        &self,
+        after: i64,
+        limit: u32,
+    ) -> Result<(i64, Vec<ReceiptRow>), StorageError> {
         let limit = i64::from(limit);
-        crate::storage::db_run! { self, read |c, q| Ok(q::unmatched_receipts(c, limit)?) }
+        crate::storage::db_run! { self, read |c, q| Ok(q::unmatched_receipts(c, after, limit)?) }
     }
 
     pub fn receipts_of_message(&self, message_id: i64) -> Result<Vec<ReceiptRow>, StorageError> {

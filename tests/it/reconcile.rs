@@ -207,19 +207,53 @@ async fn a_receipt_before_its_message_is_matched_once_it_appears(backend: Backen
         ),
         (Some("unmatched"), 1, None)
     );
-    // Listed and counted while it waits.
+    // Listed and counted while it waits, with when it is tried next (README; it was not shown).
     let listed = unmatched(&app).await;
     assert_eq!(listed["count"], 1);
     assert_eq!(listed["receipts"][0]["herald_event_id"], "late-order");
-    // It takes no parameter: one given is named, not ignored.
-    let r = app
-        .http
-        .get(format!("{}/v1/receipts/unmatched?limit=abc", app.base))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 422);
-    assert_eq!(r.json::<Value>().await.unwrap()["field"], "limit");
+    assert_eq!(listed["next"], Value::Null);
+    let next_try = herald::support::view::ts(&stored.next_match_at.unwrap());
+    assert_eq!(listed["receipts"][0]["next_match_at"], next_try.as_str());
+    // Paged (only the oldest 100 were listed, and one past them could not be found): two more
+    // unmatched, one a page.
+    for id in ["early-2", "early-3"] {
+        post_receipt(&app, receipt(id, "delivered", Some(3), "never")).await;
+    }
+    reconcile(&app).await;
+    let page = |q: String| {
+        let (http, base) = (app.http.clone(), app.base.clone());
+        async move {
+            let r = http
+                .get(format!("{base}/v1/receipts/unmatched?{q}"))
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let mut seen = Vec::new();
+    let mut q = "limit=1".to_owned();
+    loop {
+        let (status, p) = page(q).await;
+        assert_eq!((status, &p["count"]), (200, &json!(3)), "{p}");
+        assert_eq!(p["receipts"].as_array().unwrap().len(), 1, "{p}");
+        seen.push(p["receipts"][0]["receipt"]["provider_event_id"].clone());
+        match p["next"].as_i64() {
+            Some(n) => q = format!("limit=1&after={n}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, [json!("early-1"), json!("early-2"), json!("early-3")]);
+    // Any other parameter, or a bad value, is named, not ignored.
+    for (q, field) in [
+        ("limit=abc", "limit"),
+        ("limit=1001", "limit"),
+        ("after=-1", "after"),
+        ("source=esp", "source"),
+    ] {
+        let (status, p) = page(q.to_owned()).await;
+        assert_eq!((status, &p["field"]), (422, &json!(field)), "{q}: {p}");
+    }
     // Tried again after a backoff (2 s after the first try), not at every pass.
     let wait = stored.next_match_at.unwrap() - stored.received_at;
     assert!((1..=30).contains(&wait.num_seconds()), "next try in {wait}");
@@ -243,7 +277,7 @@ async fn a_receipt_before_its_message_is_matched_once_it_appears(backend: Backen
         "{view}"
     );
     let listed = unmatched(&app).await;
-    assert_eq!(listed["count"], 0);
+    assert_eq!(listed["count"], 2);
     assert_eq!(history(&view), [("delivered".into(), "no_send".into())]);
     let reason = view["receipts"][0]["outcome_reason"].as_str().unwrap();
     assert!(reason.starts_with("no request of it had begun"), "{reason}");
