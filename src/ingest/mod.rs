@@ -255,6 +255,15 @@ pub fn iso_time(v: &Value) -> Option<DateTime<Utc>> {
         .and_then(plausible)
 }
 
+/// An RFC 2822 time string (`Tue, 14 Nov 2023 22:13:20 +0000`, as mail headers write one) →
+/// time.
+pub fn rfc2822_time(v: &Value) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc2822(v.as_str()?)
+        .ok()
+        .map(|t| t.with_timezone(&Utc))
+        .and_then(plausible)
+}
+
 /// A string at a JSON pointer.
 pub fn str_at(v: &Value, pointer: &str) -> Option<String> {
     match v.pointer(pointer)? {

@@ -115,11 +115,22 @@ impl Source for GenericHmac {
         // No id, or a blank one: the body's digest (a blank id would be every receipt's key).
         let id = crate::ingest::nonblank(str_at(&body, &self.id_pointer))
             .unwrap_or_else(|| hex::encode(Sha256::digest(r.body)));
-        let event_time = self
-            .time_pointer
-            .as_deref()
-            .and_then(|p| body.pointer(p))
-            .and_then(|v| unix_time(v).or_else(|| iso_time(v)));
+        let given = self.time_pointer.as_deref().and_then(|p| body.pointer(p));
+        let event_time = given.and_then(|v| {
+            unix_time(v)
+                .or_else(|| iso_time(v))
+                .or_else(|| crate::ingest::rfc2822_time(v))
+        });
+        // Stored all the same (a refusal would lose it), but said: without its time it is
+        // ordered by its arrival, and an older receipt arriving later wins (a walk-through
+        // found an ISO time without a zone dropped without a word).
+        if event_time.is_none() && given.is_some_and(|v| !v.is_null()) {
+            tracing::warn!(
+                pointer = self.time_pointer.as_deref().unwrap_or_default(),
+                "a receipt's event time is not one Herald reads (Unix seconds, RFC 3339 with its \
+                 offset, RFC 2822): stored without one, ordered by its arrival"
+            );
+        }
         let provider_type = str_at(&body, &self.type_pointer).unwrap_or_else(|| "unknown".into());
         let event_type = if crate::ingest::VOCABULARY.contains(&provider_type.as_str()) {
             provider_type.clone()
@@ -172,6 +183,29 @@ mod tests {
             ("e1", "delivered")
         );
         assert_eq!(e[0].event_time.unwrap().timestamp(), 1700000000);
+        // The forms of a time it reads, and one it does not (no zone: which one?).
+        for (at, read) in [
+            ("\"2023-11-14T22:13:20Z\"", Some(1700000000)),
+            ("\"2023-11-14T23:13:20+01:00\"", Some(1700000000)),
+            ("\"Tue, 14 Nov 2023 22:13:20 +0000\"", Some(1700000000)),
+            ("\"1700000000\"", Some(1700000000)),
+            ("\"2023-11-14T22:13:20\"", None),
+        ] {
+            let body = format!(r#"{{"id":"e2","type":"delivered","at":{at}}}"#);
+            let sig = format!(
+                "sha256={}",
+                hex::encode(hmac_sha256(b"k", &[body.as_bytes()]))
+            );
+            let h = vec![("x-sig".to_owned(), sig)];
+            let r = RawRequest {
+                headers: &h,
+                body: body.as_bytes(),
+                query: None,
+                method: "POST",
+            };
+            let e = v.verify(&r, Utc::now()).unwrap();
+            assert_eq!(e[0].event_time.map(|t| t.timestamp()), read, "{at}");
+        }
         // A blank id, as a missing one: the body's digest.
         for blank in [
             &br#"{"id":"","type":"delivered"}"#[..],
