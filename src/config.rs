@@ -838,10 +838,15 @@ impl Settings {
                     format!("sources.{name}.tolerance_seconds"),
                     format!(
                         "{} s is not less than half of retention_unmatched_receipt_days ({} \
-                         days), how long replay keys are kept (a timestamp is taken that far \
+                         day{}), how long replay keys are kept (a timestamp is taken that far \
                          ahead too); lower it or keep receipts longer",
                         c.tolerance(),
-                        retention.unmatched_receipt_days
+                        retention.unmatched_receipt_days,
+                        if retention.unmatched_receipt_days == 1 {
+                            ""
+                        } else {
+                            "s"
+                        }
                     ),
                 ));
             }

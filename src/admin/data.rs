@@ -46,6 +46,8 @@ pub struct MessageFacts {
     pub scheduled_at: DateTime<Utc>,
     pub next_attempt_at: Option<DateTime<Utc>>,
     pub expires_at: Option<DateTime<Utc>>,
+    /// When it last changed (for a dead letter of the unconfirmed deadline: when that came).
+    pub updated_at: DateTime<Utc>,
 }
 
 impl MessageFacts {
@@ -73,6 +75,7 @@ impl MessageFacts {
             scheduled_at: row.scheduled_at,
             next_attempt_at: row.next_attempt_at,
             expires_at: row.expires_at,
+            updated_at: row.updated_at,
         }
     }
 }

@@ -207,7 +207,7 @@ fn summary_table(rows: &[MessageSummary]) -> Markup {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
     pub at: DateTime<Utc>,
-    /// `enqueued`, `attempt`, `receipt`, `replay`, `skip` or `now`.
+    /// `enqueued`, `attempt`, `receipt`, `replay`, `skip`, `deadline` or `now`.
     pub kind: &'static str,
     pub title: String,
     pub detail: String,
@@ -331,6 +331,19 @@ pub fn timeline(d: &MessageDetail, at_now: DateTime<Utc>) -> Vec<Entry> {
     entries.extend(d.receipts.iter().map(receipt_entry));
     entries.extend(d.skips.iter().map(skip_entry));
     entries.extend(d.replays.iter().filter_map(replay_entry));
+    // The unconfirmed deadline's move to dead_letter has no attempt of its own: its line (only
+    // "Now" said it, a walk-through).
+    if m.state == crate::domain::State::DeadLetter
+        && m.state_reason.as_deref() == Some(UNCONFIRMED_DEADLINE_REASON)
+    {
+        entries.push(Entry {
+            at: m.updated_at,
+            kind: "deadline",
+            title: "Dead-lettered at the unconfirmed deadline".into(),
+            detail: "no receipt proved it arrived in time; a person decides whether it did".into(),
+            class: None,
+        });
+    }
     // Stable: equal times keep enqueued, attempts, receipts, skips, replays in that order (a
     // skip comes before a replay of the skipped message).
     entries.sort_by_key(|e| e.at);
@@ -342,10 +355,11 @@ pub fn timeline(d: &MessageDetail, at_now: DateTime<Utc>) -> Vec<Entry> {
         now.push_str(&format!("; last class {c}"));
     }
     if let Some(s) = &m.delivery_status {
-        now.push_str(&format!(
-            "; delivery status {s} at {}",
-            opt_ts(&m.delivery_status_at)
-        ));
+        // A receipt without an event time sets it too: then no "at —".
+        match &m.delivery_status_at {
+            Some(t) => now.push_str(&format!("; delivery status {s} at {}", ts(t))),
+            None => now.push_str(&format!("; delivery status {s} (no event time given)")),
+        }
     }
     if let Some(t) = &m.next_attempt_at {
         now.push_str(&format!("; next attempt due {}", ts(t)));
@@ -623,6 +637,7 @@ mod tests {
                 scheduled_at: at("2026-12-01T10:00:00Z"),
                 next_attempt_at: None,
                 expires_at: None,
+                updated_at: at("2026-12-01T10:00:02Z"),
             },
             attempts: vec![
                 AttemptFacts {
@@ -682,6 +697,30 @@ mod tests {
                 skipped_at: at("2026-12-01T10:00:35Z"),
             }],
         }
+    }
+
+    #[test]
+    fn the_unconfirmed_deadline_has_its_line() {
+        let mut d = detail();
+        d.message.state = crate::domain::State::DeadLetter;
+        d.message.state_reason = Some(UNCONFIRMED_DEADLINE_REASON.into());
+        d.message.updated_at = at("2026-12-02T10:00:00Z");
+        let t = timeline(&d, Utc::now());
+        let line = t.iter().find(|e| e.kind == "deadline").expect("its line");
+        assert_eq!(
+            (line.at, line.title.as_str()),
+            (
+                at("2026-12-02T10:00:00Z"),
+                "Dead-lettered at the unconfirmed deadline"
+            )
+        );
+        assert_eq!(t[t.len() - 2].kind, "deadline", "last before now");
+        d.message.state_reason = None;
+        assert!(
+            !timeline(&d, Utc::now())
+                .iter()
+                .any(|e| e.kind == "deadline")
+        );
     }
 
     #[test]

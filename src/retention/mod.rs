@@ -261,6 +261,13 @@ impl Retention {
                 return;
             }
             match self.pass(Some(stop.clone())).await {
+                // Cut short by the stop: said, not logged as a pass that finished.
+                Ok(r) if r.transactions() > 0 && *stop.borrow() => tracing::info!(
+                    messages = r.messages(),
+                    unmatched_receipts = r.unmatched_receipts(),
+                    transactions = r.transactions(),
+                    "retention pass stopped early (Herald is stopping); the next pass goes on"
+                ),
                 Ok(r) if r.transactions() > 0 => tracing::info!(
                     messages = r.messages(),
                     unmatched_receipts = r.unmatched_receipts(),
