@@ -704,7 +704,7 @@ async fn create_message(
                     "fan-out enqueued"
                 );
             }
-            serde_json::to_value(FanOutView::new(&fanout, &state.policies))
+            serde_json::to_value(FanOutView::new(&fanout, &state.policies, &who))
         }
     };
     let view = view.map_err(|_| Problem::internal())?;
@@ -867,13 +867,15 @@ async fn show_message(
             for m in owners {
                 permit(&who, Access::OwnMessage, m.enqueued_by.as_deref())?;
             }
-            return Ok(
-                HttpResponse::Ok().printable_json(&FanOutView::new(&fanout, &state.policies))
-            );
+            return Ok(HttpResponse::Ok().printable_json(&FanOutView::new(
+                &fanout,
+                &state.policies,
+                &who,
+            )));
         }
     };
     permit(&who, Access::OwnMessage, row.enqueued_by.as_deref())?;
-    let mut view = MessageView::new(&row, &state.policies);
+    let mut view = MessageView::for_caller(&row, &state.policies, &who);
     view.receipts = Some(receipts.iter().map(ReceiptView::new).collect());
     // Another client's head is named as such, not by its event id: a `send` token learns no
     // other client's event ids (their messages are 404s to it).
@@ -1308,9 +1310,10 @@ async fn skip_message(
     let event_id = path.into_inner();
     let db = state.db.clone();
     let now = state.clock.storage_now();
-    let row = web::block(move || support::skip(&db, now, &event_id, &request, &who.name)).await??;
+    let name = who.name.clone();
+    let row = web::block(move || support::skip(&db, now, &event_id, &request, &name)).await??;
     state.wake.notify_one();
-    Ok(HttpResponse::Ok().printable_json(&MessageView::new(&row, &state.policies)))
+    Ok(HttpResponse::Ok().printable_json(&MessageView::for_caller(&row, &state.policies, &who)))
 }
 
 #[utoipa::path(
@@ -1334,7 +1337,9 @@ async fn cancel_message(
     let event_id = path.into_inner();
     let db = state.db.clone();
     let now = state.clock.now();
+    let asker = who.clone();
     let (changed, row) = web::block(move || -> Result<_, Problem> {
+        let who = asker;
         // The owner never changes, so checking it before the cancel's own transaction is safe.
         let Some(row) = db.find_by_event_id(&event_id)? else {
             return Err(fan_out_or_not_found(&db, &who, &event_id)?);
@@ -1346,7 +1351,7 @@ async fn cancel_message(
     if changed {
         tracing::info!(event_id = %crate::telemetry::LogEventId(&row.event_id), "message canceled");
     }
-    Ok(HttpResponse::Ok().printable_json(&MessageView::new(&row, &state.policies)))
+    Ok(HttpResponse::Ok().printable_json(&MessageView::for_caller(&row, &state.policies, &who)))
 }
 
 /// The answer for an event id no message has: a fan-out's own (409 `fan-out` naming its

@@ -111,6 +111,21 @@ impl ReceiptView {
 }
 
 impl MessageView {
+    /// [`MessageView::new`] as `who` may see it: a `support` token sees another client's
+    /// destination masked (`https://host/…`, `a***@e***.com`), as every support tool shows it —
+    /// the message view and the skip and cancel answers showed it whole, path, query and
+    /// address (a walk-through). The client that enqueued it, and `admin`, see it as written.
+    pub fn for_caller(row: &OutboxRow, policies: &Policies, who: &crate::auth::Principal) -> Self {
+        let mut view = Self::new(row, policies);
+        if who.scope == crate::auth::Scope::Support
+            && row.enqueued_by.as_deref() != Some(who.name.as_str())
+        {
+            view.destination =
+                crate::support::view::mask_destination(row.channel, &row.destination);
+        }
+        view
+    }
+
     /// `policies`: the budget of a message that sets none is its destination's policy's.
     pub fn new(row: &OutboxRow, policies: &Policies) -> Self {
         Self {
@@ -167,7 +182,7 @@ pub struct FanOutView {
 }
 
 impl FanOutView {
-    pub fn new(f: &FanOut, policies: &Policies) -> Self {
+    pub fn new(f: &FanOut, policies: &Policies, who: &crate::auth::Principal) -> Self {
         Self {
             event_id: f.event_id.clone(),
             channel: Channel::Webhook,
@@ -178,7 +193,7 @@ impl FanOutView {
                 .children
                 .iter()
                 .filter_map(|(_, m)| m.as_ref())
-                .map(|m| MessageView::new(m, policies))
+                .map(|m| MessageView::for_caller(m, policies, who))
                 .collect(),
         }
     }
