@@ -146,6 +146,7 @@ async fn current(
     req: &HttpRequest,
     state: &AppState,
     admin: &AdminState,
+    unavailable: &str,
 ) -> Result<Option<Session>, Halt> {
     let now = state.clock.now();
     let valid: Vec<Session> = req
@@ -161,7 +162,7 @@ async fn current(
     }
     let ids: Vec<String> = valid.iter().map(|s| s.id.clone()).collect();
     let db = state.db.clone();
-    let signed_out = blocking(None, move || db.signed_out(&ids)).await?;
+    let signed_out = blocking_saying(None, unavailable, move || db.signed_out(&ids)).await?;
     Ok(valid.into_iter().find(|s| !signed_out.contains(&s.id)))
 }
 
@@ -171,7 +172,7 @@ async fn for_page(
     state: &AppState,
     admin: &AdminState,
 ) -> Result<(Session, String), Halt> {
-    let s = current(req, state, admin)
+    let s = current(req, state, admin, DATABASE_UNAVAILABLE)
         .await?
         .ok_or_else(|| Box::new(see_other("/admin/sign-in")))?;
     let csrf = session::csrf_token(&admin.key, &s);
@@ -189,14 +190,28 @@ async fn for_action(
     admin: &AdminState,
     form: &Form,
 ) -> Result<(Session, String), Halt> {
+    for_action_saying(req, state, admin, form, DATABASE_UNAVAILABLE).await
+}
+
+/// [`for_action`], whose 503 (the database could not say whether the session was signed out)
+/// says `unavailable`.
+async fn for_action_saying(
+    req: &HttpRequest,
+    state: &AppState,
+    admin: &AdminState,
+    form: &Form,
+    unavailable: &str,
+) -> Result<(Session, String), Halt> {
     same_site(req)?;
-    let s = current(req, state, admin).await?.ok_or_else(|| {
-        refuse(
-            StatusCode::UNAUTHORIZED,
-            "Signed out",
-            "Your session has ended or was never started; sign in again.",
-        )
-    })?;
+    let s = current(req, state, admin, unavailable)
+        .await?
+        .ok_or_else(|| {
+            refuse(
+                StatusCode::UNAUTHORIZED,
+                "Signed out",
+                "Your session has ended or was never started; sign in again.",
+            )
+        })?;
     if !session::csrf_ok(&admin.key, &s, form.get("csrf").unwrap_or("")) {
         tracing::info!(token = %s.principal.name, "admin form refused: CSRF token missing or wrong");
         return Err(refuse(
@@ -285,12 +300,7 @@ async fn blocking<T: Send + 'static>(
     viewer: Option<&Viewer<'_>>,
     f: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
 ) -> Result<T, Halt> {
-    blocking_saying(
-        viewer,
-        "The database did not answer; try again in a moment.",
-        f,
-    )
-    .await
+    blocking_saying(viewer, DATABASE_UNAVAILABLE, f).await
 }
 
 /// [`blocking`], whose 503 page says `unavailable`.
@@ -395,6 +405,9 @@ async fn sign_in(
     r
 }
 
+/// The 503 of a page or form the database did not answer.
+const DATABASE_UNAVAILABLE: &str = "The database did not answer; try again in a moment.";
+
 /// The 503 of a sign-out the database did not store: the cookie is kept, and the page says the
 /// session goes on (it said only "try again", and a person took it for signed out).
 pub(crate) const SIGN_OUT_NOT_STORED: &str = "The database did not answer, so the sign-out could not \
@@ -407,7 +420,9 @@ async fn sign_out(
     payload: web::Payload,
 ) -> HttpResponse {
     let form = tri!(read_form(&req, &state, payload).await);
-    let (s, csrf) = tri!(for_action(&req, &state, &admin, &form).await);
+    // The session's own check asks the database first: down, it says the session goes on too
+    // (the re-check found the generic page there, the sign-out never reached).
+    let (s, csrf) = tri!(for_action_saying(&req, &state, &admin, &form, SIGN_OUT_NOT_STORED).await);
     // Stored before the cookie is cleared: a copy of the cookie taken before is refused by every
     // process from now on. If the database does not answer, the session stays (and says so).
     let viewer = Viewer::new(&s.principal, &csrf);

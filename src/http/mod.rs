@@ -950,12 +950,9 @@ async fn unmatched_receipts(
         return Err(p);
     }
     let db = state.db.clone();
-    let (count, mut rows) =
-        web::block(move || db.unmatched_receipts(after, limit.saturating_add(1))).await??;
-    let next = (rows.len() > limit as usize).then(|| {
-        rows.truncate(limit as usize);
-        rows.last().map(|r| r.id).unwrap_or(after)
-    });
+    let (count, rows, more) = web::block(move || db.unmatched_receipts(after, limit)).await??;
+    // The last id listed (one deleted meanwhile is not listed; the next page goes on after it).
+    let next = more.then(|| rows.last().map(|r| r.id).unwrap_or(after));
     let listed: Vec<_> = rows
         .iter()
         .map(|r| view::UnmatchedReceipt {

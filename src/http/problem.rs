@@ -122,8 +122,16 @@ impl Problem {
 
     /// 404 naming what was looked for and by what (`no endpoint with that name`).
     pub fn not_found_by(what: &str, by: &str) -> Self {
+        // A message may have been there: retention deletes finished ones (the CLI and the admin
+        // page said so, the API did not; a re-check walk-through).
+        let purged = if what == "message" {
+            " (a finished message is deleted by retention: retention_delivered_days, \
+             retention_dead_letter_days)"
+        } else {
+            ""
+        };
         Self::new(StatusCode::NOT_FOUND, "not-found", "Not found")
-            .detail(format!("no {what} with that {by}"))
+            .detail(format!("no {what} with that {by}{purged}"))
     }
 
     pub fn unauthorized() -> Self {

@@ -65,8 +65,9 @@ struct Shared {
     commits: AtomicUsize,
     /// Groups whose merged write the database refused, written again request by request.
     split: AtomicUsize,
-    /// Requests being written alone ([`Reply::Alone`]), and how many were in all.
-    alone: AtomicUsize,
+    /// The keys (event ids) of the requests being written alone ([`Reply::Alone`]), and how
+    /// many were in all.
+    alone: Mutex<HashSet<String>>,
     alone_total: AtomicUsize,
     before_commit: Mutex<Option<BeforeCommit>>,
     /// How long a request waits for its group's commit ([`WRITE_DEADLINE`]; tests shorten it).
@@ -99,8 +100,20 @@ type JobResult<A> = Result<A, StorageError>;
 /// failed as a whole (nothing of it committed).
 type CommitFn<P, A> = fn(&Db, &[Job<P, A>], &Shared) -> Result<Vec<Reply<A>>, StorageError>;
 
-/// How a writer writes one request alone, in a transaction of its own ([`Reply::Alone`]).
-type AloneFn<P, A> = fn(&Db, &P) -> JobResult<A>;
+/// How a writer writes one request alone, in a transaction of its own ([`Reply::Alone`]), and
+/// the key that makes two requests one (an event id): one of a key at a time.
+struct Alone<P, A> {
+    write: fn(&Db, &P) -> JobResult<A>,
+    key: fn(&P) -> &str,
+}
+
+impl<P, A> Clone for Alone<P, A> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<P, A> Copy for Alone<P, A> {}
 
 /// One request's answer from its group's commit.
 enum Reply<A> {
@@ -121,9 +134,22 @@ enum Reply<A> {
 /// commit's time, milliseconds.
 pub const PG_GROUP_LOCK_TIMEOUT: Duration = Duration::from_millis(200);
 
-/// The most requests written alone at once; beyond, a request that would be is answered 503
-/// (nothing of it was written: its savepoint was rolled back).
+/// How long the statements of a group written again request by request wait for such a lock,
+/// each: short, since the merged write waited [`PG_GROUP_LOCK_TIMEOUT`] already — with several
+/// requests held, their waits add up before the rest of the group is answered.
+pub const PG_ONE_BY_ONE_LOCK_TIMEOUT: Duration = Duration::from_millis(20);
+
+/// The most requests written alone at once, and at most a quarter of the database pool's
+/// connections (each holds one while it waits): beyond, and for a second request of a key
+/// already being written alone (a client's retry), a request is answered 503 at once — nothing
+/// of it was written (its savepoint was rolled back). A review: 32 of them waiting without end
+/// on an application's locks could hold every one of 10 pooled connections, and Herald with
+/// them.
 const ALONE_MAX: usize = 32;
+
+/// How long a request written alone waits for a lock (`lock_timeout`): its requester has been
+/// answered by then ([`WRITE_DEADLINE`]), and its retry asks again.
+pub const ALONE_LOCK_TIMEOUT: Duration = WRITE_DEADLINE;
 
 /// The handle on one database's writer of one kind: cheap to clone. The writer thread ends when
 /// the last handle is dropped.
@@ -185,7 +211,7 @@ impl<P: Send + 'static, A: Send + 'static> GroupWriter<P, A> {
         name: &str,
         what: &'static str,
         commit: CommitFn<P, A>,
-        alone: Option<AloneFn<P, A>>,
+        alone: Option<Alone<P, A>>,
     ) -> std::io::Result<Self> {
         let (tx, rx) = std::sync::mpsc::channel();
         let shared = Arc::new(Shared {
@@ -298,7 +324,7 @@ fn run<P: Send + 'static, A: Send + 'static>(
     shared: Arc<Shared>,
     what: &'static str,
     commit: CommitFn<P, A>,
-    alone: Option<AloneFn<P, A>>,
+    alone: Option<Alone<P, A>>,
 ) {
     while let Ok(first) = rx.recv() {
         let mut group = vec![first];
@@ -369,48 +395,73 @@ fn run<P: Send + 'static, A: Send + 'static>(
     }
 }
 
-/// Writes `job` alone with `write` on a thread of its own and answers it from there; at most
-/// [`ALONE_MAX`] at once, beyond which it is answered 503 at once (nothing of it was written).
+/// How many requests may be written alone at once on `db` ([`ALONE_MAX`]).
+fn alone_cap(db: &Db) -> usize {
+    match db {
+        Db::Pg(pool) => (pool.max_size() as usize / 4).clamp(1, ALONE_MAX),
+        Db::Sqlite(_) => 1,
+    }
+}
+
+/// Writes `job` alone on a thread of its own and answers it from there: one of a key at a
+/// time, at most [`alone_cap`] at once; any other is answered 503 at once (nothing of it was
+/// written).
 fn write_alone<P: Send + 'static, A: Send + 'static>(
     db: &Db,
     shared: &Arc<Shared>,
     job: Job<P, A>,
-    write: AloneFn<P, A>,
+    alone: Alone<P, A>,
 ) {
-    let busy = || {
-        StorageError::Unavailable(Box::new(GroupFailed(
-            "too many requests waiting for locks to be written alone".into(),
-        )))
-    };
-    if shared.alone.fetch_add(1, Ordering::AcqRel) >= ALONE_MAX {
-        shared.alone.fetch_sub(1, Ordering::AcqRel);
-        let _ = job.reply.send(Err(busy()));
-        return;
+    let busy = |why: &str| StorageError::Unavailable(Box::new(GroupFailed(why.to_owned())));
+    let key = (alone.key)(&job.payload).to_owned();
+    {
+        let mut keys = shared.alone.lock().unwrap_or_else(|p| p.into_inner());
+        if keys.contains(&key) {
+            let _ = job.reply.send(Err(busy(
+                "a request of the same event id is waiting for a lock already",
+            )));
+            return;
+        }
+        if keys.len() >= alone_cap(db) {
+            let _ = job.reply.send(Err(busy(
+                "too many requests waiting for locks to be written alone",
+            )));
+            return;
+        }
+        keys.insert(key.clone());
     }
-    shared.alone_total.fetch_add(1, Ordering::AcqRel);
+    let done = |s: &Shared, key: &str| {
+        s.alone
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+    };
     let (db, s) = (db.clone(), shared.clone());
     let Job { payload, reply } = job;
     // The reply goes with the thread; if it cannot start, the request is answered 503 here.
     let reply = Arc::new(Mutex::new(Some(reply)));
-    let theirs = reply.clone();
+    let (theirs, their_key) = (reply.clone(), key.clone());
     let started = std::thread::Builder::new()
         .name("herald-alone".into())
         .spawn(move || {
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(&db, &payload)))
-                .unwrap_or_else(|_| {
-                    Err(StorageError::Unavailable(Box::new(GroupFailed(
-                        "a write alone panicked".into(),
-                    ))))
-                });
-            s.alone.fetch_sub(1, Ordering::AcqRel);
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                (alone.write)(&db, &payload)
+            }))
+            .unwrap_or_else(|_| Err(busy("a write alone panicked")));
+            done(&s, &their_key);
             if let Some(reply) = theirs.lock().unwrap_or_else(|p| p.into_inner()).take() {
                 let _ = reply.send(r);
             }
         });
-    if started.is_err() {
-        shared.alone.fetch_sub(1, Ordering::AcqRel);
-        if let Some(reply) = reply.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            let _ = reply.send(Err(busy()));
+    match started {
+        Ok(_) => {
+            shared.alone_total.fetch_add(1, Ordering::AcqRel);
+        }
+        Err(_) => {
+            done(shared, &key);
+            if let Some(reply) = reply.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                let _ = reply.send(Err(busy("no thread to write it alone")));
+            }
         }
     }
 }
@@ -656,7 +707,10 @@ impl MessageWriter {
             "herald-messages",
             "messages",
             commit_messages,
-            Some(|db, row| db.enqueue(row)),
+            Some(Alone {
+                write: |db, row| db.enqueue_waiting_at_most(row, ALONE_LOCK_TIMEOUT),
+                key: |row| row.event_id.as_str(),
+            }),
         )
     }
 
@@ -714,8 +768,10 @@ fn commit_messages(
             use super::queries::pg as q;
             let r: Vec<JobResult<Enqueued>> =
                 super::pg_transaction(pool, |c: &mut diesel::pg::PgConnection| {
-                    super::sql::pg_group_settings(c)?;
-                    messages_one_by_one!(c, q, group, shared)
+                    super::sql::pg_group_settings(c, PG_ONE_BY_ONE_LOCK_TIMEOUT)?;
+                    let r = messages_one_by_one!(&mut *c, q, group, shared)?;
+                    super::sql::pg_wait_for_locks(c)?;
+                    Ok::<_, StorageError>(r)
                 })?;
             Ok(r.into_iter()
                 .map(|r| match r {
@@ -775,7 +831,7 @@ fn pg_merged_messages(
     let ids: Vec<&str> = group.iter().map(|j| j.payload.event_id.as_str()).collect();
     // `= ANY(…)` on a table analyzed while small would otherwise be planned as a sequential
     // scan (see `keep_to_indexes`): measured, 1 ms per group's read at 20,000 rows.
-    super::sql::pg_group_settings(c)?;
+    super::sql::pg_group_settings(c, PG_GROUP_LOCK_TIMEOUT)?;
     // As Db::enqueue: the locks first, so that a fan-out of one of these ids that commits
     // meanwhile is seen by the next statements (READ COMMITTED: each its own snapshot).
     super::sql::pg_lock_event_ids(c, &ids)?;
@@ -816,6 +872,7 @@ fn pg_merged_messages(
                 .map(|r| (r.event_id.clone(), r)),
         );
     }
+    super::sql::pg_wait_for_locks(c)?;
     before_commit(shared, group.len())?;
     Ok(group
         .iter()

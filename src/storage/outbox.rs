@@ -445,4 +445,31 @@ impl Db {
             Ok(crate::outbox::enqueue_row(c, m)?)
         } }
     }
+
+    /// [`Db::enqueue`], waiting at most `lock_timeout` for a lock another transaction holds on
+    /// PostgreSQL (then an error: nothing written); the commit waits as long as it must
+    /// ([`crate::storage::sql::pg_wait_for_locks`]). SQLite: [`Db::enqueue`].
+    pub fn enqueue_waiting_at_most(
+        &self,
+        m: &NewOutboxRow,
+        lock_timeout: std::time::Duration,
+    ) -> Result<Result<(bool, OutboxRow), Vec<crate::domain::InvalidField>>, StorageError> {
+        let Db::Pg(pool) = self else {
+            return self.enqueue(m);
+        };
+        crate::storage::pg_transaction(pool, |c| -> Result<_, StorageError> {
+            use crate::storage::queries::pg as q;
+            diesel::connection::SimpleConnection::batch_execute(
+                c,
+                &format!(
+                    "SET LOCAL lock_timeout = {}",
+                    lock_timeout.as_millis().max(1)
+                ),
+            )?;
+            q::lock_event_id(c, &m.event_id)?;
+            let r = crate::outbox::enqueue_row(c, m)?;
+            crate::storage::sql::pg_wait_for_locks(c)?;
+            Ok(r)
+        })
+    }
 }

@@ -421,22 +421,44 @@ per_backend! {
 
     /// Receipts no message has claimed yet — still tried (in the queue after a try that found
     /// nothing) or no longer tried (`outcome = 'unmatched'`) — how many, and the oldest `limit`
-    /// of them after the receipt id `after`, as [`with_queue`] shows them.
-    pub fn unmatched_receipts(conn: &mut Conn, after: i64, limit: i64) -> QueryResult<(i64, Vec<ReceiptRow>)> {
+    /// of them after the receipt id `after`, as [`with_queue`] shows them, and whether more
+    /// follow. Read in one snapshot: a receipt given up between the two lists' reads was in
+    /// neither, and a page skipped it (a review).
+    pub fn unmatched_receipts(
+        conn: &mut Conn,
+        after: i64,
+        limit: i64,
+    ) -> QueryResult<(i64, Vec<ReceiptRow>, bool)> {
+        conn.transaction(|conn| {
+            if !sql::SNAPSHOT_READ.is_empty() {
+                diesel::sql_query(sql::SNAPSHOT_READ).execute(conn)?;
+            }
+            unmatched_page(conn, after, limit)
+        })
+    }
+
+    fn unmatched_page(
+        conn: &mut Conn,
+        after: i64,
+        limit: i64,
+    ) -> QueryResult<(i64, Vec<ReceiptRow>, bool)> {
         let count = unmatched_count(conn)?;
-        let mut ids: Vec<i64> = given_up().filter(r::id.gt(after)).select(r::id).order(r::id).limit(limit).load(conn)?;
+        // One more of each list than the page: whether any follows.
+        let mut ids: Vec<i64> = given_up().filter(r::id.gt(after)).select(r::id).order(r::id).limit(limit + 1).load(conn)?;
         ids.extend(
             still_tried()
                 .filter(rq::receipt_id.gt(after))
                 .select(rq::receipt_id)
                 .order(rq::receipt_id)
-                .limit(limit)
+                .limit(limit + 1)
                 .load::<i64>(conn)?,
         );
         ids.sort_unstable();
-        ids.truncate(usize::try_from(limit).unwrap_or(0));
+        let limit = usize::try_from(limit).unwrap_or(0);
+        let more = ids.len() > limit;
+        ids.truncate(limit);
         let rows = r::table.filter(r::id.eq_any(&ids)).order(r::id).load(conn)?;
-        Ok((count, with_queue(conn, rows)?))
+        Ok((count, with_queue(conn, rows)?, more))
     }
 
     /// How many receipts match no message yet: still tried, or no longer
@@ -699,13 +721,13 @@ impl Db {
         crate::storage::db_run! { self, read |c, q| Ok(q::receipts_of_source(c, source)?) }
     }
 
-    /// How many receipts match no message yet, and the oldest `limit` of them after the receipt
-    /// id `after` (0: from the first).
+    /// How many receipts match no message yet, the oldest `limit` of them after the receipt id
+    /// `after` (0: from the first), and whether more follow.
     pub fn unmatched_receipts(
         &self,
         after: i64,
         limit: u32,
-    ) -> Result<(i64, Vec<ReceiptRow>), StorageError> {
+    ) -> Result<(i64, Vec<ReceiptRow>, bool), StorageError> {
         let limit = i64::from(limit);
         crate::storage::db_run! { self, read |c, q| Ok(q::unmatched_receipts(c, after, limit)?) }
     }

@@ -213,16 +213,28 @@ pub fn pg_keep_to_indexes(conn: &mut diesel::pg::PgConnection) -> diesel::QueryR
 }
 
 /// [`pg_keep_to_indexes`], and a lock another transaction holds waited for at most
-/// [`super::group_commit::PG_GROUP_LOCK_TIMEOUT`] (one round trip): a group of messages' settings.
-pub fn pg_group_settings(conn: &mut diesel::pg::PgConnection) -> diesel::QueryResult<()> {
+/// `lock_timeout` (one round trip): a group of messages' settings. Lifted before the commit
+/// ([`pg_wait_for_locks`]).
+pub fn pg_group_settings(
+    conn: &mut diesel::pg::PgConnection,
+    lock_timeout: std::time::Duration,
+) -> diesel::QueryResult<()> {
     diesel::connection::SimpleConnection::batch_execute(
         conn,
         &format!(
             "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; SET LOCAL jit = \
              off; SET LOCAL lock_timeout = {}",
-            super::group_commit::PG_GROUP_LOCK_TIMEOUT.as_millis()
+            lock_timeout.as_millis().max(1)
         ),
     )
+}
+
+/// Lock waits without a bound again, for the rest of the transaction: its `COMMIT` waits for
+/// the lock PostgreSQL takes to queue its notifications behind every other committing
+/// notifier's (held through their WAL flushes, a synchronous standby's answer), which a group's
+/// short `lock_timeout` would have turned into a failed group (a review).
+pub fn pg_wait_for_locks(conn: &mut diesel::pg::PgConnection) -> diesel::QueryResult<()> {
+    diesel::connection::SimpleConnection::batch_execute(conn, "SET LOCAL lock_timeout = 0")
 }
 
 /// SQLite: Herald never runs `ANALYZE` there, so its planner has no statistics to go stale and
@@ -1194,6 +1206,13 @@ pub const SQLITE_REPLAY_AFTER_EVENT: &str = "julianday(herald_replays.replayed_a
      julianday(herald_receipts.event_time) + CASE WHEN substr(herald_receipts.event_time, 17) = \
      ':00+00:00' THEN 65.0 ELSE 5.0 END / 86400.0";
 
+/// The first statement of a transaction whose reads must see one snapshot (a listing read in
+/// several statements): PostgreSQL's default, READ COMMITTED, gives each statement its own.
+pub const PG_SNAPSHOT_READ: &str = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY";
+/// [`PG_SNAPSHOT_READ`] on SQLite: nothing to set, a read transaction in WAL mode is one
+/// snapshot from its first read on.
+pub const SQLITE_SNAPSHOT_READ: &str = "";
+
 /// The settle pass's test that an attempt of the message's current series had started when the
 /// receipt arrived: a receipt stored before any request of it was made speaks of no send of it
 /// (`MatchedMessage::of_no_send`). Raw SQL over the tables' own names, as diesel writes them.
@@ -1217,6 +1236,7 @@ pub mod pg {
     pub use super::PG_ATTEMPT_BEFORE_RECEIPT as ATTEMPT_BEFORE_RECEIPT;
     pub use super::PG_MIGRATIONS_TABLE_PRESENT as MIGRATIONS_TABLE_PRESENT;
     pub use super::PG_REPLAY_AFTER_EVENT as REPLAY_AFTER_EVENT;
+    pub use super::PG_SNAPSHOT_READ as SNAPSHOT_READ;
     pub use super::pg_busy_keys as busy_keys;
     pub use super::pg_claimed_not_heads as claimed_not_heads;
     pub use super::pg_insert_attempts as insert_attempts;
@@ -1246,6 +1266,7 @@ pub mod sqlite {
     pub use super::SQLITE_ATTEMPT_BEFORE_RECEIPT as ATTEMPT_BEFORE_RECEIPT;
     pub use super::SQLITE_MIGRATIONS_TABLE_PRESENT as MIGRATIONS_TABLE_PRESENT;
     pub use super::SQLITE_REPLAY_AFTER_EVENT as REPLAY_AFTER_EVENT;
+    pub use super::SQLITE_SNAPSHOT_READ as SNAPSHOT_READ;
 
     pub use super::sqlite_busy_keys as busy_keys;
     pub use super::sqlite_claimed_not_heads as claimed_not_heads;

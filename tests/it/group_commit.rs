@@ -602,12 +602,21 @@ async fn an_open_transaction_on_one_event_id_holds_up_only_that_enqueue() {
     let writer = &app.herald.message_writer;
     // Long enough that nothing here is answered at the deadline.
     writer.set_deadline(Duration::from_secs(600));
-    let mut open = diesel::pg::PgConnection::establish(&app.test_db.url).unwrap();
-    open.batch_execute(
-        "BEGIN; INSERT INTO herald_outbox (event_id, channel, destination, payload) \
-         VALUES ('held', 'webhook', 'https://x.example/h', '{\"body\": {}}');",
-    )
-    .unwrap();
+    // Applications' transactions, each holding one event id, left open: more of them than a
+    // quarter of Herald's pool (10 here), and than the pool itself.
+    let held: Vec<String> = (0..12).map(|i| format!("held-{i}")).collect();
+    let mut open: Vec<diesel::pg::PgConnection> = held
+        .iter()
+        .map(|id| {
+            let mut c = diesel::pg::PgConnection::establish(&app.test_db.url).unwrap();
+            c.batch_execute(&format!(
+                "BEGIN; INSERT INTO herald_outbox (event_id, channel, destination, payload) \
+                 VALUES ('{id}', 'webhook', 'https://x.example/h', '{{\"body\": {{\"n\": \"{id}\"}}}}');"
+            ))
+            .unwrap();
+            c
+        })
+        .collect();
     let send = |id: &str| {
         let r = app
             .http
@@ -615,17 +624,38 @@ async fn an_open_transaction_on_one_event_id_holds_up_only_that_enqueue() {
             .json(&plain(id));
         tokio::spawn(async move { r.send().await.unwrap().status().as_u16() })
     };
-    let held = send("held");
-    let retried = send("held");
+    let first = send(&held[0]);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while writer.written_alone() < 2 {
+    while writer.written_alone() < 1 {
         assert!(
             Instant::now() < deadline,
-            "the held requests never left the group"
+            "the held request never left the group"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // Answered while the application's transaction is still open (they waited for its commit).
+    // A retry of the same event id does not wait beside it (each would hold a pooled
+    // connection): 503 at once, nothing stored.
+    assert_eq!(send(&held[0]).await.unwrap(), 503);
+    // The others: a quarter of the pool waits alone (two with the first), the rest is answered
+    // 503 at once.
+    let mut others: Vec<_> = held[1..].iter().map(|id| send(id)).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while others.iter().filter(|t| t.is_finished()).count() < others.len() - 1 {
+        assert!(Instant::now() < deadline, "the refused were not answered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let waiting = others.iter().position(|t| !t.is_finished()).unwrap();
+    let waits = others.remove(waiting);
+    for t in others {
+        assert_eq!(t.await.unwrap(), 503);
+    }
+    assert_eq!(
+        writer.written_alone(),
+        2,
+        "a quarter of the pool's 10 connections"
+    );
+    // Answered while the applications' transactions are still open (they waited for their
+    // commits, and every plain enqueue with them).
     for id in ["free-1", "free-2", "free-3"] {
         let status = tokio::time::timeout(Duration::from_secs(60), send(id))
             .await
@@ -634,13 +664,25 @@ async fn an_open_transaction_on_one_event_id_holds_up_only_that_enqueue() {
         assert_eq!(status, 201, "{id}");
         assert!(stored(&app, id).await);
     }
-    assert!(!held.is_finished() && !retried.is_finished());
-    open.batch_execute("COMMIT;").unwrap();
-    // The row the application wrote, the same request: the requests find it (200), and
-    // nothing was stored twice.
-    assert_eq!(held.await.unwrap(), 200);
-    assert_eq!(retried.await.unwrap(), 200);
-    assert_eq!(app.row("held").enqueued_by, None);
+    let r = app
+        .http
+        .get(format!("{}/readyz", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "the pool is not taken");
+    assert!(!first.is_finished() && !waits.is_finished());
+    for c in &mut open {
+        c.batch_execute("COMMIT;").unwrap();
+    }
+    // The row the application wrote, the same request: it finds it (200); each held id's
+    // retry does too; nothing was stored twice.
+    assert_eq!(first.await.unwrap(), 200);
+    assert_eq!(waits.await.unwrap(), 200);
+    for id in &held {
+        assert_eq!(send(id).await.unwrap(), 200, "{id}");
+        assert_eq!(app.row(id).enqueued_by, None);
+    }
     app.stop().await;
 }
 
