@@ -193,10 +193,12 @@ per_backend! {
                     for (scheme, host, any_port) in urls {
                         let h = crate::storage::support::escape_like(&host);
                         any = Box::new(any.or(dest().eq(format!("{scheme}://{host}"))));
+                        // A backslash ends the host as a slash does (the URL parser reads it so;
+                        // LIKE writes it escaped).
                         let seps: &[&str] = if any_port {
-                            &["", "/%", ":%", "?%", "#%"]
+                            &["", "/%", ":%", "?%", "#%", "\\\\%"]
                         } else {
-                            &["", "/%", "?%", "#%"]
+                            &["", "/%", "?%", "#%", "\\\\%"]
                         };
                         for sep in seps {
                             if !sep.is_empty() {
@@ -210,7 +212,9 @@ per_backend! {
                             // path, the query or the fragment of another host's URL).
                             let at = format!("{scheme}://%@{h}{sep}");
                             let mut userinfo: Condition = Box::new(o::channel.eq(Channel::Webhook).and(dest().like(at).escape('\\')));
-                            for not_in_authority in ['/', '?', '#'] {
+                            // (A backslash too: the URL parser reads it as a slash, and LIKE
+                            // writes it escaped.)
+                            for not_in_authority in ["/", "?", "#", "\\\\"] {
                                 let elsewhere = format!("{scheme}://%{not_in_authority}%@{h}{sep}");
                                 userinfo = Box::new(userinfo.and(dest().not_like(elsewhere).escape('\\')));
                             }

@@ -1183,6 +1183,7 @@ async fn a_url_with_credentials_is_found_by_its_host_and_says_why(backend: Backe
         "INSERT INTO herald_outbox (event_id, channel, destination, payload, state, last_error_class) \
          VALUES ('in-path', 'webhook', 'http://other.example/p@cred.example/x', '{\"body\": 1}', 'dead_letter', 'permanent'), \
                 ('in-query', 'webhook', 'https://other.example?x=@cred.example:8080/', '{\"body\": 1}', 'dead_letter', 'permanent'), \
+                ('backslash', 'webhook', 'http://other.example\\@cred.example/', '{\"body\": 1}', 'dead_letter', 'permanent'), \
                 ('plain', 'webhook', 'https://cred.example/h', '{\"body\": 1}', 'dead_letter', 'permanent')",
     );
     assert_eq!(app.run_until_idle().await, 1);
@@ -1190,7 +1191,7 @@ async fn a_url_with_credentials_is_found_by_its_host_and_says_why(backend: Backe
     for (filter, expected) in [
         ("cred.example", &["plain", "cred"][..]),
         ("cred.example:8080", &["cred"][..]),
-        ("other.example", &["in-path", "in-query"][..]),
+        ("other.example", &["in-path", "in-query", "backslash"][..]),
     ] {
         let (mut ids, pages) = walk(&app, &format!("&destination={filter}"), 1000).await;
         ids.sort();
