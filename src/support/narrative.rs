@@ -740,11 +740,11 @@ pub fn narrate(e: &Explanation) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::domain::Semantics;
 
-    fn base(state: State) -> Explanation {
+    pub(crate) fn base(state: State) -> Explanation {
         Explanation {
             event_id: "order-1:shipped".into(),
             fingerprint: Some("ab".repeat(32)),

@@ -69,7 +69,11 @@ pub fn explanation(e: &Explanation) -> String {
                 (None, None) => e.state.to_string(),
             },
         ),
-        ("next attempt", opt(&e.next_attempt_at)),
+        // In flight: the lease, not the due time the claim went by (it read as one passed).
+        match (e.state, &e.lease_until) {
+            (crate::domain::State::Sending, Some(t)) => ("lease until", t.clone()),
+            _ => ("next attempt", opt(&e.next_attempt_at)),
+        },
         (
             "delivery status",
             match (&e.delivery_status, &e.delivery_status_at) {
@@ -92,7 +96,10 @@ pub fn explanation(e: &Explanation) -> String {
         let _ = writeln!(out, "{k:<16} {v}");
     }
     out.push_str("\nAttempts\n");
-    if e.attempt_timeline.is_empty() {
+    if e.attempt_timeline.is_empty() && e.state == crate::domain::State::Sending {
+        // Claimed, not yet recorded (the re-check read "none" above "is in flight").
+        let _ = writeln!(out, "  attempt {} in flight, not recorded yet", e.attempts);
+    } else if e.attempt_timeline.is_empty() {
         out.push_str("  none\n");
     } else {
         let rows: Vec<Vec<String>> = e
@@ -323,6 +330,34 @@ pub fn redrive(r: &RedriveReport) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// In flight, its attempt not recorded yet: the lease, and the attempt in flight, not a
+    /// passed "next attempt" above "none" (a re-check walk-through).
+    #[test]
+    fn a_message_in_flight_shows_its_lease() {
+        use crate::domain::State;
+        let mut e = crate::support::narrative::tests::base(State::Sending);
+        e.attempts = 1;
+        e.next_attempt_at = Some("2026-12-01T10:00:00.000000Z".into());
+        e.lease_until = Some("2026-12-01T10:00:30.000000Z".into());
+        let out = super::explanation(&e);
+        assert!(
+            out.contains("lease until      2026-12-01T10:00:30.000000Z"),
+            "{out}"
+        );
+        assert!(!out.contains("next attempt"), "{out}");
+        assert!(
+            out.contains("Attempts\n  attempt 1 in flight, not recorded yet\n"),
+            "{out}"
+        );
+        e.state = State::Retryable;
+        let out = super::explanation(&e);
+        assert!(
+            out.contains("next attempt     2026-12-01T10:00:00.000000Z"),
+            "{out}"
+        );
+        assert!(out.contains("Attempts\n  none\n"), "{out}");
+    }
+
     #[test]
     fn tables_align_and_mark_empty_cells() {
         let t = super::table(
