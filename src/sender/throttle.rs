@@ -147,12 +147,16 @@ pub fn slows_down(answer: &Answer<'_>, recent_transient: usize, probe: bool) -> 
 }
 
 /// A transient answer for the burst count: the class, an SMTP 4xx that stopped the session
-/// before the envelope (classed `not_sent`: nothing left), or no answer at all because the
-/// destination could not be reached ([`UNREACHABLE`]).
+/// before the envelope (classed `not_sent`: nothing left), no answer at all because the
+/// destination could not be reached ([`UNREACHABLE`]), or none because it stopped answering a
+/// request it had (`ambiguous` without a status: a timeout, a dropped connection) — a receiver
+/// that hangs or drops is as troubled as one answering 500 (an operator's walk-through: 30
+/// messages to a hanging receiver made 80 attempts in 12 s, none paused).
 fn is_transient(answer: &Answer<'_>) -> bool {
     answer.error_kind != Some(crate::channels::email::kind::RECIPIENTS_REFUSED)
         && (answer.class == AttemptClass::Transient
             || answer.unreachable()
+            || (answer.class == AttemptClass::Ambiguous && answer.status.is_none())
             || (answer.is_smtp && matches!(answer.status, Some(400..=499))))
 }
 
@@ -926,6 +930,20 @@ mod tests {
         for i in 0..BURST_COUNT as i64 * 2 {
             assert_eq!(t.pause("d", &e, s(11 * i)), None);
         }
+        // Timeouts and dropped connections (ambiguous, no status) count as well.
+        let t = Throttle::new(Duration::from_secs(8), Duration::from_secs(30));
+        let hung = Answer {
+            status: None,
+            error_kind: Some("timeout"),
+            ..answer(AttemptClass::Ambiguous, 0, None, false)
+        };
+        for i in 0..BURST_COUNT as i64 - 1 {
+            assert_eq!(t.pause("d", &hung, s(i)), None);
+        }
+        assert_eq!(
+            t.pause("d", &hung, s(5)),
+            Some(s(5) + chrono::Duration::seconds(8))
+        );
     }
 
     #[test]
