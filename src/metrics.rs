@@ -192,6 +192,7 @@ struct Inner {
     lease_expiries: IntCounterVec,
     held: IntCounterVec,
     endpoints_disabled: IntCounterVec,
+    endpoint_disabled_now: IntGaugeVec,
     claim_batch: Histogram,
     receipts: IntCounterVec,
     ingest_requests: IntCounterVec,
@@ -290,6 +291,19 @@ impl Metrics {
             "Named endpoints this process disabled after repeated failures, by configured endpoint name.",
             &["endpoint"],
         )?;
+        // What is disabled now, whichever process disabled it, also after a restart (the counter
+        // above is this process's only, and gone after a restart; an operator's walk-through).
+        let endpoint_disabled_now = {
+            let g = IntGaugeVec::new(
+                Opts::new(
+                    "herald_endpoint_disabled",
+                    "1 for a configured named endpoint that is disabled now (by any process; read from the database about once a second while the sender runs), 0 for one that is not.",
+                ),
+                &["endpoint"],
+            )?;
+            registry.register(Box::new(g.clone()))?;
+            g
+        };
         let claim_batch = {
             let h = Histogram::with_opts(
                 HistogramOpts::new(
@@ -437,6 +451,7 @@ impl Metrics {
                 lease_expiries,
                 held,
                 endpoints_disabled,
+                endpoint_disabled_now,
                 claim_batch,
                 receipts,
                 ingest_requests,
@@ -508,6 +523,21 @@ impl Metrics {
     pub fn held(&self, reason: &'static str) {
         debug_assert!(HELD_REASONS.contains(&reason), "{reason}");
         self.inner.held.with_label_values(&[reason]).inc();
+    }
+
+    /// Which configured named endpoints are disabled now (`disabled`, as last read).
+    pub fn endpoints_disabled_now<'a>(
+        &self,
+        configured: impl Iterator<Item = &'a str>,
+        disabled: &[String],
+    ) {
+        for name in configured {
+            let now = i64::from(disabled.iter().any(|d| d == name));
+            self.inner
+                .endpoint_disabled_now
+                .with_label_values(&[name])
+                .set(now);
+        }
     }
 
     /// A named endpoint (a configured name: bounded) disabled by this process.

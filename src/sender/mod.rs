@@ -459,14 +459,16 @@ impl Sender {
         // The rows are claimed (committed): a failed reread keeps the last list rather than
         // leaving them leased and unsent until their lease runs out.
         // Also after an empty claim while an endpoint is (or was just) disabled: an enabling
-        // must be seen, and its held messages released, without a claim that finds rows.
+        // must be seen, and its held messages released, without a claim that finds rows. And
+        // once at start, so that what is disabled is known (and shown: the
+        // `herald_endpoint_disabled` gauge) before any message comes.
         let watching = {
             let d = self
                 .inner
                 .disabled
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            !d.1.is_empty()
+            !d.1.is_empty() || d.0.is_none()
         } || !self
             .inner
             .enabled_recently
@@ -528,6 +530,10 @@ impl Sender {
                 d.1.clone_from(&names);
                 left
             };
+            self.inner.metrics.endpoints_disabled_now(
+                self.inner.webhook.endpoints().map(|e| e.name.as_str()),
+                &names,
+            );
             // Failures counted before the enabling (sends in flight when it was disabled) do not
             // start its next streak.
             for name in &enabled {

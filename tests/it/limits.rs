@@ -307,6 +307,15 @@ async fn a_disabled_endpoint_stays_disabled_without_its_rule(backend: Backend) {
     app.advance(Duration::from_secs(120));
     app.run_until_idle().await;
     assert_eq!(rx.requests().len(), 2, "still disabled");
+    // The process that did not disable it shows it disabled (the counter is the other's).
+    let disabled_now = |app: &crate::support::app::TestApp| {
+        let (http, base) = (app.http.clone(), app.base.clone());
+        async move {
+            let (_, m) = scrape(&http, &base).await;
+            value(&m, "herald_endpoint_disabled", &[("endpoint", "flaky")])
+        }
+    };
+    assert_eq!(disabled_now(&app).await, 1.0);
     let r = app
         .http
         .post(format!("{}/v1/endpoints/flaky/enable", app.base))
@@ -319,6 +328,7 @@ async fn a_disabled_endpoint_stays_disabled_without_its_rule(backend: Backend) {
     for i in 1..=3 {
         assert_eq!(app.row(&format!("g-{i}")).state, State::Delivered, "g-{i}");
     }
+    assert_eq!(disabled_now(&app).await, 0.0);
     app.stop().await;
     first.stop().await;
 }
