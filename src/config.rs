@@ -1295,12 +1295,42 @@ fn limits_config(
         }
         let limit =
             Limit::parse(&key, d.rate_limit_per_second, d.burst, d.max_in_flight).map_err(field)?;
-        hosts.insert(host.to_ascii_lowercase(), limit);
+        hosts.insert(destination_host(&key, host)?, limit);
     }
     Ok(crate::sender::LimitsConfig {
         default_max_in_flight,
         hosts,
         smtp,
+    })
+}
+
+/// A `[destinations."HOST[:PORT]"]` key as destinations are matched: lower case, an IPv4-mapped
+/// IPv6 address as its IPv4 address (as a URL's is, `webhook::Bound`); a port must be one that
+/// can be connected to (`127.0.0.1:99999` was taken and never matched anything; an operator's
+/// walk-through).
+fn destination_host(key: &str, host: &str) -> Result<String, ConfigError> {
+    let host = host.to_ascii_lowercase();
+    let (name, port) = match host.rsplit_once(':') {
+        // `host:port`, `[v6]:port`; not a bare IPv6 address's colons.
+        Some((name, port)) if name.ends_with(']') || !name.contains(':') => (name, Some(port)),
+        _ => (host.as_str(), None),
+    };
+    let port = match port.map(|p| (p, p.parse::<u16>())) {
+        Some((_, Ok(n @ 1..))) => Some(n),
+        Some((p, _)) => {
+            return Err(invalid(key, format!("{p:?} is not a port (1 to 65535)")));
+        }
+        None => None,
+    };
+    let name = name
+        .strip_prefix('[')
+        .and_then(|n| n.strip_suffix(']'))
+        .and_then(|n| n.parse::<std::net::Ipv6Addr>().ok())
+        .and_then(|a| a.to_ipv4_mapped())
+        .map_or_else(|| name.to_owned(), |v4| v4.to_string());
+    Ok(match port {
+        Some(port) => format!("{name}:{port}"),
+        None => name,
     })
 }
 
@@ -1602,6 +1632,29 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn destination_keys_are_matched_as_destinations_are() {
+        let build = |key: &str| {
+            Settings::from_toml(&format!(
+                "[destinations.\"{key}\"]\nrate_limit_per_second = 2\n"
+            ))
+        };
+        for (key, as_matched) in [
+            ("API.example.com", "api.example.com"),
+            ("api.example.com:0443", "api.example.com:443"),
+            ("[::ffff:127.0.0.1]:9000", "127.0.0.1:9000"),
+            ("[::1]:8080", "[::1]:8080"),
+        ] {
+            let s = build(key).unwrap();
+            let hosts: Vec<&String> = s.limits.hosts.keys().collect();
+            assert_eq!(hosts, [as_matched], "{key}");
+        }
+        for bad in ["127.0.0.1:99999", "127.0.0.1:0", "h:x"] {
+            let e = build(bad).unwrap_err().to_string();
+            assert!(e.contains("is not a port (1 to 65535)"), "{bad}: {e}");
+        }
     }
 
     #[test]
