@@ -128,6 +128,12 @@ pub struct Limit {
 }
 
 impl Limit {
+    /// The burst in force with a rate: as set, else the rate rounded up.
+    pub fn burst_in_force(&self) -> Option<u32> {
+        let per_second = self.per_second?;
+        Some(self.burst.unwrap_or(per_second.ceil() as u32))
+    }
+
     /// Checks the numbers of `rate_limit_per_second`, `burst` and `max_in_flight` under `key`
     /// (`endpoints.NAME`, `destinations.HOST`…); a refusal names the offending key.
     pub fn parse(
@@ -493,6 +499,19 @@ pub fn redact_excerpt(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_burst_in_force_is_the_rate_rounded_up_unless_set() {
+        let limit = |per_second, burst| Limit {
+            per_second,
+            burst,
+            max_in_flight: None,
+        };
+        assert_eq!(limit(Some(2.5), None).burst_in_force(), Some(3));
+        assert_eq!(limit(Some(0.01), None).burst_in_force(), Some(1));
+        assert_eq!(limit(Some(2.5), Some(7)).burst_in_force(), Some(7));
+        assert_eq!(limit(None, Some(7)).burst_in_force(), None, "no rate");
+    }
 
     #[test]
     fn secrets_are_hidden_as_written_and_as_echoes_encode_them() {

@@ -1003,7 +1003,7 @@ async fn list_endpoints(
                 host: e.url.host_str().map(str::to_owned),
                 event_types: e.event_types.clone(),
                 rate_limit_per_second: e.limit.per_second,
-                burst: e.limit.burst,
+                burst: e.limit.burst_in_force(),
                 max_in_flight: e.limit.max_in_flight,
                 disable_after_failures: e.auto_disable.map(|a| a.failures),
                 disable_after_seconds: e.auto_disable.map(|a| a.over.as_secs()),

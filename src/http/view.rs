@@ -250,6 +250,8 @@ pub struct EndpointView {
     pub host: Option<String>,
     pub event_types: Vec<String>,
     pub rate_limit_per_second: Option<f64>,
+    /// The burst in force: as configured, else the rate rounded up (it read `null` while the
+    /// default applied; an operator's walk-through).
     pub burst: Option<u32>,
     pub max_in_flight: Option<u32>,
     pub disable_after_failures: Option<u32>,

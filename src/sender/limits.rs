@@ -182,7 +182,7 @@ impl Limits {
             let state = keys.entry((*key).to_owned()).or_default();
             match (limit.per_second, &state.rate) {
                 (Some(per_second), None) => {
-                    let burst = limit.burst.unwrap_or(per_second.ceil() as u32);
+                    let burst = limit.burst_in_force().unwrap_or(1);
                     state.rate = Some(Rate::new(per_second, burst));
                 }
                 (None, Some(_)) => state.rate = None,
