@@ -26,8 +26,6 @@ pub use crate::channels::Limit;
 /// A message over its cap comes back after the destination's recent send time, within these.
 const CAP_WAIT_MIN: Duration = Duration::from_millis(100);
 const CAP_WAIT_MAX: Duration = Duration::from_secs(5);
-/// Messages held over a cap come back spread over at most this far ahead.
-const CAP_HORIZON: chrono::TimeDelta = chrono::TimeDelta::seconds(60);
 /// A reservation no message came back for within this is forgotten.
 const RESERVATION_TTL: chrono::TimeDelta = chrono::TimeDelta::minutes(10);
 
@@ -129,9 +127,6 @@ struct Key {
     in_flight: u32,
     /// A smoothed recent send time, for the wait of a message over the cap.
     send_time: Option<Duration>,
-    /// When the next message held over the cap comes back: each held one a place's share of the
-    /// send time after the one before.
-    cap_next: Option<DateTime<Utc>>,
 }
 
 /// The limits of one process: a key's state lives as long as the process.
@@ -191,31 +186,16 @@ impl Limits {
         }
         // First every cap (nothing taken), then every rate.
         for (key, limit) in bound {
-            let Some(state) = keys.get_mut(*key) else {
-                continue;
-            };
+            let state = &keys[*key];
             if let Some(cap) = limit.max_in_flight
                 && state.in_flight >= cap
             {
-                // Held messages come back one a place's share of the send time apart, about when
-                // places free — not all after one send time, to be held again and again: 400
-                // behind a cap of 1 were put back 636 times a second, 60 times a message sent
-                // (an operator's walk-through), slowing every other destination's sends.
                 let wait = state
                     .send_time
                     .unwrap_or(CAP_WAIT_MIN)
                     .clamp(CAP_WAIT_MIN, CAP_WAIT_MAX);
-                let wait = chrono::TimeDelta::from_std(wait).unwrap_or_default();
-                let step = wait / i32::try_from(cap.max(1)).unwrap_or(i32::MAX);
-                let horizon = now + CAP_HORIZON;
-                let until = state
-                    .cap_next
-                    .filter(|t| *t > now + wait)
-                    .unwrap_or(now + wait)
-                    .min(horizon);
-                state.cap_next = Some((until + step).min(horizon));
                 return Err(Held {
-                    until,
+                    until: now + chrono::TimeDelta::from_std(wait).unwrap_or_default(),
                     why: HeldBy::InFlight,
                 });
             }
@@ -390,16 +370,6 @@ mod tests {
         let held = l.admit(3, &bound, t0()).unwrap_err();
         assert_eq!(held.why, HeldBy::InFlight);
         assert!(held.until > t0() && held.until <= t0() + ms(5000));
-        // The next ones held come back spread, a place's share of the send time apart (100 ms,
-        // not known yet, over 2 places): not all at once, to be held again.
-        let untils: Vec<_> = (5..9)
-            .map(|id| l.admit(id, &bound, t0()).unwrap_err().until - held.until)
-            .collect();
-        assert_eq!(untils, [ms(50), ms(100), ms(150), ms(200)]);
-        // Spread no further than a minute ahead.
-        for id in 9..5000 {
-            assert!(l.admit(id, &bound, t0()).unwrap_err().until <= t0() + ms(60_000));
-        }
         // Another key is not held by this one's cap.
         assert!(l.admit(4, &[("fast", cap)], t0()).is_ok());
         assert_eq!(l.in_flight("slow"), 2);
