@@ -1295,7 +1295,15 @@ fn limits_config(
         }
         let limit =
             Limit::parse(&key, d.rate_limit_per_second, d.burst, d.max_in_flight).map_err(field)?;
-        hosts.insert(destination_host(&key, host)?, limit);
+        // Two keys for one destination (`127.0.0.1:9` and `[::ffff:127.0.0.1]:9`): which one
+        // counted would be a guess (the looser did; a re-check walk-through).
+        let matched = destination_host(&key, host)?;
+        if hosts.insert(matched.clone(), limit).is_some() {
+            return Err(invalid(
+                key,
+                format!("names the same destination as another [destinations] key ({matched})"),
+            ));
+        }
     }
     Ok(crate::sender::LimitsConfig {
         default_max_in_flight,
@@ -1655,6 +1663,13 @@ mod tests {
             let e = build(bad).unwrap_err().to_string();
             assert!(e.contains("is not a port (1 to 65535)"), "{bad}: {e}");
         }
+        let e = Settings::from_toml(
+            "[destinations.\"127.0.0.1:9\"]\nrate_limit_per_second = 1\n\
+             [destinations.\"[::ffff:127.0.0.1]:9\"]\nrate_limit_per_second = 5\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("names the same destination as another"), "{e}");
     }
 
     #[test]
