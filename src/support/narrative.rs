@@ -779,7 +779,12 @@ pub(crate) mod tests {
         }
     }
 
-    fn attempt(n: i32, status: Option<i32>, class: AttemptClass, next: &str) -> AttemptEntry {
+    pub(crate) fn attempt(
+        n: i32,
+        status: Option<i32>,
+        class: AttemptClass,
+        next: &str,
+    ) -> AttemptEntry {
         AttemptEntry {
             attempt: n,
             series: 1,

@@ -96,11 +96,14 @@ pub fn explanation(e: &Explanation) -> String {
         let _ = writeln!(out, "{k:<16} {v}");
     }
     out.push_str("\nAttempts\n");
-    if e.attempt_timeline.is_empty() && e.state == crate::domain::State::Sending {
-        // Claimed, not yet recorded (the re-check read "none" above "is in flight").
-        let _ = writeln!(out, "  attempt {} in flight, not recorded yet", e.attempts);
-    } else if e.attempt_timeline.is_empty() {
-        out.push_str("  none\n");
+    // Claimed, not yet recorded: said after the recorded ones (a re-check read "none" above "is
+    // in flight", and attempts 1 and 2 without the third, in flight).
+    let in_flight = (e.state == crate::domain::State::Sending)
+        .then(|| format!("  attempt {} in flight, not recorded yet\n", e.attempts));
+    if e.attempt_timeline.is_empty() {
+        if in_flight.is_none() {
+            out.push_str("  none\n");
+        }
     } else {
         let rows: Vec<Vec<String>> = e
             .attempt_timeline
@@ -147,6 +150,7 @@ pub fn explanation(e: &Explanation) -> String {
             &rows,
         ));
     }
+    out.push_str(in_flight.as_deref().unwrap_or_default());
     out.push_str("\nReceipts\n");
     if e.receipt_timeline.is_empty() {
         out.push_str("  none\n");
@@ -349,6 +353,20 @@ mod tests {
             out.contains("Attempts\n  attempt 1 in flight, not recorded yet\n"),
             "{out}"
         );
+        // After recorded attempts too.
+        e.attempt_timeline = vec![crate::support::narrative::tests::attempt(
+            1,
+            Some(503),
+            crate::domain::AttemptClass::Transient,
+            "retryable",
+        )];
+        e.attempts = 2;
+        let out = super::explanation(&e);
+        assert!(
+            out.contains("\n  attempt 2 in flight, not recorded yet\n\nReceipts"),
+            "{out}"
+        );
+        e.attempt_timeline.clear();
         e.state = State::Retryable;
         let out = super::explanation(&e);
         assert!(
