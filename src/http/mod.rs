@@ -1473,8 +1473,12 @@ async fn ingest_into(
     let verifier = source.source.clone();
     // From here on the writer may wait (briefly) for this request to join its next group.
     let coming = state.receipt_writer.begin();
-    // Signature checks (RSA, ECDSA) and an occasional certificate fetch run off the executor.
+    // Signature checks (RSA, ECDSA) and an occasional certificate fetch run off the executor,
+    // in a span naming the source: a scheme's own log lines (an event time it cannot read) say
+    // which source they are of.
+    let span = tracing::info_span!("ingest", source = %name);
     let verdict = web::block(move || {
+        let _in = span.enter();
         let raw = RawRequest {
             headers: &headers,
             body: &body,
