@@ -64,6 +64,9 @@ pub fn explanation(e: &Explanation) -> String {
         (
             "state",
             match (&e.state_reason, &e.last_error_class) {
+                // In flight: the class of the attempt or hold before says nothing of this one
+                // (a re-check read `sending (rate_limited)`).
+                _ if e.state == crate::domain::State::Sending => e.state.to_string(),
                 (Some(r), _) => format!("{} ({r})", e.state),
                 (None, Some(c)) => format!("{} ({c})", e.state),
                 (None, None) => e.state.to_string(),
@@ -341,6 +344,7 @@ mod tests {
         use crate::domain::State;
         let mut e = crate::support::narrative::tests::base(State::Sending);
         e.attempts = 1;
+        e.last_error_class = Some(crate::domain::AttemptClass::RateLimited);
         e.next_attempt_at = Some("2026-12-01T10:00:00.000000Z".into());
         e.lease_until = Some("2026-12-01T10:00:30.000000Z".into());
         let out = super::explanation(&e);
@@ -349,6 +353,7 @@ mod tests {
             "{out}"
         );
         assert!(!out.contains("next attempt"), "{out}");
+        assert!(out.contains("state            sending\n"), "{out}");
         assert!(
             out.contains("Attempts\n  attempt 1 in flight, not recorded yet\n"),
             "{out}"
