@@ -252,6 +252,11 @@ impl Metrics {
             registry.register(Box::new(g.clone()))?;
             Ok::<_, prometheus::Error>(g)
         };
+        let int_gauge_vec = |name: &str, help: &str, labels: &[&str]| {
+            let g = IntGaugeVec::new(Opts::new(name, help), labels)?;
+            registry.register(Box::new(g.clone()))?;
+            Ok::<_, prometheus::Error>(g)
+        };
         let attempts = counter(
             "herald_attempts_total",
             "Delivery attempts made (a request sent or tried), by channel and classification.",
@@ -293,17 +298,11 @@ impl Metrics {
         )?;
         // What is disabled now, whichever process disabled it, also after a restart (the counter
         // above is this process's only, and gone after a restart; an operator's walk-through).
-        let endpoint_disabled_now = {
-            let g = IntGaugeVec::new(
-                Opts::new(
-                    "herald_endpoint_disabled",
-                    "1 for a configured named endpoint that is disabled now (by any process; read from the database about once a second while the sender runs), 0 for one that is not.",
-                ),
-                &["endpoint"],
-            )?;
-            registry.register(Box::new(g.clone()))?;
-            g
-        };
+        let endpoint_disabled_now = int_gauge_vec(
+            "herald_endpoint_disabled",
+            "1 for a configured named endpoint that is disabled now (by any process; read from the database about once a second while the sender runs), 0 for one that is not.",
+            &["endpoint"],
+        )?;
         let claim_batch = {
             let h = Histogram::with_opts(
                 HistogramOpts::new(
@@ -331,17 +330,11 @@ impl Metrics {
             &["source"],
             secs(0.001, 2.5, 12),
         )?;
-        let messages = {
-            let g = IntGaugeVec::new(
-                Opts::new(
-                    "herald_messages",
-                    "Messages in herald_outbox by state, read at scrape time.",
-                ),
-                &["state"],
-            )?;
-            registry.register(Box::new(g.clone()))?;
-            g
-        };
+        let messages = int_gauge_vec(
+            "herald_messages",
+            "Messages in herald_outbox by state, read at scrape time.",
+            &["state"],
+        )?;
         let oldest_due = gauge(
             "herald_oldest_due_message_age_seconds",
             "How long the oldest due message (scheduled or retryable, next attempt reached, not held behind an open earlier place of its ordering key) has been waiting; 0 when none.",
@@ -390,17 +383,11 @@ impl Metrics {
             registry.register(Box::new(c.clone()))?;
             c
         };
-        let paused = {
-            let g = IntGaugeVec::new(
-                Opts::new(
-                    "herald_paused_destinations",
-                    "Destinations this process holds paused now (asked to slow down, refused Herald's session, or could not be reached; or waiting for a probe's answer after such a pause), by channel: webhook hosts, and the SMTP relay (0 or 1).",
-                ),
-                &["channel"],
-            )?;
-            registry.register(Box::new(g.clone()))?;
-            g
-        };
+        let paused = int_gauge_vec(
+            "herald_paused_destinations",
+            "Destinations this process holds paused now (asked to slow down, refused Herald's session, or could not be reached; or waiting for a probe's answer after such a pause), by channel: webhook hosts, and the SMTP relay (0 or 1).",
+            &["channel"],
+        )?;
         let sources: BTreeSet<String> = sources.into_iter().map(str::to_owned).collect();
         // Every series exists from the start, at zero: a rate over a series that appears late
         // misses its first increments, and an operator sees what can be counted.

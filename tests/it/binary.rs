@@ -1126,39 +1126,32 @@ async fn serve_reconciles_receipts_in_the_background() {
         .unwrap();
     assert_eq!(r.status(), 201);
     wait_for_view(&base, "bin-rc-1", |v| v["state"] == "delivered").await;
-    let body = serde_json::to_vec(&json!({
+    // A receipt signed as the `esp` source's; its answer's status.
+    let post_receipt = |event: serde_json::Value| {
+        let body = serde_json::to_vec(&event).unwrap();
+        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(b"bin-esp").unwrap();
+        mac.update(&body);
+        let r = http
+            .post(format!("{base}/v1/ingest/esp"))
+            .header("x-signature", hex::encode(mac.finalize().into_bytes()))
+            .body(body);
+        async move { r.send().await.unwrap().status() }
+    };
+    let status = post_receipt(json!({
         "id": "esp-1", "type": "bounced", "at": 1_800_000_000, "herald_event_id": "bin-rc-1"
     }))
-    .unwrap();
-    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(b"bin-esp").unwrap();
-    mac.update(&body);
-    let r = http
-        .post(format!("{base}/v1/ingest/esp"))
-        .header("x-signature", hex::encode(mac.finalize().into_bytes()))
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    .await;
+    assert_eq!(status, 200);
     let view = wait_for_view(&base, "bin-rc-1", |v| v["delivery_status"] == "bounced").await;
     assert_eq!(view["receipts"][0]["outcome"], "applied");
     assert_eq!(rx.requests().len(), 1, "a receipt never causes a send");
     // An event time the scheme cannot read (no zone): stored without one, and said in the log
     // with the source's name and the pointer (it was dropped without a word).
-    let body = serde_json::to_vec(&json!({
+    let status = post_receipt(json!({
         "id": "esp-2", "type": "opened", "at": "2027-01-15T08:00:00", "herald_event_id": "bin-rc-1"
     }))
-    .unwrap();
-    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(b"bin-esp").unwrap();
-    mac.update(&body);
-    let r = http
-        .post(format!("{base}/v1/ingest/esp"))
-        .header("x-signature", hex::encode(mac.finalize().into_bytes()))
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    .await;
+    assert_eq!(status, 200);
     herald.stop_cleanly().await;
     let log = herald.stderr() + &herald.stdout();
     let warned = log
