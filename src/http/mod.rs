@@ -920,16 +920,16 @@ async fn unmatched_receipts(
     let mut seen = std::collections::HashSet::new();
     for (k, v) in url::form_urlencoded::parse(req.query_string().as_bytes()) {
         if !seen.insert(k.clone().into_owned()) {
-            given.push(InvalidField::new(k.into_owned(), "given more than once"));
+            given.push(InvalidField::new(
+                k.into_owned(),
+                "is given more than once; give it once",
+            ));
             continue;
         }
         match k.as_ref() {
-            "limit" => match v.parse::<u32>() {
-                Ok(n @ 1..=UNMATCHED_PAGE_MAX) => limit = n,
-                _ => given.push(InvalidField::new(
-                    "limit",
-                    format!("must be a whole number from 1 to {UNMATCHED_PAGE_MAX}"),
-                )),
+            "limit" => match support::parse_limit(&v, UNMATCHED_PAGE_MAX) {
+                Ok(n) => limit = n,
+                Err(e) => given.push(e),
             },
             "after" => match v.parse::<i64>() {
                 Ok(n) if n >= 0 => after = n,

@@ -436,11 +436,10 @@ fn write_alone<P: Send + 'static, A: Send + 'static>(
             .unwrap_or_else(|p| p.into_inner())
             .remove(key);
     };
-    let (db, s) = (db.clone(), shared.clone());
+    let (db, s, their_key) = (db.clone(), shared.clone(), key.clone());
     let Job { payload, reply } = job;
-    // The reply goes with the thread; if it cannot start, the request is answered 503 here.
-    let reply = Arc::new(Mutex::new(Some(reply)));
-    let (theirs, their_key) = (reply.clone(), key.clone());
+    // The reply goes with the thread. If it cannot start, the reply is dropped with it, and
+    // the requester is answered 503 as for a writer gone (`GroupWriter::submit`).
     let started = std::thread::Builder::new()
         .name("herald-alone".into())
         .spawn(move || {
@@ -449,20 +448,12 @@ fn write_alone<P: Send + 'static, A: Send + 'static>(
             }))
             .unwrap_or_else(|_| Err(busy("a write alone panicked")));
             done(&s, &their_key);
-            if let Some(reply) = theirs.lock().unwrap_or_else(|p| p.into_inner()).take() {
-                let _ = reply.send(r);
-            }
+            let _ = reply.send(r);
         });
-    match started {
-        Ok(_) => {
-            shared.alone_total.fetch_add(1, Ordering::AcqRel);
-        }
-        Err(_) => {
-            done(shared, &key);
-            if let Some(reply) = reply.lock().unwrap_or_else(|p| p.into_inner()).take() {
-                let _ = reply.send(Err(busy("no thread to write it alone")));
-            }
-        }
+    if started.is_ok() {
+        shared.alone_total.fetch_add(1, Ordering::AcqRel);
+    } else {
+        done(shared, &key);
     }
 }
 

@@ -941,7 +941,8 @@ pub fn parse_destination(raw: &str) -> Result<DestinationMatch, InvalidField> {
     Ok(DestinationMatch::Host(forms))
 }
 
-fn parse_limit(raw: &str, max: u32) -> Result<u32, InvalidField> {
+/// A listing's `limit`: a whole number from 1 to `max`, else refused naming `limit`.
+pub(crate) fn parse_limit(raw: &str, max: u32) -> Result<u32, InvalidField> {
     match raw.trim().parse::<u32>() {
         Ok(n) if (1..=max).contains(&n) => Ok(n),
         _ => Err(InvalidField::new(
